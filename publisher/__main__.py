@@ -1,0 +1,5 @@
+import sys
+
+from publisher.cli import main
+
+sys.exit(main())

@@ -1,0 +1,42 @@
+"""Errors of the publisher side."""
+
+from __future__ import annotations
+
+
+class DeliveryError(Exception):
+    """The event was not delivered: no verified ACK came back.
+
+    `retryable` says whether sending the same event again may succeed: true for
+    connection errors, timeouts, 5xx and unverifiable replies; false when the sink
+    rejected the event itself (400, 409, 413).
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TargetNotAllowed(DeliveryError):
+    """The sink URL is not an allowed target; nothing was sent."""
+
+    retryable = False
+
+
+class NotAcknowledged(DeliveryError):
+    """The sink answered, but not with a verified ACK for the event sent."""
+
+
+class Rejected(NotAcknowledged):
+    """The sink refused the event itself; sending it again as it is cannot succeed."""
+
+    retryable = False
+
+
+class UnknownEntry(LookupError):
+    """No outbox entry has this ID."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(f"no outbox entry has ID {event_id!r}")
+        self.event_id = event_id

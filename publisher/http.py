@@ -1,0 +1,136 @@
+"""HTTP delivery: a reply counts only if it is a verified ACK for the event sent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Final, Literal, Self
+
+import aiohttp
+
+from publisher.errors import DeliveryError, NotAcknowledged, Rejected
+from publisher.targets import check_target
+from shared import Event, InvalidAck, verify_ack
+
+MAX_REPLY_BYTES: Final = 4096
+CONNECT_TIMEOUT_S: Final = 3.0
+TIMEOUT_S: Final = 10.0
+# The sink refused the event itself: resending it unchanged cannot succeed.
+PERMANENT_STATUSES: Final = frozenset({400, 409, 413})
+ERROR_EXCERPT_CHARS: Final = 200
+
+
+class HttpSender:
+    """A reusable sender that owns a client session configured for evidence.
+
+    `async with HttpSender(url) as send: await send(event)` returns True only for a
+    verified ACK, and raises DeliveryError otherwise. The target is checked when the
+    sender is made, before any connection. Redirects are never followed, proxy
+    variables in the environment are ignored, cookies are not kept, replies are not
+    decompressed and are read up to `max_reply_bytes` only.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        allowed_hosts: Iterable[str] = (),
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        timeout_s: float = TIMEOUT_S,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+    ) -> None:
+        self.url = check_target(url, allowed_hosts)
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+        self._max_reply_bytes = max_reply_bytes
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        self._session = aiohttp.ClientSession(
+            trust_env=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            timeout=self._timeout,
+            headers={"Accept-Encoding": "identity"},
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __call__(self, event: Event) -> Literal[True]:
+        """Send one event; True for a verified ACK, else DeliveryError."""
+        if self._session is None:
+            raise RuntimeError("HttpSender is not open: use 'async with HttpSender(url)'")
+        event_id = event["id"]
+        body = json.dumps(event).encode()
+        try:
+            status, reply = await self._post(self._session, body)
+        except TimeoutError as exc:
+            raise DeliveryError(f"{event_id}: no reply in time ({type(exc).__name__})") from exc
+        except aiohttp.ClientError as exc:
+            raise DeliveryError(f"{event_id}: {type(exc).__name__}: {exc}") from exc
+        check_reply(status, reply, event_id)
+        return True
+
+    async def _post(self, session: aiohttp.ClientSession, body: bytes) -> tuple[int, bytes]:
+        async with session.post(
+            self.url,
+            data=body,
+            headers={"Content-Type": "application/json"},
+            allow_redirects=False,
+        ) as response:
+            if (response.content_length or 0) > self._max_reply_bytes:
+                response.close()
+                raise NotAcknowledged(
+                    f"reply of {response.content_length} bytes is over the "
+                    f"{self._max_reply_bytes}-byte cap",
+                    status=response.status,
+                )
+            reply = await read_capped(response, self._max_reply_bytes)
+            return response.status, reply
+
+
+async def read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
+    """Read at most cap+1 bytes of the body; more than `cap` is a failure."""
+    data = bytearray()
+    while len(data) <= cap:
+        chunk = await response.content.read(cap + 1 - len(data))
+        if not chunk:
+            return bytes(data)
+        data += chunk
+    # An endless body ends here: drop the connection instead of draining it.
+    response.close()
+    raise NotAcknowledged(f"reply is over the {cap}-byte cap", status=response.status)
+
+
+def check_reply(status: int, reply: bytes, event_id: str) -> None:
+    """Raise unless `status` and `reply` make a verified ACK for `event_id`."""
+    if status == 200:
+        try:
+            verify_ack(reply, event_id)
+        except InvalidAck as exc:
+            raise NotAcknowledged(f"{event_id}: {exc}", status=status) from exc
+        return
+    excerpt = reply[:ERROR_EXCERPT_CHARS].decode("utf-8", "replace")
+    if 300 <= status < 400:
+        raise NotAcknowledged(f"{event_id}: redirect {status} is not followed", status=status)
+    if status in PERMANENT_STATUSES:
+        raise Rejected(f"{event_id}: sink rejected it with {status}: {excerpt}", status=status)
+    raise NotAcknowledged(f"{event_id}: sink answered {status}: {excerpt}", status=status)
+
+
+async def send_http(url: str, event: Event, *, allowed_hosts: Iterable[str] = ()) -> Literal[True]:
+    """Deliver one event with a one-off HttpSender; True for a verified ACK."""
+    async with HttpSender(url, allowed_hosts=allowed_hosts) as send:
+        return await send(event)

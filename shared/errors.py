@@ -1,0 +1,24 @@
+"""Errors of the wire contract, shared by both sides."""
+
+from __future__ import annotations
+
+
+class InvalidEvent(ValueError):
+    """The event does not follow the contract."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class Conflict(Exception):
+    """The same ID was already recorded with a different payload."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(f"event {event_id!r} was already recorded with a different payload")
+        self.event_id = event_id
+
+
+class InvalidAck(ValueError):
+    """The reply is not an ACK for the event that was sent."""

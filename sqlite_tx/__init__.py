@@ -1,0 +1,170 @@
+"""SQLite for asyncio, one trip to the database thread per transaction.
+
+aiosqlite hops to its worker thread for every awaited call, so a transaction written
+as one await per statement pays for BEGIN, each statement and COMMIT separately.
+Here a whole transaction is a plain function that runs on that thread in one go.
+Both sides use this module; their SQL stays in their own storage modules.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, Protocol, Self, TypeVar
+
+import aiosqlite
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 5_000
+
+# WAL lets readers work while one writer commits. synchronous=FULL syncs the WAL on
+# every commit: an ACK the sink sends after COMMIT then survives a power loss, not
+# only a crash of the process (NORMAL would only promise the latter).
+PRAGMAS = (
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = FULL",
+    f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
+    "PRAGMA foreign_keys = ON",
+)
+
+
+class StorageError(Exception):
+    """The database could not be opened or used."""
+
+
+class Database:
+    """One SQLite connection, owned by aiosqlite's worker thread."""
+
+    def __init__(self, connection: aiosqlite.Connection, path: str) -> None:
+        self._connection = connection
+        self.path = path
+
+    @classmethod
+    async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
+        """Open (or create) the file, set the pragmas and bring the schema up to date."""
+        try:
+            # isolation_level=None: the sqlite3 module opens no implicit transactions,
+            # so a read holds no lock once it has fetched, and BEGIN is ours to say.
+            connection = await aiosqlite.connect(str(path), isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open {path}: {exc}") from exc
+        db = cls(connection, str(path))
+        try:
+            await db.run(lambda conn: _prepare(conn, migrations))
+        except BaseException:
+            await connection.close()
+            raise
+        return db
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(connection)` on the database thread and return its result."""
+        try:
+            # The one use of aiosqlite's private queue: it is the only way to run a
+            # whole transaction on its thread without a hop per statement.
+            result: T = await self._connection._execute(  # type: ignore[no-untyped-call]
+                _call, fn, self._connection
+            )
+        except sqlite3.Error as exc:
+            raise StorageError(f"{self.path}: {exc}") from exc
+        return result
+
+    async def close(self) -> None:
+        """Close the connection and stop its thread."""
+        await self._connection.close()
+
+
+def _call(fn: Callable[[sqlite3.Connection], T], connection: aiosqlite.Connection) -> T:
+    return fn(connection._conn)
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception.
+
+    IMMEDIATE takes the write lock up front, so a read-then-write transaction never
+    fails halfway with SQLITE_BUSY when another connection wrote in between.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _prepare(conn: sqlite3.Connection, migrations: Sequence[str]) -> None:
+    for pragma in PRAGMAS:
+        conn.execute(pragma)
+    with transaction(conn):
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(migrations):
+            raise StorageError(
+                f"schema version {version} is newer than this program knows ({len(migrations)})"
+            )
+        for number, script in enumerate(migrations[version:], start=version + 1):
+            for statement in _statements(script):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {number}")
+
+
+def _statements(script: str) -> list[str]:
+    # executescript() would COMMIT our transaction; split on ';' instead (no ';' in our DDL
+    # except as terminators).
+    return [part.strip() for part in script.split(";") if part.strip()]
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
+class Opening(Generic[C]):
+    """What `X.open(...)` returns: await it, or use it with `async with`."""
+
+    def __init__(self, opener: Callable[[], Awaitable[C]]) -> None:
+        self._opener = opener
+        self._opened: C | None = None
+
+    def __await__(self) -> Generator[Any, None, C]:
+        return self._opener().__await__()
+
+    async def __aenter__(self) -> C:
+        self._opened = await self._opener()
+        return self._opened
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._opened is not None:
+            await self._opened.close()
+
+
+class ClosesOnExit:
+    """Mixin: `async with obj:` closes it on the way out."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+__all__ = ["BUSY_TIMEOUT_MS", "ClosesOnExit", "Database", "Opening", "StorageError", "transaction"]
