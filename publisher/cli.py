@@ -1,24 +1,43 @@
-"""`python -m publisher`: record orders and dispatch batches from the command line."""
+"""`python -m publisher`: intake, delivery and operations from the command line.
+
+Exit status: 0 done, 1 failed (delivery, conflict, storage), 2 bad input or usage.
+Every option also reads an OUTBOX_* environment variable (shown in --help).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Final
 
-from publisher.errors import DeliveryError, TargetNotAllowed, UnknownEntry
-from publisher.http import HttpSender
-from publisher.outbox import MAX_BATCH, Outbox, check_limit
-from publisher.relay import dispatch
-from shared import Conflict, InvalidEvent
-from shared.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
+from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
+from publisher.http import TIMEOUT_S, HttpSender
+from publisher.outbox import MAX_BATCH, Entry, Outbox, QuarantineRecord, State, check_limit
+from publisher.relay import POLL_INTERVAL_S, dispatch
+from publisher.retry import RetryPolicy
+from publisher.service import ServiceSettings, create_app, exit_after_ack
+from publisher.trace import collect_trace, render_trace, when
+from shared import Conflict, InvalidEvent, validate_event_id
+from shared.cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ArgumentParser,
+    add_option,
+    duration_s,
+    fail,
+    setup_logging,
+)
+from shared.web import serve_app
 from sqlite_tx import StorageError
 
 PROG: Final = "publisher"
-CHAOS_EXIT_STATUS: Final = 73
+DEFAULT_PORT: Final = 8000
+Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 def batch_limit(text: str) -> int:
@@ -29,27 +48,146 @@ def batch_limit(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_BATCH}") from None
 
 
+def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        return value
+
+    return parse
+
+
+def event_id(text: str) -> str:
+    try:
+        return validate_event_id(text)
+    except InvalidEvent as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
+
+
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description="Order intake with an outbox.")
+    parser = ArgumentParser(prog=PROG, description="Order intake with a transactional outbox.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
-    accept = commands.add_parser("accept", help="record one order and its outbox entry")
-    accept.add_argument("--db", required=True, help="source database file")
-    accept.add_argument("--id", required=True, help="business ID of the order")
-    accept.add_argument("--sku", required=True)
-    accept.add_argument("--qty", required=True, type=int)
+    def command(name: str, help: str) -> ArgumentParser:
+        sub: ArgumentParser = commands.add_parser(name, help=help, description=help)
+        add_option(sub, "--db", required=True, help="source database file")
+        return sub
 
-    send = commands.add_parser("dispatch", help="deliver one batch of pending entries")
-    send.add_argument("--db", required=True, help="source database file")
-    send.add_argument("--sink", required=True, help="sink URL, e.g. http://127.0.0.1:8080/events")
-    send.add_argument("--limit", type=batch_limit, default=MAX_BATCH, help="batch size, 1 to 16")
-    send.add_argument(
+    accept = command("accept", "record one order and its outbox entry")
+    add_option(accept, "--id", required=True, help="business ID of the order")
+    add_option(accept, "--sku", required=True, help="stock keeping unit")
+    add_option(accept, "--qty", required=True, type=int, help="quantity, 1 to 1,000,000")
+
+    send = command("dispatch", "deliver one batch of pending entries, in order")
+    _sink_options(send)
+    add_option(send, "--limit", type=batch_limit, default=MAX_BATCH, help="batch size, 1 to 16")
+    _chaos_option(send)
+
+    serve = command("serve", "run the intake API and the relay until SIGTERM")
+    _sink_options(serve)
+    add_option(serve, "--host", default="127.0.0.1", help="intake address to listen on")
+    add_option(serve, "--port", type=int, default=DEFAULT_PORT, help="intake port (0: any)")
+    add_option(serve, "--limit", type=batch_limit, default=MAX_BATCH, help="batch size, 1 to 16")
+    add_option(
+        serve,
+        "--poll-interval",
+        type=positive(float),
+        default=POLL_INTERVAL_S,
+        help="seconds between checks for entries written by other processes",
+    )
+    defaults = RetryPolicy()
+    add_option(
+        serve,
+        "--retry-base",
+        type=positive(float),
+        default=defaults.base_s,
+        help="first retry wait ceiling, seconds",
+    )
+    add_option(
+        serve,
+        "--retry-cap",
+        type=positive(float),
+        default=defaults.cap_s,
+        help="longest retry wait, seconds (also the wait after a permanent failure)",
+    )
+    add_option(
+        serve,
+        "--quarantine-after",
+        type=positive(int),
+        default=None,
+        help="quarantine the head after N consecutive permanent failures (400/409/413)",
+    )
+    add_option(
+        serve,
+        "--send-timeout",
+        type=positive(float),
+        default=TIMEOUT_S,
+        help="seconds one delivery may take in all",
+    )
+    add_option(serve, "--log-format", choices=["text", "json"], default="text", help="log lines")
+    _chaos_option(serve)
+
+    status = command("status", "backlog figures: pending, oldest age, quarantined, head")
+    add_option(status, "--json", action="store_true", help="one JSON object")
+
+    listing = command("list", "entries in one state")
+    add_option(
+        listing,
+        "--state",
+        choices=[s.value for s in State],
+        default="pending",
+        help="which entries",
+    )
+    add_option(listing, "--limit", type=positive(int), default=100, help="at most this many")
+    add_option(listing, "--json", action="store_true", help="one JSON object per line")
+
+    quarantine = command("quarantine", "take a pending entry out of the line")
+    quarantine.add_argument("id", type=event_id, help="event ID")
+    add_option(quarantine, "--reason", required=True, help="why (kept with the record)")
+    add_option(quarantine, "--by", default=_operator(), help="who (kept with the record)")
+
+    redrive = command("redrive", "put a quarantined entry back at its own position")
+    redrive.add_argument("id", type=event_id, help="event ID")
+    add_option(redrive, "--by", default=_operator(), help="who (kept with the record)")
+
+    trace = command("trace", "how far one event got: the five stages of evidence")
+    trace.add_argument("id", type=event_id, help="event ID")
+    add_option(trace, "--sink", help="sink URL, to read its inbox record")
+    add_option(trace, "--allow-host", action="append", default=[], help="also allow this sink host")
+    add_option(trace, "--json", action="store_true", help="one JSON object")
+
+    prune = command("prune", "delete sent entries older than a duration")
+    add_option(prune, "--older-than", type=duration_s, required=True, help="e.g. 7d, 12h, 30m")
+    return parser
+
+
+def _sink_options(parser: ArgumentParser) -> None:
+    add_option(parser, "--sink", required=True, help="sink URL, e.g. http://127.0.0.1:8080/events")
+    add_option(
+        parser,
+        "--allow-host",
+        action="append",
+        default=[],
+        help="also allow this sink host (repeatable); loopback is always allowed",
+    )
+
+
+def _chaos_option(parser: ArgumentParser) -> None:
+    add_option(
+        parser,
         "--chaos",
         choices=["exit-after-ack"],
-        help="exit-after-ack: end the process with status 73 right after the first verified "
+        help="exit-after-ack: end the process with status 73 right after a verified "
         "ACK, before the entry is marked sent",
     )
-    return parser
+
+
+def _operator() -> str:
+    return os.environ.get("USER") or "operator"
 
 
 async def cmd_accept(args: argparse.Namespace) -> int:
@@ -66,21 +204,147 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     def after_delivery(event_id: str) -> None:
         if args.chaos == "exit-after-ack":
             print(f"chaos: ACK verified for {event_id}, exiting before the mark", file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(CHAOS_EXIT_STATUS)  # no finally, no close: a crash at exactly this point
+            exit_after_ack(event_id)
         delivered.append(event_id)
 
-    async with HttpSender(args.sink) as send, Outbox.open(args.db) as outbox:
-        try:
-            marked = await dispatch(outbox, send, args.limit, after_delivery)
-        except DeliveryError as exc:
-            done = f"{len(delivered)} delivered ({', '.join(delivered) or 'none'}), then"
-            return fail(PROG, f"dispatch stopped: {done} {exc}")
+    async with HttpSender(args.sink, allowed_hosts=args.allow_host) as send:
+        async with Outbox.open(args.db) as outbox:
+            try:
+                marked = await dispatch(outbox, send, args.limit, after_delivery)
+            except DeliveryError as exc:
+                done = f"{len(delivered)} delivered ({', '.join(delivered) or 'none'}), then"
+                return fail(PROG, f"dispatch stopped: {done} {exc}")
     print(f"delivered {len(marked)}" + (f": {' '.join(marked)}" if marked else ""))
     return EXIT_OK
 
 
-COMMANDS: Final = {"accept": cmd_accept, "dispatch": cmd_dispatch}
+async def cmd_serve(args: argparse.Namespace) -> int:
+    setup_logging(args.log_format)
+    settings = ServiceSettings(
+        db=args.db,
+        sink=args.sink,
+        allowed_hosts=tuple(args.allow_host),
+        limit=args.limit,
+        poll_interval_s=args.poll_interval,
+        retry=RetryPolicy(args.retry_base, args.retry_cap, args.quarantine_after),
+        send_timeout_s=args.send_timeout,
+        chaos_exit_after_ack=args.chaos == "exit-after-ack",
+    )
+    await serve_app(create_app(settings), args.host, args.port, PROG, "/orders")
+    return EXIT_OK
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with Outbox.open(args.db) as outbox:
+        snapshot = await outbox.snapshot()
+    figures = snapshot.to_dict()
+    if args.json:
+        print(json.dumps(figures))
+        return EXIT_OK
+    print(f"pending      {snapshot.pending}")
+    print(f"oldest age   {snapshot.oldest_pending_age_s:.1f} s")
+    print(f"quarantined  {snapshot.quarantined}")
+    head = snapshot.head
+    if head is None:
+        print("head         none")
+    elif head.blocked:
+        print(
+            f"head         {head.id} (seq {head.seq}) BLOCKED since {when(head.blocked_since)}, "
+            f"{head.attempts} attempts, last error: {head.last_error}"
+        )
+    else:
+        print(f"head         {head.id} (seq {head.seq}), {head.attempts} attempts")
+    return EXIT_OK
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    async with Outbox.open(args.db) as outbox:
+        entries = await outbox.entries(State(args.state), args.limit)
+        history = await outbox.quarantine_history([e.id for e in entries])
+    for entry in entries:
+        records = history.get(entry.id, [])
+        if args.json:
+            print(json.dumps(_entry_json(entry, records)))
+        else:
+            print(_entry_line(entry, records))
+    return EXIT_OK
+
+
+def _entry_json(entry: Entry, records: list[QuarantineRecord]) -> dict[str, object]:
+    return {
+        "seq": entry.seq,
+        **entry.event,
+        "state": entry.state.value,
+        "attempts": entry.attempts,
+        "last_error": entry.last_error,
+        "queued_at": entry.queued_at,
+        "sent_at": entry.sent_at,
+        "quarantines": [vars(r) for r in records],
+    }
+
+
+def _entry_line(entry: Entry, records: list[QuarantineRecord]) -> str:
+    line = (
+        f"{entry.seq:>8} {entry.id} {entry.event['sku']} x{entry.event['qty']} "
+        f"{entry.state} attempts={entry.attempts}"
+    )
+    if entry.last_error and entry.state is not State.SENT:
+        line += f" last_error={entry.last_error!r}"
+    for record in records:
+        line += f" | quarantined by {record.quarantined_by}: {record.reason!r}"
+        if record.released_as is not None:
+            line += f", {record.released_as} ({record.delivered_past_count} delivered past it"
+            line += f": {' '.join(record.delivered_past)})" if record.delivered_past else ")"
+    return line
+
+
+async def cmd_quarantine(args: argparse.Namespace) -> int:
+    async with Outbox.open(args.db) as outbox:
+        await outbox.quarantine(args.id, args.reason, args.by)
+    print(f"quarantined {args.id}")
+    return EXIT_OK
+
+
+async def cmd_redrive(args: argparse.Namespace) -> int:
+    async with Outbox.open(args.db) as outbox:
+        record = await outbox.redrive(args.id, args.by)
+    passed = f": {' '.join(record.delivered_past)}" if record.delivered_past else ""
+    print(f"redriven {args.id}; {record.delivered_past_count} delivered past it{passed}")
+    return EXIT_OK
+
+
+async def cmd_trace(args: argparse.Namespace) -> int:
+    sender = None if args.sink is None else HttpSender(args.sink, allowed_hosts=args.allow_host)
+    async with Outbox.open(args.db) as outbox:
+        if sender is None:
+            trace = await collect_trace(outbox, args.id, None)
+        else:
+            async with sender:
+                trace = await collect_trace(outbox, args.id, sender)
+    print(json.dumps(trace.to_dict()) if args.json else render_trace(trace))
+    if trace.stages[0].proof.value != "proven":
+        return fail(PROG, f"no order with ID {args.id!r} in {args.db}")
+    return EXIT_OK
+
+
+async def cmd_prune(args: argparse.Namespace) -> int:
+    async with Outbox.open(args.db) as outbox:
+        deleted = await outbox.prune(args.older_than)
+    print(f"pruned {deleted} sent entries")
+    return EXIT_OK
+
+
+COMMANDS: Final[dict[str, Command]] = {
+    "accept": cmd_accept,
+    "dispatch": cmd_dispatch,
+    "serve": cmd_serve,
+    "status": cmd_status,
+    "list": cmd_list,
+    "quarantine": cmd_quarantine,
+    "redrive": cmd_redrive,
+    "trace": cmd_trace,
+    "prune": cmd_prune,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,9 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, f"invalid order: {exc}", EXIT_USAGE)
     except TargetNotAllowed as exc:
         return fail(PROG, f"refused sink URL: {exc}", EXIT_USAGE)
-    except Conflict as exc:
+    except (Conflict, DeliveryError, StorageError, UnknownEntry, InvalidTransition) as exc:
         return fail(PROG, exc)
-    except (DeliveryError, StorageError, UnknownEntry) as exc:
-        return fail(PROG, exc)
+    except OSError as exc:
+        return fail(PROG, f"cannot listen: {exc.strerror or exc}")
     except KeyboardInterrupt:
         return fail(PROG, "interrupted", EXIT_FAILED)

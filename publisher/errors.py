@@ -40,3 +40,7 @@ class UnknownEntry(LookupError):
     def __init__(self, event_id: str) -> None:
         super().__init__(f"no outbox entry has ID {event_id!r}")
         self.event_id = event_id
+
+
+class InvalidTransition(Exception):
+    """The entry is not in a state that allows this operation."""

@@ -8,10 +8,11 @@ from types import TracebackType
 from typing import Final, Literal, Self
 
 import aiohttp
+from yarl import URL
 
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.targets import check_target
-from shared import Event, InvalidAck, verify_ack
+from shared import Event, InvalidAck, payload_digest, verify_ack
 
 MAX_REPLY_BYTES: Final = 4096
 CONNECT_TIMEOUT_S: Final = 3.0
@@ -70,25 +71,49 @@ class HttpSender:
 
     async def __call__(self, event: Event) -> Literal[True]:
         """Send one event; True for a verified ACK, else DeliveryError."""
-        if self._session is None:
-            raise RuntimeError("HttpSender is not open: use 'async with HttpSender(url)'")
+        await self.deliver(event)
+        return True
+
+    async def deliver(self, event: Event) -> dict[str, object]:
+        """Send one event and return the verified ACK, else raise DeliveryError."""
         event_id = event["id"]
         body = json.dumps(event).encode()
+        status, reply = await self._request("POST", self.url, event_id, body)
+        return check_reply(status, reply, event_id, payload_digest(event))
+
+    async def lookup(self, event_id: str) -> dict[str, object] | None:
+        """The sink's inbox record for `event_id` (GET /events/{id}), None if it has none."""
+        status, reply = await self._request("GET", self.url / event_id, event_id)
+        if status == 404:
+            return None
+        if status != 200:
+            raise NotAcknowledged(f"{event_id}: inbox lookup answered {status}", status=status)
         try:
-            status, reply = await self._post(self._session, body)
+            record = json.loads(reply)
+        except ValueError as exc:
+            raise NotAcknowledged(f"{event_id}: inbox lookup reply is not JSON") from exc
+        if not isinstance(record, dict) or record.get("id") != event_id:
+            raise NotAcknowledged(f"{event_id}: inbox lookup names another event")
+        return record
+
+    async def _request(
+        self, method: str, url: URL, event_id: str, body: bytes | None = None
+    ) -> tuple[int, bytes]:
+        if self._session is None:
+            raise RuntimeError("HttpSender is not open: use 'async with HttpSender(url)'")
+        try:
+            return await self._exchange(self._session, method, url, body)
         except TimeoutError as exc:
             raise DeliveryError(f"{event_id}: no reply in time ({type(exc).__name__})") from exc
         except aiohttp.ClientError as exc:
             raise DeliveryError(f"{event_id}: {type(exc).__name__}: {exc}") from exc
-        check_reply(status, reply, event_id)
-        return True
 
-    async def _post(self, session: aiohttp.ClientSession, body: bytes) -> tuple[int, bytes]:
-        async with session.post(
-            self.url,
-            data=body,
-            headers={"Content-Type": "application/json"},
-            allow_redirects=False,
+    async def _exchange(
+        self, session: aiohttp.ClientSession, method: str, url: URL, body: bytes | None
+    ) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        async with session.request(
+            method, url, data=body, headers=headers, allow_redirects=False
         ) as response:
             if (response.content_length or 0) > self._max_reply_bytes:
                 response.close()
@@ -114,14 +139,18 @@ async def read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
     raise NotAcknowledged(f"reply is over the {cap}-byte cap", status=response.status)
 
 
-def check_reply(status: int, reply: bytes, event_id: str) -> None:
-    """Raise unless `status` and `reply` make a verified ACK for `event_id`."""
+def check_reply(
+    status: int, reply: bytes, event_id: str, digest: str | None = None
+) -> dict[str, object]:
+    """Return the ACK if `status` and `reply` make a verified ACK for `event_id`, else raise.
+
+    `digest` is the SHA-256 of the payload sent; an ACK that carries another is refused.
+    """
     if status == 200:
         try:
-            verify_ack(reply, event_id)
+            return verify_ack(reply, event_id, digest)
         except InvalidAck as exc:
             raise NotAcknowledged(f"{event_id}: {exc}", status=status) from exc
-        return
     excerpt = reply[:ERROR_EXCERPT_CHARS].decode("utf-8", "replace")
     if 300 <= status < 400:
         raise NotAcknowledged(f"{event_id}: redirect {status} is not followed", status=status)

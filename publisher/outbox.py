@@ -1,7 +1,7 @@
 """The outbox: orders and their pending deliveries, in the source database.
 
-All SQL of the publisher side lives here. `Outbox` is the SQLite backend; `dispatch`
-only needs `pending` and `mark_sent`, so another backend is one new class.
+`Outbox` is the SQLite backend; its SQL is in `publisher.sql`. `dispatch` needs only
+`pending` and `mark_sent`, so another backend is one new class.
 """
 
 from __future__ import annotations
@@ -9,50 +9,125 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
-from publisher.errors import UnknownEntry
+from publisher import sql
+from publisher.errors import InvalidTransition, UnknownEntry
 from shared import Conflict, Event, canonical_json, validate_event
 from sqlite_tx import ClosesOnExit, Database, Opening, transaction
 
 MAX_BATCH: Final = 16
+PRUNE_BATCH: Final = 500
+DELIVERED_PAST_KEPT: Final = 100
 
 Intake = Literal["accepted", "duplicate"]
 
-MIGRATIONS: Final = (
-    """
-    CREATE TABLE orders (
-        id          TEXT PRIMARY KEY,
-        sku         TEXT NOT NULL,
-        qty         INTEGER NOT NULL,
-        accepted_at REAL NOT NULL
-    );
-    CREATE TABLE outbox (
-        seq       INTEGER PRIMARY KEY AUTOINCREMENT,
-        id        TEXT NOT NULL UNIQUE REFERENCES orders (id),
-        payload   TEXT NOT NULL,
-        sent      INTEGER NOT NULL DEFAULT 0 CHECK (sent IN (0, 1)),
-        queued_at REAL NOT NULL,
-        sent_at   REAL
-    );
-    -- Pending reads stay an index range scan however many sent rows pile up.
-    CREATE INDEX outbox_pending ON outbox (seq) WHERE sent = 0;
-    """,
-)
 
-SQL_FIND_ORDER: Final = "SELECT sku, qty FROM orders WHERE id = ?"
-SQL_INSERT_ORDER: Final = "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)"
-SQL_INSERT_OUTBOX: Final = "INSERT INTO outbox (id, payload, queued_at) VALUES (?, ?, ?)"
-SQL_PENDING: Final = "SELECT payload FROM outbox WHERE sent = 0 ORDER BY seq LIMIT ?"
-SQL_MARK_SENT: Final = "UPDATE outbox SET sent = 1, sent_at = ? WHERE id = ? AND sent = 0"
-SQL_ENTRY_EXISTS: Final = "SELECT 1 FROM outbox WHERE id = ?"
+class State(StrEnum):
+    PENDING = "pending"
+    QUARANTINED = "quarantined"
+    SENT = "sent"
 
 
-def check_limit(limit: object) -> int:
-    """Return `limit` if it is a batch size dispatch accepts (an int, 1 to 16)."""
-    if type(limit) is not int or not 1 <= limit <= MAX_BATCH:
-        raise ValueError(f"limit must be an integer from 1 to {MAX_BATCH}, got {limit!r}")
+@dataclass(frozen=True)
+class Entry:
+    """One outbox row as an operator sees it."""
+
+    seq: int
+    event: Event
+    state: State
+    queued_at: float
+    sent_at: float | None
+    ack: dict[str, Any] | None
+    attempts: int
+    last_error: str | None
+    last_attempt_at: float | None
+    first_failure_at: float | None
+
+    @property
+    def id(self) -> str:
+        return self.event["id"]
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    """One stay in quarantine: who put it there and why, and what passed it meanwhile."""
+
+    reason: str
+    quarantined_by: str
+    quarantined_at: float
+    released_by: str | None
+    released_at: float | None
+    released_as: str | None
+    delivered_past_count: int | None
+    delivered_past: list[str]
+
+
+@dataclass(frozen=True)
+class Order:
+    id: str
+    sku: str
+    qty: int
+    accepted_at: float
+
+
+@dataclass(frozen=True)
+class Head:
+    """The oldest pending entry: everything else waits behind it."""
+
+    seq: int
+    id: str
+    queued_at: float
+    attempts: int
+    last_error: str | None
+    blocked_since: float | None
+
+    @property
+    def blocked(self) -> bool:
+        return self.blocked_since is not None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The backlog figures behind status and metrics, read in one trip."""
+
+    taken_at: float
+    pending: int
+    quarantined: int
+    head: Head | None
+
+    @property
+    def oldest_pending_age_s(self) -> float:
+        return 0.0 if self.head is None else max(0.0, self.taken_at - self.head.queued_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as plain JSON values (status --json, GET /status)."""
+        head = self.head
+        return {
+            "pending": self.pending,
+            "oldest_pending_age_seconds": round(self.oldest_pending_age_s, 3),
+            "quarantined": self.quarantined,
+            "head_blocked": head is not None and head.blocked,
+            "head": None
+            if head is None
+            else {
+                "id": head.id,
+                "seq": head.seq,
+                "attempts": head.attempts,
+                "last_error": head.last_error,
+                "blocked_since": head.blocked_since,
+            },
+        }
+
+
+def check_limit(limit: object, most: int = MAX_BATCH) -> int:
+    """Return `limit` if it is an int from 1 to `most`, else raise ValueError."""
+    if type(limit) is not int or not 1 <= limit <= most:
+        raise ValueError(f"limit must be an integer from 1 to {most}, got {limit!r}")
     return limit
 
 
@@ -67,7 +142,7 @@ class Outbox(ClosesOnExit):
         """Open the source database, creating the schema when missing."""
 
         async def opener() -> Outbox:
-            return Outbox(await Database.open(path, MIGRATIONS))
+            return Outbox(await Database.open(path, sql.MIGRATIONS))
 
         return Opening(opener)
 
@@ -75,39 +150,199 @@ class Outbox(ClosesOnExit):
     def path(self) -> str:
         return self._db.path
 
+    async def close(self) -> None:
+        await self._db.close()
+
     async def accept(self, event: object) -> Intake:
         """Record the order and its outbox entry in one transaction: both or neither."""
         valid = validate_event(event)
         return await self._db.run(lambda conn: _accept(conn, valid, time.time()))
 
     async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
-        """Up to `limit` unsent events, oldest first by insertion order. Changes nothing."""
+        """Up to `limit` pending events, oldest first by insertion order. Changes nothing."""
+        return [event for _, event, _ in await self.pending_batch(limit)]
+
+    async def pending_batch(self, limit: int = MAX_BATCH) -> list[tuple[int, Event, int]]:
+        """Like `pending`, with each entry's seq and attempts so far."""
         check_limit(limit)
-        rows = await self._db.run(lambda conn: conn.execute(SQL_PENDING, (limit,)).fetchall())
-        return [json.loads(payload) for (payload,) in rows]
+        rows = await self._db.run(lambda conn: conn.execute(sql.PENDING, (limit,)).fetchall())
+        return [(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
 
-    async def mark_sent(self, event_id: str) -> None:
-        """Save the entry as sent. Marking an entry already sent changes nothing."""
-        await self._db.run(lambda conn: _mark_sent(conn, event_id, time.time()))
+    async def mark_sent(self, event_id: str, ack: Mapping[str, object] | None = None) -> None:
+        """Save the entry as sent, with the ACK that proved it. Idempotent once sent."""
+        params = {
+            "id": event_id,
+            "now": time.time(),
+            "ack": None if ack is None else json.dumps(ack),
+        }
+        await self._db.run(lambda conn: _mark_sent(conn, params))
 
-    async def close(self) -> None:
-        await self._db.close()
+    async def record_failure(self, event_id: str, error: str) -> None:
+        """Count a failed attempt on a pending entry and keep its error."""
+        params = {"id": event_id, "error": error, "now": time.time()}
+        await self._db.run(lambda conn: conn.execute(sql.RECORD_FAILURE, params))
+
+    async def quarantine(self, event_id: str, reason: str, by: str) -> None:
+        """Take a pending entry out of the line; it is neither pending nor sent."""
+        params = {"id": event_id, "reason": reason, "by": by, "now": time.time()}
+        await self._db.run(lambda conn: _quarantine(conn, params))
+
+    async def redrive(self, event_id: str, by: str) -> QuarantineRecord:
+        """Make a quarantined entry pending again at its own seq, so it goes next.
+
+        Returns the closed quarantine record, with the entries delivered past it.
+        """
+        return await self._db.run(lambda conn: _redrive(conn, event_id, by, time.time()))
+
+    async def entry(self, event_id: str) -> Entry | None:
+        row = await self._db.run(lambda conn: conn.execute(sql.ENTRY_BY_ID, (event_id,)).fetchone())
+        return None if row is None else _entry(row)
+
+    async def entries(self, state: State, limit: int = 100) -> list[Entry]:
+        """Entries in one state: pending and quarantined oldest first, sent newest first."""
+        query = {
+            State.PENDING: sql.ENTRIES_PENDING,
+            State.QUARANTINED: sql.ENTRIES_QUARANTINED,
+            State.SENT: sql.ENTRIES_SENT,
+        }[state]
+        rows = await self._db.run(lambda conn: conn.execute(query, (limit,)).fetchall())
+        return [_entry(row) for row in rows]
+
+    async def order(self, event_id: str) -> Order | None:
+        row = await self._db.run(lambda conn: conn.execute(sql.FIND_ORDER, (event_id,)).fetchone())
+        return None if row is None else Order(event_id, *row)
+
+    async def quarantines(self, event_id: str) -> list[QuarantineRecord]:
+        """Every stay of this entry in quarantine, oldest first."""
+        return (await self.quarantine_history([event_id])).get(event_id, [])
+
+    async def quarantine_history(self, ids: list[str]) -> dict[str, list[QuarantineRecord]]:
+        """Quarantine records of several entries in one read, oldest first."""
+
+        def read(conn: sqlite3.Connection) -> dict[str, list[QuarantineRecord]]:
+            history: dict[str, list[QuarantineRecord]] = {}
+            for event_id in ids:
+                rows = conn.execute(sql.QUARANTINES_OF, (event_id,)).fetchall()
+                if rows:
+                    history[event_id] = [_quarantine_record(row) for row in rows]
+            return history
+
+        return await self._db.run(read)
+
+    async def snapshot(self) -> Snapshot:
+        """Pending and quarantined counts and the head entry, from indexed reads."""
+        return await self._db.run(lambda conn: _snapshot(conn, time.time()))
+
+    async def prune(self, older_than_s: float, batch: int = PRUNE_BATCH) -> int:
+        """Delete sent entries older than `older_than_s`, `batch` rows per transaction."""
+        cutoff = time.time() - older_than_s
+        deleted = 0
+        while True:
+            # One short transaction per batch: intake waits at most one batch for the lock.
+            count = await self._db.run(
+                lambda conn: conn.execute(sql.PRUNE_SENT, (cutoff, batch)).rowcount
+            )
+            deleted += count
+            if count < batch:
+                return deleted
 
 
 def _accept(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
     with transaction(conn):
-        known = conn.execute(SQL_FIND_ORDER, (event["id"],)).fetchone()
+        known = conn.execute(sql.FIND_ORDER, (event["id"],)).fetchone()
         if known is not None:
-            if tuple(known) != (event["sku"], event["qty"]):
+            if tuple(known[:2]) != (event["sku"], event["qty"]):
                 raise Conflict(event["id"])
             return "duplicate"
-        conn.execute(SQL_INSERT_ORDER, (event["id"], event["sku"], event["qty"], now))
-        conn.execute(SQL_INSERT_OUTBOX, (event["id"], canonical_json(event), now))
+        conn.execute(sql.INSERT_ORDER, (event["id"], event["sku"], event["qty"], now))
+        conn.execute(sql.INSERT_ENTRY, (event["id"], canonical_json(event), now))
     return "accepted"
 
 
-def _mark_sent(conn: sqlite3.Connection, event_id: str, now: float) -> None:
-    # A single UPDATE is its own transaction in autocommit mode.
-    if conn.execute(SQL_MARK_SENT, (now, event_id)).rowcount == 0:
-        if conn.execute(SQL_ENTRY_EXISTS, (event_id,)).fetchone() is None:
-            raise UnknownEntry(event_id)
+def _mark_sent(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
+    with transaction(conn):
+        entry = _find(conn, params["id"])
+        if entry.state is State.QUARANTINED:
+            # Quarantined while its send was in flight, and the ACK proves it arrived:
+            # the truth is "delivered", and the quarantine record says so.
+            _release(conn, entry, "relay", params["now"], "delivered")
+        conn.execute(sql.MARK_SENT, params)
+
+
+def _find(conn: sqlite3.Connection, event_id: str) -> Entry:
+    row = conn.execute(sql.ENTRY_BY_ID, (event_id,)).fetchone()
+    if row is None:
+        raise UnknownEntry(event_id)
+    return _entry(row)
+
+
+def _release(conn: sqlite3.Connection, entry: Entry, by: str, now: float, how: str) -> None:
+    n, since = conn.execute(sql.OPEN_QUARANTINE, (entry.id,)).fetchone()
+    passed = [r[0] for r in conn.execute(sql.DELIVERED_PAST, {"seq": entry.seq, "since": since})]
+    kept = json.dumps(passed[:DELIVERED_PAST_KEPT])
+    conn.execute(
+        sql.CLOSE_QUARANTINE,
+        {"by": by, "now": now, "how": how, "count": len(passed), "ids": kept, "n": n},
+    )
+
+
+def _quarantine(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
+    with transaction(conn):
+        entry = _find(conn, params["id"])
+        if entry.state is not State.PENDING:
+            raise InvalidTransition(f"entry {entry.id!r} is {entry.state}, not pending")
+        conn.execute(sql.QUARANTINE, (entry.id,))
+        conn.execute(sql.INSERT_QUARANTINE, {**params, "seq": entry.seq})
+
+
+def _redrive(conn: sqlite3.Connection, event_id: str, by: str, now: float) -> QuarantineRecord:
+    with transaction(conn):
+        entry = _find(conn, event_id)
+        if entry.state is not State.QUARANTINED:
+            raise InvalidTransition(f"entry {event_id!r} is {entry.state}, not quarantined")
+        _release(conn, entry, by, now, "redriven")
+        conn.execute(sql.REDRIVE, (event_id,))
+        return _quarantine_record(conn.execute(sql.QUARANTINES_OF, (event_id,)).fetchall()[-1])
+
+
+def _snapshot(conn: sqlite3.Connection, now: float) -> Snapshot:
+    with transaction(conn, immediate=False):  # one consistent view for all three reads
+        return _snapshot_reads(conn, now)
+
+
+def _snapshot_reads(conn: sqlite3.Connection, now: float) -> Snapshot:
+    pending = conn.execute(sql.COUNT_PENDING).fetchone()[0]
+    quarantined = conn.execute(sql.COUNT_QUARANTINED).fetchone()[0]
+    row = conn.execute(sql.HEAD).fetchone()
+    return Snapshot(now, pending, quarantined, None if row is None else Head(*row))
+
+
+def _entry(row: tuple[Any, ...]) -> Entry:
+    seq, _, payload, queued_at, sent, sent_at, ack, attempts, error, last_at, first_fail, q = row
+    state = State.SENT if sent else State.QUARANTINED if q else State.PENDING
+    return Entry(
+        seq=seq,
+        event=json.loads(payload),
+        state=state,
+        queued_at=queued_at,
+        sent_at=sent_at,
+        ack=None if ack is None else json.loads(ack),
+        attempts=attempts,
+        last_error=error,
+        last_attempt_at=last_at,
+        first_failure_at=first_fail,
+    )
+
+
+def _quarantine_record(row: tuple[Any, ...]) -> QuarantineRecord:
+    reason, by, at, released_by, released_at, released_as, count, past = row
+    return QuarantineRecord(
+        reason=reason,
+        quarantined_by=by,
+        quarantined_at=at,
+        released_by=released_by,
+        released_at=released_at,
+        released_as=released_as,
+        delivered_past_count=count,
+        delivered_past=[] if past is None else json.loads(past),
+    )

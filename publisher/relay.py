@@ -1,17 +1,27 @@
-"""dispatch: deliver one batch in order, marking each entry only after a verified ACK."""
+"""Delivery in order: `dispatch` for one batch, `Relay` to keep doing it as a service."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Final, Protocol
 
-from publisher.errors import NotAcknowledged
-from publisher.outbox import MAX_BATCH, check_limit
+from publisher.errors import DeliveryError, NotAcknowledged
+from publisher.outbox import MAX_BATCH, Outbox, check_limit
+from publisher.retry import Random, RetryPolicy, is_permanent, retry_delay_s, should_quarantine
 from shared import Event
+
+log = logging.getLogger(__name__)
 
 Send = Callable[[Event], Awaitable[object]]
 AfterDelivery = Callable[[str], object]
+POLL_INTERVAL_S: Final = 1.0
+AUTO_QUARANTINE_BY: Final = "relay (quarantine-after policy)"
 
 
 class OutboxStore(Protocol):
@@ -52,3 +62,187 @@ async def dispatch(
         await outbox.mark_sent(event_id)
         marked.append(event_id)
     return marked
+
+
+class Deliver(Protocol):
+    """Sends one event and returns the verified ACK (HttpSender.deliver)."""
+
+    def __call__(self, event: Event, /) -> Awaitable[Mapping[str, object]]: ...
+
+
+class Observer(Protocol):
+    """Receives one call per delivery outcome (metrics)."""
+
+    def delivery(self, outcome: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """The head entry is failing: nothing behind it moves (global order)."""
+
+    event_id: str
+    reason: str
+    since: float
+    permanent: bool
+
+
+class RelayStopping(Exception):
+    """The relay was asked to stop; no new send is started."""
+
+
+class Relay:
+    """Dispatches batches until stopped, backing off while the head fails."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        deliver: Deliver,
+        *,
+        limit: int = MAX_BATCH,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        policy: RetryPolicy | None = None,
+        observer: Observer | None = None,
+        after_delivery: AfterDelivery | None = None,
+        rand: Random = random.random,
+    ) -> None:
+        self._outbox = outbox
+        self._deliver = deliver
+        self._limit = check_limit(limit)
+        self._poll_interval_s = poll_interval_s
+        self._policy = policy or RetryPolicy()
+        self._observer = observer
+        self._after_delivery = after_delivery
+        self._rand = rand
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._batch: dict[str, tuple[int, int]] = {}  # id -> (seq, attempts before this one)
+        self._acks: dict[str, Mapping[str, object]] = {}
+        self._current: str | None = None
+        self._streak: tuple[str, int, int] = ("", 0, 0)  # head id, failures, permanent failures
+        self.blocked: Blocked | None = None
+
+    def wake(self) -> None:
+        """New work arrived: start the next batch now instead of at the next poll."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Finish the send in flight (or let it time out), start no other, then return."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Dispatch until stopped."""
+        log.info("relay started", extra={"limit": self._limit})
+        while not self._stop.is_set():
+            delay_s, wakeable = await self.step()
+            await self._sleep(delay_s, wakeable)
+        log.info("relay stopped")
+
+    async def step(self) -> tuple[float, bool]:
+        """One batch. Returns how long to wait, and whether new intake may cut it short."""
+        self._wake.clear()
+        self._current = None
+        try:
+            marked = await dispatch(self, self._send, self._limit, self._after_delivery)
+        except RelayStopping:
+            return 0.0, False
+        except Exception as exc:  # the loop outlives any one failure; each is recorded
+            return await self._failed(exc), False
+        finally:
+            self._batch.clear()
+            self._acks.clear()
+        if marked:
+            self.blocked = None
+        if len(marked) == self._limit:
+            return 0.0, True
+        return self._poll_interval_s, True
+
+    # OutboxStore, for dispatch: remembers each entry's seq, stores the ACK with the mark.
+    async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
+        batch = await self._outbox.pending_batch(limit)
+        self._batch = {event["id"]: (seq, attempts) for seq, event, attempts in batch}
+        return [event for _, event, _ in batch]
+
+    async def mark_sent(self, event_id: str) -> None:
+        await self._outbox.mark_sent(event_id, self._acks.pop(event_id, None))
+
+    async def _send(self, event: Event) -> bool:
+        if self._stop.is_set():
+            raise RelayStopping
+        event_id = event["id"]
+        self._current = event_id
+        started = time.perf_counter()
+        try:
+            self._acks[event_id] = await self._deliver(event)
+        except Exception as exc:
+            self._log_outcome(
+                event_id, "permanent" if is_permanent(exc) else "transient", started, exc
+            )
+            raise
+        self._log_outcome(event_id, "delivered", started)
+        return True
+
+    def _log_outcome(
+        self, event_id: str, outcome: str, started: float, error: BaseException | None = None
+    ) -> None:
+        seq, attempts = self._batch.get(event_id, (None, 0))
+        fields = {
+            "event_id": event_id,
+            "seq": seq,
+            "attempt": attempts + 1,
+            "outcome": outcome,
+            "latency_ms": round((time.perf_counter() - started) * 1000, 2),
+        }
+        if error is not None:
+            fields["error"] = str(error)
+        log.log(logging.INFO if error is None else logging.WARNING, "delivery", extra=fields)
+        if self._observer is not None:
+            self._observer.delivery(outcome)
+
+    async def _failed(self, exc: Exception) -> float:
+        event_id = self._current
+        if event_id is None or event_id not in self._batch:
+            # Not a delivery failure (the database, say): back off and try the batch again.
+            log.error("relay step failed: %s", exc, exc_info=not isinstance(exc, DeliveryError))
+            return retry_delay_s(exc, 1, self._policy, self._rand)
+        await self._outbox.record_failure(event_id, str(exc))
+        failures, permanent = self._count_failure(event_id, exc)
+        since = (
+            self.blocked.since
+            if self.blocked and self.blocked.event_id == event_id
+            else time.time()
+        )
+        self.blocked = Blocked(event_id, str(exc), since, is_permanent(exc))
+        log.warning(
+            "head blocked",
+            extra={"event_id": event_id, "failures": failures, "reason": str(exc), "since": since},
+        )
+        if should_quarantine(exc, permanent, self._policy):
+            await self._outbox.quarantine(
+                event_id, f"rejected {permanent} times: {exc}", AUTO_QUARANTINE_BY
+            )
+            log.warning("quarantined the head", extra={"event_id": event_id, "reason": str(exc)})
+            self.blocked = None
+            self._streak = ("", 0, 0)  # a redriven entry starts counting afresh
+            return 0.0
+        return retry_delay_s(exc, failures, self._policy, self._rand)
+
+    def _count_failure(self, event_id: str, exc: Exception) -> tuple[int, int]:
+        head, failures, permanent = self._streak
+        if head != event_id:
+            failures, permanent = 0, 0
+        failures += 1
+        permanent = permanent + 1 if is_permanent(exc) else 0
+        self._streak = (event_id, failures, permanent)
+        return failures, permanent
+
+    async def _sleep(self, delay_s: float, wakeable: bool) -> None:
+        if delay_s <= 0 or self._stop.is_set():
+            return
+        waits = [asyncio.ensure_future(self._stop.wait())]
+        if wakeable:
+            waits.append(asyncio.ensure_future(self._wake.wait()))
+        try:
+            await asyncio.wait(waits, timeout=delay_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()

@@ -1,6 +1,6 @@
 """The wire contract between publisher and sink: events, ACKs, errors. No I/O."""
 
-from shared.ack import Receipt, make_ack, verify_ack
+from shared.ack import Receipt, digest_of, make_ack, payload_digest, verify_ack
 from shared.errors import Conflict, InvalidAck, InvalidEvent
 from shared.event import Event, canonical_json, validate_event, validate_event_id, validate_sku
 
@@ -11,7 +11,9 @@ __all__ = [
     "InvalidEvent",
     "Receipt",
     "canonical_json",
+    "digest_of",
     "make_ack",
+    "payload_digest",
     "validate_event",
     "validate_event_id",
     "validate_sku",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from enum import StrEnum
 from typing import Final
 
 from shared.errors import InvalidAck
+from shared.event import Event, canonical_json
 
 
 class Receipt(StrEnum):
@@ -17,15 +19,33 @@ class Receipt(StrEnum):
 
 
 ACK_FIELD: Final = "ack"
+DIGEST_FIELD: Final = "sha256"
 
 
-def make_ack(event_id: str, receipt: Receipt) -> dict[str, str]:
+def payload_digest(event: Event) -> str:
+    """SHA-256 of the canonical payload: what both sides compare to prove the content."""
+    return digest_of(canonical_json(event))
+
+
+def digest_of(canonical: str) -> str:
+    """SHA-256 (hex) of an already canonical payload."""
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def make_ack(event_id: str, receipt: Receipt, digest: str | None = None) -> dict[str, str]:
     """The JSON object the sink replies with after its commit."""
-    return {ACK_FIELD: event_id, "status": receipt.value}
+    ack = {ACK_FIELD: event_id, "status": receipt.value}
+    if digest is not None:
+        ack[DIGEST_FIELD] = digest
+    return ack
 
 
-def verify_ack(body: bytes, event_id: str) -> dict[str, object]:
-    """Return the parsed ACK if `body` acknowledges exactly `event_id`, else raise InvalidAck."""
+def verify_ack(body: bytes, event_id: str, digest: str | None = None) -> dict[str, object]:
+    """Return the parsed ACK if `body` acknowledges exactly `event_id`, else raise InvalidAck.
+
+    When the ACK carries a payload digest and `digest` is given, they must match: a
+    sink that stored something other than what was sent is caught here.
+    """
     try:
         reply = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -37,4 +57,7 @@ def verify_ack(body: bytes, event_id: str) -> dict[str, object]:
         raise InvalidAck(f"ACK names {acked!r}, expected {event_id!r}")
     if reply.get("status") not in {r.value for r in Receipt}:
         raise InvalidAck(f"ACK status {reply.get('status')!r} is not applied or duplicate")
+    stored = reply.get(DIGEST_FIELD)
+    if stored is not None and digest is not None and stored != digest:
+        raise InvalidAck(f"ACK digest {stored!r} does not match the payload sent ({digest})")
     return reply

@@ -1,15 +1,26 @@
-"""Command-line conventions both services share: one line per error, fixed exit codes."""
+"""Command-line conventions both services share.
+
+One line on stderr per error and fixed exit codes; every option can also come from
+an OUTBOX_* environment variable; logs as plain text or one JSON object per line.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
+import re
 import sys
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+ENV_PREFIX: Final = "OUTBOX_"
+TRUE_WORDS: Final = frozenset({"1", "true", "yes", "on"})
+_DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_SECONDS_PER_UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -19,14 +30,98 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+def add_option(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
+    """add_argument whose default also comes from OUTBOX_<FLAG>, shown in --help.
+
+    A required option is satisfied by its environment variable.
+    """
+    env = env_name(flag)
+    value = os.environ.get(env)
+    if value is not None:
+        if kwargs.get("action") == "store_true":
+            kwargs["default"] = value.strip().lower() in TRUE_WORDS
+        elif kwargs.get("action") == "append":
+            kwargs["default"] = [part for part in value.split(",") if part]
+        else:
+            kwargs["default"] = value  # argparse applies `type` to string defaults
+        kwargs["required"] = False
+    kwargs["help"] = f"{kwargs.get('help', '')} [env {env}]".strip()
+    parser.add_argument(flag, **kwargs)
+
+
+def duration_s(text: str) -> float:
+    """argparse type: '90s', '15m', '12h', '7d' (or a plain number of seconds)."""
+    match = _DURATION_RE.fullmatch(text.strip())
+    if match is None:
+        try:
+            seconds = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not a duration: {text!r} (try 90s, 15m, 12h, 7d)"
+            ) from None
+    else:
+        seconds = float(match[1]) * _SECONDS_PER_UNIT[match[2]]
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"duration must be a finite number >= 0, got {text!r}")
+    return seconds
+
+
 def fail(prog: str, message: object, status: int = EXIT_FAILED) -> int:
     """Print one line on stderr and return the exit status to use."""
     print(f"{prog}: {message}", file=sys.stderr, flush=True)
     return status
 
 
-def setup_logging(level: str = "INFO") -> None:
-    """Plain log lines on stderr; stdout is kept for results."""
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+_RESERVED: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+def record_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields a log call passed with extra=."""
+    return {k: v for k, v in vars(record).items() if k not in _RESERVED}
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger: message key=value ...`"""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        if record.name == "aiohttp.access":
+            return line  # its fields are already in the message
+        fields = " ".join(f"{k}={v}" for k, v in record_fields(record).items())
+        return f"{line} {fields}" if fields else line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **record_fields(record),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def setup_logging(log_format: str = "text", level: str = "INFO") -> None:
+    """Logs on stderr (stdout is kept for results), as text or JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

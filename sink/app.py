@@ -2,36 +2,58 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared import Conflict, InvalidEvent, make_ack, validate_event, validate_sku
+from shared import Conflict, InvalidEvent, make_ack, validate_event_id, validate_sku
+from shared.web import (
+    MAX_BODY_BYTES,
+    BadRequest,
+    healthz,
+    json_errors,
+    metrics_response,
+    read_event,
+)
 from sink.inbox import Inbox
-from sqlite_tx import StorageError
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES: Final = 16 * 1024
+RESULTS: Final = ("applied", "duplicate", "conflict", "invalid")
+
+
+class SinkMetrics:
+    """The sink's Prometheus metrics, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.received = Counter(
+            "sink_inbox_received",
+            "Events received, by result.",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in RESULTS:
+            self.received.labels(result)  # every series exists from the start, at 0
+        self.events = Gauge("sink_inbox_events", "Events in the inbox.", registry=self.registry)
 
 
 @dataclass
 class SinkState:
-    """What the app counts and the chaos budget it has left."""
+    """Settings and the chaos budget left."""
 
     max_body_bytes: int = MAX_BODY_BYTES
     drop_after_commit: int = 0
-    received: Counter[str] = field(default_factory=Counter)
 
 
 INBOX: Final = web.AppKey("inbox", Inbox)
 STATE: Final = web.AppKey("state", SinkState)
+METRICS: Final = web.AppKey("metrics", SinkMetrics)
 
 
 def create_app(
@@ -47,6 +69,7 @@ def create_app(
     """
     app = web.Application(client_max_size=max_body_bytes, middlewares=[json_errors])
     app[STATE] = SinkState(max_body_bytes=max_body_bytes, drop_after_commit=drop_after_commit)
+    app[METRICS] = SinkMetrics()
 
     async def inbox_ctx(app: web.Application) -> AsyncIterator[None]:
         async with Inbox.open(db_path) as inbox:
@@ -55,40 +78,29 @@ def create_app(
 
     app.cleanup_ctx.append(inbox_ctx)
     app.router.add_post("/events", post_event)
+    app.router.add_get("/events/{id}", get_event)
     app.router.add_get("/inventory/{sku}", get_inventory)
+    app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", healthz)
     return app
 
 
-def error(status: int, message: str, **details: object) -> web.Response:
-    """A JSON error body that says what was wrong."""
-    return web.json_response({"error": message, **details}, status=status)
-
-
 async def post_event(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
+    state, received = request.app[STATE], request.app[METRICS].received
     try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        state.received["invalid"] += 1
-        return error(413, f"body is over {state.max_body_bytes} bytes")
-    try:
-        event = validate_event(json.loads(body))
-        receipt = await request.app[INBOX].receive(event)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        state.received["invalid"] += 1
-        return error(400, "body is not valid JSON", detail=str(exc))
-    except InvalidEvent as exc:
-        state.received["invalid"] += 1
-        return error(400, "invalid event", field=exc.field, detail=exc.problem)
+        event = await read_event(request, state.max_body_bytes)
+        result = await request.app[INBOX].receive_with_digest(event)
+    except BadRequest as exc:
+        received.labels("invalid").inc()
+        return exc.response()
     except Conflict as exc:
-        state.received["conflict"] += 1
-        return error(409, "conflict", id=exc.event_id, detail=str(exc))
-    state.received[receipt.value] += 1
+        received.labels("conflict").inc()
+        raise BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc)) from exc
+    received.labels(result.receipt.value).inc()
     if state.drop_after_commit > 0:
         state.drop_after_commit -= 1
         return drop_connection(request, event["id"])
-    return web.json_response(make_ack(event["id"], receipt))
+    return web.json_response(make_ack(event["id"], result.receipt, result.digest))
 
 
 def drop_connection(request: web.Request, event_id: str) -> web.StreamResponse:
@@ -99,34 +111,40 @@ def drop_connection(request: web.Request, event_id: str) -> web.StreamResponse:
     return web.Response(status=200)
 
 
+async def get_event(request: web.Request) -> web.Response:
+    """The inbox record of one event: received when, delivered how many times."""
+    event_id = _checked(validate_event_id, request.match_info["id"], "id")
+    record = await request.app[INBOX].record(event_id)
+    if record is None:
+        raise BadRequest(404, "unknown", "this sink has not received the event", id=event_id)
+    return web.json_response(
+        {
+            "id": record.id,
+            "sha256": record.digest,
+            "received_at": record.received_at,
+            "deliveries": record.deliveries,
+            "last_delivery_at": record.last_delivery_at,
+        }
+    )
+
+
 async def get_inventory(request: web.Request) -> web.Response:
-    sku = request.match_info["sku"]
-    try:
-        validate_sku(sku)
-    except InvalidEvent as exc:
-        return error(400, "invalid sku", field="sku", detail=exc.problem)
+    sku = _checked(validate_sku, request.match_info["sku"], "sku")
     return web.json_response({"sku": sku, "qty": await request.app[INBOX].inventory(sku)})
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+async def get_metrics(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    metrics.events.set(await request.app[INBOX].count())
+    return metrics_response(metrics.registry)
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error leaves as JSON with the right status; never a traceback."""
+def _checked(validate: object, value: str, field: str) -> str:
     try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return error(exc.status, exc.reason)
-    except StorageError as exc:
-        log.error("storage failed: %s", exc)
-        return error(503, "storage unavailable, try again")
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return error(500, "internal error")
+        assert callable(validate)
+        checked: str = validate(value)
+    except InvalidEvent as exc:
+        raise BadRequest(
+            400, "invalid", f"invalid {field}", field=field, detail=exc.problem
+        ) from exc
+    return checked

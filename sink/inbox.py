@@ -1,47 +1,38 @@
 """The inbox: which event IDs the sink has applied, and the inventory they changed.
 
-All SQL of the sink side lives here. Recording the ID and applying the effect happen
-in one transaction, so the inbox can never claim an event whose effect is missing.
+Recording the ID and applying the effect happen in one transaction, so the inbox can
+never claim an event whose effect is missing. The SQL is in `sink.sql`.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
-from shared import Conflict, Event, Receipt, canonical_json, validate_event
+from shared import Conflict, Event, Receipt, canonical_json, digest_of, validate_event
+from sink import sql
 from sqlite_tx import ClosesOnExit, Database, Opening, transaction
 
-MIGRATIONS: Final = (
-    """
-    CREATE TABLE inbox (
-        id               TEXT PRIMARY KEY,
-        payload          TEXT NOT NULL,
-        received_at      REAL NOT NULL,
-        deliveries       INTEGER NOT NULL DEFAULT 1,
-        last_delivery_at REAL NOT NULL
-    );
-    CREATE TABLE inventory (
-        sku TEXT PRIMARY KEY,
-        qty INTEGER NOT NULL
-    );
-    """,
-)
 
-SQL_FIND: Final = "SELECT payload FROM inbox WHERE id = ?"
-SQL_INSERT: Final = (
-    "INSERT INTO inbox (id, payload, received_at, last_delivery_at) VALUES (?, ?, ?, ?)"
-)
-SQL_COUNT_DUPLICATE: Final = (
-    "UPDATE inbox SET deliveries = deliveries + 1, last_delivery_at = ? WHERE id = ?"
-)
-SQL_APPLY: Final = (
-    "INSERT INTO inventory (sku, qty) VALUES (?, ?)"
-    " ON CONFLICT (sku) DO UPDATE SET qty = qty + excluded.qty"
-)
-SQL_INVENTORY: Final = "SELECT qty FROM inventory WHERE sku = ?"
+@dataclass(frozen=True)
+class Received:
+    """What receive did, and the digest of the payload the inbox holds."""
+
+    receipt: Receipt
+    digest: str
+
+
+@dataclass(frozen=True)
+class InboxRecord:
+    """The inbox row of one event: the evidence of stage 3."""
+
+    id: str
+    digest: str
+    received_at: float
+    deliveries: int
+    last_delivery_at: float
 
 
 class Inbox(ClosesOnExit):
@@ -55,7 +46,7 @@ class Inbox(ClosesOnExit):
         """Open the sink database, creating the schema when missing."""
 
         async def opener() -> Inbox:
-            return Inbox(await Database.open(path, MIGRATIONS))
+            return Inbox(await Database.open(path, sql.MIGRATIONS))
 
         return Opening(opener)
 
@@ -63,33 +54,50 @@ class Inbox(ClosesOnExit):
     def path(self) -> str:
         return self._db.path
 
+    async def close(self) -> None:
+        await self._db.close()
+
     async def receive(self, event: object) -> Receipt:
         """Apply the event once: record its ID and its effect in one transaction.
 
         The same ID with the same payload again is a duplicate (no second effect);
         with a different payload it raises Conflict and changes nothing.
         """
+        return (await self.receive_with_digest(event)).receipt
+
+    async def receive_with_digest(self, event: object) -> Received:
+        """Like `receive`, also returning the SHA-256 of the stored payload."""
         valid = validate_event(event)
         return await self._db.run(lambda conn: _receive(conn, valid, time.time()))
 
     async def inventory(self, sku: str) -> int:
         """The quantity held for `sku`, 0 if it was never seen."""
-        row = await self._db.run(lambda conn: conn.execute(SQL_INVENTORY, (sku,)).fetchone())
+        row = await self._db.run(lambda conn: conn.execute(sql.INVENTORY, (sku,)).fetchone())
         return 0 if row is None else int(row[0])
 
-    async def close(self) -> None:
-        await self._db.close()
+    async def record(self, event_id: str) -> InboxRecord | None:
+        """The inbox row for `event_id`, None if this sink never applied it."""
+        row = await self._db.run(lambda conn: conn.execute(sql.RECORD, (event_id,)).fetchone())
+        if row is None:
+            return None
+        payload, received_at, deliveries, last_delivery_at = row
+        return InboxRecord(event_id, digest_of(payload), received_at, deliveries, last_delivery_at)
+
+    async def count(self) -> int:
+        """How many events the inbox holds."""
+        row = await self._db.run(lambda conn: conn.execute(sql.COUNT_EVENTS).fetchone())
+        return int(row[0])
 
 
-def _receive(conn: sqlite3.Connection, event: Event, now: float) -> Receipt:
+def _receive(conn: sqlite3.Connection, event: Event, now: float) -> Received:
     payload = canonical_json(event)
     with transaction(conn):
-        known = conn.execute(SQL_FIND, (event["id"],)).fetchone()
+        known = conn.execute(sql.FIND, (event["id"],)).fetchone()
         if known is not None:
             if known[0] != payload:
                 raise Conflict(event["id"])
-            conn.execute(SQL_COUNT_DUPLICATE, (now, event["id"]))
-            return Receipt.DUPLICATE
-        conn.execute(SQL_INSERT, (event["id"], payload, now, now))
-        conn.execute(SQL_APPLY, (event["sku"], event["qty"]))
-    return Receipt.APPLIED
+            conn.execute(sql.COUNT_DUPLICATE, (now, event["id"]))
+            return Received(Receipt.DUPLICATE, digest_of(known[0]))
+        conn.execute(sql.INSERT, (event["id"], payload, now, now))
+        conn.execute(sql.APPLY, (event["sku"], event["qty"]))
+    return Received(Receipt.APPLIED, digest_of(payload))

@@ -82,13 +82,16 @@ def _call(fn: Callable[[sqlite3.Connection], T], connection: aiosqlite.Connectio
 
 
 @contextmanager
-def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def transaction(
+    conn: sqlite3.Connection, *, immediate: bool = True
+) -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception.
 
     IMMEDIATE takes the write lock up front, so a read-then-write transaction never
-    fails halfway with SQLITE_BUSY when another connection wrote in between.
+    fails halfway with SQLITE_BUSY when another connection wrote in between. Reads
+    that only need one consistent view pass immediate=False and take no write lock.
     """
-    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
     try:
         yield conn
     except BaseException:

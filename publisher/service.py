@@ -1,0 +1,128 @@
+"""`publisher serve`: the intake API and the relay loop in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Final
+
+from aiohttp import web
+
+from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
+from publisher.metrics import PublisherMetrics
+from publisher.outbox import MAX_BATCH, Outbox
+from publisher.relay import POLL_INTERVAL_S, Relay
+from publisher.retry import RetryPolicy
+from shared import Conflict
+from shared.web import (
+    MAX_BODY_BYTES,
+    BadRequest,
+    healthz,
+    json_errors,
+    metrics_response,
+    read_event,
+)
+
+log = logging.getLogger(__name__)
+
+CHAOS_EXIT_STATUS: Final = 73
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    db: str
+    sink: str
+    allowed_hosts: tuple[str, ...] = ()
+    limit: int = MAX_BATCH
+    poll_interval_s: float = POLL_INTERVAL_S
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    send_timeout_s: float = TIMEOUT_S
+    max_body_bytes: int = MAX_BODY_BYTES
+    chaos_exit_after_ack: bool = False
+
+
+OUTBOX: Final = web.AppKey("outbox", Outbox)
+RELAY: Final = web.AppKey("relay", Relay)
+METRICS: Final = web.AppKey("metrics", PublisherMetrics)
+SETTINGS: Final = web.AppKey("settings", ServiceSettings)
+
+
+def create_app(settings: ServiceSettings) -> web.Application:
+    """Intake API plus relay; the outbox, sender and relay start with the app."""
+    HttpSender(settings.sink, allowed_hosts=settings.allowed_hosts)  # refuse a bad URL now
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
+    app[SETTINGS] = settings
+    app[METRICS] = PublisherMetrics()
+    app.cleanup_ctx.append(_run_relay)
+    app.router.add_post("/orders", post_order)
+    app.router.add_get("/status", get_status)
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+async def _run_relay(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    sender = HttpSender(
+        settings.sink,
+        allowed_hosts=settings.allowed_hosts,
+        connect_timeout_s=min(CONNECT_TIMEOUT_S, settings.send_timeout_s),
+        timeout_s=settings.send_timeout_s,
+    )
+    async with Outbox.open(settings.db) as outbox, sender:
+        relay = Relay(
+            outbox,
+            sender.deliver,
+            limit=settings.limit,
+            poll_interval_s=settings.poll_interval_s,
+            policy=settings.retry,
+            observer=app[METRICS],
+            after_delivery=exit_after_ack if settings.chaos_exit_after_ack else None,
+        )
+        app[OUTBOX], app[RELAY] = outbox, relay
+        task = asyncio.create_task(relay.run(), name="relay")
+        yield
+        # Intake has stopped by now; let the send in flight finish or time out.
+        relay.stop()
+        await task
+
+
+def exit_after_ack(event_id: str) -> None:
+    log.warning("chaos: ACK verified, exiting before the mark", extra={"event_id": event_id})
+    logging.shutdown()
+    os._exit(CHAOS_EXIT_STATUS)  # no finally, no close: a crash at exactly this point
+
+
+async def post_order(request: web.Request) -> web.Response:
+    """Record an order and its outbox entry; 201 accepted, 200 duplicate."""
+    app = request.app
+    intake = app[METRICS].intake
+    try:
+        event = await read_event(request, app[SETTINGS].max_body_bytes)
+        result = await app[OUTBOX].accept(event)
+    except BadRequest as exc:
+        intake.labels(exc.kind).inc()
+        raise
+    except Conflict as exc:
+        intake.labels("conflict").inc()
+        raise BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc)) from exc
+    intake.labels(result).inc()
+    if result == "accepted":
+        app[RELAY].wake()
+    return web.json_response(
+        {"id": event["id"], "result": result}, status=201 if result == "accepted" else 200
+    )
+
+
+async def get_status(request: web.Request) -> web.Response:
+    snapshot = await request.app[OUTBOX].snapshot()
+    return web.json_response(snapshot.to_dict())
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    metrics.observe(await request.app[OUTBOX].snapshot())
+    return metrics_response(metrics.registry)

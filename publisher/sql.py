@@ -1,0 +1,127 @@
+"""Every SQL statement of the publisher side, named. The SQLite backend uses these."""
+
+from __future__ import annotations
+
+from typing import Final
+
+MIGRATIONS: Final = (
+    """
+    CREATE TABLE orders (
+        id          TEXT PRIMARY KEY,
+        sku         TEXT NOT NULL,
+        qty         INTEGER NOT NULL,
+        accepted_at REAL NOT NULL
+    );
+    CREATE TABLE outbox (
+        seq              INTEGER PRIMARY KEY AUTOINCREMENT,
+        id               TEXT NOT NULL UNIQUE REFERENCES orders (id),
+        payload          TEXT NOT NULL,
+        queued_at        REAL NOT NULL,
+        sent             INTEGER NOT NULL DEFAULT 0 CHECK (sent IN (0, 1)),
+        sent_at          REAL,
+        ack              TEXT,
+        attempts         INTEGER NOT NULL DEFAULT 0,
+        last_error       TEXT,
+        last_attempt_at  REAL,
+        first_failure_at REAL,
+        quarantined      INTEGER NOT NULL DEFAULT 0 CHECK (quarantined IN (0, 1)),
+        CHECK (NOT (sent = 1 AND quarantined = 1))
+    );
+    -- Partial indexes keep the hot reads (pending batch, gauges, prune) proportional
+    -- to what they return, however many sent rows pile up.
+    CREATE INDEX outbox_pending ON outbox (seq) WHERE sent = 0 AND quarantined = 0;
+    CREATE INDEX outbox_quarantined ON outbox (seq) WHERE quarantined = 1;
+    CREATE INDEX outbox_sent_at ON outbox (sent_at) WHERE sent = 1;
+    CREATE TABLE quarantines (
+        n                    INTEGER PRIMARY KEY AUTOINCREMENT,
+        id                   TEXT NOT NULL REFERENCES orders (id),
+        seq                  INTEGER NOT NULL,
+        reason               TEXT NOT NULL,
+        quarantined_by       TEXT NOT NULL,
+        quarantined_at       REAL NOT NULL,
+        released_by          TEXT,
+        released_at          REAL,
+        released_as          TEXT CHECK (released_as IN ('redriven', 'delivered')),
+        delivered_past_count INTEGER,
+        delivered_past       TEXT
+    );
+    CREATE INDEX quarantines_id ON quarantines (id);
+    """,
+)
+
+IS_PENDING: Final = "sent = 0 AND quarantined = 0"
+
+FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = ?"
+INSERT_ORDER: Final = "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)"
+INSERT_ENTRY: Final = "INSERT INTO outbox (id, payload, queued_at) VALUES (?, ?, ?)"
+
+PENDING: Final = (
+    f"SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
+)
+
+MARK_SENT: Final = """
+    UPDATE outbox SET sent = 1, quarantined = 0, sent_at = :now, ack = :ack,
+        attempts = attempts + 1, last_attempt_at = :now
+    WHERE id = :id AND sent = 0
+"""
+RECORD_FAILURE: Final = """
+    UPDATE outbox SET attempts = attempts + 1, last_error = :error, last_attempt_at = :now,
+        first_failure_at = coalesce(first_failure_at, :now)
+    WHERE id = :id AND sent = 0
+"""
+
+ENTRY_COLUMNS: Final = (
+    "seq, id, payload, queued_at, sent, sent_at, ack, attempts, last_error,"
+    " last_attempt_at, first_failure_at, quarantined"
+)
+ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = ?"
+ENTRIES_PENDING: Final = (
+    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
+)
+ENTRIES_QUARANTINED: Final = (
+    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE quarantined = 1 ORDER BY seq LIMIT ?"
+)
+ENTRIES_SENT: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE sent = 1 ORDER BY seq DESC LIMIT ?"
+
+QUARANTINE: Final = (
+    "UPDATE outbox SET quarantined = 1 WHERE id = ? AND sent = 0 AND quarantined = 0"
+)
+INSERT_QUARANTINE: Final = """
+    INSERT INTO quarantines (id, seq, reason, quarantined_by, quarantined_at)
+    VALUES (:id, :seq, :reason, :by, :now)
+"""
+OPEN_QUARANTINE: Final = """
+    SELECT n, quarantined_at FROM quarantines
+    WHERE id = ? AND released_at IS NULL ORDER BY n DESC LIMIT 1
+"""
+DELIVERED_PAST: Final = """
+    SELECT id FROM outbox WHERE seq > :seq AND sent = 1 AND sent_at >= :since ORDER BY seq
+"""
+# A redriven entry starts a fresh failure streak: its blocked-since time restarts.
+REDRIVE: Final = """
+    UPDATE outbox SET quarantined = 0, first_failure_at = NULL
+    WHERE id = ? AND quarantined = 1
+"""
+CLOSE_QUARANTINE: Final = """
+    UPDATE quarantines SET released_by = :by, released_at = :now, released_as = :how,
+        delivered_past_count = :count, delivered_past = :ids
+    WHERE n = :n
+"""
+QUARANTINES_OF: Final = """
+    SELECT reason, quarantined_by, quarantined_at, released_by, released_at, released_as,
+        delivered_past_count, delivered_past
+    FROM quarantines WHERE id = ? ORDER BY n
+"""
+
+COUNT_PENDING: Final = f"SELECT count(*) FROM outbox WHERE {IS_PENDING}"
+COUNT_QUARANTINED: Final = "SELECT count(*) FROM outbox WHERE quarantined = 1"
+HEAD: Final = f"""
+    SELECT seq, id, queued_at, attempts, last_error, first_failure_at
+    FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1
+"""
+
+PRUNE_SENT: Final = """
+    DELETE FROM outbox WHERE seq IN (
+        SELECT seq FROM outbox WHERE sent = 1 AND sent_at < ? ORDER BY sent_at LIMIT ?
+    )
+"""

@@ -1,0 +1,168 @@
+"""The evidence trace: how far one event got, stage by stage, and nothing guessed.
+
+Each stage is proven (the evidence is on disk or in the sink's reply), not proven
+(the place where the evidence would be was read and it is not there) or unknown
+(that place could not be read).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from publisher.errors import DeliveryError
+from publisher.http import HttpSender
+from publisher.outbox import Entry, Order, Outbox, QuarantineRecord, State
+from shared import payload_digest
+
+
+class Proof(StrEnum):
+    PROVEN = "proven"
+    NOT_PROVEN = "not proven"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    proof: Proof
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Trace:
+    event_id: str
+    stages: list[Stage]
+    attempts: int | None
+    last_error: str | None
+    quarantines: list[QuarantineRecord]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SinkView:
+    """What the sink said about the event: its inbox record, None, or why it is unknown."""
+
+    record: dict[str, Any] | None = None
+    unknown: str | None = None
+
+
+PRUNED = "outbox row pruned (prune removes sent entries only)"
+
+
+def when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")
+
+
+def build_trace(
+    event_id: str,
+    order: Order | None,
+    entry: Entry | None,
+    quarantines: list[QuarantineRecord],
+    sink: SinkView,
+) -> Trace:
+    """The five stages of SPEC's evidence table for one event. Pure."""
+    stages = [
+        _accepted(order),
+        _queued(order, entry),
+        _received(entry, sink),
+        _acknowledged(order, entry),
+        _marked(order, entry),
+    ]
+    attempts = None if entry is None else entry.attempts
+    error = None if entry is None else entry.last_error
+    return Trace(event_id, stages, attempts, error, quarantines)
+
+
+def _accepted(order: Order | None) -> Stage:
+    if order is None:
+        return Stage("accepted", Proof.NOT_PROVEN, "no order row")
+    detail = f"order row {order.sku} x{order.qty}, {when(order.accepted_at)}"
+    return Stage("accepted", Proof.PROVEN, detail)
+
+
+def _queued(order: Order | None, entry: Entry | None) -> Stage:
+    if entry is not None:
+        return Stage("queued", Proof.PROVEN, f"outbox seq {entry.seq}, {when(entry.queued_at)}")
+    if order is not None:
+        return Stage("queued", Proof.UNKNOWN, PRUNED)
+    return Stage("queued", Proof.NOT_PROVEN, "no outbox row")
+
+
+def _received(entry: Entry | None, sink: SinkView) -> Stage:
+    if sink.unknown is not None:
+        return Stage("received", Proof.UNKNOWN, sink.unknown)
+    record = sink.record
+    if record is None:
+        return Stage("received", Proof.NOT_PROVEN, "the sink's inbox has no row for this ID")
+    seen = f"in the sink's inbox since {when(record.get('received_at'))}"
+    seen += f", deliveries seen: {record.get('deliveries')}"
+    if entry is not None and record.get("sha256") != payload_digest(entry.event):
+        detail = f"the sink holds another payload for this ID ({seen})"
+        return Stage("received", Proof.NOT_PROVEN, detail)
+    return Stage("received", Proof.PROVEN, seen)
+
+
+def _acknowledged(order: Order | None, entry: Entry | None) -> Stage:
+    if entry is None:
+        return Stage(
+            "acknowledged",
+            Proof.UNKNOWN if order else Proof.NOT_PROVEN,
+            PRUNED if order else "no outbox row",
+        )
+    if entry.ack is None:
+        return Stage("acknowledged", Proof.NOT_PROVEN, "no verified ACK stored")
+    ack = json.dumps(entry.ack, sort_keys=True)
+    return Stage("acknowledged", Proof.PROVEN, f"ACK {ack} stored with the mark")
+
+
+def _marked(order: Order | None, entry: Entry | None) -> Stage:
+    if entry is None:
+        return Stage(
+            "marked",
+            Proof.UNKNOWN if order else Proof.NOT_PROVEN,
+            PRUNED if order else "no outbox row",
+        )
+    if entry.state is State.SENT:
+        return Stage("marked", Proof.PROVEN, f"sent at {when(entry.sent_at)}")
+    return Stage("marked", Proof.NOT_PROVEN, f"entry is {entry.state}")
+
+
+async def collect_trace(outbox: Outbox, event_id: str, sender: HttpSender | None) -> Trace:
+    """Read the outbox and, when a sender is given, ask the sink; then build the trace."""
+    order, entry = await outbox.order(event_id), await outbox.entry(event_id)
+    quarantines = await outbox.quarantines(event_id)
+    if sender is None:
+        sink = SinkView(unknown="the sink was not asked (no --sink)")
+    else:
+        try:
+            sink = SinkView(record=await sender.lookup(event_id))
+        except DeliveryError as exc:
+            sink = SinkView(unknown=f"the sink could not be asked: {exc}")
+    return build_trace(event_id, order, entry, quarantines, sink)
+
+
+def render_trace(trace: Trace) -> str:
+    """The trace as a table for a person."""
+    lines = [f"evidence for {trace.event_id}", f"  {'stage':<16} {'proof':<11} evidence"]
+    for number, stage in enumerate(trace.stages, start=1):
+        lines.append(f"  {number} {stage.name:<14} {stage.proof.value:<11} {stage.evidence}")
+        if stage.name == "queued" and trace.attempts is not None:
+            error = f", last error: {trace.last_error}" if trace.last_error else ""
+            lines.append(f"    {'attempts':<14} {'':<11} {trace.attempts}{error}")
+    for q in trace.quarantines:
+        line = f"  quarantined {when(q.quarantined_at)} by {q.quarantined_by}: {q.reason}"
+        if q.released_at is not None:
+            line += f"; {q.released_as} {when(q.released_at)} by {q.released_by}"
+            line += f"; {q.delivered_past_count} delivered past it"
+            if q.delivered_past:
+                line += f" ({', '.join(q.delivered_past)})"
+        lines.append(line)
+    return "\n".join(lines)

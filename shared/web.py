@@ -1,0 +1,121 @@
+"""How both services speak HTTP: JSON error bodies, event bodies, metrics.
+
+Errors on the wire are part of the contract: always JSON with an "error" field that
+says what was wrong, with the right status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from shared.errors import InvalidEvent
+from shared.event import Event, validate_event
+from sqlite_tx import StorageError
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES: Final = 16 * 1024
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BadRequest(Exception):
+    """A request the service refuses as it is; carries the JSON reply."""
+
+    def __init__(self, status: int, kind: str, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.body = {"error": message, **details}
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body, status=self.status)
+
+
+def error(status: int, message: str, **details: object) -> web.Response:
+    """A JSON error body that says what was wrong."""
+    return web.json_response({"error": message, **details}, status=status)
+
+
+async def read_event(request: web.Request, max_body_bytes: int) -> Event:
+    """The validated event in the request body, or BadRequest (400, 413)."""
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BadRequest(413, "too_large", f"body is over {max_body_bytes} bytes") from None
+    try:
+        return validate_event(json.loads(body))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(400, "invalid", "body is not valid JSON", detail=str(exc)) from exc
+    except InvalidEvent as exc:
+        raise BadRequest(
+            400, "invalid", "invalid event", field=exc.field, detail=exc.problem
+        ) from exc
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as JSON with the right status; never a traceback."""
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return exc.response()
+    except StorageError as exc:
+        # The database is the service's problem, not the request's: retry later.
+        log.error("storage failed: %s", exc)
+        return error(503, "storage unavailable, try again")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error(exc.status, exc.reason)
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error(500, "internal error")
+
+
+def metrics_response(registry: CollectorRegistry) -> web.Response:
+    """The registry in Prometheus text format."""
+    response = web.Response(body=generate_latest(registry))
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def serve_app(app: web.Application, host: str, port: int, name: str, path: str) -> None:
+    """Serve `app` until SIGTERM or SIGINT, then shut down in order.
+
+    Prints `<name> listening on http://host:port<path>` on stdout once bound (with
+    port 0 the OS picks a free port: scripts read it from this line).
+    """
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()  # runs the startup contexts: a bad database fails before listening
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        for address in runner.addresses:
+            bound_host, bound_port = address[0], address[1]
+            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+            print(f"{name} listening on http://{shown}:{bound_port}{path}", flush=True)
+        await wait_for_signal()
+        log.info("stopping", extra={"service": name})
+    finally:
+        await runner.cleanup()
+
+
+async def wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

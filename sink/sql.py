@@ -1,0 +1,36 @@
+"""Every SQL statement of the sink side, named. The SQLite backend uses these."""
+
+from __future__ import annotations
+
+from typing import Final
+
+MIGRATIONS: Final = (
+    """
+    CREATE TABLE inbox (
+        id               TEXT PRIMARY KEY,
+        payload          TEXT NOT NULL,
+        received_at      REAL NOT NULL,
+        deliveries       INTEGER NOT NULL DEFAULT 1,
+        last_delivery_at REAL NOT NULL
+    );
+    CREATE TABLE inventory (
+        sku TEXT PRIMARY KEY,
+        qty INTEGER NOT NULL
+    );
+    """,
+)
+
+FIND: Final = "SELECT payload FROM inbox WHERE id = ?"
+INSERT: Final = "INSERT INTO inbox (id, payload, received_at, last_delivery_at) VALUES (?, ?, ?, ?)"
+COUNT_DUPLICATE: Final = (
+    "UPDATE inbox SET deliveries = deliveries + 1, last_delivery_at = ? WHERE id = ?"
+)
+APPLY: Final = (
+    "INSERT INTO inventory (sku, qty) VALUES (?, ?)"
+    " ON CONFLICT (sku) DO UPDATE SET qty = qty + excluded.qty"
+)
+INVENTORY: Final = "SELECT qty FROM inventory WHERE sku = ?"
+RECORD: Final = "SELECT payload, received_at, deliveries, last_delivery_at FROM inbox WHERE id = ?"
+# The inbox only grows (rows are never deleted), so the largest rowid is its row
+# count, read from the end of the b-tree instead of counting every row.
+COUNT_EVENTS: Final = "SELECT coalesce(max(rowid), 0) FROM inbox"
