@@ -10,14 +10,13 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
 from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
 from publisher.http import TIMEOUT_S, HttpSender
 from publisher.outbox import MAX_BATCH, Entry, Outbox, QuarantineRecord, State, check_limit
-from publisher.relay import POLL_INTERVAL_S, dispatch
+from publisher.relay import POLL_INTERVAL_S, EvidenceStore, dispatch
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app, exit_after_ack
 from publisher.trace import collect_trace, render_trace, when
@@ -203,14 +202,14 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
 
     def after_delivery(event_id: str) -> None:
         if args.chaos == "exit-after-ack":
-            print(f"chaos: ACK verified for {event_id}, exiting before the mark", file=sys.stderr)
             exit_after_ack(event_id)
         delivered.append(event_id)
 
-    async with HttpSender(args.sink, allowed_hosts=args.allow_host) as send:
+    async with HttpSender(args.sink, allowed_hosts=args.allow_host) as sender:
         async with Outbox.open(args.db) as outbox:
+            store = EvidenceStore(outbox, sender.deliver)
             try:
-                marked = await dispatch(outbox, send, args.limit, after_delivery)
+                marked = await dispatch(store, store.send, args.limit, after_delivery)
             except DeliveryError as exc:
                 done = f"{len(delivered)} delivered ({', '.join(delivered) or 'none'}), then"
                 return fail(PROG, f"dispatch stopped: {done} {exc}")

@@ -70,6 +70,33 @@ class Deliver(Protocol):
     def __call__(self, event: Event, /) -> Awaitable[Mapping[str, object]]: ...
 
 
+class EvidenceStore:
+    """An OutboxStore for dispatch that keeps the evidence: each verified ACK is
+    stored with its mark, and each entry's seq and attempts are at hand for logs.
+
+    Use `send` as dispatch's send callback.
+    """
+
+    def __init__(self, outbox: Outbox, deliver: Deliver) -> None:
+        self._outbox = outbox
+        self._deliver = deliver
+        self._acks: dict[str, Mapping[str, object]] = {}
+        self.batch: dict[str, tuple[int, int]] = {}  # id -> (seq, attempts so far)
+
+    async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
+        rows = await self._outbox.pending_batch(limit)
+        self.batch = {event["id"]: (seq, attempts) for seq, event, attempts in rows}
+        self._acks.clear()
+        return [event for _, event, _ in rows]
+
+    async def send(self, event: Event) -> bool:
+        self._acks[event["id"]] = await self._deliver(event)
+        return True
+
+    async def mark_sent(self, event_id: str) -> None:
+        await self._outbox.mark_sent(event_id, self._acks.pop(event_id, None))
+
+
 class Observer(Protocol):
     """Receives one call per delivery outcome (metrics)."""
 
@@ -106,17 +133,15 @@ class Relay:
         rand: Random = random.random,
     ) -> None:
         self._outbox = outbox
-        self._deliver = deliver
         self._limit = check_limit(limit)
         self._poll_interval_s = poll_interval_s
         self._policy = policy or RetryPolicy()
         self._observer = observer
         self._after_delivery = after_delivery
         self._rand = rand
+        self._store = EvidenceStore(outbox, deliver)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        self._batch: dict[str, tuple[int, int]] = {}  # id -> (seq, attempts before this one)
-        self._acks: dict[str, Mapping[str, object]] = {}
         self._current: str | None = None
         self._streak: tuple[str, int, int] = ("", 0, 0)  # head id, failures, permanent failures
         self.blocked: Blocked | None = None
@@ -142,28 +167,16 @@ class Relay:
         self._wake.clear()
         self._current = None
         try:
-            marked = await dispatch(self, self._send, self._limit, self._after_delivery)
+            marked = await dispatch(self._store, self._send, self._limit, self._after_delivery)
         except RelayStopping:
             return 0.0, False
         except Exception as exc:  # the loop outlives any one failure; each is recorded
             return await self._failed(exc), False
-        finally:
-            self._batch.clear()
-            self._acks.clear()
         if marked:
             self.blocked = None
         if len(marked) == self._limit:
             return 0.0, True
         return self._poll_interval_s, True
-
-    # OutboxStore, for dispatch: remembers each entry's seq, stores the ACK with the mark.
-    async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
-        batch = await self._outbox.pending_batch(limit)
-        self._batch = {event["id"]: (seq, attempts) for seq, event, attempts in batch}
-        return [event for _, event, _ in batch]
-
-    async def mark_sent(self, event_id: str) -> None:
-        await self._outbox.mark_sent(event_id, self._acks.pop(event_id, None))
 
     async def _send(self, event: Event) -> bool:
         if self._stop.is_set():
@@ -172,7 +185,7 @@ class Relay:
         self._current = event_id
         started = time.perf_counter()
         try:
-            self._acks[event_id] = await self._deliver(event)
+            await self._store.send(event)
         except Exception as exc:
             self._log_outcome(
                 event_id, "permanent" if is_permanent(exc) else "transient", started, exc
@@ -184,7 +197,7 @@ class Relay:
     def _log_outcome(
         self, event_id: str, outcome: str, started: float, error: BaseException | None = None
     ) -> None:
-        seq, attempts = self._batch.get(event_id, (None, 0))
+        seq, attempts = self._store.batch.get(event_id, (None, 0))
         fields = {
             "event_id": event_id,
             "seq": seq,
@@ -200,7 +213,7 @@ class Relay:
 
     async def _failed(self, exc: Exception) -> float:
         event_id = self._current
-        if event_id is None or event_id not in self._batch:
+        if event_id is None or event_id not in self._store.batch:
             # Not a delivery failure (the database, say): back off and try the batch again.
             log.error("relay step failed: %s", exc, exc_info=not isinstance(exc, DeliveryError))
             return retry_delay_s(exc, 1, self._policy, self._rand)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Final
@@ -91,8 +92,12 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
 
 
 def exit_after_ack(event_id: str) -> None:
-    log.warning("chaos: ACK verified, exiting before the mark", extra={"event_id": event_id})
-    logging.shutdown()
+    """Chaos hook: end the process between the verified ACK and the mark."""
+    print(
+        f"chaos: ACK verified for {event_id}, exiting with status 73 before the mark",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(CHAOS_EXIT_STATUS)  # no finally, no close: a crash at exactly this point
 
 

@@ -118,7 +118,11 @@ def _acknowledged(order: Order | None, entry: Entry | None) -> Stage:
             PRUNED if order else "no outbox row",
         )
     if entry.ack is None:
-        return Stage("acknowledged", Proof.NOT_PROVEN, "no verified ACK stored")
+        return Stage(
+            "acknowledged",
+            Proof.NOT_PROVEN,
+            "no verified ACK stored (one that arrived just before a crash leaves none)",
+        )
     ack = json.dumps(entry.ack, sort_keys=True)
     return Stage("acknowledged", Proof.PROVEN, f"ACK {ack} stored with the mark")
 
