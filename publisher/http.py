@@ -90,7 +90,7 @@ class HttpSender:
             raise NotAcknowledged(f"{event_id}: inbox lookup answered {status}", status=status)
         try:
             record = json.loads(reply)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise NotAcknowledged(f"{event_id}: inbox lookup reply is not JSON") from exc
         if not isinstance(record, dict) or record.get("id") != event_id:
             raise NotAcknowledged(f"{event_id}: inbox lookup names another event")

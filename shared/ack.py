@@ -48,8 +48,8 @@ def verify_ack(body: bytes, event_id: str, digest: str | None = None) -> dict[st
     """
     try:
         reply = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidAck(f"reply is not JSON: {exc}") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidAck(f"reply is not JSON: {exc!r}"[:200]) from exc
     if not isinstance(reply, dict):
         raise InvalidAck("reply is not a JSON object")
     acked = reply.get(ACK_FIELD)

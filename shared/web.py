@@ -55,6 +55,10 @@ async def read_event(request: web.Request, max_body_bytes: int) -> Event:
         return validate_event(json.loads(body))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(400, "invalid", "body is not valid JSON", detail=str(exc)) from exc
+    except RecursionError as exc:
+        raise BadRequest(
+            400, "invalid", "body is not valid JSON", detail="nested too deeply"
+        ) from exc
     except InvalidEvent as exc:
         raise BadRequest(
             400, "invalid", "invalid event", field=exc.field, detail=exc.problem
@@ -98,6 +102,12 @@ async def serve_app(app: web.Application, host: str, port: int, name: str, path:
     Prints `<name> listening on http://host:port<path>` on stdout once bound (with
     port 0 the OS picks a free port: scripts read it from this line).
     """
+    # Handlers first: a SIGTERM that arrives as soon as the line below is read must
+    # already mean an orderly stop, not the default instant death.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()  # runs the startup contexts: a bad database fails before listening
     try:
@@ -107,15 +117,7 @@ async def serve_app(app: web.Application, host: str, port: int, name: str, path:
             bound_host, bound_port = address[0], address[1]
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
             print(f"{name} listening on http://{shown}:{bound_port}{path}", flush=True)
-        await wait_for_signal()
+        await stop.wait()
         log.info("stopping", extra={"service": name})
     finally:
         await runner.cleanup()
-
-
-async def wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()

@@ -8,6 +8,7 @@ Both sides use this module; their SQL stays in their own storage modules.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ import aiosqlite
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5_000
+THREAD_JOIN_TIMEOUT_S = 5.0
 
 # WAL lets readers work while one writer commits. synchronous=FULL syncs the WAL on
 # every commit: an ACK the sink sends after COMMIT then survives a power loss, not
@@ -46,11 +48,15 @@ class Database:
     @classmethod
     async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
         """Open (or create) the file, set the pragmas and bring the schema up to date."""
+        # isolation_level=None: the sqlite3 module opens no implicit transactions,
+        # so a read holds no lock once it has fetched, and BEGIN is ours to say.
+        connection = aiosqlite.connect(str(path), isolation_level=None)
         try:
-            # isolation_level=None: the sqlite3 module opens no implicit transactions,
-            # so a read holds no lock once it has fetched, and BEGIN is ours to say.
-            connection = await aiosqlite.connect(str(path), isolation_level=None)
+            await connection
         except sqlite3.Error as exc:
+            # aiosqlite stops its worker thread after a failed connect but does not wait
+            # for it; unwaited, the thread may report to an event loop already closed.
+            await asyncio.to_thread(connection._thread.join, THREAD_JOIN_TIMEOUT_S)
             raise StorageError(f"cannot open {path}: {exc}") from exc
         db = cls(connection, str(path))
         try:

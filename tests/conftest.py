@@ -1,0 +1,378 @@
+"""Shared fixtures: real sink processes, real loopback servers, independent DB reads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import re
+import selectors
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from aiohttp import web
+
+from publisher import Outbox
+from sink import create_app
+
+LOOPBACK: str = "127.0.0.1"
+STARTUP_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 5.0
+CLI_TIMEOUT_S = 30.0
+MAX_READS = 1_000
+
+PROXY_VARIABLES = (
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "NO_PROXY",
+    "no_proxy",
+)
+
+# Child processes get this as their sitecustomize: name resolution is limited to
+# loopback, so a refused-target check that regressed cannot reach another host.
+NETWORK_GUARD = """\
+import ipaddress
+import socket
+
+_real_getaddrinfo = socket.getaddrinfo
+
+
+def _loopback_only(host, *args, **kwargs):
+    name = host.decode() if isinstance(host, bytes) else host
+    if name and name.lower() != "localhost":
+        try:
+            allowed = ipaddress.ip_address(name.split("%")[0]).is_loopback
+        except ValueError:
+            allowed = False
+        if not allowed:
+            raise socket.gaierror(socket.EAI_NONAME, f"test guard: {name} is not loopback")
+    return _real_getaddrinfo(host, *args, **kwargs)
+
+
+socket.getaddrinfo = _loopback_only
+"""
+
+
+def _is_loopback_name(host: object) -> bool:
+    name = host.decode() if isinstance(host, bytes) else host
+    if not name or not isinstance(name, str) or name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def loopback_only() -> Iterator[None]:
+    """In this process too, names other than loopback do not resolve."""
+    real = socket.getaddrinfo
+
+    def guarded(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _is_loopback_name(host):
+            raise socket.gaierror(socket.EAI_NONAME, f"test guard: {host} is not loopback")
+        return real(host, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket, "getaddrinfo", guarded)
+        yield
+
+
+# ---------------------------------------------------------------- independent reads
+
+
+def query(db: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows read through a fresh connection of this test process, closed afterwards."""
+    conn = sqlite3.connect(db, timeout=5)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+Query = Callable[..., list[tuple[Any, ...]]]
+
+
+@pytest.fixture
+def db_rows() -> Query:
+    return query
+
+
+# ---------------------------------------------------------------- subprocesses
+
+
+@pytest.fixture(scope="session")
+def child_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for child processes: no OUTBOX_* or proxy settings, loopback guard on."""
+    guard_dir = tmp_path_factory.mktemp("guard")
+    (guard_dir / "sitecustomize.py").write_text(NETWORK_GUARD)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("OUTBOX_") and k not in PROXY_VARIABLES
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(guard_dir), env.get("PYTHONPATH")]))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def run_cli(child_env: dict[str, str], tmp_path: Path) -> RunCli:
+    """Run `python -m <module> args...` to completion, bounded by a timeout."""
+
+    def run(
+        module: str, *args: str, timeout: float = CLI_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", module, *args],
+            capture_output=True,
+            text=True,
+            env=child_env,
+            cwd=tmp_path,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run
+
+
+@dataclass
+class SinkProcess:
+    """A sink running as its own OS process."""
+
+    proc: subprocess.Popen[bytes]
+    db: Path
+    url: str
+    log: Path
+
+    @property
+    def base(self) -> str:
+        return self.url.removesuffix("/events")
+
+    def stop(self) -> int:
+        """SIGTERM, then SIGKILL if it does not stop in time. Returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+        self._close_pipe()
+        return self.proc.returncode
+
+    def kill(self) -> int:
+        """SIGKILL: no shutdown code runs."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=STOP_TIMEOUT_S)
+        self._close_pipe()
+        return self.proc.returncode
+
+    def _close_pipe(self) -> None:
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+_LISTENING = re.compile(r"sink listening on (http://127\.0\.0\.1:(\d+)/events)")
+
+
+def _first_line(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> str:
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buffer = b""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        for _ in range(MAX_READS):
+            if b"\n" in buffer:
+                return buffer.split(b"\n", 1)[0].decode()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if not selector.select(left):
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                status = proc.wait(timeout=STOP_TIMEOUT_S)
+                raise RuntimeError(
+                    f"sink exited with {status} before listening: {log.read_text()!r}"
+                )
+            buffer += chunk
+    raise TimeoutError(f"sink did not print its listening line in {timeout_s}s: {buffer!r}")
+
+
+StartSink = Callable[..., SinkProcess]
+
+
+@pytest.fixture
+def sink_process(child_env: dict[str, str], tmp_path: Path) -> Iterator[StartSink]:
+    """Start real sink processes on port 0; all are stopped at teardown."""
+    started: list[SinkProcess] = []
+
+    def start(db: Path, *extra: str) -> SinkProcess:
+        log = tmp_path / f"sink-{len(started)}.log"
+        with log.open("wb") as stderr:
+            command = [sys.executable, "-m", "sink", "--db", str(db), "--host", LOOPBACK]
+            proc = subprocess.Popen(
+                [*command, "--port", "0", *extra],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=child_env,
+                cwd=tmp_path,
+            )
+        sink = SinkProcess(proc, db, "", log)
+        started.append(sink)
+        line = _first_line(proc, log, STARTUP_TIMEOUT_S)
+        match = _LISTENING.fullmatch(line)
+        assert match is not None, f"unexpected first line from the sink: {line!r}"
+        sink.url = match[1]
+        return sink
+
+    yield start
+    for sink in reversed(started):
+        sink.stop()
+
+
+# ---------------------------------------------------------------- loopback servers
+
+Serve = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """Serve aiohttp applications on 127.0.0.1 with a free port; returns the base URL."""
+    runners: list[web.AppRunner] = []
+
+    async def start(app: web.Application, *, handler_cancellation: bool = False) -> str:
+        runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=handler_cancellation)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, LOOPBACK, 0).start()
+        host, port = runner.addresses[0][:2]
+        assert host == LOOPBACK
+        return f"http://{host}:{port}"
+
+    yield start
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
+ServeSink = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+def serve_sink(serve: Serve) -> ServeSink:
+    """The real sink application (create_app) on loopback; returns the base URL."""
+
+    async def start(db: Path, **settings: int) -> str:
+        return await serve(create_app(db, **settings))
+
+    return start
+
+
+RawMode = Literal["close-on-accept", "close-after-request", "silent"]
+
+
+@dataclass
+class RawServer:
+    """A bare TCP server that counts connections and never answers."""
+
+    port: int
+    connections: int = 0
+    requests: int = 0
+
+
+StartRaw = Callable[[RawMode], Awaitable[RawServer]]
+
+
+@pytest.fixture
+async def raw_server() -> AsyncIterator[StartRaw]:
+    servers: list[asyncio.Server] = []
+    handlers: set[asyncio.Task[None]] = set()
+    release = asyncio.Event()
+
+    async def start(mode: RawMode) -> RawServer:
+        info = RawServer(port=0)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            handlers.add(task)
+            info.connections += 1
+            try:
+                if mode != "close-on-accept":
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                    length = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
+                    if length is not None:
+                        await asyncio.wait_for(reader.readexactly(int(length[1])), 5)
+                    info.requests += 1
+                    if mode == "silent":
+                        await asyncio.wait_for(release.wait(), 10)
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+                with contextlib.suppress(ConnectionError):
+                    await writer.wait_closed()
+
+        server = await asyncio.start_server(handle, LOOPBACK, 0)
+        servers.append(server)
+        info.port = server.sockets[0].getsockname()[1]
+        return info
+
+    yield start
+    release.set()
+    if handlers:
+        await asyncio.wait(handlers, timeout=5)
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port that is bound but not listening: connections are refused."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LOOPBACK, 0))
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+# ---------------------------------------------------------------- source DB set-up
+
+AcceptOrders = Callable[..., None]
+
+
+@pytest.fixture
+def accept_orders() -> AcceptOrders:
+    """Accept orders into a source DB in this process (for sync tests)."""
+
+    def accept(db: Path, *events: dict[str, Any]) -> None:
+        async def run() -> None:
+            async with Outbox.open(db) as outbox:
+                for event in events:
+                    assert await outbox.accept(dict(event)) == "accepted"
+
+        asyncio.run(run())
+
+    return accept

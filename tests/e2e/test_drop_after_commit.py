@@ -1,0 +1,89 @@
+"""The sink commits and then closes the connection with no reply (separate processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import AcceptOrders, Query, RunCli, StartSink
+
+pytestmark = pytest.mark.e2e
+
+DROP_ONE = ("--chaos", "drop-after-commit=1")
+
+
+def dispatch(run_cli: RunCli, source: Path, url: str) -> tuple[int, str, str]:
+    result = run_cli("publisher", "dispatch", "--db", str(source), "--sink", url)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_dropped_reply_keeps_the_entry_and_the_resend_gets_a_duplicate_ack(
+    tmp_path: Path,
+    run_cli: RunCli,
+    sink_process: StartSink,
+    accept_orders: AcceptOrders,
+    db_rows: Query,
+) -> None:
+    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    accept_orders(source, {"id": "order-1", "sku": "snack", "qty": 7})
+    sink = sink_process(sink_db, *DROP_ONE)
+
+    status, stdout, stderr = dispatch(run_cli, source, sink.url)
+
+    assert status == 1
+    assert len(stderr.splitlines()) == 1, stderr
+    assert "order-1" in stderr
+    assert stdout == ""
+    assert db_rows(source, "SELECT sent FROM outbox WHERE id = 'order-1'") == [(0,)]
+    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+
+    status, stdout, stderr = dispatch(run_cli, source, sink.url)
+
+    assert status == 0, stderr
+    assert stdout.strip() == "delivered 1: order-1"
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(source, "SELECT sent FROM outbox WHERE id = 'order-1'") == [(1,)]
+
+
+def test_dropped_reply_stops_the_batch_before_later_entries(
+    tmp_path: Path,
+    run_cli: RunCli,
+    sink_process: StartSink,
+    accept_orders: AcceptOrders,
+    db_rows: Query,
+) -> None:
+    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    accept_orders(
+        source,
+        {"id": "order-1", "sku": "snack", "qty": 7},
+        {"id": "order-2", "sku": "drink", "qty": 3},
+    )
+    sink = sink_process(sink_db, *DROP_ONE)
+
+    status, _, stderr = dispatch(run_cli, source, sink.url)
+
+    assert status == 1, stderr
+    assert db_rows(source, "SELECT id, sent FROM outbox ORDER BY seq") == [
+        ("order-1", 0),
+        ("order-2", 0),
+    ]
+    assert db_rows(sink_db, "SELECT id FROM inbox") == [("order-1",)]
+
+    status, stdout, stderr = dispatch(run_cli, source, sink.url)
+
+    assert status == 0, stderr
+    assert stdout.strip() == "delivered 2: order-1 order-2"
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY id") == [
+        ("order-1", 2),
+        ("order-2", 1),
+    ]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
+        ("drink", 3),
+        ("snack", 7),
+    ]

@@ -1,0 +1,360 @@
+"""The sink's HTTP API, served by create_app on loopback, checked on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Query, ServeSink
+
+EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
+DEFAULT_CAP = 16 * 1024
+
+Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "sink.db"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session
+
+
+@pytest.fixture
+async def base(serve_sink: ServeSink, db: Path) -> str:
+    return await serve_sink(db)
+
+
+def snapshot(db_rows: Query, db: Path) -> Snapshot:
+    return (
+        db_rows(db, "SELECT * FROM inbox ORDER BY id"),
+        db_rows(db, "SELECT * FROM inventory ORDER BY sku"),
+    )
+
+
+async def post(
+    client: aiohttp.ClientSession, base: str, body: bytes
+) -> tuple[int, str, dict[str, Any]]:
+    async with client.post(
+        f"{base}/events", data=body, headers={"Content-Type": "application/json"}
+    ) as response:
+        return response.status, response.content_type, await response.json()
+
+
+async def post_event(
+    client: aiohttp.ClientSession, base: str, event: object
+) -> tuple[int, str, dict[str, Any]]:
+    return await post(client, base, json.dumps(event).encode())
+
+
+async def test_post_applies_then_duplicate_and_inventory_counts_once(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    status, _, first = await post_event(client, base, EVENT)
+    assert status == 200
+    assert (first["ack"], first["status"]) == ("order-1", "applied")
+
+    status, _, second = await post_event(client, base, EVENT)
+    assert status == 200
+    assert (second["ack"], second["status"]) == ("order-1", "duplicate")
+
+    async with client.get(f"{base}/inventory/snack") as response:
+        assert response.status == 200
+        assert await response.json() == {"sku": "snack", "qty": 7}
+    assert db_rows(db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+
+
+async def test_get_event_reports_the_inbox_record(client: aiohttp.ClientSession, base: str) -> None:
+    await post_event(client, base, EVENT)
+    await post_event(client, base, EVENT)
+
+    async with client.get(f"{base}/events/order-1") as response:
+        assert response.status == 200
+        record = await response.json()
+    assert (record["id"], record["deliveries"]) == ("order-1", 2)
+
+    async with client.get(f"{base}/events/never-sent") as response:
+        assert response.status == 404
+        assert "error" in await response.json()
+
+
+async def test_ack_is_already_committed_when_the_reply_arrives(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    async with client.post(f"{base}/events", json=EVENT) as response:
+        assert response.status == 200
+        # Read before anything else runs on this loop, including the rest of the body.
+        seen = db_rows(db, "SELECT id FROM inbox")
+        stock = db_rows(db, "SELECT qty FROM inventory WHERE sku = 'snack'")
+        ack = await response.json()
+    assert seen == [("order-1",)]
+    assert stock == [(7,)]
+    assert ack["ack"] == "order-1"
+
+
+async def test_reply_waits_for_the_commit(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await post_event(client, base, {"id": "warm-up", "sku": "other", "qty": 1})
+    lock = sqlite3.connect(db, timeout=5, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    sending = asyncio.create_task(post_event(client, base, EVENT))
+    try:
+        done, _ = await asyncio.wait({sending}, timeout=0.5)
+        assert not done, "the sink replied while it could not commit"
+        assert db_rows(db, "SELECT id FROM inbox WHERE id = 'order-1'") == []
+        lock.execute("ROLLBACK")
+        status, _, ack = await asyncio.wait_for(sending, 10)
+    finally:
+        lock.close()
+        sending.cancel()
+    assert (status, ack["ack"]) == (200, "order-1")
+    assert db_rows(db, "SELECT id FROM inbox WHERE id = 'order-1'") == [("order-1",)]
+
+
+@pytest.mark.parametrize("changed", [{"qty": 8}, {"sku": "drink"}], ids=["qty", "sku"])
+async def test_conflict_is_409_json_and_changes_nothing(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query, changed: dict[str, Any]
+) -> None:
+    await post_event(client, base, EVENT)
+    before = snapshot(db_rows, db)
+
+    status, content_type, body = await post_event(client, base, {**EVENT, **changed})
+
+    assert (status, content_type) == (409, "application/json")
+    assert body["error"]
+    assert snapshot(db_rows, db) == before
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{", b"not json", b"", b'{"id": "x", "sku": "snack", "qty": 7', b"\xff\xfe\x00"],
+    ids=["open-brace", "text", "empty", "truncated", "not-utf8"],
+)
+async def test_malformed_json_is_400_json_and_changes_nothing(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query, body: bytes
+) -> None:
+    await post_event(client, base, EVENT)
+    before = snapshot(db_rows, db)
+
+    status, content_type, reply = await post(client, base, body)
+
+    assert (status, content_type) == (400, "application/json")
+    assert "JSON" in reply["error"]
+    assert snapshot(db_rows, db) == before
+
+
+async def test_deeply_nested_json_is_400_not_a_server_error(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await post_event(client, base, EVENT)
+    before = snapshot(db_rows, db)
+
+    status, content_type, reply = await post(client, base, b"[" * 5000)
+
+    assert (status, content_type) == (400, "application/json")
+    assert reply["error"]
+    assert snapshot(db_rows, db) == before
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        ({**EVENT, "extra": 1}, "extra"),
+        ({**EVENT, "qty": True}, "qty"),
+        ({**EVENT, "qty": 7.0}, "qty"),
+        ({**EVENT, "qty": 0}, "qty"),
+        ({**EVENT, "qty": 1_000_001}, "qty"),
+        ({"id": "order-2", "qty": 7}, "sku"),
+        ({"sku": "snack", "qty": 7}, "id"),
+        ({**EVENT, "id": "-x"}, "id"),
+        ({**EVENT, "id": "x" * 129}, "id"),
+        ({**EVENT, "sku": "s" * 65}, "sku"),
+        ([EVENT], "event"),
+        (None, "event"),
+    ],
+    ids=[
+        "extra-field",
+        "bool-qty",
+        "float-qty",
+        "zero-qty",
+        "huge-qty",
+        "missing-sku",
+        "missing-id",
+        "bad-id",
+        "long-id",
+        "long-sku",
+        "array",
+        "null",
+    ],
+)
+async def test_schema_error_is_400_naming_the_field_and_changes_nothing(
+    client: aiohttp.ClientSession,
+    base: str,
+    db: Path,
+    db_rows: Query,
+    event: object,
+    field: str,
+) -> None:
+    await post_event(client, base, EVENT)
+    before = snapshot(db_rows, db)
+
+    status, content_type, reply = await post_event(client, base, event)
+
+    assert (status, content_type) == (400, "application/json")
+    assert reply["field"] == field
+    assert reply["error"]
+    assert snapshot(db_rows, db) == before
+
+
+def padded(event: dict[str, Any], size: int) -> bytes:
+    """A valid event body padded with whitespace to exactly `size` bytes."""
+    body = json.dumps(event).encode()
+    assert len(body) <= size
+    return body + b" " * (size - len(body))
+
+
+async def test_body_over_the_default_cap_is_413_and_changes_nothing(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await post_event(client, base, EVENT)
+    before = snapshot(db_rows, db)
+
+    status, content_type, reply = await post(
+        client, base, padded({**EVENT, "id": "big"}, DEFAULT_CAP + 1)
+    )
+
+    assert (status, content_type) == (413, "application/json")
+    assert reply["error"]
+    assert snapshot(db_rows, db) == before
+
+
+async def test_body_of_exactly_the_default_cap_is_accepted(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    status, _, reply = await post(client, base, padded(EVENT, DEFAULT_CAP))
+
+    assert (status, reply["status"]) == (200, "applied")
+    assert db_rows(db, "SELECT qty FROM inventory") == [(7,)]
+
+
+async def test_configured_cap_applies_at_its_boundary(
+    client: aiohttp.ClientSession, serve_sink: ServeSink, db: Path, db_rows: Query
+) -> None:
+    base = await serve_sink(db, max_body_bytes=200)
+
+    status, content_type, _ = await post(client, base, padded({**EVENT, "id": "big"}, 201))
+    assert (status, content_type) == (413, "application/json")
+    assert db_rows(db, "SELECT * FROM inbox") == []
+
+    status, _, reply = await post(client, base, padded(EVENT, 200))
+    assert (status, reply["ack"]) == (200, "order-1")
+
+
+async def test_chunked_body_over_the_cap_is_413_and_changes_nothing(
+    client: aiohttp.ClientSession, serve_sink: ServeSink, db: Path, db_rows: Query
+) -> None:
+    base = await serve_sink(db, max_body_bytes=200)
+    body = padded(EVENT, 4000)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 100):
+            yield body[start : start + 100]
+
+    async with client.post(f"{base}/events", data=chunks()) as response:
+        assert response.request_info.headers.get("Transfer-Encoding") == "chunked"
+        assert response.status == 413
+        assert "error" in await response.json()
+    assert db_rows(db, "SELECT * FROM inbox") == []
+    assert db_rows(db, "SELECT * FROM inventory") == []
+
+
+async def test_storage_failure_is_503_json_and_changes_nothing(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await post_event(client, base, {"id": "first", "sku": "other", "qty": 1})
+    conn = sqlite3.connect(db, timeout=5, isolation_level=None)
+    try:
+        conn.execute(
+            "CREATE TRIGGER fail BEFORE INSERT ON inventory BEGIN SELECT RAISE(ABORT, 'boom'); END"
+        )
+    finally:
+        conn.close()
+    before = snapshot(db_rows, db)
+
+    status, content_type, reply = await post_event(client, base, EVENT)
+
+    assert (status, content_type) == (503, "application/json")
+    assert reply["error"]
+    assert snapshot(db_rows, db) == before
+
+
+async def test_healthz_is_200(client: aiohttp.ClientSession, base: str) -> None:
+    async with client.get(f"{base}/healthz") as response:
+        assert response.status == 200
+        assert await response.json() == {"status": "ok"}
+
+
+async def test_unknown_route_is_404_json(client: aiohttp.ClientSession, base: str) -> None:
+    async with client.get(f"{base}/nowhere") as response:
+        assert (response.status, response.content_type) == (404, "application/json")
+        assert (await response.json())["error"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("GET", "/events"), ("PUT", "/events"), ("DELETE", "/inventory/snack")]
+)
+async def test_wrong_method_is_405_json(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query, method: str, path: str
+) -> None:
+    async with client.request(method, f"{base}{path}", json=EVENT) as response:
+        assert (response.status, response.content_type) == (405, "application/json")
+        assert (await response.json())["error"]
+    assert db_rows(db, "SELECT * FROM inbox") == []
+
+
+@pytest.mark.parametrize("sku", ["bad!sku", "s" * 65], ids=["bad-char", "too-long"])
+async def test_bad_sku_in_inventory_path_is_400(
+    client: aiohttp.ClientSession, base: str, sku: str
+) -> None:
+    async with client.get(f"{base}/inventory/{sku}") as response:
+        assert (response.status, response.content_type) == (400, "application/json")
+        assert (await response.json())["field"] == "sku"
+
+
+async def test_inventory_of_an_unknown_sku_is_zero(
+    client: aiohttp.ClientSession, base: str
+) -> None:
+    async with client.get(f"{base}/inventory/never-seen") as response:
+        assert response.status == 200
+        assert await response.json() == {"sku": "never-seen", "qty": 0}
+
+
+async def test_drop_after_commit_closes_without_reply_but_keeps_the_commit(
+    client: aiohttp.ClientSession, serve_sink: ServeSink, db: Path, db_rows: Query
+) -> None:
+    base = await serve_sink(db, drop_after_commit=1)
+
+    with pytest.raises(aiohttp.ClientError):
+        await post_event(client, base, EVENT)
+
+    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+
+    status, _, ack = await post_event(client, base, EVENT)
+    assert (status, ack["ack"], ack["status"]) == (200, "order-1", "duplicate")
+    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+    assert db_rows(db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
