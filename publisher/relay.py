@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from publisher.errors import DeliveryError, NotAcknowledged
+from publisher.errors import DeliveryError, InvalidTransition, NotAcknowledged
 from publisher.outbox import MAX_BATCH, Outbox, check_limit
 from publisher.retry import Random, RetryPolicy, is_permanent, retry_delay_s, should_quarantine
 from shared import Event
@@ -171,7 +171,11 @@ class Relay:
         except RelayStopping:
             return 0.0, False
         except Exception as exc:  # the loop outlives any one failure; each is recorded
-            return await self._failed(exc), False
+            try:
+                return await self._failed(exc), False
+            except Exception as unrecorded:  # recording it failed too (the database, say)
+                log.error("could not record a failed attempt: %s", unrecorded)
+                return self._policy.cap_s, False
         if marked:
             self.blocked = None
         if len(marked) == self._limit:
@@ -230,10 +234,13 @@ class Relay:
             extra={"event_id": event_id, "failures": failures, "reason": str(exc), "since": since},
         )
         if should_quarantine(exc, permanent, self._policy):
-            await self._outbox.quarantine(
-                event_id, f"rejected {permanent} times: {exc}", AUTO_QUARANTINE_BY
-            )
-            log.warning("quarantined the head", extra={"event_id": event_id, "reason": str(exc)})
+            reason = f"rejected {permanent} times in a row: {exc}"
+            try:
+                await self._outbox.quarantine(event_id, reason, AUTO_QUARANTINE_BY)
+            except InvalidTransition as done:  # an operator got there first
+                log.info("head left the line already: %s", done, extra={"event_id": event_id})
+            else:
+                log.warning("quarantined the head", extra={"event_id": event_id, "reason": reason})
             self.blocked = None
             self._streak = ("", 0, 0)  # a redriven entry starts counting afresh
             return 0.0

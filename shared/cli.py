@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable, Iterable
 from typing import Any, Final, NoReturn
 
 EXIT_OK: Final = 0
@@ -40,17 +41,33 @@ def add_option(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> Non
     A required option is satisfied by its environment variable.
     """
     env = env_name(flag)
-    value = os.environ.get(env)
+    value = os.environ.get(env) or None  # set but empty counts as unset
     if value is not None:
         if kwargs.get("action") == "store_true":
             kwargs["default"] = value.strip().lower() in TRUE_WORDS
         elif kwargs.get("action") == "append":
             kwargs["default"] = [part for part in value.split(",") if part]
         else:
-            kwargs["default"] = value  # argparse applies `type` to string defaults
+            # argparse applies `type` to a string default, but never `choices`:
+            # check those in the type, so a bad variable is a usage error too.
+            kwargs["type"] = _from_env(env, kwargs.get("type"), kwargs.get("choices"))
+            kwargs["default"] = value
         kwargs["required"] = False
     kwargs["help"] = f"{kwargs.get('help', '')} [env {env}]".strip()
     parser.add_argument(flag, **kwargs)
+
+
+def _from_env(
+    env: str, convert: Callable[[str], Any] | None, choices: Iterable[Any] | None
+) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = text if convert is None else convert(text)
+        if choices is not None and value not in choices:
+            allowed = ", ".join(map(str, choices))
+            raise argparse.ArgumentTypeError(f"{value!r} is not one of {allowed} (flag or {env})")
+        return value
+
+    return parse
 
 
 def duration_s(text: str) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -139,12 +139,10 @@ async def get_metrics(request: web.Request) -> web.Response:
     return metrics_response(metrics.registry)
 
 
-def _checked(validate: object, value: str, field: str) -> str:
+def _checked(validate: Callable[[object], str], value: str, field: str) -> str:
     try:
-        assert callable(validate)
-        checked: str = validate(value)
+        return validate(value)
     except InvalidEvent as exc:
         raise BadRequest(
             400, "invalid", f"invalid {field}", field=field, detail=exc.problem
         ) from exc
-    return checked

@@ -1,0 +1,453 @@
+"""The publisher service (intake API, status, metrics) and the sink's read API, on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from publisher.outbox import Outbox
+from publisher.retry import RetryPolicy
+from publisher.service import ServiceSettings, create_app
+from shared import Event, Receipt, make_ack, payload_digest
+
+if TYPE_CHECKING:
+    from conftest import Query, Serve, ServeSink
+
+EVENT: Event = {"id": "order-1", "sku": "snack", "qty": 7}
+WAIT_S = 5.0
+POLL_S = 0.02
+BODY_CAP = 16 * 1024
+
+PUBLISHER_METRICS = (
+    "publisher_outbox_pending_events",
+    "publisher_outbox_oldest_pending_age_seconds",
+    "publisher_outbox_quarantined_events",
+    "publisher_outbox_head_blocked",
+    "publisher_delivery_attempts_total",
+    "publisher_intake_total",
+)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "source.db"
+
+
+@pytest.fixture
+def sink_db(tmp_path: Path) -> Path:
+    return tmp_path / "sink.db"
+
+
+@pytest.fixture
+async def sink(serve_sink: ServeSink, sink_db: Path) -> str:
+    return await serve_sink(sink_db)
+
+
+StartPublisher = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+def start_publisher(serve: Serve, db: Path) -> StartPublisher:
+    async def start(sink_url: str, **settings: Any) -> str:
+        settings.setdefault("poll_interval_s", 0.1)
+        settings.setdefault("retry", RetryPolicy(base_s=0.05, cap_s=0.3))
+        settings.setdefault("send_timeout_s", 2.0)
+        return await serve(create_app(ServiceSettings(db=str(db), sink=sink_url, **settings)))
+
+    return start
+
+
+@pytest.fixture
+async def publisher(start_publisher: StartPublisher, sink: str) -> str:
+    return await start_publisher(f"{sink}/events")
+
+
+async def post(
+    client: aiohttp.ClientSession, url: str, body: bytes | object
+) -> tuple[int, str, dict[str, Any]]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with client.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
+        return r.status, r.content_type, await r.json()
+
+
+async def get_json(client: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with client.get(url) as response:
+        assert response.content_type == "application/json"
+        return response.status, await response.json()
+
+
+async def scrape(
+    client: aiohttp.ClientSession, url: str
+) -> dict[tuple[str, tuple[Any, ...]], float]:
+    """GET /metrics, parsed: (sample name, sorted labels) -> value."""
+    async with client.get(url) as response:
+        assert response.status == 200
+        assert response.content_type == "text/plain"
+        text = await response.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict[tuple[str, tuple[Any, ...]], float], name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+async def eventually(check: Callable[[], Any], timeout_s: float = WAIT_S) -> float:
+    started = time.monotonic()
+    for _ in range(int(timeout_s / POLL_S) + 10):
+        if check():
+            return time.monotonic() - started
+        if time.monotonic() - started >= timeout_s:
+            break
+        await asyncio.sleep(POLL_S)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+def outbox_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
+    return db_rows(db, "SELECT seq, id, payload, sent FROM outbox ORDER BY seq")
+
+
+def order_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
+    return db_rows(db, "SELECT id, sku, qty FROM orders ORDER BY id")
+
+
+# ---------------------------------------------------------------- intake
+
+
+async def test_post_order_accepted_then_duplicate(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
+) -> None:
+    assert await post(client, f"{publisher}/orders", EVENT) == (
+        201,
+        "application/json",
+        {"id": "order-1", "result": "accepted"},
+    )
+    first = outbox_rows(db_rows, db)
+
+    assert await post(client, f"{publisher}/orders", dict(reversed(EVENT.items()))) == (
+        200,
+        "application/json",
+        {"id": "order-1", "result": "duplicate"},
+    )
+
+    assert order_rows(db_rows, db) == [("order-1", "snack", 7)]
+    assert [r[:3] for r in outbox_rows(db_rows, db)] == [r[:3] for r in first]
+
+
+async def test_conflicting_order_is_409_and_changes_nothing(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
+) -> None:
+    await post(client, f"{publisher}/orders", EVENT)
+    before = (order_rows(db_rows, db), [r[:3] for r in outbox_rows(db_rows, db)])
+
+    status, kind, body = await post(client, f"{publisher}/orders", {**EVENT, "qty": 8})
+
+    assert (status, kind) == (409, "application/json")
+    assert body["id"] == "order-1"
+    assert "error" in body
+    assert (order_rows(db_rows, db), [r[:3] for r in outbox_rows(db_rows, db)]) == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"id": "order-1", "sku": "snack"}, "qty"),
+        ({**EVENT, "qty": True}, "qty"),
+        ({**EVENT, "qty": 1.5}, "qty"),
+        ({**EVENT, "qty": 0}, "qty"),
+        ({**EVENT, "id": "-bad"}, "id"),
+        ({**EVENT, "sku": "has space"}, "sku"),
+        ({**EVENT, "note": "extra"}, "note"),
+        ([EVENT], "event"),
+    ],
+)
+async def test_invalid_order_is_400_naming_the_field_and_changes_nothing(
+    client: aiohttp.ClientSession,
+    publisher: str,
+    db: Path,
+    db_rows: Query,
+    body: object,
+    field: str,
+) -> None:
+    status, kind, reply = await post(client, f"{publisher}/orders", body)
+
+    assert (status, kind) == (400, "application/json")
+    assert reply["field"] == field
+    assert "error" in reply
+    assert order_rows(db_rows, db) == []
+    assert outbox_rows(db_rows, db) == []
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"not json", b"\xff\xfe", b'{"id": "a",}'])
+async def test_malformed_body_is_400(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query, body: bytes
+) -> None:
+    status, kind, reply = await post(client, f"{publisher}/orders", body)
+    assert (status, kind) == (400, "application/json")
+    assert "JSON" in reply["error"]
+    assert order_rows(db_rows, db) == []
+
+
+async def test_oversized_body_is_413_and_changes_nothing(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
+) -> None:
+    body = json.dumps({**EVENT, "sku": "x" * (BODY_CAP + 10)}).encode()
+    status, kind, reply = await post(client, f"{publisher}/orders", body)
+    assert (status, kind) == (413, "application/json")
+    assert "error" in reply
+    assert order_rows(db_rows, db) == []
+    # The service still works afterwards.
+    assert (await post(client, f"{publisher}/orders", EVENT))[0] == 201
+
+
+async def test_healthz(client: aiohttp.ClientSession, publisher: str) -> None:
+    assert await get_json(client, f"{publisher}/healthz") == (200, {"status": "ok"})
+
+
+async def test_accepted_order_is_delivered_at_once_not_at_the_next_poll(
+    client: aiohttp.ClientSession,
+    start_publisher: StartPublisher,
+    sink: str,
+    db: Path,
+    sink_db: Path,
+    db_rows: Query,
+) -> None:
+    publisher = await start_publisher(f"{sink}/events", poll_interval_s=5.0)
+    await asyncio.sleep(0.2)  # the relay found nothing and sleeps for 5 s
+
+    assert (await post(client, f"{publisher}/orders", EVENT))[0] == 201
+    took = await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)], 3.0)
+
+    assert took < 1.0
+    assert db_rows(sink_db, "SELECT qty FROM inventory") == [(7,)]
+
+
+async def test_a_duplicate_post_does_not_send_again(
+    client: aiohttp.ClientSession, publisher: str, db: Path, sink_db: Path, db_rows: Query
+) -> None:
+    await post(client, f"{publisher}/orders", EVENT)
+    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)])
+    await post(client, f"{publisher}/orders", EVENT)
+    await asyncio.sleep(0.3)
+    assert db_rows(sink_db, "SELECT deliveries FROM inbox") == [(1,)]
+
+
+# ---------------------------------------------------------------- status and metrics
+
+
+async def test_status_and_metrics_after_traffic(
+    client: aiohttp.ClientSession,
+    publisher: str,
+    sink: str,
+    db: Path,
+    db_rows: Query,
+) -> None:
+    orders = f"{publisher}/orders"
+    assert (await post(client, orders, EVENT))[0] == 201
+    assert (await post(client, orders, EVENT))[0] == 200
+    assert (await post(client, orders, {**EVENT, "qty": 9}))[0] == 409
+    assert (await post(client, orders, {"id": "x"}))[0] == 400
+    assert (await post(client, orders, b"nope"))[0] == 400
+    assert (await post(client, orders, b"x" * (BODY_CAP + 1)))[0] == 413
+    assert (await post(client, orders, {"id": "order-2", "sku": "snack", "qty": 1}))[0] == 201
+    await eventually(lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(2,)])
+
+    samples = await scrape(client, f"{publisher}/metrics")
+
+    names = {name for name, _ in samples}
+    assert set(PUBLISHER_METRICS) <= names
+    assert value(samples, "publisher_outbox_pending_events") == 0
+    assert value(samples, "publisher_outbox_oldest_pending_age_seconds") == 0
+    assert value(samples, "publisher_outbox_quarantined_events") == 0
+    assert value(samples, "publisher_outbox_head_blocked") == 0
+    attempts = "publisher_delivery_attempts_total"
+    assert value(samples, attempts, outcome="delivered") == 2
+    assert value(samples, attempts, outcome="transient") == 0
+    assert value(samples, attempts, outcome="permanent") == 0
+    intake = "publisher_intake_total"
+    assert value(samples, intake, result="accepted") == 2
+    assert value(samples, intake, result="duplicate") == 1
+    assert value(samples, intake, result="conflict") == 1
+    assert value(samples, intake, result="invalid") == 2
+    assert value(samples, intake, result="too_large") == 1
+    assert await get_json(client, f"{publisher}/status") == (
+        200,
+        {
+            "pending": 0,
+            "oldest_pending_age_seconds": 0.0,
+            "quarantined": 0,
+            "head_blocked": False,
+            "head": None,
+        },
+    )
+
+
+@pytest.fixture
+async def rejecting_sink(serve: Serve) -> tuple[str, list[str]]:
+    """A sink that rejects order-1 with 409 and ACKs everything else properly."""
+    received: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        event = json.loads(await request.read())
+        received.append(event["id"])
+        if event["id"] == "order-1":
+            return web.json_response({"error": "conflict"}, status=409)
+        digest = payload_digest(event)
+        return web.json_response(make_ack(event["id"], Receipt.APPLIED, digest))
+
+    app = web.Application()
+    app.router.add_post("/events", handle)
+    return f"{await serve(app)}/events", received
+
+
+async def test_blocked_head_shows_in_status_and_metrics_until_quarantined(
+    client: aiohttp.ClientSession,
+    start_publisher: StartPublisher,
+    rejecting_sink: tuple[str, list[str]],
+    db: Path,
+    db_rows: Query,
+) -> None:
+    url, received = rejecting_sink
+    publisher = await start_publisher(url, retry=RetryPolicy(base_s=0.05, cap_s=0.3))
+    before = time.time()
+    await post(client, f"{publisher}/orders", EVENT)
+    await post(client, f"{publisher}/orders", {"id": "order-2", "sku": "snack", "qty": 1})
+    await eventually(lambda: received.count("order-1") >= 2)
+    await asyncio.sleep(0.05)
+
+    status, figures = await get_json(client, f"{publisher}/status")
+    samples = await scrape(client, f"{publisher}/metrics")
+
+    assert status == 200
+    assert figures["pending"] == 2
+    assert figures["head_blocked"] is True
+    head = figures["head"]
+    assert (head["id"], head["seq"]) == ("order-1", 1)
+    assert head["attempts"] >= 2
+    assert "409" in head["last_error"]
+    assert before <= head["blocked_since"] <= time.time()
+    assert figures["oldest_pending_age_seconds"] > 0
+    assert value(samples, "publisher_outbox_pending_events") == 2
+    assert value(samples, "publisher_outbox_head_blocked") == 1
+    assert value(samples, "publisher_outbox_oldest_pending_age_seconds") > 0
+    assert value(samples, "publisher_delivery_attempts_total", outcome="permanent") >= 2
+    assert value(samples, "publisher_delivery_attempts_total", outcome="delivered") == 0
+    assert "order-2" not in received
+
+    async with Outbox.open(db) as operator:  # as `publisher quarantine` would
+        await operator.quarantine("order-1", "sku retired", "alice")
+    await eventually(lambda: "order-2" in received)
+    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox WHERE id = 'order-2'") == [(1,)])
+
+    samples = await scrape(client, f"{publisher}/metrics")
+    assert value(samples, "publisher_outbox_quarantined_events") == 1
+    assert value(samples, "publisher_outbox_pending_events") == 0
+    assert value(samples, "publisher_outbox_head_blocked") == 0
+    assert value(samples, "publisher_delivery_attempts_total", outcome="delivered") == 1
+    _, figures = await get_json(client, f"{publisher}/status")
+    assert (figures["quarantined"], figures["head"], figures["head_blocked"]) == (1, None, False)
+
+
+async def test_gauges_follow_rows_written_by_other_connections(
+    client: aiohttp.ClientSession, start_publisher: StartPublisher, db: Path, serve: Serve
+) -> None:
+    # A sink that never answers in time keeps everything pending.
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/events", slow)
+    url = f"{await serve(app, handler_cancellation=True)}/events"
+    publisher = await start_publisher(url, send_timeout_s=0.5)
+    async with Outbox.open(db) as other:
+        for n in range(3):
+            await other.accept({"id": f"cli-{n}", "sku": "snack", "qty": 1})
+
+    samples = await scrape(client, f"{publisher}/metrics")
+
+    assert value(samples, "publisher_outbox_pending_events") == 3
+
+
+# ---------------------------------------------------------------- the sink's side
+
+
+async def test_sink_metrics_count_every_result(
+    client: aiohttp.ClientSession, sink: str, sink_db: Path, db_rows: Query
+) -> None:
+    events = f"{sink}/events"
+    assert (await post(client, events, EVENT))[0] == 200
+    assert (await post(client, events, EVENT))[0] == 200
+    assert (await post(client, events, EVENT))[0] == 200
+    assert (await post(client, events, {**EVENT, "qty": 8}))[0] == 409
+    assert (await post(client, events, {"id": "order-2", "sku": "snack", "qty": 1}))[0] == 200
+    assert (await post(client, events, b"{"))[0] == 400
+    assert (await post(client, events, {"id": "x"}))[0] == 400
+
+    samples = await scrape(client, f"{sink}/metrics")
+
+    received = "sink_inbox_received_total"
+    assert value(samples, received, result="applied") == 2
+    assert value(samples, received, result="duplicate") == 2
+    assert value(samples, received, result="conflict") == 1
+    assert value(samples, received, result="invalid") == 2
+    assert value(samples, "sink_inbox_events") == 2
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(2,)]
+
+
+async def test_sink_metrics_start_at_zero(client: aiohttp.ClientSession, sink: str) -> None:
+    samples = await scrape(client, f"{sink}/metrics")
+    for result in ("applied", "duplicate", "conflict", "invalid"):
+        assert value(samples, "sink_inbox_received_total", result=result) == 0
+    assert value(samples, "sink_inbox_events") == 0
+
+
+async def test_sink_event_record_counts_deliveries_and_carries_the_digest(
+    client: aiohttp.ClientSession, sink: str, sink_db: Path, db_rows: Query
+) -> None:
+    before = time.time()
+    await post(client, f"{sink}/events", EVENT)
+    await post(client, f"{sink}/events", EVENT)
+
+    status, record = await get_json(client, f"{sink}/events/order-1")
+
+    assert status == 200
+    assert record["id"] == "order-1"
+    assert record["deliveries"] == 2
+    assert record["sha256"] == payload_digest(EVENT)
+    assert before <= record["received_at"] <= record["last_delivery_at"] <= time.time()
+    assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'order-1'") == [(2,)]
+
+
+async def test_sink_event_record_unknown_is_404(client: aiohttp.ClientSession, sink: str) -> None:
+    status, body = await get_json(client, f"{sink}/events/never-sent")
+    assert status == 404
+    assert body["id"] == "never-sent"
+    assert "error" in body
+
+
+@pytest.mark.parametrize("bad", ["-starts-with-dash", "has%20space", "x" * 129, "semi;colon"])
+async def test_sink_event_record_bad_id_is_400(
+    client: aiohttp.ClientSession, sink: str, bad: str
+) -> None:
+    status, body = await get_json(client, f"{sink}/events/{bad}")
+    assert status == 400
+    assert body["field"] == "id"

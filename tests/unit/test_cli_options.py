@@ -1,0 +1,284 @@
+"""Command-line conventions: durations, OUTBOX_* environment defaults, JSON log lines."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from publisher.cli import build_parser
+from shared.cli import ArgumentParser, JsonFormatter, add_option, duration_s, env_name
+
+
+def parser_with(*options: tuple[str, dict[str, object]]) -> ArgumentParser:
+    parser = ArgumentParser(prog="tool")
+    for flag, kwargs in options:
+        add_option(parser, flag, **kwargs)
+    return parser
+
+
+def usage_error(parser: argparse.ArgumentParser, argv: list[str]) -> str:
+    """Parse `argv`, expect exit status 2, return what was said on stderr."""
+    captured = io.StringIO()
+    with contextlib.redirect_stderr(captured), pytest.raises(SystemExit) as exited:
+        parser.parse_args(argv)
+    assert exited.value.code == 2, captured.getvalue()
+    return captured.getvalue()
+
+
+# ---------------------------------------------------------------- durations
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90.0),
+        ("15m", 900.0),
+        ("12h", 43_200.0),
+        ("7d", 604_800.0),
+        ("1.5h", 5_400.0),
+        ("0s", 0.0),
+        ("0", 0.0),
+        ("30", 30.0),
+        ("2.5", 2.5),
+        (" 5m ", 300.0),
+    ],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert duration_s(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "abc", "5x", "5 m", "m5", "-5", "-1s", "1e400", "inf", "nan", "5mm", "1h30m"]
+)
+def test_bad_durations_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        duration_s(text)
+
+
+def test_duration_as_an_option_type_gives_a_usage_error() -> None:
+    parser = parser_with(("--older-than", {"type": duration_s, "required": True}))
+    assert parser.parse_args(["--older-than", "7d"]).older_than == 604_800.0
+    assert "not a duration" in usage_error(parser, ["--older-than", "a week"])
+
+
+# ---------------------------------------------------------------- environment defaults
+
+
+@pytest.fixture(autouse=True)
+def no_outbox_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("OUTBOX_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize(
+    ("flag", "env"),
+    [
+        ("--db", "OUTBOX_DB"),
+        ("--poll-interval", "OUTBOX_POLL_INTERVAL"),
+        ("--quarantine-after", "OUTBOX_QUARANTINE_AFTER"),
+        ("--log-format", "OUTBOX_LOG_FORMAT"),
+    ],
+)
+def test_env_names(flag: str, env: str) -> None:
+    assert env_name(flag) == env
+
+
+def test_env_satisfies_a_required_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_DB", "/data/source.db")
+    parser = parser_with(("--db", {"required": True}))
+    assert parser.parse_args([]).db == "/data/source.db"
+
+
+def test_required_option_without_env_is_a_usage_error() -> None:
+    parser = parser_with(("--db", {"required": True}))
+    assert "--db" in usage_error(parser, [])
+
+
+def test_flag_wins_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_DB", "from-env.db")
+    parser = parser_with(("--db", {"required": True}))
+    assert parser.parse_args(["--db", "from-flag.db"]).db == "from-flag.db"
+
+
+def test_env_value_gets_the_option_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_PORT", "8123")
+    monkeypatch.setenv("OUTBOX_OLDER_THAN", "2h")
+    parser = parser_with(
+        ("--port", {"type": int, "default": 8000}),
+        ("--older-than", {"type": duration_s, "required": True}),
+    )
+    args = parser.parse_args([])
+    assert args.port == 8123
+    assert type(args.port) is int
+    assert args.older_than == 7_200.0
+
+
+def test_env_value_that_fails_the_type_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_PORT", "eighty")
+    parser = parser_with(("--port", {"type": int, "default": 8000}))
+    assert "eighty" in usage_error(parser, [])
+
+
+def test_env_value_outside_the_choices_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The environment is another way to give the flag: the same checks apply to it.
+    monkeypatch.setenv("OUTBOX_LOG_FORMAT", "xml")
+    parser = parser_with(("--log-format", {"choices": ["text", "json"], "default": "text"}))
+    assert "xml" in usage_error(parser, [])
+
+
+def test_list_state_from_env_outside_the_choices_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OUTBOX_STATE", "bogus")
+    usage_error(build_parser(), ["list", "--db", "source.db"])
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False), ("no", False)],
+)
+def test_env_for_a_switch(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
+    monkeypatch.setenv("OUTBOX_JSON", value)
+    parser = parser_with(("--json", {"action": "store_true"}))
+    assert parser.parse_args([]).json is expected
+
+
+def test_switch_defaults_to_off_without_env() -> None:
+    parser = parser_with(("--json", {"action": "store_true"}))
+    assert parser.parse_args([]).json is False
+    assert parser.parse_args(["--json"]).json is True
+
+
+def test_env_for_a_repeatable_option_is_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_ALLOW_HOST", "sink.internal,,backup.internal")
+    parser = parser_with(("--allow-host", {"action": "append", "default": []}))
+    assert parser.parse_args([]).allow_host == ["sink.internal", "backup.internal"]
+
+
+def test_help_names_the_env_variable() -> None:
+    parser = parser_with(("--poll-interval", {"type": float, "help": "seconds between checks"}))
+    text = " ".join(parser.format_help().split())
+    assert "seconds between checks [env OUTBOX_POLL_INTERVAL]" in text
+
+
+def test_publisher_serve_reads_every_setting_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = {
+        "OUTBOX_DB": "/data/source.db",
+        "OUTBOX_SINK": "http://127.0.0.1:9999/events",
+        "OUTBOX_PORT": "0",
+        "OUTBOX_POLL_INTERVAL": "0.25",
+        "OUTBOX_RETRY_BASE": "0.1",
+        "OUTBOX_RETRY_CAP": "2",
+        "OUTBOX_QUARANTINE_AFTER": "3",
+        "OUTBOX_SEND_TIMEOUT": "1.5",
+        "OUTBOX_LOG_FORMAT": "json",
+        "OUTBOX_LIMIT": "4",
+    }
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+
+    args = build_parser().parse_args(["serve"])
+
+    assert args.db == "/data/source.db"
+    assert args.sink == "http://127.0.0.1:9999/events"
+    assert (args.port, args.poll_interval, args.retry_base, args.retry_cap) == (0, 0.25, 0.1, 2.0)
+    assert (args.quarantine_after, args.send_timeout, args.limit) == (3, 1.5, 4)
+    assert args.log_format == "json"
+
+
+def test_publisher_serve_env_values_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_DB", "source.db")
+    monkeypatch.setenv("OUTBOX_SINK", "http://127.0.0.1:9999/events")
+    monkeypatch.setenv("OUTBOX_QUARANTINE_AFTER", "0")
+    assert "greater than 0" in usage_error(build_parser(), ["serve"])
+
+
+def test_publisher_subcommand_help_shows_env_names() -> None:
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured), pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["serve", "--help"])
+    assert exited.value.code == 0
+    serve_help = " ".join(captured.getvalue().split())
+    for name in ("OUTBOX_DB", "OUTBOX_SINK", "OUTBOX_PORT", "OUTBOX_QUARANTINE_AFTER"):
+        assert f"[env {name}]" in serve_help
+
+
+# ---------------------------------------------------------------- JSON log lines
+
+
+@pytest.fixture
+def json_log() -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("test_cli_options.json")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    yield logger, stream
+    logger.handlers.clear()
+    logger.propagate = True
+
+
+def lines(stream: io.StringIO) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_delivery_line_is_one_json_object_with_the_extra_fields(
+    json_log: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = json_log
+    fields = {"event_id": "order-1", "seq": 3, "attempt": 2, "outcome": "delivered"}
+    logger.info("delivery", extra={**fields, "latency_ms": 12.5})
+
+    [line] = lines(stream)
+
+    assert line["message"] == "delivery"
+    assert line["level"] == "info"
+    assert line["logger"] == "test_cli_options.json"
+    assert isinstance(line["time"], float)
+    assert {k: line[k] for k in fields} == fields
+    assert line["latency_ms"] == 12.5
+    assert "args" not in line and "msg" not in line and "levelno" not in line
+
+
+def test_message_with_newlines_stays_on_one_line(
+    json_log: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = json_log
+    logger.warning("head blocked\nsecond line %s", "arg", extra={"reason": 'say "409"\n'})
+
+    text = stream.getvalue()
+    assert text.count("\n") == 1
+    [line] = lines(stream)
+    assert line["message"] == "head blocked\nsecond line arg"
+    assert line["reason"] == 'say "409"\n'
+
+
+def test_values_json_cannot_hold_are_written_as_text(
+    json_log: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = json_log
+    logger.info("opened", extra={"path": Path("/data/source.db"), "ids": {"a"}})
+    [line] = lines(stream)
+    assert line["path"] == "/data/source.db"
+    assert line["ids"] == "{'a'}"
+
+
+def test_exception_is_kept_in_the_line(json_log: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, stream = json_log
+    try:
+        raise RuntimeError("database gone")
+    except RuntimeError:
+        logger.exception("relay step failed")
+    [line] = lines(stream)
+    assert line["level"] == "error"
+    assert "RuntimeError: database gone" in str(line["exception"])
