@@ -31,6 +31,7 @@ from shared.cli import (
     fail,
     setup_logging,
 )
+from shared.net import TOKEN_ENV, TokenError, load_token
 from shared.web import serve_app
 from sqlite_tx import StorageError
 
@@ -157,6 +158,7 @@ def build_parser() -> ArgumentParser:
     trace.add_argument("id", type=event_id, help="event ID")
     add_option(trace, "--sink", help="sink URL, to read its inbox record")
     add_option(trace, "--allow-host", action="append", default=[], help="also allow this sink host")
+    _token_option(trace)
     add_option(trace, "--json", action="store_true", help="one JSON object")
 
     prune = command("prune", "delete sent entries older than a duration")
@@ -172,6 +174,13 @@ def _sink_options(parser: ArgumentParser) -> None:
         action="append",
         default=[],
         help="also allow this sink host (repeatable); loopback is always allowed",
+    )
+    _token_option(parser)
+
+
+def _token_option(parser: ArgumentParser) -> None:
+    add_option(
+        parser, "--token-file", help=f"file holding the sink's bearer token (or {TOKEN_ENV})"
     )
 
 
@@ -205,7 +214,8 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
             exit_after_ack(event_id)
         delivered.append(event_id)
 
-    async with HttpSender(args.sink, allowed_hosts=args.allow_host) as sender:
+    sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=load_token(args.token_file))
+    async with sender:
         async with Outbox.open(args.db) as outbox:
             store = EvidenceStore(outbox, sender.deliver)
             try:
@@ -223,6 +233,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         db=args.db,
         sink=args.sink,
         allowed_hosts=tuple(args.allow_host),
+        token=load_token(args.token_file),
         limit=args.limit,
         poll_interval_s=args.poll_interval,
         retry=RetryPolicy(args.retry_base, args.retry_cap, args.quarantine_after),
@@ -313,7 +324,10 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
 
 
 async def cmd_trace(args: argparse.Namespace) -> int:
-    sender = None if args.sink is None else HttpSender(args.sink, allowed_hosts=args.allow_host)
+    sender = None
+    if args.sink is not None:
+        token = load_token(args.token_file)
+        sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=token)
     async with Outbox.open(args.db) as outbox:
         if sender is None:
             trace = await collect_trace(outbox, args.id, None)
@@ -354,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, f"invalid order: {exc}", EXIT_USAGE)
     except TargetNotAllowed as exc:
         return fail(PROG, f"refused sink URL: {exc}", EXIT_USAGE)
+    except TokenError as exc:
+        return fail(PROG, exc, EXIT_USAGE)
     except (Conflict, DeliveryError, StorageError, UnknownEntry, InvalidTransition) as exc:
         return fail(PROG, exc)
     except OSError as exc:

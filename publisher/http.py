@@ -25,6 +25,8 @@ ERROR_EXCERPT_CHARS: Final = 200
 class HttpSender:
     """A reusable sender that owns a client session configured for evidence.
 
+    With `token`, every request carries `Authorization: Bearer <token>`.
+
     `async with HttpSender(url) as send: await send(event)` returns True only for a
     verified ACK, and raises DeliveryError otherwise. The target is checked when the
     sender is made, before any connection. Redirects are never followed, proxy
@@ -40,8 +42,10 @@ class HttpSender:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         timeout_s: float = TIMEOUT_S,
         max_reply_bytes: int = MAX_REPLY_BYTES,
+        token: str | None = None,
     ) -> None:
         self.url = check_target(url, allowed_hosts)
+        self._auth = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._max_reply_bytes = max_reply_bytes
         self._session: aiohttp.ClientSession | None = None
@@ -52,7 +56,7 @@ class HttpSender:
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             timeout=self._timeout,
-            headers={"Accept-Encoding": "identity"},
+            headers={"Accept-Encoding": "identity", **self._auth},
         )
         return self
 

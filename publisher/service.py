@@ -37,6 +37,7 @@ class ServiceSettings:
     db: str
     sink: str
     allowed_hosts: tuple[str, ...] = ()
+    token: str | None = None
     limit: int = MAX_BATCH
     poll_interval_s: float = POLL_INTERVAL_S
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -72,6 +73,7 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
         allowed_hosts=settings.allowed_hosts,
         connect_timeout_s=min(CONNECT_TIMEOUT_S, settings.send_timeout_s),
         timeout_s=settings.send_timeout_s,
+        token=settings.token,
     )
     async with Outbox.open(settings.db) as outbox, sender:
         relay = Relay(

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable
 from typing import Final
 
 from yarl import URL
 
 from publisher.errors import TargetNotAllowed
+from shared.net import is_loopback
 
 EVENTS_PATH: Final = "/events"
-LOOPBACK_NAMES: Final = frozenset({"localhost"})
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost, 127.0.0.0/8 and ::1."""
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+__all__ = ["EVENTS_PATH", "check_target", "is_loopback"]
 
 
 def check_target(url: str | URL, allowed_hosts: Iterable[str] = ()) -> URL:

@@ -55,7 +55,8 @@ def verify_ack(body: bytes, event_id: str, digest: str | None = None) -> dict[st
     acked = reply.get(ACK_FIELD)
     if acked != event_id:
         raise InvalidAck(f"ACK names {acked!r}, expected {event_id!r}")
-    if reply.get("status") not in {r.value for r in Receipt}:
+    # A tuple, not a set: a JSON array or object as the status must not need hashing.
+    if reply.get("status") not in tuple(r.value for r in Receipt):
         raise InvalidAck(f"ACK status {reply.get('status')!r} is not applied or duplicate")
     stored = reply.get(DIGEST_FIELD)
     if stored is not None and digest is not None and stored != digest:

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared import Conflict, InvalidEvent, make_ack, validate_event_id, validate_sku
+from shared.net import bearer_matches
 from shared.web import (
     MAX_BODY_BYTES,
     BadRequest,
+    Handler,
+    error,
     healthz,
     json_errors,
     metrics_response,
@@ -40,35 +46,56 @@ class SinkMetrics:
         )
         for result in RESULTS:
             self.received.labels(result)  # every series exists from the start, at 0
+        self.unauthorized = Counter(
+            "sink_unauthorized_requests",
+            "Requests refused for a missing or wrong bearer token.",
+            registry=self.registry,
+        )
         self.events = Gauge("sink_inbox_events", "Events in the inbox.", registry=self.registry)
 
 
 @dataclass
 class SinkState:
-    """Settings and the chaos budget left."""
+    """Settings, and the chaos budgets left (counted down per commit)."""
 
     max_body_bytes: int = MAX_BODY_BYTES
+    token: str | None = None
     drop_after_commit: int = 0
+    exit_after_commit: int = 0
+    stall_s: float = 0.0
 
 
 INBOX: Final = web.AppKey("inbox", Inbox)
 STATE: Final = web.AppKey("state", SinkState)
 METRICS: Final = web.AppKey("metrics", SinkMetrics)
+OPEN_PATHS: Final = frozenset({"/healthz", "/metrics"})
+CHAOS_EXIT_STATUS: Final = 73
 
 
 def create_app(
     db_path: str | Path,
     *,
     max_body_bytes: int = MAX_BODY_BYTES,
+    token: str | None = None,
     drop_after_commit: int = 0,
+    exit_after_commit: int = 0,
+    stall_s: float = 0.0,
 ) -> web.Application:
     """The sink as an aiohttp application; the inbox opens on startup.
 
-    `drop_after_commit=N` is a chaos setting: the first N events that commit get
-    their connection closed with no reply, as if the sink died right after COMMIT.
+    With `token`, every route but /healthz and /metrics needs `Authorization: Bearer
+    <token>`. Chaos settings: `drop_after_commit=N` closes the connection with no reply
+    after each of the first N commits; `exit_after_commit=N` ends the process with
+    status 73 right after the Nth commit; `stall_s` waits that long before each event.
     """
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[json_errors])
-    app[STATE] = SinkState(max_body_bytes=max_body_bytes, drop_after_commit=drop_after_commit)
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[json_errors, require_token])
+    app[STATE] = SinkState(
+        max_body_bytes=max_body_bytes,
+        token=token,
+        drop_after_commit=drop_after_commit,
+        exit_after_commit=exit_after_commit,
+        stall_s=stall_s,
+    )
     app[METRICS] = SinkMetrics()
 
     async def inbox_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -85,8 +112,24 @@ def create_app(
     return app
 
 
+@web.middleware
+async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """401 for a missing or wrong bearer token, before anything is read or applied."""
+    token = request.app[STATE].token
+    if token is None or request.path in OPEN_PATHS:
+        return await handler(request)
+    if not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), token):
+        request.app[METRICS].unauthorized.inc()
+        reply = error(401, "missing or wrong bearer token")
+        reply.headers[hdrs.WWW_AUTHENTICATE] = "Bearer"
+        return reply
+    return await handler(request)
+
+
 async def post_event(request: web.Request) -> web.StreamResponse:
     state, received = request.app[STATE], request.app[METRICS].received
+    if state.stall_s > 0:
+        await asyncio.sleep(state.stall_s)
     try:
         event = await read_event(request, state.max_body_bytes)
         result = await request.app[INBOX].receive_with_digest(event)
@@ -97,10 +140,24 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         received.labels("conflict").inc()
         raise BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc)) from exc
     received.labels(result.receipt.value).inc()
+    if state.exit_after_commit > 0:
+        state.exit_after_commit -= 1
+        if state.exit_after_commit == 0:
+            exit_after_commit(event["id"])
     if state.drop_after_commit > 0:
         state.drop_after_commit -= 1
         return drop_connection(request, event["id"])
     return web.json_response(make_ack(event["id"], result.receipt, result.digest))
+
+
+def exit_after_commit(event_id: str) -> None:
+    """Chaos: die right after the commit, before any reply."""
+    print(
+        f"chaos: committed {event_id}, exiting with status 73 before the reply",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(CHAOS_EXIT_STATUS)
 
 
 def drop_connection(request: web.Request, event_id: str) -> web.StreamResponse:

@@ -7,45 +7,90 @@ import asyncio
 from collections.abc import Sequence
 from typing import Final
 
-from shared.cli import ArgumentParser, add_option, fail, setup_logging
+from shared.cli import EXIT_USAGE, ArgumentParser, add_option, fail, setup_logging
+from shared.net import TOKEN_ENV, TokenError, is_loopback, load_token
 from shared.web import serve_app
 from sink.app import create_app
 from sqlite_tx import StorageError
 
 PROG: Final = "sink"
-DROP_AFTER_COMMIT: Final = "drop-after-commit"
 DEFAULT_PORT: Final = 8080
+CHAOS_COUNTS: Final = ("drop-after-commit", "exit-after-commit")
+CHAOS_HELP: Final = (
+    "comma-separated: drop-after-commit=N closes the connection with no reply after each "
+    "of the first N commits; exit-after-commit=N ends the process with status 73 right "
+    "after the Nth commit; stall=SECONDS waits that long before handling each event"
+)
 
 
-def chaos_setting(text: str) -> int:
-    """argparse type for --chaos: drop-after-commit=N with N >= 1."""
-    name, _, count = text.partition("=")
-    if name != DROP_AFTER_COMMIT or not count.isdigit() or int(count) < 1:
-        raise argparse.ArgumentTypeError(f"expected {DROP_AFTER_COMMIT}=N with N >= 1")
-    return int(count)
+def chaos_settings(text: str) -> dict[str, float]:
+    """argparse type for --chaos, e.g. 'drop-after-commit=1,stall=0.5'."""
+    settings: dict[str, float] = {}
+    for part in text.split(","):
+        name, _, value = part.strip().partition("=")
+        if name in CHAOS_COUNTS and value.isdigit() and int(value) >= 1:
+            settings[name] = int(value)
+        elif name == "stall" and _seconds(value) is not None:
+            settings[name] = float(value)
+        else:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r}: expected drop-after-commit=N, exit-after-commit=N (N >= 1)"
+                " or stall=SECONDS"
+            )
+    return settings
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < 3600 else None
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description="Idempotent inbox sink over HTTP.")
+    parser = ArgumentParser(
+        prog=PROG,
+        description="Idempotent inbox sink over HTTP.",
+        epilog=f"The bearer token comes from --token-file or the {TOKEN_ENV} variable.",
+    )
     add_option(parser, "--db", required=True, help="sink database file")
     add_option(parser, "--host", default="127.0.0.1", help="address to listen on")
     add_option(parser, "--port", type=int, default=DEFAULT_PORT, help="port (0: any free port)")
-    add_option(parser, "--log-format", choices=["text", "json"], default="text", help="log lines")
+    add_option(
+        parser, "--token-file", help=f"file holding the shared bearer token (or {TOKEN_ENV})"
+    )
     add_option(
         parser,
-        "--chaos",
-        type=chaos_setting,
-        default=0,
-        metavar=f"{DROP_AFTER_COMMIT}=N",
-        help="close the connection with no reply after each of the first N commits",
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback address without a token",
     )
+    add_option(parser, "--log-format", choices=["text", "json"], default="text", help="log lines")
+    add_option(parser, "--chaos", type=chaos_settings, default={}, help=CHAOS_HELP)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        token = load_token(args.token_file)
+    except TokenError as exc:
+        return fail(PROG, exc, EXIT_USAGE)
+    if token is None and not is_loopback(args.host) and not args.insecure:
+        message = (
+            f"refusing to listen on {args.host} without a token: set --token-file or "
+            f"{TOKEN_ENV}, or say --insecure"
+        )
+        return fail(PROG, message, EXIT_USAGE)
     setup_logging(args.log_format)
-    app = create_app(args.db, drop_after_commit=args.chaos)
+    app = create_app(
+        args.db,
+        token=token,
+        drop_after_commit=int(args.chaos.get("drop-after-commit", 0)),
+        exit_after_commit=int(args.chaos.get("exit-after-commit", 0)),
+        stall_s=args.chaos.get("stall", 0.0),
+    )
     try:
         asyncio.run(serve_app(app, args.host, args.port, PROG, "/events"))
     except StorageError as exc:

@@ -1,0 +1,58 @@
+"""Loopback and bearer tokens: what both services need to stay safe by default."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+from pathlib import Path
+from typing import Final
+
+LOOPBACK_NAMES: Final = frozenset({"localhost"})
+TOKEN_ENV: Final = "OUTBOX_TOKEN"
+MIN_TOKEN_CHARS: Final = 16
+
+
+class TokenError(ValueError):
+    """The shared secret could not be read or is not usable."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost, 127.0.0.0/8 and ::1."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def load_token(token_file: str | None) -> str | None:
+    """The shared secret: from `token_file` if given, else from OUTBOX_TOKEN, else None.
+
+    Never from a command-line argument, where any user could read it in the process list.
+    """
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TokenError(f"cannot read token file {token_file}: {exc}") from exc
+        source = token_file
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        source = TOKEN_ENV
+        if not token:
+            return None
+    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+        raise TokenError(
+            f"token from {source} must be at least {MIN_TOKEN_CHARS} characters, no spaces"
+        )
+    return token
+
+
+def bearer_matches(header: str | None, token: str) -> bool:
+    """Constant-time check of an `Authorization: Bearer <token>` header."""
+    scheme, _, presented = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
+        presented = ""
+    return hmac.compare_digest(presented.strip().encode(), token.encode())
