@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test lint typecheck unit demo clean
+.PHONY: venv test lint typecheck demo chaos clean
 
 venv: $(VENV)/.installed
 
@@ -22,8 +22,13 @@ typecheck: venv
 test: lint typecheck
 	$(BIN)/pytest
 
+# SPEC's two checks as stories, with the evidence table before and after recovery.
 demo: venv
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python -m chaos scenario crash-after-ack drop-after-commit
+
+# A longer run: 500 orders, 10 kills of either service at random moments.
+chaos: venv
+	$(BIN)/python -m chaos run --events 500 --kills 10 --seed 1
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .mypy_cache .ruff_cache

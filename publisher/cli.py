@@ -221,6 +221,8 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
             try:
                 marked = await dispatch(store, store.send, args.limit, after_delivery)
             except DeliveryError as exc:
+                if store.current is not None:
+                    await outbox.record_failure(store.current, str(exc))
                 done = f"{len(delivered)} delivered ({', '.join(delivered) or 'none'}), then"
                 return fail(PROG, f"dispatch stopped: {done} {exc}")
     print(f"delivered {len(marked)}" + (f": {' '.join(marked)}" if marked else ""))

@@ -82,14 +82,17 @@ class EvidenceStore:
         self._deliver = deliver
         self._acks: dict[str, Mapping[str, object]] = {}
         self.batch: dict[str, tuple[int, int]] = {}  # id -> (seq, attempts so far)
+        self.current: str | None = None  # the entry being sent, or last sent
 
     async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
         rows = await self._outbox.pending_batch(limit)
         self.batch = {event["id"]: (seq, attempts) for seq, event, attempts in rows}
+        self.current = None
         self._acks.clear()
         return [event for _, event, _ in rows]
 
     async def send(self, event: Event) -> bool:
+        self.current = event["id"]
         self._acks[event["id"]] = await self._deliver(event)
         return True
 
@@ -142,7 +145,6 @@ class Relay:
         self._store = EvidenceStore(outbox, deliver)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        self._current: str | None = None
         self._streak: tuple[str, int, int] = ("", 0, 0)  # head id, failures, permanent failures
         self.blocked: Blocked | None = None
 
@@ -165,7 +167,6 @@ class Relay:
     async def step(self) -> tuple[float, bool]:
         """One batch. Returns how long to wait, and whether new intake may cut it short."""
         self._wake.clear()
-        self._current = None
         try:
             marked = await dispatch(self._store, self._send, self._limit, self._after_delivery)
         except RelayStopping:
@@ -186,7 +187,6 @@ class Relay:
         if self._stop.is_set():
             raise RelayStopping
         event_id = event["id"]
-        self._current = event_id
         started = time.perf_counter()
         try:
             await self._store.send(event)
@@ -216,7 +216,7 @@ class Relay:
             self._observer.delivery(outcome)
 
     async def _failed(self, exc: Exception) -> float:
-        event_id = self._current
+        event_id = self._store.current
         if event_id is None or event_id not in self._store.batch:
             # Not a delivery failure (the database, say): back off and try the batch again.
             log.error("relay step failed: %s", exc, exc_info=not isinstance(exc, DeliveryError))

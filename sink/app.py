@@ -63,6 +63,7 @@ class SinkState:
     drop_after_commit: int = 0
     exit_after_commit: int = 0
     stall_s: float = 0.0
+    reject_skus: frozenset[str] = frozenset()
 
 
 INBOX: Final = web.AppKey("inbox", Inbox)
@@ -80,13 +81,16 @@ def create_app(
     drop_after_commit: int = 0,
     exit_after_commit: int = 0,
     stall_s: float = 0.0,
+    reject_skus: frozenset[str] = frozenset(),
 ) -> web.Application:
     """The sink as an aiohttp application; the inbox opens on startup.
 
     With `token`, every route but /healthz and /metrics needs `Authorization: Bearer
     <token>`. Chaos settings: `drop_after_commit=N` closes the connection with no reply
     after each of the first N commits; `exit_after_commit=N` ends the process with
-    status 73 right after the Nth commit; `stall_s` waits that long before each event.
+    status 73 right after the Nth commit; `stall_s` waits that long before each event;
+    `reject_skus` answers 400 for events of those SKUs (a product this warehouse does
+    not know yet: a poison entry until the sink is fixed).
     """
     app = web.Application(client_max_size=max_body_bytes, middlewares=[json_errors, require_token])
     app[STATE] = SinkState(
@@ -95,6 +99,7 @@ def create_app(
         drop_after_commit=drop_after_commit,
         exit_after_commit=exit_after_commit,
         stall_s=stall_s,
+        reject_skus=reject_skus,
     )
     app[METRICS] = SinkMetrics()
 
@@ -132,6 +137,8 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(state.stall_s)
     try:
         event = await read_event(request, state.max_body_bytes)
+        if event["sku"] in state.reject_skus:
+            raise BadRequest(400, "invalid", "unknown sku", field="sku", detail="chaos: rejected")
         result = await request.app[INBOX].receive_with_digest(event)
     except BadRequest as exc:
         received.labels("invalid").inc()

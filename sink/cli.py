@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
+from shared import validate_sku
 from shared.cli import EXIT_USAGE, ArgumentParser, add_option, fail, setup_logging
 from shared.net import TOKEN_ENV, TokenError, is_loopback, load_token
 from shared.web import serve_app
@@ -19,23 +20,26 @@ CHAOS_COUNTS: Final = ("drop-after-commit", "exit-after-commit")
 CHAOS_HELP: Final = (
     "comma-separated: drop-after-commit=N closes the connection with no reply after each "
     "of the first N commits; exit-after-commit=N ends the process with status 73 right "
-    "after the Nth commit; stall=SECONDS waits that long before handling each event"
+    "after the Nth commit; stall=SECONDS waits that long before handling each event; "
+    "reject-sku=SKU answers 400 for that SKU"
 )
 
 
-def chaos_settings(text: str) -> dict[str, float]:
+def chaos_settings(text: str) -> dict[str, Any]:
     """argparse type for --chaos, e.g. 'drop-after-commit=1,stall=0.5'."""
-    settings: dict[str, float] = {}
+    settings: dict[str, Any] = {}
     for part in text.split(","):
         name, _, value = part.strip().partition("=")
         if name in CHAOS_COUNTS and value.isdigit() and int(value) >= 1:
             settings[name] = int(value)
         elif name == "stall" and _seconds(value) is not None:
             settings[name] = float(value)
+        elif name == "reject-sku" and value:
+            settings.setdefault(name, set()).add(validate_sku(value))
         else:
             raise argparse.ArgumentTypeError(
-                f"{part.strip()!r}: expected drop-after-commit=N, exit-after-commit=N (N >= 1)"
-                " or stall=SECONDS"
+                f"{part.strip()!r}: expected drop-after-commit=N, exit-after-commit=N (N >= 1),"
+                " stall=SECONDS or reject-sku=SKU"
             )
     return settings
 
@@ -90,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         drop_after_commit=int(args.chaos.get("drop-after-commit", 0)),
         exit_after_commit=int(args.chaos.get("exit-after-commit", 0)),
         stall_s=args.chaos.get("stall", 0.0),
+        reject_skus=frozenset(args.chaos.get("reject-sku", ())),
     )
     try:
         asyncio.run(serve_app(app, args.host, args.port, PROG, "/events"))

@@ -1,0 +1,131 @@
+"""`python -m chaos`: break the two services on purpose and read what the files show.
+
+Exit status: 0 when the verdict holds, 1 on any violation, 2 on bad usage or a run
+that could not be carried out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from chaos.procs import ChaosError
+from chaos.run import run
+from chaos.scenarios import SCENARIOS, Outcome
+from shared.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
+
+PROG: Final = "chaos"
+MAX_EVENTS: Final = 100_000
+
+
+def bounded(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog=PROG, description="Kill the services on purpose; count what survived."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    go = commands.add_parser("run", help="feed orders while killing the services at random moments")
+    go.add_argument("--events", type=bounded(1, MAX_EVENTS), default=200, help="orders to feed")
+    go.add_argument("--kills", type=bounded(0, MAX_EVENTS), default=5, help="kills during the feed")
+    go.add_argument("--seed", type=int, default=1, help="random seed (same seed, same plan)")
+    go.add_argument("--target", choices=["publisher", "sink", "both"], default="both")
+    go.add_argument(
+        "--drain-timeout", type=float, default=120.0, help="seconds to wait for the backlog"
+    )
+    go.add_argument(
+        "--workdir", type=Path, help="keep the DB files and logs here (default: a temp dir)"
+    )
+    go.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    story = commands.add_parser("scenario", help="run named scenarios, each with its own verdict")
+    story.add_argument(
+        "names",
+        nargs="+",
+        choices=[*SCENARIOS, "all"],
+        metavar="NAME",
+        help=f"one or more of {', '.join(SCENARIOS)}, or all",
+    )
+    story.add_argument("--workdir", type=Path, help="keep the DB files and logs here")
+    story.add_argument("--json", action="store_true", help="one JSON object per scenario")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="outbox-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.command == "run":
+            return cmd_run(args, workdir)
+        return cmd_scenario(args, workdir)
+    except ChaosError as exc:
+        return fail(PROG, f"{exc} (files and logs kept in {workdir})", EXIT_USAGE)
+    except KeyboardInterrupt:
+        return fail(PROG, "interrupted", EXIT_USAGE)
+    finally:
+        if args.workdir is None and sys.exc_info()[0] is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def cmd_run(args: argparse.Namespace, workdir: Path) -> int:
+    report = run(
+        workdir,
+        args.events,
+        args.kills,
+        args.seed,
+        args.target,
+        args.drain_timeout,
+        progress=not args.json,
+    )
+    figures = report.to_dict()
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        for key, value in figures.items():
+            print(f"{key:<14} {value}")
+        verdict = "OK" if figures["ok"] else "VIOLATION"
+        print(
+            f"\n{verdict}: {figures['accepted']} accepted, {figures['delivered']} delivered, "
+            f"{figures['resends']} resends absorbed, {figures['lost']} lost, "
+            f"{figures['applied_twice']} applied twice"
+        )
+    return EXIT_OK if figures["ok"] else EXIT_FAILED
+
+
+def cmd_scenario(args: argparse.Namespace, workdir: Path) -> int:
+    names = list(SCENARIOS) if "all" in args.names else list(dict.fromkeys(args.names))
+    quiet = args.json
+
+    def say(line: str) -> None:
+        if not quiet:
+            print(line, flush=True)
+
+    outcomes: list[Outcome] = []
+    for name in names:
+        scenario_dir = workdir / name
+        shutil.rmtree(scenario_dir, ignore_errors=True)
+        scenario_dir.mkdir(parents=True)
+        outcome = SCENARIOS[name](scenario_dir, say)
+        outcomes.append(outcome)
+        if quiet:
+            print(json.dumps(outcome.to_dict()), flush=True)
+        else:
+            print(f"{name}: {'OK' if outcome.ok else 'VIOLATION'}: {outcome.result}\n", flush=True)
+    return EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAILED

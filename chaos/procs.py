@@ -1,0 +1,131 @@
+"""Real service processes for chaos runs: start, wait until listening, kill, restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+STARTUP_TIMEOUT_S: Final = 20.0
+STOP_TIMEOUT_S: Final = 10.0
+HTTP_TIMEOUT_S: Final = 5.0
+LOOPBACK: Final = "127.0.0.1"
+
+
+class ChaosError(Exception):
+    """The chaos run could not be carried out (not a verdict about the system)."""
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now, kept for restarts on the same port."""
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class Service:
+    """One of our services as an OS process on a fixed loopback port."""
+
+    module: str
+    args: list[str]
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[str] | None = None
+    exits: list[int] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self, *extra: str) -> None:
+        """Start the process and return once it says it is listening."""
+        command = [sys.executable, "-m", self.module, *self.args, "--port", str(self.port), *extra]
+        with self.log_path.open("a") as log:
+            self.proc = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=log, text=True, env=_child_env()
+            )
+        _wait_listening(self.proc, self.module, self.log_path)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def reap(self) -> int | None:
+        """If the process has ended, record and return its exit status."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        status = self.proc.returncode
+        self.exits.append(status)
+        self.proc = None
+        return status
+
+    def kill(self) -> None:
+        """SIGKILL: no handler, no cleanup, no flush."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        self.reap()
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait for an orderly exit (SIGKILL if it takes too long)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+        return self.reap()
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    for name in [n for n in env if n.startswith("OUTBOX_")]:
+        del env[name]  # the run sets every option itself
+    return env
+
+
+def _wait_listening(proc: subprocess.Popen[str], name: str, log_path: Path) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            line = proc.stdout.readline()
+            if " listening on " in line:
+                return
+            if not line:
+                break
+        elif proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait(timeout=STOP_TIMEOUT_S)
+    tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+    raise ChaosError(f"{name} did not start: {' | '.join(tail) or 'no output'}")
+
+
+def http_json(method: str, url: str, body: object | None = None) -> tuple[int, Any]:
+    """One request to a loopback service; (status, parsed JSON). Raises OSError if unreachable."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+    try:
+        with opener.open(request, timeout=HTTP_TIMEOUT_S) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")

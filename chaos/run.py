@@ -1,0 +1,196 @@
+"""`python -m chaos run`: feed orders while killing the services, then read the verdict."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+
+from chaos.procs import ChaosError, Service, free_port, http_json
+from chaos.verdict import Verdict, read_verdict
+from shared import Event
+
+Target = Literal["publisher", "sink", "both"]
+SKUS: Final = ("snack", "juice", "bread", "soap")
+POST_ATTEMPTS: Final = 200
+RETRY_PAUSE_S: Final = 0.05
+# Fast retries so a run drains in seconds; the relay's own defaults are for production.
+PUBLISHER_FLAGS: Final = (
+    "--poll-interval",
+    "0.2",
+    "--retry-base",
+    "0.02",
+    "--retry-cap",
+    "0.3",
+    "--send-timeout",
+    "3",
+)
+KILLS_BY_TARGET: Final = {
+    "publisher": ("publisher:sigkill", "publisher:exit-after-ack"),
+    "sink": ("sink:sigkill", "sink:exit-after-commit"),
+}
+
+
+@dataclass
+class Cluster:
+    """A sink and a publisher serving fresh files in one work directory."""
+
+    workdir: Path
+    sink: Service = field(init=False)
+    publisher: Service = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.source_db = self.workdir / "source.db"
+        self.sink_db = self.workdir / "sink.db"
+        self.sink = Service(
+            "sink", ["--db", str(self.sink_db)], free_port(), self.workdir / "sink.log"
+        )
+        sink_url = f"{self.sink.base_url}/events"
+        args = ["serve", "--db", str(self.source_db), "--sink", sink_url, *PUBLISHER_FLAGS]
+        self.publisher = Service("publisher", args, free_port(), self.workdir / "publisher.log")
+
+    def start(self) -> None:
+        self.sink.start()
+        self.publisher.start()
+
+    def revive(self) -> list[tuple[str, int]]:
+        """Restart whatever has died (a chaos exit, say) with no chaos option."""
+        revived = []
+        for service in (self.sink, self.publisher):
+            status = service.reap()
+            if status is not None:
+                service.start()
+                revived.append((service.module, status))
+        return revived
+
+    def stop(self) -> None:
+        self.publisher.stop()
+        self.sink.stop()
+
+    def status(self) -> dict[str, object] | None:
+        try:
+            code, body = http_json("GET", f"{self.publisher.base_url}/status")
+        except OSError:
+            return None
+        return body if code == 200 and isinstance(body, dict) else None
+
+
+@dataclass
+class RunReport:
+    verdict: Verdict
+    kills: list[str]
+    chaos_exits: int
+    drained: bool
+    elapsed_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **self.verdict.to_dict(),
+            "ok": self.verdict.ok and self.drained,
+            "drained": self.drained,
+            "kills": len(self.kills),
+            "kill_kinds": sorted(set(self.kills)),
+            "chaos_exits": self.chaos_exits,
+            "elapsed_s": round(self.elapsed_s, 2),
+        }
+
+
+def plan_kills(rng: random.Random, events: int, kills: int, target: Target) -> dict[int, str]:
+    """Which order index each kill comes before, and what kind of kill it is."""
+    kinds = [k for t, ks in KILLS_BY_TARGET.items() if target in (t, "both") for k in ks]
+    points = rng.sample(range(1, events), min(kills, events - 1)) if events > 1 else []
+    return {point: rng.choice(kinds) for point in sorted(points)}
+
+
+def run(
+    workdir: Path,
+    events: int,
+    kills: int,
+    seed: int,
+    target: Target,
+    drain_timeout_s: float,
+    progress: bool = True,
+) -> RunReport:
+    rng = random.Random(seed)
+    cluster = Cluster(workdir)
+    plan = plan_kills(rng, events, kills, target)
+    expected: dict[str, tuple[str, int]] = {}
+    started = time.monotonic()
+    cluster.start()
+    try:
+        for index in range(events):
+            cluster.revive()  # a chaos exit since the last order: bring it back
+            if index in plan:
+                time.sleep(rng.uniform(0, 0.03))  # a random moment, not a fixed point
+                kill(cluster, plan[index])
+            order = Event(
+                id=f"chaos-{seed}-{index:06d}", sku=rng.choice(SKUS), qty=rng.randint(1, 9)
+            )
+            post_order(cluster, order)
+            expected[order["id"]] = (order["sku"], order["qty"])
+            if progress and (index + 1) % max(1, events // 10) == 0:
+                say(f"fed {index + 1}/{events} orders, {sum(1 for p in plan if p <= index)} kills")
+        drained = drain(cluster, drain_timeout_s, progress)
+    finally:
+        cluster.stop()
+    exits = cluster.sink.exits + cluster.publisher.exits
+    return RunReport(
+        verdict=read_verdict(cluster.source_db, cluster.sink_db, expected),
+        kills=list(plan.values()),
+        chaos_exits=sum(1 for status in exits if status == 73),
+        drained=drained,
+        elapsed_s=time.monotonic() - started,
+    )
+
+
+def kill(cluster: Cluster, kind: str) -> None:
+    """Kill a service now (SIGKILL), or restart it armed to die at the next ACK/commit."""
+    cluster.revive()
+    name, _, how = kind.partition(":")
+    service = cluster.publisher if name == "publisher" else cluster.sink
+    service.kill()
+    if how == "exit-after-ack":
+        service.start("--chaos", "exit-after-ack")
+    elif how == "exit-after-commit":
+        service.start("--chaos", "exit-after-commit=1")
+    else:
+        service.start()
+
+
+def post_order(cluster: Cluster, order: Event) -> None:
+    """POST until the intake answers 201 or 200 (a retry after a lost reply is a duplicate)."""
+    url = f"{cluster.publisher.base_url}/orders"
+    for _ in range(POST_ATTEMPTS):
+        try:
+            code, body = http_json("POST", url, order)
+        except OSError:
+            cluster.revive()
+            time.sleep(RETRY_PAUSE_S)
+            continue
+        if code in (200, 201):
+            return
+        raise ChaosError(f"intake refused {order['id']}: {code} {body}")
+    raise ChaosError(f"intake never accepted {order['id']}")
+
+
+def drain(cluster: Cluster, timeout_s: float, progress: bool) -> bool:
+    """Wait until nothing is pending, restarting chaos exits as they happen."""
+    deadline = time.monotonic() + timeout_s
+    last_report = 0.0
+    while time.monotonic() < deadline:
+        cluster.revive()
+        status = cluster.status()
+        if status is not None and status.get("pending") == 0:
+            return True
+        if progress and time.monotonic() - last_report > 2 and status is not None:
+            say(f"draining: {status.get('pending')} pending")
+            last_report = time.monotonic()
+        time.sleep(0.1)
+    return False
+
+
+def say(message: str) -> None:
+    print(f"[chaos] {message}", file=sys.stderr, flush=True)
