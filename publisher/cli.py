@@ -16,7 +16,7 @@ from typing import Any, Final
 from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
 from publisher.http import TIMEOUT_S, HttpSender
 from publisher.outbox import MAX_BATCH, Entry, Outbox, QuarantineRecord, State, check_limit
-from publisher.relay import POLL_INTERVAL_S, EvidenceStore, dispatch
+from publisher.relay import POLL_INTERVAL_S, EvidenceStore, dispatch, dispatch_batch
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app, exit_after_ack
 from publisher.trace import collect_trace, render_trace, when
@@ -85,6 +85,13 @@ def build_parser() -> ArgumentParser:
     send = command("dispatch", "deliver one batch of pending entries, in order")
     _sink_options(send)
     add_option(send, "--limit", type=batch_limit, default=MAX_BATCH, help="batch size, 1 to 16")
+    add_option(
+        send,
+        "--delivery",
+        choices=["single", "batch"],
+        default="single",
+        help="single: one request per entry; batch: the whole batch in one request",
+    )
     _chaos_option(send)
 
     serve = command("serve", "run the intake API and the relay until SIGTERM")
@@ -127,6 +134,13 @@ def build_parser() -> ArgumentParser:
         type=positive(float),
         default=TIMEOUT_S,
         help="seconds one delivery may take in all",
+    )
+    add_option(
+        serve,
+        "--delivery",
+        choices=["batch", "single"],
+        default="batch",
+        help="batch: one request per batch, one ACK per entry; single: one request per entry",
     )
     add_option(serve, "--log-format", choices=["text", "json"], default="text", help="log lines")
     _chaos_option(serve)
@@ -217,9 +231,14 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=load_token(args.token_file))
     async with sender:
         async with Outbox.open(args.db) as outbox:
-            store = EvidenceStore(outbox, sender.deliver)
+            store = EvidenceStore(outbox, sender.deliver, sender.deliver_batch)
             try:
-                marked = await dispatch(store, store.send, args.limit, after_delivery)
+                if args.delivery == "batch":
+                    marked = await dispatch_batch(
+                        store, store.send_batch, args.limit, after_delivery
+                    )
+                else:
+                    marked = await dispatch(store, store.send, args.limit, after_delivery)
             except DeliveryError as exc:
                 if store.current is not None:
                     await outbox.record_failure(store.current, str(exc))
@@ -241,6 +260,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         retry=RetryPolicy(args.retry_base, args.retry_cap, args.quarantine_after),
         send_timeout_s=args.send_timeout,
         chaos_exit_after_ack=args.chaos == "exit-after-ack",
+        batch_delivery=args.delivery == "batch",
     )
     await serve_app(create_app(settings), args.host, args.port, PROG, "/orders")
     return EXIT_OK

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Final, Literal, Self
 
@@ -13,6 +13,7 @@ from yarl import URL
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.targets import check_target
 from shared import Event, InvalidAck, payload_digest, verify_ack
+from shared.ack import check_ack, parse_reply
 
 MAX_REPLY_BYTES: Final = 4096
 CONNECT_TIMEOUT_S: Final = 3.0
@@ -85,6 +86,21 @@ class HttpSender:
         status, reply = await self._request("POST", self.url, event_id, body)
         return check_reply(status, reply, event_id, payload_digest(event))
 
+    async def deliver_batch(self, events: Sequence[Event]) -> list[BatchResult]:
+        """Send up to 16 events in one request (POST /events/batch).
+
+        Returns one result per event for a verified prefix: the verified ACK, then at
+        most one DeliveryError for the first event that has none. A request that fails
+        as a whole raises DeliveryError.
+        """
+        if not events:
+            return []
+        body = json.dumps({"events": list(events)}).encode()
+        first = events[0]["id"]
+        cap = self._max_reply_bytes * len(events)
+        status, reply = await self._request("POST", self.url / "batch", first, body, cap)
+        return check_batch_reply(status, reply, events)
+
     async def lookup(self, event_id: str) -> dict[str, object] | None:
         """The sink's inbox record for `event_id` (GET /events/{id}), None if it has none."""
         status, reply = await self._request("GET", self.url / event_id, event_id)
@@ -101,32 +117,33 @@ class HttpSender:
         return record
 
     async def _request(
-        self, method: str, url: URL, event_id: str, body: bytes | None = None
+        self, method: str, url: URL, event_id: str, body: bytes | None = None, cap: int = 0
     ) -> tuple[int, bytes]:
         if self._session is None:
             raise RuntimeError("HttpSender is not open: use 'async with HttpSender(url)'")
         try:
-            return await self._exchange(self._session, method, url, body)
+            return await self._exchange(
+                self._session, method, url, body, cap or self._max_reply_bytes
+            )
         except TimeoutError as exc:
             raise DeliveryError(f"{event_id}: no reply in time ({type(exc).__name__})") from exc
         except aiohttp.ClientError as exc:
             raise DeliveryError(f"{event_id}: {type(exc).__name__}: {exc}") from exc
 
     async def _exchange(
-        self, session: aiohttp.ClientSession, method: str, url: URL, body: bytes | None
+        self, session: aiohttp.ClientSession, method: str, url: URL, body: bytes | None, cap: int
     ) -> tuple[int, bytes]:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         async with session.request(
             method, url, data=body, headers=headers, allow_redirects=False
         ) as response:
-            if (response.content_length or 0) > self._max_reply_bytes:
+            if (response.content_length or 0) > cap:
                 response.close()
                 raise NotAcknowledged(
-                    f"reply of {response.content_length} bytes is over the "
-                    f"{self._max_reply_bytes}-byte cap",
+                    f"reply of {response.content_length} bytes is over the {cap}-byte cap",
                     status=response.status,
                 )
-            reply = await read_capped(response, self._max_reply_bytes)
+            reply = await read_capped(response, cap)
             return response.status, reply
 
 
@@ -161,6 +178,50 @@ def check_reply(
     if status in PERMANENT_STATUSES:
         raise Rejected(f"{event_id}: sink rejected it with {status}: {excerpt}", status=status)
     raise NotAcknowledged(f"{event_id}: sink answered {status}: {excerpt}", status=status)
+
+
+BatchResult = dict[str, object] | DeliveryError
+
+
+def check_batch_reply(status: int, reply: bytes, events: Sequence[Event]) -> list[BatchResult]:
+    """Verify a batch reply position by position. Pure.
+
+    Each ACK must name the event sent at its position (and match its digest); the
+    verified prefix ends at the first that does not, or where the ACKs end. The event
+    after the prefix gets its error: Rejected if the sink said it refused that event
+    (400, 409, 413), NotAcknowledged otherwise.
+    """
+    if status != 200:
+        check_reply(status, reply, events[0]["id"])  # raises the same errors as one event
+    try:
+        parsed = parse_reply(reply)
+    except InvalidAck as exc:
+        raise NotAcknowledged(f"{events[0]['id']}: batch {exc}", status=status) from exc
+    acks = parsed.get("acks") if isinstance(parsed, dict) else None
+    if not isinstance(acks, list) or len(acks) > len(events):
+        raise NotAcknowledged(f"{events[0]['id']}: batch reply has no valid acks list")
+    results: list[BatchResult] = []
+    for event, ack in zip(events, acks, strict=False):
+        try:
+            results.append(check_ack(ack, event["id"], payload_digest(event)))
+        except InvalidAck as exc:
+            results.append(NotAcknowledged(f"{event['id']}: {exc}", status=status))
+            return results
+    if len(results) < len(events):
+        assert isinstance(parsed, dict)
+        results.append(
+            _batch_failure(events[len(results)]["id"], parsed.get("rejected"), len(results))
+        )
+    return results
+
+
+def _batch_failure(event_id: str, rejected: object, index: int) -> DeliveryError:
+    if isinstance(rejected, dict) and rejected.get("index") == index:
+        status = rejected.get("status")
+        if status in PERMANENT_STATUSES:
+            excerpt = json.dumps(rejected)[:ERROR_EXCERPT_CHARS]
+            return Rejected(f"{event_id}: sink rejected it with {status}: {excerpt}", status=status)
+    return NotAcknowledged(f"{event_id}: no ACK in the batch reply")
 
 
 async def send_http(url: str, event: Event, *, allowed_hosts: Iterable[str] = ()) -> Literal[True]:

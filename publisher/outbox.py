@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -177,6 +177,24 @@ class Outbox(ClosesOnExit):
         }
         await self._db.run(lambda conn: _mark_sent(conn, params))
 
+    async def mark_sent_many(
+        self, marks: Sequence[tuple[str, Mapping[str, object] | None]]
+    ) -> None:
+        """Save several entries as sent, each with its ACK, in one transaction."""
+        now = time.time()
+        params = [
+            {"id": event_id, "now": now, "ack": None if ack is None else json.dumps(ack)}
+            for event_id, ack in marks
+        ]
+
+        def mark_all(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                for one in params:
+                    _mark_one(conn, one)
+
+        if params:
+            await self._db.run(mark_all)
+
     async def record_failure(self, event_id: str, error: str) -> None:
         """Count a failed attempt on a pending entry and keep its error."""
         params = {"id": event_id, "error": error, "now": time.time()}
@@ -261,12 +279,16 @@ def _accept(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
 
 def _mark_sent(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
     with transaction(conn):
-        entry = _find(conn, params["id"])
-        if entry.state is State.QUARANTINED:
-            # Quarantined while its send was in flight, and the ACK proves it arrived:
-            # the truth is "delivered", and the quarantine record says so.
-            _release(conn, entry, "relay", params["now"], "delivered")
-        conn.execute(sql.MARK_SENT, params)
+        _mark_one(conn, params)
+
+
+def _mark_one(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
+    entry = _find(conn, params["id"])
+    if entry.state is State.QUARANTINED:
+        # Quarantined while its send was in flight, and the ACK proves it arrived:
+        # the truth is "delivered", and the quarantine record says so.
+        _release(conn, entry, "relay", params["now"], "delivered")
+    conn.execute(sql.MARK_SENT, params)
 
 
 def _find(conn: sqlite3.Connection, event_id: str) -> Entry:

@@ -7,7 +7,7 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -64,10 +64,73 @@ async def dispatch(
     return marked
 
 
+class BatchStore(OutboxStore, Protocol):
+    """What dispatch_batch needs: marking a verified prefix in one transaction."""
+
+    async def mark_sent_many(self, event_ids: Sequence[str]) -> None: ...
+
+
+SendBatch = Callable[[list[Event]], Awaitable[Sequence[object]]]
+
+
+async def dispatch_batch(
+    outbox: BatchStore,
+    send_batch: SendBatch,
+    limit: int = MAX_BATCH,
+    after_delivery: AfterDelivery | None = None,
+) -> list[str]:
+    """Send up to `limit` pending entries in one request; mark the verified prefix.
+
+    `send_batch` gets copies of the entries and returns one result per entry; the
+    prefix of results that are `True` is verified. The first other result ends it:
+    an exception object is raised as it is, anything else raises NotAcknowledged. An
+    exception from `send_batch` itself propagates as the same object. The prefix is
+    marked in one transaction before any failure is raised, so the contract of
+    `dispatch` holds per batch: nothing after a failure is marked.
+    """
+    check_limit(limit)
+    batch = await outbox.pending(limit)
+    if not batch:
+        return []
+    ids = [event["id"] for event in batch]
+    results = await send_batch([event.copy() for event in batch])
+    verified: list[str] = []
+    failure: BaseException | None = None
+    for event_id, result in zip(ids, results, strict=False):
+        if result is not True:
+            failure = (
+                result
+                if isinstance(result, BaseException)
+                else NotAcknowledged(f"send_batch returned {result!r} for {event_id!r}, not True")
+            )
+            break
+        verified.append(event_id)
+    if failure is None and len(verified) < len(ids):
+        failure = NotAcknowledged(f"no result for {ids[len(verified)]!r}")
+    if after_delivery is not None:
+        for event_id in verified:
+            hooked = after_delivery(event_id)
+            if inspect.isawaitable(hooked):
+                await hooked
+    await outbox.mark_sent_many(verified)
+    if failure is not None:
+        raise failure
+    return verified
+
+
 class Deliver(Protocol):
     """Sends one event and returns the verified ACK (HttpSender.deliver)."""
 
     def __call__(self, event: Event, /) -> Awaitable[Mapping[str, object]]: ...
+
+
+class DeliverBatch(Protocol):
+    """Sends events in one request (HttpSender.deliver_batch): verified ACKs, then at
+    most one error."""
+
+    def __call__(
+        self, events: Sequence[Event], /
+    ) -> Awaitable[Sequence[Mapping[str, object] | DeliveryError]]: ...
 
 
 class EvidenceStore:
@@ -77,9 +140,12 @@ class EvidenceStore:
     Use `send` as dispatch's send callback.
     """
 
-    def __init__(self, outbox: Outbox, deliver: Deliver) -> None:
+    def __init__(
+        self, outbox: Outbox, deliver: Deliver, deliver_batch: DeliverBatch | None = None
+    ) -> None:
         self._outbox = outbox
         self._deliver = deliver
+        self._deliver_batch = deliver_batch
         self._acks: dict[str, Mapping[str, object]] = {}
         self.batch: dict[str, tuple[int, int]] = {}  # id -> (seq, attempts so far)
         self.current: str | None = None  # the entry being sent, or last sent
@@ -98,6 +164,25 @@ class EvidenceStore:
 
     async def mark_sent(self, event_id: str) -> None:
         await self._outbox.mark_sent(event_id, self._acks.pop(event_id, None))
+
+    async def send_batch(self, events: list[Event]) -> list[object]:
+        """For dispatch_batch: True per verified ACK, then the first failure if any."""
+        if self._deliver_batch is None:
+            raise RuntimeError("this store was made without a batch sender")
+        self.current = events[0]["id"] if events else None
+        results: list[object] = []
+        for event, result in zip(events, await self._deliver_batch(events), strict=False):
+            self.current = event["id"]
+            if isinstance(result, DeliveryError):
+                results.append(result)
+                break
+            self._acks[event["id"]] = result
+            results.append(True)
+        return results
+
+    async def mark_sent_many(self, event_ids: Sequence[str]) -> None:
+        marks = [(event_id, self._acks.pop(event_id, None)) for event_id in event_ids]
+        await self._outbox.mark_sent_many(marks)
 
 
 class Observer(Protocol):
@@ -133,8 +218,11 @@ class Relay:
         policy: RetryPolicy | None = None,
         observer: Observer | None = None,
         after_delivery: AfterDelivery | None = None,
+        deliver_batch: DeliverBatch | None = None,
         rand: Random = random.random,
     ) -> None:
+        """With `deliver_batch`, each step sends its batch in one request (dispatch_batch);
+        without it, one request per entry (dispatch)."""
         self._outbox = outbox
         self._limit = check_limit(limit)
         self._poll_interval_s = poll_interval_s
@@ -142,7 +230,8 @@ class Relay:
         self._observer = observer
         self._after_delivery = after_delivery
         self._rand = rand
-        self._store = EvidenceStore(outbox, deliver)
+        self._batch_mode = deliver_batch is not None
+        self._store = EvidenceStore(outbox, deliver, deliver_batch)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._streak: tuple[str, int, int] = ("", 0, 0)  # head id, failures, permanent failures
@@ -168,7 +257,7 @@ class Relay:
         """One batch. Returns how long to wait, and whether new intake may cut it short."""
         self._wake.clear()
         try:
-            marked = await dispatch(self._store, self._send, self._limit, self._after_delivery)
+            marked = await self._dispatch_once()
         except RelayStopping:
             return 0.0, False
         except Exception as exc:  # the loop outlives any one failure; each is recorded
@@ -183,6 +272,27 @@ class Relay:
             return 0.0, True
         return self._poll_interval_s, True
 
+    async def _dispatch_once(self) -> list[str]:
+        if self._batch_mode:
+            return await dispatch_batch(
+                self._store, self._send_batch, self._limit, self._after_delivery
+            )
+        return await dispatch(self._store, self._send, self._limit, self._after_delivery)
+
+    async def _send_batch(self, events: list[Event]) -> list[object]:
+        if self._stop.is_set():
+            raise RelayStopping
+        started = time.perf_counter()
+        try:
+            results = await self._store.send_batch(events)
+        except Exception as exc:
+            self._log_outcome(events[0]["id"], _outcome(exc), started, exc)
+            raise
+        for event, result in zip(events, results, strict=False):
+            error = result if isinstance(result, BaseException) else None
+            self._log_outcome(event["id"], _outcome(error), started, error)
+        return results
+
     async def _send(self, event: Event) -> bool:
         if self._stop.is_set():
             raise RelayStopping
@@ -191,9 +301,7 @@ class Relay:
         try:
             await self._store.send(event)
         except Exception as exc:
-            self._log_outcome(
-                event_id, "permanent" if is_permanent(exc) else "transient", started, exc
-            )
+            self._log_outcome(event_id, _outcome(exc), started, exc)
             raise
         self._log_outcome(event_id, "delivered", started)
         return True
@@ -266,3 +374,9 @@ class Relay:
         finally:
             for waiter in waits:
                 waiter.cancel()
+
+
+def _outcome(error: BaseException | None) -> str:
+    if error is None:
+        return "delivered"
+    return "permanent" if is_permanent(error) else "transient"

@@ -44,6 +44,7 @@ class ServiceSettings:
     send_timeout_s: float = TIMEOUT_S
     max_body_bytes: int = MAX_BODY_BYTES
     chaos_exit_after_ack: bool = False
+    batch_delivery: bool = True
 
 
 OUTBOX: Final = web.AppKey("outbox", Outbox)
@@ -84,6 +85,7 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
             policy=settings.retry,
             observer=app[METRICS],
             after_delivery=exit_after_ack if settings.chaos_exit_after_ack else None,
+            deliver_batch=sender.deliver_batch if settings.batch_delivery else None,
         )
         app[OUTBOX], app[RELAY] = outbox, relay
         task = asyncio.create_task(relay.run(), name="relay")

@@ -46,12 +46,21 @@ def verify_ack(body: bytes, event_id: str, digest: str | None = None) -> dict[st
     When the ACK carries a payload digest and `digest` is given, they must match: a
     sink that stored something other than what was sent is caught here.
     """
+    return check_ack(parse_reply(body), event_id, digest)
+
+
+def parse_reply(body: bytes) -> object:
+    """The JSON value of a reply body, or InvalidAck."""
     try:
-        reply = json.loads(body)
+        return json.loads(body)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InvalidAck(f"reply is not JSON: {exc!r}"[:200]) from exc
+
+
+def check_ack(reply: object, event_id: str, digest: str | None = None) -> dict[str, object]:
+    """Return `reply` if it is an ACK for exactly `event_id` (and `digest`), else InvalidAck."""
     if not isinstance(reply, dict):
-        raise InvalidAck("reply is not a JSON object")
+        raise InvalidAck("ACK is not a JSON object")
     acked = reply.get(ACK_FIELD)
     if acked != event_id:
         raise InvalidAck(f"ACK names {acked!r}, expected {event_id!r}")

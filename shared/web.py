@@ -45,24 +45,35 @@ def error(status: int, message: str, **details: object) -> web.Response:
     return web.json_response({"error": message, **details}, status=status)
 
 
-async def read_event(request: web.Request, max_body_bytes: int) -> Event:
-    """The validated event in the request body, or BadRequest (400, 413)."""
+async def read_json(request: web.Request, max_body_bytes: int) -> object:
+    """The parsed JSON body, or BadRequest: 413 over `max_body_bytes`, 400 if not JSON."""
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise BadRequest(413, "too_large", f"body is over {max_body_bytes} bytes") from None
+        body = None
+    if body is None or len(body) > max_body_bytes:
+        raise BadRequest(413, "too_large", f"body is over {max_body_bytes} bytes")
     try:
-        return validate_event(json.loads(body))
+        return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(400, "invalid", "body is not valid JSON", detail=str(exc)) from exc
     except RecursionError as exc:
         raise BadRequest(
             400, "invalid", "body is not valid JSON", detail="nested too deeply"
         ) from exc
+
+
+def invalid_event(exc: InvalidEvent) -> BadRequest:
+    return BadRequest(400, "invalid", "invalid event", field=exc.field, detail=exc.problem)
+
+
+async def read_event(request: web.Request, max_body_bytes: int) -> Event:
+    """The validated event in the request body, or BadRequest (400, 413)."""
+    parsed = await read_json(request, max_body_bytes)
+    try:
+        return validate_event(parsed)
     except InvalidEvent as exc:
-        raise BadRequest(
-            400, "invalid", "invalid event", field=exc.field, detail=exc.problem
-        ) from exc
+        raise invalid_event(exc) from exc
 
 
 @web.middleware

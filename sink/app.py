@@ -9,12 +9,20 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared import Conflict, InvalidEvent, make_ack, validate_event_id, validate_sku
+from shared import (
+    Conflict,
+    Event,
+    InvalidEvent,
+    make_ack,
+    validate_event,
+    validate_event_id,
+    validate_sku,
+)
 from shared.net import bearer_matches
 from shared.web import (
     MAX_BODY_BYTES,
@@ -22,15 +30,19 @@ from shared.web import (
     Handler,
     error,
     healthz,
+    invalid_event,
     json_errors,
     metrics_response,
     read_event,
+    read_json,
 )
 from sink.inbox import Inbox
 
 log = logging.getLogger(__name__)
 
 RESULTS: Final = ("applied", "duplicate", "conflict", "invalid")
+MAX_BATCH: Final = 16
+MAX_BATCH_BODY_BYTES: Final = 64 * 1024
 
 
 class SinkMetrics:
@@ -59,6 +71,7 @@ class SinkState:
     """Settings, and the chaos budgets left (counted down per commit)."""
 
     max_body_bytes: int = MAX_BODY_BYTES
+    max_batch_body_bytes: int = MAX_BATCH_BODY_BYTES
     token: str | None = None
     drop_after_commit: int = 0
     exit_after_commit: int = 0
@@ -110,6 +123,7 @@ def create_app(
 
     app.cleanup_ctx.append(inbox_ctx)
     app.router.add_post("/events", post_event)
+    app.router.add_post("/events/batch", post_batch)
     app.router.add_get("/events/{id}", get_event)
     app.router.add_get("/inventory/{sku}", get_inventory)
     app.router.add_get("/metrics", get_metrics)
@@ -137,24 +151,99 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(state.stall_s)
     try:
         event = await read_event(request, state.max_body_bytes)
-        if event["sku"] in state.reject_skus:
-            raise BadRequest(400, "invalid", "unknown sku", field="sku", detail="chaos: rejected")
+        check_chaos_reject(state, event)
         result = await request.app[INBOX].receive_with_digest(event)
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
     except Conflict as exc:
         received.labels("conflict").inc()
-        raise BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc)) from exc
+        raise conflict(exc) from exc
     received.labels(result.receipt.value).inc()
+    if chaos_after_commit(state, event["id"]):
+        return drop_connection(request, event["id"])
+    return web.json_response(make_ack(event["id"], result.receipt, result.digest))
+
+
+async def post_batch(request: web.Request) -> web.StreamResponse:
+    """Apply 1 to 16 events in order in one transaction; one ACK per applied item.
+
+    An item that is rejected (invalid, conflict) stops the batch there: the items
+    before it are committed and acknowledged, it and those after it change nothing,
+    and `rejected` says which and why.
+    """
+    state, received = request.app[STATE], request.app[METRICS].received
+    if state.stall_s > 0:
+        await asyncio.sleep(state.stall_s)
+    try:
+        items = batch_items(await read_json(request, state.max_batch_body_bytes))
+    except BadRequest as exc:
+        received.labels("invalid").inc()
+        return exc.response()
+    events, rejected = valid_prefix(state, items)
+    receipt = await request.app[INBOX].receive_batch(events)
+    for done in receipt.received:
+        received.labels(done.receipt.value).inc()
+    if receipt.conflict is not None:
+        index = len(receipt.received)
+        rejected = {"index": index, **conflict(receipt.conflict).body, "status": 409}
+    if rejected is not None:
+        received.labels("conflict" if rejected["status"] == 409 else "invalid").inc()
+    acks = [
+        make_ack(event["id"], done.receipt, done.digest)
+        for event, done in zip(events, receipt.received, strict=False)
+    ]
+    if acks and chaos_after_commit(state, acks[-1]["ack"]):
+        return drop_connection(request, acks[-1]["ack"])
+    return web.json_response({"acks": acks, "rejected": rejected})
+
+
+def batch_items(body: object) -> list[object]:
+    """The `events` list of a batch body: 1 to MAX_BATCH items, else BadRequest 400."""
+    if not isinstance(body, dict) or set(body) != {"events"}:
+        raise BadRequest(400, "invalid", 'a batch is a JSON object {"events": [...]}')
+    items = body["events"]
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+        raise BadRequest(400, "invalid", f"events must be a list of 1 to {MAX_BATCH} events")
+    return items
+
+
+def valid_prefix(
+    state: SinkState, items: list[object]
+) -> tuple[list[Event], dict[str, Any] | None]:
+    """The events before the first invalid item, and that item's rejection if any."""
+    events: list[Event] = []
+    for index, item in enumerate(items):
+        try:
+            event = validate_event(item)
+            check_chaos_reject(state, event)
+        except InvalidEvent as exc:
+            return events, {"index": index, **invalid_event(exc).body, "status": 400}
+        except BadRequest as exc:
+            return events, {"index": index, **exc.body, "status": exc.status}
+        events.append(event)
+    return events, None
+
+
+def conflict(exc: Conflict) -> BadRequest:
+    return BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc))
+
+
+def check_chaos_reject(state: SinkState, event: Event) -> None:
+    if event["sku"] in state.reject_skus:
+        raise BadRequest(400, "invalid", "unknown sku", field="sku", detail="chaos: rejected")
+
+
+def chaos_after_commit(state: SinkState, event_id: str) -> bool:
+    """Count a commit against the chaos budgets; True if this reply is to be dropped."""
     if state.exit_after_commit > 0:
         state.exit_after_commit -= 1
         if state.exit_after_commit == 0:
-            exit_after_commit(event["id"])
+            exit_after_commit(event_id)
     if state.drop_after_commit > 0:
         state.drop_after_commit -= 1
-        return drop_connection(request, event["id"])
-    return web.json_response(make_ack(event["id"], result.receipt, result.digest))
+        return True
+    return False
 
 
 def exit_after_commit(event_id: str) -> None:

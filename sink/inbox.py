@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,14 @@ class Received:
 
     receipt: Receipt
     digest: str
+
+
+@dataclass(frozen=True)
+class BatchReceipt:
+    """What a batch did: one Received per applied prefix item, then the conflict if any."""
+
+    received: list[Received]
+    conflict: Conflict | None
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,15 @@ class Inbox(ClosesOnExit):
         valid = validate_event(event)
         return await self._db.run(lambda conn: _receive(conn, valid, time.time()))
 
+    async def receive_batch(self, events: Sequence[Event]) -> BatchReceipt:
+        """Apply validated events in order in one transaction, stopping at the first conflict.
+
+        Those before the conflict are applied (or counted as duplicates) and committed;
+        the conflicting one and those after it change nothing.
+        """
+        items = list(events)
+        return await self._db.run(lambda conn: _receive_batch(conn, items, time.time()))
+
     async def inventory(self, sku: str) -> int:
         """The quantity held for `sku`, 0 if it was never seen."""
         row = await self._db.run(lambda conn: conn.execute(sql.INVENTORY, (sku,)).fetchone())
@@ -90,14 +108,33 @@ class Inbox(ClosesOnExit):
 
 
 def _receive(conn: sqlite3.Connection, event: Event, now: float) -> Received:
-    payload = canonical_json(event)
     with transaction(conn):
-        known = conn.execute(sql.FIND, (event["id"],)).fetchone()
-        if known is not None:
-            if known[0] != payload:
-                raise Conflict(event["id"])
-            conn.execute(sql.COUNT_DUPLICATE, (now, event["id"]))
-            return Received(Receipt.DUPLICATE, digest_of(known[0]))
-        conn.execute(sql.INSERT, (event["id"], payload, now, now))
-        conn.execute(sql.APPLY, (event["sku"], event["qty"]))
+        return _apply(conn, event, now)
+
+
+def _receive_batch(conn: sqlite3.Connection, events: list[Event], now: float) -> BatchReceipt:
+    done: list[Received] = []
+    with transaction(conn):
+        for event in events:
+            try:
+                done.append(_apply(conn, event, now))
+            except Conflict as exc:
+                return BatchReceipt(done, exc)  # the prefix commits; nothing of this one ran
+    return BatchReceipt(done, None)
+
+
+def _apply(conn: sqlite3.Connection, event: Event, now: float) -> Received:
+    """Inside a transaction: record the ID and apply the effect, or count a duplicate.
+
+    A conflict raises before anything of this event is written.
+    """
+    payload = canonical_json(event)
+    known = conn.execute(sql.FIND, (event["id"],)).fetchone()
+    if known is not None:
+        if known[0] != payload:
+            raise Conflict(event["id"])
+        conn.execute(sql.COUNT_DUPLICATE, (now, event["id"]))
+        return Received(Receipt.DUPLICATE, digest_of(known[0]))
+    conn.execute(sql.INSERT, (event["id"], payload, now, now))
+    conn.execute(sql.APPLY, (event["sku"], event["qty"]))
     return Received(Receipt.APPLIED, digest_of(payload))

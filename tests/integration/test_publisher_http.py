@@ -67,6 +67,8 @@ def start_publisher(serve: Serve, db: Path) -> StartPublisher:
         settings.setdefault("poll_interval_s", 0.1)
         settings.setdefault("retry", RetryPolicy(base_s=0.05, cap_s=0.3))
         settings.setdefault("send_timeout_s", 2.0)
+        # The misbehaving sinks here speak POST /events only: one request per entry.
+        settings.setdefault("batch_delivery", False)
         return await serve(create_app(ServiceSettings(db=str(db), sink=sink_url, **settings)))
 
     return start
