@@ -1,0 +1,252 @@
+"""sqlite_tx against real SQLite files, checked through independent sqlite3 connections."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sqlite_tx import Database, StorageError, transaction
+
+SCHEMA = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",)
+
+
+class Boom(Exception):
+    pass
+
+
+def rows(path: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows read through a fresh connection, closed afterwards."""
+    conn = sqlite3.connect(path, timeout=5)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def user_version(path: Path) -> int:
+    version: int = rows(path, "PRAGMA user_version")[0][0]
+    return version
+
+
+def tables(path: Path) -> set[str]:
+    return {r[0] for r in rows(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def try_write_lock(path: Path) -> None:
+    """Take and release the write lock from another connection, without waiting."""
+    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+async def open_fails(path: Path, migrations: tuple[str, ...]) -> StorageError:
+    """The StorageError that opening raises; a database that opens anyway is closed."""
+    try:
+        db = await Database.open(path, migrations)
+    except StorageError as exc:
+        return exc
+    await db.close()
+    pytest.fail(f"{path} opened, expected StorageError")
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+async def db(path: Path) -> AsyncIterator[Database]:
+    database = await Database.open(path, SCHEMA)
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+# ---------------------------------------------------------------- opening and migrations
+
+
+async def test_open_creates_the_schema_and_sets_user_version(db: Database, path: Path) -> None:
+    assert "items" in tables(path)
+    assert user_version(path) == 1
+    assert db.path == str(path)
+
+
+async def test_open_sets_wal_and_synchronous_full(db: Database, path: Path) -> None:
+    assert rows(path, "PRAGMA journal_mode") == [("wal",)]
+    assert await db.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == 2
+    assert await db.run(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
+    assert await db.run(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) > 0
+
+
+async def test_reopening_applies_only_the_new_migrations(path: Path) -> None:
+    db = await Database.open(path, SCHEMA)
+    await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('kept')"))
+    await db.close()
+
+    second = (*SCHEMA, "CREATE TABLE more (x INTEGER); CREATE TABLE most (y INTEGER);")
+    db = await Database.open(path, second)
+    await db.close()
+
+    assert user_version(path) == 2
+    assert {"items", "more", "most"} <= tables(path)
+    assert rows(path, "SELECT name FROM items") == [("kept",)]
+
+
+async def test_a_failing_migration_changes_nothing(path: Path) -> None:
+    db = await Database.open(path, SCHEMA)
+    await db.close()
+
+    broken = (*SCHEMA, "CREATE TABLE half (x INTEGER); CREATE TABLE items (again INTEGER);")
+    await open_fails(path, broken)
+
+    assert user_version(path) == 1
+    assert "half" not in tables(path)
+
+
+async def test_a_newer_schema_version_is_a_storage_error(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 5")
+    conn.close()
+
+    assert "newer" in str(await open_fails(path, SCHEMA))
+
+    assert user_version(path) == 5
+    assert "items" not in tables(path)
+
+
+async def test_a_file_that_is_not_a_database_is_a_storage_error(path: Path) -> None:
+    garbage = b"this is not an SQLite database, only some bytes\n" * 100
+    path.write_bytes(garbage)
+
+    await open_fails(path, SCHEMA)
+
+    assert path.read_bytes() == garbage
+
+
+async def test_a_path_in_a_missing_directory_is_a_storage_error(tmp_path: Path) -> None:
+    await open_fails(tmp_path / "missing" / "store.db", SCHEMA)
+
+
+# ---------------------------------------------------------------- run
+
+
+async def test_run_returns_the_result_of_the_function(db: Database) -> None:
+    assert await db.run(lambda c: c.execute("SELECT 40 + 2").fetchone()[0]) == 42
+
+
+async def test_run_translates_sqlite_errors_to_storage_error(db: Database) -> None:
+    with pytest.raises(StorageError) as excinfo:
+        await db.run(lambda c: c.execute("SELECT * FROM no_such_table"))
+    assert isinstance(excinfo.value.__cause__, sqlite3.Error)
+    assert "no_such_table" in str(excinfo.value)
+
+
+async def test_run_translates_constraint_errors_to_storage_error(db: Database) -> None:
+    await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('a')"))
+    with pytest.raises(StorageError) as excinfo:
+        await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('a')"))
+    assert isinstance(excinfo.value.__cause__, sqlite3.IntegrityError)
+
+
+async def test_run_lets_other_exceptions_through_unchanged(db: Database) -> None:
+    error = Boom("not storage")
+
+    def fail(conn: sqlite3.Connection) -> None:
+        raise error
+
+    with pytest.raises(Boom) as excinfo:
+        await db.run(fail)
+    assert excinfo.value is error
+
+
+async def test_the_database_stays_usable_after_an_error(db: Database, path: Path) -> None:
+    with pytest.raises(StorageError):
+        await db.run(lambda c: c.execute("SELECT * FROM no_such_table"))
+    await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('after')"))
+    assert rows(path, "SELECT name FROM items") == [("after",)]
+
+
+async def test_a_plain_statement_autocommits(db: Database, path: Path) -> None:
+    await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('auto')"))
+    assert rows(path, "SELECT name FROM items") == [("auto",)]
+    try_write_lock(path)
+
+
+async def test_a_read_leaves_no_lock_behind(db: Database, path: Path) -> None:
+    await db.run(lambda c: c.execute("SELECT * FROM items").fetchall())
+    try_write_lock(path)
+    assert rows(path, "PRAGMA wal_checkpoint(TRUNCATE)")[0][0] == 0
+
+
+# ---------------------------------------------------------------- transaction
+
+
+async def test_transaction_commits_on_success(db: Database, path: Path) -> None:
+    def write(conn: sqlite3.Connection) -> None:
+        with transaction(conn):
+            conn.execute("INSERT INTO items (name) VALUES ('a')")
+            conn.execute("INSERT INTO items (name) VALUES ('b')")
+
+    await db.run(write)
+    assert rows(path, "SELECT name FROM items ORDER BY name") == [("a",), ("b",)]
+    try_write_lock(path)
+
+
+async def test_transaction_rolls_back_on_exception(db: Database, path: Path) -> None:
+    error = Boom("half way")
+
+    def write(conn: sqlite3.Connection) -> None:
+        with transaction(conn):
+            conn.execute("INSERT INTO items (name) VALUES ('a')")
+            raise error
+
+    with pytest.raises(Boom) as excinfo:
+        await db.run(write)
+
+    assert excinfo.value is error
+    assert rows(path, "SELECT * FROM items") == []
+    try_write_lock(path)
+
+
+async def test_transaction_rolls_back_on_a_failing_statement(db: Database, path: Path) -> None:
+    def write(conn: sqlite3.Connection) -> None:
+        with transaction(conn):
+            conn.execute("INSERT INTO items (name) VALUES ('a')")
+            conn.execute("INSERT INTO items (name) VALUES ('a')")
+
+    with pytest.raises(StorageError):
+        await db.run(write)
+
+    assert rows(path, "SELECT * FROM items") == []
+    try_write_lock(path)
+
+
+async def test_immediate_transaction_holds_the_write_lock(db: Database, path: Path) -> None:
+    def inside(conn: sqlite3.Connection) -> str:
+        with transaction(conn):
+            try:
+                try_write_lock(path)
+            except sqlite3.OperationalError as exc:
+                return str(exc)
+            return "no lock"
+
+    assert "locked" in await db.run(inside)
+    try_write_lock(path)
+
+
+async def test_deferred_transaction_does_not_take_the_write_lock(db: Database, path: Path) -> None:
+    def inside(conn: sqlite3.Connection) -> int:
+        with transaction(conn, immediate=False):
+            count: int = conn.execute("SELECT count(*) FROM items").fetchone()[0]
+            try_write_lock(path)
+            return count
+
+    assert await db.run(inside) == 0
