@@ -16,7 +16,7 @@ from typing import Any, Final
 from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
 from publisher.http import TIMEOUT_S, HttpSender
 from publisher.outbox import MAX_BATCH, Entry, Outbox, QuarantineRecord, State, check_limit
-from publisher.relay import POLL_INTERVAL_S, EvidenceStore, dispatch, dispatch_batch
+from publisher.relay import MAX_LANES, POLL_INTERVAL_S, EvidenceStore, dispatch, dispatch_batch
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app, exit_after_ack
 from publisher.trace import collect_trace, render_trace, when
@@ -134,6 +134,20 @@ def build_parser() -> ArgumentParser:
         type=positive(float),
         default=TIMEOUT_S,
         help="seconds one delivery may take in all",
+    )
+    add_option(
+        serve,
+        "--ordering",
+        choices=["global", "sku"],
+        default="global",
+        help="global: one line for all entries; sku: order per SKU, SKUs in parallel",
+    )
+    add_option(
+        serve,
+        "--lanes",
+        type=positive(int),
+        default=MAX_LANES,
+        help="with --ordering sku: at most this many SKUs in flight at once",
     )
     add_option(
         serve,
@@ -261,6 +275,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         send_timeout_s=args.send_timeout,
         chaos_exit_after_ack=args.chaos == "exit-after-ack",
         batch_delivery=args.delivery == "batch",
+        ordering=args.ordering,
+        max_lanes=int(args.lanes),
     )
     await serve_app(create_app(settings), args.host, args.port, PROG, "/orders")
     return EXIT_OK
@@ -286,6 +302,11 @@ async def cmd_status(args: argparse.Namespace) -> int:
         )
     else:
         print(f"head         {head.id} (seq {head.seq}), {head.attempts} attempts")
+    for lane in snapshot.blocked_lanes:
+        print(
+            f"lane {lane.lane!r:<10} head {lane.id} BLOCKED since {when(lane.blocked_since)}, "
+            f"{lane.attempts} attempts, last error: {lane.last_error}"
+        )
     return EXIT_OK
 
 

@@ -33,6 +33,11 @@ class PublisherMetrics:
             "1 while the oldest pending entry has failed and not yet been delivered.",
             registry=r,
         )
+        self.blocked_lanes = Gauge(
+            "publisher_outbox_blocked_lanes",
+            "Lanes (SKUs) whose head entry has failed and is not yet delivered.",
+            registry=r,
+        )
         self.attempts = Counter(
             "publisher_delivery_attempts", "Delivery attempts, by outcome.", ["outcome"], registry=r
         )
@@ -55,3 +60,4 @@ class PublisherMetrics:
         self.oldest_age.set(snapshot.oldest_pending_age_s)
         self.quarantined.set(snapshot.quarantined)
         self.head_blocked.set(1 if snapshot.head is not None and snapshot.head.blocked else 0)
+        self.blocked_lanes.set(len(snapshot.blocked_lanes))

@@ -10,7 +10,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -85,6 +85,7 @@ class Head:
     attempts: int
     last_error: str | None
     blocked_since: float | None
+    lane: str | None = None
 
     @property
     def blocked(self) -> bool:
@@ -99,6 +100,7 @@ class Snapshot:
     pending: int
     quarantined: int
     head: Head | None
+    blocked_lanes: list[Head] = field(default_factory=list)
 
     @property
     def oldest_pending_age_s(self) -> float:
@@ -112,16 +114,19 @@ class Snapshot:
             "oldest_pending_age_seconds": round(self.oldest_pending_age_s, 3),
             "quarantined": self.quarantined,
             "head_blocked": head is not None and head.blocked,
-            "head": None
-            if head is None
-            else {
-                "id": head.id,
-                "seq": head.seq,
-                "attempts": head.attempts,
-                "last_error": head.last_error,
-                "blocked_since": head.blocked_since,
-            },
+            "head": None if head is None else _head_dict(head),
+            "blocked_lanes": [{"lane": h.lane, **_head_dict(h)} for h in self.blocked_lanes],
         }
+
+
+def _head_dict(head: Head) -> dict[str, Any]:
+    return {
+        "id": head.id,
+        "seq": head.seq,
+        "attempts": head.attempts,
+        "last_error": head.last_error,
+        "blocked_since": head.blocked_since,
+    }
 
 
 def check_limit(limit: object, most: int = MAX_BATCH) -> int:
@@ -162,11 +167,21 @@ class Outbox(ClosesOnExit):
         """Up to `limit` pending events, oldest first by insertion order. Changes nothing."""
         return [event for _, event, _ in await self.pending_batch(limit)]
 
-    async def pending_batch(self, limit: int = MAX_BATCH) -> list[tuple[int, Event, int]]:
-        """Like `pending`, with each entry's seq and attempts so far."""
+    async def pending_batch(
+        self, limit: int = MAX_BATCH, lane: str | None = None
+    ) -> list[tuple[int, Event, int]]:
+        """Like `pending`, with each entry's seq and attempts so far; only `lane`'s if given."""
         check_limit(limit)
-        rows = await self._db.run(lambda conn: conn.execute(sql.PENDING, (limit,)).fetchall())
+        query, params = (
+            (sql.PENDING, (limit,)) if lane is None else (sql.PENDING_IN_LANE, (lane, limit))
+        )
+        rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
         return [(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
+
+    async def pending_lanes(self, limit: int) -> list[str]:
+        """Lanes (SKUs) with pending entries, the one with the oldest head first."""
+        rows = await self._db.run(lambda conn: conn.execute(sql.PENDING_LANES, (limit,)).fetchall())
+        return [lane for (lane,) in rows]
 
     async def mark_sent(self, event_id: str, ack: Mapping[str, object] | None = None) -> None:
         """Save the entry as sent, with the ACK that proved it. Idempotent once sent."""
@@ -273,7 +288,7 @@ def _accept(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
                 raise Conflict(event["id"])
             return "duplicate"
         conn.execute(sql.INSERT_ORDER, (event["id"], event["sku"], event["qty"], now))
-        conn.execute(sql.INSERT_ENTRY, (event["id"], canonical_json(event), now))
+        conn.execute(sql.INSERT_ENTRY, (event["id"], canonical_json(event), now, event["sku"]))
     return "accepted"
 
 
@@ -336,7 +351,8 @@ def _snapshot_reads(conn: sqlite3.Connection, now: float) -> Snapshot:
     pending = conn.execute(sql.COUNT_PENDING).fetchone()[0]
     quarantined = conn.execute(sql.COUNT_QUARANTINED).fetchone()[0]
     row = conn.execute(sql.HEAD).fetchone()
-    return Snapshot(now, pending, quarantined, None if row is None else Head(*row))
+    blocked = [Head(*r) for r in conn.execute(sql.BLOCKED_LANE_HEADS)]
+    return Snapshot(now, pending, quarantined, None if row is None else Head(*row), blocked)
 
 
 def _entry(row: tuple[Any, ...]) -> Entry:

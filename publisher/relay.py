@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from publisher.errors import DeliveryError, InvalidTransition, NotAcknowledged
 from publisher.outbox import MAX_BATCH, Outbox, check_limit
@@ -141,17 +142,22 @@ class EvidenceStore:
     """
 
     def __init__(
-        self, outbox: Outbox, deliver: Deliver, deliver_batch: DeliverBatch | None = None
+        self,
+        outbox: Outbox,
+        deliver: Deliver,
+        deliver_batch: DeliverBatch | None = None,
+        lane: str | None = None,
     ) -> None:
         self._outbox = outbox
         self._deliver = deliver
         self._deliver_batch = deliver_batch
+        self._lane = lane
         self._acks: dict[str, Mapping[str, object]] = {}
         self.batch: dict[str, tuple[int, int]] = {}  # id -> (seq, attempts so far)
         self.current: str | None = None  # the entry being sent, or last sent
 
     async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
-        rows = await self._outbox.pending_batch(limit)
+        rows = await self._outbox.pending_batch(limit, self._lane)
         self.batch = {event["id"]: (seq, attempts) for seq, event, attempts in rows}
         self.current = None
         self._acks.clear()
@@ -205,8 +211,33 @@ class RelayStopping(Exception):
     """The relay was asked to stop; no new send is started."""
 
 
+@dataclass
+class Lane:
+    """One ordering lane: its own pending line, failure streak and backoff.
+
+    Global order has a single lane (key None) holding every entry; per-SKU order has
+    one lane per SKU.
+    """
+
+    key: str | None
+    store: EvidenceStore
+    streak: tuple[str, int, int] = ("", 0, 0)  # head id, failures, permanent failures
+    blocked: Blocked | None = None
+    not_before: float = 0.0  # monotonic time before which a backing-off lane waits
+
+
+Ordering = Literal["global", "sku"]
+MAX_LANES: Final = 8
+
+
 class Relay:
-    """Dispatches batches until stopped, backing off while the head fails."""
+    """Dispatches batches until stopped, backing off while a head fails.
+
+    Global order (the default): one line, stop-on-first-failure across all entries.
+    Per-SKU order (`ordering="sku"`): entries of one SKU go in seq order with
+    stop-on-first-failure inside that lane, and up to `max_lanes` lanes are in flight
+    at once, so a blocked head stalls only its own SKU.
+    """
 
     def __init__(
         self,
@@ -219,97 +250,179 @@ class Relay:
         observer: Observer | None = None,
         after_delivery: AfterDelivery | None = None,
         deliver_batch: DeliverBatch | None = None,
+        ordering: Ordering = "global",
+        max_lanes: int = MAX_LANES,
         rand: Random = random.random,
     ) -> None:
         """With `deliver_batch`, each step sends its batch in one request (dispatch_batch);
         without it, one request per entry (dispatch)."""
+        if ordering not in ("global", "sku") or max_lanes < 1:
+            raise ValueError(f"bad ordering {ordering!r} or max_lanes {max_lanes}")
         self._outbox = outbox
+        self._deliver = deliver
+        self._deliver_batch = deliver_batch
         self._limit = check_limit(limit)
         self._poll_interval_s = poll_interval_s
         self._policy = policy or RetryPolicy()
         self._observer = observer
         self._after_delivery = after_delivery
+        self._ordering = ordering
+        self._max_lanes = max_lanes
         self._rand = rand
-        self._batch_mode = deliver_batch is not None
-        self._store = EvidenceStore(outbox, deliver, deliver_batch)
+        self._global = Lane(None, EvidenceStore(outbox, deliver, deliver_batch))
+        self._lanes: dict[str, Lane] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        self._streak: tuple[str, int, int] = ("", 0, 0)  # head id, failures, permanent failures
-        self.blocked: Blocked | None = None
+
+    @property
+    def blocked(self) -> Blocked | None:
+        """The blocked head (global order), or the oldest blocked lane head (per SKU)."""
+        if self._ordering == "global":
+            return self._global.blocked
+        heads = [lane.blocked for lane in self._lanes.values() if lane.blocked is not None]
+        return min(heads, key=lambda b: b.since, default=None)
+
+    @property
+    def blocked_lanes(self) -> dict[str, Blocked]:
+        """Per-SKU order: each lane whose head is failing."""
+        return {k: lane.blocked for k, lane in self._lanes.items() if lane.blocked is not None}
 
     def wake(self) -> None:
         """New work arrived: start the next batch now instead of at the next poll."""
         self._wake.set()
 
     def stop(self) -> None:
-        """Finish the send in flight (or let it time out), start no other, then return."""
+        """Finish the sends in flight (or let them time out), start no other, then return."""
         self._stop.set()
 
     async def run(self) -> None:
         """Dispatch until stopped."""
-        log.info("relay started", extra={"limit": self._limit})
-        while not self._stop.is_set():
-            delay_s, wakeable = await self.step()
-            await self._sleep(delay_s, wakeable)
+        log.info("relay started", extra={"limit": self._limit, "ordering": self._ordering})
+        if self._ordering == "global":
+            while not self._stop.is_set():
+                delay_s, wakeable = await self.step()
+                await self._sleep(delay_s, wakeable)
+        else:
+            await self._supervise_lanes()
         log.info("relay stopped")
 
     async def step(self) -> tuple[float, bool]:
-        """One batch. Returns how long to wait, and whether new intake may cut it short."""
+        """One batch of the global line. Returns how long to wait, and whether new intake
+        may cut the wait short."""
         self._wake.clear()
+        return await self._step(self._global)
+
+    async def _step(self, lane: Lane) -> tuple[float, bool]:
         try:
-            marked = await self._dispatch_once()
+            marked = await self._dispatch_once(lane)
         except RelayStopping:
             return 0.0, False
         except Exception as exc:  # the loop outlives any one failure; each is recorded
             try:
-                return await self._failed(exc), False
+                return await self._failed(lane, exc), False
             except Exception as unrecorded:  # recording it failed too (the database, say)
                 log.error("could not record a failed attempt: %s", unrecorded)
                 return self._policy.cap_s, False
         if marked:
-            self.blocked = None
+            lane.blocked = None
         if len(marked) == self._limit:
             return 0.0, True
         return self._poll_interval_s, True
 
-    async def _dispatch_once(self) -> list[str]:
-        if self._batch_mode:
-            return await dispatch_batch(
-                self._store, self._send_batch, self._limit, self._after_delivery
-            )
-        return await dispatch(self._store, self._send, self._limit, self._after_delivery)
+    async def _supervise_lanes(self) -> None:
+        """Per-SKU order: keep up to max_lanes lanes in flight, each in a task of its own."""
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                await self._start_ready_lanes()
+                await self._sleep(self._next_check_s(), wakeable=True)
+        finally:
+            if self._tasks:
+                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
-    async def _send_batch(self, events: list[Event]) -> list[object]:
+    async def _start_ready_lanes(self) -> None:
+        try:
+            keys = await self._outbox.pending_lanes(max(64, self._max_lanes * 8))
+        except Exception as exc:
+            log.error("could not read the pending lanes: %s", exc)
+            return
+        now = time.monotonic()
+        for key in keys:
+            if len(self._tasks) >= self._max_lanes:
+                return
+            lane = self._lanes.get(key) or self._new_lane(key)
+            if key not in self._tasks and lane.not_before <= now:
+                self._tasks[key] = asyncio.create_task(self._run_lane(lane), name=f"lane {key}")
+
+    def _new_lane(self, key: str) -> Lane:
+        store = EvidenceStore(self._outbox, self._deliver, self._deliver_batch, lane=key)
+        self._lanes[key] = lane = Lane(key, store)
+        return lane
+
+    async def _run_lane(self, lane: Lane) -> None:
+        """Deliver one lane until it is drained or must back off; then free the slot."""
+        assert lane.key is not None
+        try:
+            while not self._stop.is_set():
+                delay_s, idle = await self._step(lane)
+                if delay_s > 0:
+                    if not idle:  # a failure: back off without holding a slot
+                        lane.not_before = time.monotonic() + delay_s
+                    return  # drained, or backing off
+        finally:
+            del self._tasks[lane.key]
+            if not lane.blocked:
+                self._lanes.pop(lane.key, None)  # forget drained lanes: memory stays bounded
+            self._wake.set()  # a slot is free
+
+    def _next_check_s(self) -> float:
+        now = time.monotonic()
+        waits = [lane.not_before - now for lane in self._lanes.values() if lane.not_before > now]
+        return min([self._poll_interval_s, *waits])
+
+    async def _dispatch_once(self, lane: Lane) -> list[str]:
+        if self._deliver_batch is not None:
+            send_batch = functools.partial(self._send_batch, lane.store)
+            return await dispatch_batch(lane.store, send_batch, self._limit, self._after_delivery)
+        send = functools.partial(self._send, lane.store)
+        return await dispatch(lane.store, send, self._limit, self._after_delivery)
+
+    async def _send_batch(self, store: EvidenceStore, events: list[Event]) -> list[object]:
         if self._stop.is_set():
             raise RelayStopping
         started = time.perf_counter()
         try:
-            results = await self._store.send_batch(events)
+            results = await store.send_batch(events)
         except Exception as exc:
-            self._log_outcome(events[0]["id"], _outcome(exc), started, exc)
+            self._log_outcome(store, events[0]["id"], _outcome(exc), started, exc)
             raise
         for event, result in zip(events, results, strict=False):
             error = result if isinstance(result, BaseException) else None
-            self._log_outcome(event["id"], _outcome(error), started, error)
+            self._log_outcome(store, event["id"], _outcome(error), started, error)
         return results
 
-    async def _send(self, event: Event) -> bool:
+    async def _send(self, store: EvidenceStore, event: Event) -> bool:
         if self._stop.is_set():
             raise RelayStopping
-        event_id = event["id"]
         started = time.perf_counter()
         try:
-            await self._store.send(event)
+            await store.send(event)
         except Exception as exc:
-            self._log_outcome(event_id, _outcome(exc), started, exc)
+            self._log_outcome(store, event["id"], _outcome(exc), started, exc)
             raise
-        self._log_outcome(event_id, "delivered", started)
+        self._log_outcome(store, event["id"], "delivered", started)
         return True
 
     def _log_outcome(
-        self, event_id: str, outcome: str, started: float, error: BaseException | None = None
+        self,
+        store: EvidenceStore,
+        event_id: str,
+        outcome: str,
+        started: float,
+        error: BaseException | None = None,
     ) -> None:
-        seq, attempts = self._store.batch.get(event_id, (None, 0))
+        seq, attempts = store.batch.get(event_id, (None, 0))
         fields = {
             "event_id": event_id,
             "seq": seq,
@@ -323,24 +436,19 @@ class Relay:
         if self._observer is not None:
             self._observer.delivery(outcome)
 
-    async def _failed(self, exc: Exception) -> float:
-        event_id = self._store.current
-        if event_id is None or event_id not in self._store.batch:
+    async def _failed(self, lane: Lane, exc: Exception) -> float:
+        event_id = lane.store.current
+        if event_id is None or event_id not in lane.store.batch:
             # Not a delivery failure (the database, say): back off and try the batch again.
             log.error("relay step failed: %s", exc, exc_info=not isinstance(exc, DeliveryError))
             return retry_delay_s(exc, 1, self._policy, self._rand)
         await self._outbox.record_failure(event_id, str(exc))
-        failures, permanent = self._count_failure(event_id, exc)
-        since = (
-            self.blocked.since
-            if self.blocked and self.blocked.event_id == event_id
-            else time.time()
-        )
-        self.blocked = Blocked(event_id, str(exc), since, is_permanent(exc))
-        log.warning(
-            "head blocked",
-            extra={"event_id": event_id, "failures": failures, "reason": str(exc), "since": since},
-        )
+        failures, permanent = _count_failure(lane, event_id, exc)
+        same_head = lane.blocked is not None and lane.blocked.event_id == event_id
+        since = lane.blocked.since if lane.blocked and same_head else time.time()
+        lane.blocked = Blocked(event_id, str(exc), since, is_permanent(exc))
+        fields = {"event_id": event_id, "lane": lane.key, "failures": failures, "since": since}
+        log.warning("head blocked", extra={**fields, "reason": str(exc)})
         if should_quarantine(exc, permanent, self._policy):
             reason = f"rejected {permanent} times in a row: {exc}"
             try:
@@ -349,19 +457,10 @@ class Relay:
                 log.info("head left the line already: %s", done, extra={"event_id": event_id})
             else:
                 log.warning("quarantined the head", extra={"event_id": event_id, "reason": reason})
-            self.blocked = None
-            self._streak = ("", 0, 0)  # a redriven entry starts counting afresh
+            lane.blocked = None
+            lane.streak = ("", 0, 0)  # a redriven entry starts counting afresh
             return 0.0
         return retry_delay_s(exc, failures, self._policy, self._rand)
-
-    def _count_failure(self, event_id: str, exc: Exception) -> tuple[int, int]:
-        head, failures, permanent = self._streak
-        if head != event_id:
-            failures, permanent = 0, 0
-        failures += 1
-        permanent = permanent + 1 if is_permanent(exc) else 0
-        self._streak = (event_id, failures, permanent)
-        return failures, permanent
 
     async def _sleep(self, delay_s: float, wakeable: bool) -> None:
         if delay_s <= 0 or self._stop.is_set():
@@ -374,6 +473,16 @@ class Relay:
         finally:
             for waiter in waits:
                 waiter.cancel()
+
+
+def _count_failure(lane: Lane, event_id: str, exc: Exception) -> tuple[int, int]:
+    head, failures, permanent = lane.streak
+    if head != event_id:
+        failures, permanent = 0, 0
+    failures += 1
+    permanent = permanent + 1 if is_permanent(exc) else 0
+    lane.streak = (event_id, failures, permanent)
+    return failures, permanent
 
 
 def _outcome(error: BaseException | None) -> str:

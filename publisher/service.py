@@ -15,7 +15,7 @@ from aiohttp import web
 from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
 from publisher.metrics import PublisherMetrics
 from publisher.outbox import MAX_BATCH, Outbox
-from publisher.relay import POLL_INTERVAL_S, Relay
+from publisher.relay import MAX_LANES, POLL_INTERVAL_S, Ordering, Relay
 from publisher.retry import RetryPolicy
 from shared import Conflict
 from shared.web import (
@@ -45,6 +45,8 @@ class ServiceSettings:
     max_body_bytes: int = MAX_BODY_BYTES
     chaos_exit_after_ack: bool = False
     batch_delivery: bool = True
+    ordering: Ordering = "global"
+    max_lanes: int = MAX_LANES
 
 
 OUTBOX: Final = web.AppKey("outbox", Outbox)
@@ -86,6 +88,8 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
             observer=app[METRICS],
             after_delivery=exit_after_ack if settings.chaos_exit_after_ack else None,
             deliver_batch=sender.deliver_batch if settings.batch_delivery else None,
+            ordering=settings.ordering,
+            max_lanes=settings.max_lanes,
         )
         app[OUTBOX], app[RELAY] = outbox, relay
         task = asyncio.create_task(relay.run(), name="relay")

@@ -47,17 +47,32 @@ MIGRATIONS: Final = (
     );
     CREATE INDEX quarantines_id ON quarantines (id);
     """,
+    # 2: ordering lanes. Each entry belongs to the lane of its SKU; in per-SKU mode
+    # order is promised within a lane only.
+    """
+    ALTER TABLE outbox ADD COLUMN lane TEXT;
+    UPDATE outbox SET lane = json_extract(payload, '$.sku');
+    CREATE INDEX outbox_lane_pending ON outbox (lane, seq) WHERE sent = 0 AND quarantined = 0;
+    """,
 )
 
 IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 
 FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = ?"
 INSERT_ORDER: Final = "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)"
-INSERT_ENTRY: Final = "INSERT INTO outbox (id, payload, queued_at) VALUES (?, ?, ?)"
+INSERT_ENTRY: Final = "INSERT INTO outbox (id, payload, queued_at, lane) VALUES (?, ?, ?, ?)"
 
 PENDING: Final = (
     f"SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
 )
+PENDING_IN_LANE: Final = f"""
+    SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} AND lane = ?
+    ORDER BY seq LIMIT ?
+"""
+# Lanes with pending entries, the one whose head is oldest first.
+PENDING_LANES: Final = f"""
+    SELECT lane FROM outbox WHERE {IS_PENDING} GROUP BY lane ORDER BY min(seq) LIMIT ?
+"""
 
 MARK_SENT: Final = """
     UPDATE outbox SET sent = 1, quarantined = 0, sent_at = :now, ack = :ack,
@@ -118,6 +133,14 @@ COUNT_QUARANTINED: Final = "SELECT count(*) FROM outbox WHERE quarantined = 1"
 HEAD: Final = f"""
     SELECT seq, id, queued_at, attempts, last_error, first_failure_at
     FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1
+"""
+# The head of every lane that has failed and is not yet delivered.
+BLOCKED_LANE_HEADS: Final = f"""
+    SELECT o.seq, o.id, o.queued_at, o.attempts, o.last_error, o.first_failure_at, o.lane
+    FROM (SELECT min(seq) AS head FROM outbox WHERE {IS_PENDING} GROUP BY lane) AS h
+    JOIN outbox AS o ON o.seq = h.head
+    WHERE o.first_failure_at IS NOT NULL
+    ORDER BY o.seq
 """
 
 PRUNE_SENT: Final = """

@@ -386,6 +386,7 @@ async def test_snapshot_of_an_empty_outbox(outbox: Outbox) -> None:
         "quarantined": 0,
         "head_blocked": False,
         "head": None,
+        "blocked_lanes": [],
     }
 
 

@@ -298,6 +298,7 @@ async def test_status_and_metrics_after_traffic(
             "quarantined": 0,
             "head_blocked": False,
             "head": None,
+            "blocked_lanes": [],
         },
     )
 
