@@ -8,14 +8,14 @@ Each stage is proven (the evidence is on disk or in the sink's reply), not prove
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
-from publisher.outbox import Entry, Order, Outbox, QuarantineRecord, State
+from publisher.outbox import Entry, Order, Outbox, QuarantineRecord, Snapshot, State
 from shared import payload_digest
 
 
@@ -39,6 +39,7 @@ class Trace:
     attempts: int | None
     last_error: str | None
     quarantines: list[QuarantineRecord]
+    waiting_behind: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,8 +68,13 @@ def build_trace(
     entry: Entry | None,
     quarantines: list[QuarantineRecord],
     sink: SinkView,
+    snapshot: Snapshot | None = None,
 ) -> Trace:
-    """The five stages of SPEC's evidence table for one event. Pure."""
+    """The five stages of SPEC's evidence table for one event. Pure.
+
+    With a `snapshot`, a pending entry also says which failing heads it waits behind:
+    the global head (global order) and the head of its own SKU lane (per-SKU order).
+    """
     stages = [
         _accepted(order),
         _queued(order, entry),
@@ -78,7 +84,26 @@ def build_trace(
     ]
     attempts = None if entry is None else entry.attempts
     error = None if entry is None else entry.last_error
-    return Trace(event_id, stages, attempts, error, quarantines)
+    waiting = [] if snapshot is None or entry is None else _waiting_behind(entry, snapshot)
+    return Trace(event_id, stages, attempts, error, quarantines, waiting)
+
+
+def _waiting_behind(entry: Entry, snapshot: Snapshot) -> list[str]:
+    if entry.state is not State.PENDING:
+        return []
+    lines = []
+    head = snapshot.head
+    if head is not None and head.blocked and head.id != entry.id:
+        lines.append(
+            f"global order: behind head {head.id}, blocked since {when(head.blocked_since)}"
+        )
+    for lane in snapshot.blocked_lanes:
+        if lane.lane == entry.event["sku"] and lane.id != entry.id:
+            lines.append(
+                f"per-SKU order: behind lane {lane.lane} head {lane.id}, "
+                f"blocked since {when(lane.blocked_since)}"
+            )
+    return lines
 
 
 def _accepted(order: Order | None) -> Stage:
@@ -150,7 +175,7 @@ async def collect_trace(outbox: Outbox, event_id: str, sender: HttpSender | None
             sink = SinkView(record=await sender.lookup(event_id))
         except DeliveryError as exc:
             sink = SinkView(unknown=f"the sink could not be asked: {exc}")
-    return build_trace(event_id, order, entry, quarantines, sink)
+    return build_trace(event_id, order, entry, quarantines, sink, await outbox.snapshot())
 
 
 def render_trace(trace: Trace) -> str:
@@ -161,6 +186,8 @@ def render_trace(trace: Trace) -> str:
         if stage.name == "queued" and trace.attempts is not None:
             error = f", last error: {trace.last_error}" if trace.last_error else ""
             lines.append(f"    {'attempts':<14} {'':<11} {trace.attempts}{error}")
+    for line in trace.waiting_behind:
+        lines.append(f"  waiting: {line}")
     for q in trace.quarantines:
         line = f"  quarantined {when(q.quarantined_at)} by {q.quarantined_by}: {q.reason}"
         if q.released_at is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from publisher.outbox import Entry, Order, QuarantineRecord, State
+from publisher.outbox import Entry, Head, Order, QuarantineRecord, Snapshot, State
 from publisher.trace import PRUNED, Proof, SinkView, Trace, build_trace, render_trace
 from shared import Event, payload_digest
 
@@ -258,3 +258,42 @@ def test_build_trace_does_not_mutate_its_inputs(view: SinkView) -> None:
     build_trace("order-1", ORDER, the_entry, [], view)
     build_trace("order-1", ORDER, the_entry, [], view)
     assert (repr(ORDER), repr(the_entry), repr(view)) == before
+
+
+def blocked_head(event_id: str, lane: str | None = None) -> Head:
+    return Head(
+        seq=7,
+        id=event_id,
+        queued_at=ACCEPTED_AT,
+        attempts=3,
+        last_error="sink rejected it with 400",
+        blocked_since=ACCEPTED_AT + 1,
+        lane=lane,
+    )
+
+
+def test_a_pending_entry_names_the_failing_heads_it_waits_behind() -> None:
+    snapshot = Snapshot(
+        taken_at=ACCEPTED_AT + 5,
+        pending=3,
+        quarantined=0,
+        head=blocked_head("poison-1"),
+        blocked_lanes=[blocked_head("poison-1", "mystery"), blocked_head("old-1", "snack")],
+    )
+
+    trace = build_trace("order-1", ORDER, entry(), [], NOT_IN_INBOX, snapshot)
+
+    assert len(trace.waiting_behind) == 2
+    assert trace.waiting_behind[0].startswith("global order: behind head poison-1")
+    assert trace.waiting_behind[1].startswith("per-SKU order: behind lane snack head old-1")
+    assert "waiting: per-SKU order" in render_trace(trace)
+
+
+def test_an_entry_does_not_wait_behind_itself_or_other_lanes_or_when_sent() -> None:
+    own = Snapshot(ACCEPTED_AT, 1, 0, blocked_head("order-1"), [blocked_head("order-1", "snack")])
+    other_lane = Snapshot(ACCEPTED_AT, 2, 0, None, [blocked_head("x-1", "juice")])
+
+    assert build_trace("order-1", ORDER, entry(), [], NOT_IN_INBOX, own).waiting_behind == []
+    assert build_trace("order-1", ORDER, entry(), [], NOT_IN_INBOX, other_lane).waiting_behind == []
+    sent = entry(State.SENT, ack=ACK)
+    assert build_trace("order-1", ORDER, sent, [], inbox(), own).waiting_behind == []
