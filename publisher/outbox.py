@@ -12,13 +12,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Final, Literal
 
 from publisher import sql
 from publisher.errors import InvalidTransition, UnknownEntry
 from shared import Conflict, Event, canonical_json, validate_event
-from sqlite_tx import ClosesOnExit, Database, Opening, transaction
+from sqlite_tx import Store, transaction
 
 MAX_BATCH: Final = 16
 PRUNE_BATCH: Final = 500
@@ -136,27 +135,10 @@ def check_limit(limit: object, most: int = MAX_BATCH) -> int:
     return limit
 
 
-class Outbox(ClosesOnExit):
+class Outbox(Store):
     """Orders and outbox entries in one SQLite file."""
 
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
-    @staticmethod
-    def open(path: str | Path) -> Opening[Outbox]:
-        """Open the source database, creating the schema when missing."""
-
-        async def opener() -> Outbox:
-            return Outbox(await Database.open(path, sql.MIGRATIONS))
-
-        return Opening(opener)
-
-    @property
-    def path(self) -> str:
-        return self._db.path
-
-    async def close(self) -> None:
-        await self._db.close()
+    MIGRATIONS = sql.MIGRATIONS
 
     async def accept(self, event: object) -> Intake:
         """Record the order and its outbox entry in one transaction: both or neither."""

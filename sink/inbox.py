@@ -10,11 +10,10 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from shared import Conflict, Event, Receipt, canonical_json, digest_of, validate_event
 from sink import sql
-from sqlite_tx import ClosesOnExit, Database, Opening, transaction
+from sqlite_tx import Store, transaction
 
 
 @dataclass(frozen=True)
@@ -44,27 +43,10 @@ class InboxRecord:
     last_delivery_at: float
 
 
-class Inbox(ClosesOnExit):
+class Inbox(Store):
     """The sink's inbox and inventory in one SQLite file."""
 
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
-    @staticmethod
-    def open(path: str | Path) -> Opening[Inbox]:
-        """Open the sink database, creating the schema when missing."""
-
-        async def opener() -> Inbox:
-            return Inbox(await Database.open(path, sql.MIGRATIONS))
-
-        return Opening(opener)
-
-    @property
-    def path(self) -> str:
-        return self._db.path
-
-    async def close(self) -> None:
-        await self._db.close()
+    MIGRATIONS = sql.MIGRATIONS
 
     async def receive(self, event: object) -> Receipt:
         """Apply the event once: record its ID and its effect in one transaction.

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 import aiosqlite
 
@@ -176,4 +176,38 @@ class ClosesOnExit:
         await self.close()
 
 
-__all__ = ["BUSY_TIMEOUT_MS", "ClosesOnExit", "Database", "Opening", "StorageError", "transaction"]
+class Store(ClosesOnExit):
+    """Base of a storage class over one SQLite file: `await X.open(path)` or
+    `async with X.open(path) as x`, with the schema brought up to date on the way."""
+
+    MIGRATIONS: ClassVar[Sequence[str]] = ()
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    @classmethod
+    def open(cls, path: str | Path) -> Opening[Self]:
+        """Open (or create) the file and bring its schema up to date."""
+
+        async def opener() -> Self:
+            return cls(await Database.open(path, cls.MIGRATIONS))
+
+        return Opening(opener)
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    async def close(self) -> None:
+        await self._db.close()
+
+
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "ClosesOnExit",
+    "Database",
+    "Opening",
+    "StorageError",
+    "Store",
+    "transaction",
+]
