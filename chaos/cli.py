@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -71,16 +70,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="outbox-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    keep = args.workdir is not None
     try:
         if args.command == "run":
             return cmd_run(args, workdir)
         return cmd_scenario(args, workdir)
     except ChaosError as exc:
+        keep = True  # the message points at the logs: they must still be there
         return fail(PROG, f"{exc} (files and logs kept in {workdir})", EXIT_USAGE)
     except KeyboardInterrupt:
         return fail(PROG, "interrupted", EXIT_USAGE)
     finally:
-        if args.workdir is None and sys.exc_info()[0] is None:
+        if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
 

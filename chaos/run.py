@@ -119,8 +119,8 @@ def run(
     plan = plan_kills(rng, events, kills, target)
     expected: dict[str, tuple[str, int]] = {}
     started = time.monotonic()
-    cluster.start()
     try:
+        cluster.start()
         for index in range(events):
             cluster.revive()  # a chaos exit since the last order: bring it back
             if index in plan:

@@ -82,9 +82,9 @@ def _resend_story(
     entry unsent although the sink applied it, then the resend."""
     source, sink_db = workdir / "source.db", workdir / "sink.db"
     sink = Service("sink", ["--db", str(sink_db)], free_port(), workdir / "sink.log")
-    sink.start(*sink_chaos)
     db, url = ["--db", str(source)], f"{sink.base_url}/events"
     try:
+        sink.start(*sink_chaos)
         accepted = cli(
             "publisher", "accept", *db, "--id", "order-1", "--sku", "snack", "--qty", "7"
         )
@@ -140,9 +140,9 @@ def poison_head(workdir: Path, say: Say) -> Outcome:
     source, sink_db, sink, publisher = _services(workdir, *PUBLISHER_FLAGS)
     orders = [("poison-1", "mystery", 1), ("ok-1", "snack", 2), ("ok-2", "snack", 3)]
     db, by = ["--db", str(source)], ["--by", "chaos-operator"]
-    sink.start("--chaos", "reject-sku=mystery")
-    publisher.start()
     try:
+        sink.start("--chaos", "reject-sku=mystery")
+        publisher.start()
         for event_id, sku, qty in orders:
             order = {"id": event_id, "sku": sku, "qty": qty}
             http_json("POST", f"{publisher.base_url}/orders", order)
@@ -179,11 +179,11 @@ def slow_sink(workdir: Path, say: Say) -> Outcome:
     say(f"slow-sink: every event stalls {STALL_S} s at the sink; intake must stay fast")
     flags = [*PUBLISHER_FLAGS[:-1], "1"]  # --send-timeout 1: sends time out while stalled
     source, sink_db, sink, publisher = _services(workdir, *flags)
-    sink.start("--chaos", f"stall={STALL_S}")
-    publisher.start()
     expected: dict[str, tuple[str, int]] = {}
     latencies_ms: list[float] = []
     try:
+        sink.start("--chaos", f"stall={STALL_S}")
+        publisher.start()
         for n in range(SLOW_ORDERS):
             order = Event(id=f"slow-{n:02d}", sku="snack", qty=1 + n % 3)
             started = time.perf_counter()

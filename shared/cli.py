@@ -25,7 +25,14 @@ _SECONDS_PER_UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line on stderr, exit status 2."""
+    """argparse that reports a usage error as one line on stderr, exit status 2.
+
+    Abbreviated options are off: `--token` must not quietly mean `--token-file`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")

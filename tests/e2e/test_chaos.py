@@ -1,0 +1,375 @@
+"""`python -m chaos`: real services killed for real, verdicts read from the files.
+
+Every run keeps its files under the test's own directory (--workdir), so the test
+can read them back and can look for processes still using them afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from chaos.run import plan_kills
+from chaos.verdict import read_verdict
+
+if TYPE_CHECKING:
+    from conftest import Query
+
+pytestmark = pytest.mark.e2e
+
+RUN_TIMEOUT_S = 90.0
+SCENARIO_TIMEOUT_S = 60.0
+SETTLE_S = 2.0
+VERDICT_KEYS = ("accepted", "delivered", "resends", "duplicates", "lost", "applied_twice")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def processes_using(path: Path) -> list[int]:
+    """PIDs (other than this one) whose command line mentions `path`."""
+    needle = str(path).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def leftovers(path: Path) -> list[int]:
+    """Processes still using `path` after a bounded grace period."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        found = processes_using(path)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def reaper(tmp_path: Path) -> Iterator[None]:
+    """After the test, end any process a chaos run left behind in this test's directory."""
+    yield
+    for pid in processes_using(tmp_path):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def chaos(
+    env: dict[str, str], cwd: Path, *args: str, timeout: float = RUN_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chaos", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def one_json(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, stdout
+    parsed = json.loads(lines[0])
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+def assert_clean_verdict(figures: dict[str, Any], events: int, kills: int) -> None:
+    assert figures["accepted"] == events, figures
+    assert figures["delivered"] == events, figures
+    assert figures["lost"] == 0, figures
+    assert figures["applied_twice"] == 0, figures
+    assert figures["inventory_ok"] is True, figures
+    assert figures["ok"] is True, figures
+    assert figures["kills"] == kills, figures
+    for key in ("resends", "duplicates"):
+        assert isinstance(figures[key], int) and not isinstance(figures[key], bool), figures
+        assert figures[key] >= 0, figures
+    assert figures["duplicates"] <= figures["resends"], figures
+
+
+def files_agree(workdir: Path, db_rows: Query, events: int) -> None:
+    """The verdict's numbers, checked against both files with this process's own reads."""
+    source, sink = workdir / "source.db", workdir / "sink.db"
+    assert db_rows(source, "SELECT count(*) FROM orders") == [(events,)]
+    assert db_rows(source, "SELECT count(*) FROM outbox WHERE sent = 1") == [(events,)]
+    assert db_rows(sink, "SELECT count(*) FROM inbox") == [(events,)]
+    want = db_rows(source, "SELECT sku, sum(qty) FROM orders GROUP BY sku ORDER BY sku")
+    assert db_rows(sink, "SELECT sku, qty FROM inventory ORDER BY sku") == want
+
+
+# ---------------------------------------------------------------- chaos run
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.usefixtures("reaper")
+@pytest.mark.parametrize(
+    ("target", "events", "kills", "kinds"),
+    [
+        ("both", 60, 6, {"publisher", "sink"}),
+        ("sink", 40, 4, {"sink"}),
+        ("publisher", 40, 4, {"publisher"}),
+    ],
+)
+def test_run_loses_nothing_and_applies_nothing_twice(
+    tmp_path: Path,
+    child_env: dict[str, str],
+    db_rows: Query,
+    target: str,
+    events: int,
+    kills: int,
+    kinds: set[str],
+) -> None:
+    workdir = tmp_path / "run"
+    args = ["--events", str(events), "--kills", str(kills), "--seed", "7", "--target", target]
+
+    done = chaos(child_env, tmp_path, "run", *args, "--json", "--workdir", str(workdir))
+
+    assert done.returncode == 0, done.stderr
+    figures = one_json(done.stdout)
+    assert_clean_verdict(figures, events, kills)
+    assert figures["drained"] is True
+    assert figures["pending"] == 0
+    assert {kind.partition(":")[0] for kind in figures["kill_kinds"]} <= kinds
+    planned = plan_kills(random.Random(7), events, kills, target)  # type: ignore[arg-type]
+    assert figures["kill_kinds"] == sorted(set(planned.values()))
+    files_agree(workdir, db_rows, events)
+    assert leftovers(workdir) == []
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 30)
+@pytest.mark.usefixtures("reaper")
+def test_same_seed_same_orders_and_same_plan(
+    tmp_path: Path, child_env: dict[str, str], db_rows: Query
+) -> None:
+    results = []
+    for name in ("first", "second"):
+        workdir = tmp_path / name
+        args = ["--events", "15", "--kills", "3", "--seed", "11", "--json"]
+        done = chaos(child_env, tmp_path, "run", *args, "--workdir", str(workdir))
+        assert done.returncode == 0, done.stderr
+        figures = one_json(done.stdout)
+        orders = db_rows(workdir / "source.db", "SELECT id, sku, qty FROM orders ORDER BY id")
+        stock = db_rows(workdir / "sink.db", "SELECT sku, qty FROM inventory ORDER BY sku")
+        results.append((figures["kills"], figures["kill_kinds"], orders, stock))
+
+    assert results[0] == results[1]
+    assert len(results[0][2]) == 15
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.usefixtures("reaper")
+def test_human_output_ends_with_the_verdict_line(tmp_path: Path, child_env: dict[str, str]) -> None:
+    args = ["--events", "10", "--kills", "1", "--seed", "5", "--workdir", str(tmp_path / "w")]
+
+    done = chaos(child_env, tmp_path, "run", *args)
+
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("OK: 10 accepted, 10 delivered, "), done.stdout
+    assert last.endswith("0 lost, 0 applied twice"), done.stdout
+    assert "[chaos] fed 10/10 orders" in done.stderr
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.usefixtures("reaper")
+def test_the_verdict_fails_on_tampered_files(
+    tmp_path: Path, child_env: dict[str, str], db_rows: Query
+) -> None:
+    workdir = tmp_path / "kept"
+    args = ["--events", "20", "--kills", "2", "--seed", "3", "--json"]
+    done = chaos(child_env, tmp_path, "run", *args, "--workdir", str(workdir))
+    assert done.returncode == 0, done.stderr
+    source, sink = workdir / "source.db", workdir / "sink.db"
+    assert read_verdict(source, sink, {}).ok is True
+
+    ((sku,),) = db_rows(sink, "SELECT sku FROM inventory ORDER BY sku LIMIT 1")
+    conn = sqlite3.connect(sink, timeout=5)
+    try:
+        with conn:
+            conn.execute("UPDATE inventory SET qty = qty + 1 WHERE sku = ?", (sku,))
+    finally:
+        conn.close()
+
+    tampered = read_verdict(source, sink, {})
+    assert tampered.ok is False
+    assert tampered.applied_twice == 1
+    assert tampered.inventory_ok is False
+    assert tampered.lost == 0
+
+    ((event_id,),) = db_rows(source, "SELECT id FROM outbox ORDER BY seq LIMIT 1")
+    conn = sqlite3.connect(source, timeout=5)
+    try:
+        with conn:
+            conn.execute("UPDATE outbox SET sent = 0, sent_at = NULL WHERE id = ?", (event_id,))
+    finally:
+        conn.close()
+
+    unmarked = read_verdict(source, sink, {})
+    assert unmarked.lost == 1
+    assert unmarked.pending == 1
+    assert unmarked.ok is False
+
+
+# ---------------------------------------------------------------- named scenarios
+
+SCENARIO_FIGURES: dict[str, dict[str, Any]] = {
+    "crash-after-ack": {"deliveries": 2, "inventory": 7, "first_exit": 73, "sent": 1},
+    "drop-after-commit": {"deliveries": 2, "inventory": 7, "first_exit": 1, "sent": 1},
+    "poison-head": {"delivered_past": ["ok-1", "ok-2"], "lost": 0, "delivered": 3},
+    "slow-sink": {"lost": 0, "delivered": 20, "applied_twice": 0, "inventory_ok": True},
+}
+
+
+@pytest.mark.timeout(SCENARIO_TIMEOUT_S + 30)
+@pytest.mark.usefixtures("reaper")
+@pytest.mark.parametrize("name", list(SCENARIO_FIGURES))
+def test_scenario(tmp_path: Path, child_env: dict[str, str], name: str) -> None:
+    workdir = tmp_path / "w"
+
+    done = chaos(
+        child_env,
+        tmp_path,
+        "scenario",
+        name,
+        "--json",
+        "--workdir",
+        str(workdir),
+        timeout=SCENARIO_TIMEOUT_S,
+    )
+
+    assert done.returncode == 0, done.stderr
+    outcome = one_json(done.stdout)
+    assert outcome["scenario"] == name
+    assert outcome["ok"] is True, outcome
+    for key, value in SCENARIO_FIGURES[name].items():
+        assert outcome[key] == value, (key, outcome)
+    if name in ("crash-after-ack", "drop-after-commit"):
+        assert outcome["result"] == "delivered 2 times, applied once"
+    if name == "slow-sink":
+        assert isinstance(outcome["intake_p99_ms"], float | int)
+        assert 0 < outcome["intake_p99_ms"] < 500
+    assert (workdir / name / "source.db").is_file()
+    assert (workdir / name / "sink.db").is_file()
+    assert leftovers(workdir) == []
+
+
+@pytest.mark.timeout(SCENARIO_TIMEOUT_S + 30)
+@pytest.mark.usefixtures("reaper")
+def test_crash_after_ack_tells_the_story(tmp_path: Path, child_env: dict[str, str]) -> None:
+    workdir = tmp_path / "w"
+
+    done = chaos(
+        child_env,
+        tmp_path,
+        "scenario",
+        "crash-after-ack",
+        "--workdir",
+        str(workdir),
+        timeout=SCENARIO_TIMEOUT_S,
+    )
+
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    lines = [line.strip() for line in out.splitlines()]
+    accepted = [line for line in lines if line.startswith("1 accepted")]
+    marked = [line for line in lines if line.startswith("5 marked")]
+    assert len(accepted) == 2, out
+    assert len(marked) == 2, out
+    assert all("proven" in line and "not proven" not in line for line in accepted), out
+    assert "not proven" in marked[0], "before the recovery the entry is not marked"
+    assert "not proven" not in marked[1] and "proven" in marked[1], out
+    assert out.index(marked[0]) < out.index("dispatch again") < out.rindex(marked[1])
+    assert "exit status 73" in out
+    assert out.rstrip().endswith("delivered 2 times, applied once"), out
+    assert leftovers(workdir) == []
+
+
+def test_unknown_scenario_is_usage_error(tmp_path: Path, child_env: dict[str, str]) -> None:
+    workdir = tmp_path / "w"
+    done = chaos(child_env, tmp_path, "scenario", "no-such-story", "--workdir", str(workdir))
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not workdir.exists()
+
+
+# ---------------------------------------------------------------- runs that cannot be carried out
+
+BROKEN_MAIN = "import sys\nprint('broken on purpose', file=sys.stderr)\nsys.exit(3)\n"
+
+
+def broken_env(child_env: dict[str, str], tmp_path: Path, module: str) -> dict[str, str]:
+    """child_env where `python -m <module>` fails at once (the chaos runner itself is intact)."""
+    fake = tmp_path / "broken" / module
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(BROKEN_MAIN)
+    path = os.pathsep.join(filter(None, [str(fake.parent), child_env.get("PYTHONPATH")]))
+    return {**child_env, "PYTHONPATH": path}
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+@pytest.mark.usefixtures("reaper")
+def test_a_failed_start_keeps_the_files_it_says_it_keeps(
+    tmp_path: Path, child_env: dict[str, str]
+) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**broken_env(child_env, tmp_path, "sink"), "TMPDIR": str(temp)}
+
+    done = chaos(env, tmp_path, "run", "--events", "3", "--kills", "0", "--json")
+
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "broken on purpose" in done.stderr
+    kept = done.stderr.rstrip().rpartition("files and logs kept in ")[2].rstrip(")")
+    assert kept.startswith(str(temp)), done.stderr
+    assert Path(kept).is_dir(), f"the message says the files are kept in {kept}, but it is gone"
+    assert (Path(kept) / "sink.log").is_file()
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+@pytest.mark.usefixtures("reaper")
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--events", "3", "--kills", "0"],
+        ["scenario", "poison-head"],
+        ["scenario", "slow-sink"],
+    ],
+    ids=["run", "poison-head", "slow-sink"],
+)
+def test_a_publisher_that_cannot_start_leaves_no_sink_running(
+    tmp_path: Path, child_env: dict[str, str], command: list[str]
+) -> None:
+    workdir = tmp_path / "w"
+    env = broken_env(child_env, tmp_path, "publisher")
+
+    done = chaos(env, tmp_path, *command, "--json", "--workdir", str(workdir))
+
+    assert done.returncode == 2, done.stderr
+    assert "publisher did not start" in done.stderr
+    assert leftovers(workdir) == [], "the sink started for this run is still running"

@@ -1,0 +1,244 @@
+"""read_verdict over two real database files written by the real outbox and inbox."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.verdict import Verdict, read_verdict
+from publisher import Outbox
+from sink.inbox import Inbox
+
+ORDERS: list[dict[str, Any]] = [
+    {"id": "o-1", "sku": "snack", "qty": 7},
+    {"id": "o-2", "sku": "juice", "qty": 2},
+    {"id": "o-3", "sku": "snack", "qty": 1},
+    {"id": "o-4", "sku": "bread", "qty": 5},
+]
+
+
+def expected_of(orders: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    return {o["id"]: (o["sku"], o["qty"]) for o in orders}
+
+
+def change(db: Path, sql: str, params: tuple[object, ...] = ()) -> int:
+    """One write through an independent connection; returns the rows it changed."""
+    conn = sqlite3.connect(db, timeout=5)
+    try:
+        with conn:
+            return conn.execute(sql, params).rowcount
+    finally:
+        conn.close()
+
+
+class Files:
+    def __init__(self, tmp_path: Path) -> None:
+        self.source = tmp_path / "source.db"
+        self.sink = tmp_path / "sink.db"
+
+    async def accept(self, *orders: dict[str, Any]) -> None:
+        async with Outbox.open(self.source) as outbox:
+            for order in orders:
+                assert await outbox.accept(dict(order)) == "accepted"
+
+    async def mark(self, *ids: str) -> None:
+        async with Outbox.open(self.source) as outbox:
+            for event_id in ids:
+                await outbox.mark_sent(event_id)
+
+    async def receive(self, *orders: dict[str, Any]) -> None:
+        async with Inbox.open(self.sink) as inbox:
+            for order in orders:
+                await inbox.receive(dict(order))
+
+    async def deliver(self, *orders: dict[str, Any]) -> None:
+        """Received by the sink, then marked sent: the normal path."""
+        await self.receive(*orders)
+        await self.mark(*(o["id"] for o in orders))
+
+    def verdict(self, expected: dict[str, tuple[str, int]] | None = None) -> Verdict:
+        return read_verdict(
+            self.source, self.sink, expected_of(ORDERS) if expected is None else expected
+        )
+
+
+@pytest.fixture
+async def files(tmp_path: Path) -> Files:
+    made = Files(tmp_path)
+    await made.accept(*ORDERS)
+    async with Inbox.open(made.sink):
+        pass  # the sink file exists with its schema even before any delivery
+    return made
+
+
+async def test_all_delivered_is_ok(files: Files) -> None:
+    await files.deliver(*ORDERS)
+
+    verdict = files.verdict()
+
+    assert verdict == Verdict(
+        accepted=4,
+        delivered=4,
+        resends=0,
+        duplicates=0,
+        lost=0,
+        applied_twice=0,
+        inventory_ok=True,
+        pending=0,
+        quarantined=0,
+    )
+    assert verdict.ok is True
+    assert verdict.to_dict()["ok"] is True
+
+
+async def test_an_empty_run_is_ok(tmp_path: Path) -> None:
+    made = Files(tmp_path)
+    async with Outbox.open(made.source), Inbox.open(made.sink):
+        pass
+    verdict = made.verdict({})
+    assert (verdict.accepted, verdict.delivered, verdict.lost, verdict.ok) == (0, 0, 0, True)
+
+
+async def test_an_accepted_order_missing_from_the_sink_is_lost(files: Files) -> None:
+    await files.deliver(*ORDERS[:3])
+    await files.mark(ORDERS[3]["id"])  # marked, but the sink never got it
+
+    verdict = files.verdict()
+
+    assert verdict.lost == 1
+    assert verdict.delivered == 4
+    assert verdict.inventory_ok is False  # bread 0 instead of 5
+    assert verdict.applied_twice == 0
+    assert verdict.ok is False
+
+
+async def test_an_entry_not_marked_is_lost(files: Files) -> None:
+    await files.deliver(*ORDERS[:3])
+    await files.receive(ORDERS[3])  # applied by the sink, never marked sent
+
+    verdict = files.verdict()
+
+    assert verdict.lost == 1
+    assert verdict.delivered == 3
+    assert verdict.pending == 1
+    assert verdict.inventory_ok is True
+    assert verdict.ok is False
+
+
+async def test_a_quarantined_entry_is_not_a_success(files: Files) -> None:
+    await files.deliver(*ORDERS[:3])
+    async with Outbox.open(files.source) as outbox:
+        await outbox.quarantine(ORDERS[3]["id"], "test", "tester")
+
+    verdict = files.verdict()
+
+    assert verdict.quarantined == 1
+    assert verdict.pending == 0
+    assert verdict.lost == 1
+    assert verdict.ok is False
+
+
+async def test_inventory_tampered_upward_is_applied_twice(files: Files) -> None:
+    await files.deliver(*ORDERS)
+    assert change(files.sink, "UPDATE inventory SET qty = qty + 1 WHERE sku = 'snack'") == 1
+
+    verdict = files.verdict()
+
+    assert verdict.applied_twice == 1
+    assert verdict.inventory_ok is False
+    assert verdict.lost == 0
+    assert verdict.ok is False
+
+
+async def test_inventory_tampered_downward_is_not_ok_but_not_applied_twice(files: Files) -> None:
+    await files.deliver(*ORDERS)
+    assert change(files.sink, "UPDATE inventory SET qty = qty - 1 WHERE sku = 'juice'") == 1
+
+    verdict = files.verdict()
+
+    assert verdict.applied_twice == 0
+    assert verdict.inventory_ok is False
+    assert verdict.ok is False
+
+
+async def test_two_skus_over_count_as_two(files: Files) -> None:
+    await files.deliver(*ORDERS)
+    assert change(files.sink, "UPDATE inventory SET qty = qty + 3") == 3
+
+    assert files.verdict().applied_twice == 3
+
+
+async def test_stock_for_a_sku_nobody_ordered_is_applied_twice(files: Files) -> None:
+    await files.deliver(*ORDERS)
+    change(files.sink, "INSERT INTO inventory (sku, qty) VALUES ('soap', 4)")
+
+    verdict = files.verdict()
+
+    assert verdict.applied_twice == 1
+    assert verdict.inventory_ok is False
+
+
+async def test_an_order_the_runner_saw_but_the_source_file_lacks_is_lost(files: Files) -> None:
+    await files.deliver(*ORDERS)
+    expected = {**expected_of(ORDERS), "o-ghost": ("snack", 3)}
+
+    verdict = files.verdict(expected)
+
+    assert verdict.lost == 1
+    assert verdict.accepted == 4  # what the file holds
+    assert verdict.inventory_ok is False  # snack is short by the ghost's 3
+    assert verdict.applied_twice == 0
+    assert verdict.ok is False
+
+
+async def test_an_order_deleted_from_the_source_file_is_lost(files: Files) -> None:
+    await files.deliver(*ORDERS)
+    change(files.source, "DELETE FROM outbox WHERE id = 'o-2'")
+    assert change(files.source, "DELETE FROM orders WHERE id = 'o-2'") == 1
+
+    verdict = files.verdict()
+
+    assert verdict.lost == 1
+    assert verdict.accepted == 3
+    assert verdict.ok is False
+
+
+async def test_resends_and_duplicates_come_from_inbox_deliveries(files: Files) -> None:
+    await files.deliver(*ORDERS)
+    await files.receive(ORDERS[0], ORDERS[0], ORDERS[1])  # o-1 three times, o-2 twice
+
+    verdict = files.verdict()
+
+    assert verdict.resends == 3
+    assert verdict.duplicates == 2
+    assert verdict.lost == 0
+    assert verdict.applied_twice == 0
+    assert verdict.inventory_ok is True
+    assert verdict.ok is True  # resends absorbed by the inbox are not a violation
+
+
+async def test_resends_match_the_deliveries_column(files: Files) -> None:
+    await files.deliver(*ORDERS)
+    change(files.sink, "UPDATE inbox SET deliveries = 5 WHERE id = 'o-4'")
+
+    verdict = files.verdict()
+
+    assert (verdict.resends, verdict.duplicates) == (4, 1)
+
+
+async def test_reading_changes_neither_file(files: Files) -> None:
+    await files.deliver(*ORDERS)
+    before = (files.source.read_bytes(), files.sink.read_bytes())
+
+    files.verdict()
+
+    assert (files.source.read_bytes(), files.sink.read_bytes()) == before
+
+
+async def test_a_missing_file_is_an_error_not_a_verdict(files: Files, tmp_path: Path) -> None:
+    with pytest.raises(sqlite3.OperationalError):
+        read_verdict(files.source, tmp_path / "no-such-sink.db", expected_of(ORDERS))
+    assert not (tmp_path / "no-such-sink.db").exists()
