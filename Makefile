@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test lint typecheck demo chaos clean
+.PHONY: venv test lint typecheck demo chaos bench bench-quick clean
 
 venv: $(VENV)/.installed
 
@@ -29,6 +29,13 @@ demo: venv
 # A longer run: 500 orders, 10 kills of either service at random moments.
 chaos: venv
 	$(BIN)/python -m chaos run --events 500 --kills 10 --seed 1
+
+# Figures measured side by side in one run, printed as ratios; also bench/results.json.
+bench: venv
+	$(BIN)/python -m bench --out bench/results.json
+
+bench-quick: venv
+	$(BIN)/python -m bench --quick --out bench/results.json
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .mypy_cache .ruff_cache

@@ -156,6 +156,7 @@ def build_parser() -> ArgumentParser:
         default="batch",
         help="batch: one request per batch, one ACK per entry; single: one request per entry",
     )
+    add_option(serve, "--access-log", action="store_true", help="log one line per request")
     add_option(serve, "--log-format", choices=["text", "json"], default="text", help="log lines")
     _chaos_option(serve)
 
@@ -278,7 +279,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         ordering=args.ordering,
         max_lanes=int(args.lanes),
     )
-    await serve_app(create_app(settings), args.host, args.port, PROG, "/orders")
+    await serve_app(create_app(settings), args.host, args.port, PROG, "/orders", args.access_log)
     return EXIT_OK
 
 

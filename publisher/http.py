@@ -216,7 +216,8 @@ def check_batch_reply(status: int, reply: bytes, events: Sequence[Event]) -> lis
 
 
 def _batch_failure(event_id: str, rejected: object, index: int) -> DeliveryError:
-    if isinstance(rejected, dict) and rejected.get("index") == index:
+    at = rejected.get("index") if isinstance(rejected, dict) else None
+    if isinstance(rejected, dict) and type(at) is int and at == index:  # true is not 1
         status = rejected.get("status")
         if status in PERMANENT_STATUSES:
             excerpt = json.dumps(rejected)[:ERROR_EXCERPT_CHARS]

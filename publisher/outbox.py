@@ -280,7 +280,9 @@ def _mark_sent(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
 
 
 def _mark_one(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
-    entry = _find(conn, params["id"])
+    if conn.execute(sql.MARK_PENDING_SENT, params).rowcount == 1:
+        return
+    entry = _find(conn, params["id"])  # unknown, already sent, or quarantined
     if entry.state is State.QUARANTINED:
         # Quarantined while its send was in flight, and the ACK proves it arrived:
         # the truth is "delivered", and the quarantine record says so.

@@ -79,6 +79,12 @@ MARK_SENT: Final = """
         attempts = attempts + 1, last_attempt_at = :now
     WHERE id = :id AND sent = 0
 """
+# The common case, without reading the row first: a pending, unquarantined entry.
+MARK_PENDING_SENT: Final = """
+    UPDATE outbox SET sent = 1, sent_at = :now, ack = :ack,
+        attempts = attempts + 1, last_attempt_at = :now
+    WHERE id = :id AND sent = 0 AND quarantined = 0
+"""
 RECORD_FAILURE: Final = """
     UPDATE outbox SET attempts = attempts + 1, last_error = :error, last_attempt_at = :now,
         first_failure_at = coalesce(first_failure_at, :now)

@@ -107,11 +107,14 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def serve_app(app: web.Application, host: str, port: int, name: str, path: str) -> None:
+async def serve_app(
+    app: web.Application, host: str, port: int, name: str, path: str, access_log: bool = False
+) -> None:
     """Serve `app` until SIGTERM or SIGINT, then shut down in order.
 
     Prints `<name> listening on http://host:port<path>` on stdout once bound (with
-    port 0 the OS picks a free port: scripts read it from this line).
+    port 0 the OS picks a free port: scripts read it from this line). With
+    `access_log`, one line per request is logged.
     """
     # Handlers first: a SIGTERM that arrives as soon as the line below is read must
     # already mean an orderly stop, not the default instant death.
@@ -119,7 +122,9 @@ async def serve_app(app: web.Application, host: str, port: int, name: str, path:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(app, handle_signals=False)
+    # The access log costs a formatted line per request on the hot path (a sixth of
+    # the sink's time in the benchmark); it is opt-in.
+    runner = web.AppRunner(app, handle_signals=False, access_log=log if access_log else None)
     await runner.setup()  # runs the startup contexts: a bad database fails before listening
     try:
         site = web.TCPSite(runner, host, port)

@@ -105,7 +105,11 @@ def create_app(
     `reject_skus` answers 400 for events of those SKUs (a product this warehouse does
     not know yet: a poison entry until the sink is fixed).
     """
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[json_errors, require_token])
+    # The per-route caps (one event, one batch) are checked where the body is read.
+    app = web.Application(
+        client_max_size=max(max_body_bytes, MAX_BATCH_BODY_BYTES),
+        middlewares=[json_errors, require_token],
+    )
     app[STATE] = SinkState(
         max_body_bytes=max_body_bytes,
         token=token,

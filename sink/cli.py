@@ -70,6 +70,7 @@ def build_parser() -> ArgumentParser:
         action="store_true",
         help="allow a non-loopback address without a token",
     )
+    add_option(parser, "--access-log", action="store_true", help="log one line per request")
     add_option(parser, "--log-format", choices=["text", "json"], default="text", help="log lines")
     add_option(parser, "--chaos", type=chaos_settings, default={}, help=CHAOS_HELP)
     return parser
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reject_skus=frozenset(args.chaos.get("reject-sku", ())),
     )
     try:
-        asyncio.run(serve_app(app, args.host, args.port, PROG, "/events"))
+        asyncio.run(serve_app(app, args.host, args.port, PROG, "/events", args.access_log))
     except StorageError as exc:
         return fail(PROG, exc)
     except OSError as exc:

@@ -1,0 +1,427 @@
+"""Run every case, compute the targets as ratios of figures from this run, report.
+
+`python -m bench [--quick] [--out PATH]` prints a table on stdout (progress on
+stderr) and writes the results as JSON. Exit status 0 when every case ran (or was
+reported "not available"), 1 when a case failed; a missed target is a result, not a
+failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final, Literal
+
+import aiohttp
+
+from bench import cases
+from bench.cases import FULL, QUICK, Context, Figures, NotAvailable, Sizes
+from bench.procs import REPO_ROOT, Children
+from shared.cli import TextFormatter
+
+DEFAULT_OUT: Final = REPO_ROOT / "bench" / "results.json"
+RSS_BUDGET_MIB: Final = 20.0
+
+Case = Callable[[Context], Awaitable[Figures]]
+CASES: Final[tuple[tuple[str, Case], ...]] = (
+    ("ceiling", cases.ceiling),
+    ("commit_ceiling", cases.commit_ceiling),
+    ("naive_peer", cases.naive_peer),
+    ("relay_single", cases.relay_single),
+    ("relay_batch", cases.relay_batch),
+    ("relay_lanes", cases.relay_lanes),
+    ("intake_latency", cases.intake_latency),
+    ("scaling", cases.scaling),
+    ("memory", cases.memory),
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    detail: str
+    measured: float | None
+    target: float
+    comparison: Literal[">=", "<="]
+    unit: str
+    cases: tuple[str, ...]
+    why_not: str | None = None  # why nothing was measured
+
+    @property
+    def met(self) -> bool | None:
+        if self.measured is None:
+            return None
+        if self.comparison == ">=":
+            return self.measured >= self.target
+        return self.measured <= self.target
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "detail": self.detail,
+            "measured": self.measured,
+            "target": self.target,
+            "comparison": self.comparison,
+            "unit": self.unit,
+            "met": self.met,
+            "cases": list(self.cases),
+            **({"not_measured": self.why_not} if self.why_not else {}),
+        }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
+    args = parser.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so every finally runs: no child left
+    started = time.monotonic()
+    machine = machine_info()
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, Children(Path(tmp)) as children:
+        ctx = Context(children, Path(tmp), QUICK if args.quick else FULL)
+        with log_like_the_service(Path(tmp) / "bench.log"):
+            results = asyncio.run(run_cases(ctx))
+    machine["load_average_end"] = list(os.getloadavg())
+    targets = compute_targets(results, ctx.sizes)
+    report = {
+        "mode": mode,
+        "machine": machine,
+        "duration_s": round(time.monotonic() - started, 1),
+        "cases": results,
+        "targets": [t.to_dict() for t in targets],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(render(report, targets))
+    print(f"\nwritten to {args.out}")
+    failed = [name for name, figures in results.items() if "error" in figures]
+    return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def log_like_the_service(path: Path) -> Iterator[None]:
+    """Log as `publisher serve` does (INFO, text lines), into a file instead of stderr,
+    so the in-process relay pays for its log lines like the service."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    handler = logging.FileHandler(path)
+    handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+        handler.close()
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "sqlite": sqlite3.sqlite_version,
+        "aiohttp": aiohttp.__version__,
+        "load_average_start": list(os.getloadavg()),
+    }
+
+
+async def run_cases(ctx: Context) -> dict[str, Figures]:
+    results: dict[str, Figures] = {}
+    for number, (name, case) in enumerate(CASES, start=1):
+        print(f"[{number}/{len(CASES)}] {name} ...", file=sys.stderr, flush=True)
+        began = time.monotonic()
+        try:
+            figures = {"available": True, **await case(ctx)}
+        except NotAvailable as exc:
+            figures = {"available": False, "reason": str(exc)}
+        except Exception as exc:  # one case failing does not lose the others
+            figures = {"available": True, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            ctx.children.stop_all()  # whatever a failed case left running
+        figures["case_s"] = round(time.monotonic() - began, 2)
+        results[name] = figures
+        outcome = figures.get("error") or figures.get("reason") or "done"
+        print(f"      {outcome} in {figures['case_s']:.1f}s", file=sys.stderr, flush=True)
+    return results
+
+
+# ---------------------------------------------------------------- targets
+
+
+def _figure(results: dict[str, Figures], case: str, *path: str | int) -> float | None:
+    """A figure of a case that ran, or None."""
+    value: Any = results.get(case, {})
+    if "error" in value or value.get("available") is False:
+        return None
+    for key in path:
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _why_not(results: dict[str, Figures], *names: str) -> str:
+    for name in names:
+        figures = results.get(name, {})
+        if figures.get("available") is False:
+            return f"{name} not available: {figures.get('reason')}"
+        if "error" in figures:
+            return f"{name} failed: {figures['error']}"
+    return "figure missing"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def compute_targets(results: dict[str, Figures], sizes: Sizes) -> list[Target]:
+    ceiling = _figure(results, "ceiling", "round_trips_per_s")
+    naive = _figure(results, "naive_peer", "events_per_s")
+    single = _figure(results, "relay_single", "events_per_s")
+    batch = _figure(results, "relay_batch", "events_per_s")
+    small_rows, big_rows = sizes.scale_sent_rows
+    small_backlog, _, big_backlog = sizes.scale_backlogs
+    small_mem, big_mem = sizes.memory_backlogs
+    low_rss = _figure(results, "memory", "peak_rss_mib", 0)
+    high_rss = _figure(results, "memory", "peak_rss_mib", 1)
+    rss_growth = None if low_rss is None or high_rss is None else high_rss - low_rss
+
+    def target(
+        name: str,
+        detail: str,
+        measured: float | None,
+        goal: float,
+        comparison: Literal[">=", "<="],
+        cases_used: tuple[str, ...],
+        unit: str = "x",
+    ) -> Target:
+        why = None if measured is not None else _why_not(results, *cases_used)
+        return Target(name, detail, measured, goal, comparison, unit, cases_used, why)
+
+    lanes = ("relay_lanes",)
+    return [
+        target(
+            "one event per request vs ceiling",
+            "relay_single events/s / ceiling round trips/s",
+            _ratio(single, ceiling),
+            0.5,
+            ">=",
+            ("relay_single", "ceiling"),
+        ),
+        target(
+            "one event per request vs naive peer",
+            "relay_single events/s / naive_peer events/s",
+            _ratio(single, naive),
+            1.5,
+            ">=",
+            ("relay_single", "naive_peer"),
+        ),
+        target(
+            "batches vs ceiling",
+            "relay_batch events/s / ceiling round trips/s",
+            _ratio(batch, ceiling),
+            5.0,
+            ">=",
+            ("relay_batch", "ceiling"),
+        ),
+        target(
+            "lanes vs global, slow sink, one event per request",
+            "per-SKU lanes events/s / global order events/s, sink stall 5 ms",
+            _ratio(
+                _figure(results, "relay_lanes", "single_lanes_events_per_s"),
+                _figure(results, "relay_lanes", "single_global_events_per_s"),
+            ),
+            5.0,
+            ">=",
+            lanes,
+        ),
+        target(
+            "lanes vs global, slow sink, batches",
+            "per-SKU lanes events/s / global order events/s, sink stall 5 ms",
+            _ratio(
+                _figure(results, "relay_lanes", "batch_lanes_events_per_s"),
+                _figure(results, "relay_lanes", "batch_global_events_per_s"),
+            ),
+            5.0,
+            ">=",
+            lanes,
+        ),
+        target(
+            "intake p99, sink stalled vs idle",
+            "POST /orders p99 while the sink stalls 2 s / p99 while idle",
+            _ratio(
+                _figure(results, "intake_latency", "stalled", "p99_ms"),
+                _figure(results, "intake_latency", "idle", "p99_ms"),
+            ),
+            2.0,
+            "<=",
+            ("intake_latency",),
+        ),
+        target(
+            "pending(16), big vs small outbox",
+            f"median time at {big_rows:,} sent rows / at {small_rows:,}",
+            _ratio(
+                _figure(results, "scaling", "pending16_ms", 1),
+                _figure(results, "scaling", "pending16_ms", 0),
+            ),
+            1.5,
+            "<=",
+            ("scaling",),
+        ),
+        target(
+            "metrics scrape, big vs small outbox",
+            f"median time at {big_rows:,} sent rows / at {small_rows:,}",
+            _ratio(
+                _figure(results, "scaling", "scrape_ms", 1),
+                _figure(results, "scaling", "scrape_ms", 0),
+            ),
+            1.5,
+            "<=",
+            ("scaling",),
+        ),
+        target(
+            "throughput, big vs small backlog",
+            f"events/s from a backlog of {big_backlog:,} / from {small_backlog:,}",
+            _ratio(
+                _figure(results, "scaling", "events_per_s", 2),
+                _figure(results, "scaling", "events_per_s", 0),
+            ),
+            0.8,
+            ">=",
+            ("scaling",),
+        ),
+        target(
+            "peak RSS, big vs small backlog",
+            f"MiB above: draining {big_mem:,} minus draining {small_mem:,}",
+            rss_growth,
+            RSS_BUDGET_MIB,
+            "<=",
+            ("memory",),
+            unit="MiB",
+        ),
+    ]
+
+
+# ---------------------------------------------------------------- the table
+
+
+def render(report: dict[str, Any], targets: list[Target]) -> str:
+    results: dict[str, Figures] = report["cases"]
+    machine = report["machine"]
+    lines = [
+        f"outbox relay benchmark, {report['mode']} mode, {report['duration_s']:.0f}s: "
+        f"{machine['cpus_usable']} CPUs, Python {machine['python']}, SQLite {machine['sqlite']}, "
+        f"load {machine['load_average_start'][0]:.2f} -> {machine['load_average_end'][0]:.2f}",
+        "",
+        f"{'case':<16} figures",
+    ]
+    for name, figures in results.items():
+        if "error" in figures:
+            text = f"FAILED: {figures['error']}"
+        elif figures.get("available") is False:
+            text = f"not available: {figures.get('reason')}"
+        else:
+            text = _describe(name, figures, results)
+        lines.append(f"{name:<16} {text}")
+    lines += ["", f"{'target':<52} {'measured':>10} {'target':>10}  result"]
+    for t in targets:
+        measured = "-" if t.measured is None else f"{t.measured:.2f}{t.unit}"
+        goal = f"{t.comparison} {t.target:g}{t.unit}"
+        result = {True: "met", False: "missed", None: "not measured"}[t.met]
+        lines.append(f"{t.name:<52} {measured:>10} {goal:>10}  {result}")
+        lines.append(f"    {t.detail}" + (f" ({t.why_not})" if t.why_not else ""))
+    return "\n".join(lines)
+
+
+def _x(a: float | None, b: float | None) -> str:
+    ratio = _ratio(a, b)
+    return "?" if ratio is None else f"{ratio:.2f}x"
+
+
+def _breakdown(f: Figures) -> str:
+    return (
+        f"per event {f['ms_per_event']:.3f} ms = {f['ms_per_event_in_requests']:.3f} in "
+        f"requests + {f['ms_per_event_elsewhere']:.3f} elsewhere"
+    )
+
+
+def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
+    ceiling = _figure(results, "ceiling", "round_trips_per_s")
+    naive = _figure(results, "naive_peer", "events_per_s")
+    if name == "ceiling":
+        return (
+            f"{f['round_trips_per_s']:,.0f} round trips/s ({f['requests']:,} sequential); "
+            f"batches of 16 to the same server: {f['batch_events_per_s']:,.0f} events/s"
+        )
+    if name == "commit_ceiling":
+        return f"{f['commits_per_s']:,.0f} durable commits/s ({f['commits']:,})"
+    if name == "naive_peer":
+        return f"{f['events_per_s']:,.0f} events/s (backlog {f['backlog']:,})"
+    if name == "relay_single":
+        return (
+            f"{f['events_per_s']:,.0f} events/s (backlog {f['backlog']:,}) = "
+            f"{_x(f['events_per_s'], ceiling)} ceiling, {_x(f['events_per_s'], naive)} naive peer; "
+            + _breakdown(f)
+        )
+    if name == "relay_batch":
+        return (
+            f"{f['events_per_s']:,.0f} events/s (backlog {f['backlog']:,}) = "
+            f"{_x(f['events_per_s'], ceiling)} ceiling; " + _breakdown(f)
+        )
+    if name == "relay_lanes":
+        parts = []
+        for delivery, label in (("single", "one/request"), ("batch", "batches")):
+            g, lane = f[f"{delivery}_global_events_per_s"], f[f"{delivery}_lanes_events_per_s"]
+            parts.append(f"{label}: global {g:,.0f}, lanes {lane:,.0f} events/s = {_x(lane, g)}")
+        runs = f"2 x {f['backlog_per_run']:,} per mode"
+        return f"{runs}, 5 ms sink, 8 SKUs; " + "; ".join(parts)
+    if name == "intake_latency":
+        idle, stalled = f["idle"], f["stalled"]
+        return (
+            f"healthy sink p50 {idle['p50_ms']:.1f} / p99 {idle['p99_ms']:.1f} ms; "
+            f"sink stalled p50 {stalled['p50_ms']:.1f} / p99 {stalled['p99_ms']:.1f} ms "
+            f"= {_x(stalled['p99_ms'], idle['p99_ms'])} ({f['requests']} requests each)"
+        )
+    if name == "scaling":
+        small, big = f["sent_rows"]
+        pending, scrape, rates = f["pending16_ms"], f["scrape_ms"], f["events_per_s"]
+        backlogs = "/".join(f"{b:,}" for b in f["backlogs"])
+        return (
+            f"pending(16) {pending[0]:.3f} -> {pending[1]:.3f} ms ({_x(pending[1], pending[0])}), "
+            f"scrape {scrape[0]:.3f} -> {scrape[1]:.3f} ms ({_x(scrape[1], scrape[0])}) "
+            f"at {small:,} -> {big:,} sent rows; throughput from {backlogs}: "
+            + " / ".join(f"{r:,.0f}" for r in rates)
+            + f" events/s ({_x(rates[2], rates[0])})"
+        )
+    if name == "memory":
+        small, big = f["backlogs"]
+        low, high = f["peak_rss_mib"]
+        return (
+            f"peak RSS {low:.1f} MiB draining {small:,}, {high:.1f} MiB draining {big:,} "
+            f"(+{high - low:.1f} MiB)"
+        )
+    return json.dumps(f)

@@ -1,0 +1,107 @@
+"""`python -m bench --quick` end to end: every case and target reported, no process left.
+
+The figures themselves are not checked: timings on a shared machine prove nothing
+here. What is checked is that the runner works and cleans up after itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 120
+MARKER_VARIABLE = "BENCH_TEST_RUN"
+CASES = {
+    "ceiling",
+    "commit_ceiling",
+    "naive_peer",
+    "relay_single",
+    "relay_batch",
+    "relay_lanes",
+    "intake_latency",
+    "scaling",
+    "memory",
+}
+TARGETS = 10
+
+
+def processes_with(marker: str) -> list[int]:
+    """PIDs of live processes whose environment carries the marker."""
+    needle = f"{MARKER_VARIABLE}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
+def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
+    child_env: dict[str, str], tmp_path: Path
+) -> None:
+    marker = uuid.uuid4().hex  # inherited by every process the run starts
+    out = tmp_path / "results.json"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+            cwd=REPO_ROOT,
+            env={**child_env, MARKER_VARIABLE: marker},
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+    finally:
+        leftovers = processes_with(marker)
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+    assert leftovers == [], "processes of the run are still alive"
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    report = json.loads(out.read_text())
+    assert report["mode"] == "quick"
+    assert report["machine"]["cpu_count"] >= 1
+    assert report["machine"]["python"]
+    assert set(report["cases"]) == CASES
+    unavailable = set()
+    for name, figures in report["cases"].items():
+        assert "error" not in figures, (name, figures)
+        if figures["available"] is False:
+            unavailable.add(name)
+            assert figures["reason"]
+    # Only the case that depends on work in progress may be missing.
+    assert unavailable <= {"relay_lanes"}
+
+    targets = report["targets"]
+    assert len(targets) == TARGETS
+    assert len({t["name"] for t in targets}) == TARGETS
+    for t in targets:
+        assert set(t["cases"]) <= CASES
+        assert isinstance(t["target"], int | float)
+        assert t["comparison"] in (">=", "<=")
+        if set(t["cases"]) & unavailable:
+            assert t["measured"] is None and t["met"] is None
+            continue
+        assert isinstance(t["measured"], int | float), t
+        assert math.isfinite(t["measured"]), t
+        assert isinstance(t["met"], bool), t
+        verdict = "met" if t["met"] else "missed"
+        assert any(t["name"] in line and verdict in line for line in run.stdout.splitlines())
