@@ -44,25 +44,47 @@ async def dispatch(
     Stops at the first failure: an exception from `send` propagates as the same
     object, a result other than `True` raises NotAcknowledged. Entries marked before
     the failure stay marked; the failed one and all after it stay pending.
+
+    The mark of an entry (a durable commit) overlaps the send of the next one; it is
+    always awaited before the next mark starts and before dispatch returns or raises.
     """
     check_limit(limit)
     # pending() has fetched and closed its statement: no lock is held while sending.
     batch = await outbox.pending(limit)
     marked: list[str] = []
-    for event in batch:
-        # The ID is taken here and the callback gets a copy: a callback that mutates
-        # its argument cannot redirect the mark. Events hold only str and int values.
-        event_id = event["id"]
-        result = await send(event.copy())
-        if result is not True:
-            raise NotAcknowledged(f"send returned {result!r} for {event_id!r}, not True")
-        if after_delivery is not None:
-            hooked = after_delivery(event_id)
-            if inspect.isawaitable(hooked):
-                await hooked
-        await outbox.mark_sent(event_id)
-        marked.append(event_id)
+    marking: asyncio.Task[None] | None = None
+    try:
+        for event in batch:
+            # The ID is taken here and the callback gets a copy: a callback that mutates
+            # its argument cannot redirect the mark. Events hold only str and int values.
+            event_id = event["id"]
+            result = await send(event.copy())
+            if result is not True:
+                raise NotAcknowledged(f"send returned {result!r} for {event_id!r}, not True")
+            if after_delivery is not None:
+                hooked = after_delivery(event_id)
+                if inspect.isawaitable(hooked):
+                    await hooked
+            if marking is not None:
+                await marking
+            marking = asyncio.ensure_future(outbox.mark_sent(event_id))
+            marked.append(event_id)
+    except BaseException:
+        if marking is not None:
+            await _settle(marking)  # keep the earlier mark; the failure is what propagates
+        raise
+    if marking is not None:
+        await marking
     return marked
+
+
+async def _settle(marking: asyncio.Task[None]) -> None:
+    try:
+        await asyncio.shield(marking)
+    except Exception as exc:
+        log.error("marking a delivered entry failed too: %s", exc)
+    except asyncio.CancelledError:
+        await asyncio.wait([marking])
 
 
 class BatchStore(OutboxStore, Protocol):
