@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, Literal
@@ -160,9 +160,10 @@ class Outbox(Store):
         rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
         return [(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
 
-    async def pending_lanes(self, limit: int) -> list[str]:
-        """Lanes (SKUs) with pending entries, the one with the oldest head first."""
-        rows = await self._db.run(lambda conn: conn.execute(sql.PENDING_LANES, (limit,)).fetchall())
+    async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
+        """Lanes (SKUs) with pending entries, oldest head first, leaving out `skip`."""
+        params = {"limit": limit, "skip": json.dumps(list(skip))}
+        rows = await self._db.run(lambda conn: conn.execute(sql.PENDING_LANES, params).fetchall())
         return [lane for (lane,) in rows]
 
     async def mark_sent(self, event_id: str, ack: Mapping[str, object] | None = None) -> None:

@@ -364,18 +364,21 @@ class Relay:
                 await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
     async def _start_ready_lanes(self) -> None:
+        free = self._max_lanes - len(self._tasks)
+        if free <= 0:
+            return
+        now = time.monotonic()
+        # Lanes already in flight or backing off are left out of the query, so any
+        # number of blocked lanes cannot crowd a healthy one out of the list.
+        waiting = [key for key, lane in self._lanes.items() if lane.not_before > now]
         try:
-            keys = await self._outbox.pending_lanes(max(64, self._max_lanes * 8))
+            keys = await self._outbox.pending_lanes(free, [*self._tasks, *waiting])
         except Exception as exc:
             log.error("could not read the pending lanes: %s", exc)
             return
-        now = time.monotonic()
         for key in keys:
-            if len(self._tasks) >= self._max_lanes:
-                return
             lane = self._lanes.get(key) or self._new_lane(key)
-            if key not in self._tasks and lane.not_before <= now:
-                self._tasks[key] = asyncio.create_task(self._run_lane(lane), name=f"lane {key}")
+            self._tasks[key] = asyncio.create_task(self._run_lane(lane), name=f"lane {key}")
 
     def _new_lane(self, key: str) -> Lane:
         store = EvidenceStore(self._outbox, self._deliver, self._deliver_batch, lane=key)

@@ -71,7 +71,9 @@ PENDING_IN_LANE: Final = f"""
 """
 # Lanes with pending entries, the one whose head is oldest first.
 PENDING_LANES: Final = f"""
-    SELECT lane FROM outbox WHERE {IS_PENDING} GROUP BY lane ORDER BY min(seq) LIMIT ?
+    SELECT lane FROM outbox
+    WHERE {IS_PENDING} AND lane NOT IN (SELECT value FROM json_each(:skip))
+    GROUP BY lane ORDER BY min(seq) LIMIT :limit
 """
 
 MARK_SENT: Final = """

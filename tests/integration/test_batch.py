@@ -1,0 +1,878 @@
+"""Batch delivery: the sink's POST /events/batch, dispatch_batch, HttpSender.deliver_batch
+and the relay in batch mode.
+
+Real SQLite files, real aiohttp servers on loopback; every outcome on disk is read
+through independent sqlite3 connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from publisher.errors import DeliveryError, NotAcknowledged, Rejected
+from publisher.http import HttpSender
+from publisher.outbox import Outbox
+from publisher.relay import EvidenceStore, Relay, dispatch_batch
+from publisher.retry import RetryPolicy
+from shared import Event, Receipt, canonical_json, make_ack, payload_digest
+from sink import create_app
+from sqlite_tx import StorageError
+
+if TYPE_CHECKING:
+    from conftest import Query, Serve, ServeSink
+
+WAIT_S = 5.0
+POLL_S = 0.02
+STOP_TIMEOUT_S = 5.0
+FAST = RetryPolicy(base_s=0.05, cap_s=0.2)
+
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    return {"id": event_id, "sku": sku, "qty": qty}
+
+
+def applied(e: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
+    return make_ack(e["id"], receipt, payload_digest(e))
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    for _ in range(int(timeout_s / POLL_S) + 10):
+        if check():
+            return
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(POLL_S)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session
+
+
+@pytest.fixture
+def sink_db(tmp_path: Path) -> Path:
+    return tmp_path / "sink.db"
+
+
+@pytest.fixture
+async def base(serve_sink: ServeSink, sink_db: Path) -> str:
+    return await serve_sink(sink_db)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "source.db"
+
+
+@pytest.fixture
+async def outbox(db: Path) -> AsyncIterator[Outbox]:
+    async with Outbox.open(db) as opened:
+        yield opened
+
+
+async def post_batch(
+    client: aiohttp.ClientSession,
+    base: str,
+    body: object,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    async with client.post(f"{base}/events/batch", data=data, headers=headers) as response:
+        text = await response.text()
+        return response.status, json.loads(text) if text else None
+
+
+def inbox_ids(db_rows: Query, sink_db: Path) -> list[str]:
+    return [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
+
+
+def inventory(db_rows: Query, sink_db: Path) -> dict[str, int]:
+    return dict(db_rows(sink_db, "SELECT sku, qty FROM inventory"))
+
+
+def outbox_sent(db_rows: Query, db: Path) -> dict[str, int]:
+    return dict(db_rows(db, "SELECT id, sent FROM outbox ORDER BY seq"))
+
+
+# ================================================================ the sink's batch endpoint
+
+
+async def test_batch_applies_every_event_in_the_order_sent(
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    # Not in text order, two SKUs, the full 16.
+    events = [
+        event(f"z{n:02d}" if n % 2 else f"a{n:02d}", "snack" if n % 3 else "juice", n + 1)
+        for n in range(16)
+    ]
+
+    status, reply = await post_batch(client, base, {"events": events})
+
+    assert status == 200, reply
+    assert reply == {"acks": [applied(e) for e in events], "rejected": None}
+    assert inbox_ids(db_rows, sink_db) == [e["id"] for e in events]
+    assert inventory(db_rows, sink_db) == {
+        "snack": sum(e["qty"] for e in events if e["sku"] == "snack"),
+        "juice": sum(e["qty"] for e in events if e["sku"] == "juice"),
+    }
+    payloads = dict(db_rows(sink_db, "SELECT id, payload FROM inbox"))
+    assert all(payloads[e["id"]] == canonical_json(e) for e in events)
+
+
+@pytest.mark.parametrize("k", [0, 2, 4])
+async def test_a_conflict_at_k_applies_the_prefix_and_nothing_from_k_on(
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, k: int
+) -> None:
+    events = [event(f"e{n}", qty=10**n) for n in range(5)]
+    # The same ID already holds another payload at the sink.
+    async with client.post(f"{base}/events", json={**events[k], "qty": 7}) as response:
+        assert response.status == 200
+
+    status, reply = await post_batch(client, base, {"events": events})
+
+    assert status == 200, reply
+    assert reply["acks"] == [applied(e) for e in events[:k]]
+    rejected = reply["rejected"]
+    assert (rejected["index"], rejected["status"], rejected["error"]) == (k, 409, "conflict")
+    assert rejected["id"] == events[k]["id"]
+    assert inbox_ids(db_rows, sink_db) == [events[k]["id"]] + [e["id"] for e in events[:k]]
+    assert db_rows(sink_db, "SELECT payload, deliveries FROM inbox WHERE id = ?", (f"e{k}",)) == [
+        (canonical_json({**events[k], "qty": 7}), 1)
+    ]
+    assert inventory(db_rows, sink_db) == {"snack": 7 + sum(e["qty"] for e in events[:k])}
+
+
+@pytest.mark.parametrize(
+    ("item", "field"),
+    [
+        ({"id": "e2", "sku": "snack", "qty": True}, "qty"),
+        ({"id": "e2", "sku": "snack", "qty": 1.0}, "qty"),
+        ({"id": "e2", "sku": "snack"}, "qty"),
+        ({"id": "e2", "sku": "snack", "qty": 1, "note": "x"}, None),
+        ({"id": "-e2", "sku": "snack", "qty": 1}, "id"),
+        ("e2", None),
+    ],
+    ids=["bool-qty", "float-qty", "missing-qty", "extra-field", "bad-id", "not-an-object"],
+)
+async def test_an_invalid_item_at_k_applies_the_prefix_and_nothing_from_k_on(
+    base: str,
+    client: aiohttp.ClientSession,
+    sink_db: Path,
+    db_rows: Query,
+    item: object,
+    field: str | None,
+) -> None:
+    before = [event("e0", qty=1), event("e1", qty=2)]
+    after = [event("e3", qty=4), event("e4", qty=8)]
+
+    status, reply = await post_batch(client, base, {"events": [*before, item, *after]})
+
+    assert status == 200, reply
+    assert reply["acks"] == [applied(e) for e in before]
+    rejected = reply["rejected"]
+    assert (rejected["index"], rejected["status"]) == (2, 400)
+    assert rejected["error"]
+    if field is not None:
+        assert rejected["field"] == field
+    assert inbox_ids(db_rows, sink_db) == ["e0", "e1"]
+    assert inventory(db_rows, sink_db) == {"snack": 3}
+
+
+async def test_an_already_applied_id_in_a_batch_is_a_duplicate_with_no_second_effect(
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    a, b = event("a", qty=3), event("b", "juice", 5)
+    async with client.post(f"{base}/events", json=a) as response:
+        assert response.status == 200
+
+    status, reply = await post_batch(client, base, {"events": [a, b, b, a]})
+
+    assert status == 200, reply
+    assert reply == {
+        "acks": [
+            applied(a, Receipt.DUPLICATE),
+            applied(b),
+            applied(b, Receipt.DUPLICATE),
+            applied(a, Receipt.DUPLICATE),
+        ],
+        "rejected": None,
+    }
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY rowid") == [
+        ("a", 3),
+        ("b", 2),
+    ]
+    assert inventory(db_rows, sink_db) == {"snack": 3, "juice": 5}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [event("e0")],
+        {"events": [event("e0")], "extra": 1},
+        {"event": [event("e0")]},
+        {},
+        {"events": []},
+        {"events": [event(f"e{n}") for n in range(17)]},
+        {"events": event("e0")},
+        {"events": "e0"},
+        {"events": None},
+        b'{"events": [',
+        b"\xff\xfe",
+    ],
+    ids=[
+        "a-list",
+        "extra-key",
+        "misspelt-key",
+        "empty-object",
+        "empty-list",
+        "17-events",
+        "events-an-object",
+        "events-a-string",
+        "events-null",
+        "not-json",
+        "not-utf8",
+    ],
+)
+async def test_a_bad_envelope_is_400_and_changes_nothing(
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, body: object
+) -> None:
+    status, reply = await post_batch(client, base, body)
+
+    assert status == 400, reply
+    assert reply["error"]
+    assert inbox_ids(db_rows, sink_db) == []
+    assert inventory(db_rows, sink_db) == {}
+
+
+async def test_sixteen_events_is_the_most_accepted(
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    status, reply = await post_batch(
+        client, base, {"events": [event(f"e{n:02d}") for n in range(16)]}
+    )
+    assert status == 200, reply
+    assert len(inbox_ids(db_rows, sink_db)) == 16
+
+
+async def test_a_body_over_the_batch_cap_is_413_and_changes_nothing(
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    events = [event(f"e{n:02d}") for n in range(16)]
+    body = json.dumps({"events": events}).encode() + b" " * (64 * 1024)
+
+    status, reply = await post_batch(client, base, body)
+
+    assert status == 413, reply
+    assert inbox_ids(db_rows, sink_db) == []
+
+
+async def test_a_batch_body_under_the_documented_64_kib_cap_is_read(
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    # README: "413 over 64 KiB" for the batch route. A valid batch laid out with
+    # generous whitespace (20 KB) is well under that.
+    events = [event(f"e{n:02d}") for n in range(16)]
+    body = json.dumps({"events": events}, indent=64).encode()
+    body += b" " * (20_000 - len(body))
+    assert 16 * 1024 < len(body) < 64 * 1024
+
+    status, reply = await post_batch(client, base, body)
+
+    assert status == 200, reply
+    assert inbox_ids(db_rows, sink_db) == [e["id"] for e in events]
+
+
+async def test_the_batch_route_needs_the_token_when_one_is_configured(
+    serve: Serve, tmp_path: Path, client: aiohttp.ClientSession, db_rows: Query
+) -> None:
+    sink_db = tmp_path / "guarded.db"
+    guarded = await serve(create_app(sink_db, token="s3cret-token"))
+    events = [event("e0", qty=2), event("e1", qty=3)]
+
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"}):
+        status, _ = await post_batch(client, guarded, {"events": events}, headers)
+        assert status == 401, headers
+    assert inbox_ids(db_rows, sink_db) == []
+
+    status, reply = await post_batch(
+        client, guarded, {"events": events}, {"Authorization": "Bearer s3cret-token"}
+    )
+    assert status == 200, reply
+    assert [a["ack"] for a in reply["acks"]] == ["e0", "e1"]
+    assert inventory(db_rows, sink_db) == {"snack": 5}
+
+
+# ---------------------------------------------------------------- one transaction
+
+
+async def test_a_storage_failure_on_the_third_item_commits_nothing_of_the_batch(
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    # The sink has created its schema; an independent connection adds a trigger that
+    # makes the inventory write of SKU 'boom' fail.
+    conn = sqlite3.connect(sink_db, timeout=5)
+    try:
+        for when in ("INSERT", "UPDATE"):
+            conn.execute(
+                f"CREATE TRIGGER boom_{when.lower()} BEFORE {when} ON inventory "
+                "WHEN NEW.sku = 'boom' BEGIN SELECT RAISE(ABORT, 'boom'); END"
+            )
+        conn.commit()
+    finally:
+        conn.close()
+    events = [event("e0", qty=1), event("e1", qty=2), event("e2", "boom", 4), event("e3", qty=8)]
+
+    try:
+        status, reply = await post_batch(client, base, {"events": events})
+    except aiohttp.ClientError:
+        pass  # a connection error is an acceptable failure too
+    else:
+        assert status >= 500, reply
+        assert "acks" not in (reply or {})
+
+    assert inbox_ids(db_rows, sink_db) == []
+    assert inventory(db_rows, sink_db) == {}
+
+    # The same batch without the failing item goes through: the sink is still usable.
+    status, reply = await post_batch(client, base, {"events": events[:2]})
+    assert status == 200, reply
+    assert inbox_ids(db_rows, sink_db) == ["e0", "e1"]
+
+
+# ================================================================ dispatch_batch
+
+
+class PlainStore:
+    """The real Outbox behind dispatch_batch's BatchStore interface, with a call log."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self.pending_returned: list[Event] = []
+        self.mark_calls: list[list[str]] = []
+
+    async def pending(self, limit: int = 16) -> list[Event]:
+        self.pending_returned = await self.outbox.pending(limit)
+        return self.pending_returned
+
+    async def mark_sent(self, event_id: str) -> None:
+        raise AssertionError("dispatch_batch marks through mark_sent_many only")
+
+    async def mark_sent_many(self, event_ids: Sequence[str]) -> None:
+        self.mark_calls.append(list(event_ids))
+        await self.outbox.mark_sent_many([(event_id, None) for event_id in event_ids])
+
+
+class BatchSender:
+    """A send_batch callback that answers with the results it was given."""
+
+    def __init__(self, results: Callable[[list[Event]], Sequence[object]]) -> None:
+        self.results = results
+        self.calls: list[list[Event]] = []
+
+    async def __call__(self, events: list[Event]) -> Sequence[object]:
+        self.calls.append(events)
+        return self.results(events)
+
+
+IDS = ["z1", "a2", "m3", "b4", "y5"]
+
+
+@pytest.fixture
+async def store(outbox: Outbox) -> PlainStore:
+    for n, event_id in enumerate(IDS, start=1):
+        assert await outbox.accept(event(event_id, qty=n)) == "accepted"
+    return PlainStore(outbox)
+
+
+async def test_every_result_true_marks_the_whole_batch_in_one_call(
+    store: PlainStore, db: Path, db_rows: Query
+) -> None:
+    send = BatchSender(lambda events: [True] * len(events))
+
+    marked = await dispatch_batch(store, send, limit=16)
+
+    assert marked == IDS
+    assert [[e["id"] for e in call] for call in send.calls] == [IDS]
+    assert store.mark_calls == [IDS]
+    assert outbox_sent(db_rows, db) == dict.fromkeys(IDS, 1)
+
+
+async def test_limit_bounds_the_batch(store: PlainStore, db: Path, db_rows: Query) -> None:
+    send = BatchSender(lambda events: [True] * len(events))
+    assert await dispatch_batch(store, send, limit=2) == IDS[:2]
+    assert outbox_sent(db_rows, db) == {"z1": 1, "a2": 1, "m3": 0, "b4": 0, "y5": 0}
+
+
+@pytest.mark.parametrize("limit", [0, 17, -1, 2.0, True, "3"])
+async def test_a_bad_limit_is_refused_before_anything_is_sent(
+    store: PlainStore, db: Path, db_rows: Query, limit: Any
+) -> None:
+    send = BatchSender(lambda events: [True] * len(events))
+    with pytest.raises(ValueError):
+        await dispatch_batch(store, send, limit=limit)
+    assert send.calls == []
+    assert set(outbox_sent(db_rows, db).values()) == {0}
+
+
+async def test_an_empty_outbox_sends_nothing(outbox: Outbox) -> None:
+    send = BatchSender(lambda events: [True] * len(events))
+    assert await dispatch_batch(PlainStore(outbox), send) == []
+    assert send.calls == []
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+async def test_a_failure_at_k_is_raised_as_the_same_object_after_the_prefix_is_marked(
+    store: PlainStore, db: Path, db_rows: Query, k: int
+) -> None:
+    failure = Rejected("refused", status=409)
+    send = BatchSender(lambda events: [True] * k + [failure, True, True])
+
+    with pytest.raises(Rejected) as excinfo:
+        await dispatch_batch(store, send)
+
+    assert excinfo.value is failure
+    assert store.mark_calls == [IDS[:k]]
+    assert outbox_sent(db_rows, db) == {i: int(n < k) for n, i in enumerate(IDS)}
+
+
+async def test_send_batch_raising_propagates_the_same_object_and_marks_nothing(
+    store: PlainStore, db: Path, db_rows: Query
+) -> None:
+    failure = DeliveryError("connection reset")
+    hooked: list[str] = []
+
+    async def send(events: list[Event]) -> list[object]:
+        raise failure
+
+    with pytest.raises(DeliveryError) as excinfo:
+        await dispatch_batch(store, send, after_delivery=hooked.append)
+
+    assert excinfo.value is failure
+    assert hooked == []
+    assert all(call == [] for call in store.mark_calls)
+    assert set(outbox_sent(db_rows, db).values()) == {0}
+
+
+@pytest.mark.parametrize(
+    "result", [1, "ok", None, False, {"ack": "m3"}, [True]], ids=lambda r: repr(r)
+)
+async def test_a_result_that_is_not_true_nor_an_exception_is_not_acknowledged(
+    store: PlainStore, db: Path, db_rows: Query, result: object
+) -> None:
+    send = BatchSender(lambda events: [True, True, result, True, True])
+
+    with pytest.raises(NotAcknowledged) as excinfo:
+        await dispatch_batch(store, send)
+
+    assert "m3" in str(excinfo.value)
+    assert outbox_sent(db_rows, db) == {"z1": 1, "a2": 1, "m3": 0, "b4": 0, "y5": 0}
+
+
+@pytest.mark.parametrize("given", [0, 1, 3])
+async def test_fewer_results_than_entries_fails_at_the_first_missing_one(
+    store: PlainStore, db: Path, db_rows: Query, given: int
+) -> None:
+    send = BatchSender(lambda events: [True] * given)
+
+    with pytest.raises(NotAcknowledged) as excinfo:
+        await dispatch_batch(store, send)
+
+    assert repr(IDS[given]) in str(excinfo.value)
+    assert outbox_sent(db_rows, db) == {i: int(n < given) for n, i in enumerate(IDS)}
+
+
+async def test_the_verified_prefix_is_marked_in_one_transaction(
+    store: PlainStore, db: Path, db_rows: Query
+) -> None:
+    # The mark of the third entry fails on disk: the first two must not stay marked.
+    conn = sqlite3.connect(db, timeout=5)
+    try:
+        conn.execute(
+            "CREATE TRIGGER no_mark BEFORE UPDATE OF sent ON outbox "
+            "WHEN NEW.id = 'm3' AND NEW.sent = 1 BEGIN SELECT RAISE(ABORT, 'no mark'); END"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    send = BatchSender(lambda events: [True] * len(events))
+
+    with pytest.raises(StorageError):
+        await dispatch_batch(store, send)
+
+    assert store.mark_calls == [IDS]
+    assert set(outbox_sent(db_rows, db).values()) == {0}
+
+
+async def test_after_delivery_runs_for_each_verified_id_before_any_is_marked(
+    store: PlainStore, db: Path, db_rows: Query
+) -> None:
+    seen: list[tuple[str, dict[str, int]]] = []
+
+    async def hook(event_id: str) -> None:
+        await asyncio.sleep(0)
+        seen.append((event_id, outbox_sent(db_rows, db)))
+
+    failure = NotAcknowledged("wrong ID")
+    send = BatchSender(lambda events: [True, True, True, failure])
+
+    with pytest.raises(NotAcknowledged) as excinfo:
+        await dispatch_batch(store, send, after_delivery=hook)
+
+    assert excinfo.value is failure
+    assert [event_id for event_id, _ in seen] == ["z1", "a2", "m3"]
+    for _, states in seen:
+        assert set(states.values()) == {0}, states
+    assert outbox_sent(db_rows, db) == {"z1": 1, "a2": 1, "m3": 1, "b4": 0, "y5": 0}
+
+
+async def test_a_failing_hook_marks_nothing(store: PlainStore, db: Path, db_rows: Query) -> None:
+    class Crash(Exception):
+        pass
+
+    def hook(event_id: str) -> None:
+        if event_id == "a2":
+            raise Crash
+
+    send = BatchSender(lambda events: [True] * len(events))
+    with pytest.raises(Crash):
+        await dispatch_batch(store, send, after_delivery=hook)
+    assert set(outbox_sent(db_rows, db).values()) == {0}
+
+
+async def test_the_callback_gets_copies_and_cannot_redirect_the_marks(
+    store: PlainStore, db: Path, db_rows: Query
+) -> None:
+    def mutate(events: list[Event]) -> list[object]:
+        for e in events:
+            e["id"] = "hijacked"
+            e["qty"] = 999
+        events.reverse()
+        events.append(event("extra"))
+        return [True, True, True, True, True]
+
+    send = BatchSender(mutate)
+
+    marked = await dispatch_batch(store, send)
+
+    assert marked == IDS
+    assert outbox_sent(db_rows, db) == dict.fromkeys(IDS, 1)
+    assert [e["id"] for e in store.pending_returned] == IDS
+    assert [e["qty"] for e in store.pending_returned] == [1, 2, 3, 4, 5]
+    assert db_rows(db, "SELECT count(*) FROM outbox WHERE id = 'hijacked'") == [(0,)]
+
+
+async def test_evidence_store_keeps_each_verified_ack_with_its_mark(
+    outbox: Outbox, db: Path, db_rows: Query
+) -> None:
+    events = [event(i, qty=n) for n, i in enumerate(IDS, start=1)]
+    for e in events:
+        await outbox.accept(e)
+    failure = Rejected("conflict", status=409)
+
+    async def deliver(e: Event) -> dict[str, object]:
+        raise AssertionError("batch mode sends no single request")
+
+    async def deliver_batch(batch: Sequence[Event]) -> list[Any]:
+        return [applied(batch[0]), applied(batch[1]), failure]
+
+    store = EvidenceStore(outbox, deliver, deliver_batch)
+
+    with pytest.raises(Rejected) as excinfo:
+        await dispatch_batch(store, store.send_batch)
+
+    assert excinfo.value is failure
+    assert store.current == "m3"
+    acks = dict(db_rows(db, "SELECT id, ack FROM outbox WHERE sent = 1"))
+    assert {k: json.loads(v) for k, v in acks.items()} == {
+        "z1": applied(events[0]),
+        "a2": applied(events[1]),
+    }
+
+
+# ================================================================ deliver_batch over HTTP
+
+
+def batch_app(handler: Callable[[list[Event]], web.StreamResponse | Any]) -> web.Application:
+    """A loopback sink whose /events/batch answers what `handler` returns for the events."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        events = json.loads(await request.read())["events"]
+        result = handler(events)
+        if asyncio.iscoroutine(result):
+            result = await result
+        assert isinstance(result, web.StreamResponse)
+        return result
+
+    app = web.Application()
+    app.router.add_post("/events/batch", handle)
+    return app
+
+
+async def sender_for(url: str, **options: Any) -> HttpSender:
+    return HttpSender(url, timeout_s=3.0, connect_timeout_s=1.0, **options)
+
+
+FIVE = [event(f"e{n}", qty=n + 1) for n in range(5)]
+
+
+@pytest.mark.parametrize("k", [0, 2, 4])
+async def test_a_wrong_id_at_k_gives_the_prefix_acks_then_not_acknowledged(
+    serve: Serve, k: int
+) -> None:
+    def answer(events: list[Event]) -> web.Response:
+        acks = [applied(e) for e in events]
+        acks[k] = make_ack("intruder", Receipt.APPLIED)
+        return web.json_response({"acks": acks, "rejected": None})
+
+    url = f"{await serve(batch_app(answer))}/events"
+    async with await sender_for(url) as sender:
+        results = await sender.deliver_batch(FIVE)
+
+    assert results[:k] == [applied(e) for e in FIVE[:k]]
+    assert len(results) == k + 1
+    assert type(results[k]) is NotAcknowledged
+
+
+async def test_a_rejected_item_over_http_is_rejected(serve: Serve) -> None:
+    def answer(events: list[Event]) -> web.Response:
+        rejected = {"index": 1, "status": 409, "error": "conflict", "id": events[1]["id"]}
+        return web.json_response({"acks": [applied(events[0])], "rejected": rejected})
+
+    url = f"{await serve(batch_app(answer))}/events"
+    async with await sender_for(url) as sender:
+        results = await sender.deliver_batch(FIVE)
+
+    assert results[0] == applied(FIVE[0])
+    assert isinstance(results[1], Rejected) and results[1].status == 409
+    assert len(results) == 2
+
+
+def padded_reply(events: list[Event], size: int) -> bytes:
+    """A reply whose acks are all correct, padded to `size` bytes."""
+    reply = {"acks": [applied(e) for e in events], "rejected": None, "pad": ""}
+    short = len(json.dumps(reply).encode())
+    reply["pad"] = "x" * (size - short)
+    body = json.dumps(reply).encode()
+    assert len(body) == size
+    return body
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_an_oversized_batch_reply_is_not_acknowledged_and_nothing_verified(
+    serve: Serve, chunked: bool
+) -> None:
+    cap = 400 * 2  # max_reply_bytes per event, times two events
+    size = {"bytes": cap}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = padded_reply(json.loads(await request.read())["events"], size["bytes"])
+        if not chunked:
+            return web.Response(body=body, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for start in range(0, len(body), 100):
+            await response.write(body[start : start + 100])
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/events/batch", handle)
+    url = f"{await serve(app)}/events"
+    two = FIVE[:2]
+
+    async with await sender_for(url, max_reply_bytes=400) as sender:
+        # At the cap the same reply is verified: only its size decides below.
+        assert await sender.deliver_batch(two) == [applied(e) for e in two]
+        size["bytes"] = cap + 1
+        with pytest.raises(NotAcknowledged) as excinfo:
+            await sender.deliver_batch(two)
+
+    assert not isinstance(excinfo.value, Rejected)
+    assert "cap" in str(excinfo.value)
+
+
+async def test_an_endless_chunked_batch_reply_fails_fast(serve: Serve) -> None:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        events = json.loads(await request.read())["events"]
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(json.dumps({"acks": [applied(e) for e in events]})[:-1].encode())
+        for _ in range(10_000):
+            await response.write(b", " + b'"x"' * 100)
+            await asyncio.sleep(0.001)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/events/batch", handle)
+    url = f"{await serve(app, handler_cancellation=True)}/events"
+
+    started = time.monotonic()
+    async with await sender_for(url) as sender:
+        with pytest.raises(NotAcknowledged):
+            await sender.deliver_batch(FIVE[:1])
+    assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_redirect_is_not_acknowledged_and_not_followed(serve: Serve, status: int) -> None:
+    followed: list[str] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=status, headers={"Location": "/elsewhere/batch"})
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        events = json.loads(await request.read())["events"]
+        followed.append(request.path)
+        return web.json_response({"acks": [applied(e) for e in events], "rejected": None})
+
+    app = web.Application()
+    app.router.add_post("/events/batch", moved)
+    app.router.add_post("/elsewhere/batch", elsewhere)
+    url = f"{await serve(app)}/events"
+
+    async with await sender_for(url) as sender:
+        with pytest.raises(NotAcknowledged) as excinfo:
+            await sender.deliver_batch(FIVE)
+
+    assert type(excinfo.value) is NotAcknowledged
+    assert excinfo.value.status == status
+    assert followed == []
+
+
+async def test_a_connection_closed_after_the_commit_is_a_delivery_error(
+    serve_sink: ServeSink, sink_db: Path, db_rows: Query
+) -> None:
+    url = f"{await serve_sink(sink_db, drop_after_commit=1)}/events"
+    three = FIVE[:3]
+
+    async with await sender_for(url) as sender:
+        with pytest.raises(DeliveryError) as excinfo:
+            await sender.deliver_batch(three)
+        # The sink did commit: evidence of stage 3 without stage 4.
+        assert inbox_ids(db_rows, sink_db) == ["e0", "e1", "e2"]
+        again = await sender.deliver_batch(three)
+
+    assert excinfo.value.retryable is True
+    assert again == [applied(e, Receipt.DUPLICATE) for e in three]
+    assert inventory(db_rows, sink_db) == {"snack": 1 + 2 + 3}
+
+
+async def test_the_real_sink_reply_verifies_position_by_position(
+    base: str, sink_db: Path, db_rows: Query, client: aiohttp.ClientSession
+) -> None:
+    async with client.post(f"{base}/events", json={**FIVE[3], "qty": 99}) as response:
+        assert response.status == 200
+
+    async with await sender_for(f"{base}/events") as sender:
+        results = await sender.deliver_batch(FIVE)
+
+    assert results[:3] == [applied(e) for e in FIVE[:3]]
+    assert isinstance(results[3], Rejected) and results[3].status == 409
+    assert len(results) == 4
+    assert inbox_ids(db_rows, sink_db) == ["e3", "e0", "e1", "e2"]
+
+
+# ================================================================ the relay in batch mode
+
+
+@contextlib.asynccontextmanager
+async def batch_relay(
+    outbox: Outbox, url: str, **options: Any
+) -> AsyncIterator[tuple[Relay, list[int]]]:
+    """A running relay in batch mode; yields it and the sizes of the batches it sent."""
+    options.setdefault("policy", FAST)
+    options.setdefault("poll_interval_s", 0.05)
+    sizes: list[int] = []
+    async with await sender_for(url) as sender:
+
+        async def deliver_batch(events: Sequence[Event]) -> Any:
+            sizes.append(len(events))
+            return await sender.deliver_batch(events)
+
+        async def deliver(e: Event) -> Any:
+            raise AssertionError("batch mode sends no single request")
+
+        relay = Relay(outbox, deliver, deliver_batch=deliver_batch, **options)
+        task = asyncio.create_task(relay.run())
+        try:
+            yield relay, sizes
+        finally:
+            relay.stop()
+            try:
+                await asyncio.wait_for(task, STOP_TIMEOUT_S)
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            assert task.exception() is None
+
+
+async def test_relay_in_batch_mode_drains_forty_entries_in_order_with_every_ack(
+    base: str, sink_db: Path, outbox: Outbox, db: Path, db_rows: Query
+) -> None:
+    events = [
+        event(f"z{n:02d}" if n % 2 else f"a{n:02d}", ("snack", "juice", "tea")[n % 3], n + 1)
+        for n in range(40)
+    ]
+    for e in events:
+        assert await outbox.accept(e) == "accepted"
+
+    async with batch_relay(outbox, f"{base}/events") as (relay, sizes):
+        await eventually(lambda: set(outbox_sent(db_rows, db).values()) == {1})
+        await eventually(lambda: relay.blocked is None)
+
+    assert sizes[:3] == [16, 16, 8]
+    assert inbox_ids(db_rows, sink_db) == [e["id"] for e in events]
+    seq_order = [r[0] for r in db_rows(db, "SELECT id FROM outbox ORDER BY seq")]
+    assert inbox_ids(db_rows, sink_db) == seq_order
+    acks = dict(db_rows(db, "SELECT id, ack FROM outbox"))
+    for e in events:
+        assert acks[e["id"]] is not None, e["id"]
+        assert json.loads(acks[e["id"]]) == applied(e)
+    assert db_rows(sink_db, "SELECT max(deliveries) FROM inbox") == [(1,)]
+
+
+@pytest.mark.parametrize("k", [0, 5, 15])
+async def test_relay_in_batch_mode_marks_the_prefix_and_blocks_at_a_rejected_item(
+    serve_sink: ServeSink, sink_db: Path, outbox: Outbox, db: Path, db_rows: Query, k: int
+) -> None:
+    url = f"{await serve_sink(sink_db, reject_skus=frozenset({'mystery'}))}/events"
+    ids = [f"e{n:02d}" for n in range(20)]
+    for n, event_id in enumerate(ids):
+        assert await outbox.accept(event(event_id, "mystery" if n == k else "snack")) == "accepted"
+
+    async with batch_relay(outbox, url, policy=RetryPolicy(0.05, 0.3)) as (relay, sizes):
+        await eventually(lambda: relay.blocked is not None and len(sizes) >= 3)
+        blocked = relay.blocked
+
+    assert blocked is not None
+    assert (blocked.event_id, blocked.permanent) == (ids[k], True)
+    assert "400" in blocked.reason
+    assert outbox_sent(db_rows, db) == {i: int(n < k) for n, i in enumerate(ids)}
+    assert inbox_ids(db_rows, sink_db) == ids[:k]
+    acks = dict(db_rows(db, "SELECT id, ack FROM outbox WHERE sent = 1"))
+    assert {i: json.loads(a)["ack"] for i, a in acks.items()} == {i: i for i in ids[:k]}
+    [(attempts, last_error)] = db_rows(
+        db, "SELECT attempts, last_error FROM outbox WHERE id = ?", (ids[k],)
+    )
+    assert attempts >= 1 and "400" in last_error
+    assert db_rows(db, "SELECT max(attempts) FROM outbox WHERE seq > ?", (k + 1,)) == [(0,)]

@@ -1,0 +1,479 @@
+"""Per-SKU ordering lanes: a blocked lane stalls only its SKU, order holds within a lane
+under random failures, lanes in flight are bounded, and migration 2 gives old rows a lane.
+
+The sink here is an in-process aiohttp app on loopback over a real Inbox file, with
+failures injected around it; outcomes are read through independent sqlite3 connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import pytest
+from aiohttp import web
+
+from publisher.http import HttpSender
+from publisher.outbox import Outbox
+from publisher.relay import Relay
+from publisher.retry import RetryPolicy
+from shared import Event, Receipt, canonical_json, make_ack
+from sink.inbox import Inbox
+
+if TYPE_CHECKING:
+    from conftest import Query, Serve, ServeSink
+
+POLL_S = 0.02
+STOP_TIMEOUT_S = 5.0
+Mode = Literal["batch", "single"]
+MODES: list[Mode] = ["batch", "single"]
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> float:
+    started = time.monotonic()
+    deadline = started + timeout_s
+    for _ in range(int(timeout_s / POLL_S) + 10):
+        if check():
+            return time.monotonic() - started
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(POLL_S)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+# ---------------------------------------------------------------- a sink we can steer
+
+
+@dataclass
+class LaneSink:
+    """/events and /events/batch over a real Inbox, with failures injected.
+
+    `reject` answers that status for every event of those SKUs (a batch applies the
+    items before the first such event and names it in `rejected`). With
+    `failure_rate`, that share of requests fails: half with 503 before anything is
+    applied, half by closing the connection after the commit; `script` names how the
+    first requests fail ("503" or "drop"), before the dice decide. `delay_s` holds each
+    request; `in_flight` and `max_in_flight` count requests being handled at once.
+    """
+
+    inbox: Inbox
+    reject: frozenset[str] = frozenset()
+    reject_status: int = 409
+    failure_rate: float = 0.0
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    delay_s: float = 0.0
+    requests: list[list[str]] = field(default_factory=list)
+    script: list[str] = field(default_factory=list)
+    applications: list[str] = field(default_factory=list)
+    failed_before: int = 0
+    dropped_after: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/events", self.single)
+        app.router.add_post("/events/batch", self.batch)
+        return app
+
+    async def single(self, request: web.Request) -> web.StreamResponse:
+        e = json.loads(await request.read())
+        return await self._handle(request, [e], batch=False)
+
+    async def batch(self, request: web.Request) -> web.StreamResponse:
+        events = json.loads(await request.read())["events"]
+        return await self._handle(request, events, batch=True)
+
+    async def _handle(
+        self, request: web.Request, events: list[Event], *, batch: bool
+    ) -> web.StreamResponse:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            self.requests.append([e["id"] for e in events])
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            roll = self.rng.random()
+            if self.script:
+                roll = {"503": 0.0, "drop": self.failure_rate * 0.75}[self.script.pop(0)]
+            if roll < self.failure_rate / 2:
+                self.failed_before += 1
+                return web.json_response({"error": "overloaded"}, status=503)
+            take = next((n for n, e in enumerate(events) if e["sku"] in self.reject), len(events))
+            receipt = await self.inbox.receive_batch(events[:take])
+            assert receipt.conflict is None
+            acks = []
+            for e, done in zip(events, receipt.received, strict=False):
+                if done.receipt is Receipt.APPLIED:
+                    self.applications.append(e["id"])
+                acks.append(make_ack(e["id"], done.receipt, done.digest))
+            if roll < self.failure_rate:
+                self.dropped_after += 1
+                assert request.transport is not None
+                request.transport.abort()
+                return web.Response(status=200)
+            rejected = None
+            if take < len(events):
+                rejected = {"index": take, "status": self.reject_status, "error": "refused"}
+            if batch:
+                return web.json_response({"acks": acks, "rejected": rejected})
+            if rejected is not None:
+                return web.json_response({"error": "refused"}, status=self.reject_status)
+            return web.json_response(acks[0])
+        finally:
+            self.in_flight -= 1
+
+    @property
+    def received(self) -> list[str]:
+        return [event_id for request in self.requests for event_id in request]
+
+    def heads(self) -> list[str]:
+        """The first event of each request."""
+        return [request[0] for request in self.requests]
+
+
+@pytest.fixture
+def sink_db(tmp_path: Path) -> Path:
+    return tmp_path / "sink.db"
+
+
+@pytest.fixture
+async def inbox(sink_db: Path) -> AsyncIterator[Inbox]:
+    async with Inbox.open(sink_db) as opened:
+        yield opened
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "source.db"
+
+
+@pytest.fixture
+async def outbox(db: Path) -> AsyncIterator[Outbox]:
+    async with Outbox.open(db) as opened:
+        yield opened
+
+
+@contextlib.asynccontextmanager
+async def running_relay(
+    outbox: Outbox, url: str, mode: Mode, **options: Any
+) -> AsyncIterator[Relay]:
+    """A running relay, batch or single; stopped (bounded) on exit."""
+    options.setdefault("policy", RetryPolicy(base_s=0.05, cap_s=0.3))
+    options.setdefault("poll_interval_s", 0.05)
+    options.setdefault("rand", random.Random(7).random)
+    async with HttpSender(url, timeout_s=3.0, connect_timeout_s=1.0) as sender:
+        batch = sender.deliver_batch if mode == "batch" else None
+        relay = Relay(outbox, sender.deliver, deliver_batch=batch, **options)
+        task = asyncio.create_task(relay.run())
+        try:
+            yield relay
+            assert not task.done(), f"the relay loop ended: {task!r}"
+        finally:
+            relay.stop()
+            try:
+                await asyncio.wait_for(task, STOP_TIMEOUT_S)
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+
+def sent(db_rows: Query, db: Path) -> dict[str, int]:
+    return dict(db_rows(db, "SELECT id, sent FROM outbox ORDER BY seq"))
+
+
+def seq_order(db_rows: Query, db: Path, sku: str) -> list[str]:
+    rows = db_rows(db, "SELECT id, payload FROM outbox ORDER BY seq")
+    return [i for i, payload in rows if json.loads(payload)["sku"] == sku]
+
+
+def inbox_order(db_rows: Query, sink_db: Path, sku: str) -> list[str]:
+    rows = db_rows(sink_db, "SELECT id, payload FROM inbox ORDER BY rowid")
+    return [i for i, payload in rows if json.loads(payload)["sku"] == sku]
+
+
+# ---------------------------------------------------------------- a blocked lane
+
+
+INTERLEAVED = [(f"{sku}-{n}", sku) for n in range(4) for sku in ("bad", "snack", "juice")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("status", [409, 400])
+async def test_a_blocked_lane_does_not_block_another(
+    serve: Serve,
+    inbox: Inbox,
+    outbox: Outbox,
+    db: Path,
+    sink_db: Path,
+    db_rows: Query,
+    mode: Mode,
+    status: int,
+) -> None:
+    fake = LaneSink(inbox, reject=frozenset({"bad"}), reject_status=status)
+    url = f"{await serve(fake.app())}/events"
+    for event_id, sku in INTERLEAVED:
+        assert await outbox.accept({"id": event_id, "sku": sku, "qty": 1}) == "accepted"
+    good = [i for i, sku in INTERLEAVED if sku != "bad"]
+    bad = [i for i, sku in INTERLEAVED if sku == "bad"]
+
+    async with running_relay(outbox, url, mode, ordering="sku") as relay:
+        await eventually(lambda: all(sent(db_rows, db)[i] for i in good))
+        await eventually(lambda: "bad" in relay.blocked_lanes)
+        blocked_lanes = relay.blocked_lanes
+        blocked = relay.blocked
+        snapshot = await outbox.snapshot()
+
+    states = sent(db_rows, db)
+    assert [i for i in bad if states[i]] == []
+    assert set(blocked_lanes) == {"bad"}
+    assert (blocked_lanes["bad"].event_id, blocked_lanes["bad"].permanent) == ("bad-0", True)
+    assert str(status) in blocked_lanes["bad"].reason
+    assert blocked is not None and blocked.event_id == "bad-0"
+    assert [(h.lane, h.id) for h in snapshot.blocked_lanes] == [("bad", "bad-0")]
+    assert snapshot.to_dict()["blocked_lanes"][0]["lane"] == "bad"
+    assert snapshot.pending == len(bad)
+    # Every request that held a bad entry started at the bad head: nothing overtook it.
+    with_bad = [r for r in fake.requests if set(r) & set(bad)]
+    assert with_bad and all(r[0] == "bad-0" for r in with_bad), with_bad
+    if mode == "single":
+        assert set(fake.received) & set(bad) == {"bad-0"}
+    for sku in ("snack", "juice"):
+        assert inbox_order(db_rows, sink_db, sku) == seq_order(db_rows, db, sku)
+    assert inbox_order(db_rows, sink_db, "bad") == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_in_global_order_the_same_bad_entry_stops_everything_behind_it(
+    serve: Serve,
+    inbox: Inbox,
+    outbox: Outbox,
+    db: Path,
+    sink_db: Path,
+    db_rows: Query,
+    mode: Mode,
+) -> None:
+    fake = LaneSink(inbox, reject=frozenset({"bad"}))
+    url = f"{await serve(fake.app())}/events"
+    for event_id, sku in INTERLEAVED:
+        assert await outbox.accept({"id": event_id, "sku": sku, "qty": 1}) == "accepted"
+
+    async with running_relay(outbox, url, mode, ordering="global") as relay:
+        await eventually(lambda: fake.received.count("bad-0") >= 2)
+        blocked = relay.blocked
+        blocked_lanes = relay.blocked_lanes
+
+    assert set(sent(db_rows, db).values()) == {0}
+    assert set(fake.heads()) == {"bad-0"}
+    if mode == "single":
+        assert set(fake.received) == {"bad-0"}
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(0,)]
+    assert blocked is not None and blocked.event_id == "bad-0"
+    assert blocked_lanes == {}
+
+
+# ---------------------------------------------------------------- order under random failures
+
+SKUS = ("snack", "juice", "tea", "soap")
+PER_SKU = 15
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_order_within_each_lane_holds_under_random_failures(
+    serve: Serve,
+    inbox: Inbox,
+    outbox: Outbox,
+    db: Path,
+    sink_db: Path,
+    db_rows: Query,
+    mode: Mode,
+) -> None:
+    fake = LaneSink(inbox, failure_rate=0.3, rng=random.Random(2024), script=["503", "drop"])
+    url = f"{await serve(fake.app())}/events"
+    shuffle = random.Random(11)
+    skus = [sku for sku in SKUS for _ in range(PER_SKU)]
+    shuffle.shuffle(skus)
+    qty: dict[str, int] = {}
+    for n, sku in enumerate(skus):
+        event_id = f"{sku}-{n:03d}"
+        qty[event_id] = n + 1
+        assert await outbox.accept({"id": event_id, "sku": sku, "qty": n + 1}) == "accepted"
+    policy = RetryPolicy(base_s=0.01, cap_s=0.05)
+
+    async with running_relay(outbox, url, mode, ordering="sku", policy=policy, limit=3):
+        await eventually(lambda: set(sent(db_rows, db).values()) == {1}, timeout_s=20.0)
+
+    # The injected failures did happen, both kinds.
+    assert fake.failed_before > 0 and fake.dropped_after > 0
+    assert len(fake.received) > len(skus)
+    # Each entry took effect exactly once, and per SKU in seq order.
+    assert sorted(fake.applications) == sorted(qty)
+    assert len(fake.applications) == len(set(fake.applications)) == len(skus)
+    for sku in SKUS:
+        expected = seq_order(db_rows, db, sku)
+        assert len(expected) == PER_SKU
+        first_applied = [i for i in fake.applications if i.startswith(f"{sku}-")]
+        assert first_applied == expected, sku
+        assert inbox_order(db_rows, sink_db, sku) == expected, sku
+    totals = {sku: sum(q for i, q in qty.items() if i.startswith(f"{sku}-")) for sku in SKUS}
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == totals
+    assert db_rows(db, "SELECT count(*) FROM outbox WHERE ack IS NULL") == [(0,)]
+    redelivered = db_rows(sink_db, "SELECT count(*) FROM inbox WHERE deliveries > 1")[0][0]
+    assert redelivered > 0, "no commit-then-fail was resent"
+
+
+# ---------------------------------------------------------------- lanes are bounded
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_lanes_in_flight_are_bounded_by_max_lanes(
+    serve: Serve, inbox: Inbox, outbox: Outbox, db: Path, db_rows: Query, mode: Mode
+) -> None:
+    fake = LaneSink(inbox, delay_s=0.1)
+    url = f"{await serve(fake.app(), handler_cancellation=True)}/events"
+    skus = [f"sku{n}" for n in range(6)]
+    for n in range(2):
+        for sku in skus:
+            assert await outbox.accept({"id": f"{sku}-{n}", "sku": sku, "qty": 1}) == "accepted"
+
+    async with running_relay(outbox, url, mode, ordering="sku", max_lanes=2):
+        await eventually(lambda: set(sent(db_rows, db).values()) == {1}, timeout_s=10.0)
+
+    assert fake.max_in_flight == 2
+
+
+# ---------------------------------------------------------------- migration 2
+
+V1_SCHEMA = """
+CREATE TABLE orders (
+    id          TEXT PRIMARY KEY,
+    sku         TEXT NOT NULL,
+    qty         INTEGER NOT NULL,
+    accepted_at REAL NOT NULL
+);
+CREATE TABLE outbox (
+    seq              INTEGER PRIMARY KEY AUTOINCREMENT,
+    id               TEXT NOT NULL UNIQUE REFERENCES orders (id),
+    payload          TEXT NOT NULL,
+    queued_at        REAL NOT NULL,
+    sent             INTEGER NOT NULL DEFAULT 0 CHECK (sent IN (0, 1)),
+    sent_at          REAL,
+    ack              TEXT,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    last_error       TEXT,
+    last_attempt_at  REAL,
+    first_failure_at REAL,
+    quarantined      INTEGER NOT NULL DEFAULT 0 CHECK (quarantined IN (0, 1)),
+    CHECK (NOT (sent = 1 AND quarantined = 1))
+);
+CREATE INDEX outbox_pending ON outbox (seq) WHERE sent = 0 AND quarantined = 0;
+CREATE INDEX outbox_quarantined ON outbox (seq) WHERE quarantined = 1;
+CREATE INDEX outbox_sent_at ON outbox (sent_at) WHERE sent = 1;
+CREATE TABLE quarantines (
+    n                    INTEGER PRIMARY KEY AUTOINCREMENT,
+    id                   TEXT NOT NULL REFERENCES orders (id),
+    seq                  INTEGER NOT NULL,
+    reason               TEXT NOT NULL,
+    quarantined_by       TEXT NOT NULL,
+    quarantined_at       REAL NOT NULL,
+    released_by          TEXT,
+    released_at          REAL,
+    released_as          TEXT CHECK (released_as IN ('redriven', 'delivered')),
+    delivered_past_count INTEGER,
+    delivered_past       TEXT
+);
+CREATE INDEX quarantines_id ON quarantines (id);
+PRAGMA user_version = 1;
+"""
+
+V1_ROWS = [
+    ("old-1", "snack", 2, 1),
+    ("old-2", "juice", 3, 0),
+    ("old-3", "snack", 5, 0),
+    ("old-4", "juice", 7, 0),
+]
+
+
+def make_v1_db(path: Path) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.executescript(V1_SCHEMA)
+        conn.execute("BEGIN")
+        for event_id, sku, qty, was_sent in V1_ROWS:
+            payload = canonical_json({"id": event_id, "sku": sku, "qty": qty})
+            conn.execute("INSERT INTO orders VALUES (?, ?, ?, 1.0)", (event_id, sku, qty))
+            conn.execute(
+                "INSERT INTO outbox (id, payload, queued_at, sent, sent_at)"
+                " VALUES (?, ?, 1.0, ?, ?)",
+                (event_id, payload, was_sent, 2.0 if was_sent else None),
+            )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
+    serve_sink: ServeSink, tmp_path: Path, db_rows: Query
+) -> None:
+    db, sink_db = tmp_path / "v1.db", tmp_path / "sink.db"
+    make_v1_db(db)
+    assert db_rows(db, "PRAGMA user_version") == [(1,)]
+    url = f"{await serve_sink(sink_db)}/events"
+
+    async with Outbox.open(db) as outbox:
+        assert db_rows(db, "PRAGMA user_version") == [(2,)]
+        assert db_rows(db, "SELECT id, lane FROM outbox ORDER BY seq") == [
+            (event_id, sku) for event_id, sku, _, _ in V1_ROWS
+        ]
+        assert await outbox.pending_lanes(10) == ["juice", "snack"]
+        assert [e["id"] for _, e, _ in await outbox.pending_batch(16, "snack")] == ["old-3"]
+        assert await outbox.accept({"id": "new-1", "sku": "tea", "qty": 1}) == "accepted"
+
+        async with running_relay(outbox, url, "batch", ordering="sku"):
+            await eventually(lambda: set(sent(db_rows, db).values()) == {1})
+
+    assert db_rows(db, "SELECT lane FROM outbox WHERE id = 'new-1'") == [("tea",)]
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {
+        "juice": 10,
+        "snack": 5,
+        "tea": 1,
+    }
+    assert [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")] != []
+    assert inbox_order(db_rows, sink_db, "juice") == ["old-2", "old-4"]
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox WHERE id = 'old-1'") == [(0,)]
+    # Opening again changes nothing: the migration ran once.
+    async with Outbox.open(db):
+        pass
+    assert db_rows(db, "PRAGMA user_version") == [(2,)]
+
+
+async def test_many_blocked_lanes_do_not_starve_a_healthy_one(
+    serve: Serve, inbox: Inbox, outbox: Outbox, db: Path, sink_db: Path, db_rows: Query
+) -> None:
+    # 66 SKUs the sink refuses, all older than the one healthy SKU's entries: a blocked
+    # head is to stall only its own SKU, however many SKUs are blocked.
+    bad = [f"bad{n:02d}" for n in range(66)]
+    fake = LaneSink(inbox, reject=frozenset(bad))
+    url = f"{await serve(fake.app())}/events"
+    for sku in bad:
+        assert await outbox.accept({"id": f"{sku}-0", "sku": sku, "qty": 1}) == "accepted"
+    for n in range(3):
+        assert await outbox.accept({"id": f"snack-{n}", "sku": "snack", "qty": 1}) == "accepted"
+
+    async with running_relay(outbox, url, "batch", ordering="sku", max_lanes=8) as relay:
+        await eventually(
+            lambda: all(sent(db_rows, db)[f"snack-{n}"] for n in range(3)), timeout_s=4.0
+        )
+        assert len(relay.blocked_lanes) >= 64
+
+    assert inbox_order(db_rows, sink_db, "snack") == ["snack-0", "snack-1", "snack-2"]
