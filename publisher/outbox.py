@@ -150,10 +150,18 @@ class Outbox(Store):
         return [event for _, event, _ in await self.pending_batch(limit)]
 
     async def pending_batch(
-        self, limit: int = MAX_BATCH, lane: str | None = None
+        self, limit: int = MAX_BATCH, lane: str | None = None, skip: Iterable[str] = ()
     ) -> list[tuple[int, Event, int]]:
-        """Like `pending`, with each entry's seq and attempts so far; only `lane`'s if given."""
+        """Like `pending`, with each entry's seq and attempts so far; only `lane`'s if
+        given, and without the IDs in `skip`."""
+        skip = set(skip)
         check_limit(limit)
+        if skip:
+            marking = {"lane": lane, "skip": json.dumps(sorted(skip)), "limit": limit}
+            rows = await self._db.run(
+                lambda conn: conn.execute(sql.PENDING_SKIPPING, marking).fetchall()
+            )
+            return [(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
         query, params = (
             (sql.PENDING, (limit,)) if lane is None else (sql.PENDING_IN_LANE, (lane, limit))
         )

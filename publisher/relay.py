@@ -161,6 +161,10 @@ class EvidenceStore:
     stored with its mark, and each entry's seq and attempts are at hand for logs.
 
     Use `send` as dispatch's send callback.
+
+    With `overlap_marks`, `mark_sent_many` starts the commit of a verified batch and
+    returns: the next batch is read (without those IDs) and sent while it commits.
+    Each mark is awaited before the next one starts, and `flush` awaits the last.
     """
 
     def __init__(
@@ -169,17 +173,21 @@ class EvidenceStore:
         deliver: Deliver,
         deliver_batch: DeliverBatch | None = None,
         lane: str | None = None,
+        overlap_marks: bool = False,
     ) -> None:
         self._outbox = outbox
         self._deliver = deliver
         self._deliver_batch = deliver_batch
         self._lane = lane
+        self._overlap_marks = overlap_marks
+        self._marking: asyncio.Task[None] | None = None
+        self._marking_ids: frozenset[str] = frozenset()
         self._acks: dict[str, Mapping[str, object]] = {}
         self.batch: dict[str, tuple[int, int]] = {}  # id -> (seq, attempts so far)
         self.current: str | None = None  # the entry being sent, or last sent
 
     async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
-        rows = await self._outbox.pending_batch(limit, self._lane)
+        rows = await self._outbox.pending_batch(limit, self._lane, self._marking_ids)
         self.batch = {event["id"]: (seq, attempts) for seq, event, attempts in rows}
         self.current = None
         self._acks.clear()
@@ -210,7 +218,21 @@ class EvidenceStore:
 
     async def mark_sent_many(self, event_ids: Sequence[str]) -> None:
         marks = [(event_id, self._acks.pop(event_id, None)) for event_id in event_ids]
-        await self._outbox.mark_sent_many(marks)
+        await self.flush()
+        if not self._overlap_marks:
+            await self._outbox.mark_sent_many(marks)
+        elif marks:
+            self._marking_ids = frozenset(event_ids)
+            self._marking = asyncio.ensure_future(self._outbox.mark_sent_many(marks))
+
+    async def flush(self) -> None:
+        """Wait for a mark still being committed; raise if it failed."""
+        marking, self._marking = self._marking, None
+        if marking is not None:
+            try:
+                await marking
+            finally:
+                self._marking_ids = frozenset()
 
 
 class Observer(Protocol):
@@ -291,7 +313,8 @@ class Relay:
         self._ordering = ordering
         self._max_lanes = max_lanes
         self._rand = rand
-        self._global = Lane(None, EvidenceStore(outbox, deliver, deliver_batch))
+        overlap = deliver_batch is not None
+        self._global = Lane(None, EvidenceStore(outbox, deliver, deliver_batch, None, overlap))
         self._lanes: dict[str, Lane] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -325,6 +348,7 @@ class Relay:
             while not self._stop.is_set():
                 delay_s, wakeable = await self.step()
                 await self._sleep(delay_s, wakeable)
+            await _flush_quietly(self._global.store)
         else:
             await self._supervise_lanes()
         log.info("relay stopped")
@@ -338,9 +362,13 @@ class Relay:
     async def _step(self, lane: Lane) -> tuple[float, bool]:
         try:
             marked = await self._dispatch_once(lane)
+            if len(marked) < self._limit:
+                await lane.store.flush()  # about to idle: every mark on disk first
         except RelayStopping:
+            await _flush_quietly(lane.store)
             return 0.0, False
         except Exception as exc:  # the loop outlives any one failure; each is recorded
+            await _flush_quietly(lane.store)
             try:
                 return await self._failed(lane, exc), False
             except Exception as unrecorded:  # recording it failed too (the database, say)
@@ -381,7 +409,8 @@ class Relay:
             self._tasks[key] = asyncio.create_task(self._run_lane(lane), name=f"lane {key}")
 
     def _new_lane(self, key: str) -> Lane:
-        store = EvidenceStore(self._outbox, self._deliver, self._deliver_batch, lane=key)
+        overlap = self._deliver_batch is not None
+        store = EvidenceStore(self._outbox, self._deliver, self._deliver_batch, key, overlap)
         self._lanes[key] = lane = Lane(key, store)
         return lane
 
@@ -396,6 +425,7 @@ class Relay:
                         lane.not_before = time.monotonic() + delay_s
                     return  # drained, or backing off
         finally:
+            await _flush_quietly(lane.store)
             del self._tasks[lane.key]
             if not lane.blocked:
                 self._lanes.pop(lane.key, None)  # forget drained lanes: memory stays bounded
@@ -498,6 +528,15 @@ class Relay:
         finally:
             for waiter in waits:
                 waiter.cancel()
+
+
+async def _flush_quietly(store: EvidenceStore) -> None:
+    """After a failure: the earlier batch's mark still completes; its own error is
+    logged (its entries stay pending and are resent, absorbed by the inbox)."""
+    try:
+        await store.flush()
+    except Exception as exc:
+        log.error("marking a delivered batch failed: %s", exc)
 
 
 def _count_failure(lane: Lane, event_id: str, exc: Exception) -> tuple[int, int]:

@@ -65,6 +65,14 @@ INSERT_ENTRY: Final = "INSERT INTO outbox (id, payload, queued_at, lane) VALUES 
 PENDING: Final = (
     f"SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
 )
+# Leaving out entries whose mark is still being committed (the relay overlaps the
+# mark of one batch with the send of the next).
+PENDING_SKIPPING: Final = f"""
+    SELECT seq, payload, attempts FROM outbox
+    WHERE {IS_PENDING} AND (:lane IS NULL OR lane = :lane)
+        AND id NOT IN (SELECT value FROM json_each(:skip))
+    ORDER BY seq LIMIT :limit
+"""
 PENDING_IN_LANE: Final = f"""
     SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} AND lane = ?
     ORDER BY seq LIMIT ?

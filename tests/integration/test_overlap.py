@@ -1,0 +1,86 @@
+"""Batch marks that overlap the next send: never lost, never sent twice meanwhile."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from publisher import Outbox
+from publisher.relay import EvidenceStore, dispatch_batch
+from shared import Event, Receipt, make_ack, payload_digest
+from sqlite_tx import StorageError
+
+
+class Recorder:
+    """An in-process batch sender that ACKs everything and remembers what it saw."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[str]] = []
+
+    async def deliver(self, event: Event) -> dict[str, object]:
+        raise AssertionError("only batches here")
+
+    async def deliver_batch(self, events: Sequence[Event]) -> list[dict[str, str]]:
+        self.sent.append([e["id"] for e in events])
+        return [make_ack(e["id"], Receipt.APPLIED, payload_digest(e)) for e in events]
+
+
+def sent_ids(db: Path) -> list[str]:
+    with sqlite3.connect(db) as conn:
+        return [r[0] for r in conn.execute("SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
+
+
+async def accept(outbox: Outbox, count: int) -> list[str]:
+    ids = [f"e{n:02d}" for n in range(count)]
+    for event_id in ids:
+        await outbox.accept({"id": event_id, "sku": "snack", "qty": 1})
+    return ids
+
+
+async def test_the_next_batch_leaves_out_entries_whose_mark_is_in_flight(tmp_path: Path) -> None:
+    db = tmp_path / "source.db"
+    async with Outbox.open(db) as outbox:
+        ids = await accept(outbox, 20)
+        sink = Recorder()
+        store = EvidenceStore(outbox, sink.deliver, sink.deliver_batch, overlap_marks=True)
+
+        first = await dispatch_batch(store, store.send_batch, 16)
+        second = await dispatch_batch(store, store.send_batch, 16)
+        await store.flush()
+
+    assert (first, second) == (ids[:16], ids[16:])
+    assert sink.sent == [ids[:16], ids[16:]]  # nothing sent twice while its mark committed
+    assert sent_ids(db) == ids
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox WHERE ack IS NULL").fetchone() == (0,)
+
+
+async def test_a_failed_overlapping_mark_surfaces_and_its_entries_stay_pending(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "source.db"
+    async with Outbox.open(db) as outbox:
+        ids = await accept(outbox, 3)
+        sink = Recorder()
+        store = EvidenceStore(outbox, sink.deliver, sink.deliver_batch, overlap_marks=True)
+        with sqlite3.connect(db) as conn:
+            conn.execute(
+                "CREATE TRIGGER no_marks BEFORE UPDATE OF sent ON outbox"
+                " BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+            )
+
+        await dispatch_batch(store, store.send_batch, 16)
+        with pytest.raises(StorageError, match="disk says no"):
+            await store.flush()
+        assert sent_ids(db) == []
+
+        with sqlite3.connect(db) as conn:
+            conn.execute("DROP TRIGGER no_marks")
+        again = await dispatch_batch(store, store.send_batch, 16)
+        await store.flush()
+
+    assert again == ids  # resent (the sink's inbox absorbs it), then marked
+    assert sent_ids(db) == ids
