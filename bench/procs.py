@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
+from chaos.procs import ChaosError, read_first_line, terminate
+
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 STARTUP_TIMEOUT_S: Final = 20.0
 STOP_TIMEOUT_S: Final = 5.0
-MAX_READS: Final = 1_000
 PROXY_VARIABLES: Final = frozenset(
     {"HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"}
 )
@@ -69,13 +67,7 @@ class Child:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not end in time; close the pipe."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
+        terminate(self.proc, STOP_TIMEOUT_S)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
@@ -113,7 +105,12 @@ class Children:
             )
         child = Child(name, proc, log)
         self._started.append(child)
-        line = _first_line(child, STARTUP_TIMEOUT_S)
+        try:
+            line = read_first_line(
+                proc, name, log, STARTUP_TIMEOUT_S, exit_timeout_s=STOP_TIMEOUT_S
+            )
+        except ChaosError as exc:
+            raise BenchError(str(exc)) from None
         match = _LISTENING.search(line)
         if match is None:
             child.stop()
@@ -130,28 +127,3 @@ class Children:
         for child in reversed(self._started):
             child.stop()
         self._started.clear()
-
-
-def _first_line(child: Child, timeout_s: float) -> str:
-    proc = child.proc
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buffer = b""
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        for _ in range(MAX_READS):
-            if b"\n" in buffer:
-                return buffer.split(b"\n", 1)[0].decode(errors="replace")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if not selector.select(left):
-                continue
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                status = proc.wait(timeout=STOP_TIMEOUT_S)
-                tail = child.log.read_text(errors="replace").strip().splitlines()[-3:]
-                raise BenchError(f"{child.name} exited with {status}: {' | '.join(tail)}")
-            buffer += chunk
-    raise BenchError(f"{child.name} did not say it was listening within {timeout_s}s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import selectors
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ STARTUP_TIMEOUT_S: Final = 20.0
 STOP_TIMEOUT_S: Final = 10.0
 HTTP_TIMEOUT_S: Final = 5.0
 LOOPBACK: Final = "127.0.0.1"
+MAX_READS: Final = 1_000
 
 
 class ChaosError(Exception):
@@ -81,14 +83,55 @@ class Service:
         """SIGTERM and wait for an orderly exit (SIGKILL if it takes too long)."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
+        terminate(self.proc, STOP_TIMEOUT_S)
         return self.reap()
+
+
+def terminate(proc: subprocess.Popen[Any], timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """SIGTERM, then SIGKILL if the process does not end within `timeout_s`; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+    return proc.returncode
+
+
+def read_first_line(
+    proc: subprocess.Popen[bytes],
+    name: str,
+    log_path: Path,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+    *,
+    exit_timeout_s: float = STOP_TIMEOUT_S,
+) -> str:
+    """The first line a process started with a binary stdout pipe prints, within `timeout_s`.
+
+    Raises ChaosError, with the end of its log, if it exits (waited for up to
+    `exit_timeout_s` once its stdout closes) or stays silent instead.
+    """
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buffer = b""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        for _ in range(MAX_READS):
+            if b"\n" in buffer:
+                return buffer.split(b"\n", 1)[0].decode(errors="replace")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if not selector.select(left):
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                status = proc.wait(timeout=exit_timeout_s)
+                raise ChaosError(f"{name} exited with {status}: {_log_tail(log_path)}")
+            buffer += chunk
+    raise ChaosError(f"{name} printed no line within {timeout_s}s: {buffer!r}")
 
 
 def _child_env() -> dict[str, str]:
@@ -114,8 +157,12 @@ def _wait_listening(proc: subprocess.Popen[str], name: str, log_path: Path) -> N
             break
     proc.kill()
     proc.wait(timeout=STOP_TIMEOUT_S)
+    raise ChaosError(f"{name} did not start: {_log_tail(log_path)}")
+
+
+def _log_tail(log_path: Path) -> str:
     tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-    raise ChaosError(f"{name} did not start: {' | '.join(tail) or 'no output'}")
+    return " | ".join(tail) or "no output"
 
 
 def http_json(method: str, url: str, body: object | None = None) -> tuple[int, Any]:

@@ -7,13 +7,10 @@ import contextlib
 import ipaddress
 import os
 import re
-import selectors
 import signal
 import socket
 import sqlite3
 import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +18,12 @@ from typing import Any, Literal
 
 import pytest
 from aiohttp import web
+from support import LOOPBACK, STOP_TIMEOUT_S, listening, run_module, spawn, stop_process
 
 from publisher import Outbox
 from sink import create_app
 
-LOOPBACK: str = "127.0.0.1"
-STARTUP_TIMEOUT_S = 15.0
-STOP_TIMEOUT_S = 5.0
 CLI_TIMEOUT_S = 30.0
-MAX_READS = 1_000
 
 PROXY_VARIABLES = (
     "HTTP_PROXY",
@@ -140,15 +134,7 @@ def run_cli(child_env: dict[str, str], tmp_path: Path) -> RunCli:
     def run(
         module: str, *args: str, timeout: float = CLI_TIMEOUT_S
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", module, *args],
-            capture_output=True,
-            text=True,
-            env=child_env,
-            cwd=tmp_path,
-            timeout=timeout,
-            check=False,
-        )
+        return run_module(module, *args, env=child_env, cwd=tmp_path, timeout=timeout)
 
     return run
 
@@ -168,15 +154,7 @@ class SinkProcess:
 
     def stop(self) -> int:
         """SIGTERM, then SIGKILL if it does not stop in time. Returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-        self._close_pipe()
-        return self.proc.returncode
+        return stop_process(self.proc)
 
     def kill(self) -> int:
         """SIGKILL: no shutdown code runs."""
@@ -194,31 +172,6 @@ class SinkProcess:
 _LISTENING = re.compile(r"sink listening on (http://127\.0\.0\.1:(\d+)/events)")
 
 
-def _first_line(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> str:
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buffer = b""
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        for _ in range(MAX_READS):
-            if b"\n" in buffer:
-                return buffer.split(b"\n", 1)[0].decode()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if not selector.select(left):
-                continue
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                status = proc.wait(timeout=STOP_TIMEOUT_S)
-                raise RuntimeError(
-                    f"sink exited with {status} before listening: {log.read_text()!r}"
-                )
-            buffer += chunk
-    raise TimeoutError(f"sink did not print its listening line in {timeout_s}s: {buffer!r}")
-
-
 StartSink = Callable[..., SinkProcess]
 
 
@@ -229,26 +182,68 @@ def sink_process(child_env: dict[str, str], tmp_path: Path) -> Iterator[StartSin
 
     def start(db: Path, *extra: str) -> SinkProcess:
         log = tmp_path / f"sink-{len(started)}.log"
-        with log.open("wb") as stderr:
-            command = [sys.executable, "-m", "sink", "--db", str(db), "--host", LOOPBACK]
-            proc = subprocess.Popen(
-                [*command, "--port", "0", *extra],
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                env=child_env,
-                cwd=tmp_path,
-            )
+        command = ["-m", "sink", "--db", str(db), "--host", LOOPBACK, "--port", "0", *extra]
+        proc = spawn(command, log, child_env, tmp_path)
         sink = SinkProcess(proc, db, "", log)
         started.append(sink)
-        line = _first_line(proc, log, STARTUP_TIMEOUT_S)
-        match = _LISTENING.fullmatch(line)
-        assert match is not None, f"unexpected first line from the sink: {line!r}"
-        sink.url = match[1]
+        sink.url = listening(proc, log, _LISTENING, "sink")[1]
         return sink
 
     yield start
     for sink in reversed(started):
         sink.stop()
+
+
+_PUBLISHER_LISTENING = re.compile(r"publisher listening on (http://127\.0\.0\.1:(\d+)/orders)")
+
+
+@dataclass
+class PublisherProcess:
+    """`publisher serve` running as its own OS process."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+    port: int = 0
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> int:
+        self.signal(signal.SIGKILL)
+        return self.wait()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not end in time; close the pipe."""
+        stop_process(self.proc)
+
+    def log_lines(self) -> list[str]:
+        return [line for line in self.log.read_text().splitlines() if line.strip()]
+
+
+StartPublisher = Callable[..., PublisherProcess]
+
+
+@pytest.fixture
+def publisher_process(child_env: dict[str, str], tmp_path: Path) -> Iterator[StartPublisher]:
+    """Start `publisher serve` processes (give `--port 0`); all are stopped at teardown."""
+    started: list[PublisherProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> PublisherProcess:
+        log = tmp_path / f"publisher-{len(started)}.log"
+        command = ["-m", "publisher", "serve", *args]
+        proc = spawn(command, log, {**child_env, **(env or {})}, tmp_path)
+        publisher = PublisherProcess(proc, log)
+        started.append(publisher)
+        publisher.port = int(listening(proc, log, _PUBLISHER_LISTENING, "publisher")[2])
+        return publisher
+
+    yield start
+    for publisher in reversed(started):
+        publisher.stop()
 
 
 # ---------------------------------------------------------------- loopback servers

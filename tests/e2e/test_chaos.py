@@ -12,13 +12,13 @@ import random
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from support import run_module
 
 from chaos.run import plan_kills
 from chaos.verdict import read_verdict
@@ -77,15 +77,7 @@ def reaper(tmp_path: Path) -> Iterator[None]:
 def chaos(
     env: dict[str, str], cwd: Path, *args: str, timeout: float = RUN_TIMEOUT_S
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaos", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=timeout,
-        check=False,
-    )
+    return run_module("chaos", *args, env=env, cwd=cwd, timeout=timeout)
 
 
 def one_json(stdout: str) -> dict[str, Any]:

@@ -15,9 +15,7 @@ import json
 import os
 import re
 import secrets
-import selectors
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
+from support import LOOPBACK, POLL_S, WAIT_S, listening, spawn, stop_process
 
 from shared.cli import ENV_PREFIX, env_name
 
@@ -45,17 +44,11 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 PYPROJECT = ROOT / "pyproject.toml"
 
-LOOPBACK = "127.0.0.1"
 ANY_ADDRESS = "0.0.0.0"
 SERVICES = ("sink", "publisher")
 TOKEN_SECRET = "outbox_token"
 SECRETS_DIR = PurePosixPath("/run/secrets")
-STARTUP_TIMEOUT_S = 15.0
-STOP_TIMEOUT_S = 5.0
 HEALTHCHECK_TIMEOUT_S = 10.0
-WAIT_S = 10.0
-POLL_S = 0.05
-MAX_READS = 1_000
 LISTENING = re.compile(r"(\w+) listening on http://127\.0\.0\.1:(\d+)/\S*")
 
 
@@ -251,16 +244,7 @@ class Running:
 
     def stop(self) -> int:
         """SIGTERM, then SIGKILL if it does not end in time. Returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        return self.proc.returncode
+        return stop_process(self.proc)
 
 
 @dataclass
@@ -307,29 +291,6 @@ def local_mounts(
     return mounts
 
 
-def read_first_line(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
-    """The first line the process prints on stdout, within `timeout_s`."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buffer = b""
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        for _ in range(MAX_READS):
-            if b"\n" in buffer:
-                return buffer.split(b"\n", 1)[0].decode()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if not selector.select(left):
-                continue
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise RuntimeError(f"exited with {proc.wait(STOP_TIMEOUT_S)} before listening")
-            buffer += chunk
-    raise TimeoutError(f"no listening line within {timeout_s}s: {buffer!r}")
-
-
 def start_order(services: dict[str, Any], names: tuple[str, ...]) -> list[str]:
     """Dependencies first, as compose starts them."""
     ordered: list[str] = []
@@ -367,23 +328,11 @@ def start_service(stack: Stack, name: str, tmp: Path) -> Running:
         env[key] = localize(value, flag, mounts, stack) if key.startswith(ENV_PREFIX) else value
 
     log = tmp / f"{name}.log"
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, *argv[1:]],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=env,
-            cwd=mounts.get(PurePosixPath("/data"), tmp),
-        )
+    proc = spawn(argv[1:], log, env, mounts.get(PurePosixPath("/data"), tmp))
     running = Running(name, proc, log, container_port(service))
     stack.running[name] = running
-    try:
-        line = read_first_line(proc, STARTUP_TIMEOUT_S)
-    except (RuntimeError, TimeoutError) as exc:
-        raise AssertionError(f"{name}: {exc}; log: {log.read_text()!r}") from None
-    match = LISTENING.fullmatch(line)
-    assert match is not None, f"{name}: unexpected first line {line!r}"
-    assert match[1] == original[2], f"{name}: {line!r}"
+    match = listening(proc, log, LISTENING, name)
+    assert match[1] == original[2], f"{name}: {match[0]!r}"
     running.port = int(match[2])
     return running
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
+from support import dispatch
 
 if TYPE_CHECKING:
     from conftest import AcceptOrders, Query, RunCli, StartSink
@@ -20,12 +21,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 CHAOS_EXIT = 73
-
-
-def dispatch(run_cli: RunCli, source: Path, url: str, *extra: str) -> tuple[int, str, str]:
-    result = run_cli("publisher", "dispatch", "--db", str(source), "--sink", url, *extra)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result.returncode, result.stdout, result.stderr
 
 
 def test_crash_after_ack_keeps_the_entry_and_the_resend_is_a_duplicate(

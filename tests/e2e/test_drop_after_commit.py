@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from support import dispatch
 
 if TYPE_CHECKING:
     from conftest import AcceptOrders, Query, RunCli, StartSink
@@ -13,12 +14,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 DROP_ONE = ("--chaos", "drop-after-commit=1")
-
-
-def dispatch(run_cli: RunCli, source: Path, url: str) -> tuple[int, str, str]:
-    result = run_cli("publisher", "dispatch", "--db", str(source), "--sink", url)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result.returncode, result.stdout, result.stderr
 
 
 def test_dropped_reply_keeps_the_entry_and_the_resend_gets_a_duplicate_ack(

@@ -7,12 +7,8 @@ refused before any connection; every request goes to 127.0.0.1.
 from __future__ import annotations
 
 import json
-import os
 import re
-import selectors
-import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from support import listening, run_module, spawn, stop_process
 
 if TYPE_CHECKING:
     from conftest import Query, RunCli, StartSink
@@ -31,8 +28,6 @@ pytestmark = pytest.mark.e2e
 TOKEN = "e2e-shared-secret-7f3a9c1b55"
 WRONG = "e2e-shared-secret-7f3a9c1b56"
 CLI_TIMEOUT_S = 20.0
-STARTUP_TIMEOUT_S = 15.0
-STOP_TIMEOUT_S = 5.0
 HTTP_TIMEOUT_S = 5.0
 LISTENING = re.compile(r"sink listening on http://(0\.0\.0\.0|127\.0\.0\.1|\[::\]):(\d+)/events")
 ORDER = ["--id", "order-1", "--sku", "snack", "--qty", "7"]
@@ -41,15 +36,7 @@ ORDER = ["--id", "order-1", "--sku", "snack", "--qty", "7"]
 def run(
     env: dict[str, str], cwd: Path, module: str, *args: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
+    return run_module(module, *args, env=env, cwd=cwd, timeout=CLI_TIMEOUT_S)
 
 
 def one_line(text: str) -> str:
@@ -80,36 +67,7 @@ class Listening:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        return self.proc.returncode
-
-
-def first_line(proc: subprocess.Popen[bytes]) -> str:
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buffer = b""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while b"\n" not in buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no listening line in {STARTUP_TIMEOUT_S}s: {buffer!r}")
-            if not selector.select(left):
-                continue
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise RuntimeError(f"the sink exited with {proc.wait(STOP_TIMEOUT_S)}")
-            buffer += chunk
-    return buffer.split(b"\n", 1)[0].decode()
+        return stop_process(self.proc)
 
 
 @pytest.fixture
@@ -118,19 +76,11 @@ def start_sink(tmp_path: Path, child_env: dict[str, str]) -> Iterator[Any]:
 
     def start(*args: str, env: dict[str, str] | None = None) -> Listening:
         stderr_path = tmp_path / f"sink-{len(started)}.err"
-        with stderr_path.open("wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "sink", "--db", str(tmp_path / "sink.db"), *args],
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                env=child_env if env is None else env,
-                cwd=tmp_path,
-            )
+        command = ["-m", "sink", "--db", str(tmp_path / "sink.db"), *args]
+        proc = spawn(command, stderr_path, child_env if env is None else env, tmp_path)
         sink = Listening(proc, "", 0, stderr_path)
         started.append(sink)
-        line = first_line(proc)
-        match = LISTENING.fullmatch(line)
-        assert match is not None, line
+        match = listening(proc, stderr_path, LISTENING, "sink")
         sink.host, sink.port = match[1], int(match[2])
         return sink
 

@@ -9,36 +9,29 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import os
 import re
-import selectors
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from support import LOOPBACK, STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, post_order, wait_until
 
 from publisher.outbox import Outbox
 from shared import payload_digest
 
 if TYPE_CHECKING:
-    from conftest import Query, RunCli, StartSink
+    from conftest import Query, RunCli, StartPublisher, StartSink
 
 pytestmark = pytest.mark.e2e
 
-LOOPBACK = "127.0.0.1"
-STARTUP_TIMEOUT_S = 15.0
-STOP_TIMEOUT_S = 5.0
-WAIT_S = 10.0
-POLL_S = 0.05
-MAX_READS = 1_000
 FAST_SERVE = (
     "--poll-interval",
     "0.2",
@@ -49,101 +42,6 @@ FAST_SERVE = (
     "--send-timeout",
     "2",
 )
-LISTENING = re.compile(r"publisher listening on (http://127\.0\.0\.1:(\d+)/orders)")
-
-
-# ---------------------------------------------------------------- the publisher process
-
-
-@dataclass
-class Service:
-    """`publisher serve` running as its own process."""
-
-    proc: subprocess.Popen[bytes]
-    log: Path
-    port: int = 0
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
-    def wait(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
-        return self.proc.wait(timeout=timeout_s)
-
-    def kill(self) -> int:
-        self.signal(signal.SIGKILL)
-        return self.wait()
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not end in time; close the pipe."""
-        if self.proc.poll() is None:
-            self.signal(signal.SIGTERM)
-            try:
-                self.wait()
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def log_lines(self) -> list[str]:
-        return [line for line in self.log.read_text().splitlines() if line.strip()]
-
-
-def read_first_line(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
-    """The first line the process prints on stdout, within `timeout_s`."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buffer = b""
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        for _ in range(MAX_READS):
-            if b"\n" in buffer:
-                return buffer.split(b"\n", 1)[0].decode()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if not selector.select(left):
-                continue
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise RuntimeError(f"exited with {proc.wait(STOP_TIMEOUT_S)} before listening")
-            buffer += chunk
-    raise TimeoutError(f"no listening line within {timeout_s}s: {buffer!r}")
-
-
-StartService = Callable[..., Service]
-
-
-@pytest.fixture
-def service(child_env: dict[str, str], tmp_path: Path) -> Iterator[StartService]:
-    """Start `publisher serve` processes on port 0; each is stopped at teardown."""
-    started: list[Service] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> Service:
-        log = tmp_path / f"publisher-{len(started)}.log"
-        with log.open("wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "publisher", "serve", *args],
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                env={**child_env, **(env or {})},
-                cwd=tmp_path,
-            )
-        running = Service(proc, log)
-        started.append(running)
-        try:
-            line = read_first_line(proc, STARTUP_TIMEOUT_S)
-        except (RuntimeError, TimeoutError) as exc:
-            raise AssertionError(f"{exc}; log: {log.read_text()!r}") from None
-        match = LISTENING.fullmatch(line)
-        assert match is not None, f"unexpected first line: {line!r}"
-        running.port = int(match[2])
-        return running
-
-    yield start
-    for running in reversed(started):
-        running.stop()
 
 
 def serve_args(db: Path, sink_url: str, *extra: str) -> tuple[str, ...]:
@@ -151,27 +49,6 @@ def serve_args(db: Path, sink_url: str, *extra: str) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------- small helpers
-
-
-def post_order(port: int, order: dict[str, Any], timeout_s: float = 5.0) -> tuple[int, Any]:
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout_s)
-    try:
-        conn.request("POST", "/orders", json.dumps(order), {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float = WAIT_S) -> float:
-    started = time.monotonic()
-    for _ in range(int(timeout_s / POLL_S) + 10):
-        if check():
-            return time.monotonic() - started
-        if time.monotonic() - started >= timeout_s:
-            break
-        time.sleep(POLL_S)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 def order(n: int, qty: int = 1, sku: str = "snack") -> dict[str, Any]:
@@ -208,13 +85,13 @@ def cli_lines(run_cli: RunCli, *args: str) -> list[dict[str, Any]]:
 
 
 def test_posted_orders_are_delivered_logged_as_json_and_sigterm_exits_zero(
-    tmp_path: Path, sink_process: StartSink, service: StartService, db_rows: Query
+    tmp_path: Path, sink_process: StartSink, publisher_process: StartPublisher, db_rows: Query
 ) -> None:
     sink = sink_process(tmp_path / "sink.db")
     db = tmp_path / "source.db"
     # A 5 s poll: only the wake-up on intake can deliver this fast.
     args = serve_args(db, sink.url, "--poll-interval", "5", "--log-format", "json")
-    publisher = service(*args)
+    publisher = publisher_process(*args)
     orders = [order(n, qty=n) for n in range(1, 6)]
 
     for item in orders:
@@ -242,7 +119,7 @@ def test_posted_orders_are_delivered_logged_as_json_and_sigterm_exits_zero(
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_signal_stops_intake_waits_for_the_send_in_flight_and_exits_zero(
-    tmp_path: Path, service: StartService, db_rows: Query, sig: signal.Signals
+    tmp_path: Path, publisher_process: StartPublisher, db_rows: Query, sig: signal.Signals
 ) -> None:
     # A sink that takes connections (the kernel's backlog) and never answers.
     silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -252,7 +129,7 @@ def test_signal_stops_intake_waits_for_the_send_in_flight_and_exits_zero(
     db = tmp_path / "source.db"
     url = f"http://{LOOPBACK}:{silent.getsockname()[1]}/events"
     try:
-        publisher = service(*serve_args(db, url, "--send-timeout", "2"))
+        publisher = publisher_process(*serve_args(db, url, "--send-timeout", "2"))
         assert post_order(publisher.port, order(1))[0] == 201
         conn, _ = silent.accept()  # the delivery is in flight now
         with conn:
@@ -277,13 +154,13 @@ def test_signal_stops_intake_waits_for_the_send_in_flight_and_exits_zero(
 def test_orders_accepted_by_another_process_are_picked_up_by_polling(
     tmp_path: Path,
     sink_process: StartSink,
-    service: StartService,
+    publisher_process: StartPublisher,
     run_cli: RunCli,
     db_rows: Query,
 ) -> None:
     sink = sink_process(tmp_path / "sink.db")
     db = tmp_path / "source.db"
-    service(*serve_args(db, sink.url, *FAST_SERVE))
+    publisher_process(*serve_args(db, sink.url, *FAST_SERVE))
 
     result = run_cli(
         "publisher", "accept", "--db", str(db), "--id", "cli-1", "--sku", "x", "--qty", "4"
@@ -299,7 +176,7 @@ def test_orders_accepted_by_another_process_are_picked_up_by_polling(
 def test_env_variables_work_instead_of_flags(
     tmp_path: Path,
     sink_process: StartSink,
-    service: StartService,
+    publisher_process: StartPublisher,
     run_cli: RunCli,
     child_env: dict[str, str],
     db_rows: Query,
@@ -314,7 +191,7 @@ def test_env_variables_work_instead_of_flags(
         "OUTBOX_POLL_INTERVAL": "0.2",
         "OUTBOX_LOG_FORMAT": "json",
     }
-    publisher = service(env=env)  # no flags at all
+    publisher = publisher_process(env=env)  # no flags at all
 
     assert post_order(publisher.port, order(1, qty=3))[0] == 201
     wait_until(all_sent(db_rows, db, 1))
@@ -383,12 +260,12 @@ class Poster:
 
 
 def test_sigkill_mid_stream_then_restart_delivers_every_order_exactly_once(
-    tmp_path: Path, sink_process: StartSink, service: StartService, db_rows: Query
+    tmp_path: Path, sink_process: StartSink, publisher_process: StartPublisher, db_rows: Query
 ) -> None:
     sink = sink_process(tmp_path / "sink.db")
     db = tmp_path / "source.db"
     orders = [order(n, qty=n % 7 + 1, sku=f"sku-{n % 3}") for n in range(120)]
-    first = service(*serve_args(db, sink.url, *FAST_SERVE))
+    first = publisher_process(*serve_args(db, sink.url, *FAST_SERVE))
     poster = Poster(first.port, orders, [], [])
     stop = threading.Event()
     thread = threading.Thread(target=poster.run, args=(stop,), daemon=True)
@@ -402,7 +279,7 @@ def test_sigkill_mid_stream_then_restart_delivers_every_order_exactly_once(
     assert not thread.is_alive()
     assert len(poster.accepted) < len(orders), "the kill came after the last order"
 
-    second = service(*serve_args(db, sink.url, *FAST_SERVE))
+    second = publisher_process(*serve_args(db, sink.url, *FAST_SERVE))
     done = set(poster.accepted)
     for item in orders:
         if item["id"] not in done:
@@ -497,11 +374,11 @@ def test_quarantine_list_redrive_and_status_from_the_command_line(
 
 
 def test_blocked_head_from_a_running_service_in_status_and_trace(
-    tmp_path: Path, service: StartService, run_cli: RunCli, closed_port: int
+    tmp_path: Path, publisher_process: StartPublisher, run_cli: RunCli, closed_port: int
 ) -> None:
     db = tmp_path / "source.db"
     url = f"http://{LOOPBACK}:{closed_port}/events"
-    publisher = service(*serve_args(db, url, *FAST_SERVE))
+    publisher = publisher_process(*serve_args(db, url, *FAST_SERVE))
     assert post_order(publisher.port, order(1))[0] == 201
     assert post_order(publisher.port, order(2))[0] == 201
 

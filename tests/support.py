@@ -1,0 +1,114 @@
+"""Helpers the tests share: service processes started and stopped, small HTTP and CLI calls.
+
+Starting and stopping goes through chaos.procs, so the tests, the chaos runner and the
+benchmark handle their child processes in one place.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chaos.procs import ChaosError, read_first_line, terminate
+
+if TYPE_CHECKING:
+    from conftest import RunCli
+
+LOOPBACK = "127.0.0.1"
+STARTUP_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 5.0
+WAIT_S = 10.0
+POLL_S = 0.05
+
+
+# ---------------------------------------------------------------- service processes
+
+
+def spawn(
+    args: Sequence[str], log: Path, env: dict[str, str], cwd: Path
+) -> subprocess.Popen[bytes]:
+    """`python args...`: stdout piped for the listening line, stderr written to `log`."""
+    with log.open("wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+        )
+
+
+def listening(
+    proc: subprocess.Popen[bytes], log: Path, pattern: re.Pattern[str], name: str
+) -> re.Match[str]:
+    """The process's first line, which must match `pattern` whole, within the startup time."""
+    try:
+        line = read_first_line(proc, name, log, STARTUP_TIMEOUT_S, exit_timeout_s=STOP_TIMEOUT_S)
+    except ChaosError as exc:
+        raise AssertionError(f"{exc}; log: {log.read_text()!r}") from None
+    match = pattern.fullmatch(line)
+    assert match is not None, f"{name}: unexpected first line {line!r}"
+    return match
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then SIGKILL if it does not end in time; close the pipe. The exit status."""
+    status = terminate(proc, STOP_TIMEOUT_S)
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return status
+
+
+# ---------------------------------------------------------------- small calls
+
+
+def post_order(port: int, order: dict[str, Any], timeout_s: float = 5.0) -> tuple[int, Any]:
+    """POST /orders to a publisher on loopback; (status, parsed JSON body)."""
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout_s)
+    try:
+        conn.request("POST", "/orders", json.dumps(order), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = WAIT_S) -> float:
+    """Poll `check` until it holds; the seconds that took. Fails after `timeout_s`."""
+    started = time.monotonic()
+    for _ in range(int(timeout_s / POLL_S) + 10):
+        if check():
+            return time.monotonic() - started
+        if time.monotonic() - started >= timeout_s:
+            break
+        time.sleep(POLL_S)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+def run_module(
+    module: str, *args: str, env: dict[str, str], cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`python -m module args...` run to completion within `timeout`; output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def dispatch(run_cli: RunCli, source: Path, url: str, *extra: str) -> tuple[int, str, str]:
+    """`publisher dispatch` run to completion; (exit status, stdout, stderr), no traceback."""
+    result = run_cli("publisher", "dispatch", "--db", str(source), "--sink", url, *extra)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, result.stdout, result.stderr
