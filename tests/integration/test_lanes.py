@@ -354,6 +354,8 @@ async def test_lanes_in_flight_are_bounded_by_max_lanes(
 
 # ---------------------------------------------------------------- migration 2
 
+# A frozen copy on purpose: it stands for files written by the version before lanes,
+# which must keep opening whatever later migrations do.
 V1_SCHEMA = """
 CREATE TABLE orders (
     id          TEXT PRIMARY KEY,
