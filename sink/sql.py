@@ -21,7 +21,13 @@ MIGRATIONS: Final = (
 )
 
 FIND: Final = "SELECT payload FROM inbox WHERE id = ?"
-INSERT: Final = "INSERT INTO inbox (id, payload, received_at, last_delivery_at) VALUES (?, ?, ?, ?)"
+# Records a new ID; does nothing (rowcount 0) when the ID is known already.
+INSERT: Final = (
+    "INSERT INTO inbox (id, payload, received_at, last_delivery_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (id) DO NOTHING"
+)
+# Which of a JSON array of IDs the inbox knows, with their stored payloads.
+FIND_MANY: Final = "SELECT id, payload FROM inbox WHERE id IN (SELECT value FROM json_each(?))"
 COUNT_DUPLICATE: Final = (
     "UPDATE inbox SET deliveries = deliveries + 1, last_delivery_at = ? WHERE id = ?"
 )
