@@ -69,6 +69,8 @@ class Inbox(Store):
         the conflicting one and those after it change nothing.
         """
         items = list(events)
+        if not items:
+            return BatchReceipt([], None)
         return await self._db.run_inline(lambda conn: _receive_batch(conn, items, time.time()))
 
     async def inventory(self, sku: str) -> int:
@@ -100,19 +102,25 @@ def _receive_batch(conn: sqlite3.Connection, events: list[Event], now: float) ->
     payloads = [canonical_json(event) for event in events]
     ids = [event["id"] for event in events]
     with transaction(conn):
-        if len(set(ids)) == len(ids) and not conn.execute(sql.FIND_MANY, (json.dumps(ids),)).fetchone():
+        if len(set(ids)) == len(ids) and not _known(conn, ids):
             # The common case, every ID new: one statement for the inbox rows and one
             # per SKU for the inventory, instead of two or three per event.
-            conn.executemany(sql.INSERT, [(i, p, now, now) for i, p in zip(ids, payloads)])
+            rows = [(i, p, now, now) for i, p in zip(ids, payloads, strict=True)]
+            conn.executemany(sql.INSERT, rows)
             conn.executemany(sql.APPLY, _totals(events).items())
             return BatchReceipt([Received(Receipt.APPLIED, digest_of(p)) for p in payloads], None)
         done: list[Received] = []
-        for event, payload in zip(events, payloads):
+        for event, payload in zip(events, payloads, strict=True):
             try:
                 done.append(_apply(conn, event, payload, now))
             except Conflict as exc:
                 return BatchReceipt(done, exc)  # the prefix commits; nothing of this one ran
     return BatchReceipt(done, None)
+
+
+def _known(conn: sqlite3.Connection, ids: list[str]) -> bool:
+    """Whether the inbox holds any of these IDs."""
+    return conn.execute(sql.FIND_MANY, (json.dumps(ids),)).fetchone() is not None
 
 
 def _totals(events: Sequence[Event]) -> dict[str, int]:

@@ -44,7 +44,11 @@ class Database:
     def __init__(self, connection: aiosqlite.Connection, path: str) -> None:
         self._connection = connection
         self.path = path
-        self._on_thread = 0  # calls submitted to the worker thread and not yet returned
+        # Calls handed to the worker thread, and calls it has finished: each counter is
+        # written by one thread only. A cancelled await does not stop the worker, so
+        # only the worker can say when the connection is free again.
+        self._submitted = 0
+        self._finished = 0
 
     @classmethod
     async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
@@ -71,18 +75,23 @@ class Database:
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn(connection)` on the database thread and return its result."""
-        self._on_thread += 1
+        self._submitted += 1
         try:
             # The one use of aiosqlite's private queue: it is the only way to run a
             # whole transaction on its thread without a hop per statement.
             result: T = await self._connection._execute(  # type: ignore[no-untyped-call]
-                _call, fn, self._connection
+                self._call, fn
             )
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: {exc}") from exc
-        finally:
-            self._on_thread -= 1
         return result
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """On the worker thread."""
+        try:
+            return fn(self._connection._conn)
+        finally:
+            self._finished += 1
 
     async def run_inline(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run a short transaction `fn(connection)` on the calling (event loop) thread.
@@ -94,13 +103,13 @@ class Database:
         thread) the whole call goes to the worker thread, which waits for the lock
         up to the busy timeout without stalling the loop.
         """
-        if self._on_thread == 0:
+        if self._submitted == self._finished:
             conn = self._connection._conn
             conn.execute("PRAGMA busy_timeout = 0")
             try:
                 return fn(conn)
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # BUSY_* included
                     raise StorageError(f"{self.path}: {exc}") from exc
             except sqlite3.Error as exc:
                 raise StorageError(f"{self.path}: {exc}") from exc
@@ -111,10 +120,6 @@ class Database:
     async def close(self) -> None:
         """Close the connection and stop its thread."""
         await self._connection.close()
-
-
-def _call(fn: Callable[[sqlite3.Connection], T], connection: aiosqlite.Connection) -> T:
-    return fn(connection._conn)
 
 
 @contextmanager

@@ -1,0 +1,433 @@
+"""Database.run_inline, and the sink that commits on the event loop's thread.
+
+Real SQLite files; the write lock is held, and every outcome read, through independent
+sqlite3 connections; the sink is served by create_app on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import pytest
+
+from shared import Conflict, Event, Receipt, canonical_json, payload_digest
+from sink import Inbox
+from sqlite_tx import BUSY_TIMEOUT_MS, Database, StorageError, transaction
+
+if TYPE_CHECKING:
+    from conftest import Query, ServeSink
+
+SCHEMA = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",)
+EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
+WAIT_S = 2.0
+PENDING_S = 0.3  # long enough for a call that is not waiting for the lock to finish
+TICK_S = 0.01
+MAX_STALL_S = 0.25  # far below the 5 s a lock wait on the loop's thread would take
+POLL_S = 0.01
+
+
+class Boom(Exception):
+    pass
+
+
+@dataclass
+class Writer:
+    """A transaction that inserts one row; notes the thread of every call."""
+
+    name: str
+    threads: list[int] = field(default_factory=list)
+
+    def __call__(self, conn: sqlite3.Connection) -> int:
+        self.threads.append(threading.get_ident())
+        with transaction(conn):
+            rowid = conn.execute("INSERT INTO items (name) VALUES (?)", (self.name,)).lastrowid
+        assert rowid is not None
+        return rowid
+
+
+@dataclass
+class Ticker:
+    """A 10 ms sleep loop: how often the event loop came back to it, and its longest gap."""
+
+    ticks: int = 0
+    longest_gap_s: float = 0.0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = loop.time()
+            self.longest_gap_s = max(self.longest_gap_s, now - last)
+            self.ticks += 1
+            last = now
+
+
+@contextlib.asynccontextmanager
+async def ticking() -> AsyncIterator[Ticker]:
+    ticker = Ticker()
+    task = asyncio.create_task(ticker.run())
+    try:
+        yield ticker
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.contextmanager
+def write_lock(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection holding the write lock; ROLLBACK on it releases the lock."""
+    conn = sqlite3.connect(path, timeout=WAIT_S, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield conn
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.close()
+
+
+def try_write_lock(path: Path) -> None:
+    """Take and release the write lock from another connection, without waiting."""
+    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+async def busy_timeout_ms(db: Database) -> int:
+    value: int = await db.run(lambda conn: conn.execute("PRAGMA busy_timeout").fetchone()[0])
+    return value
+
+
+async def until(flag: threading.Event) -> None:
+    """Poll a flag set by another thread, for at most WAIT_S."""
+    async with asyncio.timeout(WAIT_S):
+        while not flag.is_set():
+            await asyncio.sleep(POLL_S)
+
+
+async def cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    return {"id": event_id, "sku": sku, "qty": qty}
+
+
+def names(db_rows: Query, path: Path) -> list[str]:
+    return [r[0] for r in db_rows(path, "SELECT name FROM items ORDER BY id")]
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+async def db(path: Path) -> AsyncIterator[Database]:
+    database = await Database.open(path, SCHEMA)
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+@pytest.fixture
+def sink_db(tmp_path: Path) -> Path:
+    return tmp_path / "sink.db"
+
+
+@pytest.fixture
+async def inbox(sink_db: Path) -> AsyncIterator[Inbox]:
+    async with Inbox.open(sink_db) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session
+
+
+# ---------------------------------------------------------------- run_inline, no contention
+
+
+async def test_run_inline_commits_on_the_loop_thread_and_restores_the_busy_timeout(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    writer = Writer("a")
+
+    rowid = await db.run_inline(writer)
+
+    assert writer.threads == [threading.get_ident()]
+    assert db_rows(path, "SELECT id, name FROM items") == [(rowid, "a")]
+    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS == 5_000
+    try_write_lock(path)
+
+
+async def test_an_exception_from_fn_propagates_unchanged_and_writes_nothing(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    error = Boom("after the write")
+    threads: list[int] = []
+
+    def write_then_fail(conn: sqlite3.Connection) -> None:
+        threads.append(threading.get_ident())
+        with transaction(conn):
+            conn.execute("INSERT INTO items (name) VALUES ('lost')")
+            raise error
+
+    with pytest.raises(Boom) as excinfo:
+        await db.run_inline(write_then_fail)
+
+    assert excinfo.value is error
+    assert threads == [threading.get_ident()]
+    assert names(db_rows, path) == []
+    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+    try_write_lock(path)
+    await db.run_inline(Writer("after"))
+    assert names(db_rows, path) == ["after"]
+
+
+@pytest.mark.parametrize(
+    ("statement", "cause"),
+    [
+        ("INSERT INTO no_such_table (x) VALUES (1)", sqlite3.OperationalError),
+        ("INSERT INTO items (name) VALUES ('known')", sqlite3.IntegrityError),
+    ],
+    ids=["missing-table", "unique-violation"],
+)
+async def test_a_sqlite_error_other_than_busy_is_a_storage_error_raised_inline(
+    db: Database, path: Path, db_rows: Query, statement: str, cause: type[sqlite3.Error]
+) -> None:
+    await db.run_inline(Writer("known"))
+    threads: list[int] = []
+
+    def write_then_fail(conn: sqlite3.Connection) -> None:
+        threads.append(threading.get_ident())
+        with transaction(conn):
+            conn.execute("INSERT INTO items (name) VALUES ('lost')")
+            conn.execute(statement)
+
+    with pytest.raises(StorageError) as excinfo:
+        await db.run_inline(write_then_fail)
+
+    assert type(excinfo.value.__cause__) is cause
+    assert str(path) in str(excinfo.value)
+    # Raised where it ran, on the loop's thread: not retried on the worker thread.
+    assert threads == [threading.get_ident()]
+    assert names(db_rows, path) == ["known"]
+    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+    try_write_lock(path)
+
+
+# ---------------------------------------------------------------- run_inline under contention
+
+
+async def test_a_held_write_lock_sends_the_call_to_the_worker_thread_without_stalling_the_loop(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    writer = Writer("waited")
+    with write_lock(path) as lock:
+        async with ticking() as ticker:
+            call = asyncio.create_task(db.run_inline(writer))
+            try:
+                await asyncio.sleep(PENDING_S)
+                assert not call.done(), "run_inline finished while the lock was held"
+                assert names(db_rows, path) == []
+                lock.execute("ROLLBACK")
+                rowid = await asyncio.wait_for(call, WAIT_S)
+            finally:
+                await cancel(call)
+        assert ticker.longest_gap_s < MAX_STALL_S
+        assert ticker.ticks >= PENDING_S / TICK_S / 3
+
+    loop_thread = threading.get_ident()
+    # Tried once inline (BEGIN IMMEDIATE was refused at once), then run on the worker.
+    assert len(writer.threads) == 2
+    assert writer.threads[0] == loop_thread != writer.threads[1]
+    assert db_rows(path, "SELECT id, name FROM items") == [(rowid, "waited")]
+    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+
+
+async def test_calls_made_while_the_lock_is_held_all_commit_in_order_once_it_is_released(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    writers = [Writer(f"w{n}") for n in range(5)]
+    with write_lock(path) as lock:
+        calls = [asyncio.create_task(db.run_inline(w)) for w in writers]
+        try:
+            await asyncio.sleep(PENDING_S)
+            assert not any(call.done() for call in calls)
+            lock.execute("ROLLBACK")
+            async with asyncio.timeout(WAIT_S):
+                rowids = await asyncio.gather(*calls)
+        finally:
+            for call in calls:
+                await cancel(call)
+
+    assert db_rows(path, "SELECT id, name FROM items ORDER BY id") == [
+        (rowid, w.name) for rowid, w in zip(rowids, writers, strict=True)
+    ]
+    # Once the first call is on the worker thread, the others queue behind it there.
+    loop_thread = threading.get_ident()
+    assert all(loop_thread not in w.threads for w in writers[1:])
+    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+
+
+async def test_a_call_running_on_the_worker_thread_keeps_run_inline_off_the_connection(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(conn: sqlite3.Connection) -> None:
+        with transaction(conn):
+            conn.execute("INSERT INTO items (name) VALUES ('slow')")
+            started.set()
+            release.wait(WAIT_S)
+
+    running = asyncio.create_task(db.run(slow))
+    writer = Writer("quick")
+    try:
+        await until(started)
+        # Inline, its BEGIN would run inside the worker's open transaction and fail.
+        call = asyncio.create_task(db.run_inline(writer))
+        await asyncio.sleep(PENDING_S)
+        assert not call.done(), "run_inline did not wait for the call on the worker thread"
+    finally:
+        release.set()
+    await asyncio.wait_for(running, WAIT_S)
+    await asyncio.wait_for(call, WAIT_S)
+
+    assert names(db_rows, path) == ["slow", "quick"]
+    assert len(writer.threads) == 1
+    assert writer.threads[0] != threading.get_ident()
+    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+
+
+async def test_a_cancelled_call_still_on_the_worker_thread_keeps_run_inline_off_the_connection(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(conn: sqlite3.Connection) -> None:
+        with transaction(conn):
+            conn.execute("INSERT INTO items (name) VALUES ('slow')")
+            started.set()
+            release.wait(WAIT_S)
+
+    running = asyncio.create_task(db.run(slow))
+    try:
+        await until(started)
+        await cancel(running)
+        call = asyncio.create_task(db.run_inline(Writer("quick")))
+        await asyncio.sleep(0)
+    finally:
+        release.set()
+        await db.run(lambda conn: None)  # the worker thread has finished `slow`
+    await asyncio.wait_for(call, WAIT_S)
+
+    assert names(db_rows, path) == ["slow", "quick"]
+
+
+# ---------------------------------------------------------------- the sink
+
+
+async def test_healthz_answers_while_a_post_waits_for_the_write_lock(
+    serve_sink: ServeSink, sink_db: Path, client: aiohttp.ClientSession, db_rows: Query
+) -> None:
+    base = await serve_sink(sink_db)
+    with write_lock(sink_db) as lock:
+        async with ticking() as ticker:
+            sending = asyncio.create_task(client.post(f"{base}/events", json=EVENT))
+            try:
+                await asyncio.sleep(PENDING_S)
+                assert not sending.done(), "the sink replied while it could not commit"
+                async with asyncio.timeout(1.0), client.get(f"{base}/healthz") as health:
+                    assert health.status == 200
+                    assert await health.json() == {"status": "ok"}
+                assert not sending.done()
+                assert db_rows(sink_db, "SELECT id FROM inbox") == []
+                lock.execute("ROLLBACK")
+                async with await asyncio.wait_for(sending, WAIT_S) as response:
+                    status, ack = response.status, await response.json()
+            finally:
+                await cancel(sending)
+        assert ticker.longest_gap_s < MAX_STALL_S
+
+    assert status == 200
+    assert (ack["ack"], ack["status"]) == ("order-1", "applied")
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+
+
+async def test_a_batch_that_waited_for_the_write_lock_applies_every_event(
+    inbox: Inbox, sink_db: Path, db_rows: Query
+) -> None:
+    events = [event("e0", qty=1), event("e1", "juice", 2), event("e2", qty=4)]
+    with write_lock(sink_db) as lock:
+        call = asyncio.create_task(inbox.receive_batch(events))
+        try:
+            await asyncio.sleep(PENDING_S)
+            assert not call.done()
+            lock.execute("ROLLBACK")
+            receipt = await asyncio.wait_for(call, WAIT_S)
+        finally:
+            await cancel(call)
+
+    assert [r.receipt for r in receipt.received] == [Receipt.APPLIED] * 3
+    assert receipt.conflict is None
+    assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid") == [("e0",), ("e1",), ("e2",)]
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {"snack": 5, "juice": 2}
+
+
+async def test_a_new_id_twice_in_one_batch_is_applied_then_duplicate_and_counted_once(
+    inbox: Inbox, sink_db: Path, db_rows: Query
+) -> None:
+    # Every ID is new to the inbox, yet the batch is not all-new: a repeats in it.
+    a, b = event("a", qty=3), event("b", "juice", 5)
+
+    receipt = await inbox.receive_batch([a, b, a])
+
+    assert [(r.receipt, r.digest) for r in receipt.received] == [
+        (Receipt.APPLIED, payload_digest(a)),
+        (Receipt.APPLIED, payload_digest(b)),
+        (Receipt.DUPLICATE, payload_digest(a)),
+    ]
+    assert receipt.conflict is None
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY rowid") == [
+        ("a", 2),
+        ("b", 1),
+    ]
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {"snack": 3, "juice": 5}
+
+
+async def test_a_new_id_again_in_one_batch_with_another_payload_stops_the_batch_there(
+    inbox: Inbox, sink_db: Path, db_rows: Query
+) -> None:
+    a, b, c = event("a", qty=3), event("b", "juice", 5), event("c", "tea", 11)
+
+    receipt = await inbox.receive_batch([a, b, {**a, "qty": 4}, c])
+
+    assert [r.receipt for r in receipt.received] == [Receipt.APPLIED, Receipt.APPLIED]
+    assert isinstance(receipt.conflict, Conflict)
+    assert receipt.conflict.event_id == "a"
+    assert db_rows(sink_db, "SELECT id, payload, deliveries FROM inbox ORDER BY rowid") == [
+        ("a", canonical_json(a), 1),
+        ("b", canonical_json(b), 1),
+    ]
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {"snack": 3, "juice": 5}
