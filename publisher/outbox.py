@@ -195,7 +195,10 @@ class Outbox(Store):
 
         def mark_all(conn: sqlite3.Connection) -> None:
             with transaction(conn):
-                for one in params:
+                # Each entry pending and unquarantined (the common case): one statement.
+                if conn.executemany(sql.MARK_PENDING_SENT, params).rowcount == len(params):
+                    return
+                for one in params:  # otherwise each one its own way (marking is idempotent)
                     _mark_one(conn, one)
 
         if params:

@@ -165,6 +165,12 @@ class EvidenceStore:
     With `overlap_marks`, `mark_sent_many` starts the commit of a verified batch and
     returns: the next batch is read (without those IDs) and sent while it commits.
     Each mark is awaited before the next one starts, and `flush` awaits the last.
+
+    While the last entry of a batch is being sent, the next batch is read ahead
+    (without the IDs of this one), so that reading it is not on the path from one
+    ACK to the next send. The read-ahead is used only by the `pending` call that
+    directly follows a batch marked in full; a failure, a partial batch or `flush`
+    drops it, and the next batch is then read afresh.
     """
 
     def __init__(
@@ -183,22 +189,49 @@ class EvidenceStore:
         self._marking: asyncio.Task[None] | None = None
         self._marking_ids: frozenset[str] = frozenset()
         self._acks: dict[str, Mapping[str, object]] = {}
+        self._limit = MAX_BATCH
+        self._ahead: asyncio.Future[list[tuple[int, Event, int]]] | None = None
+        self._ahead_valid = False
         self.batch: dict[str, tuple[int, int]] = {}  # id -> (seq, attempts so far)
         self.current: str | None = None  # the entry being sent, or last sent
 
     async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
-        rows = await self._outbox.pending_batch(limit, self._lane, self._marking_ids)
+        ahead, valid = self._ahead, self._ahead_valid and limit == self._limit
+        self._ahead, self._ahead_valid = None, False
+        self.batch, self.current = {}, None  # a failed read is not a failed delivery
+        if ahead is not None and valid:
+            rows = await ahead
+        else:
+            await _drop(ahead)
+            rows = await self._outbox.pending_batch(limit, self._lane, self._marking_ids)
+        self._limit = limit
         self.batch = {event["id"]: (seq, attempts) for seq, event, attempts in rows}
-        self.current = None
         self._acks.clear()
         return [event for _, event, _ in rows]
 
+    def _read_ahead(self, event_id: str) -> None:
+        """Sending the batch's last entry (or the whole batch): start reading the next."""
+        if self._ahead is None and len(self.batch) == self._limit and event_id in self.batch:
+            last = next(reversed(self.batch))
+            if event_id == last or self._deliver_batch is not None:
+                skip = self._marking_ids.union(self.batch)
+                self._ahead = asyncio.ensure_future(
+                    self._outbox.pending_batch(self._limit, self._lane, skip)
+                )
+
+    def _marked(self, event_ids: Sequence[str]) -> None:
+        """The read-ahead stays good only if the whole batch it skipped was marked."""
+        if self._ahead is not None and event_ids and event_ids[-1] == next(reversed(self.batch)):
+            self._ahead_valid = len(event_ids) == len(self.batch) or self._deliver_batch is None
+
     async def send(self, event: Event) -> bool:
         self.current = event["id"]
+        self._read_ahead(event["id"])
         self._acks[event["id"]] = await self._deliver(event)
         return True
 
     async def mark_sent(self, event_id: str) -> None:
+        self._marked([event_id])
         await self._outbox.mark_sent(event_id, self._acks.pop(event_id, None))
 
     async def send_batch(self, events: list[Event]) -> list[object]:
@@ -206,6 +239,8 @@ class EvidenceStore:
         if self._deliver_batch is None:
             raise RuntimeError("this store was made without a batch sender")
         self.current = events[0]["id"] if events else None
+        if events:
+            self._read_ahead(events[0]["id"])
         results: list[object] = []
         for event, result in zip(events, await self._deliver_batch(events), strict=False):
             self.current = event["id"]
@@ -217,22 +252,35 @@ class EvidenceStore:
         return results
 
     async def mark_sent_many(self, event_ids: Sequence[str]) -> None:
+        self._marked(event_ids)
         marks = [(event_id, self._acks.pop(event_id, None)) for event_id in event_ids]
-        await self.flush()
+        await self.flush(keep_ahead=True)
         if not self._overlap_marks:
             await self._outbox.mark_sent_many(marks)
         elif marks:
             self._marking_ids = frozenset(event_ids)
             self._marking = asyncio.ensure_future(self._outbox.mark_sent_many(marks))
 
-    async def flush(self) -> None:
-        """Wait for a mark still being committed; raise if it failed."""
+    async def flush(self, keep_ahead: bool = False) -> None:
+        """Wait for a mark still being committed; raise if it failed. Unless
+        `keep_ahead`, drop the read-ahead too."""
+        if not keep_ahead:
+            ahead, self._ahead, self._ahead_valid = self._ahead, None, False
+            await _drop(ahead)
         marking, self._marking = self._marking, None
         if marking is not None:
             try:
                 await marking
             finally:
                 self._marking_ids = frozenset()
+
+
+async def _drop(ahead: asyncio.Future[list[tuple[int, Event, int]]] | None) -> None:
+    """Let a read-ahead that will not be used finish; its result or error is not needed."""
+    if ahead is not None:
+        await asyncio.wait([ahead])
+        if not ahead.cancelled():
+            ahead.exception()  # retrieved, so asyncio does not log it as forgotten
 
 
 class Observer(Protocol):
@@ -452,10 +500,36 @@ class Relay:
         except Exception as exc:
             self._log_outcome(store, events[0]["id"], _outcome(exc), started, exc)
             raise
-        for event, result in zip(events, results, strict=False):
-            error = result if isinstance(result, BaseException) else None
-            self._log_outcome(store, event["id"], _outcome(error), started, error)
+        verified = next((n for n, result in enumerate(results) if result is not True), len(results))
+        delivered = [event["id"] for event in events[:verified]]
+        if delivered:
+            self._log_delivered(store, delivered, started)
+        if len(delivered) < len(results):
+            error = results[len(delivered)]
+            failed = events[len(delivered)]["id"]
+            assert isinstance(error, BaseException)
+            self._log_outcome(store, failed, _outcome(error), started, error)
         return results
+
+    def _log_delivered(self, store: EvidenceStore, event_ids: list[str], started: float) -> None:
+        """One line per request for the verified prefix of a batch (a line per entry would
+        cost the relay more than the request): its IDs, and the first entry's seq and
+        attempt."""
+        seq, attempts = store.batch.get(event_ids[0], (None, 0))
+        fields = {
+            "event_id": event_ids[0],
+            "seq": seq,
+            "attempt": attempts + 1,
+            "outcome": "delivered",
+            "latency_ms": round((time.perf_counter() - started) * 1000, 2),
+            "count": len(event_ids),
+            "last_seq": store.batch.get(event_ids[-1], (None, 0))[0],
+            "event_ids": event_ids,
+        }
+        log.info("delivery", extra=fields)
+        if self._observer is not None:
+            for _ in event_ids:
+                self._observer.delivery("delivered")
 
     async def _send(self, store: EvidenceStore, event: Event) -> bool:
         if self._stop.is_set():

@@ -109,9 +109,17 @@ def test_posted_orders_are_delivered_logged_as_json_and_sigterm_exits_zero(
     lines = publisher.log_lines()
     records = [json.loads(line) for line in lines]  # every line is one JSON object
     deliveries = [r for r in records if r.get("message") == "delivery"]
-    assert [(r["event_id"], r["seq"], r["attempt"], r["outcome"]) for r in deliveries] == [
-        (item["id"], n, 1, "delivered") for n, item in enumerate(orders, start=1)
-    ]
+    # Batch delivery (the default) logs one line per request: its IDs, first and last seq.
+    assert [i for r in deliveries for i in r["event_ids"]] == [item["id"] for item in orders]
+    for r in deliveries:
+        assert (r["event_id"], r["count"], r["outcome"]) == (
+            r["event_ids"][0],
+            len(r["event_ids"]),
+            "delivered",
+        )
+        assert r["last_seq"] - r["seq"] == r["count"] - 1
+        assert r["attempt"] == 1
+    assert deliveries[0]["seq"] == 1 and deliveries[-1]["last_seq"] == len(orders)
     assert all(
         isinstance(r["latency_ms"], int | float) and r["latency_ms"] >= 0 for r in deliveries
     )
