@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import sqlite3
 import time
@@ -17,7 +19,7 @@ from typing import Any, Final, Literal
 from publisher import sql
 from publisher.errors import InvalidTransition, UnknownEntry
 from shared import Conflict, Event, canonical_json, validate_event
-from sqlite_tx import Store, transaction
+from sqlite_tx import Database, StorageError, Store, transaction
 
 MAX_BATCH: Final = 16
 PRUNE_BATCH: Final = 500
@@ -140,6 +142,11 @@ class Outbox(Store):
 
     MIGRATIONS = sql.MIGRATIONS
 
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self._marks: list[tuple[list[dict[str, Any]], asyncio.Future[None]]] = []
+        self._marker: asyncio.Task[None] | None = None
+
     async def accept(self, event: object) -> Intake:
         """Record the order and its outbox entry in one transaction: both or neither."""
         valid = validate_event(event)
@@ -176,33 +183,53 @@ class Outbox(Store):
 
     async def mark_sent(self, event_id: str, ack: Mapping[str, object] | None = None) -> None:
         """Save the entry as sent, with the ACK that proved it. Idempotent once sent."""
-        params = {
-            "id": event_id,
-            "now": time.time(),
-            "ack": None if ack is None else json.dumps(ack),
-        }
-        await self._db.run(lambda conn: _mark_sent(conn, params))
+        await self.mark_sent_many([(event_id, ack)])
 
     async def mark_sent_many(
         self, marks: Sequence[tuple[str, Mapping[str, object] | None]]
     ) -> None:
-        """Save several entries as sent, each with its ACK, in one transaction."""
+        """Save several entries as sent, each with its ACK: all of them or none.
+
+        Marks asked for while another is being committed are committed together in
+        the next transaction (group commit): with several lanes in flight, one fsync
+        serves them all. Each call still succeeds or fails on its own.
+        """
         now = time.time()
         params = [
             {"id": event_id, "now": now, "ack": None if ack is None else json.dumps(ack)}
             for event_id, ack in marks
         ]
+        if not params:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._marks.append((params, done))
+        if self._marker is None:
+            self._marker = asyncio.ensure_future(self._commit_marks())
+        await done
 
-        def mark_all(conn: sqlite3.Connection) -> None:
-            with transaction(conn):
-                # Each entry pending and unquarantined (the common case): one statement.
-                if conn.executemany(sql.MARK_PENDING_SENT, params).rowcount == len(params):
-                    return
-                for one in params:  # otherwise each one its own way (marking is idempotent)
-                    _mark_one(conn, one)
-
-        if params:
-            await self._db.run(mark_all)
+    async def _commit_marks(self) -> None:
+        group: list[tuple[list[dict[str, Any]], asyncio.Future[None]]] = []
+        try:
+            while self._marks:
+                group, self._marks = self._marks, []
+                calls = [params for params, _ in group]
+                try:
+                    errors = await self._db.run(functools.partial(_mark_groups, calls=calls))
+                except Exception as exc:  # the transaction itself failed: every call did
+                    errors = [exc] * len(group)
+                for (_, done), error in zip(group, errors, strict=True):
+                    if done.done():  # its caller stopped waiting; the mark stands anyway
+                        continue
+                    if error is None:
+                        done.set_result(None)
+                    else:
+                        done.set_exception(error)
+                group = []
+        finally:
+            self._marker = None
+            for _, done in [*group, *self._marks]:
+                done.cancel()  # only when this task itself was cancelled
+            self._marks = []
 
     async def record_failure(self, event_id: str, error: str) -> None:
         """Count a failed attempt on a pending entry and keep its error."""
@@ -215,7 +242,8 @@ class Outbox(Store):
         await self._db.run(lambda conn: _quarantine(conn, params))
 
     async def redrive(self, event_id: str, by: str) -> QuarantineRecord:
-        """Make a quarantined entry pending again at its own seq, so it goes next.
+        """Make a quarantined entry pending again at its own seq, so it goes next
+        (after a batch the relay has already read or sent).
 
         Returns the closed quarantine record, with the entries delivered past it.
         """
@@ -286,9 +314,34 @@ def _accept(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
     return "accepted"
 
 
-def _mark_sent(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
+def _mark_groups(
+    conn: sqlite3.Connection, calls: list[list[dict[str, Any]]]
+) -> list[Exception | None]:
+    """Marks of several calls in one transaction; one error (or None) per call."""
     with transaction(conn):
-        _mark_one(conn, params)
+        # Every entry pending and unquarantined (the common case): one statement.
+        conn.execute("SAVEPOINT all_pending")
+        every = [one for params in calls for one in params]
+        if conn.executemany(sql.MARK_PENDING_SENT, every).rowcount == len(every):
+            conn.execute("RELEASE all_pending")
+            return [None] * len(calls)
+        conn.execute("ROLLBACK TO all_pending")
+        conn.execute("RELEASE all_pending")
+        return [_mark_call(conn, params) for params in calls]
+
+
+def _mark_call(conn: sqlite3.Connection, params: list[dict[str, Any]]) -> Exception | None:
+    """One call's marks, each entry its own way, all or none of them."""
+    conn.execute("SAVEPOINT one_call")
+    try:
+        for one in params:
+            _mark_one(conn, one)
+    except (InvalidTransition, UnknownEntry, sqlite3.Error) as exc:
+        conn.execute("ROLLBACK TO one_call")
+        conn.execute("RELEASE one_call")
+        return StorageError(f"marking failed: {exc}") if isinstance(exc, sqlite3.Error) else exc
+    conn.execute("RELEASE one_call")
+    return None
 
 
 def _mark_one(conn: sqlite3.Connection, params: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import sys
@@ -77,6 +78,7 @@ class SinkState:
     exit_after_commit: int = 0
     stall_s: float = 0.0
     reject_skus: frozenset[str] = frozenset()
+    writes_in_progress: int = 0  # POSTs between arrival and reply: > 1 shares commits
 
 
 INBOX: Final = web.AppKey("inbox", Inbox)
@@ -150,13 +152,24 @@ async def require_token(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 async def post_event(request: web.Request) -> web.StreamResponse:
-    state, received = request.app[STATE], request.app[METRICS].received
+    state = request.app[STATE]
+    state.writes_in_progress += 1
+    try:
+        return await _post_event(request, state)
+    finally:
+        state.writes_in_progress -= 1
+
+
+async def _post_event(request: web.Request, state: SinkState) -> web.StreamResponse:
+    received = request.app[METRICS].received
     if state.stall_s > 0:
         await asyncio.sleep(state.stall_s)
     try:
         event = await read_event(request, state.max_body_bytes)
         check_chaos_reject(state, event)
-        result = await request.app[INBOX].receive_with_digest(event)
+        result = await request.app[INBOX].receive_with_digest(
+            event, share_commit=state.writes_in_progress > 1
+        )
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
@@ -176,7 +189,16 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
     before it are committed and acknowledged, it and those after it change nothing,
     and `rejected` says which and why.
     """
-    state, received = request.app[STATE], request.app[METRICS].received
+    state = request.app[STATE]
+    state.writes_in_progress += 1
+    try:
+        return await _post_batch(request, state)
+    finally:
+        state.writes_in_progress -= 1
+
+
+async def _post_batch(request: web.Request, state: SinkState) -> web.StreamResponse:
+    received = request.app[METRICS].received
     if state.stall_s > 0:
         await asyncio.sleep(state.stall_s)
     try:
@@ -185,9 +207,11 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
         received.labels("invalid").inc()
         return exc.response()
     events, rejected = valid_prefix(state, items)
-    receipt = await request.app[INBOX].receive_batch(events)
-    for done in receipt.received:
-        received.labels(done.receipt.value).inc()
+    receipt = await request.app[INBOX].receive_batch(
+        events, share_commit=state.writes_in_progress > 1
+    )
+    for kind, count in collections.Counter(done.receipt.value for done in receipt.received).items():
+        received.labels(kind).inc(count)
     if receipt.conflict is not None:
         index = len(receipt.received)
         rejected = {"index": index, **conflict(receipt.conflict).body, "status": 409}

@@ -6,6 +6,8 @@ never claim an event whose effect is missing. The SQL is in `sink.sql`.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import sqlite3
 import time
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 from shared import Conflict, Event, Receipt, canonical_json, digest_of, validate_event
 from sink import sql
-from sqlite_tx import Store, transaction
+from sqlite_tx import Database, StorageError, Store, transaction
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,21 @@ class InboxRecord:
 
 
 class Inbox(Store):
-    """The sink's inbox and inventory in one SQLite file."""
+    """The sink's inbox and inventory in one SQLite file.
+
+    A write that has the database to itself commits on the calling thread (no hand-
+    off to the worker thread). Writes made with `share_commit` while others are in
+    progress are committed together (group commit): each in its own savepoint, all
+    in one transaction on the worker thread, so concurrent requests share one fsync
+    and the event loop keeps serving while it runs.
+    """
 
     MIGRATIONS = sql.MIGRATIONS
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self._queue: list[tuple[list[Event], asyncio.Future[BatchReceipt]]] = []
+        self._committer: asyncio.Task[None] | None = None
 
     async def receive(self, event: object) -> Receipt:
         """Apply the event once: record its ID and its effect in one transaction.
@@ -57,21 +71,58 @@ class Inbox(Store):
         """
         return (await self.receive_with_digest(event)).receipt
 
-    async def receive_with_digest(self, event: object) -> Received:
+    async def receive_with_digest(self, event: object, *, share_commit: bool = False) -> Received:
         """Like `receive`, also returning the SHA-256 of the stored payload."""
-        valid = validate_event(event)
-        return await self._db.run_inline(lambda conn: _receive(conn, valid, time.time()))
+        receipt = await self.receive_batch([validate_event(event)], share_commit=share_commit)
+        if receipt.conflict is not None:
+            raise receipt.conflict
+        return receipt.received[0]
 
-    async def receive_batch(self, events: Sequence[Event]) -> BatchReceipt:
+    async def receive_batch(
+        self, events: Sequence[Event], *, share_commit: bool = False
+    ) -> BatchReceipt:
         """Apply validated events in order in one transaction, stopping at the first conflict.
 
         Those before the conflict are applied (or counted as duplicates) and committed;
-        the conflicting one and those after it change nothing.
+        the conflicting one and those after it change nothing. With `share_commit`
+        (other writes are in progress) the transaction may hold other calls' writes.
         """
         items = list(events)
         if not items:
             return BatchReceipt([], None)
-        return await self._db.run_inline(lambda conn: _receive_batch(conn, items, time.time()))
+        if not share_commit and self._committer is None:
+            return await self._db.run_inline(lambda conn: _receive_batch(conn, items, time.time()))
+        done: asyncio.Future[BatchReceipt] = asyncio.get_running_loop().create_future()
+        self._queue.append((items, done))
+        if self._committer is None:
+            self._committer = asyncio.ensure_future(self._commit_groups())
+        return await done
+
+    async def _commit_groups(self) -> None:
+        group: list[tuple[list[Event], asyncio.Future[BatchReceipt]]] = []
+        try:
+            while self._queue:
+                group, self._queue = self._queue, []
+                calls = [items for items, _ in group]
+                try:
+                    outcomes = await self._db.run(
+                        functools.partial(_receive_groups, calls=calls, now=time.time())
+                    )
+                except Exception as exc:  # the transaction failed: so did every call in it
+                    outcomes = [exc] * len(group)
+                for (_, done), outcome in zip(group, outcomes, strict=True):
+                    if done.done():
+                        continue  # its caller stopped waiting; what committed stays
+                    if isinstance(outcome, BaseException):
+                        done.set_exception(outcome)
+                    else:
+                        done.set_result(outcome)
+                group = []
+        finally:
+            self._committer = None
+            for _, done in [*group, *self._queue]:
+                done.cancel()  # only when this task itself was cancelled
+            self._queue = []
 
     async def inventory(self, sku: str) -> int:
         """The quantity held for `sku`, 0 if it was never seen."""
@@ -92,29 +143,46 @@ class Inbox(Store):
         return int(row[0])
 
 
-def _receive(conn: sqlite3.Connection, event: Event, now: float) -> Received:
-    payload = canonical_json(event)
-    with transaction(conn):
-        return _apply(conn, event, payload, now)
-
-
 def _receive_batch(conn: sqlite3.Connection, events: list[Event], now: float) -> BatchReceipt:
+    with transaction(conn):
+        return _receive_in(conn, events, now)
+
+
+def _receive_groups(
+    conn: sqlite3.Connection, calls: list[list[Event]], now: float
+) -> list[BatchReceipt | Exception]:
+    """Several calls' batches in one transaction, each in a savepoint of its own: a
+    call that fails leaves nothing of itself and does not fail the others."""
+    outcomes: list[BatchReceipt | Exception] = []
+    with transaction(conn):
+        for events in calls:
+            conn.execute("SAVEPOINT one_call")
+            try:
+                outcomes.append(_receive_in(conn, events, now))
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK TO one_call")
+                outcomes.append(StorageError(str(exc)))
+            conn.execute("RELEASE one_call")
+    return outcomes
+
+
+def _receive_in(conn: sqlite3.Connection, events: list[Event], now: float) -> BatchReceipt:
+    """Inside a transaction: apply in order, stopping at the first conflict."""
     payloads = [canonical_json(event) for event in events]
     ids = [event["id"] for event in events]
-    with transaction(conn):
-        if len(set(ids)) == len(ids) and not _known(conn, ids):
-            # The common case, every ID new: one statement for the inbox rows and one
-            # per SKU for the inventory, instead of two or three per event.
-            rows = [(i, p, now, now) for i, p in zip(ids, payloads, strict=True)]
-            conn.executemany(sql.INSERT, rows)
-            conn.executemany(sql.APPLY, _totals(events).items())
-            return BatchReceipt([Received(Receipt.APPLIED, digest_of(p)) for p in payloads], None)
-        done: list[Received] = []
-        for event, payload in zip(events, payloads, strict=True):
-            try:
-                done.append(_apply(conn, event, payload, now))
-            except Conflict as exc:
-                return BatchReceipt(done, exc)  # the prefix commits; nothing of this one ran
+    if len(set(ids)) == len(ids) and not _known(conn, ids):
+        # The common case, every ID new: one statement for the inbox rows and one
+        # per SKU for the inventory, instead of two or three per event.
+        rows = [(i, p, now, now) for i, p in zip(ids, payloads, strict=True)]
+        conn.executemany(sql.INSERT, rows)
+        conn.executemany(sql.APPLY, _totals(events).items())
+        return BatchReceipt([Received(Receipt.APPLIED, digest_of(p)) for p in payloads], None)
+    done: list[Received] = []
+    for event, payload in zip(events, payloads, strict=True):
+        try:
+            done.append(_apply(conn, event, payload, now))
+        except Conflict as exc:
+            return BatchReceipt(done, exc)  # the prefix commits; nothing of this one ran
     return BatchReceipt(done, None)
 
 
