@@ -322,7 +322,11 @@ def _mark_groups(
         # Every entry pending and unquarantined (the common case): one statement.
         conn.execute("SAVEPOINT all_pending")
         every = [one for params in calls for one in params]
-        if conn.executemany(sql.MARK_PENDING_SENT, every).rowcount == len(every):
+        try:
+            all_pending = conn.executemany(sql.MARK_PENDING_SENT, every).rowcount == len(every)
+        except sqlite3.Error:
+            all_pending = False  # one call's entry, maybe: each call on its own finds out
+        if all_pending:
             conn.execute("RELEASE all_pending")
             return [None] * len(calls)
         conn.execute("ROLLBACK TO all_pending")

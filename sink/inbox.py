@@ -161,7 +161,9 @@ def _receive_groups(
                 outcomes.append(_receive_in(conn, events, now))
             except sqlite3.Error as exc:
                 conn.execute("ROLLBACK TO one_call")
-                outcomes.append(StorageError(str(exc)))
+                failed = StorageError(f"applying a batch failed: {exc}")
+                failed.__cause__ = exc
+                outcomes.append(failed)
             conn.execute("RELEASE one_call")
     return outcomes
 

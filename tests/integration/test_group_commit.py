@@ -1,0 +1,596 @@
+"""Group commit: concurrent sink writes and concurrent publisher marks share transactions.
+
+Real SQLite files, read back through independent sqlite3 connections; the sink is served
+by create_app on loopback. Each store's Database is watched by wrappers on the instance
+that call the real `run` and `run_inline`: they note the thread every transaction ran on
+(so grouped calls show as fewer worker-thread transactions than calls), and can hold the
+next worker-thread transaction before it begins, so that calls pile up behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import aiohttp
+import pytest
+
+from publisher.errors import UnknownEntry
+from publisher.outbox import Outbox
+from shared import Conflict, Event, Receipt, canonical_json, make_ack, payload_digest
+from sink import Inbox, create_app
+from sink.app import INBOX, STATE
+from sink.inbox import BatchReceipt
+from sqlite_tx import Database, StorageError
+
+if TYPE_CHECKING:
+    from conftest import Query, Serve
+
+T = TypeVar("T")
+
+WAIT_S = 1.5
+POLL_S = 0.005
+PENDING_S = 0.1  # long enough for a call that is not held back to finish
+ARRIVAL_S = 0.01  # between calls that arrive one by one while a transaction is held
+STALL_S = 0.2  # the sink's chaos stall: concurrent POSTs are all in progress at once
+REQUESTS = 6
+
+
+# ---------------------------------------------------------------- watching transactions
+
+
+@dataclass
+class Gate:
+    """Holds one worker-thread transaction before it begins, until released."""
+
+    started: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Trips:
+    """The thread of each transaction run through Database.run (`worker`) and through
+    run_inline (`inline`), in the order they ran."""
+
+    worker: list[int] = field(default_factory=list)
+    inline: list[int] = field(default_factory=list)
+    gate: Gate | None = None
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[Gate]:
+        """Hold the next worker-thread transaction; it is released on the way out."""
+        gate = self.gate = Gate()
+        try:
+            yield gate
+        finally:
+            gate.release.set()
+
+
+def watch(db: Database, monkeypatch: pytest.MonkeyPatch) -> Trips:
+    """Wrap run and run_inline on this instance; each calls the real method."""
+    trips = Trips()
+    real_run, real_inline = db.run, db.run_inline
+
+    async def run(fn: Callable[[sqlite3.Connection], T]) -> T:
+        gate, trips.gate = trips.gate, None
+
+        def traced(conn: sqlite3.Connection) -> T:
+            trips.worker.append(threading.get_ident())
+            if gate is not None:
+                gate.started.set()
+                gate.release.wait(WAIT_S)
+            return fn(conn)
+
+        return await real_run(traced)
+
+    async def run_inline(fn: Callable[[sqlite3.Connection], T]) -> T:
+        def traced(conn: sqlite3.Connection) -> T:
+            trips.inline.append(threading.get_ident())
+            return fn(conn)
+
+        return await real_inline(traced)
+
+    monkeypatch.setattr(db, "run", run)
+    monkeypatch.setattr(db, "run_inline", run_inline)
+    return trips
+
+
+async def until(flag: threading.Event) -> None:
+    """Poll a flag set by the worker thread, for at most WAIT_S."""
+    async with asyncio.timeout(WAIT_S):
+        while not flag.is_set():
+            await asyncio.sleep(POLL_S)
+
+
+async def settle(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel what is still running and wait for it: no task outlives its test."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def all_of(*calls: Awaitable[T]) -> list[T | BaseException]:
+    """Run the calls concurrently (bounded); each one's result or exception, in order."""
+    async with asyncio.timeout(WAIT_S):
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+
+def poison(db: Path, table: str, when: str, event_id: str) -> None:
+    """A trigger, added through another connection, that fails the statement that
+    inserts or updates this one row: a real sqlite3 error for one call only."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute(
+            f"CREATE TRIGGER poison BEFORE {when} ON {table} WHEN NEW.id = '{event_id}'"
+            " BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+        )
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- the sink's side
+
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    return {"id": event_id, "sku": sku, "qty": qty}
+
+
+def receipts(result: object) -> list[tuple[Receipt, str]]:
+    assert isinstance(result, BatchReceipt), result
+    return [(r.receipt, r.digest) for r in result.received]
+
+
+def applied(*events: Event) -> list[tuple[Receipt, str]]:
+    return [(Receipt.APPLIED, payload_digest(e)) for e in events]
+
+
+def inbox_ids(db_rows: Query, db: Path) -> list[str]:
+    return [r[0] for r in db_rows(db, "SELECT id FROM inbox ORDER BY rowid")]
+
+
+def inventory(db_rows: Query, db: Path) -> dict[str, int]:
+    return dict(db_rows(db, "SELECT sku, qty FROM inventory"))
+
+
+def received_at(db_rows: Query, db: Path, ids: list[str]) -> set[float]:
+    marks = ",".join("?" * len(ids))
+    return {
+        r[0] for r in db_rows(db, f"SELECT received_at FROM inbox WHERE id IN ({marks})", (*ids,))
+    }
+
+
+@pytest.fixture
+def sink_db(tmp_path: Path) -> Path:
+    return tmp_path / "sink.db"
+
+
+@pytest.fixture
+async def inbox(sink_db: Path) -> AsyncIterator[Inbox]:
+    async with Inbox.open(sink_db) as opened:
+        yield opened
+
+
+async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its_own_receipts(
+    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known = event("known", "tea", 9)
+    await inbox.receive_batch([known])
+    calls = [[event(f"c{k}-{n}", f"sku{k}", 10 * k + n + 1) for n in range(3)] for k in range(5)]
+    calls[3].insert(1, known)  # one call also repeats an event: applied, duplicate, applied...
+    trips = watch(inbox._db, monkeypatch)
+
+    results = await all_of(*(inbox.receive_batch(c, share_commit=True) for c in calls))
+
+    for call, result in zip(calls, results, strict=True):
+        assert isinstance(result, BatchReceipt) and result.conflict is None
+        expected = applied(*call)
+        if known in call:
+            expected[1] = (Receipt.DUPLICATE, payload_digest(known))
+        assert receipts(result) == expected
+    # One transaction on the worker thread for the five calls, none inline.
+    assert len(trips.worker) == 1 and trips.worker[0] != threading.get_ident()
+    assert trips.inline == []
+    new = [e["id"] for call in calls for e in call if e is not known]
+    assert inbox_ids(db_rows, sink_db) == ["known", *new]
+    assert len(received_at(db_rows, sink_db, new)) == 1  # one `now` for the whole group
+    assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'known'") == [(2,)]
+    assert inventory(db_rows, sink_db) == {
+        "tea": 9,
+        **{f"sku{k}": sum(10 * k + n + 1 for n in range(3)) for k in range(5)},
+    }
+
+
+async def test_a_conflict_in_one_grouped_call_stops_that_call_only(
+    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known = event("known", "tea", 9)
+    await inbox.receive_batch([known])
+    a = [event("a0", "apple", 1), event("a1", "apple", 2), event("known", "tea", 10), event("a3")]
+    b = [event("b0", "bean", 4), event("b1", "bean", 8)]
+    c = [event("c0", "corn", 16)]
+    trips = watch(inbox._db, monkeypatch)
+
+    got_a, got_b, got_single, got_c = await all_of(
+        inbox.receive_batch(a, share_commit=True),
+        inbox.receive_batch(b, share_commit=True),
+        inbox.receive_with_digest({**known, "qty": 11}, share_commit=True),
+        inbox.receive_batch(c, share_commit=True),
+    )
+
+    assert receipts(got_a) == applied(*a[:2])
+    assert isinstance(got_a, BatchReceipt) and isinstance(got_a.conflict, Conflict)
+    assert got_a.conflict.event_id == "known"
+    assert isinstance(got_single, Conflict) and got_single.event_id == "known"
+    assert receipts(got_b) == applied(*b) and receipts(got_c) == applied(*c)
+    assert len(trips.worker) == 1 and trips.inline == []
+    # Nothing of a's conflicting item or what follows it; the known row is as it was.
+    assert inbox_ids(db_rows, sink_db) == ["known", "a0", "a1", "b0", "b1", "c0"]
+    assert db_rows(sink_db, "SELECT payload, deliveries FROM inbox WHERE id = 'known'") == [
+        (canonical_json(known), 1)
+    ]
+    assert inventory(db_rows, sink_db) == {"tea": 9, "apple": 3, "bean": 12, "corn": 16}
+
+
+async def test_a_new_id_in_two_grouped_calls_is_applied_by_the_first_and_a_duplicate_in_the_second(
+    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = event("x", "tea", 5)
+    first, second = [x, event("a1", "apple", 1)], [event("b1", "bean", 2), x]
+    trips = watch(inbox._db, monkeypatch)
+
+    got_first, got_second = await all_of(
+        inbox.receive_batch(first, share_commit=True),
+        inbox.receive_batch(second, share_commit=True),
+    )
+
+    assert receipts(got_first) == applied(*first)
+    assert receipts(got_second) == [*applied(second[0]), (Receipt.DUPLICATE, payload_digest(x))]
+    assert len(trips.worker) == 1
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY rowid") == [
+        ("x", 2),
+        ("a1", 1),
+        ("b1", 1),
+    ]
+    assert inventory(db_rows, sink_db) == {"tea": 5, "apple": 1, "bean": 2}
+
+
+async def test_a_write_alone_commits_inline_and_a_shared_one_on_the_worker_thread(
+    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = watch(inbox._db, monkeypatch)
+    loop_thread = threading.get_ident()
+
+    alone = await inbox.receive_batch([event("alone", qty=2)])
+    assert (trips.inline, trips.worker) == ([loop_thread], [])
+    shared = await inbox.receive_with_digest(event("shared", qty=3), share_commit=True)
+
+    assert receipts(alone) == applied(event("alone", qty=2))
+    assert (shared.receipt, shared.digest) == applied(event("shared", qty=3))[0]
+    assert trips.inline == [loop_thread]
+    assert len(trips.worker) == 1 and trips.worker[0] != loop_thread
+    assert inbox_ids(db_rows, sink_db) == ["alone", "shared"]
+    assert inventory(db_rows, sink_db) == {"snack": 5}
+
+
+async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
+    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = watch(inbox._db, monkeypatch)
+    with trips.hold() as gate:
+        first = asyncio.create_task(inbox.receive_batch([event("e1")], share_commit=True))
+        await until(gate.started)
+        unshared = asyncio.create_task(inbox.receive_batch([event("e2")]))
+        await asyncio.sleep(ARRIVAL_S)  # each call in its own turn of the loop
+        shared = asyncio.create_task(inbox.receive_batch([event("e3")], share_commit=True))
+        try:
+            await asyncio.sleep(PENDING_S)
+            assert not any(t.done() for t in (first, unshared, shared))
+            assert trips.inline == [] and inbox_ids(db_rows, sink_db) == []
+        finally:
+            gate.release.set()
+            async with asyncio.timeout(WAIT_S):
+                await asyncio.wait([first, unshared, shared])
+            await settle(first, unshared, shared)
+
+    assert [receipts(t.result()) for t in (first, unshared, shared)] == [
+        applied(event(i)) for i in ("e1", "e2", "e3")
+    ]
+    # The held group, then one more with both calls that came while it ran.
+    assert len(trips.worker) == 2 and trips.inline == []
+    assert inbox_ids(db_rows, sink_db) == ["e1", "e2", "e3"]
+    assert len(received_at(db_rows, sink_db, ["e2", "e3"])) == 1
+    assert received_at(db_rows, sink_db, ["e1"]).isdisjoint(
+        received_at(db_rows, sink_db, ["e2", "e3"])
+    )
+
+
+async def test_a_grouped_call_whose_sql_fails_gets_a_storage_error_and_leaves_nothing(
+    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    poison(sink_db, "inbox", "INSERT", "b-poison")
+    a = [event("a0", "apple", 1), event("a1", "apple", 2)]
+    b = [event("b0", "bean", 4), event("b-poison", "bean", 8), event("b2", "bean", 16)]
+    c = [event("c0", "corn", 32)]
+    trips = watch(inbox._db, monkeypatch)
+
+    got_a, got_b, got_c = await all_of(
+        *(inbox.receive_batch(call, share_commit=True) for call in (a, b, c))
+    )
+
+    assert isinstance(got_b, StorageError) and "poisoned row" in str(got_b)
+    assert receipts(got_a) == applied(*a) and receipts(got_c) == applied(*c)
+    assert len(trips.worker) == 1
+    assert inbox_ids(db_rows, sink_db) == ["a0", "a1", "c0"]
+    assert inventory(db_rows, sink_db) == {"apple": 3, "corn": 32}
+    # The committer is not stuck: the next write alone commits inline again.
+    assert receipts(await inbox.receive_batch([b[0]])) == applied(b[0])
+    assert trips.inline == [threading.get_ident()]
+
+
+async def test_a_cancelled_shared_write_still_commits_and_later_writes_go_inline_again(
+    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = watch(inbox._db, monkeypatch)
+    with trips.hold() as gate:
+        running = asyncio.create_task(inbox.receive_batch([event("e1")], share_commit=True))
+        await until(gate.started)
+        queued = asyncio.create_task(inbox.receive_batch([event("e2")], share_commit=True))
+        waited = asyncio.create_task(inbox.receive_batch([event("e3")], share_commit=True))
+        await asyncio.sleep(0)
+        try:
+            await settle(running, queued)  # one in the held transaction, one queued
+        finally:
+            gate.release.set()
+        try:
+            result = await asyncio.wait_for(waited, WAIT_S)
+        finally:
+            await settle(waited)
+
+    assert running.cancelled() and queued.cancelled()
+    assert receipts(result) == applied(event("e3"))
+    assert inbox_ids(db_rows, sink_db) == ["e1", "e2", "e3"]
+    assert len(trips.worker) == 2 and trips.inline == []
+    assert receipts(await inbox.receive_batch([event("e4")])) == applied(event("e4"))
+    assert trips.inline == [threading.get_ident()] and len(trips.worker) == 2
+    assert inventory(db_rows, sink_db) == {"snack": 4}
+
+
+# ---------------------------------------------------------------- the sink over HTTP
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        yield session
+
+
+@dataclass
+class Served:
+    base: str
+    trips: Trips
+    state_of: Callable[[], int]
+
+
+@pytest.fixture
+async def stalled_sink(serve: Serve, sink_db: Path, monkeypatch: pytest.MonkeyPatch) -> Served:
+    """The real sink, each POST stalled so that concurrent ones are in progress at once."""
+    app = create_app(sink_db, stall_s=STALL_S)
+    base = await serve(app)
+    trips = watch(app[INBOX]._db, monkeypatch)
+    return Served(base, trips, lambda: app[STATE].writes_in_progress)
+
+
+async def post(client: aiohttp.ClientSession, url: str, body: object) -> tuple[int, Any]:
+    async with client.post(url, json=body) as response:
+        return response.status, await response.json()
+
+
+async def test_concurrent_batch_posts_share_commits_and_each_gets_its_own_acks(
+    stalled_sink: Served, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    url = f"{stalled_sink.base}/events/batch"
+    known = event("known", "tea", 9)
+    assert (await post(client, url, {"events": [known]}))[0] == 200
+    assert (len(stalled_sink.trips.inline), stalled_sink.trips.worker) == (1, [])  # alone
+    bodies = [[event(f"r{k}-{n}", f"sku{k}", n + 1) for n in range(3)] for k in range(REQUESTS)]
+    bodies[1][1] = {**known, "qty": 10}  # conflicts: r1-0 commits, r1-2 does not
+
+    replies = await all_of(*(post(client, url, {"events": body}) for body in bodies))
+
+    for k, (body, reply) in enumerate(zip(bodies, replies, strict=True)):
+        assert not isinstance(reply, BaseException), reply
+        status, answer = reply
+        prefix = body[:1] if k == 1 else body
+        assert status == 200
+        assert answer["acks"] == [
+            make_ack(e["id"], Receipt.APPLIED, payload_digest(e)) for e in prefix
+        ]
+        if k == 1:
+            assert answer["rejected"]["index"] == 1
+            assert (answer["rejected"]["status"], answer["rejected"]["id"]) == (409, "known")
+        else:
+            assert answer["rejected"] is None
+    stored = {r[0] for r in db_rows(sink_db, "SELECT id FROM inbox")}
+    assert stored == {"known"} | {e["id"] for body in bodies for e in body} - {"r1-2"}
+    assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'known'") == [(1,)]
+    trips = stalled_sink.trips
+    grouped = len(trips.worker) + len(trips.inline) - 1
+    assert 1 <= len(trips.worker) and grouped < REQUESTS
+    assert stalled_sink.state_of() == 0
+
+
+async def test_concurrent_event_posts_share_commits_and_each_gets_its_own_ack(
+    stalled_sink: Served, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    url = f"{stalled_sink.base}/events"
+    events = [event(f"p{k}", f"sku{k % 2}", k + 1) for k in range(REQUESTS)]
+    events.append(events[0])  # the same event again: a duplicate
+
+    replies = await all_of(*(post(client, url, e) for e in events))
+
+    assert replies[1:-1] == [
+        (200, make_ack(e["id"], Receipt.APPLIED, payload_digest(e))) for e in events[1:-1]
+    ]
+    # p0 twice in one group: whichever was queued first applied it, the other is a duplicate.
+    assert sorted([replies[0], replies[-1]], key=lambda reply: str(reply)) == [
+        (200, make_ack("p0", kind, payload_digest(events[0])))
+        for kind in (Receipt.APPLIED, Receipt.DUPLICATE)
+    ]
+    assert dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox")) == {
+        e["id"]: 2 if e is events[0] else 1 for e in events[:-1]
+    }
+    assert inventory(db_rows, sink_db) == {"sku0": 1 + 3 + 5, "sku1": 2 + 4 + 6}
+    trips = stalled_sink.trips
+    assert 1 <= len(trips.worker) and len(trips.worker) + len(trips.inline) < len(events)
+    assert stalled_sink.state_of() == 0
+
+
+# ---------------------------------------------------------------- the publisher's side
+
+
+@pytest.fixture
+def source_db(tmp_path: Path) -> Path:
+    return tmp_path / "source.db"
+
+
+@pytest.fixture
+async def outbox(source_db: Path) -> AsyncIterator[Outbox]:
+    async with Outbox.open(source_db) as opened:
+        yield opened
+
+
+async def accept(outbox: Outbox, *ids: str) -> None:
+    for event_id in ids:
+        assert await outbox.accept(event(event_id, f"lane-{event_id[0]}")) == "accepted"
+
+
+def acked(ids: list[str]) -> list[tuple[str, dict[str, str]]]:
+    return [(i, make_ack(i, Receipt.APPLIED)) for i in ids]
+
+
+def outbox_rows(db_rows: Query, db: Path) -> dict[str, tuple[Any, ...]]:
+    """id -> (sent, attempts, ack) for every entry."""
+    rows = db_rows(db, "SELECT id, sent, attempts, ack FROM outbox ORDER BY seq")
+    return {i: (sent, n, None if ack is None else json.loads(ack)) for i, sent, n, ack in rows}
+
+
+def marked(ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    return {i: (1, 1, make_ack(i, Receipt.APPLIED)) for i in ids}
+
+
+def unmarked(ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    return {i: (0, 0, None) for i in ids}
+
+
+async def test_marks_asked_for_while_one_commits_are_committed_together_next(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = [[f"{lane}{n}" for n in range(3)] for lane in "abcd"]
+    await accept(outbox, *(i for call in calls for i in call))
+    trips = watch(outbox._db, monkeypatch)
+
+    with trips.hold() as gate:
+        first = asyncio.create_task(outbox.mark_sent_many(acked(calls[0])))
+        await until(gate.started)
+        later = []
+        for call in calls[1:]:  # each call in its own turn of the loop
+            later.append(asyncio.create_task(outbox.mark_sent_many(acked(call))))
+            await asyncio.sleep(ARRIVAL_S)
+        try:
+            await asyncio.sleep(PENDING_S)
+            assert not any(t.done() for t in (first, *later))
+            assert db_rows(source_db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(0,)]
+        finally:
+            gate.release.set()
+            async with asyncio.timeout(WAIT_S):
+                await asyncio.wait([first, *later])
+            await settle(first, *later)
+
+    assert [t.result() for t in (first, *later)] == [None] * 4
+    # The held transaction had the first call; the three that came meanwhile shared one.
+    assert len(trips.worker) == 2
+    assert outbox_rows(db_rows, source_db) == marked([i for call in calls for i in call])
+    for call in calls:  # each call's marks carry the one time it was asked at
+        marks = ",".join("?" * len(call))
+        query = f"SELECT DISTINCT sent_at FROM outbox WHERE id IN ({marks})"
+        assert len(db_rows(source_db, query, (*call,))) == 1
+
+
+async def test_a_grouped_call_with_an_unknown_id_fails_alone_and_marks_none_of_its_entries(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, c = ["a0", "a1"], ["b0", "b1"], ["c0"]
+    await accept(outbox, *a, *b, *c)
+    trips = watch(outbox._db, monkeypatch)
+
+    got_a, got_b, got_single, got_c = await all_of(
+        outbox.mark_sent_many(acked(a)),
+        outbox.mark_sent_many(acked([b[0], "ghost", b[1]])),
+        outbox.mark_sent("phantom", make_ack("phantom", Receipt.APPLIED)),
+        outbox.mark_sent_many(acked(c)),
+    )
+
+    assert (got_a, got_c) == (None, None)
+    assert isinstance(got_b, UnknownEntry) and got_b.event_id == "ghost"
+    assert isinstance(got_single, UnknownEntry) and got_single.event_id == "phantom"
+    assert len(trips.worker) == 1  # all four calls in one transaction
+    assert outbox_rows(db_rows, source_db) == {**marked(a), **unmarked(b), **marked(c)}
+    await outbox.mark_sent_many(acked(b))  # without the unknown ID, b is marked
+    assert outbox_rows(db_rows, source_db) == marked([*a, *b, *c])
+
+
+async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_work(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await accept(outbox, "a0", "b0", "b1", "c0", "d0")
+    trips = watch(outbox._db, monkeypatch)
+
+    with trips.hold() as gate:
+        running = asyncio.create_task(outbox.mark_sent_many(acked(["a0"])))
+        await until(gate.started)
+        queued = asyncio.create_task(outbox.mark_sent_many(acked(["b0", "b1"])))
+        waited = asyncio.create_task(outbox.mark_sent_many(acked(["c0"])))
+        await asyncio.sleep(0)
+        try:
+            await settle(running, queued)  # one in the held transaction, one queued
+        finally:
+            gate.release.set()
+        try:
+            await asyncio.wait_for(waited, WAIT_S)
+        finally:
+            await settle(waited)
+
+    assert running.cancelled() and queued.cancelled()
+    assert len(trips.worker) == 2
+    assert outbox_rows(db_rows, source_db) == {
+        **marked(["a0", "b0", "b1", "c0"]),
+        **unmarked(["d0"]),
+    }
+    # The marker was reset: a later mark starts a new one and is committed.
+    await asyncio.wait_for(outbox.mark_sent("d0", make_ack("d0", Receipt.APPLIED)), WAIT_S)
+    assert len(trips.worker) == 3
+    assert outbox_rows(db_rows, source_db) == marked(["a0", "b0", "b1", "c0", "d0"])
+
+
+async def test_a_grouped_mark_whose_sql_fails_fails_alone(
+    outbox: Outbox, source_db: Path, db_rows: Query
+) -> None:
+    await accept(outbox, "a0", "b0", "b1")
+    poison(source_db, "outbox", "UPDATE OF sent", "b1")
+
+    got_a, got_b = await all_of(
+        outbox.mark_sent_many(acked(["a0"])), outbox.mark_sent_many(acked(["b0", "b1"]))
+    )
+
+    assert isinstance(got_b, StorageError)
+    assert got_a is None
+    assert outbox_rows(db_rows, source_db) == {**marked(["a0"]), **unmarked(["b0", "b1"])}
