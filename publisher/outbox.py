@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import sqlite3
 import time
@@ -19,7 +17,7 @@ from typing import Any, Final, Literal
 from publisher import sql
 from publisher.errors import InvalidTransition, UnknownEntry
 from shared import Conflict, Event, canonical_json, validate_event
-from sqlite_tx import Database, StorageError, Store, transaction
+from sqlite_tx import Database, GroupCommit, StorageError, Store, transaction
 
 MAX_BATCH: Final = 16
 PRUNE_BATCH: Final = 500
@@ -144,8 +142,7 @@ class Outbox(Store):
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
-        self._marks: list[tuple[list[dict[str, Any]], asyncio.Future[None]]] = []
-        self._marker: asyncio.Task[None] | None = None
+        self._marks = GroupCommit(db, _mark_groups)
 
     async def accept(self, event: object) -> Intake:
         """Record the order and its outbox entry in one transaction: both or neither."""
@@ -201,35 +198,7 @@ class Outbox(Store):
         ]
         if not params:
             return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._marks.append((params, done))
-        if self._marker is None:
-            self._marker = asyncio.ensure_future(self._commit_marks())
-        await done
-
-    async def _commit_marks(self) -> None:
-        group: list[tuple[list[dict[str, Any]], asyncio.Future[None]]] = []
-        try:
-            while self._marks:
-                group, self._marks = self._marks, []
-                calls = [params for params, _ in group]
-                try:
-                    errors = await self._db.run(functools.partial(_mark_groups, calls=calls))
-                except Exception as exc:  # the transaction itself failed: every call did
-                    errors = [exc] * len(group)
-                for (_, done), error in zip(group, errors, strict=True):
-                    if done.done():  # its caller stopped waiting; the mark stands anyway
-                        continue
-                    if error is None:
-                        done.set_result(None)
-                    else:
-                        done.set_exception(error)
-                group = []
-        finally:
-            self._marker = None
-            for _, done in [*group, *self._marks]:
-                done.cancel()  # only when this task itself was cancelled
-            self._marks = []
+        await self._marks.submit(params)
 
     async def record_failure(self, event_id: str, error: str) -> None:
         """Count a failed attempt on a pending entry and keep its error."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -151,16 +152,27 @@ async def require_token(request: web.Request, handler: Handler) -> web.StreamRes
     return await handler(request)
 
 
-async def post_event(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    state.writes_in_progress += 1
-    try:
-        return await _post_event(request, state)
-    finally:
-        state.writes_in_progress -= 1
+WriteHandler = Callable[[web.Request, SinkState], Awaitable[web.StreamResponse]]
 
 
-async def _post_event(request: web.Request, state: SinkState) -> web.StreamResponse:
+def counts_as_write(handler: WriteHandler) -> Handler:
+    """Count the request in `writes_in_progress` from arrival to reply: while others
+    are in progress, its commit is shared with theirs."""
+
+    @functools.wraps(handler)
+    async def counted(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE]
+        state.writes_in_progress += 1
+        try:
+            return await handler(request, state)
+        finally:
+            state.writes_in_progress -= 1
+
+    return counted
+
+
+@counts_as_write
+async def post_event(request: web.Request, state: SinkState) -> web.StreamResponse:
     received = request.app[METRICS].received
     if state.stall_s > 0:
         await asyncio.sleep(state.stall_s)
@@ -182,22 +194,14 @@ async def _post_event(request: web.Request, state: SinkState) -> web.StreamRespo
     return web.json_response(make_ack(event["id"], result.receipt, result.digest))
 
 
-async def post_batch(request: web.Request) -> web.StreamResponse:
+@counts_as_write
+async def post_batch(request: web.Request, state: SinkState) -> web.StreamResponse:
     """Apply 1 to 16 events in order in one transaction; one ACK per applied item.
 
     An item that is rejected (invalid, conflict) stops the batch there: the items
     before it are committed and acknowledged, it and those after it change nothing,
     and `rejected` says which and why.
     """
-    state = request.app[STATE]
-    state.writes_in_progress += 1
-    try:
-        return await _post_batch(request, state)
-    finally:
-        state.writes_in_progress -= 1
-
-
-async def _post_batch(request: web.Request, state: SinkState) -> web.StreamResponse:
     received = request.app[METRICS].received
     if state.stall_s > 0:
         await asyncio.sleep(state.stall_s)

@@ -6,8 +6,6 @@ never claim an event whose effect is missing. The SQL is in `sink.sql`.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import sqlite3
 import time
@@ -16,7 +14,7 @@ from dataclasses import dataclass
 
 from shared import Conflict, Event, Receipt, canonical_json, digest_of, validate_event
 from sink import sql
-from sqlite_tx import Database, StorageError, Store, transaction
+from sqlite_tx import Database, GroupCommit, StorageError, Store, transaction
 
 
 @dataclass(frozen=True)
@@ -60,8 +58,7 @@ class Inbox(Store):
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
-        self._queue: list[tuple[list[Event], asyncio.Future[BatchReceipt]]] = []
-        self._committer: asyncio.Task[None] | None = None
+        self._groups = GroupCommit(db, _receive_groups)
 
     async def receive(self, event: object) -> Receipt:
         """Apply the event once: record its ID and its effect in one transaction.
@@ -90,39 +87,9 @@ class Inbox(Store):
         items = list(events)
         if not items:
             return BatchReceipt([], None)
-        if not share_commit and self._committer is None:
+        if not share_commit and not self._groups.busy:
             return await self._db.run_inline(lambda conn: _receive_batch(conn, items, time.time()))
-        done: asyncio.Future[BatchReceipt] = asyncio.get_running_loop().create_future()
-        self._queue.append((items, done))
-        if self._committer is None:
-            self._committer = asyncio.ensure_future(self._commit_groups())
-        return await done
-
-    async def _commit_groups(self) -> None:
-        group: list[tuple[list[Event], asyncio.Future[BatchReceipt]]] = []
-        try:
-            while self._queue:
-                group, self._queue = self._queue, []
-                calls = [items for items, _ in group]
-                try:
-                    outcomes = await self._db.run(
-                        functools.partial(_receive_groups, calls=calls, now=time.time())
-                    )
-                except Exception as exc:  # the transaction failed: so did every call in it
-                    outcomes = [exc] * len(group)
-                for (_, done), outcome in zip(group, outcomes, strict=True):
-                    if done.done():
-                        continue  # its caller stopped waiting; what committed stays
-                    if isinstance(outcome, BaseException):
-                        done.set_exception(outcome)
-                    else:
-                        done.set_result(outcome)
-                group = []
-        finally:
-            self._committer = None
-            for _, done in [*group, *self._queue]:
-                done.cancel()  # only when this task itself was cancelled
-            self._queue = []
+        return await self._groups.submit(items)
 
     async def inventory(self, sku: str) -> int:
         """The quantity held for `sku`, 0 if it was never seen."""
@@ -149,11 +116,12 @@ def _receive_batch(conn: sqlite3.Connection, events: list[Event], now: float) ->
 
 
 def _receive_groups(
-    conn: sqlite3.Connection, calls: list[list[Event]], now: float
+    conn: sqlite3.Connection, calls: list[list[Event]]
 ) -> list[BatchReceipt | Exception]:
     """Several calls' batches in one transaction, each in a savepoint of its own: a
     call that fails leaves nothing of itself and does not fail the others."""
     outcomes: list[BatchReceipt | Exception] = []
+    now = time.time()
     with transaction(conn):
         for events in calls:
             conn.execute("SAVEPOINT one_call")

@@ -64,11 +64,6 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 @pytest.fixture
-def sink_db(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
-@pytest.fixture
 async def base(serve_sink: ServeSink, sink_db: Path) -> str:
     return await serve_sink(sink_db)
 

@@ -168,17 +168,6 @@ def received_at(db_rows: Query, db: Path, ids: list[str]) -> set[float]:
     }
 
 
-@pytest.fixture
-def sink_db(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
-@pytest.fixture
-async def inbox(sink_db: Path) -> AsyncIterator[Inbox]:
-    async with Inbox.open(sink_db) as opened:
-        yield opened
-
-
 async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its_own_receipts(
     inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -141,17 +141,6 @@ class LaneSink:
 
 
 @pytest.fixture
-def sink_db(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
-@pytest.fixture
-async def inbox(sink_db: Path) -> AsyncIterator[Inbox]:
-    async with Inbox.open(sink_db) as opened:
-        yield opened
-
-
-@pytest.fixture
 def db(tmp_path: Path) -> Path:
     return tmp_path / "source.db"
 

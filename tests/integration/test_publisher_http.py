@@ -49,11 +49,6 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def sink_db(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
-@pytest.fixture
 async def sink(serve_sink: ServeSink, sink_db: Path) -> str:
     return await serve_sink(sink_db)
 

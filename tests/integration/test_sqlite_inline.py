@@ -147,17 +147,6 @@ async def db(path: Path) -> AsyncIterator[Database]:
 
 
 @pytest.fixture
-def sink_db(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
-@pytest.fixture
-async def inbox(sink_db: Path) -> AsyncIterator[Inbox]:
-    async with Inbox.open(sink_db) as opened:
-        yield opened
-
-
-@pytest.fixture
 async def client() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         yield session
