@@ -68,17 +68,6 @@ async def base(serve_sink: ServeSink, sink_db: Path) -> str:
     return await serve_sink(sink_db)
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
-async def outbox(db: Path) -> AsyncIterator[Outbox]:
-    async with Outbox.open(db) as opened:
-        yield opened
-
-
 async def post_batch(
     client: aiohttp.ClientSession,
     base: str,

@@ -140,17 +140,6 @@ class LaneSink:
         return [request[0] for request in self.requests]
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
-async def outbox(db: Path) -> AsyncIterator[Outbox]:
-    async with Outbox.open(db) as opened:
-        yield opened
-
-
 @contextlib.asynccontextmanager
 async def running_relay(
     outbox: Outbox, url: str, mode: Mode, **options: Any

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,17 +22,6 @@ if TYPE_CHECKING:
 ACK = {"ack": "x", "status": "applied"}
 # sent_at and quarantined_at come from time.time(); a short pause keeps them apart.
 TICK_S = 0.01
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
-async def outbox(db: Path) -> AsyncIterator[Outbox]:
-    async with Outbox.open(db) as opened:
-        yield opened
 
 
 async def accept(outbox: Outbox, *ids: str, qty: int = 1) -> None:

@@ -153,17 +153,6 @@ class Sink:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
-async def outbox(db: Path) -> AsyncIterator[Outbox]:
-    async with Outbox.open(db) as opened:
-        yield opened
-
-
-@pytest.fixture
 def timeline(outbox: Outbox, monkeypatch: pytest.MonkeyPatch) -> Timeline:
     recorded = Timeline()
     record_reads(outbox, recorded, monkeypatch)

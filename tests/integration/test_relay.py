@@ -87,17 +87,6 @@ async def fake_url(serve: Serve, fake: FakeSink) -> str:
     return f"{await serve(app, handler_cancellation=True)}/events"
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
-async def outbox(db: Path) -> AsyncIterator[Outbox]:
-    async with Outbox.open(db) as opened:
-        yield opened
-
-
 class Outcomes:
     """An Observer that keeps every delivery outcome."""
 
