@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -278,16 +278,25 @@ async def test_calls_made_while_the_lock_is_held_all_commit_in_order_once_it_is_
     assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
 
 
-async def test_a_call_running_on_the_worker_thread_keeps_run_inline_off_the_connection(
-    db: Database, path: Path, db_rows: Query
-) -> None:
-    started, release = threading.Event(), threading.Event()
+def held_open(
+    started: threading.Event, release: threading.Event
+) -> Callable[[sqlite3.Connection], None]:
+    """A transaction that writes 'slow', says so, and stays open until released."""
 
     def slow(conn: sqlite3.Connection) -> None:
         with transaction(conn):
             conn.execute("INSERT INTO items (name) VALUES ('slow')")
             started.set()
             release.wait(WAIT_S)
+
+    return slow
+
+
+async def test_a_call_running_on_the_worker_thread_keeps_run_inline_off_the_connection(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    slow = held_open(started, release)
 
     running = asyncio.create_task(db.run(slow))
     writer = Writer("quick")
@@ -312,12 +321,7 @@ async def test_a_cancelled_call_still_on_the_worker_thread_keeps_run_inline_off_
     db: Database, path: Path, db_rows: Query
 ) -> None:
     started, release = threading.Event(), threading.Event()
-
-    def slow(conn: sqlite3.Connection) -> None:
-        with transaction(conn):
-            conn.execute("INSERT INTO items (name) VALUES ('slow')")
-            started.set()
-            release.wait(WAIT_S)
+    slow = held_open(started, release)
 
     running = asyncio.create_task(db.run(slow))
     try:
