@@ -1,12 +1,14 @@
 """The wire contract between publisher and sink: events, ACKs, errors. No I/O."""
 
-from shared.ack import Receipt, digest_of, make_ack, payload_digest, verify_ack
-from shared.errors import Conflict, InvalidAck, InvalidEvent
+from shared.ack import FENCE_HEADER, Receipt, digest_of, make_ack, payload_digest, verify_ack
+from shared.errors import Conflict, FenceNotMet, InvalidAck, InvalidEvent
 from shared.event import Event, canonical_json, validate_event, validate_event_id, validate_sku
 
 __all__ = [
+    "FENCE_HEADER",
     "Conflict",
     "Event",
+    "FenceNotMet",
     "InvalidAck",
     "InvalidEvent",
     "Receipt",

@@ -20,6 +20,9 @@ class Receipt(StrEnum):
 
 ACK_FIELD: Final = "ack"
 DIGEST_FIELD: Final = "sha256"
+# A pipelined request names the last event of the request sent just before it; the
+# sink applies nothing of it unless that event is in its inbox (else 412).
+FENCE_HEADER: Final = "Outbox-After"
 
 
 def payload_digest(event: Event) -> str:

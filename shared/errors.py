@@ -20,5 +20,14 @@ class Conflict(Exception):
         self.event_id = event_id
 
 
+class FenceNotMet(Exception):
+    """A pipelined request named a predecessor the sink has not applied: nothing of the
+    request was applied, so the sink never applies events out of the sender's order."""
+
+    def __init__(self, after: str) -> None:
+        super().__init__(f"event {after!r}, named as the one before, is not in the inbox")
+        self.after = after
+
+
 class InvalidAck(ValueError):
     """The reply is not an ACK for the event that was sent."""

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -17,8 +17,10 @@ from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared import (
+    FENCE_HEADER,
     Conflict,
     Event,
+    FenceNotMet,
     InvalidEvent,
     make_ack,
     validate_event,
@@ -38,6 +40,7 @@ from shared.web import (
     read_event,
     read_json,
 )
+from sink.fence import Fences
 from sink.inbox import Inbox
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,11 @@ class SinkMetrics:
             registry=self.registry,
         )
         self.events = Gauge("sink_inbox_events", "Events in the inbox.", registry=self.registry)
+        self.fenced = Counter(
+            "sink_fenced_requests",
+            f"Requests refused with 412: the event named in {FENCE_HEADER} was not in the inbox.",
+            registry=self.registry,
+        )
 
 
 @dataclass
@@ -80,6 +88,7 @@ class SinkState:
     stall_s: float = 0.0
     reject_skus: frozenset[str] = frozenset()
     writes_in_progress: int = 0  # POSTs between arrival and reply: > 1 shares commits
+    fences: Fences = field(default_factory=Fences)
 
 
 INBOX: Final = web.AppKey("inbox", Inbox)
@@ -176,18 +185,26 @@ async def post_event(request: web.Request, state: SinkState) -> web.StreamRespon
     received = request.app[METRICS].received
     if state.stall_s > 0:
         await asyncio.sleep(state.stall_s)
+    inbox = request.app[INBOX]
     try:
+        after = read_fence(request)
         event = await read_event(request, state.max_body_bytes)
         check_chaos_reject(state, event)
-        result = await request.app[INBOX].receive_with_digest(
-            event, share_commit=state.writes_in_progress > 1
-        )
+        with state.fences.waking([event["id"]]):
+            if after is not None:
+                await state.fences.wait(after, inbox.knows)
+            state.fences.handed([event["id"]])
+            result = await inbox.receive_with_digest(
+                event, after=after, share_commit=state.writes_in_progress > 1 or after is not None
+            )
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
     except Conflict as exc:
         received.labels("conflict").inc()
         raise conflict(exc) from exc
+    except FenceNotMet as exc:
+        return fence_not_met(request, exc)
     received.labels(result.receipt.value).inc()
     if chaos_after_commit(state, event["id"]):
         return drop_connection(request, event["id"])
@@ -205,15 +222,24 @@ async def post_batch(request: web.Request, state: SinkState) -> web.StreamRespon
     received = request.app[METRICS].received
     if state.stall_s > 0:
         await asyncio.sleep(state.stall_s)
+    inbox = request.app[INBOX]
     try:
+        after = read_fence(request)
         items = batch_items(await read_json(request, state.max_batch_body_bytes))
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
     events, rejected = valid_prefix(state, items)
-    receipt = await request.app[INBOX].receive_batch(
-        events, share_commit=state.writes_in_progress > 1
-    )
+    try:
+        with state.fences.waking(item_ids(items)):
+            if after is not None and events:
+                await state.fences.wait(after, inbox.knows)
+            state.fences.handed(event["id"] for event in events)
+            receipt = await inbox.receive_batch(
+                events, after=after, share_commit=state.writes_in_progress > 1 or after is not None
+            )
+    except FenceNotMet as exc:
+        return fence_not_met(request, exc)
     for kind, count in collections.Counter(done.receipt.value for done in receipt.received).items():
         received.labels(kind).inc(count)
     if receipt.conflict is not None:
@@ -230,6 +256,31 @@ async def post_batch(request: web.Request, state: SinkState) -> web.StreamRespon
     return web.json_response({"acks": acks, "rejected": rejected})
 
 
+def read_fence(request: web.Request) -> str | None:
+    """The event ID in the Outbox-After header, None without one; BadRequest 400 if
+    it is not a well-formed ID."""
+    after = request.headers.get(FENCE_HEADER)
+    if after is None:
+        return None
+    try:
+        return validate_event_id(after)
+    except InvalidEvent as exc:
+        raise BadRequest(
+            400, "invalid", f"invalid {FENCE_HEADER}", field=FENCE_HEADER, detail=exc.problem
+        ) from exc
+
+
+def fence_not_met(request: web.Request, exc: FenceNotMet) -> web.Response:
+    """412: the event the request names as its predecessor is not in the inbox, so
+    nothing of the request was applied. The sender resends it after that event."""
+    request.app[METRICS].fenced.inc()
+    return error(
+        412,
+        f"the event named in {FENCE_HEADER} is not in the inbox: nothing was applied",
+        after=exc.after,
+    )
+
+
 def batch_items(body: object) -> list[object]:
     """The `events` list of a batch body: 1 to MAX_BATCH items, else BadRequest 400."""
     if not isinstance(body, dict) or set(body) != {"events"}:
@@ -238,6 +289,12 @@ def batch_items(body: object) -> list[object]:
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
         raise BadRequest(400, "invalid", f"events must be a list of 1 to {MAX_BATCH} events")
     return items
+
+
+def item_ids(items: list[object]) -> list[str]:
+    """The string IDs of a batch's items, valid or not (a later request may name one)."""
+    ids = (item.get("id") if isinstance(item, dict) else None for item in items)
+    return [event_id for event_id in ids if isinstance(event_id, str)]
 
 
 def valid_prefix(

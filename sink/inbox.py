@@ -12,7 +12,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared import Conflict, Event, Receipt, canonical_json, digest_of, validate_event
+from shared import (
+    Conflict,
+    Event,
+    FenceNotMet,
+    Receipt,
+    canonical_json,
+    digest_of,
+    validate_event,
+)
 from sink import sql
 from sqlite_tx import Database, GroupCommit, StorageError, Store, transaction
 
@@ -68,28 +76,42 @@ class Inbox(Store):
         """
         return (await self.receive_with_digest(event)).receipt
 
-    async def receive_with_digest(self, event: object, *, share_commit: bool = False) -> Received:
+    async def receive_with_digest(
+        self, event: object, *, after: str | None = None, share_commit: bool = False
+    ) -> Received:
         """Like `receive`, also returning the SHA-256 of the stored payload."""
-        receipt = await self.receive_batch([validate_event(event)], share_commit=share_commit)
+        receipt = await self.receive_batch(
+            [validate_event(event)], after=after, share_commit=share_commit
+        )
         if receipt.conflict is not None:
             raise receipt.conflict
         return receipt.received[0]
 
     async def receive_batch(
-        self, events: Sequence[Event], *, share_commit: bool = False
+        self, events: Sequence[Event], *, after: str | None = None, share_commit: bool = False
     ) -> BatchReceipt:
         """Apply validated events in order in one transaction, stopping at the first conflict.
 
         Those before the conflict are applied (or counted as duplicates) and committed;
-        the conflicting one and those after it change nothing. With `share_commit`
-        (other writes are in progress) the transaction may hold other calls' writes.
+        the conflicting one and those after it change nothing. With `after` (the event
+        the sender delivered just before these), nothing is applied unless that event
+        is in the inbox: FenceNotMet, checked in the same transaction. With
+        `share_commit` (other writes are in progress) the transaction may hold other
+        calls' writes.
         """
         items = list(events)
         if not items:
             return BatchReceipt([], None)
         if not share_commit and not self._groups.busy:
-            return await self._db.run_inline(lambda conn: _receive_batch(conn, items, time.time()))
-        return await self._groups.submit(items)
+            return await self._db.run_inline(
+                lambda conn: _receive_batch(conn, items, after, time.time())
+            )
+        return await self._groups.submit((items, after))
+
+    async def knows(self, event_id: str) -> bool:
+        """Whether the inbox holds `event_id` (a read of one row)."""
+        row = await self._db.run_inline(lambda conn: conn.execute(sql.FIND, (event_id,)).fetchone())
+        return row is not None
 
     async def inventory(self, sku: str) -> int:
         """The quantity held for `sku`, 0 if it was never seen."""
@@ -110,23 +132,28 @@ class Inbox(Store):
         return int(row[0])
 
 
-def _receive_batch(conn: sqlite3.Connection, events: list[Event], now: float) -> BatchReceipt:
+Call = tuple[list[Event], str | None]  # events in order, and the fence (event before)
+
+
+def _receive_batch(
+    conn: sqlite3.Connection, events: list[Event], after: str | None, now: float
+) -> BatchReceipt:
     with transaction(conn):
-        return _receive_in(conn, events, now)
+        return _receive_in(conn, events, after, now)
 
 
-def _receive_groups(
-    conn: sqlite3.Connection, calls: list[list[Event]]
-) -> list[BatchReceipt | Exception]:
+def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchReceipt | Exception]:
     """Several calls' batches in one transaction, each in a savepoint of its own: a
     call that fails leaves nothing of itself and does not fail the others."""
     outcomes: list[BatchReceipt | Exception] = []
     now = time.time()
     with transaction(conn):
-        for events in calls:
+        for events, after in calls:
             conn.execute("SAVEPOINT one_call")
             try:
-                outcomes.append(_receive_in(conn, events, now))
+                outcomes.append(_receive_in(conn, events, after, now))
+            except FenceNotMet as exc:  # raised before anything of the call was written
+                outcomes.append(exc)
             except sqlite3.Error as exc:
                 conn.execute("ROLLBACK TO one_call")
                 failed = StorageError(f"applying a batch failed: {exc}")
@@ -136,8 +163,13 @@ def _receive_groups(
     return outcomes
 
 
-def _receive_in(conn: sqlite3.Connection, events: list[Event], now: float) -> BatchReceipt:
-    """Inside a transaction: apply in order, stopping at the first conflict."""
+def _receive_in(
+    conn: sqlite3.Connection, events: list[Event], after: str | None, now: float
+) -> BatchReceipt:
+    """Inside a transaction: check the fence, then apply in order, stopping at the
+    first conflict."""
+    if after is not None and conn.execute(sql.FIND, (after,)).fetchone() is None:
+        raise FenceNotMet(after)
     payloads = [canonical_json(event) for event in events]
     ids = [event["id"] for event in events]
     if len(set(ids)) == len(ids) and not _known(conn, ids):

@@ -1,0 +1,91 @@
+"""Pipelined requests: a request may name the event sent just before it (the fence).
+
+The publisher may send the next request before the ACK of the previous one is back.
+Both arrive on different connections, in either order. The inbox applies a request
+only if the event it names is there (checked in the same transaction), so order at
+the sink never depends on arrival. `Fences` keeps an early request from failing for
+nothing: it waits, bounded, until a request in progress in this process has
+committed (or given up on) the event it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Final
+
+FENCE_WAIT_S: Final = 5.0
+RECENT: Final = 4096  # committed IDs remembered, so a late request needs no read
+
+
+class Fences:
+    """Which events were just handed to the inbox here, and who waits for which."""
+
+    def __init__(self, recent: int = RECENT) -> None:
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._keep = recent
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+
+    def __len__(self) -> int:
+        """How many requests are waiting."""
+        return sum(len(waiting) for waiting in self._waiters.values())
+
+    async def wait(
+        self,
+        after: str,
+        known: Callable[[str], Awaitable[bool]],
+        timeout_s: float = FENCE_WAIT_S,
+    ) -> None:
+        """Return once `after` was handed to the inbox here, is `known` to it, or its
+        request ended without it, or when `timeout_s` has passed.
+
+        Says nothing about the outcome: the transaction checks the fence itself. Writes
+        are committed in the order they are handed over, so a request that goes on as
+        soon as its predecessor was handed over finds it applied, or finds it missing
+        because its transaction failed.
+        """
+        if after in self._recent:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(after, []).append(waiter)
+        try:
+            if await known(after):  # applied before this process knew it, say
+                return
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            waiting = self._waiters.get(after, [])
+            if waiter in waiting:
+                waiting.remove(waiter)
+            if not waiting:
+                self._waiters.pop(after, None)
+
+    def handed(self, event_ids: Iterable[str]) -> None:
+        """These events go to the inbox now, in this order: remember them, and wake
+        whoever waits for one of them."""
+        for event_id in event_ids:
+            self._recent[event_id] = None
+            if len(self._recent) > self._keep:
+                self._recent.popitem(last=False)
+        self.wake(event_ids)
+
+    def wake(self, event_ids: Iterable[str]) -> None:
+        """Wake whoever waits for one of these events (their request is over)."""
+        if not self._waiters:
+            return
+        for event_id in event_ids:
+            for waiter in self._waiters.pop(event_id, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    @contextmanager
+    def waking(self, event_ids: Iterable[str]) -> Iterator[None]:
+        """`with fences.waking(ids):` wakes the waiters of these IDs on the way out,
+        however the block is left."""
+        try:
+            yield
+        finally:
+            self.wake(event_ids)
