@@ -12,7 +12,7 @@ from yarl import URL
 
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.targets import check_target
-from shared import Event, InvalidAck, payload_digest, verify_ack
+from shared import FENCE_HEADER, Event, InvalidAck, payload_digest, verify_ack
 from shared.ack import check_ack, parse_reply
 
 MAX_REPLY_BYTES: Final = 4096
@@ -79,26 +79,34 @@ class HttpSender:
         await self.deliver(event)
         return True
 
-    async def deliver(self, event: Event) -> dict[str, object]:
-        """Send one event and return the verified ACK, else raise DeliveryError."""
+    async def deliver(self, event: Event, after: str | None = None) -> dict[str, object]:
+        """Send one event and return the verified ACK, else raise DeliveryError.
+
+        With `after` (pipelining: the event sent just before, whose ACK may not be back
+        yet), the sink applies it only once `after` is in its inbox, else answers 412.
+        """
         event_id = event["id"]
         body = json.dumps(event).encode()
-        status, reply = await self._request("POST", self.url, event_id, body)
+        status, reply = await self._request("POST", self.url, event_id, body, after=after)
         return check_reply(status, reply, event_id, payload_digest(event))
 
-    async def deliver_batch(self, events: Sequence[Event]) -> list[BatchResult]:
+    async def deliver_batch(
+        self, events: Sequence[Event], after: str | None = None
+    ) -> list[BatchResult]:
         """Send up to 16 events in one request (POST /events/batch).
 
         Returns one result per event for a verified prefix: the verified ACK, then at
         most one DeliveryError for the first event that has none. A request that fails
-        as a whole raises DeliveryError.
+        as a whole raises DeliveryError. `after` as for `deliver`.
         """
         if not events:
             return []
         body = json.dumps({"events": list(events)}).encode()
         first = events[0]["id"]
         cap = self._max_reply_bytes * len(events)
-        status, reply = await self._request("POST", self.url / "batch", first, body, cap)
+        status, reply = await self._request(
+            "POST", self.url / "batch", first, body, cap, after=after
+        )
         return check_batch_reply(status, reply, events)
 
     async def lookup(self, event_id: str) -> dict[str, object] | None:
@@ -117,13 +125,22 @@ class HttpSender:
         return record
 
     async def _request(
-        self, method: str, url: URL, event_id: str, body: bytes | None = None, cap: int = 0
+        self,
+        method: str,
+        url: URL,
+        event_id: str,
+        body: bytes | None = None,
+        cap: int = 0,
+        after: str | None = None,
     ) -> tuple[int, bytes]:
         if self._session is None:
             raise RuntimeError("HttpSender is not open: use 'async with HttpSender(url)'")
+        headers = {} if body is None else {"Content-Type": "application/json"}
+        if after is not None:
+            headers[FENCE_HEADER] = after
         try:
             return await self._exchange(
-                self._session, method, url, body, cap or self._max_reply_bytes
+                self._session, method, url, body, cap or self._max_reply_bytes, headers
             )
         except TimeoutError as exc:
             raise DeliveryError(f"{event_id}: no reply in time ({type(exc).__name__})") from exc
@@ -131,9 +148,14 @@ class HttpSender:
             raise DeliveryError(f"{event_id}: {type(exc).__name__}: {exc}") from exc
 
     async def _exchange(
-        self, session: aiohttp.ClientSession, method: str, url: URL, body: bytes | None, cap: int
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        url: URL,
+        body: bytes | None,
+        cap: int,
+        headers: dict[str, str],
     ) -> tuple[int, bytes]:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
         async with session.request(
             method, url, data=body, headers=headers, allow_redirects=False
         ) as response:
