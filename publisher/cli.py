@@ -16,6 +16,7 @@ from typing import Any, Final
 from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
 from publisher.http import TIMEOUT_S, HttpSender
 from publisher.outbox import MAX_BATCH, Entry, Outbox, QuarantineRecord, State, check_limit
+from publisher.pipeline import MAX_DEPTH
 from publisher.relay import MAX_LANES, POLL_INTERVAL_S, EvidenceStore, dispatch, dispatch_batch
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app, exit_after_ack
@@ -46,6 +47,17 @@ def batch_limit(text: str) -> int:
         return check_limit(int(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_BATCH}") from None
+
+
+def pipeline_depth(text: str) -> int:
+    """argparse type for --pipeline: an integer from 1 to 16."""
+    try:
+        depth = int(text)
+    except ValueError:
+        depth = 0
+    if not 1 <= depth <= MAX_DEPTH:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_DEPTH}")
+    return depth
 
 
 def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
@@ -155,6 +167,14 @@ def build_parser() -> ArgumentParser:
         choices=["batch", "single"],
         default="batch",
         help="batch: one request per batch, one ACK per entry; single: one request per entry",
+    )
+    add_option(
+        serve,
+        "--pipeline",
+        type=pipeline_depth,
+        default=1,
+        help="requests in flight per line, each naming the one before (Outbox-After); "
+        "above 1 only with a sink that enforces it, as this project's does",
     )
     add_option(serve, "--access-log", action="store_true", help="log one line per request")
     add_option(serve, "--log-format", choices=["text", "json"], default="text", help="log lines")
@@ -278,6 +298,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         batch_delivery=args.delivery == "batch",
         ordering=args.ordering,
         max_lanes=int(args.lanes),
+        pipeline=args.pipeline,
     )
     await serve_app(create_app(settings), args.host, args.port, PROG, "/orders", args.access_log)
     return EXIT_OK

@@ -128,6 +128,9 @@ def _head_dict(head: Head) -> dict[str, Any]:
     }
 
 
+MAX_READ: Final = 256
+
+
 def check_limit(limit: object, most: int = MAX_BATCH) -> int:
     """Return `limit` if it is an int from 1 to `most`, else raise ValueError."""
     if type(limit) is not int or not 1 <= limit <= most:
@@ -150,16 +153,18 @@ class Outbox(Store):
         return await self._db.run(lambda conn: _accept(conn, valid, time.time()))
 
     async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
-        """Up to `limit` pending events, oldest first by insertion order. Changes nothing."""
-        return [event for _, event, _ in await self.pending_batch(limit)]
+        """Up to `limit` (1 to 16) pending events, oldest first by insertion order.
+        Changes nothing."""
+        return [event for _, event, _ in await self.pending_batch(check_limit(limit))]
 
     async def pending_batch(
         self, limit: int = MAX_BATCH, lane: str | None = None, skip: Iterable[str] = ()
     ) -> list[tuple[int, Event, int]]:
         """Like `pending`, with each entry's seq and attempts so far; only `lane`'s if
-        given, and without the IDs in `skip`."""
+        given, and without the IDs in `skip`. Up to MAX_READ entries (a pipelined
+        relay reads for several requests at once)."""
         skip = set(skip)
-        check_limit(limit)
+        check_limit(limit, MAX_READ)
         if skip:
             marking = {"lane": lane, "skip": json.dumps(sorted(skip)), "limit": limit}
             rows = await self._db.run(

@@ -14,6 +14,7 @@ from typing import Final, Literal, Protocol
 
 from publisher.errors import DeliveryError, InvalidTransition, NotAcknowledged
 from publisher.outbox import MAX_BATCH, Outbox, check_limit
+from publisher.pipeline import MAX_DEPTH, Pipeline, Result
 from publisher.retry import Random, RetryPolicy, is_permanent, retry_delay_s, should_quarantine
 from shared import Event
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[Event], Awaitable[object]]
 AfterDelivery = Callable[[str], object]
+Positions = Mapping[str, tuple[int, int]]  # event ID -> (seq, attempts so far)
 POLL_INTERVAL_S: Final = 1.0
 AUTO_QUARANTINE_BY: Final = "relay (quarantine-after policy)"
 
@@ -142,17 +144,20 @@ async def dispatch_batch(
 
 
 class Deliver(Protocol):
-    """Sends one event and returns the verified ACK (HttpSender.deliver)."""
+    """Sends one event and returns the verified ACK (HttpSender.deliver). `after` is
+    passed only when pipelining."""
 
-    def __call__(self, event: Event, /) -> Awaitable[Mapping[str, object]]: ...
+    def __call__(
+        self, event: Event, /, after: str | None = ...
+    ) -> Awaitable[Mapping[str, object]]: ...
 
 
 class DeliverBatch(Protocol):
     """Sends events in one request (HttpSender.deliver_batch): verified ACKs, then at
-    most one error."""
+    most one error. `after` is passed only when pipelining."""
 
     def __call__(
-        self, events: Sequence[Event], /
+        self, events: Sequence[Event], /, after: str | None = ...
     ) -> Awaitable[Sequence[Mapping[str, object] | DeliveryError]]: ...
 
 
@@ -313,6 +318,7 @@ class Lane:
 
     key: str | None
     store: EvidenceStore
+    pipeline: Pipeline | None = None  # delivers the lane instead of `store` when set
     streak: tuple[str, int, int] = ("", 0, 0)  # head id, failures, permanent failures
     blocked: Blocked | None = None
     not_before: float = 0.0  # monotonic time before which a backing-off lane waits
@@ -345,11 +351,19 @@ class Relay:
         ordering: Ordering = "global",
         max_lanes: int = MAX_LANES,
         rand: Random = random.random,
+        pipeline: int = 1,
     ) -> None:
         """With `deliver_batch`, each step sends its batch in one request (dispatch_batch);
-        without it, one request per entry (dispatch)."""
+        without it, one request per entry (dispatch).
+
+        With `pipeline` above 1, each line keeps up to that many requests in flight,
+        each fenced on the one before (publisher.pipeline): only for a sink that
+        enforces Outbox-After. `deliver` and `deliver_batch` must then take `after=`.
+        """
         if ordering not in ("global", "sku") or max_lanes < 1:
             raise ValueError(f"bad ordering {ordering!r} or max_lanes {max_lanes}")
+        if not 1 <= pipeline <= MAX_DEPTH:
+            raise ValueError(f"pipeline depth {pipeline} is not between 1 and {MAX_DEPTH}")
         self._outbox = outbox
         self._deliver = deliver
         self._deliver_batch = deliver_batch
@@ -361,12 +375,12 @@ class Relay:
         self._ordering = ordering
         self._max_lanes = max_lanes
         self._rand = rand
-        overlap = deliver_batch is not None
-        self._global = Lane(None, EvidenceStore(outbox, deliver, deliver_batch, None, overlap))
+        self._depth = pipeline
         self._lanes: dict[str, Lane] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self._global = self._make_lane(None)
 
     @property
     def blocked(self) -> Blocked | None:
@@ -409,9 +423,14 @@ class Relay:
 
     async def _step(self, lane: Lane) -> tuple[float, bool]:
         try:
-            marked = await self._dispatch_once(lane)
-            if len(marked) < self._limit:
-                await lane.store.flush()  # about to idle: every mark on disk first
+            if lane.pipeline is not None:
+                marked = await lane.pipeline.run()  # returns once the line is drained
+                full = False
+            else:
+                marked = len(await self._dispatch_once(lane))
+                full = marked == self._limit
+                if not full:
+                    await lane.store.flush()  # about to idle: every mark on disk first
         except RelayStopping:
             await _flush_quietly(lane.store)
             return 0.0, False
@@ -424,7 +443,7 @@ class Relay:
                 return self._policy.cap_s, False
         if marked:
             lane.blocked = None
-        if len(marked) == self._limit:
+        if full:
             return 0.0, True
         return self._poll_interval_s, True
 
@@ -457,10 +476,48 @@ class Relay:
             self._tasks[key] = asyncio.create_task(self._run_lane(lane), name=f"lane {key}")
 
     def _new_lane(self, key: str) -> Lane:
+        self._lanes[key] = lane = self._make_lane(key)
+        return lane
+
+    def _make_lane(self, key: str | None) -> Lane:
         overlap = self._deliver_batch is not None
         store = EvidenceStore(self._outbox, self._deliver, self._deliver_batch, key, overlap)
-        self._lanes[key] = lane = Lane(key, store)
+        lane = Lane(key, store)
+        if self._depth > 1:
+            lane.pipeline = Pipeline(
+                self._outbox,
+                self._send_unit,
+                lane=key,
+                read_limit=self._limit,
+                per_request=self._limit if self._deliver_batch is not None else 1,
+                depth=self._depth,
+                may_send=lambda: not self._stop.is_set(),
+                report=functools.partial(self._report, lane),
+                after_delivery=self._after_delivery,
+            )
         return lane
+
+    async def _send_unit(self, events: list[Event], after: str | None) -> Sequence[Result]:
+        """One pipelined request: the batch, or its one event."""
+        if self._deliver_batch is not None:
+            return await self._deliver_batch(events, after=after)
+        return [await self._deliver(events[0], after=after)]
+
+    def _report(
+        self,
+        lane: Lane,
+        delivered: list[str],
+        failed: str | None,
+        error: BaseException | None,
+        started: float,
+    ) -> None:
+        """The log lines of one pipelined request, as for one unpipelined."""
+        assert lane.pipeline is not None
+        batch = lane.pipeline.batch
+        if delivered:
+            self._log_delivered(batch, delivered, started)
+        if failed is not None:
+            self._log_outcome(batch, failed, _outcome(error), started, error)
 
     async def _run_lane(self, lane: Lane) -> None:
         """Deliver one lane until it is drained or must back off; then free the slot."""
@@ -498,24 +555,24 @@ class Relay:
         try:
             results = await store.send_batch(events)
         except Exception as exc:
-            self._log_outcome(store, events[0]["id"], _outcome(exc), started, exc)
+            self._log_outcome(store.batch, events[0]["id"], _outcome(exc), started, exc)
             raise
         verified = next((n for n, result in enumerate(results) if result is not True), len(results))
         delivered = [event["id"] for event in events[:verified]]
         if delivered:
-            self._log_delivered(store, delivered, started)
+            self._log_delivered(store.batch, delivered, started)
         if len(delivered) < len(results):
             error = results[len(delivered)]
             failed = events[len(delivered)]["id"]
             assert isinstance(error, BaseException)
-            self._log_outcome(store, failed, _outcome(error), started, error)
+            self._log_outcome(store.batch, failed, _outcome(error), started, error)
         return results
 
-    def _log_delivered(self, store: EvidenceStore, event_ids: list[str], started: float) -> None:
+    def _log_delivered(self, batch: Positions, event_ids: list[str], started: float) -> None:
         """One line per request for the verified prefix of a batch (a line per entry would
         cost the relay more than the request): its IDs, and the first entry's seq and
         attempt."""
-        seq, attempts = store.batch.get(event_ids[0], (None, 0))
+        seq, attempts = batch.get(event_ids[0], (None, 0))
         fields = {
             "event_id": event_ids[0],
             "seq": seq,
@@ -523,7 +580,7 @@ class Relay:
             "outcome": "delivered",
             "latency_ms": round((time.perf_counter() - started) * 1000, 2),
             "count": len(event_ids),
-            "last_seq": store.batch.get(event_ids[-1], (None, 0))[0],
+            "last_seq": batch.get(event_ids[-1], (None, 0))[0],
             "event_ids": event_ids,
         }
         log.info("delivery", extra=fields)
@@ -538,20 +595,20 @@ class Relay:
         try:
             await store.send(event)
         except Exception as exc:
-            self._log_outcome(store, event["id"], _outcome(exc), started, exc)
+            self._log_outcome(store.batch, event["id"], _outcome(exc), started, exc)
             raise
-        self._log_outcome(store, event["id"], "delivered", started)
+        self._log_outcome(store.batch, event["id"], "delivered", started)
         return True
 
     def _log_outcome(
         self,
-        store: EvidenceStore,
+        batch: Positions,
         event_id: str,
         outcome: str,
         started: float,
         error: BaseException | None = None,
     ) -> None:
-        seq, attempts = store.batch.get(event_id, (None, 0))
+        seq, attempts = batch.get(event_id, (None, 0))
         fields = {
             "event_id": event_id,
             "seq": seq,
@@ -566,8 +623,9 @@ class Relay:
             self._observer.delivery(outcome)
 
     async def _failed(self, lane: Lane, exc: Exception) -> float:
-        event_id = lane.store.current
-        if event_id is None or event_id not in lane.store.batch:
+        line = lane.pipeline or lane.store
+        event_id = line.current
+        if event_id is None or event_id not in line.batch:
             # Not a delivery failure (the database, say): back off and try the batch again.
             log.error("relay step failed: %s", exc, exc_info=not isinstance(exc, DeliveryError))
             return retry_delay_s(exc, 1, self._policy, self._rand)

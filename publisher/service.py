@@ -47,6 +47,7 @@ class ServiceSettings:
     batch_delivery: bool = True
     ordering: Ordering = "global"
     max_lanes: int = MAX_LANES
+    pipeline: int = 1
 
 
 OUTBOX: Final = web.AppKey("outbox", Outbox)
@@ -90,6 +91,7 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
             deliver_batch=sender.deliver_batch if settings.batch_delivery else None,
             ordering=settings.ordering,
             max_lanes=settings.max_lanes,
+            pipeline=settings.pipeline,
         )
         app[OUTBOX], app[RELAY] = outbox, relay
         task = asyncio.create_task(relay.run(), name="relay")
