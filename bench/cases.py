@@ -15,7 +15,7 @@ import math
 import sqlite3
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -34,15 +34,15 @@ from bench.backlog import (
 )
 from bench.procs import BenchError, Child, Children
 from publisher import HttpSender, Outbox
-from publisher.http import BatchResult
+from publisher.errors import DeliveryError
 from publisher.metrics import PublisherMetrics
-from publisher.relay import Relay
+from publisher.relay import Deliver, DeliverBatch, Relay
 from shared import Event
 from sqlite_tx import PRAGMAS, Database, transaction
 
 Figures = dict[str, Any]
 Ack = dict[str, object]
-SendBatch = Callable[[Sequence[Event]], Awaitable[list[BatchResult]]]
+
 
 WARMUP_REQUESTS: Final = 50
 CEILING_MAX_S: Final = 20.0
@@ -245,22 +245,24 @@ class RequestClock:
     seconds: float = 0.0
     requests: int = 0
 
-    def single(self, send: Callable[[Event], Awaitable[Ack]]) -> Callable[[Event], Awaitable[Ack]]:
-        async def timed(event: Event) -> Ack:
+    def single(self, send: Deliver) -> Deliver:
+        async def timed(event: Event, after: str | None = None) -> Mapping[str, object]:
             started = time.perf_counter()
             try:
-                return await send(event)
+                return await send(event, after=after)
             finally:
                 self.seconds += time.perf_counter() - started
                 self.requests += 1
 
         return timed
 
-    def batch(self, send: SendBatch) -> SendBatch:
-        async def timed(events: Sequence[Event]) -> list[BatchResult]:
+    def batch(self, send: DeliverBatch) -> DeliverBatch:
+        async def timed(
+            events: Sequence[Event], after: str | None = None
+        ) -> Sequence[Mapping[str, object] | DeliveryError]:
             started = time.perf_counter()
             try:
-                return await send(events)
+                return await send(events, after=after)
             finally:
                 self.seconds += time.perf_counter() - started
                 self.requests += 1
@@ -276,6 +278,7 @@ async def relay_drain(
     batch: bool,
     lanes: bool = False,
     stall_s: float | None = None,
+    pipeline: int = 1,
 ) -> Figures:
     """Drain `backlog` pending entries with the in-process relay into a fresh sink process.
 
@@ -301,11 +304,18 @@ async def relay_drain(
                         deliver_batch=deliver_batch,
                         ordering="sku",
                         max_lanes=LANES,
+                        pipeline=pipeline,
                     )
                 except TypeError as exc:
                     raise NotAvailable(f"Relay does not take ordering='sku' yet: {exc}") from exc
             else:
-                relay = Relay(outbox, deliver, observer=counter, deliver_batch=deliver_batch)
+                relay = Relay(
+                    outbox,
+                    deliver,
+                    observer=counter,
+                    deliver_batch=deliver_batch,
+                    pipeline=pipeline,
+                )
             await sender.lookup("warm-up")  # opens the keep-alive connection before timing
             elapsed = await _drain(outbox, relay, counter, drain_timeout_s(backlog))
         applied, sent = count_rows(sink_db, SINK_APPLIED), count_rows(source, SOURCE_SENT)
