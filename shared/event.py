@@ -19,6 +19,7 @@ FIELDS: Final = ("id", "sku", "qty")
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 _SKU_RE: Final = re.compile(r"[A-Za-z0-9._:-]+")
+_SAFE: Final = re.compile(r"[A-Za-z0-9._:-]*")  # text JSON writes as it is
 
 
 class Event(TypedDict):
@@ -57,7 +58,20 @@ def validate_sku(value: object) -> str:
 
 
 def canonical_json(event: Event) -> str:
-    """The one serialisation used for storage, comparison and digests."""
+    """The one serialisation used for storage, comparison and digests: sorted keys, no
+    spaces, ASCII only (what json.dumps gives with sort_keys, compact separators)."""
+    event_id, sku, qty = event.get("id"), event.get("sku"), event.get("qty")
+    if (
+        len(event) == len(FIELDS)
+        and type(qty) is int
+        and isinstance(event_id, str)
+        and isinstance(sku, str)
+        and _SAFE.fullmatch(event_id)
+        and _SAFE.fullmatch(sku)
+    ):
+        # Text of the event alphabet needs no escaping: the same string, several times
+        # faster (it is written for every event on both sides).
+        return f'{{"id":"{event_id}","qty":{qty},"sku":"{sku}"}}'
     return json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

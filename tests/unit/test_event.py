@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import string
 from typing import Any
 
@@ -255,3 +256,49 @@ def test_canonical_json_and_digest_are_stable_under_any_key_order(
     assert canonical_json(first) == canonical_json(second)
     assert canonical_json(first) == canonical_json(first)
     assert payload_digest(first) == payload_digest(second)
+
+
+def reference_json(obj: object) -> str:
+    """What canonical JSON means: json.dumps, sorted keys, compact, ASCII only."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=12)
+
+
+@given(event_id=valid_ids, sku=valid_skus, qty=valid_qtys)
+def test_canonical_json_of_any_valid_event_is_the_reference_serialisation(
+    event_id: str, sku: str, qty: int
+) -> None:
+    valid = validate_event({"id": event_id, "sku": sku, "qty": qty})
+    assert canonical_json(valid) == reference_json(valid)
+
+
+@given(
+    obj=st.fixed_dictionaries({"id": json_scalars, "sku": json_scalars, "qty": json_scalars})
+    | st.dictionaries(st.sampled_from(["id", "sku", "qty", "x"]), json_scalars)
+)
+def test_canonical_json_of_anything_else_is_still_the_reference_serialisation(
+    obj: dict[str, Any],
+) -> None:
+    # Text that needs escaping (quotes, backslashes, non-ASCII), a boolean or missing
+    # quantity, other keys: the fast path must not take any of them.
+    assert canonical_json(obj) == reference_json(obj)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"id": 'a"b', "sku": "s", "qty": 1},
+        {"id": "a\\b", "sku": "s", "qty": 1},
+        {"id": "é", "sku": "s", "qty": 1},
+        {"id": "a", "sku": "s\n", "qty": 1},
+        {"id": "a", "sku": "ü", "qty": 1},
+        {"id": "a", "sku": "s", "qty": True},
+        {"id": "a", "sku": "s", "qty": 1.5},
+        {"id": 7, "sku": "s", "qty": 1},
+        {"id": "a", "sku": "s", "x": 1},
+    ],
+)
+def test_canonical_json_escapes_what_needs_escaping(obj: dict[str, Any]) -> None:
+    assert canonical_json(obj) == reference_json(obj)  # type: ignore[arg-type]
