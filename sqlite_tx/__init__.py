@@ -50,6 +50,10 @@ class Database:
         # only the worker can say when the connection is free again.
         self._submitted = 0
         self._finished = 0
+        # The busy timeout the connection has now: 0 while used inline (never wait on
+        # the loop), BUSY_TIMEOUT_MS on the worker thread. Switched only when the side
+        # changes, so back-to-back calls on one side run no PRAGMA at all.
+        self._busy_timeout_ms = BUSY_TIMEOUT_MS
 
     @classmethod
     async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
@@ -90,9 +94,16 @@ class Database:
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """On the worker thread."""
         try:
-            return fn(self._connection._conn)
+            conn = self._connection._conn
+            self._set_busy_timeout(conn, BUSY_TIMEOUT_MS)
+            return fn(conn)
         finally:
             self._finished += 1
+
+    def _set_busy_timeout(self, conn: sqlite3.Connection, ms: int) -> None:
+        if self._busy_timeout_ms != ms:
+            conn.execute(f"PRAGMA busy_timeout = {ms}")
+            self._busy_timeout_ms = ms
 
     async def run_inline(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run a short transaction `fn(connection)` on the calling (event loop) thread.
@@ -106,17 +117,15 @@ class Database:
         """
         if self._submitted == self._finished:
             conn = self._connection._conn
-            conn.execute("PRAGMA busy_timeout = 0")
             try:
+                self._set_busy_timeout(conn, 0)
                 return fn(conn)
             except sqlite3.OperationalError as exc:
                 if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # BUSY_* included
                     raise StorageError(f"{self.path}: {exc}") from exc
             except sqlite3.Error as exc:
                 raise StorageError(f"{self.path}: {exc}") from exc
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        return await self.run(fn)
+        return await self.run(fn)  # the worker sets the busy timeout back first
 
     async def close(self) -> None:
         """Close the connection and stop its thread."""
