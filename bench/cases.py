@@ -54,6 +54,7 @@ STATUS_POLL_S: Final = 0.1
 HTTP_TIMEOUT_S: Final = 10.0
 LANES: Final = 8
 BATCH: Final = 16
+PIPELINE: Final = 8  # requests in flight per line in the pipelined cases
 SLOW_SINK_STALL_S: Final = 0.005
 STALLED_SINK_S: Final = 2.0
 STALL_SETTLE_S: Final = 0.5
@@ -331,7 +332,8 @@ async def relay_drain(
         "marked_sent": sent,
         "outcomes": dict(counter.outcomes),
         "requests": clock.requests,
-        # Where the time went (meaningful when requests do not overlap, i.e. global order):
+        # Where the time went (meaningful when requests do not overlap: global order,
+        # no pipelining):
         # in requests (transport and everything the sink does), and the rest (the
         # publisher's reads, marks and loop).
         "ms_per_event": elapsed * 1000 / backlog,
@@ -378,6 +380,28 @@ async def relay_single(ctx: Context) -> Figures:
 async def relay_batch(ctx: Context) -> Figures:
     figures = await relay_drain(ctx, "batch", ctx.sizes.backlog, batch=True)
     return {**figures, "delivery": "batches of up to 16 (deliver_batch=HttpSender.deliver_batch)"}
+
+
+async def relay_single_pipelined(ctx: Context) -> Figures:
+    figures = await relay_drain(
+        ctx, "single-pipelined", ctx.sizes.backlog, batch=False, pipeline=PIPELINE
+    )
+    return {
+        **figures,
+        "delivery": f"one event per request, up to {PIPELINE} in flight (Relay pipeline=)",
+        "pipeline": PIPELINE,
+    }
+
+
+async def relay_batch_pipelined(ctx: Context) -> Figures:
+    figures = await relay_drain(
+        ctx, "batch-pipelined", ctx.sizes.backlog, batch=True, pipeline=PIPELINE
+    )
+    return {
+        **figures,
+        "delivery": f"batches of up to 16, up to {PIPELINE} in flight (Relay pipeline=)",
+        "pipeline": PIPELINE,
+    }
 
 
 async def relay_lanes(ctx: Context) -> Figures:

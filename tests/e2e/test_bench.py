@@ -28,12 +28,14 @@ CASES = {
     "naive_peer",
     "relay_single",
     "relay_batch",
+    "relay_single_pipelined",
+    "relay_batch_pipelined",
     "relay_lanes",
     "intake_latency",
     "scaling",
     "memory",
 }
-TARGETS = 10
+TARGETS = 12
 
 
 def processes_with(marker: str) -> list[int]:
