@@ -410,7 +410,8 @@ async def relay_lanes(ctx: Context) -> Figures:
     For each delivery style the two modes run in the order global, lanes, lanes,
     global (each on `lanes_backlog` entries), and each mode's rate is its total
     entries over its total time: a machine that speeds up or slows down during the
-    case weighs on both modes alike.
+    case weighs on both modes alike. Two runs of global order with pipelining follow,
+    for reference (no target): what pipelining alone does against a slow sink.
     """
     backlog = ctx.sizes.lanes_backlog
     figures: Figures = {
@@ -422,8 +423,9 @@ async def relay_lanes(ctx: Context) -> Figures:
         "sink_stall_s": SLOW_SINK_STALL_S,
     }
     for delivery, batch in (("single", False), ("batch", True)):
-        elapsed = {"global": 0.0, "lanes": 0.0}
-        for run, mode in enumerate(("global", "lanes", "lanes", "global")):
+        elapsed = {"global": 0.0, "lanes": 0.0, "global_pipelined": 0.0}
+        modes = ("global", "lanes", "lanes", "global", "global_pipelined", "global_pipelined")
+        for run, mode in enumerate(modes):
             figures_of_run = await relay_drain(
                 ctx,
                 f"lanes-{delivery}-{mode}-{run}",
@@ -431,6 +433,7 @@ async def relay_lanes(ctx: Context) -> Figures:
                 batch=batch,
                 lanes=mode == "lanes",
                 stall_s=SLOW_SINK_STALL_S,
+                pipeline=PIPELINE if mode == "global_pipelined" else 1,
             )
             elapsed[mode] += figures_of_run["elapsed_s"]
         for mode, seconds in elapsed.items():

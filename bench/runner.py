@@ -422,7 +422,11 @@ def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
         parts = []
         for delivery, label in (("single", "one/request"), ("batch", "batches")):
             g, lane = f[f"{delivery}_global_events_per_s"], f[f"{delivery}_lanes_events_per_s"]
-            parts.append(f"{label}: global {g:,.0f}, lanes {lane:,.0f} events/s = {_x(lane, g)}")
+            piped = f[f"{delivery}_global_pipelined_events_per_s"]
+            parts.append(
+                f"{label}: global {g:,.0f}, lanes {lane:,.0f} events/s = {_x(lane, g)} "
+                f"(global pipelined {piped:,.0f})"
+            )
         runs = f"2 x {f['backlog_per_run']:,} per mode"
         return f"{runs}, 5 ms sink, 8 SKUs; " + "; ".join(parts)
     if name == "intake_latency":
