@@ -69,7 +69,11 @@ def invalid_event(exc: InvalidEvent) -> BadRequest:
 
 async def read_event(request: web.Request, max_body_bytes: int) -> Event:
     """The validated event in the request body, or BadRequest (400, 413)."""
-    parsed = await read_json(request, max_body_bytes)
+    return checked_event(await read_json(request, max_body_bytes))
+
+
+def checked_event(parsed: object) -> Event:
+    """The validated event, or BadRequest 400 naming the field."""
     try:
         return validate_event(parsed)
     except InvalidEvent as exc:

@@ -32,12 +32,12 @@ from shared.web import (
     MAX_BODY_BYTES,
     BadRequest,
     Handler,
+    checked_event,
     error,
     healthz,
     invalid_event,
     json_errors,
     metrics_response,
-    read_event,
     read_json,
 )
 from sink.fence import Fences
@@ -188,9 +188,11 @@ async def post_event(request: web.Request, state: SinkState) -> web.StreamRespon
     inbox = request.app[INBOX]
     try:
         after = read_fence(request)
-        event = await read_event(request, state.max_body_bytes)
-        check_chaos_reject(state, event)
-        with state.fences.waking([event["id"]]):
+        body = await read_json(request, state.max_body_bytes)
+        # Whatever becomes of this event, a request waiting for it is woken at the end.
+        with state.fences.waking(item_ids([body])):
+            event = checked_event(body)
+            check_chaos_reject(state, event)
             if after is not None:
                 await state.fences.wait(after, inbox.knows)
             state.fences.handed([event["id"]])

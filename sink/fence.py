@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Final
 
 FENCE_WAIT_S: Final = 5.0
-RECENT: Final = 4096  # committed IDs remembered, so a late request needs no read
+RECENT: Final = 4096  # handed-over IDs remembered, so a late request needs no read
 
 
 class Fences:
@@ -66,6 +66,7 @@ class Fences:
     def handed(self, event_ids: Iterable[str]) -> None:
         """These events go to the inbox now, in this order: remember them, and wake
         whoever waits for one of them."""
+        event_ids = list(event_ids)  # read twice: a generator would be spent by the first
         for event_id in event_ids:
             self._recent[event_id] = None
             if len(self._recent) > self._keep:

@@ -1,0 +1,536 @@
+"""Fenced requests (Outbox-After): the sink applies nothing of a request unless the event
+it names as its predecessor is in the inbox.
+
+The real sink (create_app) on loopback over a SQLite file in tmp_path, read back
+through independent sqlite3 connections; the inbox itself for the transaction rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from shared import FENCE_HEADER, Event, FenceNotMet, Receipt, make_ack, payload_digest
+from sink import Inbox, create_app
+from sink.app import INBOX, STATE
+from sink.fence import FENCE_WAIT_S, Fences
+from sink.inbox import BatchReceipt
+
+T = TypeVar("T")
+Query = Callable[..., list[tuple[Any, ...]]]
+Serve = Callable[..., Awaitable[str]]
+
+LOOPBACK = "127.0.0.1"
+QUICK_WAIT_S = 0.2  # the fence wait of a sink whose 412s are checked, not its waiting
+PROMPT_S = 2.0  # well under FENCE_WAIT_S: the wait was ended, it did not time out
+BOUND_S = 10.0  # every request and wait in here ends well within this
+POLL_S = 0.005
+SHORTLY_S = 0.1  # between the successor's arrival and its predecessor's
+
+Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
+
+
+class QuickFences(Fences):
+    """Fences that give up after QUICK_WAIT_S: a 412 for an unknown predecessor
+    comes without the FENCE_WAIT_S wait."""
+
+    async def wait(
+        self,
+        after: str,
+        known: Callable[[str], Awaitable[bool]],
+        timeout_s: float = QUICK_WAIT_S,
+    ) -> None:
+        await super().wait(after, known, timeout_s)
+
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    return {"id": event_id, "sku": sku, "qty": qty}
+
+
+def ack(e: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
+    return make_ack(e["id"], receipt, payload_digest(e))
+
+
+def inbox_ids(db_rows: Query, db: Path) -> list[str]:
+    """The inbox's IDs in the order they were applied."""
+    return [r[0] for r in db_rows(db, "SELECT id FROM inbox ORDER BY rowid")]
+
+
+def snapshot(db_rows: Query, db: Path) -> Snapshot:
+    return (
+        db_rows(db, "SELECT * FROM inbox ORDER BY rowid"),
+        db_rows(db, "SELECT * FROM inventory ORDER BY sku"),
+    )
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    try:
+        async with asyncio.timeout(PROMPT_S):
+            while not check():
+                await asyncio.sleep(POLL_S)
+    except TimeoutError:
+        raise AssertionError(f"not within {PROMPT_S}s: {what}") from None
+
+
+async def settle(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel what is still running and wait for it: no task outlives its test."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+# ---------------------------------------------------------------- the sink over HTTP
+
+
+@dataclass
+class Sink:
+    base: str
+    app: web.Application
+
+    @property
+    def fences(self) -> Fences:
+        return self.app[STATE].fences
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=BOUND_S)) as session:
+        yield session
+
+
+@pytest.fixture
+async def sink(serve: Serve, sink_db: Path) -> Sink:
+    """The real sink, with the real fence wait (FENCE_WAIT_S)."""
+    app = create_app(sink_db)
+    return Sink(await serve(app), app)
+
+
+@pytest.fixture
+async def quick_sink(serve: Serve, sink_db: Path) -> Sink:
+    """The real sink whose fence wait gives up after QUICK_WAIT_S."""
+    app = create_app(sink_db)
+    app[STATE].fences = QuickFences()
+    return Sink(await serve(app), app)
+
+
+@contextlib.asynccontextmanager
+async def running(app: web.Application) -> AsyncIterator[str]:
+    """Serve `app` on loopback for the block only: leaving it stops the sink."""
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, LOOPBACK, 0).start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def post(
+    client: aiohttp.ClientSession, url: str, body: object, after: str | None = None
+) -> tuple[int, Any]:
+    headers = {} if after is None else {FENCE_HEADER: after}
+    async with client.post(url, json=body, headers=headers) as response:
+        assert response.content_type == "application/json"
+        return response.status, await response.json()
+
+
+async def send(
+    client: aiohttp.ClientSession, base: str, route: str, events: list[Any], after: str | None
+) -> tuple[int, Any]:
+    """One event to /events (route "event") or a batch to /events/batch (route "batch")."""
+    if route == "event":
+        (one,) = events
+        return await post(client, f"{base}/events", one, after)
+    return await post(client, f"{base}/events/batch", {"events": events}, after)
+
+
+def applied_reply(route: str, events: list[Event]) -> Any:
+    if route == "event":
+        (one,) = events
+        return ack(one)
+    return {"acks": [ack(e) for e in events], "rejected": None}
+
+
+async def fenced_total(client: aiohttp.ClientSession, base: str) -> float:
+    async with client.get(f"{base}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    found = re.search(r"^sink_fenced_requests_total (\S+)$", text, re.MULTILINE)
+    assert found is not None, text
+    return float(found[1])
+
+
+async def timed(call: Awaitable[T]) -> tuple[T, float]:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await asyncio.wait_for(call, BOUND_S)
+    return result, loop.time() - started
+
+
+ROUTES = ["event", "batch"]
+
+
+async def test_an_event_fenced_on_an_unknown_event_waits_then_is_412_and_applies_nothing(
+    sink: Sink, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    await send(client, sink.base, "event", [event("e0", "tea", 5)], None)
+    before = snapshot(db_rows, sink_db)
+
+    (status, body), took_s = await timed(
+        send(client, sink.base, "event", [event("e1", "tea", 7)], "ghost")
+    )
+
+    assert status == 412
+    assert body["error"] and body["after"] == "ghost"
+    # Nobody in this process could hand "ghost" over: it waited the whole bounded time.
+    assert FENCE_WAIT_S - 0.1 <= took_s < FENCE_WAIT_S + PROMPT_S
+    assert snapshot(db_rows, sink_db) == before
+    assert await fenced_total(client, sink.base) == 1
+    assert len(sink.fences) == 0
+
+
+async def test_a_batch_fenced_on_an_unknown_event_is_412_and_applies_nothing(
+    quick_sink: Sink, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    known = event("e0", "tea", 5)
+    await send(client, quick_sink.base, "event", [known], None)
+    before = snapshot(db_rows, sink_db)
+    assert await fenced_total(client, quick_sink.base) == 0
+
+    status, body = await send(
+        client, quick_sink.base, "batch", [event("b1", "tea", 7), known, event("b2")], "ghost"
+    )
+
+    assert status == 412
+    assert body["error"] and body["after"] == "ghost"
+    assert "acks" not in body
+    assert snapshot(db_rows, sink_db) == before  # not even the duplicate was counted
+    assert await fenced_total(client, quick_sink.base) == 1
+    status, _ = await send(client, quick_sink.base, "event", [event("e2")], "ghost")
+    assert status == 412
+    assert await fenced_total(client, quick_sink.base) == 2
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_a_request_fenced_on_an_event_in_the_inbox_is_applied_at_once(
+    sink: Sink, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, route: str
+) -> None:
+    first, second = event("e1", "tea", 2), event("e2", "tea", 3)
+    assert await send(client, sink.base, "batch", [event("e0"), first], None) == (
+        200,
+        applied_reply("batch", [event("e0"), first]),
+    )
+    later = [second] if route == "event" else [second, event("e3")]
+
+    reply, took_s = await timed(send(client, sink.base, route, later, "e1"))
+
+    assert reply == (200, applied_reply(route, later))
+    assert took_s < PROMPT_S
+    assert inbox_ids(db_rows, sink_db) == ["e0", "e1", *(e["id"] for e in later)]
+    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'tea'") == [(5,)]
+    assert await fenced_total(client, sink.base) == 0
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_a_predecessor_applied_before_a_restart_is_found_in_the_inbox(
+    client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, route: str
+) -> None:
+    before = event("e1", "tea", 2)
+    async with running(create_app(sink_db)) as base:
+        assert await send(client, base, "event", [before], None) == (200, ack(before))
+    later = [event("e2", "tea", 3)] if route == "event" else [event("e2"), event("e3")]
+
+    restarted = create_app(sink_db)
+    async with running(restarted) as base:
+        reply, took_s = await timed(send(client, base, route, later, "e1"))
+        assert len(restarted[STATE].fences) == 0
+
+    assert reply == (200, applied_reply(route, later))
+    assert took_s < PROMPT_S  # the inbox knew it: no FENCE_WAIT_S wait for a handover
+    assert inbox_ids(db_rows, sink_db) == ["e1", *(e["id"] for e in later)]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=["after-an-event", "after-a-batch"])
+@pytest.mark.parametrize("successor_route", ROUTES, ids=["event", "batch"])
+async def test_a_successor_sent_before_its_predecessor_waits_and_is_applied_after_it(
+    sink: Sink,
+    client: aiohttp.ClientSession,
+    sink_db: Path,
+    db_rows: Query,
+    route: str,
+    successor_route: str,
+) -> None:
+    earlier = [event("p1", "tea", 2)] if route == "event" else [event("p0"), event("p1", "tea", 2)]
+    successor = [event("s1", "tea", 3)]
+    if successor_route == "batch":
+        successor.append(event("s2"))
+
+    waiting = asyncio.create_task(send(client, sink.base, successor_route, successor, "p1"))
+    try:
+        await until(lambda: len(sink.fences) == 1, "the successor waits for p1")
+        await asyncio.sleep(SHORTLY_S)
+        assert not waiting.done()
+        assert inbox_ids(db_rows, sink_db) == []
+        first = await asyncio.wait_for(send(client, sink.base, route, earlier, None), BOUND_S)
+        later, took_s = await timed(waiting)
+    finally:
+        await settle(waiting)
+
+    assert first == (200, applied_reply(route, earlier))
+    assert later == (200, applied_reply(successor_route, successor))
+    assert took_s < PROMPT_S
+    assert inbox_ids(db_rows, sink_db) == [
+        *(e["id"] for e in earlier),
+        *(e["id"] for e in successor),
+    ]
+    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'tea'") == [(5,)]
+    assert await fenced_total(client, sink.base) == 0
+    assert len(sink.fences) == 0
+
+
+@dataclass
+class Gate:
+    """Holds the next transaction on the database thread until released."""
+
+    started: threading.Event
+    release: threading.Event
+
+
+def hold_next_transaction(inbox: Inbox, monkeypatch: pytest.MonkeyPatch) -> Gate:
+    gate = Gate(threading.Event(), threading.Event())
+    db = inbox._db
+    real_run = db.run
+    held = [False]
+
+    async def run(fn: Callable[[sqlite3.Connection], T]) -> T:
+        if held[0]:
+            return await real_run(fn)
+        held[0] = True
+
+        def holding(conn: sqlite3.Connection) -> T:
+            gate.started.set()
+            gate.release.wait(BOUND_S)
+            return fn(conn)
+
+        return await real_run(holding)
+
+    monkeypatch.setattr(db, "run", run)
+    return gate
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=["after-an-event", "after-a-batch"])
+async def test_a_waiting_successor_goes_on_once_its_predecessor_is_handed_over(
+    sink: Sink,
+    client: aiohttp.ClientSession,
+    sink_db: Path,
+    db_rows: Query,
+    monkeypatch: pytest.MonkeyPatch,
+    route: str,
+) -> None:
+    # While the predecessor's commit is held, the successor must already have left
+    # the fence (it queues behind it for the same group commit), not wait for the reply.
+    earlier = [event("p1")] if route == "event" else [event("p0"), event("p1")]
+    gate = hold_next_transaction(sink.app[INBOX], monkeypatch)
+
+    waiting = asyncio.create_task(send(client, sink.base, "event", [event("s1")], "p1"))
+    first = None
+    try:
+        await until(lambda: len(sink.fences) == 1, "the successor waits for p1")
+        first = asyncio.create_task(send(client, sink.base, route, earlier, None))
+        await until(gate.started.is_set, "the predecessor's commit begins")
+        await until(lambda: len(sink.fences) == 0, "the successor leaves the fence")
+        assert not first.done() and not waiting.done()
+        gate.release.set()
+        replies = list(await asyncio.wait_for(asyncio.gather(first, waiting), BOUND_S))
+    finally:
+        gate.release.set()
+        await settle(waiting, *([first] if first else []))
+
+    assert replies == [(200, applied_reply(route, earlier)), (200, ack(event("s1")))]
+    assert inbox_ids(db_rows, sink_db) == [*(e["id"] for e in earlier), "s1"]
+
+
+KNOWN = event("k0", "tea", 5)
+INVALID = {**event("p2"), "qty": 0}
+CHANGED = {**KNOWN, "qty": 6}  # conflicts with KNOWN
+
+
+@pytest.mark.parametrize(
+    ("route", "earlier", "status", "applied"),
+    [
+        ("batch", [event("p1"), INVALID, event("p3")], 400, ["p1"]),
+        ("batch", [event("p1"), CHANGED, event("p3")], 409, ["p1"]),
+        ("event", [{**event("p3"), "qty": 0}], 400, []),
+    ],
+    ids=["batch-invalid-item", "batch-conflict", "event-invalid"],
+)
+async def test_a_successor_whose_named_event_is_refused_gets_412_promptly(
+    sink: Sink,
+    client: aiohttp.ClientSession,
+    sink_db: Path,
+    db_rows: Query,
+    route: str,
+    earlier: list[Any],
+    status: int,
+    applied: list[str],
+) -> None:
+    await send(client, sink.base, "event", [KNOWN], None)
+    before = inbox_ids(db_rows, sink_db)
+    successor = event("s1", "tea", 3)
+
+    started = asyncio.get_running_loop().time()
+    waiting = asyncio.create_task(send(client, sink.base, "event", [successor], "p3"))
+    try:
+        await until(lambda: len(sink.fences) == 1, "the successor waits for p3")
+        first = await asyncio.wait_for(send(client, sink.base, route, earlier, None), BOUND_S)
+        later = await asyncio.wait_for(waiting, BOUND_S)
+    finally:
+        await settle(waiting)
+    took_s = asyncio.get_running_loop().time() - started
+
+    if route == "batch":
+        assert first[0] == 200
+        assert first[1]["acks"] == [ack(event(i)) for i in applied]
+        assert (first[1]["rejected"]["index"], first[1]["rejected"]["status"]) == (1, status)
+    else:
+        assert first[0] == status
+    assert later[0] == 412 and later[1]["after"] == "p3"
+    assert took_s < PROMPT_S  # woken when the predecessor's request gave up on p3
+    assert inbox_ids(db_rows, sink_db) == [*before, *applied]
+    assert await fenced_total(client, sink.base) == 1
+    assert len(sink.fences) == 0
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize(
+    "after", [" bad id", "x" * 200, "-dash", "a/b"], ids=["space", "long", "dash", "slash"]
+)
+async def test_a_malformed_fence_is_400_naming_the_header_and_applies_nothing(
+    sink: Sink,
+    client: aiohttp.ClientSession,
+    sink_db: Path,
+    db_rows: Query,
+    route: str,
+    after: str,
+) -> None:
+    await send(client, sink.base, "event", [event("e0")], None)
+    before = snapshot(db_rows, sink_db)
+
+    (status, body), took_s = await timed(
+        send(client, sink.base, route, [event("e1", "tea", 3)], after)
+    )
+
+    assert status == 400
+    assert body["field"] == FENCE_HEADER and FENCE_HEADER in body["error"]
+    assert took_s < PROMPT_S  # refused before any wait for a predecessor
+    assert snapshot(db_rows, sink_db) == before
+    assert await fenced_total(client, sink.base) == 0
+
+
+# ---------------------------------------------------------------- the inbox itself
+
+
+async def test_knows_says_whether_the_inbox_holds_an_event(
+    inbox: Inbox, sink_db: Path, db_rows: Query
+) -> None:
+    assert await inbox.knows("e1") is False
+    await inbox.receive_batch([event("e1")])
+
+    assert await inbox.knows("e1") is True
+    assert await inbox.knows("E1") is False
+    assert await inbox.knows("e2") is False
+    assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'e1'") == [(1,)]
+
+
+async def test_knows_finds_what_an_earlier_process_applied(sink_db: Path) -> None:
+    async with Inbox.open(sink_db) as first:
+        await first.receive_batch([event("e1")])
+    async with Inbox.open(sink_db) as reopened:
+        assert await reopened.knows("e1") is True
+        assert await reopened.knows("e2") is False
+
+
+@pytest.mark.parametrize("share_commit", [False, True], ids=["alone", "shared"])
+async def test_a_batch_fenced_on_an_unknown_event_raises_and_changes_nothing(
+    inbox: Inbox, sink_db: Path, db_rows: Query, share_commit: bool
+) -> None:
+    known = event("k0", "tea", 5)
+    await inbox.receive_batch([known])
+    before = snapshot(db_rows, sink_db)
+
+    with pytest.raises(FenceNotMet) as raised:
+        await inbox.receive_batch(
+            [event("n1", "tea", 1), known, event("n2", "corn", 2)],
+            after="ghost",
+            share_commit=share_commit,
+        )
+    assert raised.value.after == "ghost"
+    with pytest.raises(FenceNotMet):
+        await inbox.receive_with_digest(event("n3"), after="ghost", share_commit=share_commit)
+
+    assert snapshot(db_rows, sink_db) == before  # not even the duplicate was counted
+    receipt = await inbox.receive_batch([event("n1")], after="k0", share_commit=share_commit)
+    assert [r.receipt for r in receipt.received] == [Receipt.APPLIED]
+    assert inbox_ids(db_rows, sink_db) == ["k0", "n1"]
+
+
+async def test_in_one_group_commit_fences_see_the_calls_before_them_and_fail_alone(
+    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await inbox.receive_batch([event("k0", "tea", 5)])
+    transactions: list[int] = []
+    real_run = inbox._db.run
+
+    async def counted(fn: Callable[[sqlite3.Connection], T]) -> T:
+        transactions.append(1)
+        return await real_run(fn)
+
+    monkeypatch.setattr(inbox._db, "run", counted)
+    calls: list[tuple[list[Event], str | None]] = [
+        ([event("a1", "apple", 1), event("a2", "apple", 2)], None),
+        ([event("b1", "bean", 4)], "a2"),  # applied earlier in this group
+        ([event("f1", "fig", 8)], "g1"),  # g1 comes later in the group: not there yet
+        ([event("c1", "corn", 16)], "ghost"),
+        ([event("d1", "date", 32)], "k0"),  # applied before the group
+        ([event("g1", "grape", 64)], "b1"),
+    ]
+
+    async with asyncio.timeout(BOUND_S):
+        outcomes = await asyncio.gather(
+            *(inbox.receive_batch(e, after=a, share_commit=True) for e, a in calls),
+            return_exceptions=True,
+        )
+
+    assert len(transactions) == 1  # all six calls in one transaction
+    for (events, _), outcome in zip(calls, outcomes, strict=True):
+        if events[0]["id"] in ("f1", "c1"):
+            assert isinstance(outcome, FenceNotMet), outcome
+        else:
+            assert isinstance(outcome, BatchReceipt), outcome
+            assert outcome.conflict is None
+            assert [(r.receipt, r.digest) for r in outcome.received] == [
+                (Receipt.APPLIED, payload_digest(e)) for e in events
+            ]
+    assert [o.after for o in outcomes if isinstance(o, FenceNotMet)] == ["g1", "ghost"]
+    assert inbox_ids(db_rows, sink_db) == ["k0", "a1", "a2", "b1", "d1", "g1"]
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {
+        "tea": 5,
+        "apple": 3,
+        "bean": 4,
+        "date": 32,
+        "grape": 64,
+    }

@@ -1,0 +1,232 @@
+"""Fences: a request whose predecessor is not there yet waits, bounded, for it.
+
+Pure asyncio: `known` (the inbox read in the service) is a small async function here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+import pytest
+
+from sink.fence import Fences
+
+LONG_S = 5.0  # a wait that must be ended by something else than its timeout
+TINY_S = 0.05  # a wait that is meant to time out
+BOUND_S = 1.0  # how long a test waits for what should happen at once
+
+
+async def never(event_id: str) -> bool:
+    """The inbox does not hold it."""
+    return False
+
+
+async def always(event_id: str) -> bool:
+    """The inbox holds it."""
+    return True
+
+
+async def must_not_ask(event_id: str) -> bool:
+    raise AssertionError(f"known({event_id!r}) was asked")
+
+
+@contextlib.asynccontextmanager
+async def waiting(
+    fences: Fences, *afters: str, timeout_s: float = LONG_S
+) -> AsyncIterator[list[asyncio.Task[None]]]:
+    """One task waiting for each ID, registered before the block runs; cancelled and
+    awaited on the way out, so no task outlives its test."""
+    before = len(fences)
+    tasks = [asyncio.create_task(fences.wait(after, never, timeout_s)) for after in afters]
+    try:
+        await asyncio.sleep(0)  # each task runs up to its wait: registered
+        assert len(fences) == before + len(afters)
+        yield tasks
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def finished(task: asyncio.Task[None]) -> bool:
+    """Whether the task ends within BOUND_S (well before LONG_S)."""
+    done, _ = await asyncio.wait({task}, timeout=BOUND_S)
+    return task in done
+
+
+async def still_waiting(task: asyncio.Task[None]) -> bool:
+    await asyncio.sleep(TINY_S)
+    return not task.done()
+
+
+async def returns(wait: Coroutine[Any, Any, None]) -> None:
+    """Await a wait that must end well before LONG_S, by something else than its timeout."""
+    await asyncio.wait_for(wait, BOUND_S)
+
+
+async def test_a_recently_handed_id_returns_at_once_without_asking_the_inbox() -> None:
+    fences = Fences()
+    fences.handed(["e1", "e2"])
+
+    await returns(fences.wait("e1", must_not_ask))
+    await returns(fences.wait("e2", must_not_ask))
+    assert len(fences) == 0
+
+
+async def test_a_wait_ends_when_that_id_is_handed_and_not_before() -> None:
+    fences = Fences()
+    async with waiting(fences, "e1") as (task,):
+        assert await still_waiting(task)
+        fences.handed(["other"])
+        assert await still_waiting(task)
+
+        fences.handed(["e0", "e1"])
+
+        assert await finished(task)
+        assert task.result() is None
+    assert len(fences) == 0
+
+
+async def test_a_wait_ends_when_that_ids_request_wakes_it() -> None:
+    fences = Fences()
+    async with waiting(fences, "e1") as (task,):
+        fences.wake(["other"])
+        assert await still_waiting(task)
+
+        fences.wake(["e1"])
+
+        assert await finished(task)
+    assert len(fences) == 0
+
+
+async def test_a_woken_id_is_not_remembered_as_handed() -> None:
+    fences = Fences()
+    async with waiting(fences, "e1") as (task,):
+        fences.wake(["e1"])
+        assert await finished(task)
+
+    asked: list[str] = []
+
+    async def asking(event_id: str) -> bool:
+        asked.append(event_id)
+        return False
+
+    await asyncio.wait_for(fences.wait("e1", asking, timeout_s=TINY_S), BOUND_S)
+    assert asked == ["e1"]
+
+
+async def test_a_wait_returns_at_once_when_the_inbox_knows_the_id() -> None:
+    fences = Fences()
+    asked: list[str] = []
+
+    async def known(event_id: str) -> bool:
+        asked.append(event_id)
+        return await always(event_id)
+
+    await returns(fences.wait("e1", known))
+    assert asked == ["e1"]
+    assert len(fences) == 0
+
+
+async def test_an_id_handed_while_the_inbox_is_read_ends_the_wait() -> None:
+    fences = Fences()
+
+    async def read_meanwhile_handed(event_id: str) -> bool:
+        fences.handed([event_id])  # another request hands it over during the read
+        return False
+
+    await returns(fences.wait("e1", read_meanwhile_handed))
+
+    assert len(fences) == 0
+
+
+async def test_a_wait_times_out_quietly_and_removes_its_waiter() -> None:
+    fences = Fences()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with waiting(fences, "e1", timeout_s=TINY_S) as (task,):
+        assert len(fences) == 1
+        assert await finished(task)
+        assert loop.time() - started >= TINY_S * 0.9
+        assert task.result() is None  # no exception: the transaction checks the fence
+        assert len(fences) == 0
+    fences.handed(["e1"])  # nothing left to wake: no error either
+
+
+async def test_a_timed_out_waiter_leaves_the_others_of_that_id_waiting() -> None:
+    fences = Fences()
+    async with waiting(fences, "e1") as (patient,):
+        async with waiting(fences, "e1", timeout_s=TINY_S) as (hasty,):
+            assert await finished(hasty)
+            assert len(fences) == 1
+            assert await still_waiting(patient)
+
+            fences.handed(["e1"])
+
+            assert await finished(patient)
+    assert len(fences) == 0
+
+
+async def test_the_recent_memory_forgets_the_oldest_ids_first() -> None:
+    fences = Fences(recent=2)
+    fences.handed(["e1", "e2"])
+    fences.handed(["e3"])
+    asked: list[str] = []
+
+    async def asking(event_id: str) -> bool:
+        asked.append(event_id)
+        return False
+
+    for event_id in ("e1", "e2", "e3"):
+        await asyncio.wait_for(fences.wait(event_id, asking, timeout_s=TINY_S), BOUND_S)
+
+    assert asked == ["e1"]  # only the oldest was forgotten, so only it needs a read
+    assert len(fences) == 0
+
+
+async def test_waking_wakes_the_waiters_when_the_block_raises() -> None:
+    fences = Fences()
+    async with waiting(fences, "e1", "e2", "e3") as (one, two, three):
+        with pytest.raises(RuntimeError, match="request failed"):
+            with fences.waking(["e1", "e2"]):
+                assert await still_waiting(one)
+                raise RuntimeError("request failed")
+
+        assert await finished(one) and await finished(two)
+        assert await still_waiting(three)
+        assert len(fences) == 1
+
+
+async def test_waking_wakes_the_waiters_when_the_block_ends() -> None:
+    fences = Fences()
+    async with waiting(fences, "e1") as (task,):
+        with fences.waking(["e1"]):
+            assert await still_waiting(task)
+
+        assert await finished(task)
+    assert len(fences) == 0
+
+
+async def test_a_handed_id_wakes_every_waiter_of_it_and_only_those() -> None:
+    fences = Fences()
+    async with waiting(fences, "e1", "e1", "e1", "e2") as tasks:
+        fences.handed(["e1"])
+
+        for task in tasks[:3]:
+            assert await finished(task)
+        assert await still_waiting(tasks[3])
+        assert len(fences) == 1
+
+
+async def test_ids_handed_as_a_generator_wake_their_waiters() -> None:
+    # post_batch hands over `event["id"] for event in events`: one pass only.
+    fences = Fences()
+    async with waiting(fences, "e2") as (task,):
+        fences.handed(event_id for event_id in ["e1", "e2"])
+
+        assert await finished(task), "handed() used up the generator before waking"
