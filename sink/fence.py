@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Final
 
 FENCE_WAIT_S: Final = 5.0
-RECENT: Final = 4096  # handed-over IDs remembered, so a late request needs no read
+RECENT: Final = 4096  # IDs whose request is done or under way: a late request needs no wait
 
 
 class Fences:
@@ -67,14 +67,20 @@ class Fences:
         """These events go to the inbox now, in this order: remember them, and wake
         whoever waits for one of them."""
         event_ids = list(event_ids)  # read twice: a generator would be spent by the first
-        for event_id in event_ids:
-            self._recent[event_id] = None
-            if len(self._recent) > self._keep:
-                self._recent.popitem(last=False)
         self.wake(event_ids)
 
+    def _remember(self, event_ids: list[str]) -> None:
+        for event_id in event_ids:
+            self._recent[event_id] = None
+            self._recent.move_to_end(event_id)
+            if len(self._recent) > self._keep:
+                self._recent.popitem(last=False)
+
     def wake(self, event_ids: Iterable[str]) -> None:
-        """Wake whoever waits for one of these events (their request is over)."""
+        """Their request is over: wake whoever waits for one of these events, and let
+        a request naming one later go straight to the transaction, which decides."""
+        event_ids = list(event_ids)
+        self._remember(event_ids)
         if not self._waiters:
             return
         for event_id in event_ids:
