@@ -95,6 +95,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400:
             raise
         return error(exc.status, exc.reason)
+    except ConnectionResetError:
+        # The client went away before its body was read (a killed publisher, say):
+        # nothing was applied, and there is nobody to answer.
+        log.info("client closed the connection on %s %s", request.method, request.path)
+        return error(400, "connection closed before the request was read")
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         return error(500, "internal error")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
+import yarl
 
 if TYPE_CHECKING:
     from conftest import Query, ServeSink
@@ -358,3 +360,33 @@ async def test_drop_after_commit_closes_without_reply_but_keeps_the_commit(
     assert (status, ack["ack"], ack["status"]) == (200, "order-1", "duplicate")
     assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
     assert db_rows(db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+
+
+async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
+    base: str,
+    client: aiohttp.ClientSession,
+    db_rows: Query,
+    db: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A publisher killed while sending: the headers promise a body that never comes.
+    caplog.set_level(logging.INFO)
+    url = yarl.URL(base)
+    _reader, writer = await asyncio.open_connection(url.host, url.port)
+    writer.write(
+        b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 500\r\n\r\n{"id": "half'
+    )
+    await writer.drain()
+    await asyncio.sleep(0.1)
+    writer.transport.abort()
+    for _ in range(50):  # the sink notices on its next loop turns
+        await asyncio.sleep(0.02)
+        if any("closed the connection" in r.getMessage() for r in caplog.records):
+            break
+    assert any("closed the connection" in r.getMessage() for r in caplog.records)
+    assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
+    assert not any("unexpected error" in r.getMessage() for r in caplog.records)
+    assert db_rows(db, "SELECT count(*) FROM inbox") == [(0,)]
+    status, _, _ = await post_event(client, base, {"id": "next", "sku": "s", "qty": 1})
+    assert status == 200
