@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from publisher.cli import build_parser
+from publisher.cli import build_parser, main
 from shared.cli import ArgumentParser, JsonFormatter, add_option, duration_s, env_name
 
 
@@ -209,6 +209,59 @@ def test_publisher_subcommand_help_shows_env_names() -> None:
     serve_help = " ".join(captured.getvalue().split())
     for name in ("OUTBOX_DB", "OUTBOX_SINK", "OUTBOX_PORT", "OUTBOX_QUARANTINE_AFTER"):
         assert f"[env {name}]" in serve_help
+
+
+# ---------------------------------------------------------------- --pipeline
+
+SERVE = ["serve", "--db", "source.db", "--sink", "http://127.0.0.1:9999/events"]
+
+
+def test_publisher_serve_pipeline_defaults_to_1() -> None:
+    assert build_parser().parse_args(SERVE).pipeline == 1
+
+
+@pytest.mark.parametrize("text", ["1", "2", "16"])
+def test_publisher_serve_pipeline_accepts_1_to_16(text: str) -> None:
+    args = build_parser().parse_args([*SERVE, "--pipeline", text])
+    assert args.pipeline == int(text)
+    assert type(args.pipeline) is int
+
+
+@pytest.mark.parametrize("text", ["0", "17", "-1", "x", "", "2.5", "8x"])
+def test_publisher_serve_pipeline_outside_1_to_16_is_one_usage_line(text: str) -> None:
+    said = usage_error(build_parser(), [*SERVE, "--pipeline", text])
+    assert "Traceback" not in said
+    assert len(said.splitlines()) == 1, said
+    assert "--pipeline" in said and "from 1 to 16" in said
+
+
+def test_publisher_serve_pipeline_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_PIPELINE", "8")
+    assert build_parser().parse_args(SERVE).pipeline == 8
+    assert build_parser().parse_args([*SERVE, "--pipeline", "2"]).pipeline == 2  # flag wins
+
+
+@pytest.mark.parametrize("text", ["0", "17", "x"])
+def test_publisher_serve_pipeline_env_is_checked(
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    monkeypatch.setenv("OUTBOX_PIPELINE", text)
+    said = usage_error(build_parser(), SERVE)
+    assert len(said.splitlines()) == 1, said
+    assert "from 1 to 16" in said
+
+
+def test_publisher_main_refuses_a_bad_pipeline_before_doing_anything(tmp_path: Path) -> None:
+    # Through main, as `python -m publisher` runs it: exit 2, one line, no database made.
+    source = tmp_path / "source.db"
+    captured = io.StringIO()
+    argv = ["serve", "--db", str(source), "--sink", "http://127.0.0.1:9/events"]
+    with contextlib.redirect_stderr(captured), pytest.raises(SystemExit) as exited:
+        main([*argv, "--pipeline", "17"])
+    assert exited.value.code == 2
+    assert len(captured.getvalue().splitlines()) == 1, captured.getvalue()
+    assert captured.getvalue().startswith("publisher serve: error: argument --pipeline")
+    assert not source.exists()
 
 
 # ---------------------------------------------------------------- JSON log lines

@@ -1,0 +1,225 @@
+"""Pipelined delivery across real OS processes that share the same disk.
+
+`publisher serve --pipeline 8` and `python -m sink` run as processes of their own. The
+publisher ends itself right after its first verified ACK (with up to eight requests in
+flight), or is killed with SIGKILL in the middle of a drain; a publisher started again
+on the same files finishes the job. A checker reads both database files through
+independent sqlite3 connections and the sink's inbox record over HTTP.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from support import LOOPBACK, STOP_TIMEOUT_S, wait_until
+
+if TYPE_CHECKING:
+    from conftest import AcceptOrders, PublisherProcess, Query, StartPublisher, StartSink
+
+pytestmark = pytest.mark.e2e
+
+CHAOS_EXIT = 73
+CRASH_TIMEOUT_S = 15.0
+DRAIN_TIMEOUT_S = 30.0
+SETTLE_S = 0.5  # longer than a request takes at the sink, stall included
+SETTLE_ROUNDS = 20
+STARTUP_READ_S = 0.5  # time for the relay's first read, at start-up, to be over
+SKUS = ("snack", "juice", "tea", "soap")
+_CHAOS_LINE = re.compile(r"chaos: ACK verified for (\S+), exiting with status 73 before the mark")
+
+
+def orders(count: int) -> list[dict[str, Any]]:
+    """`count` orders in seq order, SKUs interleaved, each its own quantity."""
+    return [
+        {"id": f"order-{n:03d}", "sku": SKUS[n % len(SKUS)], "qty": n + 1} for n in range(count)
+    ]
+
+
+def serve_args(source: Path, sink_url: str, *extra: str) -> list[str]:
+    return [
+        "--db", str(source), "--sink", sink_url, "--host", LOOPBACK, "--port", "0",
+        "--pipeline", "8", "--retry-base", "0.05", "--retry-cap", "0.5",
+        "--send-timeout", "5", "--log-format", "json", *extra,
+    ]  # fmt: skip
+
+
+def sent_ids(db_rows: Query, source: Path) -> list[str]:
+    return [r[0] for r in db_rows(source, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
+
+
+def inbox_ids(db_rows: Query, sink_db: Path) -> list[str]:
+    """The inbox in the order the sink applied it."""
+    return [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
+
+
+def lines(events: list[dict[str, Any]], by_sku: bool) -> list[list[str]]:
+    """Each line's IDs in seq order: one line, or one per SKU."""
+    keyed: dict[str | None, list[str]] = {}
+    for e in events:
+        keyed.setdefault(e["sku"] if by_sku else None, []).append(e["id"])
+    return list(keyed.values())
+
+
+def assert_prefix_of_each_line(ids: list[str], events: list[dict[str, Any]], by_sku: bool) -> None:
+    """`ids` (in the order given) hold, for each line, its first entries in seq order."""
+    for line in lines(events, by_sku):
+        members = set(line)
+        done = [i for i in ids if i in members]
+        assert done == line[: len(done)], (done, line[: len(done)])
+
+
+def assert_all_applied_once_in_order(
+    db_rows: Query, source: Path, sink_db: Path, events: list[dict[str, Any]], by_sku: bool
+) -> None:
+    ids = [e["id"] for e in events]
+    marks = db_rows(source, "SELECT id, sent, ack FROM outbox ORDER BY seq")
+    assert [(i, s) for i, s, _ in marks] == [(i, 1) for i in ids]
+    assert [json.loads(ack)["ack"] for _, _, ack in marks] == ids
+    applied = inbox_ids(db_rows, sink_db)
+    assert sorted(applied) == ids  # each once: the inbox key is the ID
+    assert_prefix_of_each_line(applied, events, by_sku)  # and all of it, so in order
+    totals: dict[str, int] = {}
+    for e in events:
+        totals[e["sku"]] = totals.get(e["sku"], 0) + e["qty"]
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == totals
+
+
+def settled_inbox(db_rows: Query, sink_db: Path) -> list[str]:
+    """The inbox once the requests a dead publisher left at the sink are done: the
+    same on two reads SETTLE_S apart."""
+    before = inbox_ids(db_rows, sink_db)
+    for _ in range(SETTLE_ROUNDS):
+        time.sleep(SETTLE_S)
+        now = inbox_ids(db_rows, sink_db)
+        if now == before:
+            return now
+        before = now
+    raise AssertionError(f"the inbox kept changing for {SETTLE_S * SETTLE_ROUNDS}s")
+
+
+def inbox_record(base: str, event_id: str) -> dict[str, Any]:
+    """GET /events/{id} on the sink: its inbox record."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        conn.request("GET", f"/events/{event_id}")
+        response = conn.getresponse()
+        assert response.status == 200
+        record: dict[str, Any] = json.loads(response.read())
+        return record
+    finally:
+        conn.close()
+
+
+def drain_and_stop(publisher: PublisherProcess, db_rows: Query, source: Path, count: int) -> None:
+    """Wait until every entry is sent, then SIGTERM: an orderly exit."""
+    wait_until(lambda: len(sent_ids(db_rows, source)) == count, DRAIN_TIMEOUT_S)
+    publisher.signal(signal.SIGTERM)
+    assert publisher.wait(STOP_TIMEOUT_S) == 0, publisher.log.read_text()
+
+
+# ---------------------------------------------------------------- exit after a verified ACK
+
+
+@pytest.mark.parametrize("delivery", ["single", "batch"])
+def test_exit_after_the_first_pipelined_ack_marks_nothing_and_the_restart_absorbs_the_resends(
+    tmp_path: Path,
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    accept_orders: AcceptOrders,
+    db_rows: Query,
+    delivery: str,
+) -> None:
+    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    sink = sink_process(sink_db)
+    events = orders(24)
+    ids = [e["id"] for e in events]
+    mode = ["--delivery", delivery, "--limit", "4"]
+    # The relay reads once at start-up (nothing yet) and then at the next poll: the
+    # orders are all there by then, so its first read fills the pipeline.
+    crashing = publisher_process(
+        *serve_args(source, sink.url, *mode, "--poll-interval", "2", "--chaos", "exit-after-ack")
+    )
+    time.sleep(STARTUP_READ_S)
+    accept_orders(source, *events)
+
+    assert crashing.wait(CRASH_TIMEOUT_S) == CHAOS_EXIT, crashing.log.read_text()
+    [crashed] = _CHAOS_LINE.findall(crashing.log.read_text())
+    assert crashed == ids[0]
+    # The hook ran before the first mark: nothing is marked. The sink has the crashed
+    # entry and those of the requests that were in flight behind it, in seq order.
+    assert sent_ids(db_rows, source) == []
+    applied = settled_inbox(db_rows, sink_db)
+    assert len(applied) > (1 if delivery == "single" else 4), "no request was in flight"
+    assert applied[0] == crashed
+    assert_prefix_of_each_line(applied, events, by_sku=False)
+    assert inbox_record(sink.base, crashed)["deliveries"] == 1
+
+    restarted = publisher_process(*serve_args(source, sink.url, *mode, "--poll-interval", "0.1"))
+    drain_and_stop(restarted, db_rows, source, len(ids))
+
+    assert_all_applied_once_in_order(db_rows, source, sink_db, events, by_sku=False)
+    assert inbox_record(sink.base, crashed)["deliveries"] == 2
+    # Everything applied before the crash was sent again once and absorbed; the rest
+    # was sent once.
+    delivered: dict[str, int] = dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox"))
+    assert delivered == {i: 2 if i in applied else 1 for i in ids}
+    [(crashed_ack,)] = db_rows(source, "SELECT ack FROM outbox WHERE id = ?", (crashed,))
+    assert json.loads(crashed_ack)["status"] == "duplicate"
+    assert sink.proc.poll() is None, "the sink process should still be serving"
+
+
+# ---------------------------------------------------------------- SIGKILL mid-drain
+
+
+@pytest.mark.parametrize("ordering", ["global", "sku"])
+def test_sigkill_mid_drain_loses_nothing_and_applies_nothing_twice(
+    tmp_path: Path,
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    accept_orders: AcceptOrders,
+    db_rows: Query,
+    ordering: str,
+) -> None:
+    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    by_sku = ordering == "sku"
+    # Each request waits at the sink, so the drain lasts long enough to be cut.
+    sink = sink_process(sink_db, "--chaos", "stall=0.2")
+    events = orders(300)
+    ids = [e["id"] for e in events]
+    accept_orders(source, *events)
+    options = [
+        "--delivery", "batch", "--limit", "4", "--ordering", ordering, "--lanes", "2",
+        "--poll-interval", "0.2",
+    ]  # fmt: skip
+
+    publisher = publisher_process(*serve_args(source, sink.url, *options))
+    wait_until(lambda: len(sent_ids(db_rows, source)) >= 40, DRAIN_TIMEOUT_S)
+    assert publisher.kill() == -signal.SIGKILL
+
+    marked = sent_ids(db_rows, source)
+    assert len(marked) < len(ids), "the drain ended before the kill"
+    assert set(marked) <= set(inbox_ids(db_rows, sink_db))  # a mark follows an ACK
+    assert_prefix_of_each_line(marked, events, by_sku)
+    # Whatever the sink does with the requests the dead publisher left in flight,
+    # each line stays in order.
+    applied = settled_inbox(db_rows, sink_db)
+    assert_prefix_of_each_line(applied, events, by_sku)
+    unmarked = set(applied) - set(marked)
+
+    restarted = publisher_process(*serve_args(source, sink.url, *options))
+    drain_and_stop(restarted, db_rows, source, len(ids))
+
+    assert_all_applied_once_in_order(db_rows, source, sink_db, events, by_sku)
+    # Marked before the kill: never sent again. Applied but not marked: sent again
+    # once and absorbed. Not applied: sent once, by the restarted publisher.
+    delivered: dict[str, int] = dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox"))
+    assert delivered == {i: 2 if i in unmarked else 1 for i in ids}
+    assert sink.proc.poll() is None, "the sink process should still be serving"
