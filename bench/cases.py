@@ -383,23 +383,19 @@ async def relay_batch(ctx: Context) -> Figures:
 
 
 async def relay_single_pipelined(ctx: Context) -> Figures:
-    figures = await relay_drain(
-        ctx, "single-pipelined", ctx.sizes.backlog, batch=False, pipeline=PIPELINE
-    )
-    return {
-        **figures,
-        "delivery": f"one event per request, up to {PIPELINE} in flight (Relay pipeline=)",
-        "pipeline": PIPELINE,
-    }
+    return await _pipelined(ctx, batch=False, delivery="one event per request")
 
 
 async def relay_batch_pipelined(ctx: Context) -> Figures:
-    figures = await relay_drain(
-        ctx, "batch-pipelined", ctx.sizes.backlog, batch=True, pipeline=PIPELINE
-    )
+    return await _pipelined(ctx, batch=True, delivery="batches of up to 16")
+
+
+async def _pipelined(ctx: Context, *, batch: bool, delivery: str) -> Figures:
+    name = "batch-pipelined" if batch else "single-pipelined"
+    figures = await relay_drain(ctx, name, ctx.sizes.backlog, batch=batch, pipeline=PIPELINE)
     return {
         **figures,
-        "delivery": f"batches of up to 16, up to {PIPELINE} in flight (Relay pipeline=)",
+        "delivery": f"{delivery}, up to {PIPELINE} in flight (Relay pipeline=)",
         "pipeline": PIPELINE,
     }
 

@@ -262,14 +262,7 @@ def read_fence(request: web.Request) -> str | None:
     """The event ID in the Outbox-After header, None without one; BadRequest 400 if
     it is not a well-formed ID."""
     after = request.headers.get(FENCE_HEADER)
-    if after is None:
-        return None
-    try:
-        return validate_event_id(after)
-    except InvalidEvent as exc:
-        raise BadRequest(
-            400, "invalid", f"invalid {FENCE_HEADER}", field=FENCE_HEADER, detail=exc.problem
-        ) from exc
+    return None if after is None else _checked(validate_event_id, after, FENCE_HEADER)
 
 
 def fence_not_met(request: web.Request, exc: FenceNotMet) -> web.Response:
