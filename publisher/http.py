@@ -12,7 +12,15 @@ from yarl import URL
 
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.targets import check_target
-from shared import FENCE_HEADER, Event, InvalidAck, payload_digest, verify_ack
+from shared import (
+    FENCE_HEADER,
+    FENCING_ENFORCED,
+    FENCING_HEADER,
+    Event,
+    InvalidAck,
+    payload_digest,
+    verify_ack,
+)
 from shared.ack import check_ack, parse_reply
 
 MAX_REPLY_BYTES: Final = 4096
@@ -50,6 +58,12 @@ class HttpSender:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._max_reply_bytes = max_reply_bytes
         self._session: aiohttp.ClientSession | None = None
+        self._fencing = False
+
+    def fencing(self) -> bool:
+        """Whether the sink's last reply said it enforces Outbox-After (False before
+        any reply). A relay pipelines requests only while this holds."""
+        return self._fencing
 
     async def __aenter__(self) -> Self:
         self._session = aiohttp.ClientSession(
@@ -159,6 +173,7 @@ class HttpSender:
         async with session.request(
             method, url, data=body, headers=headers, allow_redirects=False
         ) as response:
+            self._fencing = response.headers.get(FENCING_HEADER) == FENCING_ENFORCED
             if (response.content_length or 0) > cap:
                 response.close()
                 raise NotAcknowledged(

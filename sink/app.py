@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared import (
     FENCE_HEADER,
+    FENCING_ENFORCED,
+    FENCING_HEADER,
     Conflict,
     Event,
     FenceNotMet,
@@ -138,6 +140,7 @@ def create_app(
             yield
 
     app.cleanup_ctx.append(inbox_ctx)
+    app.on_response_prepare.append(say_fencing)
     app.router.add_post("/events", post_event)
     app.router.add_post("/events/batch", post_batch)
     app.router.add_get("/events/{id}", get_event)
@@ -145,6 +148,12 @@ def create_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", healthz)
     return app
+
+
+async def say_fencing(request: web.Request, response: web.StreamResponse) -> None:
+    """Every reply says that this sink enforces Outbox-After: a publisher pipelines
+    requests only after it has read this."""
+    response.headers[FENCING_HEADER] = FENCING_ENFORCED
 
 
 @web.middleware
