@@ -11,7 +11,9 @@ stop-on-first-failure contract holds as without pipelining: nothing after a fail
 is marked, and the sink holds nothing after a gap.
 
 Only for a sink that enforces Outbox-After: one that ignores it could apply a
-request whose predecessor failed.
+request whose predecessor failed. Given `fenced` (HttpSender.fencing), a run starts
+with one request in flight and opens up to `depth` only once a reply of the sink
+has said it enforces the header, and goes back to one whenever a reply has not.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 
 FENCE_NOT_MET: Final = 412  # the sink's answer to a request whose predecessor it lacks
 MAX_DEPTH: Final = 16
+DEFAULT_DEPTH: Final = 8  # `publisher serve`: pipelined once the sink says it enforces fences
 
 Result = Mapping[str, object] | DeliveryError
 Row = tuple[int, Event, int]  # seq, event, attempts so far
@@ -64,6 +67,11 @@ class Pipeline:
     `batch` maps each entry read and not yet done with to its (seq, attempts), and
     `current` names the entry a failure is about, as EvidenceStore does, so the relay
     logs and records failures the same way in both modes.
+
+    With `fenced`, the sink is not trusted to enforce Outbox-After until it says so:
+    each run sends one request at a time, without a fence (the one before it is
+    verified by then), until `fenced()` holds after a result; it is asked again after
+    every result. Without it, the sink is trusted from the first request.
     """
 
     def __init__(
@@ -78,6 +86,7 @@ class Pipeline:
         may_send: Callable[[], bool],
         report: Reporter,
         after_delivery: Callable[[str], object] | None = None,
+        fenced: Callable[[], bool] | None = None,
     ) -> None:
         if not 2 <= depth <= MAX_DEPTH or not 1 <= per_request <= read_limit:
             raise ValueError(f"bad depth {depth} or request size {per_request}")
@@ -90,6 +99,7 @@ class Pipeline:
         self._may_send = may_send
         self._report = report
         self._after_delivery = after_delivery
+        self._fenced = fenced
         self._read_size = min(max(read_limit, depth * per_request), MAX_READ)
         self._marks: dict[asyncio.Task[None], list[str]] = {}
         self._mark_failed: BaseException | None = None
@@ -107,6 +117,7 @@ class Pipeline:
         after: str | None = None
         drained = False
         marked = 0
+        trusted = self._fenced is None  # several requests in flight, each fenced
         self.batch, self.current = {}, None
         try:
             while True:
@@ -124,13 +135,13 @@ class Pipeline:
                     reading = asyncio.ensure_future(self._read())
                 # A short request only once the line has no more to give.
                 while (
-                    len(in_flight) < self._depth
+                    len(in_flight) < (self._depth if trusted else 1)
                     and (len(queue) >= self._per_request or (queue and drained))
                     and self._may_send()
                 ):
                     unit = [queue.popleft() for _ in range(min(self._per_request, len(queue)))]
                     request = asyncio.ensure_future(
-                        self._send([event.copy() for event in unit], after)
+                        self._send([event.copy() for event in unit], after if trusted else None)
                     )
                     in_flight.append((unit, request, time.perf_counter()))
                     after = unit[-1]["id"]
@@ -146,6 +157,8 @@ class Pipeline:
                         continue  # the read came back first: send more
                 unit, request, started = in_flight.popleft()
                 marked += await self._take(unit, request, started)
+                if self._fenced is not None:
+                    trusted = self._fenced()  # what the sink's last reply said
         except BaseException:
             for _, request, _ in in_flight:
                 request.cancel()

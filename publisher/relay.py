@@ -352,6 +352,7 @@ class Relay:
         max_lanes: int = MAX_LANES,
         rand: Random = random.random,
         pipeline: int = 1,
+        fencing: Callable[[], bool] | None = None,
     ) -> None:
         """With `deliver_batch`, each step sends its batch in one request (dispatch_batch);
         without it, one request per entry (dispatch).
@@ -359,6 +360,8 @@ class Relay:
         With `pipeline` above 1, each line keeps up to that many requests in flight,
         each fenced on the one before (publisher.pipeline): only for a sink that
         enforces Outbox-After. `deliver` and `deliver_batch` must then take `after=`.
+        With `fencing` (HttpSender.fencing), the sink must say so first: until a reply
+        has, and whenever one has not, each line keeps one request in flight.
         """
         if ordering not in ("global", "sku") or max_lanes < 1:
             raise ValueError(f"bad ordering {ordering!r} or max_lanes {max_lanes}")
@@ -376,6 +379,7 @@ class Relay:
         self._max_lanes = max_lanes
         self._rand = rand
         self._depth = pipeline
+        self._fencing = fencing
         self._lanes: dict[str, Lane] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -494,6 +498,7 @@ class Relay:
                 may_send=lambda: not self._stop.is_set(),
                 report=functools.partial(self._report, lane),
                 after_delivery=self._after_delivery,
+                fenced=self._fencing,
             )
         return lane
 
