@@ -16,7 +16,7 @@ from typing import Any, Final
 from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
 from publisher.http import TIMEOUT_S, HttpSender
 from publisher.outbox import MAX_BATCH, Entry, Outbox, QuarantineRecord, State, check_limit
-from publisher.pipeline import MAX_DEPTH
+from publisher.pipeline import DEFAULT_DEPTH, MAX_DEPTH
 from publisher.relay import MAX_LANES, POLL_INTERVAL_S, EvidenceStore, dispatch, dispatch_batch
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app, exit_after_ack
@@ -38,6 +38,7 @@ from sqlite_tx import StorageError
 
 PROG: Final = "publisher"
 DEFAULT_PORT: Final = 8000
+EXIT_AFTER_ACK: Final = "exit-after-ack"
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
@@ -58,6 +59,19 @@ def pipeline_depth(text: str) -> int:
     if not 1 <= depth <= MAX_DEPTH:
         raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_DEPTH}")
     return depth
+
+
+def chaos_exit(text: str) -> int:
+    """argparse type for --chaos: exit-after-ack (the first verified ACK) or
+    exit-after-ack=N (the Nth); returns N."""
+    name, sep, count = text.partition("=")
+    if name == EXIT_AFTER_ACK and not sep:
+        return 1
+    if name == EXIT_AFTER_ACK and count.isdigit() and count.isascii() and int(count) >= 1:
+        return int(count)
+    raise argparse.ArgumentTypeError(
+        f"expected {EXIT_AFTER_ACK} or {EXIT_AFTER_ACK}=N with N from 1, got {text!r}"
+    )
 
 
 def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
@@ -172,9 +186,10 @@ def build_parser() -> ArgumentParser:
         serve,
         "--pipeline",
         type=pipeline_depth,
-        default=1,
+        default=DEFAULT_DEPTH,
         help="requests in flight per line, each naming the one before (Outbox-After); "
-        "above 1 only with a sink that enforces it, as this project's does",
+        "used only once the sink's replies say it enforces that header, one at a time "
+        "until then; 1 turns pipelining off",
     )
     add_option(serve, "--access-log", action="store_true", help="log one line per request")
     add_option(serve, "--log-format", choices=["text", "json"], default="text", help="log lines")
@@ -237,9 +252,10 @@ def _chaos_option(parser: ArgumentParser) -> None:
     add_option(
         parser,
         "--chaos",
-        choices=["exit-after-ack"],
-        help="exit-after-ack: end the process with status 73 right after a verified "
-        "ACK, before the entry is marked sent",
+        type=chaos_exit,
+        metavar="exit-after-ack[=N]",
+        help="end the process with status 73 right after the first (or the Nth) "
+        "verified ACK, before that entry is marked sent",
     )
 
 
@@ -257,10 +273,11 @@ async def cmd_accept(args: argparse.Namespace) -> int:
 
 async def cmd_dispatch(args: argparse.Namespace) -> int:
     delivered: list[str] = []
+    crash = exit_after_ack(args.chaos) if args.chaos else None
 
     def after_delivery(event_id: str) -> None:
-        if args.chaos == "exit-after-ack":
-            exit_after_ack(event_id)
+        if crash is not None:
+            crash(event_id)
         delivered.append(event_id)
 
     sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=load_token(args.token_file))
@@ -294,7 +311,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         poll_interval_s=args.poll_interval,
         retry=RetryPolicy(args.retry_base, args.retry_cap, args.quarantine_after),
         send_timeout_s=args.send_timeout,
-        chaos_exit_after_ack=args.chaos == "exit-after-ack",
+        chaos_exit_after_ack=args.chaos or 0,
         batch_delivery=args.delivery == "batch",
         ordering=args.ordering,
         max_lanes=int(args.lanes),

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -15,6 +15,7 @@ from aiohttp import web
 from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
 from publisher.metrics import PublisherMetrics
 from publisher.outbox import MAX_BATCH, Outbox
+from publisher.pipeline import DEFAULT_DEPTH
 from publisher.relay import MAX_LANES, POLL_INTERVAL_S, Ordering, Relay
 from publisher.retry import RetryPolicy
 from shared import Conflict
@@ -43,11 +44,11 @@ class ServiceSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     send_timeout_s: float = TIMEOUT_S
     max_body_bytes: int = MAX_BODY_BYTES
-    chaos_exit_after_ack: bool = False
+    chaos_exit_after_ack: int = 0  # N: exit right after the Nth verified ACK
     batch_delivery: bool = True
     ordering: Ordering = "global"
     max_lanes: int = MAX_LANES
-    pipeline: int = 1
+    pipeline: int = DEFAULT_DEPTH  # used once the sink says it enforces Outbox-After
 
 
 OUTBOX: Final = web.AppKey("outbox", Outbox)
@@ -87,11 +88,16 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
             poll_interval_s=settings.poll_interval_s,
             policy=settings.retry,
             observer=app[METRICS],
-            after_delivery=exit_after_ack if settings.chaos_exit_after_ack else None,
+            after_delivery=(
+                exit_after_ack(settings.chaos_exit_after_ack)
+                if settings.chaos_exit_after_ack
+                else None
+            ),
             deliver_batch=sender.deliver_batch if settings.batch_delivery else None,
             ordering=settings.ordering,
             max_lanes=settings.max_lanes,
             pipeline=settings.pipeline,
+            fencing=sender.fencing,
         )
         app[OUTBOX], app[RELAY] = outbox, relay
         task = asyncio.create_task(relay.run(), name="relay")
@@ -101,14 +107,23 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
-def exit_after_ack(event_id: str) -> None:
-    """Chaos hook: end the process between the verified ACK and the mark."""
-    print(
-        f"chaos: ACK verified for {event_id}, exiting with status 73 before the mark",
-        file=sys.stderr,
-        flush=True,
-    )
-    os._exit(CHAOS_EXIT_STATUS)  # no finally, no close: a crash at exactly this point
+def exit_after_ack(count: int = 1) -> Callable[[str], None]:
+    """Chaos hook: end the process between the `count`th verified ACK and its mark."""
+    seen = 0
+
+    def hook(event_id: str) -> None:
+        nonlocal seen
+        seen += 1
+        if seen < count:
+            return
+        print(
+            f"chaos: ACK verified for {event_id}, exiting with status 73 before the mark",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(CHAOS_EXIT_STATUS)  # no finally, no close: a crash at exactly this point
+
+    return hook
 
 
 async def post_order(request: web.Request) -> web.Response:

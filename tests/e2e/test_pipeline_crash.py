@@ -1,7 +1,7 @@
 """Pipelined delivery across real OS processes that share the same disk.
 
 `publisher serve --pipeline 8` and `python -m sink` run as processes of their own. The
-publisher ends itself right after its first verified ACK (with up to eight requests in
+publisher ends itself right after a verified ACK (with up to eight requests in
 flight), or is killed with SIGKILL in the middle of a drain; a publisher started again
 on the same files finishes the job. A checker reads both database files through
 independent sqlite3 connections and the sink's inbox record over HTTP.
@@ -129,7 +129,7 @@ def drain_and_stop(publisher: PublisherProcess, db_rows: Query, source: Path, co
 
 
 @pytest.mark.parametrize("delivery", ["single", "batch"])
-def test_exit_after_the_first_pipelined_ack_marks_nothing_and_the_restart_absorbs_the_resends(
+def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_the_resends(
     tmp_path: Path,
     sink_process: StartSink,
     publisher_process: StartPublisher,
@@ -141,24 +141,33 @@ def test_exit_after_the_first_pipelined_ack_marks_nothing_and_the_restart_absorb
     sink = sink_process(sink_db)
     events = orders(24)
     ids = [e["id"] for e in events]
-    mode = ["--delivery", delivery, "--limit", "4"]
-    # The relay reads once at start-up (nothing yet) and then at the next poll: the
-    # orders are all there by then, so its first read fills the pipeline.
+    size = 1 if delivery == "single" else 4
+    mode = ["--delivery", delivery, "--limit", str(size)]
+    # A run sends its first request alone; once its reply says the sink enforces
+    # Outbox-After, the rest go up to eight at a time. The crash comes right after the
+    # ACK of the first entry of the second request, with the others in flight behind
+    # it. The relay reads once at start-up (nothing yet) and then at the next poll:
+    # the orders are all there by then, so they make one run.
+    crash_at = size + 1
     crashing = publisher_process(
-        *serve_args(source, sink.url, *mode, "--poll-interval", "2", "--chaos", "exit-after-ack")
+        *serve_args(
+            source, sink.url, *mode, "--poll-interval", "2", "--chaos", f"exit-after-ack={crash_at}"
+        )
     )
     time.sleep(STARTUP_READ_S)
     accept_orders(source, *events)
 
     assert crashing.wait(CRASH_TIMEOUT_S) == CHAOS_EXIT, crashing.log.read_text()
     [crashed] = _CHAOS_LINE.findall(crashing.log.read_text())
-    assert crashed == ids[0]
-    # The hook ran before the first mark: nothing is marked. The sink has the crashed
-    # entry and those of the requests that were in flight behind it, in seq order.
-    assert sent_ids(db_rows, source) == []
+    assert crashed == ids[size]
+    # The hook ran before the second request's mark: at most the first request is
+    # marked (its mark is not awaited before the next requests go). The sink has the
+    # crashed entry and those of requests that were in flight behind it, in seq order.
+    marked_before = sent_ids(db_rows, source)
+    assert marked_before in ([], ids[:size])
     applied = settled_inbox(db_rows, sink_db)
-    assert len(applied) > (1 if delivery == "single" else 4), "no request was in flight"
-    assert applied[0] == crashed
+    assert len(applied) > 2 * size, "no request was in flight behind the crashed one"
+    assert applied[: size + 1] == ids[: size + 1]
     assert_prefix_of_each_line(applied, events, by_sku=False)
     assert inbox_record(sink.base, crashed)["deliveries"] == 1
 
@@ -167,13 +176,49 @@ def test_exit_after_the_first_pipelined_ack_marks_nothing_and_the_restart_absorb
 
     assert_all_applied_once_in_order(db_rows, source, sink_db, events, by_sku=False)
     assert inbox_record(sink.base, crashed)["deliveries"] == 2
-    # Everything applied before the crash was sent again once and absorbed; the rest
-    # was sent once.
+    # Everything applied but not marked before the crash was sent again once and
+    # absorbed; the rest was sent once.
     delivered: dict[str, int] = dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox"))
-    assert delivered == {i: 2 if i in applied else 1 for i in ids}
+    resent = set(applied) - set(marked_before)
+    assert delivered == {i: 2 if i in resent else 1 for i in ids}
     [(crashed_ack,)] = db_rows(source, "SELECT ack FROM outbox WHERE id = ?", (crashed,))
     assert json.loads(crashed_ack)["status"] == "duplicate"
     assert sink.proc.poll() is None, "the sink process should still be serving"
+
+
+@pytest.mark.parametrize("delivery", ["single", "batch"])
+def test_by_default_a_run_sends_its_first_request_alone(
+    tmp_path: Path,
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    accept_orders: AcceptOrders,
+    db_rows: Query,
+    delivery: str,
+) -> None:
+    """`publisher serve` pipelines by default, but only once a reply of this run has
+    said the sink enforces Outbox-After: at the first ACK nothing else is in flight."""
+    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    sink = sink_process(sink_db)
+    events = orders(24)
+    ids = [e["id"] for e in events]
+    size = 1 if delivery == "single" else 4
+    args = [
+        "--db", str(source), "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
+        "--delivery", delivery, "--limit", str(size), "--poll-interval", "2",
+        "--chaos", "exit-after-ack",
+    ]  # fmt: skip
+    crashing = publisher_process(*args)
+    time.sleep(STARTUP_READ_S)
+    accept_orders(source, *events)
+
+    assert crashing.wait(CRASH_TIMEOUT_S) == CHAOS_EXIT, crashing.log.read_text()
+    assert _CHAOS_LINE.findall(crashing.log.read_text()) == [ids[0]]
+    assert sent_ids(db_rows, source) == []
+    assert settled_inbox(db_rows, sink_db) == ids[:size]  # the first request, and no other
+
+    restarted = publisher_process(*args[:-2], "--poll-interval", "0.1")
+    drain_and_stop(restarted, db_rows, source, len(ids))
+    assert_all_applied_once_in_order(db_rows, source, sink_db, events, by_sku=False)
 
 
 # ---------------------------------------------------------------- SIGKILL mid-drain

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from publisher.cli import build_parser, main
+from publisher.pipeline import DEFAULT_DEPTH
+from publisher.service import CHAOS_EXIT_STATUS, ServiceSettings, exit_after_ack
 from shared.cli import ArgumentParser, JsonFormatter, add_option, duration_s, env_name
 
 
@@ -216,8 +218,14 @@ def test_publisher_subcommand_help_shows_env_names() -> None:
 SERVE = ["serve", "--db", "source.db", "--sink", "http://127.0.0.1:9999/events"]
 
 
-def test_publisher_serve_pipeline_defaults_to_1() -> None:
-    assert build_parser().parse_args(SERVE).pipeline == 1
+def test_publisher_serve_pipeline_defaults_to_the_default_depth() -> None:
+    # Pipelined by default: the relay still sends one at a time until the sink says
+    # it enforces Outbox-After.
+    assert DEFAULT_DEPTH == 8
+    args = build_parser().parse_args(SERVE)
+    assert args.pipeline == DEFAULT_DEPTH
+    assert type(args.pipeline) is int
+    assert ServiceSettings(db="source.db", sink="http://127.0.0.1:9/events").pipeline == 8
 
 
 @pytest.mark.parametrize("text", ["1", "2", "16"])
@@ -236,8 +244,8 @@ def test_publisher_serve_pipeline_outside_1_to_16_is_one_usage_line(text: str) -
 
 
 def test_publisher_serve_pipeline_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OUTBOX_PIPELINE", "8")
-    assert build_parser().parse_args(SERVE).pipeline == 8
+    monkeypatch.setenv("OUTBOX_PIPELINE", "3")  # not the default: the variable is read
+    assert build_parser().parse_args(SERVE).pipeline == 3
     assert build_parser().parse_args([*SERVE, "--pipeline", "2"]).pipeline == 2  # flag wins
 
 
@@ -262,6 +270,120 @@ def test_publisher_main_refuses_a_bad_pipeline_before_doing_anything(tmp_path: P
     assert len(captured.getvalue().splitlines()) == 1, captured.getvalue()
     assert captured.getvalue().startswith("publisher serve: error: argument --pipeline")
     assert not source.exists()
+
+
+# ---------------------------------------------------------------- --chaos
+
+DISPATCH = ["dispatch", "--db", "source.db", "--sink", "http://127.0.0.1:9999/events"]
+# The subcommands that have --chaos.
+CHAOS_ARGV = pytest.mark.parametrize("argv", [SERVE, DISPATCH], ids=["serve", "dispatch"])
+BAD_CHAOS = [
+    "exit-after-ack=0",
+    "exit-after-ack=-1",
+    "exit-after-ack=x",
+    "exit-after-ack=",
+    "exit-after-ac",
+    "exit-after-ack=1.5",
+    "exit-after-ack=\u0663",  # ARABIC-INDIC DIGIT THREE: a digit, but not ASCII
+    "exit-after-ack=+2",
+    "exit-after-ack=2=3",
+    "EXIT-AFTER-ACK",
+    "sigkill",
+]
+
+
+def one_chaos_usage_line(said: str) -> None:
+    assert "Traceback" not in said
+    assert len(said.splitlines()) == 1, said
+    assert "argument --chaos" in said, said
+
+
+@CHAOS_ARGV
+def test_chaos_is_off_by_default(argv: list[str]) -> None:
+    assert build_parser().parse_args(argv).chaos is None
+
+
+@CHAOS_ARGV
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        ("exit-after-ack", 1),
+        ("exit-after-ack=1", 1),
+        ("exit-after-ack=5", 5),
+        ("exit-after-ack=12", 12),
+    ],
+)
+def test_chaos_exit_after_ack_gives_the_ack_count(argv: list[str], text: str, count: int) -> None:
+    args = build_parser().parse_args([*argv, "--chaos", text])
+    assert args.chaos == count
+    assert type(args.chaos) is int
+
+
+@CHAOS_ARGV
+@pytest.mark.parametrize("text", BAD_CHAOS)
+def test_a_bad_chaos_value_is_one_usage_line(argv: list[str], text: str) -> None:
+    one_chaos_usage_line(usage_error(build_parser(), [*argv, "--chaos", text]))
+
+
+@CHAOS_ARGV
+def test_chaos_from_env(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    monkeypatch.setenv("OUTBOX_CHAOS", "exit-after-ack=3")
+    args = build_parser().parse_args(argv)
+    assert args.chaos == 3
+    assert type(args.chaos) is int
+    flag = build_parser().parse_args([*argv, "--chaos", "exit-after-ack"])
+    assert flag.chaos == 1  # flag wins
+
+
+@CHAOS_ARGV
+@pytest.mark.parametrize("text", BAD_CHAOS)
+def test_chaos_env_is_checked(monkeypatch: pytest.MonkeyPatch, argv: list[str], text: str) -> None:
+    monkeypatch.setenv("OUTBOX_CHAOS", text)
+    one_chaos_usage_line(usage_error(build_parser(), argv))
+
+
+@pytest.mark.timeout(10)  # should the value pass, serve would run until stopped
+@pytest.mark.parametrize("command", ["serve", "dispatch"])
+def test_publisher_main_refuses_a_bad_chaos_before_doing_anything(
+    tmp_path: Path, command: str
+) -> None:
+    # Through main, as `python -m publisher` runs it: exit 2, one line, no database made.
+    source = tmp_path / "source.db"
+    captured = io.StringIO()
+    argv = [command, "--db", str(source), "--sink", "http://127.0.0.1:9/events"]
+    if command == "serve":
+        argv += ["--port", "0"]
+    with contextlib.redirect_stderr(captured), pytest.raises(SystemExit) as exited:
+        main([*argv, "--chaos", "exit-after-ack=0"])
+    assert exited.value.code == 2
+    assert len(captured.getvalue().splitlines()) == 1, captured.getvalue()
+    assert captured.getvalue().startswith(f"publisher {command}: error: argument --chaos")
+    assert not source.exists()
+
+
+class Exited(Exception):
+    pass
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_the_exit_after_ack_hook_exits_with_73_at_the_nth_ack_only(
+    monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    def fake_exit(status: int) -> None:
+        raise Exited(status)
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    hook = exit_after_ack(count)
+    captured = io.StringIO()
+    with contextlib.redirect_stderr(captured):
+        for n in range(1, count):
+            hook(f"e{n}")
+        assert captured.getvalue() == ""
+        with pytest.raises(Exited) as exited:
+            hook(f"e{count}")
+    assert exited.value.args == (CHAOS_EXIT_STATUS,)
+    assert CHAOS_EXIT_STATUS == 73
+    assert f"e{count}" in captured.getvalue()
 
 
 # ---------------------------------------------------------------- JSON log lines
