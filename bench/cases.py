@@ -36,6 +36,7 @@ from bench.procs import BenchError, Child, Children
 from publisher import HttpSender, Outbox
 from publisher.errors import DeliveryError
 from publisher.metrics import PublisherMetrics
+from publisher.pipeline import DEFAULT_DEPTH
 from publisher.relay import Deliver, DeliverBatch, Relay
 from shared import Event
 from sqlite_tx import PRAGMAS, Database, transaction
@@ -54,7 +55,6 @@ STATUS_POLL_S: Final = 0.1
 HTTP_TIMEOUT_S: Final = 10.0
 LANES: Final = 8
 BATCH: Final = 16
-PIPELINE: Final = 8  # requests in flight per line in the pipelined cases
 SLOW_SINK_STALL_S: Final = 0.005
 STALLED_SINK_S: Final = 2.0
 STALL_SETTLE_S: Final = 0.5
@@ -279,9 +279,12 @@ async def relay_drain(
     batch: bool,
     lanes: bool = False,
     stall_s: float | None = None,
-    pipeline: int = 1,
+    pipeline: int = DEFAULT_DEPTH,
 ) -> Figures:
     """Drain `backlog` pending entries with the in-process relay into a fresh sink process.
+
+    As `publisher serve` runs it: up to `pipeline` requests in flight per line once
+    the sink's replies say it enforces Outbox-After (1: one at a time).
 
     Timed from relay.run() until a snapshot shows nothing pending; then both files
     are read with connections of our own: every entry applied at the sink, and sent.
@@ -306,6 +309,7 @@ async def relay_drain(
                         ordering="sku",
                         max_lanes=LANES,
                         pipeline=pipeline,
+                        fencing=sender.fencing,
                     )
                 except TypeError as exc:
                     raise NotAvailable(f"Relay does not take ordering='sku' yet: {exc}") from exc
@@ -316,6 +320,7 @@ async def relay_drain(
                     observer=counter,
                     deliver_batch=deliver_batch,
                     pipeline=pipeline,
+                    fencing=sender.fencing,
                 )
             await sender.lookup("warm-up")  # opens the keep-alive connection before timing
             elapsed = await _drain(outbox, relay, counter, drain_timeout_s(backlog))
@@ -332,8 +337,8 @@ async def relay_drain(
         "marked_sent": sent,
         "outcomes": dict(counter.outcomes),
         "requests": clock.requests,
-        # Where the time went (meaningful when requests do not overlap: global order,
-        # no pipelining):
+        # Where the time went (meaningful only when requests do not overlap: global
+        # order, one in flight):
         # in requests (transport and everything the sink does), and the rest (the
         # publisher's reads, marks and loop).
         "ms_per_event": elapsed * 1000 / backlog,
@@ -374,40 +379,44 @@ async def _drain(outbox: Outbox, relay: Relay, counter: DeliveryCounter, timeout
 
 async def relay_single(ctx: Context) -> Figures:
     figures = await relay_drain(ctx, "single", ctx.sizes.backlog, batch=False)
-    return {**figures, "delivery": "one event per request (Relay without deliver_batch)"}
+    return {
+        **figures,
+        "delivery": "one event per request (Relay without deliver_batch)",
+        "pipeline": DEFAULT_DEPTH,
+    }
 
 
 async def relay_batch(ctx: Context) -> Figures:
     figures = await relay_drain(ctx, "batch", ctx.sizes.backlog, batch=True)
-    return {**figures, "delivery": "batches of up to 16 (deliver_batch=HttpSender.deliver_batch)"}
-
-
-async def relay_single_pipelined(ctx: Context) -> Figures:
-    return await _pipelined(ctx, batch=False, delivery="one event per request")
-
-
-async def relay_batch_pipelined(ctx: Context) -> Figures:
-    return await _pipelined(ctx, batch=True, delivery="batches of up to 16")
-
-
-async def _pipelined(ctx: Context, *, batch: bool, delivery: str) -> Figures:
-    name = "batch-pipelined" if batch else "single-pipelined"
-    figures = await relay_drain(ctx, name, ctx.sizes.backlog, batch=batch, pipeline=PIPELINE)
     return {
         **figures,
-        "delivery": f"{delivery}, up to {PIPELINE} in flight (Relay pipeline=)",
-        "pipeline": PIPELINE,
+        "delivery": "batches of up to 16 (deliver_batch=HttpSender.deliver_batch)",
+        "pipeline": DEFAULT_DEPTH,
     }
+
+
+async def relay_single_serial(ctx: Context) -> Figures:
+    return await _serial(ctx, batch=False, delivery="one event per request")
+
+
+async def relay_batch_serial(ctx: Context) -> Figures:
+    return await _serial(ctx, batch=True, delivery="batches of up to 16")
+
+
+async def _serial(ctx: Context, *, batch: bool, delivery: str) -> Figures:
+    name = "batch-serial" if batch else "single-serial"
+    figures = await relay_drain(ctx, name, ctx.sizes.backlog, batch=batch, pipeline=1)
+    return {**figures, "delivery": f"{delivery}, one in flight (Relay pipeline=1)", "pipeline": 1}
 
 
 async def relay_lanes(ctx: Context) -> Figures:
     """Global order vs per-SKU lanes against a sink that stalls 5 ms per request.
 
-    For each delivery style the two modes run in the order global, lanes, lanes,
-    global (each on `lanes_backlog` entries), and each mode's rate is its total
-    entries over its total time: a machine that speeds up or slows down during the
-    case weighs on both modes alike. Two runs of global order with pipelining follow,
-    for reference (no target): what pipelining alone does against a slow sink.
+    For each delivery style, and first with one request in flight per line, then
+    with the default pipelining, the two modes run in the order global, lanes,
+    lanes, global (each on `lanes_backlog` entries), and each mode's rate is its
+    total entries over its total time: a machine that speeds up or slows down
+    during the case weighs on both modes alike.
     """
     backlog = ctx.sizes.lanes_backlog
     figures: Figures = {
@@ -417,24 +426,25 @@ async def relay_lanes(ctx: Context) -> Figures:
         "skus": len(SKUS),
         "max_lanes": LANES,
         "sink_stall_s": SLOW_SINK_STALL_S,
+        "pipeline": DEFAULT_DEPTH,
     }
     for delivery, batch in (("single", False), ("batch", True)):
-        elapsed = {"global": 0.0, "lanes": 0.0, "global_pipelined": 0.0}
-        modes = ("global", "lanes", "lanes", "global", "global_pipelined", "global_pipelined")
-        for run, mode in enumerate(modes):
-            figures_of_run = await relay_drain(
-                ctx,
-                f"lanes-{delivery}-{mode}-{run}",
-                backlog,
-                batch=batch,
-                lanes=mode == "lanes",
-                stall_s=SLOW_SINK_STALL_S,
-                pipeline=PIPELINE if mode == "global_pipelined" else 1,
-            )
-            elapsed[mode] += figures_of_run["elapsed_s"]
-        for mode, seconds in elapsed.items():
-            figures[f"{delivery}_{mode}_events_per_s"] = 2 * backlog / seconds
-            figures[f"{delivery}_{mode}_elapsed_s"] = seconds
+        for depth, suffix in ((1, ""), (DEFAULT_DEPTH, "_pipelined")):
+            elapsed = {"global": 0.0, "lanes": 0.0}
+            for run, mode in enumerate(("global", "lanes", "lanes", "global")):
+                figures_of_run = await relay_drain(
+                    ctx,
+                    f"lanes-{delivery}-{mode}{suffix}-{run}",
+                    backlog,
+                    batch=batch,
+                    lanes=mode == "lanes",
+                    stall_s=SLOW_SINK_STALL_S,
+                    pipeline=depth,
+                )
+                elapsed[mode] += figures_of_run["elapsed_s"]
+            for mode, seconds in elapsed.items():
+                figures[f"{delivery}_{mode}{suffix}_events_per_s"] = 2 * backlog / seconds
+                figures[f"{delivery}_{mode}{suffix}_elapsed_s"] = seconds
     return figures
 
 

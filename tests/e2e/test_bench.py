@@ -28,14 +28,15 @@ CASES = {
     "naive_peer",
     "relay_single",
     "relay_batch",
-    "relay_single_pipelined",
-    "relay_batch_pipelined",
+    "relay_single_serial",
+    "relay_batch_serial",
     "relay_lanes",
     "intake_latency",
     "scaling",
     "memory",
 }
-TARGETS = 12
+TARGETS = 14
+REFERENCES = 4  # rows measured against a goal at another setting: never met or missed
 
 
 def processes_with(marker: str) -> list[int]:
@@ -95,6 +96,7 @@ def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
     targets = report["targets"]
     assert len(targets) == TARGETS
     assert len({t["name"] for t in targets}) == TARGETS
+    assert sum(t["reference"] for t in targets) == REFERENCES
     for t in targets:
         assert set(t["cases"]) <= CASES
         assert isinstance(t["target"], int | float)
@@ -104,6 +106,10 @@ def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
             continue
         assert isinstance(t["measured"], int | float), t
         assert math.isfinite(t["measured"]), t
-        assert isinstance(t["met"], bool), t
-        verdict = "met" if t["met"] else "missed"
+        if t["reference"]:
+            assert t["met"] is None, t
+            verdict = "reference"
+        else:
+            assert isinstance(t["met"], bool), t
+            verdict = "met" if t["met"] else "missed"
         assert any(t["name"] in line and verdict in line for line in run.stdout.splitlines())
