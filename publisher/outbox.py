@@ -167,9 +167,8 @@ class Outbox(Store):
         check_limit(limit, MAX_READ)
         if skip:
             marking = {"lane": lane, "skip": json.dumps(sorted(skip)), "limit": limit}
-            rows = await self._db.run(
-                lambda conn: conn.execute(sql.PENDING_SKIPPING, marking).fetchall()
-            )
+            query = sql.PENDING_SKIPPING if lane is None else sql.PENDING_IN_LANE_SKIPPING
+            rows = await self._db.run(lambda conn: conn.execute(query, marking).fetchall())
             return [(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
         query, params = (
             (sql.PENDING, (limit,)) if lane is None else (sql.PENDING_IN_LANE, (lane, limit))

@@ -69,8 +69,14 @@ PENDING: Final = (
 # mark of one batch with the send of the next).
 PENDING_SKIPPING: Final = f"""
     SELECT seq, payload, attempts FROM outbox
-    WHERE {IS_PENDING} AND (:lane IS NULL OR lane = :lane)
-        AND id NOT IN (SELECT value FROM json_each(:skip))
+    WHERE {IS_PENDING} AND id NOT IN (SELECT value FROM json_each(:skip))
+    ORDER BY seq LIMIT :limit
+"""
+# The same for one lane, on the lane's own index: it reads that lane's entries only,
+# however many entries of other lanes are pending before them.
+PENDING_IN_LANE_SKIPPING: Final = f"""
+    SELECT seq, payload, attempts FROM outbox
+    WHERE {IS_PENDING} AND lane = :lane AND id NOT IN (SELECT value FROM json_each(:skip))
     ORDER BY seq LIMIT :limit
 """
 PENDING_IN_LANE: Final = f"""

@@ -1,0 +1,97 @@
+"""A lane's read of its next entries costs the same however many entries of other
+lanes are pending before them, with or without IDs to leave out (the read-ahead and
+the pipelined reads pass those).
+
+The cost is counted in SQLite virtual machine steps (a progress handler on the
+outbox's own connection), which does not depend on how fast or busy the machine is.
+Rows go in through an independent sqlite3 connection, the way another writer would
+add them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from publisher.outbox import Outbox
+from shared import Event, canonical_json
+
+STEP_GRAIN = 10  # the progress handler runs every this many VM steps
+OTHERS_FEW, OTHERS_MANY = 100, 20_000
+MAX_GROWTH = 1.5  # VM steps with many others / with few
+
+
+def add_entries(db: Path, lane: str, count: int, start: int) -> list[str]:
+    """`count` pending orders of SKU `lane`, each with its outbox entry, in one
+    transaction; returns their IDs in seq order."""
+    events: list[Event] = [
+        {"id": f"{lane}-{n:06d}", "sku": lane, "qty": 1} for n in range(start, start + count)
+    ]
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        now = time.time()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)",
+            [(e["id"], e["sku"], e["qty"], now) for e in events],
+        )
+        conn.executemany(
+            "INSERT INTO outbox (id, payload, queued_at, lane) VALUES (?, ?, ?, ?)",
+            [(e["id"], canonical_json(e), now, lane) for e in events],
+        )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return [e["id"] for e in events]
+
+
+async def counted_read(outbox: Outbox, lane: str | None, skip: list[str]) -> tuple[list[str], int]:
+    """pending_batch(16, lane, skip): the IDs it returns and the VM steps it took."""
+    conn = outbox._db._connection._conn  # the outbox's own connection
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += STEP_GRAIN
+        return 0  # go on
+
+    conn.set_progress_handler(count, STEP_GRAIN)
+    try:
+        rows = await outbox.pending_batch(16, lane, skip)
+    finally:
+        conn.set_progress_handler(None, STEP_GRAIN)
+    return [event["id"] for _, event, _ in rows], steps
+
+
+@pytest.mark.parametrize("skipping", [False, True], ids=["plain", "skipping"])
+async def test_a_lane_read_does_not_grow_with_other_lanes_pending_before_it(
+    tmp_path: Path, skipping: bool
+) -> None:
+    costs = []
+    for others in (OTHERS_FEW, OTHERS_MANY):
+        db = tmp_path / f"outbox-{others}.db"
+        async with Outbox.open(db) as outbox:
+            add_entries(db, "busy", others, 0)
+            mine = add_entries(db, "quiet", 40, 0)
+            skip = mine[:8] if skipping else []
+            ids, steps = await counted_read(outbox, "quiet", skip)
+            # The lane's own entries only, in seq order, the skipped ones left out.
+            assert ids == mine[len(skip) : len(skip) + 16]
+            costs.append(steps)
+    assert costs[0] > 0
+    assert costs[1] <= costs[0] * MAX_GROWTH, costs
+
+
+async def test_a_global_read_that_skips_ids_returns_every_lane_in_seq_order(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "outbox.db"
+    async with Outbox.open(db) as outbox:
+        first = add_entries(db, "a", 10, 0)
+        second = add_entries(db, "b", 10, 0)
+        third = add_entries(db, "a", 10, 10)
+        ids, _ = await counted_read(outbox, None, [*first[2:], "no-such-id"])
+        assert ids == first[:2] + second + third[:4]
