@@ -1,6 +1,7 @@
 """A lane's read of its next entries costs the same however many entries of other
 lanes are pending before them, with or without IDs to leave out (the read-ahead and
-the pipelined reads pass those).
+the pipelined reads pass those); finding the lanes to start costs the same however
+many entries each lane holds.
 
 The cost is counted in SQLite virtual machine steps (a progress handler on the
 outbox's own connection), which does not depend on how fast or busy the machine is.
@@ -12,16 +13,22 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
 from publisher.outbox import Outbox
 from shared import Event, canonical_json
 
+if TYPE_CHECKING:
+    from conftest import Query
+
 STEP_GRAIN = 10  # the progress handler runs every this many VM steps
 OTHERS_FEW, OTHERS_MANY = 100, 20_000
 MAX_GROWTH = 1.5  # VM steps with many others / with few
+T = TypeVar("T")
 
 
 def add_entries(db: Path, lane: str, count: int, start: int) -> list[str]:
@@ -48,9 +55,9 @@ def add_entries(db: Path, lane: str, count: int, start: int) -> list[str]:
     return [e["id"] for e in events]
 
 
-async def counted_read(outbox: Outbox, lane: str | None, skip: list[str]) -> tuple[list[str], int]:
-    """pending_batch(16, lane, skip): the IDs it returns and the VM steps it took."""
-    conn = outbox._db._connection._conn  # the outbox's own connection
+async def counted(outbox: Outbox, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
+    """What `call()` returns, and the VM steps the outbox's own connection took."""
+    conn = outbox._db._connection._conn
     steps = 0
 
     def count() -> int:
@@ -60,9 +67,15 @@ async def counted_read(outbox: Outbox, lane: str | None, skip: list[str]) -> tup
 
     conn.set_progress_handler(count, STEP_GRAIN)
     try:
-        rows = await outbox.pending_batch(16, lane, skip)
+        result = await call()
     finally:
         conn.set_progress_handler(None, STEP_GRAIN)
+    return result, steps
+
+
+async def counted_read(outbox: Outbox, lane: str | None, skip: list[str]) -> tuple[list[str], int]:
+    """pending_batch(16, lane, skip): the IDs it returns and the VM steps it took."""
+    rows, steps = await counted(outbox, lambda: outbox.pending_batch(16, lane, skip))
     return [event["id"] for _, event, _ in rows], steps
 
 
@@ -95,3 +108,41 @@ async def test_a_global_read_that_skips_ids_returns_every_lane_in_seq_order(
         third = add_entries(db, "a", 10, 10)
         ids, _ = await counted_read(outbox, None, [*first[2:], "no-such-id"])
         assert ids == first[:2] + second + third[:4]
+
+
+async def test_finding_lanes_to_start_does_not_grow_with_the_entries_they_hold(
+    tmp_path: Path,
+) -> None:
+    costs = []
+    for each in (OTHERS_FEW // 4, OTHERS_MANY // 4):
+        db = tmp_path / f"outbox-{each}.db"
+        async with Outbox.open(db) as outbox:
+            for n, lane in enumerate(("d", "c", "b", "a")):  # "d" has the oldest head
+                add_entries(db, lane, each, n * each)
+            lanes, steps = await counted(outbox, lambda: outbox.pending_lanes(8, ["c"]))
+            assert lanes == ["d", "b", "a"]
+            costs.append(steps)
+    assert costs[0] > 0
+    assert costs[1] <= costs[0] * MAX_GROWTH, costs
+
+
+async def test_pending_lanes_orders_by_the_oldest_pending_head_and_honours_limit_and_skip(
+    tmp_path: Path, db_rows: Query
+) -> None:
+    db = tmp_path / "outbox.db"
+    async with Outbox.open(db) as outbox:
+        first_b = add_entries(db, "b", 2, 0)
+        add_entries(db, "a", 2, 0)
+        add_entries(db, "c", 2, 0)
+        add_entries(db, "b", 2, 2)
+        assert await outbox.pending_lanes(10) == ["b", "a", "c"]
+        assert await outbox.pending_lanes(2) == ["b", "a"]
+        assert await outbox.pending_lanes(10, ["a", "zzz"]) == ["b", "c"]
+        # Lane b's head delivered: its next entry is younger than a's and c's heads.
+        await outbox.mark_sent_many([(event_id, None) for event_id in first_b])
+        assert await outbox.pending_lanes(10) == ["a", "c", "b"]
+        assert db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(2,)]
+        await outbox.quarantine("a-000000", "test", "tester")
+        await outbox.quarantine("a-000001", "test", "tester")
+        assert await outbox.pending_lanes(10) == ["c", "b"]  # a holds nothing pending
+        assert await outbox.pending_lanes(10, ["c", "b"]) == []
