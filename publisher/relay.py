@@ -6,6 +6,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -326,6 +327,7 @@ class Lane:
 
 Ordering = Literal["global", "sku"]
 MAX_LANES: Final = 8
+LANE_CANDIDATES: Final = 64  # lanes listed per query of pending lanes
 
 
 class Relay:
@@ -382,6 +384,8 @@ class Relay:
         self._fencing = fencing
         self._lanes: dict[str, Lane] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._candidates: list[str] = []  # lanes to start next, oldest head first
+        self._listed_at = -math.inf  # monotonic time of the query that listed them
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._global = self._make_lane(None)
@@ -463,19 +467,33 @@ class Relay:
                 await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
     async def _start_ready_lanes(self) -> None:
+        """Fill free slots with the lanes whose pending heads are oldest.
+
+        One query reads up to LANE_CANDIDATES lanes, and slots that free up later take
+        the next of them, so with thousands of SKUs a query is not paid per lane. The
+        list is read again when it runs short, when a lane's backoff has ended since
+        (it may now go first), and at least every poll interval (other writers, a
+        redrive). New intake needs none of these: its entries are the youngest, so
+        every lane listed goes before a lane they start.
+        """
         free = self._max_lanes - len(self._tasks)
         if free <= 0:
             return
         now = time.monotonic()
         # Lanes already in flight or backing off are left out of the query, so any
         # number of blocked lanes cannot crowd a healthy one out of the list.
-        waiting = [key for key, lane in self._lanes.items() if lane.not_before > now]
-        try:
-            keys = await self._outbox.pending_lanes(free, [*self._tasks, *waiting])
-        except Exception as exc:
-            log.error("could not read the pending lanes: %s", exc)
-            return
-        for key in keys:
+        busy = {*self._tasks, *(k for k, lane in self._lanes.items() if lane.not_before > now)}
+        keys = [key for key in self._candidates if key not in busy]
+        resumed = any(self._listed_at < lane.not_before <= now for lane in self._lanes.values())
+        if len(keys) < free or resumed or now - self._listed_at >= self._poll_interval_s:
+            try:
+                keys = await self._outbox.pending_lanes(max(free, LANE_CANDIDATES), sorted(busy))
+            except Exception as exc:
+                log.error("could not read the pending lanes: %s", exc)
+                return
+            self._listed_at = now
+        self._candidates = keys[free:]
+        for key in keys[:free]:
             lane = self._lanes.get(key) or self._new_lane(key)
             self._tasks[key] = asyncio.create_task(self._run_lane(lane), name=f"lane {key}")
 

@@ -13,7 +13,7 @@ import json
 import random
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -457,3 +457,77 @@ async def test_many_blocked_lanes_do_not_starve_a_healthy_one(
         assert len(relay.blocked_lanes) >= 64
 
     assert inbox_order(db_rows, sink_db, "snack") == ["snack-0", "snack-1", "snack-2"]
+
+
+# ---------------------------------------------------------------- many SKUs
+
+
+def counting_pending_lanes(outbox: Outbox) -> list[int]:
+    """Count the outbox's pending_lanes queries (the real method still answers)."""
+    calls: list[int] = []
+    real = outbox.pending_lanes
+
+    async def counted(limit: int, skip: Iterable[str] = ()) -> list[str]:
+        calls.append(limit)
+        return await real(limit, skip)
+
+    outbox.pending_lanes = counted  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_with_many_skus_one_query_lists_lanes_for_many_slots_in_head_order(
+    serve: Serve, inbox: Inbox, outbox: Outbox, db: Path, sink_db: Path, db_rows: Query, mode: Mode
+) -> None:
+    skus = [f"sku{n:03d}" for n in range(150)]
+    fake = LaneSink(inbox, delay_s=0.002)
+    url = f"{await serve(fake.app())}/events"
+    for sku in skus:
+        assert await outbox.accept({"id": f"{sku}-0", "sku": sku, "qty": 1}) == "accepted"
+    calls = counting_pending_lanes(outbox)
+    max_lanes = 4
+
+    # Polls are rare here: only lanes finishing (and the list running short) ask again.
+    async with running_relay(
+        outbox, url, mode, ordering="sku", max_lanes=max_lanes, poll_interval_s=30.0
+    ):
+        await eventually(lambda: all(sent(db_rows, db).values()), timeout_s=20.0)
+
+    assert sorted(fake.applications) == sorted(f"{sku}-0" for sku in skus)
+    # 150 lanes started through 4 slots: a query per lane would be about 150 of them.
+    assert len(calls) <= 150 // 64 + 3, calls
+    # Lanes start oldest head first: each arrives at most a slot count away from its turn.
+    arrived = [request[0] for request in fake.requests]
+    for turn, event_id in enumerate(arrived):
+        assert abs(turn - skus.index(event_id.split("-")[0])) < max_lanes, arrived
+
+
+async def test_a_lane_whose_backoff_ends_goes_before_younger_listed_lanes(
+    serve: Serve, inbox: Inbox, outbox: Outbox, db: Path, db_rows: Query
+) -> None:
+    # One slot. The oldest lane fails once (503) and backs off 40 ms; younger lanes,
+    # each held 30 ms at the sink, take the slot meanwhile. Once the backoff is over
+    # the old lane is next, though forty younger lanes were listed before it came back.
+    skus = ["old"] + [f"young{n:02d}" for n in range(40)]
+    fake = LaneSink(inbox, delay_s=0.03, script=["503"], failure_rate=1e-9)  # no dice
+    url = f"{await serve(fake.app())}/events"
+    for sku in skus:
+        assert await outbox.accept({"id": f"{sku}-0", "sku": sku, "qty": 1}) == "accepted"
+
+    async with running_relay(
+        outbox,
+        url,
+        "batch",
+        ordering="sku",
+        max_lanes=1,
+        poll_interval_s=30.0,
+        policy=RetryPolicy(base_s=0.04, cap_s=0.04),
+        rand=lambda: 0.999,
+    ):
+        await eventually(lambda: sent(db_rows, db)["old-0"] == 1, timeout_s=10.0)
+
+    heads = fake.heads()
+    assert heads[0] == "old-0"  # the failed attempt
+    # Back in at most three requests later: the one running when the backoff ended,
+    # and at most one more that started before the relay noticed.
+    assert "old-0" in heads[1:4], heads
