@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import time
@@ -21,6 +22,7 @@ from sqlite_tx import Database, GroupCommit, StorageError, Store, transaction
 
 MAX_BATCH: Final = 16
 PRUNE_BATCH: Final = 500
+LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
 DELIVERED_PAST_KEPT: Final = 100
 
 Intake = Literal["accepted", "duplicate"]
@@ -178,9 +180,8 @@ class Outbox(Store):
 
     async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
         """Lanes (SKUs) with pending entries, oldest head first, leaving out `skip`."""
-        params = {"limit": limit, "skip": json.dumps(list(skip))}
-        rows = await self._db.run(lambda conn: conn.execute(sql.PENDING_LANES, params).fetchall())
-        return [lane for (lane,) in rows]
+        skip = set(skip)
+        return await self._db.run(lambda conn: _pending_lanes(conn, limit, skip))
 
     async def mark_sent(self, event_id: str, ack: Mapping[str, object] | None = None) -> None:
         """Save the entry as sent, with the ACK that proved it. Idempotent once sent."""
@@ -285,6 +286,29 @@ def _accept(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
         conn.execute(sql.INSERT_ORDER, (event["id"], event["sku"], event["qty"], now))
         conn.execute(sql.INSERT_ENTRY, (event["id"], canonical_json(event), now, event["sku"]))
     return "accepted"
+
+
+def _pending_lanes(conn: sqlite3.Connection, limit: int, skip: set[str]) -> list[str]:
+    """Read pending entries in seq order: the first entry of each lane is its head.
+    With many lanes the first rows name enough of them; when the first
+    LANE_SCAN_ROWS rows do not (a few lanes, or lanes left out, hold the head of
+    the line), walk the lane index instead, at a cost per lane."""
+    lanes: list[str] = []
+    seen = set(skip)
+    rows = conn.execute(sql.PENDING_LANE_OF_EACH)
+    try:
+        for (lane,) in itertools.islice(rows, LANE_SCAN_ROWS):
+            if lane is not None and lane not in seen:
+                seen.add(lane)
+                lanes.append(lane)
+                if len(lanes) == limit:
+                    return lanes
+        if rows.fetchone() is None:
+            return lanes  # every pending entry was read
+    finally:
+        rows.close()
+    params = {"limit": limit, "skip": json.dumps(sorted(skip))}
+    return [lane for (lane,) in conn.execute(sql.PENDING_LANES, params)]
 
 
 def _mark_groups(

@@ -83,6 +83,8 @@ PENDING_IN_LANE: Final = f"""
     SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} AND lane = ?
     ORDER BY seq LIMIT ?
 """
+# The lane of each pending entry, in seq order (read until enough lanes are named).
+PENDING_LANE_OF_EACH: Final = f"SELECT lane FROM outbox WHERE {IS_PENDING} ORDER BY seq"
 # Lanes with pending entries, the one whose head is oldest first. The lanes are
 # found by hopping along the lane index (the next lane name after this one), and each
 # head by one lookup in it: the cost follows the number of lanes, not of entries (a

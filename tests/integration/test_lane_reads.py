@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
-from publisher.outbox import Outbox
+from publisher.outbox import LANE_SCAN_ROWS, Outbox
 from shared import Event, canonical_json
 
 if TYPE_CHECKING:
@@ -34,9 +34,13 @@ T = TypeVar("T")
 def add_entries(db: Path, lane: str, count: int, start: int) -> list[str]:
     """`count` pending orders of SKU `lane`, each with its outbox entry, in one
     transaction; returns their IDs in seq order."""
-    events: list[Event] = [
-        {"id": f"{lane}-{n:06d}", "sku": lane, "qty": 1} for n in range(start, start + count)
-    ]
+    return add_events(
+        db, [{"id": f"{lane}-{n:06d}", "sku": lane, "qty": 1} for n in range(start, start + count)]
+    )
+
+
+def add_events(db: Path, events: list[Event]) -> list[str]:
+    """Pending orders with their outbox entries, in this order, in one transaction."""
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         now = time.time()
@@ -47,7 +51,7 @@ def add_entries(db: Path, lane: str, count: int, start: int) -> list[str]:
         )
         conn.executemany(
             "INSERT INTO outbox (id, payload, queued_at, lane) VALUES (?, ?, ?, ?)",
-            [(e["id"], canonical_json(e), now, lane) for e in events],
+            [(e["id"], canonical_json(e), now, e["sku"]) for e in events],
         )
         conn.execute("COMMIT")
     finally:
@@ -110,17 +114,46 @@ async def test_a_global_read_that_skips_ids_returns_every_lane_in_seq_order(
         assert ids == first[:2] + second + third[:4]
 
 
+@pytest.mark.parametrize("where", ["head", "tail"])
 async def test_finding_lanes_to_start_does_not_grow_with_the_entries_they_hold(
+    tmp_path: Path, where: str
+) -> None:
+    # A few lanes, each holding many entries: with the lane left out holding the head
+    # of the line, or the tail. (Both sizes are above the seq-order read's row cap, so
+    # what is compared is the cost past it.)
+    costs = []
+    for each in (2 * LANE_SCAN_ROWS, OTHERS_MANY // 2):
+        db = tmp_path / f"outbox-{where}-{each}.db"
+        async with Outbox.open(db) as outbox:
+            lanes = ("c", "d", "b", "a") if where == "head" else ("d", "b", "a", "c")
+            for n, lane in enumerate(lanes):
+                add_entries(db, lane, each, n * each)
+            found, steps = await counted(outbox, lambda: outbox.pending_lanes(8, ["c"]))
+            assert found == [lane for lane in lanes if lane != "c"]
+            costs.append(steps)
+    assert costs[0] > 0
+    assert costs[1] <= costs[0] * MAX_GROWTH, costs
+
+
+async def test_finding_lanes_to_start_does_not_grow_with_the_number_of_lanes(
     tmp_path: Path,
 ) -> None:
+    # Thousands of SKUs, a few entries each: the supervisor asks for a few lanes at a
+    # time, and that must not cost a walk over every lane.
     costs = []
-    for each in (OTHERS_FEW // 4, OTHERS_MANY // 4):
-        db = tmp_path / f"outbox-{each}.db"
+    for count in (100, 5_000):
+        db = tmp_path / f"outbox-{count}.db"
         async with Outbox.open(db) as outbox:
-            for n, lane in enumerate(("d", "c", "b", "a")):  # "d" has the oldest head
-                add_entries(db, lane, each, n * each)
-            lanes, steps = await counted(outbox, lambda: outbox.pending_lanes(8, ["c"]))
-            assert lanes == ["d", "b", "a"]
+            add_events(
+                db,
+                [
+                    {"id": f"sku{lane:05d}-{n}", "sku": f"sku{lane:05d}", "qty": 1}
+                    for n in range(2)
+                    for lane in range(count)
+                ],
+            )
+            found, steps = await counted(outbox, lambda: outbox.pending_lanes(8, ["sku00001"]))
+            assert found == [f"sku{lane:05d}" for lane in (0, *range(2, 9))]
             costs.append(steps)
     assert costs[0] > 0
     assert costs[1] <= costs[0] * MAX_GROWTH, costs
