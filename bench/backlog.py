@@ -20,8 +20,9 @@ SENT_ACK: Final = '{{"ack": "{id}", "status": "{status}", "sha256": "{digest}"}}
 SKUS: Final = tuple(f"sku-{n}" for n in range(8))
 
 
-def event(n: int, prefix: str = "order") -> Event:
-    return {"id": f"{prefix}-{n:08d}", "sku": SKUS[n % len(SKUS)], "qty": 1 + n % 5}
+def event(n: int, prefix: str = "order", skus: int = len(SKUS)) -> Event:
+    """The nth order; SKUs take turns (the first `skus` of sku-0, sku-1, ...)."""
+    return {"id": f"{prefix}-{n:08d}", "sku": f"sku-{n % skus}", "qty": 1 + n % 5}
 
 
 async def create_source(path: Path) -> None:
@@ -30,8 +31,11 @@ async def create_source(path: Path) -> None:
         pass
 
 
-def insert_entries(path: Path, count: int, *, start: int = 0, sent: bool = False) -> None:
-    """Add `count` orders with their outbox entries, pending or already sent."""
+def insert_entries(
+    path: Path, count: int, *, start: int = 0, sent: bool = False, skus: int = len(SKUS)
+) -> None:
+    """Add `count` orders with their outbox entries, pending or already sent, over
+    `skus` SKUs."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(outbox)")}
@@ -40,7 +44,7 @@ def insert_entries(path: Path, count: int, *, start: int = 0, sent: bool = False
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
             "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)",
-            ((e["id"], e["sku"], e["qty"], now) for e in _events(start, count)),
+            ((e["id"], e["sku"], e["qty"], now) for e in _events(start, count, skus)),
         )
         names = ["id", "payload", "queued_at"]
         if sent:
@@ -50,7 +54,7 @@ def insert_entries(path: Path, count: int, *, start: int = 0, sent: bool = False
         marks = ", ".join(["?"] * len(names))
         conn.executemany(
             f"INSERT INTO outbox ({', '.join(names)}) VALUES ({marks})",
-            (_entry_row(e, now, sent, with_lane) for e in _events(start, count)),
+            (_entry_row(e, now, sent, with_lane) for e in _events(start, count, skus)),
         )
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -58,9 +62,9 @@ def insert_entries(path: Path, count: int, *, start: int = 0, sent: bool = False
         conn.close()
 
 
-def _events(start: int, count: int) -> Iterator[Event]:
+def _events(start: int, count: int, skus: int = len(SKUS)) -> Iterator[Event]:
     for n in range(start, start + count):
-        yield event(n)
+        yield event(n, skus=skus)
 
 
 def _entry_row(e: Event, now: float, sent: bool, with_lane: bool) -> tuple[object, ...]:

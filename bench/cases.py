@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import math
 import sqlite3
 import statistics
@@ -59,6 +60,7 @@ SLOW_SINK_STALL_S: Final = 0.005
 STALLED_SINK_S: Final = 2.0
 STALL_SETTLE_S: Final = 0.5
 PENDING_TAIL: Final = 100
+MANY_SKUS: Final = 2_000
 SMALL_DRAIN_REPEATS: Final = 3
 SINK_APPLIED: Final = "SELECT count(*) FROM inbox"
 SOURCE_SENT: Final = "SELECT count(*) FROM outbox WHERE sent = 1"
@@ -280,6 +282,7 @@ async def relay_drain(
     lanes: bool = False,
     stall_s: float | None = None,
     pipeline: int = DEFAULT_DEPTH,
+    skus: int = len(SKUS),
 ) -> Figures:
     """Drain `backlog` pending entries with the in-process relay into a fresh sink process.
 
@@ -291,7 +294,7 @@ async def relay_drain(
     """
     source, sink_db = ctx.workdir / f"{name}-source.db", ctx.workdir / f"{name}-sink.db"
     await create_source(source)
-    await asyncio.to_thread(insert_entries, source, backlog)
+    await asyncio.to_thread(functools.partial(insert_entries, source, backlog, skus=skus))
     chaos = ("--chaos", f"stall={stall_s}") if stall_s else ()
     sink = ctx.children.start(f"sink-{name}", "sink", "--db", str(sink_db), *chaos)
     try:
@@ -575,6 +578,15 @@ async def scaling(ctx: Context) -> Figures:
     figures["events_per_s"] = throughput
     figures["events_per_s_runs"] = runs
     figures["delivery"] = "batches of up to 16 (the service default)"
+    # Lanes with many SKUs (no target): the same backlog over few and many SKUs, so
+    # a cost per lane (finding lanes to start, starting them) shows as a ratio.
+    backlog = ctx.sizes.lanes_backlog * 4
+    for skus in (len(SKUS), MANY_SKUS):
+        name = f"scale-lanes-{skus}-skus"
+        drained = await relay_drain(ctx, name, backlog, batch=True, lanes=True, skus=skus)
+        figures[f"lanes_events_per_s_{skus}_skus"] = drained["events_per_s"]
+    figures["lanes_backlog"] = backlog
+    figures["lanes_skus"] = [len(SKUS), MANY_SKUS]
     return figures
 
 

@@ -467,6 +467,7 @@ def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
         )
     if name == "scaling":
         small, big = f["sent_rows"]
+        few, many = f["lanes_skus"]
         pending, scrape, rates = f["pending16_ms"], f["scrape_ms"], f["events_per_s"]
         backlogs = "/".join(f"{b:,}" for b in f["backlogs"])
         return (
@@ -474,7 +475,10 @@ def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
             f"scrape {scrape[0]:.3f} -> {scrape[1]:.3f} ms ({_x(scrape[1], scrape[0])}) "
             f"at {small:,} -> {big:,} sent rows; throughput from {backlogs}: "
             + " / ".join(f"{r:,.0f}" for r in rates)
-            + f" events/s ({_x(rates[2], rates[0])})"
+            + f" events/s ({_x(rates[2], rates[0])}); lanes draining "
+            + f"{f['lanes_backlog']:,} over {few} / {many:,} SKUs: "
+            + f"{f[f'lanes_events_per_s_{few}_skus']:,.0f} / "
+            + f"{f[f'lanes_events_per_s_{many}_skus']:,.0f} events/s"
         )
     if name == "memory":
         small, big = f["backlogs"]
