@@ -18,6 +18,7 @@ from typing import Any, Final, Literal
 from publisher import sql
 from publisher.errors import InvalidTransition, UnknownEntry
 from shared import Conflict, Event, canonical_json, validate_event
+from shared.ack import ack_json
 from sqlite_tx import Database, GroupCommit, StorageError, Store, transaction
 
 MAX_BATCH: Final = 16
@@ -198,7 +199,7 @@ class Outbox(Store):
         """
         now = time.time()
         params = [
-            {"id": event_id, "now": now, "ack": None if ack is None else json.dumps(ack)}
+            {"id": event_id, "now": now, "ack": None if ack is None else ack_json(ack)}
             for event_id, ack in marks
         ]
         if not params:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final
 
 from shared.errors import InvalidAck
-from shared.event import Event, canonical_json
+from shared.event import PLAIN_TEXT, Event, canonical_json
 
 
 class Receipt(StrEnum):
@@ -18,8 +19,11 @@ class Receipt(StrEnum):
     DUPLICATE = "duplicate"
 
 
+# A tuple, not a set: a JSON array or object as a status must not need hashing.
+RECEIPTS: Final = tuple(r.value for r in Receipt)
 ACK_FIELD: Final = "ack"
 DIGEST_FIELD: Final = "sha256"
+ACK_FIELDS: Final = (ACK_FIELD, "status", DIGEST_FIELD)  # in the order the sink writes them
 # A pipelined request names the last event of the request sent just before it; the
 # sink applies nothing of it unless that event is in its inbox (else 412).
 FENCE_HEADER: Final = "Outbox-After"
@@ -48,6 +52,16 @@ def make_ack(event_id: str, receipt: Receipt, digest: str | None = None) -> dict
     return ack
 
 
+def ack_json(ack: Mapping[str, object]) -> str:
+    """The ACK as JSON text, as `json.dumps(ack)` writes it (the publisher stores it
+    with each mark). A usual ACK, three fields of plain text, is written directly."""
+    if tuple(ack) == ACK_FIELDS and all(
+        type(value) is str and PLAIN_TEXT.fullmatch(value) for value in ack.values()
+    ):
+        return '{{"ack": "{}", "status": "{}", "sha256": "{}"}}'.format(*ack.values())
+    return json.dumps(ack)
+
+
 def verify_ack(body: bytes, event_id: str, digest: str | None = None) -> dict[str, object]:
     """Return the parsed ACK if `body` acknowledges exactly `event_id`, else raise InvalidAck.
 
@@ -72,8 +86,7 @@ def check_ack(reply: object, event_id: str, digest: str | None = None) -> dict[s
     acked = reply.get(ACK_FIELD)
     if acked != event_id:
         raise InvalidAck(f"ACK names {acked!r}, expected {event_id!r}")
-    # A tuple, not a set: a JSON array or object as the status must not need hashing.
-    if reply.get("status") not in tuple(r.value for r in Receipt):
+    if reply.get("status") not in RECEIPTS:
         raise InvalidAck(f"ACK status {reply.get('status')!r} is not applied or duplicate")
     stored = reply.get(DIGEST_FIELD)
     if stored is not None and digest is not None and stored != digest:

@@ -19,7 +19,7 @@ FIELDS: Final = ("id", "sku", "qty")
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 _SKU_RE: Final = re.compile(r"[A-Za-z0-9._:-]+")
-_SAFE: Final = re.compile(r"[A-Za-z0-9._:-]*")  # text JSON writes as it is
+PLAIN_TEXT: Final = re.compile(r"[A-Za-z0-9._:-]*")  # text JSON writes as it is
 
 
 class Event(TypedDict):
@@ -66,8 +66,8 @@ def canonical_json(event: Event) -> str:
         and type(qty) is int
         and isinstance(event_id, str)
         and isinstance(sku, str)
-        and _SAFE.fullmatch(event_id)
-        and _SAFE.fullmatch(sku)
+        and PLAIN_TEXT.fullmatch(event_id)
+        and PLAIN_TEXT.fullmatch(sku)
     ):
         # Text of the event alphabet needs no escaping: the same string, several times
         # faster (it is written for every event on both sides).

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared import InvalidAck, Receipt, make_ack, payload_digest, verify_ack
+from shared.ack import ack_json
 from shared.event import Event
 
 EVENT: Event = {"id": "order-1", "sku": "snack", "qty": 7}
@@ -131,3 +134,49 @@ def test_ack_whose_digest_differs_from_the_payload_sent_is_refused() -> None:
 
 def test_deeply_nested_reply_is_refused_as_invalid_ack() -> None:
     refused(b"[" * 2000 + b"]" * 2000)
+
+
+# ---------------------------------------------------------------- ack_json
+
+
+JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    event_id=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,40}", fullmatch=True),
+    receipt=st.sampled_from(Receipt),
+)
+def test_ack_json_of_a_usual_ack_is_what_json_dumps_writes(event_id: str, receipt: Receipt) -> None:
+    ack = make_ack(event_id, receipt, DIGEST)
+    assert ack_json(ack) == json.dumps(ack)
+    assert json.loads(ack_json(ack)) == ack
+
+
+@given(
+    ack=st.fixed_dictionaries({"ack": JSON_VALUES, "status": JSON_VALUES, "sha256": JSON_VALUES})
+    | st.dictionaries(st.sampled_from(["ack", "status", "sha256", "extra"]), JSON_VALUES)
+    | st.dictionaries(st.text(), JSON_VALUES, max_size=4)
+)
+def test_ack_json_of_any_object_is_what_json_dumps_writes(ack: dict[str, object]) -> None:
+    assert ack_json(ack) == json.dumps(ack)
+
+
+@pytest.mark.parametrize(
+    "ack",
+    [
+        {"ack": 'say "hi"', "status": "applied", "sha256": DIGEST},
+        {"ack": "back\\slash", "status": "applied", "sha256": DIGEST},
+        {"ack": "caf\u00e9", "status": "applied", "sha256": DIGEST},
+        {"ack": "tab\there", "status": "applied", "sha256": DIGEST},
+        {"status": "applied", "ack": "order-1", "sha256": DIGEST},  # another order
+        {"ack": "order-1", "status": "applied", "sha256": 7},
+        {"ack": "order-1", "status": "applied"},
+    ],
+)
+def test_ack_json_escapes_and_orders_like_json_dumps(ack: dict[str, object]) -> None:
+    assert ack_json(ack) == json.dumps(ack)
