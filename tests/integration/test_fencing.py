@@ -17,26 +17,40 @@ being handled at once. Databases are read through independent sqlite3 connection
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from relay_lines import (
+    BATCH_LIMIT,
+    FAST,
+    MODES,
+    ORDERINGS,
+    POLL_INTERVAL_S,
+    Line,
+    Mode,
+    accept,
+    eventually,
+    lines,
+    orders,
+    running,
+    sender_for,
+    sent_ids,
+)
 
 from publisher.errors import NotAcknowledged, Rejected
 from publisher.http import BatchResult, HttpSender
 from publisher.outbox import Outbox
 from publisher.pipeline import DEFAULT_DEPTH
 from publisher.relay import Ordering, Relay
-from publisher.retry import RetryPolicy
 from shared import (
     FENCE_HEADER,
     FENCING_ENFORCED,
@@ -52,26 +66,14 @@ from sink import create_app
 if TYPE_CHECKING:
     from conftest import Query, Serve
 
-Mode = Literal["single", "batch"]
-MODES: list[Mode] = ["single", "batch"]
-ORDERINGS: list[Ordering] = ["global", "sku"]
 DEPTH = DEFAULT_DEPTH  # what `publisher serve` runs with
-BATCH_LIMIT = 4  # batch mode: requests of 4, so a short backlog still makes many requests
-FAST = RetryPolicy(base_s=0.01, cap_s=0.05)
-POLL_INTERVAL_S = 0.05
 IDLE_POLL_S = 30.0  # a relay that runs again only when woken (stop ends the wait too)
-SEND_TIMEOUT_S = 3.0
-STOP_TIMEOUT_S = 5.0
 BOUND_S = 10.0  # every request and wait in here ends well within this
-WAIT_S = 10.0
-POLL_S = 0.01
 LEGACY_STALL_S = 0.01
 SINK_STALL_S = 0.02
 SETTLE_S = 0.2
-SKUS = ("snack", "juice", "tea")
 TOKEN = "correct-horse-battery-staple-42"
 T = TypeVar("T")
-Line = str | None
 
 
 # ---------------------------------------------------------------- what the sink saw
@@ -303,66 +305,7 @@ def make_relay(outbox: Outbox, sender: HttpSender | Watched, mode: Mode, **optio
     return Relay(outbox, sender.deliver, deliver_batch=batch, **options)
 
 
-@contextlib.asynccontextmanager
-async def running(relay: Relay) -> AsyncIterator[asyncio.Task[None]]:
-    """The relay's loop in a task; stopped (bounded) on exit, a crash of it raised."""
-    task = asyncio.create_task(relay.run())
-    try:
-        yield task
-        assert not task.done(), f"the relay loop ended: {task!r}"
-    finally:
-        relay.stop()
-        try:
-            await asyncio.wait_for(task, STOP_TIMEOUT_S)
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-
-def sender_for(url: str) -> HttpSender:
-    return HttpSender(url, timeout_s=SEND_TIMEOUT_S, connect_timeout_s=1.0)
-
-
 # ---------------------------------------------------------------- data and disk
-
-
-def orders(count: int, start: int = 0, skus: tuple[str, ...] = SKUS) -> list[Event]:
-    """`count` orders in seq order, SKUs interleaved, each its own quantity."""
-    return [
-        {"id": f"e{n:03d}", "sku": skus[n % len(skus)], "qty": n + 1}
-        for n in range(start, start + count)
-    ]
-
-
-async def accept(outbox: Outbox, events: list[Event]) -> list[str]:
-    for event in events:
-        assert await outbox.accept(dict(event)) == "accepted"
-    return [e["id"] for e in events]
-
-
-def lines(events: list[Event], ordering: Ordering) -> dict[Line, list[str]]:
-    """Each line's IDs in seq order: one line in global order, one per SKU in lanes."""
-    keyed: dict[Line, list[str]] = {}
-    for e in events:
-        keyed.setdefault(None if ordering == "global" else e["sku"], []).append(e["id"])
-    return keyed
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    started = time.monotonic()
-    for _ in range(int(timeout_s / POLL_S) + 10):
-        if check():
-            return
-        if time.monotonic() - started >= timeout_s:
-            break
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"condition not met within {timeout_s}s")
-
-
-def sent_ids(db_rows: Query, db: Path) -> list[str]:
-    return [r[0] for r in db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
 
 
 def assert_all_sent_once(db_rows: Query, db: Path, ids: list[str]) -> None:

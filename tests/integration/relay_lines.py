@@ -1,0 +1,94 @@
+"""What the tests of a relay's lines share: the orders they accept, the lines those
+make (one in global order, one per SKU), a relay running in a task, bounded waits,
+and what the outbox file says was sent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from publisher.http import HttpSender
+from publisher.outbox import Outbox
+from publisher.relay import Ordering, Relay
+from publisher.retry import RetryPolicy
+from shared import Event
+
+if TYPE_CHECKING:
+    from conftest import Query
+
+Mode = Literal["single", "batch"]
+MODES: list[Mode] = ["single", "batch"]
+ORDERINGS: list[Ordering] = ["global", "sku"]
+BATCH_LIMIT = 4  # batch mode: requests of 4, so a short backlog still makes many requests
+FAST = RetryPolicy(base_s=0.01, cap_s=0.05)
+POLL_INTERVAL_S = 0.05
+SEND_TIMEOUT_S = 3.0
+STOP_TIMEOUT_S = 5.0
+WAIT_S = 10.0
+POLL_S = 0.01
+SKUS = ("snack", "juice", "tea")
+Line = str | None
+
+
+@contextlib.asynccontextmanager
+async def running(relay: Relay) -> AsyncIterator[asyncio.Task[None]]:
+    """The relay's loop in a task; stopped (bounded) on exit, a crash of it raised."""
+    task = asyncio.create_task(relay.run())
+    try:
+        yield task
+        assert not task.done(), f"the relay loop ended: {task!r}"
+    finally:
+        relay.stop()
+        try:
+            await asyncio.wait_for(task, STOP_TIMEOUT_S)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+def sender_for(url: str) -> HttpSender:
+    return HttpSender(url, timeout_s=SEND_TIMEOUT_S, connect_timeout_s=1.0)
+
+
+def orders(count: int, start: int = 0, skus: tuple[str, ...] = SKUS) -> list[Event]:
+    """`count` orders in seq order, SKUs interleaved, each its own quantity."""
+    return [
+        {"id": f"e{n:03d}", "sku": skus[n % len(skus)], "qty": n + 1}
+        for n in range(start, start + count)
+    ]
+
+
+async def accept(outbox: Outbox, events: list[Event]) -> list[str]:
+    for event in events:
+        assert await outbox.accept(dict(event)) == "accepted"
+    return [e["id"] for e in events]
+
+
+def lines(events: list[Event], ordering: Ordering) -> dict[Line, list[str]]:
+    """Each line's IDs in seq order: one line in global order, one per SKU in lanes."""
+    keyed: dict[Line, list[str]] = {}
+    for e in events:
+        keyed.setdefault(None if ordering == "global" else e["sku"], []).append(e["id"])
+    return keyed
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> float:
+    """Wait until `check()` holds (bounded); how long it took."""
+    started = time.monotonic()
+    for _ in range(int(timeout_s / POLL_S) + 10):
+        if check():
+            return time.monotonic() - started
+        if time.monotonic() - started >= timeout_s:
+            break
+        await asyncio.sleep(POLL_S)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+def sent_ids(db_rows: Query, db: Path) -> list[str]:
+    return [r[0] for r in db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
