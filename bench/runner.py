@@ -20,11 +20,11 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import aiohttp
 
@@ -33,6 +33,8 @@ from bench.cases import FULL, QUICK, Context, Figures, NotAvailable, Sizes
 from bench.procs import REPO_ROOT, Children
 from publisher.pipeline import DEFAULT_DEPTH
 from shared.cli import TextFormatter
+
+T = TypeVar("T")
 
 DEFAULT_OUT: Final = REPO_ROOT / "bench" / "results.json"
 RSS_BUDGET_MIB: Final = 20.0
@@ -102,7 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp, Children(Path(tmp)) as children:
         ctx = Context(children, Path(tmp), QUICK if args.quick else FULL)
         with log_like_the_service(Path(tmp) / "bench.log"):
-            results = asyncio.run(run_cases(ctx))
+            try:
+                results = asyncio.run(_until_terminated(run_cases(ctx)))
+            except asyncio.CancelledError:
+                print("stopped by SIGTERM", file=sys.stderr, flush=True)
+                return 128 + signal.SIGTERM
     machine["load_average_end"] = list(os.getloadavg())
     targets = compute_targets(results, ctx.sizes)
     report = {
@@ -140,6 +146,20 @@ def log_like_the_service(path: Path) -> Iterator[None]:
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
+
+
+async def _until_terminated(work: Coroutine[Any, Any, T]) -> T:
+    """Run `work`; SIGTERM cancels it, so each case's cleanup runs as for any other
+    cancellation (a SystemExit raised at a random point of the event loop's own code
+    can be lost, and the run would go on)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await work
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def machine_info() -> dict[str, Any]:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -113,3 +114,47 @@ def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
             assert isinstance(t["met"], bool), t
             verdict = "met" if t["met"] else "missed"
         assert any(t["name"] in line and verdict in line for line in run.stdout.splitlines())
+
+
+STARTED_CASES = 4  # SIGTERM once this many cases have started: in the middle of a drain
+SIGTERM_EXIT_S = 30
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
+def test_sigterm_stops_the_run_at_once_and_leaves_no_process(
+    child_env: dict[str, str], tmp_path: Path
+) -> None:
+    marker = uuid.uuid4().hex
+    out, err = tmp_path / "results.json", tmp_path / "stderr.txt"
+    with err.open("wb") as stderr:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+            cwd=REPO_ROOT,
+            env={**child_env, MARKER_VARIABLE: marker},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while f"[{STARTED_CASES}/" not in err.read_text() and run.poll() is None:
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        assert run.poll() is None, err.read_text()
+        run.send_signal(signal.SIGTERM)
+        status = run.wait(SIGTERM_EXIT_S)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        leftovers = processes_with(marker)
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+    said = err.read_text()
+    assert status == 128 + signal.SIGTERM, said
+    assert leftovers == [], "processes of the run are still alive"
+    assert "stopped by SIGTERM" in said
+    assert "Traceback" not in said and "Exception ignored" not in said, said
+    # The cases after the signal never started, and no report was written.
+    assert f"[{STARTED_CASES + 1}/" not in said, said
+    assert not out.exists()
