@@ -312,7 +312,7 @@ async def relay_drain(
                         ordering="sku",
                         max_lanes=LANES,
                         pipeline=pipeline,
-                        fencing=sender.fencing,
+                        fencing=sender.fenced_reply,
                     )
                 except TypeError as exc:
                     raise NotAvailable(f"Relay does not take ordering='sku' yet: {exc}") from exc
@@ -323,7 +323,7 @@ async def relay_drain(
                     observer=counter,
                     deliver_batch=deliver_batch,
                     pipeline=pipeline,
-                    fencing=sender.fencing,
+                    fencing=sender.fenced_reply,
                 )
             await sender.lookup("warm-up")  # opens the keep-alive connection before timing
             elapsed = await _drain(outbox, relay, counter, drain_timeout_s(backlog))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -24,6 +25,7 @@ from shared import (
 from shared.ack import check_ack, parse_reply
 
 MAX_REPLY_BYTES: Final = 4096
+FENCED_REPLIES_KEPT: Final = 4096  # requests whose reply's fencing header is remembered
 CONNECT_TIMEOUT_S: Final = 3.0
 TIMEOUT_S: Final = 10.0
 # The sink refused the event itself: resending it unchanged cannot succeed.
@@ -59,11 +61,28 @@ class HttpSender:
         self._max_reply_bytes = max_reply_bytes
         self._session: aiohttp.ClientSession | None = None
         self._fencing = False
+        # First event ID of a request -> whether its reply said the sink enforces
+        # Outbox-After; the most recent FENCED_REPLIES_KEPT requests.
+        self._fenced_replies: collections.OrderedDict[str, bool] = collections.OrderedDict()
 
     def fencing(self) -> bool:
-        """Whether the sink's last reply said it enforces Outbox-After (False before
-        any reply). A relay pipelines requests only while this holds."""
+        """Whether the sink's last reply, to any request, said it enforces
+        Outbox-After (False before any reply)."""
         return self._fencing
+
+    def fenced_reply(self, event_id: str) -> bool:
+        """Whether the reply to the latest request that began with `event_id` said the
+        sink enforces Outbox-After; False when no such reply came. A relay pipelines a
+        line only while the reply of the request it has just taken said so: replies to
+        other requests (other lanes, a process being replaced) do not count."""
+        return self._fenced_replies.get(event_id, False)
+
+    def _note_reply(self, event_id: str, fenced: bool) -> None:
+        self._fencing = fenced
+        self._fenced_replies[event_id] = fenced
+        self._fenced_replies.move_to_end(event_id)
+        if len(self._fenced_replies) > FENCED_REPLIES_KEPT:
+            self._fenced_replies.popitem(last=False)
 
     async def __aenter__(self) -> Self:
         self._session = aiohttp.ClientSession(
@@ -154,7 +173,7 @@ class HttpSender:
             headers[FENCE_HEADER] = after
         try:
             return await self._exchange(
-                self._session, method, url, body, cap or self._max_reply_bytes, headers
+                self._session, method, url, event_id, body, cap or self._max_reply_bytes, headers
             )
         except TimeoutError as exc:
             raise DeliveryError(f"{event_id}: no reply in time ({type(exc).__name__})") from exc
@@ -166,6 +185,7 @@ class HttpSender:
         session: aiohttp.ClientSession,
         method: str,
         url: URL,
+        event_id: str,
         body: bytes | None,
         cap: int,
         headers: dict[str, str],
@@ -173,7 +193,7 @@ class HttpSender:
         async with session.request(
             method, url, data=body, headers=headers, allow_redirects=False
         ) as response:
-            self._fencing = response.headers.get(FENCING_HEADER) == FENCING_ENFORCED
+            self._note_reply(event_id, response.headers.get(FENCING_HEADER) == FENCING_ENFORCED)
             if (response.content_length or 0) > cap:
                 response.close()
                 raise NotAcknowledged(

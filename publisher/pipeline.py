@@ -11,9 +11,10 @@ stop-on-first-failure contract holds as without pipelining: nothing after a fail
 is marked, and the sink holds nothing after a gap.
 
 Only for a sink that enforces Outbox-After: one that ignores it could apply a
-request whose predecessor failed. Given `fenced` (HttpSender.fencing), a run starts
-with one request in flight and opens up to `depth` only once a reply of the sink
-has said it enforces the header, and goes back to one whenever a reply has not.
+request whose predecessor failed. Given `fenced` (HttpSender.fenced_reply), a run
+starts with one request in flight and opens up to `depth` only once the reply of the
+request just taken has said the sink enforces the header, and goes back to one
+whenever such a reply has not.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ class Pipeline:
 
     With `fenced`, the sink is not trusted to enforce Outbox-After until it says so:
     each run sends one request at a time, without a fence (the one before it is
-    verified by then), until `fenced()` holds after a result; it is asked again after
-    every result. Without it, the sink is trusted from the first request.
+    verified by then), until `fenced(first ID)` holds for the request whose result
+    was just taken; it is asked again after every result. Without it, the sink is
+    trusted from the first request.
     """
 
     def __init__(
@@ -86,7 +88,7 @@ class Pipeline:
         may_send: Callable[[], bool],
         report: Reporter,
         after_delivery: Callable[[str], object] | None = None,
-        fenced: Callable[[], bool] | None = None,
+        fenced: Callable[[str], bool] | None = None,
     ) -> None:
         if not 2 <= depth <= MAX_DEPTH or not 1 <= per_request <= read_limit:
             raise ValueError(f"bad depth {depth} or request size {per_request}")
@@ -158,7 +160,7 @@ class Pipeline:
                 unit, request, started = in_flight.popleft()
                 marked += await self._take(unit, request, started)
                 if self._fenced is not None:
-                    trusted = self._fenced()  # what the sink's last reply said
+                    trusted = self._fenced(unit[0]["id"])  # what that request's reply said
         except BaseException:
             for _, request, _ in in_flight:
                 request.cancel()

@@ -97,7 +97,7 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
             ordering=settings.ordering,
             max_lanes=settings.max_lanes,
             pipeline=settings.pipeline,
-            fencing=sender.fencing,
+            fencing=sender.fenced_reply,
         )
         app[OUTBOX], app[RELAY] = outbox, relay
         task = asyncio.create_task(relay.run(), name="relay")

@@ -46,6 +46,7 @@ from relay_lines import (
     sent_ids,
 )
 
+import publisher.http as publisher_http
 from publisher.errors import NotAcknowledged, Rejected
 from publisher.http import BatchResult, HttpSender
 from publisher.outbox import Outbox
@@ -171,6 +172,7 @@ class LegacySink:
     `fencing` is the Outbox-Fencing value its replies carry (None: no header), read
     when each reply is made; `off_at` turns it off (None) when the request of that
     arrival index comes in. `fail_next` answers that many requests 503, unapplied.
+    With `fencing_skus`, only replies to requests of those SKUs carry the header.
     """
 
     recorder: Recorder = field(default_factory=Recorder)
@@ -179,6 +181,7 @@ class LegacySink:
     off_at: int | None = None
     off_time: float | None = None
     fail_next: int = 0
+    fencing_skus: frozenset[str] | None = None
     applied: list[str] = field(default_factory=list)
 
     def app(self) -> web.Application:
@@ -211,7 +214,8 @@ class LegacySink:
             seen.status = response.status
         finally:
             self.recorder.leave(seen)
-        if self.fencing is not None:
+        says = self.fencing_skus is None or events[0]["sku"] in self.fencing_skus
+        if self.fencing is not None and says:
             response.headers[FENCING_HEADER] = self.fencing
         return response
 
@@ -288,7 +292,7 @@ class Watched:
         finally:
             call.done = True
             # What the last reply said: once one lacks the header here, all later do.
-            self.replied_without |= not self.sender.fencing()
+            self.replied_without |= not self.sender.fenced_reply(call.ids[0])
 
 
 def make_relay(outbox: Outbox, sender: HttpSender | Watched, mode: Mode, **options: Any) -> Relay:
@@ -298,7 +302,7 @@ def make_relay(outbox: Outbox, sender: HttpSender | Watched, mode: Mode, **optio
     options.setdefault("rand", random.Random(7).random)
     options.setdefault("pipeline", DEPTH)
     if isinstance(sender, HttpSender):
-        options.setdefault("fencing", sender.fencing)
+        options.setdefault("fencing", sender.fenced_reply)
     if mode == "batch":
         options.setdefault("limit", BATCH_LIMIT)
     batch = sender.deliver_batch if mode == "batch" else None
@@ -646,6 +650,67 @@ async def test_against_a_legacy_sink_each_line_sends_one_request_at_a_time_unfen
     assert [s.after for s in requests] == [None] * len(requests)
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_lane_pipelines_only_on_its_own_replies_not_another_lanes(
+    serve: Serve, outbox: Outbox, db: Path, db_rows: Query, mode: Mode
+) -> None:
+    # The sink's replies say it enforces fences for juice requests only (two sink
+    # versions behind one address, say). The snack lane shares the sender with the
+    # juice lane, but never got such a reply itself: it stays at one, unfenced.
+    legacy = LegacySink(
+        Recorder(by_sku=True),
+        stall_s=LEGACY_STALL_S,
+        fencing=FENCING_ENFORCED,
+        fencing_skus=frozenset({"juice"}),
+    )
+    url = await start_legacy(serve, legacy)
+    events = orders(120, skus=("snack", "juice"))
+    ids = await accept(outbox, events)
+
+    async with sender_for(url) as sender:
+        relay = make_relay(outbox, sender, mode, ordering="sku")
+        async with running(relay):
+            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+
+    assert_all_sent_once(db_rows, db, ids)
+    requests = legacy.recorder.requests
+    snack = [s for s in requests if s.line == "snack"]
+    juice = [s for s in requests if s.line == "juice"]
+    assert [(s.after, s.overlapped) for s in snack] == [(None, False)] * len(snack)
+    assert legacy.recorder.max_in_flight()["snack"] == 1
+    assert 1 < legacy.recorder.max_in_flight()["juice"] <= DEPTH
+    assert juice[0].after is None and all(s.after is not None for s in juice[1:])
+
+
+async def test_sender_remembers_what_each_requests_reply_said(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(publisher_http, "FENCED_REPLIES_KEPT", 3)
+    legacy = LegacySink(fencing=FENCING_ENFORCED, fencing_skus=frozenset({"juice"}))
+    url = await start_legacy(serve, legacy)
+    juice: list[Event] = [{"id": f"j{n}", "sku": "juice", "qty": 1} for n in range(4)]
+    snack: Event = {"id": "s0", "sku": "snack", "qty": 1}
+
+    async with sender_for(url) as sender:
+        assert sender.fenced_reply("j0") is False  # no reply yet
+        await sender.deliver(juice[0])
+        await sender.deliver_batch([snack, juice[1]])
+        assert (sender.fenced_reply("j0"), sender.fenced_reply("s0")) == (True, False)
+        assert sender.fenced_reply("j1") is False  # not the first of its request
+        assert sender.fencing() is False  # the last reply, whoever it was for
+        await sender.deliver(juice[1])
+        assert (sender.fenced_reply("j1"), sender.fencing()) == (True, True)
+        await sender.deliver_batch(juice[2:])
+        # Three requests are remembered: the oldest one, j0's, is forgotten.
+        assert [sender.fenced_reply(i) for i in ("j0", "s0", "j1", "j2")] == [
+            False,
+            False,
+            True,
+            True,
+        ]
+        assert sender.fenced_reply("j3") is False
+
+
 # ================================================================ the real sink
 
 
@@ -730,7 +795,11 @@ async def test_a_reply_without_the_header_mid_run_goes_back_to_one_at_a_time(
     async with sender_for(url) as sender:
         watched = Watched(sender)
         relay = make_relay(
-            outbox, watched, mode, fencing=sender.fencing, after_delivery=watched.after_delivery
+            outbox,
+            watched,
+            mode,
+            fencing=sender.fenced_reply,
+            after_delivery=watched.after_delivery,
         )
         async with running(relay):
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
