@@ -354,7 +354,7 @@ class Relay:
         max_lanes: int = MAX_LANES,
         rand: Random = random.random,
         pipeline: int = 1,
-        fencing: Callable[[], bool] | None = None,
+        fencing: Callable[[str], bool] | None = None,
     ) -> None:
         """With `deliver_batch`, each step sends its batch in one request (dispatch_batch);
         without it, one request per entry (dispatch).
@@ -362,8 +362,9 @@ class Relay:
         With `pipeline` above 1, each line keeps up to that many requests in flight,
         each fenced on the one before (publisher.pipeline): only for a sink that
         enforces Outbox-After. `deliver` and `deliver_batch` must then take `after=`.
-        With `fencing` (HttpSender.fencing), the sink must say so first: until a reply
-        has, and whenever one has not, each line keeps one request in flight.
+        With `fencing` (HttpSender.fenced_reply), the sink must say so first: until
+        the reply of a line's request just taken has, and whenever one has not, the
+        line keeps one request in flight.
         """
         if ordering not in ("global", "sku") or max_lanes < 1:
             raise ValueError(f"bad ordering {ordering!r} or max_lanes {max_lanes}")
@@ -485,6 +486,8 @@ class Relay:
         busy = {*self._tasks, *(k for k, lane in self._lanes.items() if lane.not_before > now)}
         keys = [key for key in self._candidates if key not in busy]
         resumed = any(self._listed_at < lane.not_before <= now for lane in self._lanes.values())
+        for key in [k for k, lane in self._lanes.items() if k not in busy and not lane.blocked]:
+            del self._lanes[key]  # its wait is over: nothing left to remember
         if len(keys) < free or resumed or now - self._listed_at >= self._poll_interval_s:
             try:
                 keys = await self._outbox.pending_lanes(max(free, LANE_CANDIDATES), sorted(busy))
@@ -555,8 +558,11 @@ class Relay:
         finally:
             await _flush_quietly(lane.store)
             del self._tasks[lane.key]
-            if not lane.blocked:
-                self._lanes.pop(lane.key, None)  # forget drained lanes: memory stays bounded
+            if not lane.blocked and lane.not_before <= time.monotonic():
+                # Forget drained lanes, memory stays bounded; a lane backing off (after
+                # a failure that is not its head's, the database say) is kept until
+                # its wait is over, so it is left out of the lanes to start till then.
+                self._lanes.pop(lane.key, None)
             self._wake.set()  # a slot is free
 
     def _next_check_s(self) -> float:

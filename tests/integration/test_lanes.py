@@ -27,6 +27,7 @@ from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from shared import Event, Receipt, canonical_json, make_ack
 from sink.inbox import Inbox
+from sqlite_tx import StorageError
 
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink
@@ -531,3 +532,45 @@ async def test_a_lane_whose_backoff_ends_goes_before_younger_listed_lanes(
     # Back in at most three requests later: the one running when the backoff ended,
     # and at most one more that started before the relay noticed.
     assert "old-0" in heads[1:4], heads
+
+
+async def test_a_lane_that_failed_outside_delivery_waits_its_backoff_before_it_starts_again(
+    serve: Serve, inbox: Inbox, outbox: Outbox, db: Path, db_rows: Query
+) -> None:
+    # The oldest lane's first read fails (the database, not a delivery): the lane backs
+    # off 0.3 s. Forty younger lanes keep both slots busy meanwhile, and the list of
+    # lanes to start runs out and is read again well before the 0.3 s are over.
+    backoff_s = 0.3
+    skus = ["old"] + [f"young{n:02d}" for n in range(40)]
+    fake = LaneSink(inbox, delay_s=0.002)
+    url = f"{await serve(fake.app())}/events"
+    for sku in skus:
+        assert await outbox.accept({"id": f"{sku}-0", "sku": sku, "qty": 1}) == "accepted"
+    reads: list[float] = []
+    real = outbox.pending_batch
+
+    async def failing_once(
+        limit: int = 16, lane: str | None = None, skip: Iterable[str] = ()
+    ) -> list[tuple[int, Event, int]]:
+        if lane == "old":
+            reads.append(time.monotonic())
+            if len(reads) == 1:
+                raise StorageError("disk I/O error (injected)")
+        return await real(limit, lane, skip)
+
+    outbox.pending_batch = failing_once  # type: ignore[method-assign]
+    async with running_relay(
+        outbox,
+        url,
+        "batch",
+        ordering="sku",
+        max_lanes=2,
+        poll_interval_s=30.0,
+        policy=RetryPolicy(base_s=backoff_s, cap_s=backoff_s),
+        rand=lambda: 0.999,
+    ):
+        await eventually(lambda: all(sent(db_rows, db).values()), timeout_s=10.0)
+
+    assert len(reads) >= 2
+    assert reads[1] - reads[0] >= backoff_s * 0.9, reads
+    assert sorted(fake.applications) == sorted(f"{sku}-0" for sku in skus)
