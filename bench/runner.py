@@ -160,6 +160,7 @@ async def _until_terminated(work: Coroutine[Any, Any, T]) -> T:
         return await work
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # back to the handler outside
 
 
 def machine_info() -> dict[str, Any]:
