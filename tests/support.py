@@ -6,6 +6,7 @@ benchmark handle their child processes in one place.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import re
@@ -26,6 +27,7 @@ STARTUP_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
 WAIT_S = 10.0
 POLL_S = 0.05
+ASYNC_POLL_S = 0.01  # in-process waits: nothing is started or stopped
 
 
 # ---------------------------------------------------------------- service processes
@@ -89,6 +91,20 @@ def wait_until(check: Callable[[], bool], timeout_s: float = WAIT_S) -> float:
         if time.monotonic() - started >= timeout_s:
             break
         time.sleep(POLL_S)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+async def eventually(
+    check: Callable[[], object], timeout_s: float = WAIT_S, poll_s: float = ASYNC_POLL_S
+) -> float:
+    """`wait_until` for a test on the event loop: sleeps without blocking it."""
+    started = time.monotonic()
+    for _ in range(int(timeout_s / poll_s) + 10):
+        if check():
+            return time.monotonic() - started
+        if time.monotonic() - started >= timeout_s:
+            break
+        await asyncio.sleep(poll_s)
     raise AssertionError(f"condition not met within {timeout_s}s")
 
 

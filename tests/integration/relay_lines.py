@@ -1,13 +1,12 @@
 """What the tests of a relay's lines share: the orders they accept, the lines those
-make (one in global order, one per SKU), a relay running in a task, bounded waits,
-and what the outbox file says was sent."""
+make (one in global order, one per SKU), a relay running in a task, and what the
+outbox file says was sent. Bounded waits are `support.eventually`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -28,8 +27,6 @@ FAST = RetryPolicy(base_s=0.01, cap_s=0.05)
 POLL_INTERVAL_S = 0.05
 SEND_TIMEOUT_S = 3.0
 STOP_TIMEOUT_S = 5.0
-WAIT_S = 10.0
-POLL_S = 0.01
 SKUS = ("snack", "juice", "tea")
 Line = str | None
 
@@ -76,18 +73,6 @@ def lines(events: list[Event], ordering: Ordering) -> dict[Line, list[str]]:
     for e in events:
         keyed.setdefault(None if ordering == "global" else e["sku"], []).append(e["id"])
     return keyed
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> float:
-    """Wait until `check()` holds (bounded); how long it took."""
-    started = time.monotonic()
-    for _ in range(int(timeout_s / POLL_S) + 10):
-        if check():
-            return time.monotonic() - started
-        if time.monotonic() - started >= timeout_s:
-            break
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 def sent_ids(db_rows: Query, db: Path) -> list[str]:

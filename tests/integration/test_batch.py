@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 from aiohttp import web
+from support import eventually
 
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.http import HttpSender
@@ -32,8 +33,6 @@ from sqlite_tx import StorageError
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink
 
-WAIT_S = 5.0
-POLL_S = 0.02
 STOP_TIMEOUT_S = 5.0
 FAST = RetryPolicy(base_s=0.05, cap_s=0.2)
 
@@ -44,17 +43,6 @@ def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
 
 def applied(e: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
     return make_ack(e["id"], receipt, payload_digest(e))
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / POLL_S) + 10):
-        if check():
-            return
-        if time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 @pytest.fixture

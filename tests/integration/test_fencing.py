@@ -38,13 +38,13 @@ from relay_lines import (
     Line,
     Mode,
     accept,
-    eventually,
     lines,
     orders,
     running,
     sender_for,
     sent_ids,
 )
+from support import eventually
 
 import publisher.http as publisher_http
 from publisher.errors import NotAcknowledged, Rejected

@@ -13,13 +13,14 @@ import json
 import random
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 from aiohttp import web
+from support import eventually
 
 from publisher.http import HttpSender
 from publisher.outbox import Outbox
@@ -32,22 +33,9 @@ from sqlite_tx import StorageError
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink
 
-POLL_S = 0.02
 STOP_TIMEOUT_S = 5.0
 Mode = Literal["batch", "single"]
 MODES: list[Mode] = ["batch", "single"]
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> float:
-    started = time.monotonic()
-    deadline = started + timeout_s
-    for _ in range(int(timeout_s / POLL_S) + 10):
-        if check():
-            return time.monotonic() - started
-        if time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 # ---------------------------------------------------------------- a sink we can steer

@@ -28,18 +28,16 @@ from relay_lines import (
     MODES,
     ORDERINGS,
     POLL_INTERVAL_S,
-    POLL_S,
     STOP_TIMEOUT_S,
-    WAIT_S,
     Mode,
     accept,
-    eventually,
     lines,
     orders,
     running,
     sender_for,
     sent_ids,
 )
+from support import ASYNC_POLL_S, WAIT_S, eventually
 
 from publisher.errors import DeliveryError
 from publisher.http import BatchResult, HttpSender
@@ -117,7 +115,7 @@ async def refuse(request: web.Request, after: str) -> web.Response:
     deadline = time.monotonic() + WAIT_S
     while not await request.app[INBOX].knows(after):
         assert time.monotonic() < deadline, f"{after} never reached the inbox"
-        await asyncio.sleep(POLL_S)
+        await asyncio.sleep(ASYNC_POLL_S)
     return web.json_response({"error": "gave up waiting", "after": after}, status=412)
 
 

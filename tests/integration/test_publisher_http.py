@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+from support import eventually
 
 from publisher.outbox import Outbox
 from publisher.retry import RetryPolicy
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink
 
 EVENT: Event = {"id": "order-1", "sku": "snack", "qty": 7}
-WAIT_S = 5.0
-POLL_S = 0.02
 BODY_CAP = 16 * 1024
 
 PUBLISHER_METRICS = (
@@ -105,17 +104,6 @@ async def scrape(
 
 def value(samples: dict[tuple[str, tuple[Any, ...]], float], name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
-
-
-async def eventually(check: Callable[[], Any], timeout_s: float = WAIT_S) -> float:
-    started = time.monotonic()
-    for _ in range(int(timeout_s / POLL_S) + 10):
-        if check():
-            return time.monotonic() - started
-        if time.monotonic() - started >= timeout_s:
-            break
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 def outbox_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
