@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 from aiohttp import web
+from relay_lines import running, sender_for
 from support import eventually
 
-from publisher.http import HttpSender
 from publisher.outbox import Outbox
 from publisher.relay import Relay
 from publisher.retry import RetryPolicy
@@ -33,7 +33,6 @@ from sqlite_tx import StorageError
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink
 
-STOP_TIMEOUT_S = 5.0
 Mode = Literal["batch", "single"]
 MODES: list[Mode] = ["batch", "single"]
 
@@ -137,22 +136,11 @@ async def running_relay(
     options.setdefault("policy", RetryPolicy(base_s=0.05, cap_s=0.3))
     options.setdefault("poll_interval_s", 0.05)
     options.setdefault("rand", random.Random(7).random)
-    async with HttpSender(url, timeout_s=3.0, connect_timeout_s=1.0) as sender:
+    async with sender_for(url) as sender:
         batch = sender.deliver_batch if mode == "batch" else None
         relay = Relay(outbox, sender.deliver, deliver_batch=batch, **options)
-        task = asyncio.create_task(relay.run())
-        try:
+        async with running(relay):
             yield relay
-            assert not task.done(), f"the relay loop ended: {task!r}"
-        finally:
-            relay.stop()
-            try:
-                await asyncio.wait_for(task, STOP_TIMEOUT_S)
-            finally:
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
 
 
 def sent(db_rows: Query, db: Path) -> dict[str, int]:
