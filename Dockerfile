@@ -21,6 +21,7 @@ RUN groupadd --system --gid 10001 outbox \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared/ shared/
+COPY plumbing/ plumbing/
 COPY sqlite_tx/ sqlite_tx/
 COPY publisher/ publisher/
 COPY sink/ sink/

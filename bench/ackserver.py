@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from plumbing.web import serve_app
 from shared import Receipt, make_ack, payload_digest
-from shared.web import serve_app
 
 
 async def post_event(request: web.Request) -> web.Response:

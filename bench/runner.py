@@ -31,8 +31,8 @@ import aiohttp
 from bench import cases
 from bench.cases import FULL, QUICK, Context, Figures, NotAvailable, Sizes
 from bench.procs import REPO_ROOT, Children
+from plumbing.cli import TextFormatter
 from publisher.pipeline import DEFAULT_DEPTH
-from shared.cli import TextFormatter
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from typing import Final
 from chaos.procs import ChaosError
 from chaos.run import run
 from chaos.scenarios import SCENARIOS, Outcome
-from shared.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
+from plumbing.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
 
 PROG: Final = "chaos"
 MAX_EVENTS: Final = 100_000

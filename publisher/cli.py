@@ -13,16 +13,7 @@ import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
-from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
-from publisher.http import TIMEOUT_S, HttpSender
-from publisher.outbox import MAX_BATCH, Entry, Outbox, QuarantineRecord, State, check_limit
-from publisher.pipeline import DEFAULT_DEPTH, MAX_DEPTH
-from publisher.relay import MAX_LANES, POLL_INTERVAL_S, EvidenceStore, dispatch, dispatch_batch
-from publisher.retry import RetryPolicy
-from publisher.service import ServiceSettings, create_app, exit_after_ack
-from publisher.trace import collect_trace, render_trace, when
-from shared import Conflict, InvalidEvent, validate_event_id
-from shared.cli import (
+from plumbing.cli import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
@@ -32,9 +23,18 @@ from shared.cli import (
     fail,
     setup_logging,
 )
-from shared.net import TOKEN_ENV, TokenError, load_token
-from shared.web import serve_app
-from sqlite_tx import StorageError
+from plumbing.net import TOKEN_ENV, TokenError, load_token
+from plumbing.storage import StorageError
+from plumbing.web import serve_app
+from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
+from publisher.http import TIMEOUT_S, HttpSender
+from publisher.outbox import MAX_BATCH, Entry, Outbox, QuarantineRecord, State, check_limit
+from publisher.pipeline import DEFAULT_DEPTH, MAX_DEPTH
+from publisher.relay import MAX_LANES, POLL_INTERVAL_S, EvidenceStore, dispatch, dispatch_batch
+from publisher.retry import RetryPolicy
+from publisher.service import ServiceSettings, create_app, exit_after_ack
+from publisher.trace import collect_trace, render_trace, when
+from shared import Conflict, InvalidEvent, validate_event_id
 
 PROG: Final = "publisher"
 DEFAULT_PORT: Final = 8000

@@ -12,21 +12,20 @@ from typing import Final
 
 from aiohttp import web
 
-from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
-from publisher.metrics import PublisherMetrics
-from publisher.outbox import MAX_BATCH, Outbox
-from publisher.pipeline import DEFAULT_DEPTH
-from publisher.relay import MAX_LANES, POLL_INTERVAL_S, Ordering, Relay
-from publisher.retry import RetryPolicy
-from shared import Conflict
-from shared.web import (
-    MAX_BODY_BYTES,
+from plumbing.web import (
     BadRequest,
     healthz,
     json_errors,
     metrics_response,
     read_event,
 )
+from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
+from publisher.metrics import PublisherMetrics
+from publisher.outbox import MAX_BATCH, Outbox
+from publisher.pipeline import DEFAULT_DEPTH
+from publisher.relay import MAX_LANES, POLL_INTERVAL_S, Ordering, Relay
+from publisher.retry import RetryPolicy
+from shared import MAX_BODY_BYTES, Conflict
 
 log = logging.getLogger(__name__)
 

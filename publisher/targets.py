@@ -7,8 +7,8 @@ from typing import Final
 
 from yarl import URL
 
+from plumbing.net import is_loopback
 from publisher.errors import TargetNotAllowed
-from shared.net import is_loopback
 
 EVENTS_PATH: Final = "/events"
 __all__ = ["EVENTS_PATH", "check_target", "is_loopback"]

@@ -1,9 +1,7 @@
-"""The wire contract between publisher and sink: events, ACKs, errors. No I/O."""
+"""The wire contract between publisher and sink: events, ACKs, protocol headers and
+limits, errors. No I/O."""
 
 from shared.ack import (
-    FENCE_HEADER,
-    FENCING_ENFORCED,
-    FENCING_HEADER,
     Receipt,
     digest_of,
     make_ack,
@@ -12,11 +10,22 @@ from shared.ack import (
 )
 from shared.errors import Conflict, FenceNotMet, InvalidAck, InvalidEvent
 from shared.event import Event, canonical_json, validate_event, validate_event_id, validate_sku
+from shared.protocol import (
+    FENCE_HEADER,
+    FENCING_ENFORCED,
+    FENCING_HEADER,
+    MAX_BATCH,
+    MAX_BATCH_BODY_BYTES,
+    MAX_BODY_BYTES,
+)
 
 __all__ = [
     "FENCE_HEADER",
     "FENCING_ENFORCED",
     "FENCING_HEADER",
+    "MAX_BATCH",
+    "MAX_BATCH_BODY_BYTES",
+    "MAX_BODY_BYTES",
     "Conflict",
     "Event",
     "FenceNotMet",

@@ -24,14 +24,6 @@ RECEIPTS: Final = tuple(r.value for r in Receipt)
 ACK_FIELD: Final = "ack"
 DIGEST_FIELD: Final = "sha256"
 ACK_FIELDS: Final = (ACK_FIELD, "status", DIGEST_FIELD)  # in the order the sink writes them
-# A pipelined request names the last event of the request sent just before it; the
-# sink applies nothing of it unless that event is in its inbox (else 412).
-FENCE_HEADER: Final = "Outbox-After"
-# Every reply of a sink that enforces FENCE_HEADER says so; a publisher keeps several
-# requests in flight only after such a reply (a sink that ignores the header could
-# apply a request whose predecessor failed).
-FENCING_HEADER: Final = "Outbox-Fencing"
-FENCING_ENFORCED: Final = "enforced"
 
 
 def payload_digest(event: Event) -> str:

@@ -16,22 +16,8 @@ from typing import Any, Final
 from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared import (
-    FENCE_HEADER,
-    FENCING_ENFORCED,
-    FENCING_HEADER,
-    Conflict,
-    Event,
-    FenceNotMet,
-    InvalidEvent,
-    make_ack,
-    validate_event,
-    validate_event_id,
-    validate_sku,
-)
-from shared.net import bearer_matches
-from shared.web import (
-    MAX_BODY_BYTES,
+from plumbing.net import bearer_matches
+from plumbing.web import (
     BadRequest,
     Handler,
     checked_event,
@@ -42,14 +28,28 @@ from shared.web import (
     metrics_response,
     read_json,
 )
+from shared import (
+    FENCE_HEADER,
+    FENCING_ENFORCED,
+    FENCING_HEADER,
+    MAX_BATCH,
+    MAX_BATCH_BODY_BYTES,
+    MAX_BODY_BYTES,
+    Conflict,
+    Event,
+    FenceNotMet,
+    InvalidEvent,
+    make_ack,
+    validate_event,
+    validate_event_id,
+    validate_sku,
+)
 from sink.fence import Fences
 from sink.inbox import Inbox
 
 log = logging.getLogger(__name__)
 
 RESULTS: Final = ("applied", "duplicate", "conflict", "invalid")
-MAX_BATCH: Final = 16
-MAX_BATCH_BODY_BYTES: Final = 64 * 1024
 
 
 class SinkMetrics:

@@ -7,12 +7,12 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Final
 
+from plumbing.cli import EXIT_USAGE, ArgumentParser, add_option, fail, setup_logging
+from plumbing.net import TOKEN_ENV, TokenError, is_loopback, load_token
+from plumbing.storage import StorageError
+from plumbing.web import serve_app
 from shared import validate_sku
-from shared.cli import EXIT_USAGE, ArgumentParser, add_option, fail, setup_logging
-from shared.net import TOKEN_ENV, TokenError, is_loopback, load_token
-from shared.web import serve_app
 from sink.app import create_app
-from sqlite_tx import StorageError
 
 PROG: Final = "sink"
 DEFAULT_PORT: Final = 8080

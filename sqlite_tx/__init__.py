@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 import aiosqlite
 
+from plumbing.storage import StorageError
+
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5_000
@@ -33,10 +35,6 @@ PRAGMAS = (
     f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
     "PRAGMA foreign_keys = ON",
 )
-
-
-class StorageError(Exception):
-    """The database could not be opened or used."""
 
 
 class Database:

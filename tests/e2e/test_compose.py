@@ -31,7 +31,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from support import LOOPBACK, POLL_S, WAIT_S, listening, spawn, stop_process
 
-from shared.cli import ENV_PREFIX, env_name
+from plumbing.cli import ENV_PREFIX, env_name
 
 if TYPE_CHECKING:
     from conftest import Query

@@ -47,6 +47,7 @@ from relay_lines import (
 from support import eventually
 
 import publisher.http as publisher_http
+from plumbing.web import Handler
 from publisher.errors import NotAcknowledged, Rejected
 from publisher.http import BatchResult, HttpSender
 from publisher.outbox import Outbox
@@ -61,7 +62,6 @@ from shared import (
     make_ack,
     payload_digest,
 )
-from shared.web import Handler
 from sink import create_app
 
 if TYPE_CHECKING:

@@ -39,12 +39,12 @@ from relay_lines import (
 )
 from support import ASYNC_POLL_S, WAIT_S, eventually
 
+from plumbing.web import Handler
 from publisher.errors import DeliveryError
 from publisher.http import BatchResult, HttpSender
 from publisher.outbox import Outbox
 from publisher.relay import Deliver, DeliverBatch, Ordering, Relay
 from shared import FENCE_HEADER, Event
-from shared.web import Handler
 from sink import create_app
 from sink.app import INBOX
 

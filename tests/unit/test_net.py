@@ -1,4 +1,4 @@
-"""Loopback checks, token loading and bearer comparison (shared.net)."""
+"""Loopback checks, token loading and bearer comparison (plumbing.net)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.net import (
+from plumbing.net import (
     MIN_TOKEN_CHARS,
     TOKEN_ENV,
     TokenError,

@@ -11,18 +11,15 @@ import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Final
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from plumbing.storage import StorageError
 from shared.errors import InvalidEvent
 from shared.event import Event, validate_event
-from sqlite_tx import StorageError
 
 log = logging.getLogger(__name__)
-
-MAX_BODY_BYTES: Final = 16 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -1,0 +1,66 @@
+"""What both services need to know of storage without knowing a backend: the error a
+storage failure is reported as, and which backend a `--db` value names.
+
+Each side has one factory (`Outbox.open`, `Inbox.open`) that reads the location
+with `parse_location` and opens the backend it names; nothing else looks at it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final, Literal
+
+SQLITE_SCHEME: Final = "sqlite:"
+POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
+# A scheme followed by "//": anything else with a colon is a file name.
+_URL_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+Backend = Literal["sqlite"]
+
+
+class StorageError(Exception):
+    """The database could not be opened or used."""
+
+
+class BadLocation(ValueError):
+    """The database location is not one this program can open."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """Which backend to open, and where: a file path for SQLite."""
+
+    backend: Backend
+    target: str
+
+
+def parse_location(text: str) -> Location:
+    """The backend and target a `--db` value (or OUTBOX_DB) names.
+
+    A plain path, `sqlite:PATH` or `sqlite:///PATH` is a SQLite file. A
+    `postgresql://` URL is not supported by this version; any other URL is refused.
+    """
+    if not text:
+        raise BadLocation("the database location is empty")
+    if text.startswith(SQLITE_SCHEME):
+        return Location("sqlite", _sqlite_path(text[len(SQLITE_SCHEME) :], text))
+    if text.startswith(POSTGRES_SCHEMES):
+        raise BadLocation(
+            "PostgreSQL is not supported by this version: give a SQLite file path or a sqlite: URL"
+        )
+    scheme = _URL_RE.match(text)
+    if scheme is not None:
+        raise BadLocation(f"unknown database URL scheme {scheme[0]!r}: give a file path")
+    return Location("sqlite", text)
+
+
+def _sqlite_path(rest: str, text: str) -> str:
+    if rest.startswith("//"):  # sqlite:///abs/path: an empty host, then the path
+        host, slash, path = rest[2:].partition("/")
+        if host:
+            raise BadLocation(f"{text!r}: a SQLite URL names no host")
+        rest = slash + path
+    if not rest:
+        raise BadLocation(f"{text!r}: the SQLite URL names no file")
+    return rest
