@@ -8,8 +8,10 @@ with `parse_location` and opens the backend it names; nothing else looks at it.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Final, Literal
+from types import TracebackType
+from typing import Any, Final, Generic, Literal, Protocol, Self, TypeVar
 
 SQLITE_SCHEME: Final = "sqlite:"
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
@@ -64,3 +66,52 @@ def _sqlite_path(rest: str, text: str) -> str:
     if not rest:
         raise BadLocation(f"{text!r}: the SQLite URL names no file")
     return rest
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
+class Opening(Generic[C]):
+    """What `X.open(...)` returns: await it, or use it with `async with`."""
+
+    def __init__(self, opener: Callable[[], Awaitable[C]]) -> None:
+        self._opener = opener
+        self._opened: C | None = None
+
+    def __await__(self) -> Generator[Any, None, C]:
+        return self._opener().__await__()
+
+    async def __aenter__(self) -> C:
+        self._opened = await self._opener()
+        return self._opened
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._opened is not None:
+            await self._opened.close()
+
+
+class ClosesOnExit:
+    """Mixin: `async with obj:` closes it on the way out."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

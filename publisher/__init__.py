@@ -8,8 +8,9 @@ from publisher.errors import (
     UnknownEntry,
 )
 from publisher.http import HttpSender, send_http
-from publisher.outbox import MAX_BATCH, Outbox
-from publisher.relay import OutboxStore, dispatch
+from publisher.relay import dispatch
+from publisher.store import Outbox
+from shared import MAX_BATCH
 
 __all__ = [
     "MAX_BATCH",
@@ -17,7 +18,6 @@ __all__ = [
     "HttpSender",
     "NotAcknowledged",
     "Outbox",
-    "OutboxStore",
     "Rejected",
     "TargetNotAllowed",
     "UnknownEntry",

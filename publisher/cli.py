@@ -28,13 +28,13 @@ from plumbing.storage import StorageError
 from plumbing.web import serve_app
 from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
 from publisher.http import TIMEOUT_S, HttpSender
-from publisher.outbox import MAX_BATCH, Entry, Outbox, QuarantineRecord, State, check_limit
 from publisher.pipeline import DEFAULT_DEPTH, MAX_DEPTH
 from publisher.relay import MAX_LANES, POLL_INTERVAL_S, EvidenceStore, dispatch, dispatch_batch
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app, exit_after_ack
+from publisher.store import Entry, Outbox, QuarantineRecord, State, check_limit
 from publisher.trace import collect_trace, render_trace, when
-from shared import Conflict, InvalidEvent, validate_event_id
+from shared import MAX_BATCH, Conflict, InvalidEvent, validate_event_id
 
 PROG: Final = "publisher"
 DEFAULT_PORT: Final = 8000

@@ -6,7 +6,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from publisher.outbox import Snapshot
+from publisher.store import Snapshot
 
 DELIVERY_OUTCOMES: Final = ("delivered", "transient", "permanent")
 INTAKE_RESULTS: Final = ("accepted", "duplicate", "conflict", "invalid", "too_large")

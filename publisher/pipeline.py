@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from publisher.errors import DeliveryError, NotAcknowledged
-from publisher.outbox import MAX_READ, Outbox
+from publisher.store import MAX_READ, Outbox, Pending
 from shared import Event
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ MAX_DEPTH: Final = 16
 DEFAULT_DEPTH: Final = 8  # `publisher serve`: pipelined once the sink says it enforces fences
 
 Result = Mapping[str, object] | DeliveryError
-Row = tuple[int, Event, int]  # seq, event, attempts so far
+Row = Pending
 
 
 class SendUnit(Protocol):

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from publisher.errors import DeliveryError, InvalidTransition, NotAcknowledged
-from publisher.outbox import MAX_BATCH, Outbox, check_limit
 from publisher.pipeline import MAX_DEPTH, Pipeline, Result
 from publisher.retry import Random, RetryPolicy, is_permanent, retry_delay_s, should_quarantine
-from shared import Event
+from publisher.store import Outbox, Pending, check_limit
+from shared import MAX_BATCH, Event
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class EvidenceStore:
         self._marking_ids: frozenset[str] = frozenset()
         self._acks: dict[str, Mapping[str, object]] = {}
         self._limit = MAX_BATCH
-        self._ahead: asyncio.Future[list[tuple[int, Event, int]]] | None = None
+        self._ahead: asyncio.Future[list[Pending]] | None = None
         self._ahead_valid = False
         self.batch: dict[str, tuple[int, int]] = {}  # id -> (seq, attempts so far)
         self.current: str | None = None  # the entry being sent, or last sent
@@ -281,7 +281,7 @@ class EvidenceStore:
                 self._marking_ids = frozenset()
 
 
-async def _drop(ahead: asyncio.Future[list[tuple[int, Event, int]]] | None) -> None:
+async def _drop(ahead: asyncio.Future[list[Pending]] | None) -> None:
     """Let a read-ahead that will not be used finish; its result or error is not needed."""
     if ahead is not None:
         await asyncio.wait([ahead])

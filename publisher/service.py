@@ -21,11 +21,11 @@ from plumbing.web import (
 )
 from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
 from publisher.metrics import PublisherMetrics
-from publisher.outbox import MAX_BATCH, Outbox
 from publisher.pipeline import DEFAULT_DEPTH
 from publisher.relay import MAX_LANES, POLL_INTERVAL_S, Ordering, Relay
 from publisher.retry import RetryPolicy
-from shared import MAX_BODY_BYTES, Conflict
+from publisher.store import Outbox
+from shared import MAX_BATCH, MAX_BODY_BYTES, Conflict
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
-from publisher.outbox import Entry, Order, Outbox, QuarantineRecord, Snapshot, State
+from publisher.store import Entry, Order, Outbox, QuarantineRecord, Snapshot, State
 from shared import payload_digest
 
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
-from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
+from typing import ClassVar, Generic, Self, TypeVar
 
 import aiosqlite
 
-from plumbing.storage import StorageError
+from plumbing.storage import ClosesOnExit, Opening, StorageError
 
 T = TypeVar("T")
 
@@ -235,55 +234,6 @@ def _statements(script: str) -> list[str]:
     # executescript() would COMMIT our transaction; split on ';' instead (no ';' in our DDL
     # except as terminators).
     return [part.strip() for part in script.split(";") if part.strip()]
-
-
-class _Closable(Protocol):
-    async def close(self) -> None: ...
-
-
-C = TypeVar("C", bound=_Closable)
-
-
-class Opening(Generic[C]):
-    """What `X.open(...)` returns: await it, or use it with `async with`."""
-
-    def __init__(self, opener: Callable[[], Awaitable[C]]) -> None:
-        self._opener = opener
-        self._opened: C | None = None
-
-    def __await__(self) -> Generator[Any, None, C]:
-        return self._opener().__await__()
-
-    async def __aenter__(self) -> C:
-        self._opened = await self._opener()
-        return self._opened
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._opened is not None:
-            await self._opened.close()
-
-
-class ClosesOnExit:
-    """Mixin: `async with obj:` closes it on the way out."""
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 class Store(ClosesOnExit):

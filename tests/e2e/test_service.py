@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from support import LOOPBACK, STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, post_order, wait_until
 
-from publisher.outbox import Outbox
+from publisher.store import Outbox
 from shared import payload_digest
 
 if TYPE_CHECKING:

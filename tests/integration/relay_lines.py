@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from publisher.http import HttpSender
-from publisher.outbox import Outbox
 from publisher.relay import Ordering, Relay
 from publisher.retry import RetryPolicy
+from publisher.store import Outbox
 from shared import Event
 
 if TYPE_CHECKING:

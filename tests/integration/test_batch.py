@@ -23,9 +23,9 @@ from support import eventually
 
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.http import HttpSender
-from publisher.outbox import Outbox
 from publisher.relay import EvidenceStore, Relay, dispatch_batch
 from publisher.retry import RetryPolicy
+from publisher.store import Outbox
 from shared import Event, Receipt, canonical_json, make_ack, payload_digest
 from sink import create_app
 from sqlite_tx import StorageError

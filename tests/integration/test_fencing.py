@@ -50,9 +50,9 @@ import publisher.http as publisher_http
 from plumbing.web import Handler
 from publisher.errors import NotAcknowledged, Rejected
 from publisher.http import BatchResult, HttpSender
-from publisher.outbox import Outbox
 from publisher.pipeline import DEFAULT_DEPTH
 from publisher.relay import Ordering, Relay
+from publisher.store import Outbox
 from shared import (
     FENCE_HEADER,
     FENCING_ENFORCED,

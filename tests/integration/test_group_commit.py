@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from publisher.errors import UnknownEntry
-from publisher.outbox import Outbox
+from publisher.store import Outbox
 from shared import Conflict, Event, Receipt, canonical_json, make_ack, payload_digest
 from sink import Inbox, create_app
 from sink.app import INBOX, STATE

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
-from publisher.outbox import LANE_SCAN_ROWS, Outbox
+from publisher.backends.sqlite import LANE_SCAN_ROWS
+from publisher.store import Outbox
 from shared import Event, canonical_json
 
 if TYPE_CHECKING:

@@ -23,9 +23,9 @@ from aiohttp import web
 from relay_lines import running, sender_for
 from support import eventually
 
-from publisher.outbox import Outbox
 from publisher.relay import Relay
 from publisher.retry import RetryPolicy
+from publisher.store import Outbox
 from shared import Event, Receipt, canonical_json, make_ack
 from sink.inbox import Inbox
 from sqlite_tx import StorageError

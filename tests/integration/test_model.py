@@ -38,7 +38,7 @@ from hypothesis.stateful import (
 
 from publisher import MAX_BATCH, NotAcknowledged, Outbox, dispatch
 from publisher.errors import InvalidTransition, UnknownEntry
-from publisher.outbox import State
+from publisher.store import State
 from shared import Conflict, Event, InvalidEvent, Receipt, payload_digest
 from sink import Inbox
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from publisher.errors import InvalidTransition, UnknownEntry
-from publisher.outbox import Outbox, State
+from publisher.store import Outbox, State
 
 if TYPE_CHECKING:
     from conftest import Query

@@ -42,8 +42,8 @@ from support import ASYNC_POLL_S, WAIT_S, eventually
 from plumbing.web import Handler
 from publisher.errors import DeliveryError
 from publisher.http import BatchResult, HttpSender
-from publisher.outbox import Outbox
 from publisher.relay import Deliver, DeliverBatch, Ordering, Relay
+from publisher.store import Outbox
 from shared import FENCE_HEADER, Event
 from sink import create_app
 from sink.app import INBOX

@@ -15,9 +15,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 from support import eventually
 
-from publisher.outbox import Outbox
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app
+from publisher.store import Outbox
 from shared import Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:

@@ -25,10 +25,10 @@ from aiohttp import web
 
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
-from publisher.outbox import MAX_BATCH, Outbox, State
 from publisher.relay import EvidenceStore, Relay, dispatch, dispatch_batch
 from publisher.retry import RetryPolicy
-from shared import Event, Receipt, make_ack, payload_digest
+from publisher.store import Outbox, State
+from shared import MAX_BATCH, Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:
     from conftest import Query, Serve

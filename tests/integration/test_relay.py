@@ -19,9 +19,9 @@ import pytest
 from aiohttp import web
 
 from publisher.http import HttpSender
-from publisher.outbox import Outbox, State
 from publisher.relay import AUTO_QUARANTINE_BY, Relay
 from publisher.retry import RetryPolicy
+from publisher.store import Outbox, State
 from shared import Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from publisher.outbox import MAX_BATCH, check_limit
+from publisher.store import check_limit
+from shared import MAX_BATCH
 
 
 def test_max_batch_is_16() -> None:

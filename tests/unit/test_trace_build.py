@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from publisher.outbox import Entry, Head, Order, QuarantineRecord, Snapshot, State
+from publisher.store import Entry, Head, Order, QuarantineRecord, Snapshot, State
 from publisher.trace import PRUNED, Proof, SinkView, Trace, build_trace, render_trace
 from shared import Event, payload_digest
 

@@ -1,4 +1,4 @@
-"""Every SQL statement of the publisher side, named. The SQLite backend uses these."""
+"""Every SQL statement of the SQLite outbox, named."""
 
 from __future__ import annotations
 
@@ -83,6 +83,10 @@ PENDING_IN_LANE: Final = f"""
     SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} AND lane = ?
     ORDER BY seq LIMIT ?
 """
+HEAD_ID: Final = f"SELECT id FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1"
+HEAD_ID_IN_LANE: Final = (
+    f"SELECT id FROM outbox WHERE {IS_PENDING} AND lane = ? ORDER BY seq LIMIT 1"
+)
 # The lane of each pending entry, in seq order (read until enough lanes are named).
 PENDING_LANE_OF_EACH: Final = f"SELECT lane FROM outbox WHERE {IS_PENDING} ORDER BY seq"
 # Lanes with pending entries, the one whose head is oldest first. The lanes are

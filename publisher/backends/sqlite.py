@@ -1,7 +1,8 @@
-"""The outbox: orders and their pending deliveries, in the source database.
+"""The SQLite outbox: orders and their pending deliveries in one SQLite file.
 
-`Outbox` is the SQLite backend; its SQL is in `publisher.sql`. `dispatch` needs only
-`pending` and `mark_sent`, so another backend is one new class.
+The interface, rows and limits are in `publisher.store`; the SQL is in
+`publisher.backends.sqlite_sql`. Transactions run on the connection's thread in one
+call each (sqlite_tx); marks of concurrent callers share one commit (group commit).
 """
 
 from __future__ import annotations
@@ -10,193 +11,90 @@ import itertools
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Final, Literal
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
 
-from publisher import sql
+from plumbing.storage import StorageError
+from publisher.backends import sqlite_sql as sql
 from publisher.errors import InvalidTransition, UnknownEntry
-from shared import Conflict, Event, canonical_json, validate_event
+from publisher.store import (
+    DELIVERED_PAST_KEPT,
+    MAX_READ,
+    PRUNE_BATCH,
+    Entry,
+    Head,
+    Intake,
+    Mark,
+    Order,
+    Outbox,
+    Pending,
+    QuarantineRecord,
+    Snapshot,
+    State,
+    check_limit,
+)
+from shared import MAX_BATCH, Conflict, Event, canonical_json, validate_event
 from shared.ack import ack_json
-from sqlite_tx import Database, GroupCommit, StorageError, Store, transaction
+from sqlite_tx import Database, GroupCommit, transaction
 
-MAX_BATCH: Final = 16
-PRUNE_BATCH: Final = 500
 LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
-DELIVERED_PAST_KEPT: Final = 100
-
-Intake = Literal["accepted", "duplicate"]
 
 
-class State(StrEnum):
-    PENDING = "pending"
-    QUARANTINED = "quarantined"
-    SENT = "sent"
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One outbox row as an operator sees it."""
-
-    seq: int
-    event: Event
-    state: State
-    queued_at: float
-    sent_at: float | None
-    ack: dict[str, Any] | None
-    attempts: int
-    last_error: str | None
-    last_attempt_at: float | None
-    first_failure_at: float | None
-
-    @property
-    def id(self) -> str:
-        return self.event["id"]
-
-
-@dataclass(frozen=True)
-class QuarantineRecord:
-    """One stay in quarantine: who put it there and why, and what passed it meanwhile."""
-
-    reason: str
-    quarantined_by: str
-    quarantined_at: float
-    released_by: str | None
-    released_at: float | None
-    released_as: str | None
-    delivered_past_count: int | None
-    delivered_past: list[str]
-
-
-@dataclass(frozen=True)
-class Order:
-    id: str
-    sku: str
-    qty: int
-    accepted_at: float
-
-
-@dataclass(frozen=True)
-class Head:
-    """The oldest pending entry: everything else waits behind it."""
-
-    seq: int
-    id: str
-    queued_at: float
-    attempts: int
-    last_error: str | None
-    blocked_since: float | None
-    lane: str | None = None
-
-    @property
-    def blocked(self) -> bool:
-        return self.blocked_since is not None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The backlog figures behind status and metrics, read in one trip."""
-
-    taken_at: float
-    pending: int
-    quarantined: int
-    head: Head | None
-    blocked_lanes: list[Head] = field(default_factory=list)
-
-    @property
-    def oldest_pending_age_s(self) -> float:
-        return 0.0 if self.head is None else max(0.0, self.taken_at - self.head.queued_at)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The figures as plain JSON values (status --json, GET /status)."""
-        head = self.head
-        return {
-            "pending": self.pending,
-            "oldest_pending_age_seconds": round(self.oldest_pending_age_s, 3),
-            "quarantined": self.quarantined,
-            "head_blocked": head is not None and head.blocked,
-            "head": None if head is None else _head_dict(head),
-            "blocked_lanes": [{"lane": h.lane, **_head_dict(h)} for h in self.blocked_lanes],
-        }
-
-
-def _head_dict(head: Head) -> dict[str, Any]:
-    return {
-        "id": head.id,
-        "seq": head.seq,
-        "attempts": head.attempts,
-        "last_error": head.last_error,
-        "blocked_since": head.blocked_since,
-    }
-
-
-MAX_READ: Final = 256
-
-
-def check_limit(limit: object, most: int = MAX_BATCH) -> int:
-    """Return `limit` if it is an int from 1 to `most`, else raise ValueError."""
-    if type(limit) is not int or not 1 <= limit <= most:
-        raise ValueError(f"limit must be an integer from 1 to {most}, got {limit!r}")
-    return limit
-
-
-class Outbox(Store):
+class SqliteOutbox(Outbox):
     """Orders and outbox entries in one SQLite file."""
 
-    MIGRATIONS = sql.MIGRATIONS
-
     def __init__(self, db: Database) -> None:
-        super().__init__(db)
+        self._db = db
         self._marks = GroupCommit(db, _mark_groups)
+
+    @classmethod
+    async def connect(cls, path: str) -> SqliteOutbox:
+        """Open (or create) the file and bring its schema up to date."""
+        return cls(await Database.open(path, sql.MIGRATIONS))
+
+    @property
+    def location(self) -> str:
+        return self._db.path
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    async def close(self) -> None:
+        await self._db.close()
 
     async def accept(self, event: object) -> Intake:
         """Record the order and its outbox entry in one transaction: both or neither."""
         valid = validate_event(event)
         return await self._db.run(lambda conn: _accept(conn, valid, time.time()))
 
-    async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
-        """Up to `limit` (1 to 16) pending events, oldest first by insertion order.
-        Changes nothing."""
-        return [event for _, event, _ in await self.pending_batch(check_limit(limit))]
-
     async def pending_batch(
         self, limit: int = MAX_BATCH, lane: str | None = None, skip: Iterable[str] = ()
-    ) -> list[tuple[int, Event, int]]:
-        """Like `pending`, with each entry's seq and attempts so far; only `lane`'s if
-        given, and without the IDs in `skip`. Up to MAX_READ entries (a pipelined
-        relay reads for several requests at once)."""
+    ) -> list[Pending]:
         skip = set(skip)
         check_limit(limit, MAX_READ)
         if skip:
             marking = {"lane": lane, "skip": json.dumps(sorted(skip)), "limit": limit}
             query = sql.PENDING_SKIPPING if lane is None else sql.PENDING_IN_LANE_SKIPPING
             rows = await self._db.run(lambda conn: conn.execute(query, marking).fetchall())
-            return [(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
+            return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
         query, params = (
             (sql.PENDING, (limit,)) if lane is None else (sql.PENDING_IN_LANE, (lane, limit))
         )
         rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
-        return [(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
+        return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
 
     async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
-        """Lanes (SKUs) with pending entries, oldest head first, leaving out `skip`."""
         skip = set(skip)
         return await self._db.run(lambda conn: _pending_lanes(conn, limit, skip))
 
-    async def mark_sent(self, event_id: str, ack: Mapping[str, object] | None = None) -> None:
-        """Save the entry as sent, with the ACK that proved it. Idempotent once sent."""
-        await self.mark_sent_many([(event_id, ack)])
+    async def head_ids(self, lanes: Sequence[str | None]) -> dict[str | None, str | None]:
+        return await self._db.run(lambda conn: _head_ids(conn, lanes))
 
-    async def mark_sent_many(
-        self, marks: Sequence[tuple[str, Mapping[str, object] | None]]
-    ) -> None:
-        """Save several entries as sent, each with its ACK: all of them or none.
-
-        Marks asked for while another is being committed are committed together in
+    async def mark_sent_many(self, marks: Sequence[Mark | tuple[str, Any]]) -> None:
+        """Marks asked for while another is being committed are committed together in
         the next transaction (group commit): with several lanes in flight, one fsync
-        serves them all. Each call still succeeds or fails on its own.
-        """
+        serves them all."""
         now = time.time()
         params = [
             {"id": event_id, "now": now, "ack": None if ack is None else ack_json(ack)}
@@ -241,10 +139,6 @@ class Outbox(Store):
     async def order(self, event_id: str) -> Order | None:
         row = await self._db.run(lambda conn: conn.execute(sql.FIND_ORDER, (event_id,)).fetchone())
         return None if row is None else Order(event_id, *row)
-
-    async def quarantines(self, event_id: str) -> list[QuarantineRecord]:
-        """Every stay of this entry in quarantine, oldest first."""
-        return (await self.quarantine_history([event_id])).get(event_id, [])
 
     async def quarantine_history(self, ids: list[str]) -> dict[str, list[QuarantineRecord]]:
         """Quarantine records of several entries in one read, oldest first."""
@@ -310,6 +204,18 @@ def _pending_lanes(conn: sqlite3.Connection, limit: int, skip: set[str]) -> list
         rows.close()
     params = {"limit": limit, "skip": json.dumps(sorted(skip))}
     return [lane for (lane,) in conn.execute(sql.PENDING_LANES, params)]
+
+
+def _head_ids(
+    conn: sqlite3.Connection, lanes: Sequence[str | None]
+) -> dict[str | None, str | None]:
+    with transaction(conn, immediate=False):  # one view of every line
+        heads: dict[str | None, str | None] = {}
+        for lane in lanes:
+            query, params = (sql.HEAD_ID, ()) if lane is None else (sql.HEAD_ID_IN_LANE, (lane,))
+            row = conn.execute(query, params).fetchone()
+            heads[lane] = None if row is None else row[0]
+        return heads
 
 
 def _mark_groups(

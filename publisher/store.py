@@ -1,0 +1,284 @@
+"""The publisher's storage seam: what the services ask of an outbox, backend-neutral.
+
+`Outbox` names every operation the intake API, the relay, trace, metrics and the
+CLI use; rows, states and limits are defined here, not in a backend. A backend is
+one module under `publisher.backends` that subclasses `Outbox`; `Outbox.open(db)`
+is the one factory that picks it from the location (a file path or a `sqlite:`
+URL today). How a backend commits (group commit, threads) is its own business.
+
+Every backend passes the same behaviour suite (tests/behaviour/test_outbox_store.py).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, NamedTuple, Self
+
+from plumbing.storage import Opening
+from shared import MAX_BATCH, Event
+
+MAX_READ: Final = 256  # entries one pending read may return (a pipelined relay reads ahead)
+PRUNE_BATCH: Final = 500  # sent rows deleted per transaction by prune
+DELIVERED_PAST_KEPT: Final = 100  # IDs kept in a quarantine record's delivered_past
+
+Intake = Literal["accepted", "duplicate"]
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    QUARANTINED = "quarantined"
+    SENT = "sent"
+
+
+class Pending(NamedTuple):
+    """One pending entry as the relay reads it."""
+
+    seq: int
+    event: Event
+    attempts: int  # failed or successful attempts so far
+
+
+class Mark(NamedTuple):
+    """One entry to save as sent, with the verified ACK that proved it (None: the
+    caller's send callback gave no ACK body, only True)."""
+
+    event_id: str
+    ack: Mapping[str, object] | None = None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One outbox row as an operator sees it."""
+
+    seq: int
+    event: Event
+    state: State
+    queued_at: float
+    sent_at: float | None
+    ack: dict[str, Any] | None
+    attempts: int
+    last_error: str | None
+    last_attempt_at: float | None
+    first_failure_at: float | None
+
+    @property
+    def id(self) -> str:
+        return self.event["id"]
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    """One stay in quarantine: who put it there and why, and what passed it meanwhile."""
+
+    reason: str
+    quarantined_by: str
+    quarantined_at: float
+    released_by: str | None
+    released_at: float | None
+    released_as: str | None
+    delivered_past_count: int | None
+    delivered_past: list[str]
+
+
+@dataclass(frozen=True)
+class Order:
+    id: str
+    sku: str
+    qty: int
+    accepted_at: float
+
+
+@dataclass(frozen=True)
+class Head:
+    """The oldest pending entry of a line: everything else in it waits behind it."""
+
+    seq: int
+    id: str
+    queued_at: float
+    attempts: int
+    last_error: str | None
+    blocked_since: float | None
+    lane: str | None = None
+
+    @property
+    def blocked(self) -> bool:
+        return self.blocked_since is not None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The backlog figures behind status and metrics, read in one consistent view."""
+
+    taken_at: float
+    pending: int
+    quarantined: int
+    head: Head | None
+    blocked_lanes: list[Head] = field(default_factory=list)
+
+    @property
+    def oldest_pending_age_s(self) -> float:
+        return 0.0 if self.head is None else max(0.0, self.taken_at - self.head.queued_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as plain JSON values (status --json, GET /status)."""
+        head = self.head
+        return {
+            "pending": self.pending,
+            "oldest_pending_age_seconds": round(self.oldest_pending_age_s, 3),
+            "quarantined": self.quarantined,
+            "head_blocked": head is not None and head.blocked,
+            "head": None if head is None else _head_dict(head),
+            "blocked_lanes": [{"lane": h.lane, **_head_dict(h)} for h in self.blocked_lanes],
+        }
+
+
+def _head_dict(head: Head) -> dict[str, Any]:
+    return {
+        "id": head.id,
+        "seq": head.seq,
+        "attempts": head.attempts,
+        "last_error": head.last_error,
+        "blocked_since": head.blocked_since,
+    }
+
+
+def check_limit(limit: object, most: int = MAX_BATCH) -> int:
+    """Return `limit` if it is an int from 1 to `most`, else raise ValueError."""
+    if type(limit) is not int or not 1 <= limit <= most:
+        raise ValueError(f"limit must be an integer from 1 to {most}, got {limit!r}")
+    return limit
+
+
+class Outbox(ABC):
+    """Orders and their outbox entries, in the source database.
+
+    Errors: StorageError (plumbing.storage) when the database cannot be used,
+    Conflict and InvalidEvent (shared) at intake, UnknownEntry and InvalidTransition
+    (publisher.errors) for operations on one entry. Driver errors never leave a
+    backend untranslated.
+    """
+
+    @classmethod
+    def open(cls, location: str | Path) -> Opening[Outbox]:
+        """Open the outbox at `location` (the --db value) with the backend it names,
+        creating and migrating its schema: `await Outbox.open(db)` or
+        `async with Outbox.open(db) as outbox`. BadLocation for a location no
+        backend here can open."""
+        from publisher.backends import open_outbox  # the backends import this module
+
+        return open_outbox(str(location))
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the outbox lives, for messages (a file path, a URL without secrets)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ intake
+
+    @abstractmethod
+    async def accept(self, event: object) -> Intake:
+        """Validate the event and record the order and its outbox entry in one
+        transaction: both or neither. The same ID with the same payload again is
+        "duplicate" and changes nothing; with another payload, Conflict."""
+
+    # ------------------------------------------------------------------ the relay
+
+    async def pending(self, limit: int = MAX_BATCH) -> list[Event]:
+        """Up to `limit` (1 to 16) pending events, oldest first by seq. Changes nothing."""
+        return [row.event for row in await self.pending_batch(check_limit(limit))]
+
+    @abstractmethod
+    async def pending_batch(
+        self, limit: int = MAX_BATCH, lane: str | None = None, skip: Iterable[str] = ()
+    ) -> list[Pending]:
+        """Up to `limit` (1 to MAX_READ) pending entries in seq order, with their seq
+        and attempts: of one lane (SKU) if `lane` is given, leaving out the IDs in
+        `skip` (entries the caller holds: in flight, or being marked). No lock is held
+        once it returns."""
+
+    @abstractmethod
+    async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
+        """Up to `limit` lanes (SKUs) with pending entries, the one whose head is
+        oldest first, leaving out the lanes in `skip`."""
+
+    @abstractmethod
+    async def head_ids(self, lanes: Sequence[str | None]) -> dict[str | None, str | None]:
+        """The ID of the pending head of each line: None names the global line (every
+        pending entry), a string one lane. A line with nothing pending maps to None."""
+
+    async def mark_sent(self, event_id: str, ack: Mapping[str, object] | None = None) -> None:
+        """Save the entry as sent, with the ACK that proved it. Idempotent once sent."""
+        await self.mark_sent_many([Mark(event_id, ack)])
+
+    @abstractmethod
+    async def mark_sent_many(self, marks: Sequence[Mark | tuple[str, Any]]) -> None:
+        """Save several entries as sent, each with its ACK: all of them or none.
+
+        An entry quarantined while its send was in flight is saved as sent, and its
+        quarantine record closed as "delivered". UnknownEntry for an ID the outbox
+        does not hold. Concurrent calls may share a transaction; each still succeeds
+        or fails on its own."""
+
+    @abstractmethod
+    async def record_failure(self, event_id: str, error: str) -> None:
+        """Count a failed attempt on a pending entry and keep its error."""
+
+    # ------------------------------------------------------------------ operators
+
+    @abstractmethod
+    async def quarantine(self, event_id: str, reason: str, by: str) -> None:
+        """Take a pending entry out of the line; it is neither pending nor sent.
+        InvalidTransition unless it is pending, UnknownEntry if there is none."""
+
+    @abstractmethod
+    async def redrive(self, event_id: str, by: str) -> QuarantineRecord:
+        """Make a quarantined entry pending again at its own seq, and return the closed
+        quarantine record with the entries delivered past it meanwhile."""
+
+    @abstractmethod
+    async def entry(self, event_id: str) -> Entry | None: ...
+
+    @abstractmethod
+    async def entries(self, state: State, limit: int = 100) -> list[Entry]:
+        """Entries in one state: pending and quarantined oldest first, sent newest first."""
+
+    @abstractmethod
+    async def order(self, event_id: str) -> Order | None: ...
+
+    async def quarantines(self, event_id: str) -> list[QuarantineRecord]:
+        """Every stay of this entry in quarantine, oldest first."""
+        return (await self.quarantine_history([event_id])).get(event_id, [])
+
+    @abstractmethod
+    async def quarantine_history(self, ids: list[str]) -> dict[str, list[QuarantineRecord]]:
+        """Quarantine records of several entries in one read, oldest first; entries
+        never quarantined are left out."""
+
+    @abstractmethod
+    async def snapshot(self) -> Snapshot:
+        """Pending and quarantined counts, the head entry and the blocked lane heads,
+        in one consistent view, at a cost that does not grow with sent rows."""
+
+    @abstractmethod
+    async def prune(self, older_than_s: float, batch: int = PRUNE_BATCH) -> int:
+        """Delete sent entries older than `older_than_s`, `batch` rows per transaction
+        (intake waits at most one batch); return how many were deleted."""
