@@ -1,0 +1,103 @@
+"""The backends the outbox behaviour suite runs on, and how a test reaches each one.
+
+A test gets an outbox opened with `Outbox.open(backend.location)`, and through
+`backend` a way to the tables behind it (`orders`, `outbox`, `quarantines`) that does
+not go through the outbox: a connection of the test's own, opened for each call, as
+another process would see the data.
+
+A new backend plugs in with one class that implements `Backend` and one factory in
+`BACKENDS`; the tests are not copied. The suite writes its SQL with `?` placeholders
+and in the dialect SQLite and PostgreSQL share; a backend whose driver wants another
+placeholder style translates it in `query` and `execute`. The suite reads the
+columns of today's schema; a backend keeps their names and meaning (0/1 or a boolean
+both compare equal to the 0/1 the tests expect).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+Row = tuple[Any, ...]
+
+
+class Backend(ABC):
+    """One backend as a behaviour test sees it: where to open it, and its raw tables."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """What `Outbox.open` is given (the --db value an operator would give)."""
+
+    @abstractmethod
+    def query(self, sql: str, *params: object) -> list[Row]:
+        """Every row `sql` selects, read through a fresh connection closed afterwards."""
+
+    @abstractmethod
+    def execute(self, *statements: str) -> None:
+        """Run statements through a fresh connection, each committed on its own (what
+        another writer, or time passing, would do to the rows)."""
+
+    @abstractmethod
+    def refusing_inserts(self, table: str, message: str) -> contextlib.AbstractContextManager[None]:
+        """While inside, every insert into `table` fails in the database with an error
+        whose text holds `message` (a failure of one statement in a transaction)."""
+
+
+class SqliteBackend(Backend):
+    """A SQLite file in the test's temporary directory, read with the sqlite3 module."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def query(self, sql: str, *params: object) -> list[Row]:
+        conn = sqlite3.connect(self.path, timeout=5)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def execute(self, *statements: str) -> None:
+        conn = sqlite3.connect(self.path, timeout=5, isolation_level=None)
+        try:
+            for statement in statements:
+                conn.execute(statement)
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def refusing_inserts(self, table: str, message: str) -> Iterator[None]:
+        trigger = f"refuse_{table}"
+        text = message.replace("'", "''")
+        self.execute(
+            f"CREATE TRIGGER {trigger} BEFORE INSERT ON {table}"
+            f" BEGIN SELECT RAISE(ABORT, '{text}'); END"
+        )
+        try:
+            yield
+        finally:
+            self.execute(f"DROP TRIGGER {trigger}")
+
+
+BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]
+
+
+@contextlib.contextmanager
+def sqlite_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    yield SqliteBackend(tmp_path / "source.db")
+
+
+# name -> factory: the behaviour suite runs once per entry. A backend that needs a
+# server the machine may lack skips (pytest.skip) in its factory, it does not leave.
+BACKENDS: dict[str, BackendFactory] = {"sqlite": sqlite_backend}

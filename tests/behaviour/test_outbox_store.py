@@ -1,0 +1,746 @@
+"""The behaviour every outbox backend must show, whatever it stores in.
+
+Each test runs once per backend in `outbox_backends.BACKENDS`: it gets an outbox opened
+with `Outbox.open(location)` and checks what reached the tables through a connection
+of its own (`backend.query`). What only one backend has (SQLite's WAL, locks, group
+commit, query plans) is tested in tests/integration with that backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from outbox_backends import BACKENDS, Backend
+
+from plumbing.storage import StorageError
+from publisher import MAX_BATCH, UnknownEntry
+from publisher.errors import InvalidTransition
+from publisher.store import Outbox, State
+from shared import Conflict, InvalidEvent, canonical_json
+
+ACK = {"ack": "x", "status": "applied"}
+# sent_at and quarantined_at come from time.time(); a short pause keeps them apart.
+TICK_S = 0.01
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    with BACKENDS[request.param](request) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def outbox(backend: Backend) -> AsyncIterator[Outbox]:
+    async with Outbox.open(backend.location) as opened:
+        yield opened
+
+
+def order(event_id: str, sku: str = "snack", qty: int = 7) -> dict[str, Any]:
+    return {"id": event_id, "sku": sku, "qty": qty}
+
+
+async def accept(outbox: Outbox, *ids: str, qty: int = 1) -> None:
+    for event_id in ids:
+        assert await outbox.accept({"id": event_id, "sku": "snack", "qty": qty}) == "accepted"
+
+
+def contents(backend: Backend) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the three tables, in a fixed order."""
+    return {
+        "orders": backend.query("SELECT * FROM orders ORDER BY id"),
+        "outbox": backend.query("SELECT * FROM outbox ORDER BY seq"),
+        "quarantines": backend.query("SELECT * FROM quarantines ORDER BY n"),
+    }
+
+
+def count(backend: Backend, table: str) -> int:
+    n: int = backend.query(f"SELECT count(*) FROM {table}")[0][0]
+    return n
+
+
+def unsent(backend: Backend) -> list[str]:
+    return [i for i, sent in backend.query("SELECT id, sent FROM outbox ORDER BY seq") if not sent]
+
+
+def states(backend: Backend) -> dict[str, tuple[int, int]]:
+    """id -> (sent, quarantined)."""
+    return {i: (s, q) for i, s, q in backend.query("SELECT id, sent, quarantined FROM outbox")}
+
+
+def seqs(backend: Backend) -> dict[str, int]:
+    return dict(backend.query("SELECT id, seq FROM outbox"))
+
+
+async def pending_ids(outbox: Outbox) -> list[str]:
+    return [event["id"] for event in await outbox.pending(16)]
+
+
+# ---------------------------------------------------------------- opening
+
+
+async def test_reopening_keeps_the_data(backend: Backend) -> None:
+    async with Outbox.open(backend.location) as outbox:
+        await outbox.accept(order("a"))
+        await outbox.accept(order("b"))
+        await outbox.mark_sent("a")
+    async with Outbox.open(backend.location) as outbox:
+        assert await outbox.pending() == [order("b")]
+        assert await outbox.accept(order("a")) == "duplicate"
+    assert count(backend, "orders") == 2
+
+
+async def test_the_seq_of_a_deleted_entry_is_never_given_again(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await outbox.accept(order("a"))
+    await outbox.accept(order("b"))
+    backend.execute("DELETE FROM outbox WHERE id = 'b'")
+    await outbox.accept(order("c"))
+    by_id = seqs(backend)
+    assert by_id["c"] > by_id["a"] + 1  # the seq of the deleted entry is never reused
+
+
+# ---------------------------------------------------------------- accept
+
+
+async def test_accept_writes_the_order_and_its_outbox_entry(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.accept(order("a", "snack", 7)) == "accepted"
+    assert backend.query("SELECT id, sku, qty FROM orders") == [("a", "snack", 7)]
+    assert backend.query("SELECT id, payload, sent FROM outbox") == [
+        ("a", canonical_json({"id": "a", "sku": "snack", "qty": 7}), 0)
+    ]
+
+
+async def test_same_payload_again_is_a_harmless_duplicate(outbox: Outbox, backend: Backend) -> None:
+    assert await outbox.accept(order("a")) == "accepted"
+    before = contents(backend)
+    assert await outbox.accept(order("a")) == "duplicate"
+    assert await outbox.accept({"qty": 7, "sku": "snack", "id": "a"}) == "duplicate"
+    assert contents(backend) == before
+    assert (count(backend, "orders"), count(backend, "outbox")) == (1, 1)
+
+
+async def test_duplicate_of_a_sent_entry_does_not_queue_it_again(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await outbox.accept(order("a"))
+    await outbox.mark_sent("a")
+    assert await outbox.accept(order("a")) == "duplicate"
+    assert await outbox.pending() == []
+    assert unsent(backend) == []
+
+
+@pytest.mark.parametrize("changed", [order("a", qty=8), order("a", sku="other")])
+async def test_same_id_with_another_payload_is_a_conflict(
+    outbox: Outbox, backend: Backend, changed: dict[str, Any]
+) -> None:
+    await outbox.accept(order("a"))
+    before = contents(backend)
+    with pytest.raises(Conflict) as excinfo:
+        await outbox.accept(changed)
+    assert excinfo.value.event_id == "a"
+    assert contents(backend) == before
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        ({"id": "a", "sku": "snack"}, "qty"),
+        ({"id": "a", "sku": "snack", "qty": 7.0}, "qty"),
+        ({"id": "a", "sku": "snack", "qty": True}, "qty"),
+        ({"id": "-a", "sku": "snack", "qty": 7}, "id"),
+        ({"id": "a", "sku": "snack", "qty": 7, "note": "x"}, "note"),
+        (["a", "snack", 7], "event"),
+    ],
+)
+async def test_invalid_event_is_refused_and_changes_nothing(
+    outbox: Outbox, backend: Backend, event: object, field: str
+) -> None:
+    await outbox.accept(order("existing"))
+    before = contents(backend)
+    with pytest.raises(InvalidEvent) as excinfo:
+        await outbox.accept(event)
+    assert excinfo.value.field == field
+    assert contents(backend) == before
+
+
+async def test_accept_stores_a_copy_not_the_callers_object(
+    outbox: Outbox, backend: Backend
+) -> None:
+    event = order("a")
+    await outbox.accept(event)
+    event["qty"] = 99
+    assert await outbox.pending() == [order("a")]
+    assert backend.query("SELECT qty FROM orders") == [(7,)]
+
+
+async def test_accept_is_atomic_when_the_outbox_insert_fails(
+    outbox: Outbox, backend: Backend
+) -> None:
+    with backend.refusing_inserts("outbox", "boom"):
+        with pytest.raises(StorageError, match="boom"):
+            await outbox.accept(order("a"))
+        assert backend.query("SELECT * FROM orders WHERE id = 'a'") == []
+        assert count(backend, "outbox") == 0
+
+    assert await outbox.accept(order("a")) == "accepted"
+    assert (count(backend, "orders"), count(backend, "outbox")) == (1, 1)
+
+
+async def test_accept_is_atomic_when_the_order_insert_fails(
+    outbox: Outbox, backend: Backend
+) -> None:
+    with backend.refusing_inserts("orders", "no orders"), pytest.raises(StorageError):
+        await outbox.accept(order("a"))
+    assert (count(backend, "orders"), count(backend, "outbox")) == (0, 0)
+
+
+# ---------------------------------------------------------------- pending
+
+
+async def test_pending_is_in_insertion_order_not_id_order(outbox: Outbox) -> None:
+    for event_id in ["z", "a", "m"]:
+        await outbox.accept(order(event_id))
+    assert [e["id"] for e in await outbox.pending()] == ["z", "a", "m"]
+
+
+async def test_pending_ignores_accepted_at_timestamps(outbox: Outbox, backend: Backend) -> None:
+    for event_id in ["z", "a", "m"]:
+        await outbox.accept(order(event_id))
+    backend.execute("UPDATE orders SET accepted_at = 0", "UPDATE outbox SET queued_at = 0")
+    assert [e["id"] for e in await outbox.pending()] == ["z", "a", "m"]
+
+
+async def test_pending_returns_exactly_id_sku_qty(outbox: Outbox) -> None:
+    await outbox.accept(order("a", "snack", 7))
+    (event,) = await outbox.pending()
+    assert event == {"id": "a", "sku": "snack", "qty": 7}
+    assert set(event) == {"id", "sku", "qty"}
+    assert type(event["qty"]) is int
+
+
+async def test_pending_of_an_empty_outbox_is_empty(outbox: Outbox) -> None:
+    assert await outbox.pending() == []
+
+
+async def test_pending_limit_bounds_the_batch(outbox: Outbox) -> None:
+    ids = [f"e{n:02d}" for n in range(MAX_BATCH + 4)]
+    for event_id in ids:
+        await outbox.accept(order(event_id))
+    assert [e["id"] for e in await outbox.pending(1)] == ids[:1]
+    assert [e["id"] for e in await outbox.pending(3)] == ids[:3]
+    assert [e["id"] for e in await outbox.pending(MAX_BATCH)] == ids[:MAX_BATCH]
+    assert [e["id"] for e in await outbox.pending()] == ids[:MAX_BATCH]
+
+
+@pytest.mark.parametrize("limit", [0, 17, -1, True, 1.0, "16", None])
+async def test_pending_refuses_a_bad_limit(outbox: Outbox, limit: Any) -> None:
+    await outbox.accept(order("a"))
+    with pytest.raises(ValueError):
+        await outbox.pending(limit)
+
+
+async def test_pending_changes_nothing(outbox: Outbox, backend: Backend) -> None:
+    for event_id in ["z", "a", "m"]:
+        await outbox.accept(order(event_id))
+    await outbox.mark_sent("a")
+    before = contents(backend)
+    first = await outbox.pending()
+    second = await outbox.pending()
+    assert first == second == [order("z"), order("m")]
+    assert contents(backend) == before
+
+
+async def test_pending_skips_sent_entries(outbox: Outbox) -> None:
+    for event_id in ["a", "b", "c"]:
+        await outbox.accept(order(event_id))
+    await outbox.mark_sent("b")
+    assert [e["id"] for e in await outbox.pending()] == ["a", "c"]
+    await outbox.mark_sent("a")
+    await outbox.mark_sent("c")
+    assert await outbox.pending() == []
+
+
+async def test_pending_returns_fresh_dicts_each_time(outbox: Outbox) -> None:
+    await outbox.accept(order("a"))
+    (first,) = await outbox.pending()
+    first["id"] = "changed"
+    assert await outbox.pending() == [order("a")]
+
+
+# ---------------------------------------------------------------- lanes
+
+
+async def accept_lane(outbox: Outbox, lane: str, count: int, start: int) -> list[str]:
+    """`count` orders of SKU `lane`, accepted in this order; their IDs in seq order."""
+    ids = [f"{lane}-{n:06d}" for n in range(start, start + count)]
+    for event_id in ids:
+        assert await outbox.accept({"id": event_id, "sku": lane, "qty": 1}) == "accepted"
+    return ids
+
+
+async def test_a_global_read_that_skips_ids_returns_every_lane_in_seq_order(
+    outbox: Outbox,
+) -> None:
+    first = await accept_lane(outbox, "a", 10, 0)
+    second = await accept_lane(outbox, "b", 10, 0)
+    third = await accept_lane(outbox, "a", 10, 10)
+    rows = await outbox.pending_batch(16, None, [*first[2:], "no-such-id"])
+    assert [event["id"] for _, event, _ in rows] == first[:2] + second + third[:4]
+
+
+async def test_pending_lanes_orders_by_the_oldest_pending_head_and_honours_limit_and_skip(
+    outbox: Outbox, backend: Backend
+) -> None:
+    first_b = await accept_lane(outbox, "b", 2, 0)
+    await accept_lane(outbox, "a", 2, 0)
+    await accept_lane(outbox, "c", 2, 0)
+    await accept_lane(outbox, "b", 2, 2)
+    assert await outbox.pending_lanes(10) == ["b", "a", "c"]
+    assert await outbox.pending_lanes(2) == ["b", "a"]
+    assert await outbox.pending_lanes(10, ["a", "zzz"]) == ["b", "c"]
+    # Lane b's head delivered: its next entry is younger than a's and c's heads.
+    await outbox.mark_sent_many([(event_id, None) for event_id in first_b])
+    assert await outbox.pending_lanes(10) == ["a", "c", "b"]
+    assert sum(sent for (sent,) in backend.query("SELECT sent FROM outbox")) == 2
+    await outbox.quarantine("a-000000", "test", "tester")
+    await outbox.quarantine("a-000001", "test", "tester")
+    assert await outbox.pending_lanes(10) == ["c", "b"]  # a holds nothing pending
+    assert await outbox.pending_lanes(10, ["c", "b"]) == []
+
+
+# ---------------------------------------------------------------- marks and attempts
+
+
+async def test_mark_sent_marks_the_entry(outbox: Outbox, backend: Backend) -> None:
+    await outbox.accept(order("a"))
+    await outbox.accept(order("b"))
+    await outbox.mark_sent("a")
+    assert backend.query("SELECT id, sent FROM outbox ORDER BY seq") == [("a", 1), ("b", 0)]
+    assert backend.query("SELECT sent_at IS NOT NULL FROM outbox WHERE id = 'a'") == [(1,)]
+
+
+async def test_mark_sent_keeps_the_ack(outbox: Outbox, backend: Backend) -> None:
+    await outbox.accept(order("a"))
+    await outbox.mark_sent("a", {"ack": "a", "status": "applied"})
+    (ack,) = backend.query("SELECT ack FROM outbox WHERE id = 'a'")[0]
+    assert ack is not None
+    assert '"ack": "a"' in ack
+
+
+async def test_mark_sent_is_idempotent(outbox: Outbox, backend: Backend) -> None:
+    await outbox.accept(order("a"))
+    await outbox.mark_sent("a")
+    before = contents(backend)
+    await outbox.mark_sent("a")
+    assert contents(backend) == before
+    assert backend.query("SELECT sent FROM outbox") == [(1,)]
+
+
+async def test_mark_sent_again_keeps_the_first_ack_and_time(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "a")
+    await outbox.mark_sent("a", ACK)
+    before = backend.query("SELECT * FROM outbox")
+    await asyncio.sleep(TICK_S)
+    await outbox.mark_sent("a", {"ack": "a", "status": "duplicate"})
+    assert backend.query("SELECT * FROM outbox") == before
+
+
+async def test_mark_sent_of_an_unknown_id_is_unknown_entry(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await outbox.accept(order("a"))
+    before = contents(backend)
+    with pytest.raises(UnknownEntry) as excinfo:
+        await outbox.mark_sent("nope")
+    assert excinfo.value.event_id == "nope"
+    assert isinstance(excinfo.value, LookupError)
+    assert contents(backend) == before
+
+
+async def test_mark_sent_does_not_touch_the_order(outbox: Outbox, backend: Backend) -> None:
+    await outbox.accept(order("a"))
+    before = backend.query("SELECT * FROM orders")
+    await outbox.mark_sent("a")
+    assert backend.query("SELECT * FROM orders") == before
+
+
+async def test_failures_are_recorded_on_the_entry(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a")
+    await outbox.record_failure("a", "connection refused")
+    [(first_fail, first_last)] = backend.query(
+        "SELECT first_failure_at, last_attempt_at FROM outbox WHERE id = 'a'"
+    )
+    await asyncio.sleep(TICK_S)
+    await outbox.record_failure("a", "sink answered 503")
+
+    [(attempts, error, last_at, first_at)] = backend.query(
+        "SELECT attempts, last_error, last_attempt_at, first_failure_at FROM outbox"
+    )
+    assert (attempts, error) == (2, "sink answered 503")
+    assert first_at == first_fail == first_last
+    assert last_at > first_at
+    await outbox.mark_sent("a", ACK)
+    entry = await outbox.entry("a")
+    assert entry is not None and entry.attempts == 3 and entry.state is State.SENT
+
+
+async def test_failure_on_a_sent_entry_changes_nothing(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a")
+    await outbox.mark_sent("a", ACK)
+    before = backend.query("SELECT * FROM outbox")
+    await outbox.record_failure("a", "late error")
+    assert backend.query("SELECT * FROM outbox") == before
+
+
+# ---------------------------------------------------------------- quarantine
+
+
+async def test_quarantined_entry_is_neither_pending_nor_sent(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "a", "b", "c")
+
+    await outbox.quarantine("a", "sku retired", "alice")
+
+    assert await pending_ids(outbox) == ["b", "c"]
+    assert [e.id for e in await outbox.entries(State.PENDING)] == ["b", "c"]
+    assert await outbox.entries(State.SENT) == []
+    [held] = await outbox.entries(State.QUARANTINED)
+    assert (held.id, held.state, held.sent_at) == ("a", State.QUARANTINED, None)
+    assert states(backend) == {"a": (0, 1), "b": (0, 0), "c": (0, 0)}
+    [(reason, by, at, released)] = backend.query(
+        "SELECT reason, quarantined_by, quarantined_at, released_at FROM quarantines WHERE id = 'a'"
+    )
+    assert (reason, by, released) == ("sku retired", "alice", None)
+    assert abs(at - time.time()) < 60
+    snapshot = await outbox.snapshot()
+    assert (snapshot.pending, snapshot.quarantined) == (2, 1)
+    assert snapshot.head is not None and snapshot.head.id == "b"
+
+
+async def test_quarantine_of_a_sent_entry_is_refused_and_changes_nothing(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "a")
+    await outbox.mark_sent("a", ACK)
+    before = backend.query("SELECT * FROM outbox")
+
+    with pytest.raises(InvalidTransition, match="sent"):
+        await outbox.quarantine("a", "too late", "alice")
+
+    assert backend.query("SELECT * FROM outbox") == before
+    assert count(backend, "quarantines") == 0
+
+
+async def test_quarantine_of_an_unknown_entry_is_refused(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a")
+    with pytest.raises(UnknownEntry, match="nope"):
+        await outbox.quarantine("nope", "typo", "alice")
+    assert count(backend, "quarantines") == 0
+
+
+async def test_quarantine_twice_is_refused_and_keeps_one_record(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "a")
+    await outbox.quarantine("a", "first", "alice")
+    with pytest.raises(InvalidTransition, match="quarantined"):
+        await outbox.quarantine("a", "second", "bob")
+    assert backend.query("SELECT reason FROM quarantines") == [("first",)]
+
+
+async def test_mark_sent_of_an_entry_quarantined_in_flight_closes_it_as_delivered(
+    outbox: Outbox, backend: Backend
+) -> None:
+    # The relay read "a" and is sending it; an operator quarantines it; the ACK arrives.
+    await accept(outbox, "a", "b")
+    [(seq, _, _)] = await outbox.pending_batch(1)
+    await outbox.quarantine("a", "looked stuck", "alice")
+    await asyncio.sleep(TICK_S)
+    await outbox.mark_sent("b", ACK)
+    ack = {"ack": "a", "status": "applied"}
+
+    await outbox.mark_sent("a", ack)
+
+    entry = await outbox.entry("a")
+    assert entry is not None
+    assert (entry.state, entry.seq, entry.ack) == (State.SENT, seq, ack)
+    assert states(backend)["a"] == (1, 0)
+    [record] = await outbox.quarantines("a")
+    assert (record.released_as, record.released_by) == ("delivered", "relay")
+    assert record.delivered_past == ["b"]
+    assert (await outbox.snapshot()).quarantined == 0
+    assert await outbox.entries(State.QUARANTINED) == []
+
+
+# ---------------------------------------------------------------- redrive
+
+
+async def test_redrive_of_a_pending_entry_is_refused(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a")
+    before = backend.query("SELECT * FROM outbox")
+    with pytest.raises(InvalidTransition, match="pending"):
+        await outbox.redrive("a", "alice")
+    assert backend.query("SELECT * FROM outbox") == before
+
+
+async def test_redrive_of_a_sent_or_unknown_entry_is_refused(outbox: Outbox) -> None:
+    await accept(outbox, "a")
+    await outbox.mark_sent("a", ACK)
+    with pytest.raises(InvalidTransition, match="sent"):
+        await outbox.redrive("a", "alice")
+    with pytest.raises(UnknownEntry):
+        await outbox.redrive("nope", "alice")
+
+
+async def test_redrive_puts_the_entry_back_at_its_own_seq_so_it_goes_next(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "a", "b", "c")
+    original = seqs(backend)
+    await outbox.quarantine("b", "bad sku", "alice")
+    await accept(outbox, "d")
+    assert await pending_ids(outbox) == ["a", "c", "d"]
+
+    await outbox.redrive("b", "bob")
+
+    assert await pending_ids(outbox) == ["a", "b", "c", "d"]
+    after = seqs(backend)
+    assert {k: after[k] for k in original} == original
+    assert after["d"] > original["c"]
+    assert states(backend)["b"] == (0, 0)
+    await outbox.mark_sent("a", ACK)
+    head = (await outbox.snapshot()).head
+    assert head is not None and (head.id, head.seq) == ("b", original["b"])
+
+
+async def test_redrive_records_what_was_delivered_past_it(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a", "b", "c", "d", "e")
+    await outbox.mark_sent("a", ACK)  # before b: not "past" it
+    await outbox.mark_sent("d", ACK)  # after b in seq, but sent before the quarantine
+    await asyncio.sleep(TICK_S)
+    await outbox.quarantine("b", "sku retired", "alice")
+    await asyncio.sleep(TICK_S)
+    await outbox.mark_sent("c", ACK)
+    await outbox.mark_sent("e", ACK)
+
+    record = await outbox.redrive("b", "bob")
+
+    assert record.delivered_past == ["c", "e"]
+    assert record.delivered_past_count == 2
+    assert (record.reason, record.quarantined_by) == ("sku retired", "alice")
+    assert (record.released_by, record.released_as) == ("bob", "redriven")
+    assert record.released_at is not None and record.released_at >= record.quarantined_at
+    [row] = backend.query(
+        "SELECT released_by, released_as, delivered_past_count, delivered_past"
+        " FROM quarantines WHERE id = 'b'"
+    )
+    assert row == ("bob", "redriven", 2, '["c", "e"]')
+    assert await outbox.quarantines("b") == [record]
+
+
+async def test_each_stay_in_quarantine_is_its_own_record(outbox: Outbox) -> None:
+    await accept(outbox, "a", "b", "c")
+    await outbox.quarantine("a", "first", "alice")
+    await asyncio.sleep(TICK_S)
+    await outbox.mark_sent("b", ACK)
+    await outbox.redrive("a", "bob")
+    await asyncio.sleep(TICK_S)
+    await outbox.quarantine("a", "second", "carol")
+    await asyncio.sleep(TICK_S)
+    await outbox.mark_sent("c", ACK)
+    await outbox.redrive("a", "dave")
+
+    first, second = await outbox.quarantines("a")
+
+    assert (first.reason, first.quarantined_by, first.delivered_past) == ("first", "alice", ["b"])
+    assert (second.reason, second.quarantined_by, second.delivered_past) == (
+        "second",
+        "carol",
+        ["c"],
+    )
+    history = await outbox.quarantine_history(["a", "b", "zzz"])
+    assert list(history) == ["a"]
+    assert history["a"] == [first, second]
+
+
+async def test_redrive_starts_a_fresh_failure_streak(outbox: Outbox) -> None:
+    await accept(outbox, "a")
+    await outbox.record_failure("a", "sink rejected it with 409")
+    head = (await outbox.snapshot()).head
+    assert head is not None and head.blocked
+    await outbox.quarantine("a", "bad", "alice")
+    await outbox.redrive("a", "alice")
+
+    head = (await outbox.snapshot()).head
+
+    assert head is not None and head.id == "a"
+    assert head.blocked is False
+    assert head.attempts == 1  # the count of attempts is history and is kept
+
+
+# ---------------------------------------------------------------- list
+
+
+async def test_list_orders_pending_and_quarantined_oldest_first_sent_newest_first(
+    outbox: Outbox,
+) -> None:
+    await accept(outbox, "z", "m", "a", "q", "b")
+    await outbox.quarantine("q", "x", "alice")
+    await outbox.quarantine("m", "x", "alice")
+    await outbox.mark_sent("z", ACK)
+    await outbox.mark_sent("a", ACK)
+
+    assert [e.id for e in await outbox.entries(State.PENDING)] == ["b"]
+    assert [e.id for e in await outbox.entries(State.QUARANTINED)] == ["m", "q"]
+    assert [e.id for e in await outbox.entries(State.SENT)] == ["a", "z"]
+    assert [e.id for e in await outbox.entries(State.SENT, limit=1)] == ["a"]
+    sent = await outbox.entries(State.SENT)
+    assert all(e.state is State.SENT and e.ack == ACK and e.sent_at for e in sent)
+
+
+# ---------------------------------------------------------------- prune
+
+
+async def test_prune_deletes_only_sent_entries_older_than_the_cutoff(
+    outbox: Outbox, backend: Backend
+) -> None:
+    ids = [f"o{n}" for n in range(10)]
+    await accept(outbox, *ids)
+    for event_id in ids[:6]:
+        await outbox.mark_sent(event_id, ACK)
+    await outbox.quarantine("o6", "x", "alice")
+    # o0-o3 were sent two hours ago; o4, o5 just now. Every row was queued long ago.
+    backend.execute(
+        "UPDATE outbox SET sent_at = sent_at - 7200 WHERE id IN ('o0','o1','o2','o3')",
+        "UPDATE outbox SET queued_at = queued_at - 86400",
+    )
+
+    deleted = await outbox.prune(older_than_s=3600, batch=3)
+
+    assert deleted == 4
+    assert sorted(states(backend)) == ["o4", "o5", "o6", "o7", "o8", "o9"]
+    assert states(backend)["o6"] == (0, 1)
+    assert count(backend, "orders") == 10
+    assert await pending_ids(outbox) == ["o7", "o8", "o9"]
+    assert await outbox.prune(older_than_s=3600, batch=3) == 0
+
+
+@pytest.mark.parametrize(("sent", "batch"), [(7, 3), (6, 3), (5, 1), (4, 500)])
+async def test_prune_works_through_any_number_of_batches(
+    outbox: Outbox, backend: Backend, sent: int, batch: int
+) -> None:
+    ids = [f"s{n}" for n in range(sent)]
+    await accept(outbox, *ids, "pending-1")
+    for event_id in ids:
+        await outbox.mark_sent(event_id, ACK)
+    await asyncio.sleep(TICK_S)
+
+    assert await outbox.prune(older_than_s=0, batch=batch) == sent
+
+    assert backend.query("SELECT id FROM outbox") == [("pending-1",)]
+
+
+async def test_prune_never_touches_pending_or_quarantined_however_old(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "p", "q")
+    await outbox.quarantine("q", "x", "alice")
+    backend.execute("UPDATE outbox SET queued_at = queued_at - 10 * 86400")
+    before = backend.query("SELECT * FROM outbox ORDER BY seq")
+
+    assert await outbox.prune(older_than_s=0) == 0
+
+    assert backend.query("SELECT * FROM outbox ORDER BY seq") == before
+
+
+async def test_prune_keeps_the_seq_of_what_remains(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a", "b", "c")
+    await outbox.mark_sent("a", ACK)
+    await asyncio.sleep(TICK_S)
+    await outbox.prune(older_than_s=0)
+    await accept(outbox, "d")
+    assert seqs(backend) == {"b": 2, "c": 3, "d": 4}
+
+
+# ---------------------------------------------------------------- snapshot
+
+
+async def test_snapshot_of_an_empty_outbox(outbox: Outbox) -> None:
+    snapshot = await outbox.snapshot()
+    assert (snapshot.pending, snapshot.quarantined, snapshot.head) == (0, 0, None)
+    assert snapshot.oldest_pending_age_s == 0.0
+    assert snapshot.to_dict() == {
+        "pending": 0,
+        "oldest_pending_age_seconds": 0.0,
+        "quarantined": 0,
+        "head_blocked": False,
+        "head": None,
+        "blocked_lanes": [],
+    }
+
+
+async def test_snapshot_counts_and_oldest_age(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a", "b", "c", "d")
+    await outbox.mark_sent("a", ACK)
+    await outbox.quarantine("c", "x", "alice")
+    backend.execute(
+        "UPDATE outbox SET queued_at = queued_at - 100 WHERE id = 'b'",
+        "UPDATE outbox SET queued_at = queued_at - 500 WHERE id IN ('a', 'c')",
+    )
+
+    snapshot = await outbox.snapshot()
+
+    assert (snapshot.pending, snapshot.quarantined) == (2, 1)
+    assert snapshot.head is not None
+    assert (snapshot.head.id, snapshot.head.seq, snapshot.head.blocked) == ("b", 2, False)
+    # The oldest pending entry is b: sent and quarantined entries do not count.
+    assert 100 <= snapshot.oldest_pending_age_s < 130
+    figures = snapshot.to_dict()
+    assert figures["head_blocked"] is False
+    assert figures["head"]["id"] == "b"
+
+
+async def test_snapshot_reports_a_failing_head_as_blocked(outbox: Outbox) -> None:
+    await accept(outbox, "a", "b")
+    await outbox.record_failure("a", "sink rejected it with 409")
+    await outbox.record_failure("a", "sink rejected it with 409 again")
+
+    snapshot = await outbox.snapshot()
+
+    head = snapshot.head
+    assert head is not None
+    assert (head.id, head.attempts, head.last_error) == ("a", 2, "sink rejected it with 409 again")
+    assert head.blocked and head.blocked_since is not None
+    figures = snapshot.to_dict()
+    assert figures["head_blocked"] is True
+    assert figures["head"]["blocked_since"] == head.blocked_since
+    await outbox.quarantine("a", "poison", "alice")
+    after = await outbox.snapshot()
+    assert after.head is not None and after.head.id == "b" and not after.head.blocked
+    assert after.to_dict()["head_blocked"] is False
+
+
+async def test_failure_behind_the_head_does_not_block_it(outbox: Outbox) -> None:
+    await accept(outbox, "a", "b")
+    await outbox.record_failure("b", "earlier run")
+    head = (await outbox.snapshot()).head
+    assert head is not None and head.id == "a" and not head.blocked
+
+
+async def test_other_connections_see_the_same_figures(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a", "b")
+    async with Outbox.open(backend.location) as other:
+        await other.quarantine("a", "x", "alice")
+        await accept(other, "c")
+    snapshot = await outbox.snapshot()
+    assert (snapshot.pending, snapshot.quarantined) == (2, 1)
