@@ -9,13 +9,18 @@ commit, query plans) is tested in tests/integration with that backend.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from outbox_backends import BACKENDS, Backend
 
+import publisher.store
 from plumbing.storage import StorageError
 from publisher import MAX_BATCH, UnknownEntry
 from publisher.errors import InvalidTransition
@@ -313,6 +318,77 @@ async def test_pending_lanes_orders_by_the_oldest_pending_head_and_honours_limit
     await outbox.quarantine("a-000001", "test", "tester")
     assert await outbox.pending_lanes(10) == ["c", "b"]  # a holds nothing pending
     assert await outbox.pending_lanes(10, ["c", "b"]) == []
+
+
+# ---------------------------------------------------------------- heads
+
+
+async def test_head_ids_of_an_empty_outbox_name_no_head(outbox: Outbox) -> None:
+    assert await outbox.head_ids([None, "snack"]) == {None: None, "snack": None}
+    assert await outbox.head_ids([]) == {}
+
+
+async def test_head_ids_name_the_oldest_pending_entry_of_each_line(outbox: Outbox) -> None:
+    for event_id, sku in [("z", "snack"), ("a", "juice"), ("m", "snack"), ("b", "tea")]:
+        assert await outbox.accept(order(event_id, sku)) == "accepted"
+    lines: list[str | None] = ["tea", None, "snack", "juice", "soap"]
+
+    heads = await outbox.head_ids(lines)
+
+    # Insertion order, not ID order; a lane with nothing pending has no head.
+    assert heads == {None: "z", "snack": "z", "juice": "a", "tea": "b", "soap": None}
+    assert list(heads) == lines
+    await outbox.mark_sent("z")
+    await outbox.mark_sent("b")
+    assert await outbox.head_ids([None, "snack", "tea"]) == {None: "a", "snack": "m", "tea": None}
+
+
+async def test_head_ids_follow_quarantine_and_redrive(outbox: Outbox) -> None:
+    for event_id, sku in [("a", "snack"), ("b", "snack"), ("c", "juice")]:
+        assert await outbox.accept(order(event_id, sku)) == "accepted"
+    lines: list[str | None] = [None, "snack", "juice"]
+
+    await outbox.quarantine("a", "poison", "alice")
+    assert await outbox.head_ids(lines) == {None: "b", "snack": "b", "juice": "c"}
+    await outbox.quarantine("b", "poison too", "alice")
+    assert await outbox.head_ids(lines) == {None: "c", "snack": None, "juice": "c"}
+    await outbox.redrive("b", "bob")
+    assert await outbox.head_ids(lines) == {None: "b", "snack": "b", "juice": "c"}
+    await outbox.redrive("a", "bob")  # back at its own seq: before b again
+    assert await outbox.head_ids(lines) == {None: "a", "snack": "a", "juice": "c"}
+
+
+async def test_head_ids_agree_with_the_pending_reads(outbox: Outbox) -> None:
+    skus = ["snack", "juice", "tea", "snack", "tea", "soap", "juice", "snack"]
+    for n, sku in enumerate(skus):
+        assert await outbox.accept(order(f"e{n}", sku)) == "accepted"
+    await outbox.mark_sent("e0")
+    await outbox.quarantine("e1", "x", "alice")
+    await outbox.record_failure("e2", "sink answered 503")
+    await outbox.mark_sent("e5")
+    lanes = sorted(set(skus))
+
+    heads = await outbox.head_ids([None, *lanes])
+
+    snapshot = await outbox.snapshot()
+    assert snapshot.head is not None and heads[None] == snapshot.head.id == "e2"
+    for lane in lanes:
+        first = await outbox.pending_batch(1, lane)
+        assert heads[lane] == (first[0].event["id"] if first else None), lane
+    assert heads == {None: "e2", "juice": "e6", "snack": "e3", "soap": None, "tea": "e2"}
+
+
+async def test_head_ids_change_nothing(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a", "b")
+    await outbox.record_failure("a", "sink answered 503")
+    await outbox.quarantine("b", "x", "alice")
+    before = contents(backend)
+
+    first = await outbox.head_ids([None, "snack"])
+    second = await outbox.head_ids([None, "snack"])
+
+    assert first == second == {None: "a", "snack": "a"}
+    assert contents(backend) == before
 
 
 # ---------------------------------------------------------------- marks and attempts
@@ -744,3 +820,45 @@ async def test_other_connections_see_the_same_figures(outbox: Outbox, backend: B
         await accept(other, "c")
     snapshot = await outbox.snapshot()
     assert (snapshot.pending, snapshot.quarantined) == (2, 1)
+
+
+# ---------------------------------------------------------------- the seam
+
+ROW_TYPES = ("Pending", "Mark", "Entry", "QuarantineRecord", "Order", "Head", "Snapshot")
+LIMITS = ("MAX_READ", "PRUNE_BATCH", "DELIVERED_PAST_KEPT")
+
+# Imports every publisher module but the backends, in a fresh interpreter, and names
+# the storage modules that came with them.
+_LOADED_WITH_THE_SERVICES = """
+import importlib, json, pkgutil, sys
+import publisher
+for module in pkgutil.iter_modules(publisher.__path__):
+    if module.name not in ("backends", "__main__"):
+        importlib.import_module("publisher." + module.name)
+storage = ("publisher.backends", "sqlite_tx", "aiosqlite", "sqlite3")
+loaded = [m for m in sys.modules if any(m == s or m.startswith(s + ".") for s in storage)]
+print(json.dumps(sorted(loaded)))
+"""
+
+
+def test_rows_states_and_limits_are_defined_by_the_interface() -> None:
+    defined_elsewhere = {
+        name: getattr(publisher.store, name).__module__
+        for name in (*ROW_TYPES, "State", "Outbox", "check_limit")
+        if getattr(publisher.store, name).__module__ != "publisher.store"
+    }
+    assert defined_elsewhere == {}
+    assert [type(getattr(publisher.store, name)) for name in LIMITS] == [int] * len(LIMITS)
+
+
+def test_the_services_load_no_backend() -> None:
+    root = Path(__file__).resolve().parents[2]
+    found = subprocess.run(
+        [sys.executable, "-c", _LOADED_WITH_THE_SERVICES],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert json.loads(found.stdout) == []
