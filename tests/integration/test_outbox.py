@@ -1,4 +1,4 @@
-"""The SQLite outbox: its file, journal, locks and schema.
+"""The SQLite outbox: its file, journal, locks and schema, and which locations open it.
 
 What every outbox backend must do is in tests/behaviour/test_outbox_store.py; this
 module holds what is SQLite's own, checked through independent sqlite3 connections.
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from plumbing.storage import StorageError
+from plumbing.storage import BadLocation, StorageError
 from publisher.backends.sqlite import SqliteOutbox
 from publisher.store import Outbox
 
@@ -48,6 +48,10 @@ def wal_file(path: Path) -> Path:
 
 def order(event_id: str, sku: str = "snack", qty: int = 7) -> dict[str, Any]:
     return {"id": event_id, "sku": sku, "qty": qty}
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
 
 
 @pytest.fixture
@@ -118,6 +122,63 @@ async def test_opening_a_file_that_is_not_a_database_is_a_storage_error(path: Pa
         return
     await outbox.close()
     pytest.fail("a garbage file opened as an outbox")
+
+
+# ---------------------------------------------------------------- which file a location names
+
+
+@pytest.mark.parametrize(
+    ("location", "where"),
+    [
+        ("source.db", "cwd"),
+        ("sqlite:source.db", "cwd"),
+        ("{data}/source.db", "data"),
+        ("sqlite:{data}/source.db", "data"),
+        ("sqlite://{data}/source.db", "data"),  # sqlite:///abs/path
+    ],
+    ids=["path", "sqlite:rel", "abs-path", "sqlite:/abs", "sqlite:///abs"],
+)
+async def test_a_path_or_a_sqlite_url_opens_that_sqlite_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, location: str, where: str
+) -> None:
+    dirs = {"cwd": tmp_path / "cwd", "data": tmp_path / "data"}
+    for directory in dirs.values():
+        directory.mkdir()
+    monkeypatch.chdir(dirs["cwd"])
+
+    async with Outbox.open(location.format(data=dirs["data"])) as outbox:
+        assert isinstance(outbox, SqliteOutbox)
+        assert await outbox.accept(order("a")) == "accepted"
+
+    expected = dirs[where] / "source.db"
+    assert files_under(tmp_path) == [expected.relative_to(tmp_path)]
+    assert rows(expected, "SELECT id FROM orders") == [("a",)]
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "postgresql://app:secret@localhost:5432/outbox",
+        "postgres://app:secret@localhost/outbox",
+        "mysql://app:secret@localhost/outbox",
+        "sqlite://host/source.db",
+        "sqlite:",
+        "",
+    ],
+)
+async def test_a_location_no_backend_here_opens_is_refused_before_anything_is_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, location: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    with pytest.raises(BadLocation) as excinfo:
+        async with Outbox.open(location):
+            pytest.fail(f"{location!r} opened")
+    with pytest.raises(BadLocation):
+        await Outbox.open(location)
+
+    assert "secret" not in str(excinfo.value)  # a refused URL is not echoed with its password
+    assert files_under(tmp_path) == []
 
 
 # ---------------------------------------------------------------- locks
