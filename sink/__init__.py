@@ -1,6 +1,6 @@
 """The sink: an idempotent inbox that applies each event once and then ACKs it."""
 
 from sink.app import create_app
-from sink.inbox import Inbox
+from sink.store import Inbox
 
 __all__ = ["Inbox", "create_app"]

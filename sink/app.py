@@ -45,7 +45,7 @@ from shared import (
     validate_sku,
 )
 from sink.fence import Fences
-from sink.inbox import Inbox
+from sink.store import Inbox
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,6 @@ class SinkState:
     exit_after_commit: int = 0
     stall_s: float = 0.0
     reject_skus: frozenset[str] = frozenset()
-    writes_in_progress: int = 0  # POSTs between arrival and reply: > 1 shares commits
     fences: Fences = field(default_factory=Fences)
 
 
@@ -174,17 +173,13 @@ WriteHandler = Callable[[web.Request, SinkState], Awaitable[web.StreamResponse]]
 
 
 def counts_as_write(handler: WriteHandler) -> Handler:
-    """Count the request in `writes_in_progress` from arrival to reply: while others
-    are in progress, its commit is shared with theirs."""
+    """Tell the inbox that a write request is in progress, from its arrival to its
+    reply: how it commits is the inbox's own choice."""
 
     @functools.wraps(handler)
     async def counted(request: web.Request) -> web.StreamResponse:
-        state = request.app[STATE]
-        state.writes_in_progress += 1
-        try:
-            return await handler(request, state)
-        finally:
-            state.writes_in_progress -= 1
+        with request.app[INBOX].arriving():
+            return await handler(request, request.app[STATE])
 
     return counted
 
@@ -205,9 +200,7 @@ async def post_event(request: web.Request, state: SinkState) -> web.StreamRespon
             if after is not None:
                 await state.fences.wait(after, inbox.knows)
             state.fences.handed([event["id"]])
-            result = await inbox.receive_with_digest(
-                event, after=after, share_commit=state.writes_in_progress > 1 or after is not None
-            )
+            result = await inbox.receive_with_digest(event, after=after)
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
@@ -246,9 +239,7 @@ async def post_batch(request: web.Request, state: SinkState) -> web.StreamRespon
             if after is not None and events:
                 await state.fences.wait(after, inbox.knows)
             state.fences.handed(event["id"] for event in events)
-            receipt = await inbox.receive_batch(
-                events, after=after, share_commit=state.writes_in_progress > 1 or after is not None
-            )
+            receipt = await inbox.receive_batch(events, after=after)
     except FenceNotMet as exc:
         return fence_not_met(request, exc)
     for kind, count in collections.Counter(done.receipt.value for done in receipt.received).items():

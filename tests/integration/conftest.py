@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from publisher import Outbox
-from sink.inbox import Inbox
+from sink.backends.sqlite import SqliteInbox
 
 
 @pytest.fixture
@@ -17,8 +17,10 @@ def sink_db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def inbox(sink_db: Path) -> AsyncIterator[Inbox]:
-    async with Inbox.open(sink_db) as opened:
+async def inbox(sink_db: Path) -> AsyncIterator[SqliteInbox]:
+    """The SQLite inbox on sink_db: these tests read its file, and some watch its
+    Database (the behaviour every backend shares is in tests/behaviour)."""
+    async with await SqliteInbox.connect(str(sink_db)) as opened:
         yield opened
 
 

@@ -1,10 +1,13 @@
 """Group commit: concurrent sink writes and concurrent publisher marks share transactions.
 
 Real SQLite files, read back through independent sqlite3 connections; the sink is served
-by create_app on loopback. Each store's Database is watched by wrappers on the instance
-that call the real `run` and `run_inline`: they note the thread every transaction ran on
-(so grouped calls show as fewer worker-thread transactions than calls), and can hold the
-next worker-thread transaction before it begins, so that calls pile up behind it.
+by create_app on loopback. Each store's Database is watched by
+wrappers on the instance that call the real `run` and `run_inline`: they note the
+thread every transaction ran on (so grouped calls show as fewer worker-thread
+transactions than calls), and can hold the next worker-thread transaction before it
+begins, so that calls pile up behind it. A sink write shares its commit when more than
+one write request is in progress: the tests report that as the sink does, through
+`arriving`.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import pytest
 from publisher.errors import UnknownEntry
 from publisher.store import Outbox
 from shared import Conflict, Event, Receipt, canonical_json, make_ack, payload_digest
-from sink import Inbox, create_app
-from sink.app import INBOX, STATE
-from sink.inbox import BatchReceipt
+from sink import create_app
+from sink.app import INBOX
+from sink.backends.sqlite import SqliteInbox
+from sink.store import BatchReceipt
 from sqlite_tx import Database, StorageError
 
 if TYPE_CHECKING:
@@ -144,6 +148,14 @@ def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
     return {"id": event_id, "sku": sku, "qty": qty}
 
 
+@contextlib.contextmanager
+def others_in_progress(inbox: SqliteInbox) -> Iterator[None]:
+    """What the sink reports while more than one write request is in progress: a
+    write called inside shares its commit with the others (a group commit)."""
+    with inbox.arriving(), inbox.arriving():
+        yield
+
+
 def receipts(result: object) -> list[tuple[Receipt, str]]:
     assert isinstance(result, BatchReceipt), result
     return [(r.receipt, r.digest) for r in result.received]
@@ -169,7 +181,7 @@ def received_at(db_rows: Query, db: Path, ids: list[str]) -> set[float]:
 
 
 async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its_own_receipts(
-    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     known = event("known", "tea", 9)
     await inbox.receive_batch([known])
@@ -177,7 +189,8 @@ async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its
     calls[3].insert(1, known)  # one call also repeats an event: applied, duplicate, applied...
     trips = watch(inbox._db, monkeypatch)
 
-    results = await all_of(*(inbox.receive_batch(c, share_commit=True) for c in calls))
+    with others_in_progress(inbox):
+        results = await all_of(*(inbox.receive_batch(c) for c in calls))
 
     for call, result in zip(calls, results, strict=True):
         assert isinstance(result, BatchReceipt) and result.conflict is None
@@ -199,7 +212,7 @@ async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its
 
 
 async def test_a_conflict_in_one_grouped_call_stops_that_call_only(
-    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     known = event("known", "tea", 9)
     await inbox.receive_batch([known])
@@ -208,12 +221,13 @@ async def test_a_conflict_in_one_grouped_call_stops_that_call_only(
     c = [event("c0", "corn", 16)]
     trips = watch(inbox._db, monkeypatch)
 
-    got_a, got_b, got_single, got_c = await all_of(
-        inbox.receive_batch(a, share_commit=True),
-        inbox.receive_batch(b, share_commit=True),
-        inbox.receive_with_digest({**known, "qty": 11}, share_commit=True),
-        inbox.receive_batch(c, share_commit=True),
-    )
+    with others_in_progress(inbox):
+        got_a, got_b, got_single, got_c = await all_of(
+            inbox.receive_batch(a),
+            inbox.receive_batch(b),
+            inbox.receive_with_digest({**known, "qty": 11}),
+            inbox.receive_batch(c),
+        )
 
     assert receipts(got_a) == applied(*a[:2])
     assert isinstance(got_a, BatchReceipt) and isinstance(got_a.conflict, Conflict)
@@ -230,16 +244,16 @@ async def test_a_conflict_in_one_grouped_call_stops_that_call_only(
 
 
 async def test_a_new_id_in_two_grouped_calls_is_applied_by_the_first_and_a_duplicate_in_the_second(
-    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     x = event("x", "tea", 5)
     first, second = [x, event("a1", "apple", 1)], [event("b1", "bean", 2), x]
     trips = watch(inbox._db, monkeypatch)
 
-    got_first, got_second = await all_of(
-        inbox.receive_batch(first, share_commit=True),
-        inbox.receive_batch(second, share_commit=True),
-    )
+    with others_in_progress(inbox):
+        got_first, got_second = await all_of(
+            inbox.receive_batch(first), inbox.receive_batch(second)
+        )
 
     assert receipts(got_first) == applied(*first)
     assert receipts(got_second) == [*applied(second[0]), (Receipt.DUPLICATE, payload_digest(x))]
@@ -253,14 +267,15 @@ async def test_a_new_id_in_two_grouped_calls_is_applied_by_the_first_and_a_dupli
 
 
 async def test_a_write_alone_commits_inline_and_a_shared_one_on_the_worker_thread(
-    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trips = watch(inbox._db, monkeypatch)
     loop_thread = threading.get_ident()
 
     alone = await inbox.receive_batch([event("alone", qty=2)])
     assert (trips.inline, trips.worker) == ([loop_thread], [])
-    shared = await inbox.receive_with_digest(event("shared", qty=3), share_commit=True)
+    with others_in_progress(inbox):
+        shared = await inbox.receive_with_digest(event("shared", qty=3))
 
     assert receipts(alone) == applied(event("alone", qty=2))
     assert (shared.receipt, shared.digest) == applied(event("shared", qty=3))[0]
@@ -271,15 +286,19 @@ async def test_a_write_alone_commits_inline_and_a_shared_one_on_the_worker_threa
 
 
 async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
-    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trips = watch(inbox._db, monkeypatch)
     with trips.hold() as gate:
-        first = asyncio.create_task(inbox.receive_batch([event("e1")], share_commit=True))
-        await until(gate.started)
+        with others_in_progress(inbox):
+            first = asyncio.create_task(inbox.receive_batch([event("e1")]))
+            await until(gate.started)
+        assert inbox.writes_in_progress == 0  # the next call is alone: not shared
         unshared = asyncio.create_task(inbox.receive_batch([event("e2")]))
         await asyncio.sleep(ARRIVAL_S)  # each call in its own turn of the loop
-        shared = asyncio.create_task(inbox.receive_batch([event("e3")], share_commit=True))
+        with others_in_progress(inbox):
+            shared = asyncio.create_task(inbox.receive_batch([event("e3")]))
+            await asyncio.sleep(ARRIVAL_S)  # it decides how to commit as it starts
         try:
             await asyncio.sleep(PENDING_S)
             assert not any(t.done() for t in (first, unshared, shared))
@@ -303,7 +322,7 @@ async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
 
 
 async def test_a_grouped_call_whose_sql_fails_gets_a_storage_error_and_leaves_nothing(
-    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     poison(sink_db, "inbox", "INSERT", "b-poison")
     a = [event("a0", "apple", 1), event("a1", "apple", 2)]
@@ -311,9 +330,8 @@ async def test_a_grouped_call_whose_sql_fails_gets_a_storage_error_and_leaves_no
     c = [event("c0", "corn", 32)]
     trips = watch(inbox._db, monkeypatch)
 
-    got_a, got_b, got_c = await all_of(
-        *(inbox.receive_batch(call, share_commit=True) for call in (a, b, c))
-    )
+    with others_in_progress(inbox):
+        got_a, got_b, got_c = await all_of(*(inbox.receive_batch(call) for call in (a, b, c)))
 
     assert isinstance(got_b, StorageError) and "poisoned row" in str(got_b)
     assert receipts(got_a) == applied(*a) and receipts(got_c) == applied(*c)
@@ -326,14 +344,14 @@ async def test_a_grouped_call_whose_sql_fails_gets_a_storage_error_and_leaves_no
 
 
 async def test_a_cancelled_shared_write_still_commits_and_later_writes_go_inline_again(
-    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trips = watch(inbox._db, monkeypatch)
-    with trips.hold() as gate:
-        running = asyncio.create_task(inbox.receive_batch([event("e1")], share_commit=True))
+    with trips.hold() as gate, others_in_progress(inbox):
+        running = asyncio.create_task(inbox.receive_batch([event("e1")]))
         await until(gate.started)
-        queued = asyncio.create_task(inbox.receive_batch([event("e2")], share_commit=True))
-        waited = asyncio.create_task(inbox.receive_batch([event("e3")], share_commit=True))
+        queued = asyncio.create_task(inbox.receive_batch([event("e2")]))
+        waited = asyncio.create_task(inbox.receive_batch([event("e3")]))
         await asyncio.sleep(0)
         try:
             await settle(running, queued)  # one in the held transaction, one queued
@@ -374,8 +392,10 @@ async def stalled_sink(serve: Serve, sink_db: Path, monkeypatch: pytest.MonkeyPa
     """The real sink, each POST stalled so that concurrent ones are in progress at once."""
     app = create_app(sink_db, stall_s=STALL_S)
     base = await serve(app)
-    trips = watch(app[INBOX]._db, monkeypatch)
-    return Served(base, trips, lambda: app[STATE].writes_in_progress)
+    inbox = app[INBOX]
+    assert isinstance(inbox, SqliteInbox)
+    trips = watch(inbox._db, monkeypatch)
+    return Served(base, trips, lambda: inbox.writes_in_progress)
 
 
 async def post(client: aiohttp.ClientSession, url: str, body: object) -> tuple[int, Any]:

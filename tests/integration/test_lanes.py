@@ -27,7 +27,7 @@ from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox
 from shared import Event, Receipt, canonical_json, make_ack
-from sink.inbox import Inbox
+from sink import Inbox
 from sqlite_tx import StorageError
 
 if TYPE_CHECKING:

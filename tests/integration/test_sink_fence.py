@@ -24,8 +24,9 @@ from aiohttp import web
 from shared import FENCE_HEADER, Event, FenceNotMet, Receipt, make_ack, payload_digest
 from sink import Inbox, create_app
 from sink.app import INBOX, STATE
+from sink.backends.sqlite import SqliteInbox
 from sink.fence import FENCE_WAIT_S, Fences
-from sink.inbox import BatchReceipt
+from sink.store import BatchReceipt
 
 T = TypeVar("T")
 Query = Callable[..., list[tuple[Any, ...]]]
@@ -311,6 +312,7 @@ class Gate:
 
 
 def hold_next_transaction(inbox: Inbox, monkeypatch: pytest.MonkeyPatch) -> Gate:
+    assert isinstance(inbox, SqliteInbox)
     gate = Gate(threading.Event(), threading.Event())
     db = inbox._db
     real_run = db.run
@@ -464,32 +466,33 @@ async def test_knows_finds_what_an_earlier_process_applied(sink_db: Path) -> Non
         assert await reopened.knows("e2") is False
 
 
-@pytest.mark.parametrize("share_commit", [False, True], ids=["alone", "shared"])
+@pytest.mark.parametrize("in_progress", [0, 2], ids=["alone", "shared"])
 async def test_a_batch_fenced_on_an_unknown_event_raises_and_changes_nothing(
-    inbox: Inbox, sink_db: Path, db_rows: Query, share_commit: bool
+    inbox: Inbox, sink_db: Path, db_rows: Query, in_progress: int
 ) -> None:
     known = event("k0", "tea", 5)
     await inbox.receive_batch([known])
     before = snapshot(db_rows, sink_db)
 
-    with pytest.raises(FenceNotMet) as raised:
-        await inbox.receive_batch(
-            [event("n1", "tea", 1), known, event("n2", "corn", 2)],
-            after="ghost",
-            share_commit=share_commit,
-        )
-    assert raised.value.after == "ghost"
-    with pytest.raises(FenceNotMet):
-        await inbox.receive_with_digest(event("n3"), after="ghost", share_commit=share_commit)
+    with contextlib.ExitStack() as requests:
+        for _ in range(in_progress):  # write requests the sink reports in progress
+            requests.enter_context(inbox.arriving())
+        with pytest.raises(FenceNotMet) as raised:
+            await inbox.receive_batch(
+                [event("n1", "tea", 1), known, event("n2", "corn", 2)], after="ghost"
+            )
+        assert raised.value.after == "ghost"
+        with pytest.raises(FenceNotMet):
+            await inbox.receive_with_digest(event("n3"), after="ghost")
 
-    assert snapshot(db_rows, sink_db) == before  # not even the duplicate was counted
-    receipt = await inbox.receive_batch([event("n1")], after="k0", share_commit=share_commit)
+        assert snapshot(db_rows, sink_db) == before  # not even the duplicate was counted
+        receipt = await inbox.receive_batch([event("n1")], after="k0")
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED]
     assert inbox_ids(db_rows, sink_db) == ["k0", "n1"]
 
 
 async def test_in_one_group_commit_fences_see_the_calls_before_them_and_fail_alone(
-    inbox: Inbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await inbox.receive_batch([event("k0", "tea", 5)])
     transactions: list[int] = []
@@ -509,11 +512,12 @@ async def test_in_one_group_commit_fences_see_the_calls_before_them_and_fail_alo
         ([event("g1", "grape", 64)], "b1"),
     ]
 
-    async with asyncio.timeout(BOUND_S):
-        outcomes = await asyncio.gather(
-            *(inbox.receive_batch(e, after=a, share_commit=True) for e, a in calls),
-            return_exceptions=True,
-        )
+    # Two write requests reported in progress: the one call without a fence shares too.
+    with inbox.arriving(), inbox.arriving():
+        async with asyncio.timeout(BOUND_S):
+            outcomes = await asyncio.gather(
+                *(inbox.receive_batch(e, after=a) for e, a in calls), return_exceptions=True
+            )
 
     assert len(transactions) == 1  # all six calls in one transaction
     for (events, _), outcome in zip(calls, outcomes, strict=True):

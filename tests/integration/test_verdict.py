@@ -10,7 +10,7 @@ import pytest
 
 from chaos.verdict import Verdict, read_verdict
 from publisher import Outbox
-from sink.inbox import Inbox
+from sink import Inbox
 
 ORDERS: list[dict[str, Any]] = [
     {"id": "o-1", "sku": "snack", "qty": 7},

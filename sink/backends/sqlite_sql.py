@@ -1,4 +1,4 @@
-"""Every SQL statement of the sink side, named. The SQLite backend uses these."""
+"""Every SQL statement of the SQLite inbox, named."""
 
 from __future__ import annotations
 

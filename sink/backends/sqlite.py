@@ -1,7 +1,9 @@
-"""The inbox: which event IDs the sink has applied, and the inventory they changed.
+"""The SQLite inbox: the inbox and inventory tables in one SQLite file.
 
-Recording the ID and applying the effect happen in one transaction, so the inbox can
-never claim an event whose effect is missing. The SQL is in `sink.sql`.
+The interface and rows are in `sink.store`; the SQL is in `sink.backends.sqlite_sql`.
+Each transaction runs as one call (sqlite_tx). How a write commits is decided here,
+from the facts the HTTP layer reports (`arriving`): inline on the event loop's
+thread when it has the database to itself, else in a group commit.
 """
 
 from __future__ import annotations
@@ -10,116 +12,100 @@ import json
 import sqlite3
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from types import TracebackType
+from typing import NamedTuple
 
-from shared import (
-    Conflict,
-    Event,
-    FenceNotMet,
-    Receipt,
-    canonical_json,
-    digest_of,
-    validate_event,
-)
-from sink import sql
-from sqlite_tx import Database, GroupCommit, StorageError, Store, transaction
+from plumbing.storage import StorageError
+from shared import Conflict, Event, FenceNotMet, Receipt, canonical_json, digest_of
+from sink.backends import sqlite_sql as sql
+from sink.store import BatchReceipt, Inbox, InboxRecord, Received
+from sqlite_tx import Database, GroupCommit, transaction
 
 
-@dataclass(frozen=True)
-class Received:
-    """What receive did, and the digest of the payload the inbox holds."""
+class Arrivals:
+    """How many write requests are in progress: `with arrivals:` counts one from
+    entry to exit. Re-entrant, and cheap (it is entered on every write request)."""
 
-    receipt: Receipt
-    digest: str
+    __slots__ = ("count",)
 
+    def __init__(self) -> None:
+        self.count = 0
 
-@dataclass(frozen=True)
-class BatchReceipt:
-    """What a batch did: one Received per applied prefix item, then the conflict if any."""
+    def __enter__(self) -> None:
+        self.count += 1
 
-    received: list[Received]
-    conflict: Conflict | None
-
-
-@dataclass(frozen=True)
-class InboxRecord:
-    """The inbox row of one event: the evidence of stage 3."""
-
-    id: str
-    digest: str
-    received_at: float
-    deliveries: int
-    last_delivery_at: float
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.count -= 1
 
 
-class Inbox(Store):
+class SqliteInbox(Inbox):
     """The sink's inbox and inventory in one SQLite file.
 
     A write that has the database to itself commits on the calling thread (no hand-
-    off to the worker thread). Writes made with `share_commit` while others are in
-    progress are committed together (group commit): each in its own savepoint, all
-    in one transaction on the worker thread, so concurrent requests share one fsync
-    and the event loop keeps serving while it runs.
+    off to the worker thread): the request cannot answer before its commit anyway.
+    While other write requests are in progress (or a group is being committed), or
+    when the write is fenced, it joins a group commit instead: each call in its own
+    savepoint, all in one transaction on the worker thread, so concurrent requests
+    share one fsync and the event loop keeps serving while it runs. A fenced write
+    always goes there, so a pipeline's requests share fsyncs too.
     """
 
-    MIGRATIONS = sql.MIGRATIONS
-
     def __init__(self, db: Database) -> None:
-        super().__init__(db)
+        self._db = db
         self._groups = GroupCommit(db, _receive_groups)
+        self._arrivals = Arrivals()
 
-    async def receive(self, event: object) -> Receipt:
-        """Apply the event once: record its ID and its effect in one transaction.
+    @classmethod
+    async def connect(cls, path: str) -> SqliteInbox:
+        """Open (or create) the file and bring its schema up to date."""
+        return cls(await Database.open(path, sql.MIGRATIONS))
 
-        The same ID with the same payload again is a duplicate (no second effect);
-        with a different payload it raises Conflict and changes nothing.
-        """
-        return (await self.receive_with_digest(event)).receipt
+    @property
+    def location(self) -> str:
+        return self._db.path
 
-    async def receive_with_digest(
-        self, event: object, *, after: str | None = None, share_commit: bool = False
-    ) -> Received:
-        """Like `receive`, also returning the SHA-256 of the stored payload."""
-        receipt = await self.receive_batch(
-            [validate_event(event)], after=after, share_commit=share_commit
-        )
-        if receipt.conflict is not None:
-            raise receipt.conflict
-        return receipt.received[0]
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    @property
+    def writes_in_progress(self) -> int:
+        """Write requests between arrival and reply, as reported through `arriving`."""
+        return self._arrivals.count
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    def arriving(self) -> Arrivals:
+        return self._arrivals
 
     async def receive_batch(
-        self, events: Sequence[Event], *, after: str | None = None, share_commit: bool = False
+        self, events: Sequence[Event], *, after: str | None = None
     ) -> BatchReceipt:
-        """Apply validated events in order in one transaction, stopping at the first conflict.
-
-        Those before the conflict are applied (or counted as duplicates) and committed;
-        the conflicting one and those after it change nothing. With `after` (the event
-        the sender delivered just before these), nothing is applied unless that event
-        is in the inbox: FenceNotMet, checked in the same transaction. With
-        `share_commit` (other writes are in progress) the transaction may hold other
-        calls' writes.
-        """
         items = list(events)
         if not items:
             return BatchReceipt([], None)
-        if not share_commit and not self._groups.busy:
+        if after is None and self._arrivals.count <= 1 and not self._groups.busy:
             return await self._db.run_inline(
                 lambda conn: _receive_batch(conn, items, after, time.time())
             )
-        return await self._groups.submit((items, after))
+        return await self._groups.submit(Call(items, after))
 
     async def knows(self, event_id: str) -> bool:
-        """Whether the inbox holds `event_id` (a read of one row)."""
+        """A read of one row, inline: the fence wait asks it while a request waits."""
         row = await self._db.run_inline(lambda conn: conn.execute(sql.FIND, (event_id,)).fetchone())
         return row is not None
 
     async def inventory(self, sku: str) -> int:
-        """The quantity held for `sku`, 0 if it was never seen."""
         row = await self._db.run(lambda conn: conn.execute(sql.INVENTORY, (sku,)).fetchone())
         return 0 if row is None else int(row[0])
 
     async def record(self, event_id: str) -> InboxRecord | None:
-        """The inbox row for `event_id`, None if this sink never applied it."""
         row = await self._db.run(lambda conn: conn.execute(sql.RECORD, (event_id,)).fetchone())
         if row is None:
             return None
@@ -127,12 +113,15 @@ class Inbox(Store):
         return InboxRecord(event_id, digest_of(payload), received_at, deliveries, last_delivery_at)
 
     async def count(self) -> int:
-        """How many events the inbox holds."""
         row = await self._db.run(lambda conn: conn.execute(sql.COUNT_EVENTS).fetchone())
         return int(row[0])
 
 
-Call = tuple[list[Event], str | None]  # events in order, and the fence (event before)
+class Call(NamedTuple):
+    """One receive_batch call waiting for a group commit."""
+
+    events: list[Event]
+    after: str | None  # the fence: the event the sender delivered before these
 
 
 def _receive_batch(

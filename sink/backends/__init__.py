@@ -1,0 +1,18 @@
+"""Inbox backends, and the one factory that picks one from a `--db` location."""
+
+from __future__ import annotations
+
+from plumbing.storage import Opening, parse_location
+from sink.store import Inbox
+
+
+def open_inbox(location: str) -> Opening[Inbox]:
+    """The inbox at `location`, opened with the backend it names (BadLocation if none)."""
+    where = parse_location(location)  # raises before anything is opened
+
+    async def opener() -> Inbox:
+        from sink.backends.sqlite import SqliteInbox
+
+        return await SqliteInbox.connect(where.target)
+
+    return Opening(opener)

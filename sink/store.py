@@ -1,0 +1,155 @@
+"""The sink's storage seam: what the HTTP layer asks of an inbox, backend-neutral.
+
+`Inbox` names every operation the sink uses; its rows are defined here, not in a
+backend. A backend is one module under `sink.backends` that subclasses `Inbox`;
+`Inbox.open(db)` is the one factory that picks it from the location (a file path or
+a `sqlite:` URL today). How a backend commits (inline, group commit, threads) is its
+own business: the HTTP layer only reports facts, such as a write request arriving.
+
+Every backend passes the same behaviour suite (tests/behaviour/test_inbox_store.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from plumbing.storage import Opening
+from shared import Conflict, Event, Receipt, validate_event
+
+
+@dataclass(frozen=True)
+class Received:
+    """What receive did, and the digest of the payload the inbox holds."""
+
+    receipt: Receipt
+    digest: str
+
+
+@dataclass(frozen=True)
+class BatchReceipt:
+    """What a batch did: one Received per applied prefix item, then the conflict if any."""
+
+    received: list[Received]
+    conflict: Conflict | None
+
+
+@dataclass(frozen=True)
+class InboxRecord:
+    """The inbox row of one event: the evidence of stage 3."""
+
+    id: str
+    digest: str
+    received_at: float
+    deliveries: int
+    last_delivery_at: float
+
+
+class Inbox(ABC):
+    """Which event IDs the sink has applied, and the inventory they changed.
+
+    Recording the ID and applying its effect (`inventory[sku] += qty`) happen in one
+    transaction, so the inbox never claims an event whose effect is missing, and a
+    receive that returns has committed both: an ACK sent afterwards is evidence.
+
+    Errors: StorageError (plumbing.storage) when the database cannot be used,
+    Conflict, InvalidEvent and FenceNotMet (shared) as the methods say. Driver errors
+    never leave a backend untranslated.
+    """
+
+    @classmethod
+    def open(cls, location: str | Path) -> Opening[Inbox]:
+        """Open the inbox at `location` (the --db value) with the backend it names,
+        creating and migrating its schema: `await Inbox.open(db)` or
+        `async with Inbox.open(db) as inbox`. BadLocation, raised by this call before
+        anything is opened, for a location no backend here can open."""
+        from sink.backends import open_inbox  # the backends import this module
+
+        return open_inbox(str(location))
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the inbox lives, for messages (a file path, a URL without secrets)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ facts
+
+    def arriving(self) -> contextlib.AbstractContextManager[None]:
+        """`with inbox.arriving():` held by the HTTP layer from a write request's
+        arrival to its reply. A fact, not an instruction: a backend may use how many
+        writes are in progress to decide how it commits (the SQLite one shares one
+        commit among them); this default ignores it."""
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ writes
+
+    async def receive(self, event: object) -> Receipt:
+        """Validate the event and apply it once: record its ID and its effect in one
+        transaction.
+
+        The same ID with the same payload again is a duplicate (no second effect, its
+        delivery counted); with a different payload it raises Conflict and changes
+        nothing. An invalid event raises InvalidEvent and changes nothing.
+        """
+        return (await self.receive_with_digest(event)).receipt
+
+    async def receive_with_digest(self, event: object, *, after: str | None = None) -> Received:
+        """Like `receive`, also returning the SHA-256 of the stored payload (for a
+        duplicate, of the payload stored first); with `after`, fenced as in
+        `receive_batch`."""
+        receipt = await self.receive_batch([validate_event(event)], after=after)
+        if receipt.conflict is not None:
+            raise receipt.conflict
+        return receipt.received[0]
+
+    @abstractmethod
+    async def receive_batch(
+        self, events: Sequence[Event], *, after: str | None = None
+    ) -> BatchReceipt:
+        """Apply validated events in order in one transaction, stopping at the first
+        conflict.
+
+        The prefix before the conflict is applied (or counted as duplicates, an ID
+        repeated within the batch included) and committed; the conflicting event and
+        those after it change nothing, and `conflict` says which it was. With `after`
+        (the event the sender delivered just before these), nothing at all is applied
+        unless that event is in the inbox: FenceNotMet, checked in the same
+        transaction. An empty batch changes nothing and checks no fence.
+        """
+
+    # ------------------------------------------------------------------ reads
+
+    @abstractmethod
+    async def knows(self, event_id: str) -> bool:
+        """Whether the inbox holds `event_id` (cheap: the fence wait polls it)."""
+
+    @abstractmethod
+    async def inventory(self, sku: str) -> int:
+        """The quantity held for `sku`, 0 if it was never seen."""
+
+    @abstractmethod
+    async def record(self, event_id: str) -> InboxRecord | None:
+        """The inbox row for `event_id`, None if this sink never applied it."""
+
+    @abstractmethod
+    async def count(self) -> int:
+        """How many events the inbox holds (cheap: read for every metrics scrape)."""
