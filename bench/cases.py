@@ -37,8 +37,8 @@ from bench.procs import BenchError, Child, Children
 from publisher import HttpSender, Outbox
 from publisher.errors import DeliveryError
 from publisher.metrics import PublisherMetrics
-from publisher.pipeline import DEFAULT_DEPTH
-from publisher.relay import Deliver, DeliverBatch, Relay
+from publisher.relay import DEFAULT_DEPTH, Relay, RelaySettings
+from publisher.transport import Deliver, DeliverBatch, Transport
 from shared import Event
 from sqlite_tx import PRAGMAS, Database, transaction
 
@@ -302,29 +302,11 @@ async def relay_drain(
             counter, clock = DeliveryCounter(backlog), RequestClock()
             deliver = clock.single(sender.deliver)
             deliver_batch = clock.batch(sender.deliver_batch) if batch else None
-            if lanes:
-                try:
-                    relay = Relay(
-                        outbox,
-                        deliver,
-                        observer=counter,
-                        deliver_batch=deliver_batch,
-                        ordering="sku",
-                        max_lanes=LANES,
-                        pipeline=pipeline,
-                        fencing=sender.fenced_reply,
-                    )
-                except TypeError as exc:
-                    raise NotAvailable(f"Relay does not take ordering='sku' yet: {exc}") from exc
-            else:
-                relay = Relay(
-                    outbox,
-                    deliver,
-                    observer=counter,
-                    deliver_batch=deliver_batch,
-                    pipeline=pipeline,
-                    fencing=sender.fenced_reply,
-                )
+            transport = Transport(deliver, deliver_batch, fenced=sender.fenced_reply)
+            settings = RelaySettings(
+                ordering="sku" if lanes else "global", max_lanes=LANES, pipeline=pipeline
+            )
+            relay = Relay(outbox, transport, settings, observer=counter)
             await sender.lookup("warm-up")  # opens the keep-alive connection before timing
             elapsed = await _drain(outbox, relay, counter, drain_timeout_s(backlog))
         applied, sent = count_rows(sink_db, SINK_APPLIED), count_rows(source, SOURCE_SENT)

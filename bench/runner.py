@@ -32,7 +32,7 @@ from bench import cases
 from bench.cases import FULL, QUICK, Context, Figures, NotAvailable, Sizes
 from bench.procs import REPO_ROOT, Children
 from plumbing.cli import TextFormatter
-from publisher.pipeline import DEFAULT_DEPTH
+from publisher.relay import DEFAULT_DEPTH
 
 T = TypeVar("T")
 

@@ -1,5 +1,6 @@
 """The publisher: order intake with an outbox, and delivery to the sink."""
 
+from publisher.dispatch import dispatch
 from publisher.errors import (
     DeliveryError,
     NotAcknowledged,
@@ -8,7 +9,6 @@ from publisher.errors import (
     UnknownEntry,
 )
 from publisher.http import HttpSender, send_http
-from publisher.relay import dispatch
 from publisher.store import Outbox
 from shared import MAX_BATCH
 

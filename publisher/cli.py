@@ -24,16 +24,20 @@ from plumbing.cli import (
     setup_logging,
 )
 from plumbing.net import TOKEN_ENV, TokenError, load_token
-from plumbing.storage import StorageError
+from plumbing.storage import BadLocation, StorageError
 from plumbing.web import serve_app
+from publisher.chaos import exit_after_ack
+from publisher.dispatch import deliver_pending
+from publisher.driver import MAX_DEPTH
 from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
 from publisher.http import TIMEOUT_S, HttpSender
-from publisher.pipeline import DEFAULT_DEPTH, MAX_DEPTH
-from publisher.relay import MAX_LANES, POLL_INTERVAL_S, EvidenceStore, dispatch, dispatch_batch
+from publisher.lanes import MAX_LANES
+from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S
 from publisher.retry import RetryPolicy
-from publisher.service import ServiceSettings, create_app, exit_after_ack
+from publisher.service import ServiceSettings, create_app
 from publisher.store import Entry, Outbox, QuarantineRecord, State, check_limit
 from publisher.trace import collect_trace, render_trace, when
+from publisher.transport import Transport
 from shared import MAX_BATCH, Conflict, InvalidEvent, validate_event_id
 
 PROG: Final = "publisher"
@@ -281,21 +285,15 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
         delivered.append(event_id)
 
     sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=load_token(args.token_file))
-    async with sender:
-        async with Outbox.open(args.db) as outbox:
-            store = EvidenceStore(outbox, sender.deliver, sender.deliver_batch)
-            try:
-                if args.delivery == "batch":
-                    marked = await dispatch_batch(
-                        store, store.send_batch, args.limit, after_delivery
-                    )
-                else:
-                    marked = await dispatch(store, store.send, args.limit, after_delivery)
-            except DeliveryError as exc:
-                if store.current is not None:
-                    await outbox.record_failure(store.current, str(exc))
-                done = f"{len(delivered)} delivered ({', '.join(delivered) or 'none'}), then"
-                return fail(PROG, f"dispatch stopped: {done} {exc}")
+    batch = sender.deliver_batch if args.delivery == "batch" else None
+    async with sender, Outbox.open(args.db) as outbox:
+        try:
+            marked = await deliver_pending(
+                outbox, Transport(sender.deliver, batch), args.limit, after_delivery
+            )
+        except DeliveryError as exc:
+            done = f"{len(delivered)} delivered ({', '.join(delivered) or 'none'}), then"
+            return fail(PROG, f"dispatch stopped: {done} {exc}")
     print(f"delivered {len(marked)}" + (f": {' '.join(marked)}" if marked else ""))
     return EXIT_OK
 
@@ -311,13 +309,14 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         poll_interval_s=args.poll_interval,
         retry=RetryPolicy(args.retry_base, args.retry_cap, args.quarantine_after),
         send_timeout_s=args.send_timeout,
-        chaos_exit_after_ack=args.chaos or 0,
         batch_delivery=args.delivery == "batch",
         ordering=args.ordering,
         max_lanes=int(args.lanes),
         pipeline=args.pipeline,
     )
-    await serve_app(create_app(settings), args.host, args.port, PROG, "/orders", args.access_log)
+    hook = exit_after_ack(args.chaos) if args.chaos else None
+    app = create_app(settings, after_delivery=hook)
+    await serve_app(app, args.host, args.port, PROG, "/orders", args.access_log)
     return EXIT_OK
 
 
@@ -450,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, f"invalid order: {exc}", EXIT_USAGE)
     except TargetNotAllowed as exc:
         return fail(PROG, f"refused sink URL: {exc}", EXIT_USAGE)
-    except TokenError as exc:
+    except (TokenError, BadLocation) as exc:
         return fail(PROG, exc, EXIT_USAGE)
     except (Conflict, DeliveryError, StorageError, UnknownEntry, InvalidTransition) as exc:
         return fail(PROG, exc)

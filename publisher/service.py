@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import os
-import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -19,17 +18,17 @@ from plumbing.web import (
     metrics_response,
     read_event,
 )
+from publisher.driver import AfterDelivery
 from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
+from publisher.lanes import MAX_LANES
 from publisher.metrics import PublisherMetrics
-from publisher.pipeline import DEFAULT_DEPTH
-from publisher.relay import MAX_LANES, POLL_INTERVAL_S, Ordering, Relay
+from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S, Ordering, Relay, RelaySettings
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox
+from publisher.transport import Transport
 from shared import MAX_BATCH, MAX_BODY_BYTES, Conflict
 
 log = logging.getLogger(__name__)
-
-CHAOS_EXIT_STATUS: Final = 73
 
 
 @dataclass(frozen=True)
@@ -43,11 +42,24 @@ class ServiceSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     send_timeout_s: float = TIMEOUT_S
     max_body_bytes: int = MAX_BODY_BYTES
-    chaos_exit_after_ack: int = 0  # N: exit right after the Nth verified ACK
     batch_delivery: bool = True
     ordering: Ordering = "global"
     max_lanes: int = MAX_LANES
     pipeline: int = DEFAULT_DEPTH  # used once the sink says it enforces Outbox-After
+
+    def __post_init__(self) -> None:
+        self.relay  # noqa: B018  (refuse bad relay settings now, before anything opens)
+
+    @property
+    def relay(self) -> RelaySettings:
+        return RelaySettings(
+            limit=self.limit,
+            poll_interval_s=self.poll_interval_s,
+            policy=self.retry,
+            ordering=self.ordering,
+            max_lanes=self.max_lanes,
+            pipeline=self.pipeline,
+        )
 
 
 OUTBOX: Final = web.AppKey("outbox", Outbox)
@@ -56,13 +68,19 @@ METRICS: Final = web.AppKey("metrics", PublisherMetrics)
 SETTINGS: Final = web.AppKey("settings", ServiceSettings)
 
 
-def create_app(settings: ServiceSettings) -> web.Application:
-    """Intake API plus relay; the outbox, sender and relay start with the app."""
+def create_app(
+    settings: ServiceSettings, *, after_delivery: AfterDelivery | None = None
+) -> web.Application:
+    """Intake API plus relay; the outbox, sender and relay start with the app.
+
+    `after_delivery` runs after each verified ACK, before its mark (the chaos option
+    installs one that ends the process there).
+    """
     HttpSender(settings.sink, allowed_hosts=settings.allowed_hosts)  # refuse a bad URL now
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
     app[SETTINGS] = settings
     app[METRICS] = PublisherMetrics()
-    app.cleanup_ctx.append(_run_relay)
+    app.cleanup_ctx.append(functools.partial(_run_relay, after_delivery=after_delivery))
     app.router.add_post("/orders", post_order)
     app.router.add_get("/status", get_status)
     app.router.add_get("/metrics", get_metrics)
@@ -70,7 +88,9 @@ def create_app(settings: ServiceSettings) -> web.Application:
     return app
 
 
-async def _run_relay(app: web.Application) -> AsyncIterator[None]:
+async def _run_relay(
+    app: web.Application, after_delivery: AfterDelivery | None
+) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     sender = HttpSender(
         settings.sink,
@@ -80,23 +100,17 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
         token=settings.token,
     )
     async with Outbox.open(settings.db) as outbox, sender:
+        transport = Transport(
+            sender.deliver,
+            sender.deliver_batch if settings.batch_delivery else None,
+            fenced=sender.fenced_reply,
+        )
         relay = Relay(
             outbox,
-            sender.deliver,
-            limit=settings.limit,
-            poll_interval_s=settings.poll_interval_s,
-            policy=settings.retry,
+            transport,
+            settings.relay,
             observer=app[METRICS],
-            after_delivery=(
-                exit_after_ack(settings.chaos_exit_after_ack)
-                if settings.chaos_exit_after_ack
-                else None
-            ),
-            deliver_batch=sender.deliver_batch if settings.batch_delivery else None,
-            ordering=settings.ordering,
-            max_lanes=settings.max_lanes,
-            pipeline=settings.pipeline,
-            fencing=sender.fenced_reply,
+            after_delivery=after_delivery,
         )
         app[OUTBOX], app[RELAY] = outbox, relay
         task = asyncio.create_task(relay.run(), name="relay")
@@ -104,25 +118,6 @@ async def _run_relay(app: web.Application) -> AsyncIterator[None]:
         # Intake has stopped by now; let the send in flight finish or time out.
         relay.stop()
         await task
-
-
-def exit_after_ack(count: int = 1) -> Callable[[str], None]:
-    """Chaos hook: end the process between the `count`th verified ACK and its mark."""
-    seen = 0
-
-    def hook(event_id: str) -> None:
-        nonlocal seen
-        seen += 1
-        if seen < count:
-            return
-        print(
-            f"chaos: ACK verified for {event_id}, exiting with status 73 before the mark",
-            file=sys.stderr,
-            flush=True,
-        )
-        os._exit(CHAOS_EXIT_STATUS)  # no finally, no close: a crash at exactly this point
-
-    return hook
 
 
 async def post_order(request: web.Request) -> web.Response:

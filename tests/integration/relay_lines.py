@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import random
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from publisher.driver import AfterDelivery
 from publisher.http import HttpSender
-from publisher.relay import Ordering, Relay
+from publisher.outcomes import Observer
+from publisher.relay import Ordering, Relay, RelaySettings
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox
+from publisher.transport import Deliver, DeliverBatch, Transport
 from shared import Event
 
 if TYPE_CHECKING:
@@ -29,6 +33,29 @@ SEND_TIMEOUT_S = 3.0
 STOP_TIMEOUT_S = 5.0
 SKUS = ("snack", "juice", "tea")
 Line = str | None
+
+
+def relay_of(
+    outbox: Outbox,
+    deliver: Deliver,
+    *,
+    deliver_batch: DeliverBatch | None = None,
+    fencing: Callable[[str], bool] | None = None,
+    observer: Observer | None = None,
+    after_delivery: AfterDelivery | None = None,
+    rand: Callable[[], float] = random.random,
+    **settings: Any,
+) -> Relay:
+    """A Relay over these callables, with RelaySettings from `settings`."""
+    transport = Transport(deliver, deliver_batch, fencing)
+    return Relay(
+        outbox,
+        transport,
+        RelaySettings(**settings),
+        observer=observer,
+        after_delivery=after_delivery,
+        rand=rand,
+    )
 
 
 @contextlib.asynccontextmanager

@@ -19,13 +19,16 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 from aiohttp import web
+from relay_lines import relay_of
 from support import eventually
 
+from publisher.dispatch import deliver_pending, dispatch_batch
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.http import HttpSender
-from publisher.relay import EvidenceStore, Relay, dispatch_batch
+from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox
+from publisher.transport import Transport
 from shared import Event, Receipt, canonical_json, make_ack, payload_digest
 from sink import create_app
 from sqlite_tx import StorageError
@@ -548,7 +551,7 @@ async def test_the_callback_gets_copies_and_cannot_redirect_the_marks(
     assert db_rows(db, "SELECT count(*) FROM outbox WHERE id = 'hijacked'") == [(0,)]
 
 
-async def test_evidence_store_keeps_each_verified_ack_with_its_mark(
+async def test_publisher_dispatch_keeps_each_verified_ack_with_its_mark(
     outbox: Outbox, db: Path, db_rows: Query
 ) -> None:
     events = [event(i, qty=n) for n, i in enumerate(IDS, start=1)]
@@ -562,13 +565,14 @@ async def test_evidence_store_keeps_each_verified_ack_with_its_mark(
     async def deliver_batch(batch: Sequence[Event]) -> list[Any]:
         return [applied(batch[0]), applied(batch[1]), failure]
 
-    store = EvidenceStore(outbox, deliver, deliver_batch)
-
     with pytest.raises(Rejected) as excinfo:
-        await dispatch_batch(store, store.send_batch)
+        await deliver_pending(outbox, Transport(deliver, deliver_batch))
 
     assert excinfo.value is failure
-    assert store.current == "m3"
+    # The attempt is recorded on the entry the failure is about, and only there.
+    assert db_rows(db, "SELECT id, attempts, last_error FROM outbox WHERE sent = 0 AND attempts > 0") == [
+        ("m3", 1, str(failure))
+    ]
     acks = dict(db_rows(db, "SELECT id, ack FROM outbox WHERE sent = 1"))
     assert {k: json.loads(v) for k, v in acks.items()} == {
         "z1": applied(events[0]),
@@ -782,7 +786,7 @@ async def batch_relay(
         async def deliver(e: Event) -> Any:
             raise AssertionError("batch mode sends no single request")
 
-        relay = Relay(outbox, deliver, deliver_batch=deliver_batch, **options)
+        relay = relay_of(outbox, deliver, deliver_batch=deliver_batch, **options)
         task = asyncio.create_task(relay.run())
         try:
             yield relay, sizes

@@ -40,6 +40,7 @@ from relay_lines import (
     accept,
     lines,
     orders,
+    relay_of,
     running,
     sender_for,
     sent_ids,
@@ -50,8 +51,7 @@ import publisher.http as publisher_http
 from plumbing.web import Handler
 from publisher.errors import NotAcknowledged, Rejected
 from publisher.http import BatchResult, HttpSender
-from publisher.pipeline import DEFAULT_DEPTH
-from publisher.relay import Ordering, Relay
+from publisher.relay import DEFAULT_DEPTH, Ordering, Relay
 from publisher.store import Outbox
 from shared import (
     FENCE_HEADER,
@@ -63,6 +63,7 @@ from shared import (
     payload_digest,
 )
 from sink import create_app
+from sink.chaos import Chaos, chaos_app
 
 if TYPE_CHECKING:
     from conftest import Query, Serve
@@ -159,7 +160,7 @@ def recording(recorder: Recorder) -> Middleware:
 
 async def start_sink(serve: Serve, sink_db: Path, recorder: Recorder, **settings: Any) -> str:
     """The real sink with the recorder in front; returns the /events URL."""
-    app = create_app(sink_db, **settings)
+    app = chaos_app(sink_db, Chaos(**settings))
     app.middlewares.insert(0, recording(recorder))
     return f"{await serve(app)}/events"
 
@@ -306,7 +307,7 @@ def make_relay(outbox: Outbox, sender: HttpSender | Watched, mode: Mode, **optio
     if mode == "batch":
         options.setdefault("limit", BATCH_LIMIT)
     batch = sender.deliver_batch if mode == "batch" else None
-    return Relay(outbox, sender.deliver, deliver_batch=batch, **options)
+    return relay_of(outbox, sender.deliver, deliver_batch=batch, **options)
 
 
 # ---------------------------------------------------------------- data and disk

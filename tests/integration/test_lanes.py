@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 from aiohttp import web
-from relay_lines import running, sender_for
+from relay_lines import relay_of, running, sender_for
 from support import eventually
 
 from publisher.relay import Relay
@@ -138,7 +138,7 @@ async def running_relay(
     options.setdefault("rand", random.Random(7).random)
     async with sender_for(url) as sender:
         batch = sender.deliver_batch if mode == "batch" else None
-        relay = Relay(outbox, sender.deliver, deliver_batch=batch, **options)
+        relay = relay_of(outbox, sender.deliver, deliver_batch=batch, **options)
         async with running(relay):
             yield relay
 

@@ -1,4 +1,7 @@
-"""Batch marks that overlap the next send: never lost, never sent twice meanwhile."""
+"""Batch marks that overlap the next send: never lost, never sent twice meanwhile.
+
+The relay's driver of the global line, in batch mode with one request in flight.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from publisher import Outbox
-from publisher.relay import EvidenceStore, dispatch_batch
+from publisher.driver import Driver, LineOptions, OutboxLine
+from publisher.transport import Transport
 from shared import Event, Receipt, make_ack, payload_digest
 from sqlite_tx import StorageError
 
@@ -26,6 +30,11 @@ class Recorder:
     async def deliver_batch(self, events: Sequence[Event]) -> list[dict[str, str]]:
         self.sent.append([e["id"] for e in events])
         return [make_ack(e["id"], Receipt.APPLIED, payload_digest(e)) for e in events]
+
+
+def batch_driver(outbox: Outbox, sink: Recorder) -> Driver:
+    transport = Transport(sink.deliver, sink.deliver_batch)
+    return Driver(OutboxLine(outbox), transport.send, LineOptions(per_request=16, read_limit=16))
 
 
 def sent_ids(db: Path) -> list[str]:
@@ -45,13 +54,8 @@ async def test_the_next_batch_leaves_out_entries_whose_mark_is_in_flight(tmp_pat
     async with Outbox.open(db) as outbox:
         ids = await accept(outbox, 20)
         sink = Recorder()
-        store = EvidenceStore(outbox, sink.deliver, sink.deliver_batch, overlap_marks=True)
+        assert await batch_driver(outbox, sink).run() == 20
 
-        first = await dispatch_batch(store, store.send_batch, 16)
-        second = await dispatch_batch(store, store.send_batch, 16)
-        await store.flush()
-
-    assert (first, second) == (ids[:16], ids[16:])
     assert sink.sent == [ids[:16], ids[16:]]  # nothing sent twice while its mark committed
     assert sent_ids(db) == ids
     with sqlite3.connect(db) as conn:
@@ -65,22 +69,21 @@ async def test_a_failed_overlapping_mark_surfaces_and_its_entries_stay_pending(
     async with Outbox.open(db) as outbox:
         ids = await accept(outbox, 3)
         sink = Recorder()
-        store = EvidenceStore(outbox, sink.deliver, sink.deliver_batch, overlap_marks=True)
+        driver = batch_driver(outbox, sink)
         with sqlite3.connect(db) as conn:
             conn.execute(
                 "CREATE TRIGGER no_marks BEFORE UPDATE OF sent ON outbox"
                 " BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
             )
 
-        await dispatch_batch(store, store.send_batch, 16)
         with pytest.raises(StorageError, match="disk says no"):
-            await store.flush()
+            await driver.run()
+        assert driver.failed_entry is None  # not a delivery failure
         assert sent_ids(db) == []
 
         with sqlite3.connect(db) as conn:
             conn.execute("DROP TRIGGER no_marks")
-        again = await dispatch_batch(store, store.send_batch, 16)
-        await store.flush()
+        assert await driver.run() == 3
 
-    assert again == ids  # resent (the sink's inbox absorbs it), then marked
+    assert sink.sent == [ids, ids]  # resent (the sink's inbox absorbs it), then marked
     assert sent_ids(db) == ids

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -22,12 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
+from relay_lines import relay_of
 
+from publisher.dispatch import deliver_pending
+from publisher.driver import Driver, LineOptions, OutboxLine
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
-from publisher.relay import EvidenceStore, Relay, dispatch, dispatch_batch
+from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox, State
+from publisher.transport import Transport
 from shared import MAX_BATCH, Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:
@@ -182,7 +185,7 @@ async def relay_for(
     options.setdefault("poll_interval_s", POLL_INTERVAL_S)
     async with HttpSender(url, timeout_s=1.0, connect_timeout_s=0.5) as sender:
         deliver_batch = sender.deliver_batch if batch else None
-        relay = Relay(outbox, sender.deliver, deliver_batch=deliver_batch, **options)
+        relay = relay_of(outbox, sender.deliver, deliver_batch=deliver_batch, **options)
         task = asyncio.create_task(relay.run())
         try:
             yield relay
@@ -215,6 +218,12 @@ def sent_in_seq_order(db_rows: Query, db: Path) -> list[str]:
 
 def attempts(db_rows: Query, db: Path) -> dict[str, int]:
     return dict(db_rows(db, "SELECT id, attempts FROM outbox"))
+
+
+def skips_what_is_held(read: Read, batch: list[str], in_flight: str) -> bool:
+    """A read made ahead leaves out the entry in flight, and may leave out others of
+    the batch before it whose marks are still being committed, but nothing else."""
+    return in_flight in read.skip and read.skip <= frozenset(batch)
 
 
 def steps_for(ids: list[str]) -> list[str]:
@@ -346,28 +355,41 @@ async def test_a_batch_failing_partway_drops_the_read_ahead_and_the_retry_starts
     assert attempts(db_rows, db) == {i: 2 if i == ids[k] else 1 for i in ids}
 
 
-@pytest.mark.parametrize("how", ["kept", "flush", "another-limit"])
-async def test_a_read_ahead_is_dropped_by_flush_or_another_limit(
+def batch_driver(outbox: Outbox, sender: HttpSender, batch: bool = True) -> Driver:
+    """The relay's driver of the global line: batches of 16 (or one event) per request,
+    one request in flight, reading on until the line is drained."""
+    transport = Transport(sender.deliver, sender.deliver_batch if batch else None)
+    options = LineOptions(per_request=16 if batch else 1, read_limit=16)
+    return Driver(OutboxLine(outbox), transport.send, options)
+
+
+@pytest.mark.parametrize("how", ["kept", "next-run"])
+async def test_a_read_ahead_serves_its_own_run_only(
     outbox: Outbox, timeline: Timeline, sink: Sink, sink_url: str, how: str
 ) -> None:
+    # Quarantined after the next batch was read ahead: that run sends the batch as
+    # read (the accepted race); a run that starts afterwards reads afresh and leaves
+    # the entry out.
     ids = await accept(outbox, 20)
+
+    async def quarantine_after_the_read_ahead(n: int, sent: list[str]) -> None:
+        if n == 1:
+            await asyncio.wait_for(timeline.reads[1].done.wait(), WAIT_S)
+            await outbox.quarantine(ids[16], "looked stuck", "alice")
+
     async with HttpSender(sink_url, timeout_s=1.0, connect_timeout_s=0.5) as sender:
-        store = EvidenceStore(outbox, sender.deliver, sender.deliver_batch, overlap_marks=True)
-        assert await dispatch_batch(store, store.send_batch, 16) == ids[:16]
-        await asyncio.wait_for(timeline.reads[1].done.wait(), WAIT_S)
-        # Quarantined after the read-ahead: only a fresh read leaves it out.
-        await outbox.quarantine(ids[16], "looked stuck", "alice")
-        if how == "flush":
-            await store.flush()
-        second = await dispatch_batch(store, store.send_batch, 8 if how == "another-limit" else 16)
-        await store.flush()
+        transport = Transport(sender.deliver, sender.deliver_batch)
+        if how == "kept":
+            sink.on_request = quarantine_after_the_read_ahead
+            assert await batch_driver(outbox, sender).run() == 20
+        else:
+            assert await deliver_pending(outbox, transport, 16) == ids[:16]
+            await outbox.quarantine(ids[16], "looked stuck", "alice")
+            assert await deliver_pending(outbox, transport, 16) == ids[17:]
 
     expected = ids[16:] if how == "kept" else ids[17:]
-    assert second == expected
     assert sink.requests == [ids[:16], expected]
-    assert [read.ids for read in timeline.reads] == [ids[:16], ids[16:]] + (
-        [] if how == "kept" else [ids[17:]]
-    )
+    assert [read.ids for read in timeline.reads] == [ids[:16], expected]
 
 
 @pytest.mark.parametrize(
@@ -379,7 +401,7 @@ async def test_a_read_ahead_is_dropped_by_flush_or_another_limit(
     ],
     ids=["batch-409-on-item-5", "batch-503-for-the-request", "single-503-on-the-16th"],
 )
-async def test_a_failed_batch_drops_its_read_ahead_even_without_a_flush(
+async def test_a_failed_run_drops_its_read_ahead(
     outbox: Outbox,
     timeline: Timeline,
     sink: Sink,
@@ -388,26 +410,22 @@ async def test_a_failed_batch_drops_its_read_ahead_even_without_a_flush(
     answer: Answer,
     failed_at: int,
 ) -> None:
-    # The store on its own, called again straight after the failure: the relay's flush
-    # would drop the read-ahead anyway, this checks that the store does too.
+    # The driver on its own, run again straight after the failure: the next run reads
+    # afresh from the failed entry, not what was read ahead.
     ids = await accept(outbox, 40)
     sink.answer = answer
     async with HttpSender(sink_url, timeout_s=1.0, connect_timeout_s=0.5) as sender:
-        if batch:
-            store = EvidenceStore(outbox, sender.deliver, sender.deliver_batch, overlap_marks=True)
-            step = functools.partial(dispatch_batch, store, store.send_batch, 16)
-        else:
-            store = EvidenceStore(outbox, sender.deliver)
-            step = functools.partial(dispatch, store, store.send, 16)
+        driver = batch_driver(outbox, sender, batch)
         with pytest.raises(DeliveryError):
-            await step()
-        again = await step()
-        await store.flush()
+            await driver.run()
+        failed = len(sink.requests)
+        await driver.run()
 
     k = failed_at
-    assert again == ids[k : k + 16]
+    again = sink.requests[failed]
+    assert again == (ids[k : k + 16] if batch else [ids[k]])
     assert [read.ids for read in timeline.reads[:3]] == [ids[:16], ids[16:32], ids[k : k + 16]]
-    assert timeline.reads[1].skip == frozenset(ids[:16])
+    assert skips_what_is_held(timeline.reads[1], ids[:16], ids[15])
 
 
 async def test_an_entry_redriven_after_the_next_batch_was_read_ahead_goes_after_that_batch(
@@ -455,11 +473,10 @@ async def test_single_mode_reads_ahead_at_the_last_entry_of_a_full_batch(
         *steps_for(ids[31:40]),
     ]
     assert timeline.until(f"reply {ids[-1]}") == expected
-    assert [(read.skip, read.ids) for read in timeline.reads[:3]] == [
-        (frozenset(), ids[0:16]),
-        (frozenset(ids[0:16]), ids[16:32]),
-        (frozenset(ids[16:32]), ids[32:40]),
-    ]
+    assert [read.ids for read in timeline.reads[:3]] == [ids[0:16], ids[16:32], ids[32:40]]
+    assert timeline.reads[0].skip == frozenset()
+    assert skips_what_is_held(timeline.reads[1], ids[0:16], ids[15])
+    assert skips_what_is_held(timeline.reads[2], ids[16:32], ids[31])
     assert sent_in_seq_order(db_rows, db) == ids
     assert attempts(db_rows, db) == dict.fromkeys(ids, 1)
 
@@ -484,13 +501,12 @@ async def test_single_mode_a_failure_on_the_16th_entry_drops_the_read_ahead_and_
 
     assert sink.requests == [[i] for i in ids[:16] + ids[15:]]
     assert marked_at_retry == [ids[:15]]  # the 16th and all after it stayed pending
-    reads = [
-        (frozenset(), ids[0:16]),
-        (frozenset(ids[0:16]), ids[16:32]),  # read ahead, then dropped
-        (frozenset(), ids[15:31]),
-        (frozenset(ids[15:31]), ids[31:40]),
-    ]
-    assert [(read.skip, read.ids) for read in timeline.reads[:4]] == reads
+    # The second read was made ahead, then dropped; the retry read afresh.
+    reads = [ids[0:16], ids[16:32], ids[15:31], ids[31:40]]
+    assert [read.ids for read in timeline.reads[:4]] == reads
+    assert timeline.reads[0].skip == timeline.reads[2].skip == frozenset()
+    assert skips_what_is_held(timeline.reads[1], ids[0:16], ids[15])
+    assert skips_what_is_held(timeline.reads[3], ids[15:31], ids[30])
     assert sent_in_seq_order(db_rows, db) == ids
     assert attempts(db_rows, db) == {i: 2 if i == ids[15] else 1 for i in ids}
 

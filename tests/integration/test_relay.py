@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
+from relay_lines import relay_of
 
+from publisher.head_policy import AUTO_QUARANTINE_BY
 from publisher.http import HttpSender
-from publisher.relay import AUTO_QUARANTINE_BY, Relay
+from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox, State
 from shared import Event, Receipt, make_ack, payload_digest
@@ -109,7 +111,7 @@ async def relay_for(
     options.setdefault("policy", FAST)
     options.setdefault("poll_interval_s", 0.05)
     async with HttpSender(url, timeout_s=timeout_s, connect_timeout_s=1.0) as sender:
-        relay = Relay(outbox, sender.deliver, **options)
+        relay = relay_of(outbox, sender.deliver, **options)
         task = asyncio.create_task(relay.run())
         try:
             yield relay, task
@@ -418,7 +420,7 @@ async def test_stop_lets_the_send_in_flight_finish_and_starts_no_other(
     await accept(outbox, "a", "b")
 
     async with HttpSender(fake_url, timeout_s=5.0) as sender:
-        relay = Relay(outbox, sender.deliver, policy=FAST, poll_interval_s=0.05)
+        relay = relay_of(outbox, sender.deliver, policy=FAST, poll_interval_s=0.05)
         task = asyncio.create_task(relay.run())
         await asyncio.wait_for(fake.started.wait(), WAIT_S)
         stopping = time.monotonic()
@@ -442,7 +444,7 @@ async def test_stop_waits_for_a_hanging_send_only_until_its_timeout(
     await accept(outbox, "a")
 
     async with HttpSender(fake_url, timeout_s=0.5, connect_timeout_s=0.5) as sender:
-        relay = Relay(outbox, sender.deliver, policy=FAST, poll_interval_s=0.05)
+        relay = relay_of(outbox, sender.deliver, policy=FAST, poll_interval_s=0.05)
         task = asyncio.create_task(relay.run())
         await asyncio.wait_for(fake.started.wait(), WAIT_S)
         stopping = time.monotonic()
@@ -464,7 +466,7 @@ async def test_stop_during_a_backoff_returns_at_once(
     await accept(outbox, "a")
 
     async with HttpSender(fake_url, timeout_s=5.0) as sender:
-        relay = Relay(outbox, sender.deliver, policy=RetryPolicy(1.0, 30.0))
+        relay = relay_of(outbox, sender.deliver, policy=RetryPolicy(1.0, 30.0))
         task = asyncio.create_task(relay.run())
         await asyncio.wait_for(fake.started.wait(), WAIT_S)
         await asyncio.sleep(0.2)  # rejected: now waiting 15-30 s before the next try

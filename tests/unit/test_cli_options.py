@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from plumbing.cli import ArgumentParser, JsonFormatter, add_option, duration_s, env_name
+from publisher.chaos import CHAOS_EXIT_STATUS, exit_after_ack
 from publisher.cli import build_parser, main
-from publisher.pipeline import DEFAULT_DEPTH
-from publisher.service import CHAOS_EXIT_STATUS, ServiceSettings, exit_after_ack
+from publisher.relay import DEFAULT_DEPTH
+from publisher.service import ServiceSettings
 
 
 def parser_with(*options: tuple[str, dict[str, object]]) -> ArgumentParser:

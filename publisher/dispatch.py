@@ -1,0 +1,194 @@
+"""One batch delivered in order: the library's `dispatch` and `dispatch_batch`, and
+`publisher dispatch`. Each is one run of the delivery driver over a single read.
+
+`dispatch` and `dispatch_batch` take any store with `pending(limit)` and
+`mark_sent(event_id)` (or `mark_sent_many(event_ids)`), so a caller can wrap or
+replace the Outbox; `deliver_pending` is what the CLI runs on an Outbox, keeping
+each verified ACK with its mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from publisher.driver import AfterDelivery, Driver, LineOptions, OutboxLine, Result, SendUnit
+from publisher.errors import NotAcknowledged
+from publisher.store import Mark, Outbox, Pending, check_limit
+from publisher.transport import Transport
+from shared import MAX_BATCH, Event
+
+Send = Callable[[Event], Awaitable[object]]
+SendBatch = Callable[[list[Event]], Awaitable[Sequence[object]]]
+
+
+class PendingStore(Protocol):
+    """What dispatch needs from an outbox."""
+
+    async def pending(self, limit: int = MAX_BATCH) -> list[Event]: ...
+
+    async def mark_sent(self, event_id: str) -> None: ...
+
+
+class BatchStore(Protocol):
+    """What dispatch_batch needs: the verified prefix marked in one transaction."""
+
+    async def pending(self, limit: int = MAX_BATCH) -> list[Event]: ...
+
+    async def mark_sent_many(self, event_ids: Sequence[str]) -> None: ...
+
+
+@dataclass
+class _PlainLine:
+    """A LineStore over a store that knows only `pending` and a way to mark.
+
+    Such a store says nothing of seq or attempts; an entry's place in the batch
+    stands in for its seq (dispatch reports neither). Marks run one after another,
+    each awaited before the next starts, in the order the entries were delivered.
+    """
+
+    pending: Callable[[int], Awaitable[list[Event]]]
+    mark_ids: Callable[[list[str]], Awaitable[None]]
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def read(self, limit: int, skip: Collection[str]) -> list[Pending]:
+        return [Pending(n, event, 0) for n, event in enumerate(await self.pending(limit))]
+
+    async def mark(self, marks: list[Mark]) -> None:
+        async with self._lock:
+            await self.mark_ids([mark.event_id for mark in marks])
+
+
+def _marking_each(store: PendingStore) -> Callable[[list[str]], Awaitable[None]]:
+    async def mark_each(event_ids: list[str]) -> None:
+        for event_id in event_ids:
+            await store.mark_sent(event_id)
+
+    return mark_each
+
+
+def _collect(marked: list[str]) -> Callable[..., None]:
+    """A Reporter that keeps the delivered IDs: all marked once `run` returns."""
+
+    def report(delivered: list[Pending], *_: object) -> None:
+        marked.extend(row.event["id"] for row in delivered)
+
+    return report
+
+
+async def dispatch(
+    outbox: PendingStore,
+    send: Send,
+    limit: int = MAX_BATCH,
+    after_delivery: AfterDelivery | None = None,
+) -> list[str]:
+    """Send up to `limit` pending entries in order, one call of `send` each; return
+    the IDs marked sent.
+
+    Only a result that `is True` counts: then `after_delivery` runs (sync or async),
+    then the entry is marked. Stops at the first failure: an exception from `send`
+    propagates as the same object, any other result raises NotAcknowledged. Entries
+    marked before the failure stay marked; the failed one and all after it stay
+    pending. The mark of an entry overlaps the send of the next one, and is on disk
+    before dispatch returns or raises.
+    """
+    check_limit(limit)
+
+    async def one(events: list[Event], after: str | None) -> Sequence[Result]:
+        event_id = events[0]["id"]  # before the callback can change its copy
+        result = await send(events[0])
+        if result is not True:
+            raise NotAcknowledged(f"send returned {result!r} for {event_id!r}, not True")
+        return [None]
+
+    line = _PlainLine(outbox.pending, _marking_each(outbox))
+    return await _run_once(line, one, LineOptions(read_limit=limit, once=True), after_delivery)
+
+
+async def dispatch_batch(
+    outbox: BatchStore,
+    send_batch: SendBatch,
+    limit: int = MAX_BATCH,
+    after_delivery: AfterDelivery | None = None,
+) -> list[str]:
+    """Send up to `limit` pending entries in one call of `send_batch`; mark the
+    verified prefix.
+
+    `send_batch` gets copies of the entries and returns one result per entry; the
+    prefix of results that are `True` is verified. The first other result ends it:
+    an exception object is raised as it is, anything else raises NotAcknowledged. An
+    exception from `send_batch` itself propagates as the same object. The prefix is
+    hooked, then marked in one transaction, before any failure is raised.
+    """
+    check_limit(limit)
+
+    async def batch(events: list[Event], after: str | None) -> Sequence[Result]:
+        ids = [event["id"] for event in events]
+        return _batch_results(ids, await send_batch(events))
+
+    options = LineOptions(per_request=limit, read_limit=limit, once=True)
+    line = _PlainLine(outbox.pending, outbox.mark_sent_many)
+    return await _run_once(line, batch, options, after_delivery)
+
+
+def _batch_results(ids: list[str], results: Sequence[object]) -> list[Result]:
+    """True per verified entry becomes a verification without an ACK body; the first
+    other result ends the list as a failure."""
+    out: list[Result] = []
+    for event_id, result in zip(ids, results, strict=False):
+        if result is not True:
+            if isinstance(result, BaseException):
+                out.append(result)
+            else:
+                out.append(
+                    NotAcknowledged(f"send_batch returned {result!r} for {event_id!r}, not True")
+                )
+            return out
+        out.append(None)
+    if len(out) < len(ids):
+        out.append(NotAcknowledged(f"no result for {ids[len(out)]!r}"))
+    return out
+
+
+async def _run_once(
+    line: _PlainLine,
+    send: SendUnit,
+    options: LineOptions,
+    after_delivery: AfterDelivery | None,
+) -> list[str]:
+    marked: list[str] = []
+    driver = Driver(line, send, options, after_delivery=after_delivery, report=_collect(marked))
+    await driver.run()
+    return marked
+
+
+async def deliver_pending(
+    outbox: Outbox,
+    transport: Transport,
+    limit: int = MAX_BATCH,
+    after_delivery: AfterDelivery | None = None,
+) -> list[str]:
+    """One batch of the Outbox delivered over `transport` (`publisher dispatch`): one
+    request per entry, or one for the batch; each verified ACK is kept with its mark.
+    On a failure about an entry, the attempt is recorded on it before the failure is
+    raised."""
+    check_limit(limit)
+    per_request = limit if transport.batches else 1
+    options = LineOptions(per_request=per_request, read_limit=limit, once=True)
+    marked: list[str] = []
+    driver = Driver(
+        OutboxLine(outbox),
+        transport.send,
+        options,
+        after_delivery=after_delivery,
+        report=_collect(marked),
+    )
+    try:
+        await driver.run()
+    except Exception as exc:
+        if driver.failed_entry is not None:
+            await outbox.record_failure(driver.failed_entry.event["id"], str(exc))
+        raise
+    return marked

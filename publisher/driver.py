@@ -1,0 +1,410 @@
+"""The delivery driver: one line of entries sent in order, verified, hooked, marked.
+
+This is the one place where the delivery contract is carried out. The library's
+`dispatch` and `dispatch_batch`, `publisher dispatch` and the relay in every mode
+(one event or a batch per request, one or several requests in flight, global order
+or one lane per SKU) all run a `Driver`:
+
+- Entries are read in seq order, and sent as copies: a callback that mutates its
+  argument cannot redirect the mark. A read has finished, and holds no lock, before
+  anything it returned is sent.
+- Requests go out in order. Up to `depth` may be in flight; each but the first names
+  the last event of the one before (`after`, the Outbox-After header), and the sink
+  applies nothing of it unless that event is in its inbox. So the sink never applies
+  entries out of order, whatever order the requests arrive in.
+- Results are taken in the order the requests were sent. The verified prefix of each
+  is handed to the after-delivery hook, then marked sent with its ACKs. Marks of
+  requests taken one after another share a commit; every mark is on disk before
+  `run` returns or raises.
+- At the first failure nothing more is sent, the requests behind it are cancelled
+  (their entries stay pending and are sent again later), and the failure is raised
+  as the same object. Nothing after a failure is marked, and the sink holds nothing
+  after a gap.
+
+With `fenced` (HttpSender.fenced_reply), the sink is trusted to enforce Outbox-After
+only once it has said so: a run sends one request at a time, unfenced (the one before
+is verified by then), until the reply of the request just taken said it enforces
+the header, and goes back to one whenever such a reply has not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple, Protocol
+
+from publisher.errors import NotAcknowledged
+from publisher.store import MAX_READ, Mark, Outbox, Pending
+from shared import MAX_BATCH, Event
+
+log = logging.getLogger(__name__)
+
+FENCE_NOT_MET: Final = 412  # the sink's answer to a request whose predecessor it lacks
+MAX_DEPTH: Final = 16
+
+# What a request says of one event: the verified ACK (None when the sender verified
+# it without an ACK body to keep), or the failure that ends the verified prefix.
+Verified = Mapping[str, object] | None
+Result = Verified | BaseException
+AfterDelivery = Callable[[str], object]
+
+
+class SendUnit(Protocol):
+    """Sends one request: copies of the events in order, fenced on `after` (None: not
+    fenced). Returns one result per event for a verified prefix, then at most one
+    failure; or raises, and the whole request failed."""
+
+    def __call__(self, events: list[Event], after: str | None) -> Awaitable[Sequence[Result]]: ...
+
+
+class LineStore(Protocol):
+    """Where a line's entries come from and where their marks go."""
+
+    async def read(self, limit: int, skip: Collection[str]) -> list[Pending]:
+        """Up to `limit` pending entries in seq order, leaving out `skip`."""
+        ...
+
+    async def mark(self, marks: list[Mark]) -> None:
+        """Save these verified entries as sent, all or none."""
+        ...
+
+
+class Reporter(Protocol):
+    """Told about each request taken, in order: the entries it delivered (verified),
+    the failed entry and its error if any, and when the request started."""
+
+    def __call__(
+        self,
+        delivered: list[Pending],
+        failed: Pending | None,
+        error: BaseException | None,
+        started: float,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class OutboxLine:
+    """A LineStore over an Outbox: every pending entry, or one lane's."""
+
+    outbox: Outbox
+    lane: str | None = None
+
+    async def read(self, limit: int, skip: Collection[str]) -> list[Pending]:
+        return await self.outbox.pending_batch(limit, self.lane, skip)
+
+    async def mark(self, marks: list[Mark]) -> None:
+        if marks:
+            await self.outbox.mark_sent_many(marks)
+
+
+@dataclass(frozen=True)
+class LineOptions:
+    """How a line is delivered."""
+
+    per_request: int = 1  # events in one request (1: POST /events, more: a batch)
+    depth: int = 1  # requests in flight at once (above 1: fenced, see the module doc)
+    read_limit: int = MAX_BATCH  # entries per read, at least
+    once: bool = False  # read once and deliver that (dispatch), or until drained (relay)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.depth <= MAX_DEPTH:
+            raise ValueError(f"pipeline depth {self.depth} is not between 1 and {MAX_DEPTH}")
+        if not 1 <= self.per_request <= self.read_limit <= MAX_READ:
+            raise ValueError(f"bad request size {self.per_request} or read {self.read_limit}")
+
+    @property
+    def read_size(self) -> int:
+        """One read serves every request in flight at once (not one read per request)."""
+        if self.once:
+            return self.read_limit
+        return min(max(self.read_limit, self.depth * self.per_request), MAX_READ)
+
+
+class Request(NamedTuple):
+    """A request in flight."""
+
+    rows: list[Pending]
+    task: asyncio.Task[Sequence[Result]]
+    started: float
+    fenced: bool  # sent with `after`
+
+
+@dataclass
+class _Run:
+    """The state of one `run`."""
+
+    trusted: bool  # several requests in flight, each fenced
+    queue: collections.deque[Pending]
+    in_flight: collections.deque[Request]
+    reading: asyncio.Task[list[Pending]] | None = None
+    after: str | None = None  # the last event sent
+    drained: bool = False  # the last read returned all the line had
+
+
+def _always() -> bool:
+    return True
+
+
+class Driver:
+    """Delivers one line: see the module docstring for the contract.
+
+    After `run` raises, `failed_entry` is the entry the failure is about, or None
+    when it is not about an entry (the database, say). `held` maps the ID of each
+    entry read and not yet done with to its row.
+    """
+
+    def __init__(
+        self,
+        line: LineStore,
+        send: SendUnit,
+        options: LineOptions = LineOptions(),
+        *,
+        after_delivery: AfterDelivery | None = None,
+        may_send: Callable[[], bool] = _always,
+        report: Reporter | None = None,
+        fenced: Callable[[str], bool] | None = None,
+    ) -> None:
+        self._line = line
+        self._send = send
+        self._options = options
+        self._after_delivery = after_delivery
+        self._may_send = may_send
+        self._report = report
+        self._fenced = fenced if options.depth > 1 else None
+        self._marks: dict[asyncio.Future[None], list[str]] = {}
+        self._mark_failed: BaseException | None = None
+        self.held: dict[str, Pending] = {}
+        self.failed_entry: Pending | None = None
+
+    async def run(self) -> int:
+        """Deliver until the line has nothing pending (or, with `once`, the entries of
+        one read are done), `may_send` says no, or a request fails. Returns how many
+        entries were marked sent, all on disk by then; raises the first failure."""
+        trusted = self._options.depth > 1 and self._fenced is None
+        run = _Run(trusted, collections.deque(), collections.deque())
+        self.held, self.failed_entry = {}, None
+        try:
+            marked = await self._drive(run)
+        except BaseException:
+            await self._abandon(run)
+            raise
+        await _settle([run.reading] if run.reading else [])  # stopping with a read under way
+        await self._settle_marks(raise_failure=True)
+        return marked
+
+    async def _drive(self, run: _Run) -> int:
+        marked = 0
+        if self._options.once:
+            self._queue(run, await self._line.read(self._options.read_size, ()))
+            run.drained = True
+        while True:
+            self._raise_mark_failure()
+            self._collect_read(run)
+            self._send_ready(run)
+            self._read_ahead(run)
+            if not run.in_flight:
+                if run.reading is None or not self._may_send():
+                    return marked  # drained, or stopping
+                await asyncio.wait([run.reading])
+                continue
+            if await self._read_came_first(run):
+                continue  # send more before taking a result
+            request = run.in_flight.popleft()
+            marked += await self._take(request)
+            if self._fenced is not None:
+                run.trusted = self._fenced(request.rows[0].event["id"])
+
+    def _raise_mark_failure(self) -> None:
+        if self._mark_failed is not None:
+            self.failed_entry = None  # not a delivery failure: the database
+            raise self._mark_failed
+
+    def _collect_read(self, run: _Run) -> None:
+        if run.reading is not None and run.reading.done():
+            rows, run.reading = run.reading.result(), None
+            run.drained = len(rows) < self._options.read_size
+            self._queue(run, rows)
+
+    def _read_ahead(self, run: _Run) -> None:
+        """Start the next read once fewer entries are queued than would fill every
+        slot, so it runs while requests are in flight (with one request of one event
+        in flight: while the last entry read is sent). Reading is then never on the
+        path from one result to the next send."""
+        low_water = min(self._options.per_request * self._options.depth, self._options.read_size)
+        if run.reading is None and not run.drained and len(run.queue) < low_water:
+            run.reading = asyncio.ensure_future(self._read())
+
+    def _queue(self, run: _Run, rows: list[Pending]) -> None:
+        for row in rows:
+            self.held[row.event["id"]] = row
+            run.queue.append(row)
+
+    async def _read(self) -> list[Pending]:
+        """The next entries of the line, leaving out those held here or being marked."""
+        skip = {*self.held, *(i for ids in self._marks.values() for i in ids)}
+        return await self._line.read(self._options.read_size, skip)
+
+    def _send_ready(self, run: _Run) -> None:
+        """Send while a slot is free: a short request only once the line has no more."""
+        size = self._options.per_request
+        while (
+            len(run.in_flight) < (self._options.depth if run.trusted else 1)
+            and (len(run.queue) >= size or (run.queue and run.drained))
+            and self._may_send()
+        ):
+            rows = [run.queue.popleft() for _ in range(min(size, len(run.queue)))]
+            after = run.after if run.trusted else None
+            copies = [row.event.copy() for row in rows]  # events hold only str and int
+            task = asyncio.ensure_future(self._send(copies, after))
+            run.in_flight.append(Request(rows, task, time.perf_counter(), after is not None))
+            run.after = rows[-1].event["id"]
+
+    async def _read_came_first(self, run: _Run) -> bool:
+        """With a read under way and a slot free, wait for whichever comes first."""
+        head = run.in_flight[0].task
+        if run.reading is None or len(run.in_flight) >= self._options.depth:
+            return False
+        await asyncio.wait([head, run.reading], return_when=asyncio.FIRST_COMPLETED)
+        return not head.done()
+
+    async def _take(self, request: Request) -> int:
+        """The next request's result, in order: hook and mark its verified prefix."""
+        first = request.rows[0]
+        self.failed_entry = first
+        try:
+            results = await request.task
+        except Exception as exc:
+            if not (request.fenced and _fence_not_met(exc)):
+                self._told([], first, exc, request.started)
+                raise
+            # Refused for its fence although the request before it was verified (the
+            # sink gave up waiting, say): send it again without one.
+            results = await self._resend(request)
+        verified, acks, failure = _verified_prefix(request.rows, results)
+        failed = request.rows[len(verified)] if failure is not None else None
+        self._told(verified, failed, failure, request.started)
+        await self._hook_and_mark(verified, acks)
+        if failure is not None:
+            self.failed_entry = failed
+            raise failure
+        self.failed_entry = None
+        return len(verified)
+
+    async def _resend(self, request: Request) -> Sequence[Result]:
+        try:
+            return await self._send([row.event.copy() for row in request.rows], None)
+        except Exception as exc:
+            self._told([], request.rows[0], exc, request.started)
+            raise
+
+    def _told(
+        self,
+        delivered: list[Pending],
+        failed: Pending | None,
+        error: BaseException | None,
+        started: float,
+    ) -> None:
+        if self._report is not None:
+            self._report(delivered, failed, error, started)
+
+    async def _hook_and_mark(self, verified: list[Pending], acks: list[Verified]) -> None:
+        """Hook, then mark, the verified prefix of a request that was answered. An
+        empty prefix is handed to the mark as well, where it changes nothing: each
+        answered request is settled by one mark call."""
+        ids = [row.event["id"] for row in verified]  # the IDs selected, not the copies'
+        if self._after_delivery is not None:
+            for event_id in ids:
+                hooked = self._after_delivery(event_id)
+                if inspect.isawaitable(hooked):
+                    await hooked
+        marks = [Mark(event_id, ack) for event_id, ack in zip(ids, acks, strict=True)]
+        # Not awaited here: marks of requests taken one after another are committed
+        # together; `run` waits for all of them before it returns or raises.
+        mark = asyncio.ensure_future(self._line.mark(marks))
+        self._marks[mark] = ids
+        mark.add_done_callback(self._marked)
+        for event_id in ids:
+            self.held.pop(event_id, None)
+
+    def _marked(self, mark: asyncio.Future[None]) -> None:
+        """A mark on disk is forgotten; a failed one is kept, and stops the run."""
+        if mark.cancelled() or mark.exception() is None:
+            self._marks.pop(mark, None)
+        elif self._mark_failed is None:
+            self._mark_failed = mark.exception()
+
+    async def _abandon(self, run: _Run) -> None:
+        """A failure propagates: cancel the requests in flight, let a read under way
+        and every mark finish (a read is short, and its connection is not ours to
+        interrupt)."""
+        for request in run.in_flight:
+            request.task.cancel()
+        dropped: list[asyncio.Future[Any]] = [request.task for request in run.in_flight]
+        await _settle([*dropped, *([run.reading] if run.reading else [])])
+        await self._settle_marks(raise_failure=False)
+
+    async def _settle_marks(self, *, raise_failure: bool) -> None:
+        """Wait for every mark. A failed one is raised, or, when a failure is already
+        propagating, logged: its entries stay pending and are sent again (duplicates)."""
+        marks, self._marks = self._marks, {}
+        if marks:
+            await asyncio.wait(marks)
+        # Only now: a mark that failed while being waited for has been noted by then.
+        first, self._mark_failed = self._mark_failed, None
+        for mark in marks:
+            failure = None if mark.cancelled() else mark.exception()
+            if failure is None:
+                continue
+            if raise_failure:
+                self.failed_entry = None  # not a delivery failure
+                raise failure
+            if failure is not first:  # the first is what propagates
+                log.error("marking delivered entries failed too: %s", failure)
+
+
+def _fence_not_met(exc: Exception) -> bool:
+    return isinstance(exc, NotAcknowledged) and exc.status == FENCE_NOT_MET
+
+
+def _verified_prefix(
+    rows: list[Pending], results: Sequence[Result]
+) -> tuple[list[Pending], list[Verified], BaseException | None]:
+    """The rows verified in order, their ACKs, and the failure that ends them if any."""
+    verified: list[Pending] = []
+    acks: list[Verified] = []
+    for row, result in zip(rows, results, strict=False):
+        if isinstance(result, BaseException):
+            return verified, acks, result
+        verified.append(row)
+        acks.append(result)
+    if len(verified) < len(rows):
+        missing = rows[len(verified)].event["id"]
+        return verified, acks, NotAcknowledged(f"{missing}: no ACK in the reply")
+    return verified, acks, None
+
+
+async def _settle(dropped: Sequence[asyncio.Future[Any]]) -> None:
+    """Wait for requests (or a read) that will not be used; their outcome is not needed."""
+    if dropped:
+        await asyncio.wait(dropped)
+    for future in dropped:
+        if not future.cancelled():
+            future.exception()  # retrieved, so asyncio does not log it as forgotten
+
+
+__all__ = [
+    "FENCE_NOT_MET",
+    "MAX_DEPTH",
+    "Driver",
+    "LineOptions",
+    "LineStore",
+    "OutboxLine",
+    "Reporter",
+    "Result",
+    "SendUnit",
+]

@@ -1,0 +1,149 @@
+"""The lanes supervisor: per-SKU order, with up to `max_lanes` lanes in flight.
+
+Entries of one SKU go in seq order with stop-on-first-failure inside that lane, so
+a blocked head stalls only its own SKU. Each lane in flight runs in a task of its
+own; a lane that is drained or backing off frees its slot for the lane with the
+oldest pending head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Final
+
+from publisher.head_policy import Blocked, HeadPolicy
+from publisher.line import Line, LineRunner, Signals
+from publisher.outcomes import RELAY_LOG
+from publisher.store import Outbox
+
+MAX_LANES: Final = 8
+LANE_CANDIDATES: Final = 64  # lanes listed per query of pending lanes
+
+
+class LanesSupervisor:
+    """Keeps up to `max_lanes` lanes in flight until the relay stops."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        runner: LineRunner,
+        policy: HeadPolicy,
+        signals: Signals,
+        *,
+        max_lanes: int,
+        poll_interval_s: float,
+    ) -> None:
+        self._outbox = outbox
+        self._runner = runner
+        self._policy = policy
+        self._signals = signals
+        self._max_lanes = max_lanes
+        self._poll_interval_s = poll_interval_s
+        self._lanes: dict[str, Line] = {}  # in flight, blocked, or backing off
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._candidates: list[str] = []  # lanes to start next, oldest head first
+        self._listed_at = -math.inf  # monotonic time of the query that listed them
+        self._heads_read_at = -math.inf  # ... and of the last look at blocked heads
+
+    @property
+    def blocked(self) -> dict[str, Blocked]:
+        """Each lane whose head is failing."""
+        return {k: lane.head.blocked for k, lane in self._lanes.items() if lane.head.blocked}
+
+    async def run(self) -> None:
+        try:
+            while not self._signals.stopping:
+                self._signals.wake.clear()
+                await self._start_ready_lanes()
+                await self._signals.sleep(self._next_check_s(), wakeable=True)
+        finally:
+            if self._tasks:
+                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def _start_ready_lanes(self) -> None:
+        """Fill free slots with the lanes whose pending heads are oldest.
+
+        One query reads up to LANE_CANDIDATES lanes, and slots that free up later take
+        the next of them, so with thousands of SKUs a query is not paid per lane. The
+        list is read again when it runs short, when a lane's backoff has ended since
+        (it may now go first), and at least every poll interval (other writers, a
+        redrive). New intake needs none of these: its entries are the youngest, so
+        every lane listed goes before a lane they start.
+        """
+        free = self._max_lanes - len(self._tasks)
+        if free <= 0:
+            return
+        now = time.monotonic()
+        await self._end_waits_of_moved_heads(now)
+        # Lanes already in flight or backing off are left out of the query, so any
+        # number of blocked lanes cannot crowd a healthy one out of the list.
+        busy = {*self._tasks, *(k for k, lane in self._lanes.items() if lane.waiting(now))}
+        keys = [key for key in self._candidates if key not in busy]
+        resumed = any(self._listed_at < lane.not_before <= now for lane in self._lanes.values())
+        for key in [
+            k for k, lane in self._lanes.items() if k not in busy and not lane.head.blocked
+        ]:
+            del self._lanes[key]  # its wait is over: nothing left to remember
+        if len(keys) < free or resumed or now - self._listed_at >= self._poll_interval_s:
+            try:
+                keys = await self._outbox.pending_lanes(max(free, LANE_CANDIDATES), sorted(busy))
+            except Exception as exc:
+                RELAY_LOG.error("could not read the pending lanes: %s", exc)
+                return
+            self._listed_at = now
+        self._candidates = keys[free:]
+        for key in keys[:free]:
+            lane = self._lanes.get(key) or self._new_lane(key)
+            self._tasks[key] = asyncio.create_task(self._run_lane(lane), name=f"lane {key}")
+
+    async def _end_waits_of_moved_heads(self, now: float) -> None:
+        """Once per poll interval: a lane backing off on a head that has left it (an
+        operator quarantined it, or redrove an entry before it, from any process) may
+        go again at once."""
+        if now - self._heads_read_at < self._poll_interval_s:
+            return
+        self._heads_read_at = now
+        waiting = {
+            key: lane.head.blocked
+            for key, lane in self._lanes.items()
+            if lane.waiting(now) and lane.head.blocked is not None and key not in self._tasks
+        }
+        try:
+            moved = await self._policy.moved(waiting)
+        except Exception as exc:
+            RELAY_LOG.error("could not read the heads of blocked lanes: %s", exc)
+            return
+        for key in moved:
+            self._lanes[key].not_before = 0.0
+        if moved:
+            self._listed_at = -math.inf  # list again: those lanes may go first
+
+    def _new_lane(self, key: str) -> Line:
+        self._lanes[key] = lane = self._runner.line(key)
+        return lane
+
+    async def _run_lane(self, lane: Line) -> None:
+        """Deliver one lane until it is drained or must back off; then free the slot."""
+        assert lane.key is not None
+        try:
+            while not self._signals.stopping:
+                step = await self._runner.step(lane)
+                if step.delay_s > 0:
+                    if step.backoff:  # back off without holding a slot
+                        lane.not_before = time.monotonic() + step.delay_s
+                    return  # drained, or backing off
+        finally:
+            del self._tasks[lane.key]
+            if not lane.head.blocked and not lane.waiting(time.monotonic()):
+                # Forget drained lanes, memory stays bounded; a lane backing off (after
+                # a failure that is not its head's, the database say) is kept until
+                # its wait is over, so it is left out of the lanes to start till then.
+                self._lanes.pop(lane.key, None)
+            self._signals.wake.set()  # a slot is free
+
+    def _next_check_s(self) -> float:
+        now = time.monotonic()
+        waits = [lane.not_before - now for lane in self._lanes.values() if lane.waiting(now)]
+        return min([self._poll_interval_s, *waits])

@@ -1,0 +1,151 @@
+"""The line runner: one ordering line delivered by the driver, its failures handed
+to the head-failure policy.
+
+A line is the global order (key None: every pending entry) or one SKU's lane. Each
+step runs the driver until the line is drained, the relay stops, or a request
+fails, and says how long the line waits before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from publisher.driver import AfterDelivery, Driver, LineOptions, OutboxLine
+from publisher.head_policy import HeadPolicy, HeadState
+from publisher.outcomes import RELAY_LOG, DeliveryLog
+from publisher.store import Outbox
+from publisher.transport import Transport
+
+
+class Step(NamedTuple):
+    """How long a line waits after a step, and whether that wait is a backoff after
+    a failure (new intake does not cut a backoff short)."""
+
+    delay_s: float
+    backoff: bool
+
+
+@dataclass
+class Line:
+    """One ordering line: its driver, what the policy keeps of its head, and when a
+    line backing off may go again."""
+
+    key: str | None
+    driver: Driver
+    head: HeadState = field(default_factory=HeadState)
+    not_before: float = 0.0  # monotonic time before which a backing-off line waits
+
+    def waiting(self, now: float) -> bool:
+        return self.not_before > now
+
+
+class Signals:
+    """The relay's stop and wake signals, and a sleep that they end early."""
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.wake = asyncio.Event()
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop.is_set()
+
+    async def sleep(self, delay_s: float, wakeable: bool) -> None:
+        """Sleep up to `delay_s`; a stop ends it, and so does a wake if `wakeable`."""
+        if delay_s <= 0 or self.stopping:
+            return
+        waits = [asyncio.ensure_future(self.stop.wait())]
+        if wakeable:
+            waits.append(asyncio.ensure_future(self.wake.wait()))
+        try:
+            await asyncio.wait(waits, timeout=delay_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+
+
+@dataclass(frozen=True)
+class LineSettings:
+    """What every line of a relay shares."""
+
+    limit: int  # entries per request in batch mode, and per read at least
+    depth: int  # requests in flight per line
+    poll_interval_s: float
+
+
+class LineRunner:
+    """Makes the lines of one relay and runs their steps."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        transport: Transport,
+        settings: LineSettings,
+        policy: HeadPolicy,
+        report: DeliveryLog,
+        signals: Signals,
+        after_delivery: AfterDelivery | None = None,
+    ) -> None:
+        self._outbox = outbox
+        self._transport = transport
+        self._settings = settings
+        self._policy = policy
+        self._report = report
+        self._signals = signals
+        self._after_delivery = after_delivery
+        per_request = settings.limit if transport.batches else 1
+        self._options = LineOptions(per_request, settings.depth, settings.limit)
+
+    def line(self, key: str | None) -> Line:
+        driver = Driver(
+            OutboxLine(self._outbox, key),
+            self._transport.send,
+            self._options,
+            after_delivery=self._after_delivery,
+            may_send=lambda: not self._signals.stopping,
+            report=self._report,
+            fenced=self._transport.fenced,
+        )
+        return Line(key, driver)
+
+    async def step(self, line: Line) -> Step:
+        """Deliver the line until it is drained or fails; the wait that follows."""
+        try:
+            marked = await line.driver.run()
+        except Exception as exc:  # the loop outlives any one failure; each is recorded
+            entry = line.driver.failed_entry
+            try:
+                return Step(await self._policy.failed(line.head, line.key, entry, exc), True)
+            except Exception as unrecorded:  # recording it failed too (the database, say)
+                RELAY_LOG.error("could not record a failed attempt: %s", unrecorded)
+                return Step(self._policy.retry.cap_s, True)
+        if marked:
+            self._policy.delivered(line.head)
+        return Step(self._settings.poll_interval_s, False)
+
+    async def wait_out(self, line: Line, step: Step) -> None:
+        """Wait after a step of the global line. A backoff is cut short, within one
+        poll interval, when the blocked head left the line (an operator quarantined
+        it, or redrove an entry before it, from any process); other waits end when
+        new intake arrives."""
+        if not step.backoff:
+            await self._signals.sleep(step.delay_s, wakeable=True)
+            return
+        deadline = time.monotonic() + step.delay_s
+        while not self._signals.stopping and (left_s := deadline - time.monotonic()) > 0:
+            await self._signals.sleep(min(left_s, self._settings.poll_interval_s), wakeable=False)
+            if await self.head_moved(line):
+                return
+
+    async def head_moved(self, line: Line) -> bool:
+        blocked = line.head.blocked
+        if blocked is None:
+            return False
+        try:
+            return bool(await self._policy.moved({line.key: blocked}))
+        except Exception as exc:  # the database, say: keep waiting
+            RELAY_LOG.error("could not read the head of the line: %s", exc)
+            return False
