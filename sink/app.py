@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import functools
 import logging
-import os
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -78,63 +74,65 @@ class SinkMetrics:
         )
 
 
-@dataclass
-class SinkState:
-    """Settings, and the chaos budgets left (counted down per commit)."""
+@dataclass(frozen=True)
+class Refusal:
+    """Why the sink will not take an event it could apply: a 400 naming the field."""
 
+    error: str
+    field: str
+    detail: str
+
+
+# Given each valid event before it is applied: None takes it, a Refusal refuses it
+# (and, in a batch, stops the batch there as an invalid item would).
+Admit = Callable[[Event], Refusal | None]
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    """How the app was built; fixed for its life."""
+
+    token: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     max_batch_body_bytes: int = MAX_BATCH_BODY_BYTES
-    token: str | None = None
-    drop_after_commit: int = 0
-    exit_after_commit: int = 0
-    stall_s: float = 0.0
-    reject_skus: frozenset[str] = frozenset()
-    fences: Fences = field(default_factory=Fences)
+    admit: Admit | None = None
 
 
 INBOX: Final = web.AppKey("inbox", Inbox)
-STATE: Final = web.AppKey("state", SinkState)
+SETTINGS: Final = web.AppKey("settings", SinkSettings)
+FENCES: Final = web.AppKey("fences", Fences)
 METRICS: Final = web.AppKey("metrics", SinkMetrics)
 OPEN_PATHS: Final = frozenset({"/healthz", "/metrics"})
-CHAOS_EXIT_STATUS: Final = 73
+WRITE_PATHS: Final = frozenset({"/events", "/events/batch"})
 
 
 def create_app(
-    db_path: str | Path,
+    db: str | Path,
     *,
-    max_body_bytes: int = MAX_BODY_BYTES,
     token: str | None = None,
-    drop_after_commit: int = 0,
-    exit_after_commit: int = 0,
-    stall_s: float = 0.0,
-    reject_skus: frozenset[str] = frozenset(),
+    max_body_bytes: int = MAX_BODY_BYTES,
+    admit: Admit | None = None,
 ) -> web.Application:
-    """The sink as an aiohttp application; the inbox opens on startup.
+    """The sink as an aiohttp application over the inbox at `db` (a --db value).
 
     With `token`, every route but /healthz and /metrics needs `Authorization: Bearer
-    <token>`. Chaos settings: `drop_after_commit=N` closes the connection with no reply
-    after each of the first N commits; `exit_after_commit=N` ends the process with
-    status 73 right after the Nth commit; `stall_s` waits that long before each event;
-    `reject_skus` answers 400 for events of those SKUs (a product this warehouse does
-    not know yet: a poison entry until the sink is fixed).
+    <token>`. With `admit`, each valid event is offered to it before it is applied,
+    and one it refuses is answered 400 (a SKU this warehouse does not know, say).
+    BadLocation, raised here before anything is opened, for a `db` no backend can
+    open; the inbox itself opens on startup.
     """
+    opening = Inbox.open(db)
     # The per-route caps (one event, one batch) are checked where the body is read.
     app = web.Application(
         client_max_size=max(max_body_bytes, MAX_BATCH_BODY_BYTES),
-        middlewares=[json_errors, require_token],
+        middlewares=[json_errors, require_token, report_writes],
     )
-    app[STATE] = SinkState(
-        max_body_bytes=max_body_bytes,
-        token=token,
-        drop_after_commit=drop_after_commit,
-        exit_after_commit=exit_after_commit,
-        stall_s=stall_s,
-        reject_skus=reject_skus,
-    )
+    app[SETTINGS] = SinkSettings(token=token, max_body_bytes=max_body_bytes, admit=admit)
+    app[FENCES] = Fences()
     app[METRICS] = SinkMetrics()
 
     async def inbox_ctx(app: web.Application) -> AsyncIterator[None]:
-        async with Inbox.open(db_path) as inbox:
+        async with opening as inbox:
             app[INBOX] = inbox
             yield
 
@@ -158,7 +156,7 @@ async def say_fencing(request: web.Request, response: web.StreamResponse) -> Non
 @web.middleware
 async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
     """401 for a missing or wrong bearer token, before anything is read or applied."""
-    token = request.app[STATE].token
+    token = request.app[SETTINGS].token
     if token is None or request.path in OPEN_PATHS:
         return await handler(request)
     if not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), token):
@@ -169,37 +167,34 @@ async def require_token(request: web.Request, handler: Handler) -> web.StreamRes
     return await handler(request)
 
 
-WriteHandler = Callable[[web.Request, SinkState], Awaitable[web.StreamResponse]]
-
-
-def counts_as_write(handler: WriteHandler) -> Handler:
+@web.middleware
+async def report_writes(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Tell the inbox that a write request is in progress, from its arrival to its
-    reply: how it commits is the inbox's own choice."""
-
-    @functools.wraps(handler)
-    async def counted(request: web.Request) -> web.StreamResponse:
-        with request.app[INBOX].arriving():
-            return await handler(request, request.app[STATE])
-
-    return counted
+    reply (after the token check): how it commits is the inbox's own choice."""
+    if request.method != hdrs.METH_POST or request.path not in WRITE_PATHS:
+        return await handler(request)
+    with request.app[INBOX].arriving():
+        return await handler(request)
 
 
-@counts_as_write
-async def post_event(request: web.Request, state: SinkState) -> web.StreamResponse:
-    received = request.app[METRICS].received
-    if state.stall_s > 0:
-        await asyncio.sleep(state.stall_s)
-    inbox = request.app[INBOX]
+async def post_event(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    received, settings, fences, inbox = (
+        app[METRICS].received,
+        app[SETTINGS],
+        app[FENCES],
+        app[INBOX],
+    )
     try:
         after = read_fence(request)
-        body = await read_json(request, state.max_body_bytes)
+        body = await read_json(request, settings.max_body_bytes)
         # Whatever becomes of this event, a request waiting for it is woken at the end.
-        with state.fences.waking(item_ids([body])):
+        with fences.waking(item_ids([body])):
             event = checked_event(body)
-            check_chaos_reject(state, event)
+            check_admitted(settings.admit, event)
             if after is not None:
-                await state.fences.wait(after, inbox.knows)
-            state.fences.handed([event["id"]])
+                await fences.wait(after, inbox.knows)
+            fences.handed([event["id"]])
             result = await inbox.receive_with_digest(event, after=after)
     except BadRequest as exc:
         received.labels("invalid").inc()
@@ -210,35 +205,35 @@ async def post_event(request: web.Request, state: SinkState) -> web.StreamRespon
     except FenceNotMet as exc:
         return fence_not_met(request, exc)
     received.labels(result.receipt.value).inc()
-    if chaos_after_commit(state, event["id"]):
-        return drop_connection(request, event["id"])
     return web.json_response(make_ack(event["id"], result.receipt, result.digest))
 
 
-@counts_as_write
-async def post_batch(request: web.Request, state: SinkState) -> web.StreamResponse:
+async def post_batch(request: web.Request) -> web.StreamResponse:
     """Apply 1 to 16 events in order in one transaction; one ACK per applied item.
 
-    An item that is rejected (invalid, conflict) stops the batch there: the items
-    before it are committed and acknowledged, it and those after it change nothing,
-    and `rejected` says which and why.
+    An item that is rejected (invalid, refused, conflict) stops the batch there: the
+    items before it are committed and acknowledged, it and those after it change
+    nothing, and `rejected` says which and why.
     """
-    received = request.app[METRICS].received
-    if state.stall_s > 0:
-        await asyncio.sleep(state.stall_s)
-    inbox = request.app[INBOX]
+    app = request.app
+    received, settings, fences, inbox = (
+        app[METRICS].received,
+        app[SETTINGS],
+        app[FENCES],
+        app[INBOX],
+    )
     try:
         after = read_fence(request)
-        items = batch_items(await read_json(request, state.max_batch_body_bytes))
+        items = batch_items(await read_json(request, settings.max_batch_body_bytes))
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
-    events, rejected = valid_prefix(state, items)
+    events, rejected = valid_prefix(settings.admit, items)
     try:
-        with state.fences.waking(item_ids(items)):
+        with fences.waking(item_ids(items)):
             if after is not None and events:
-                await state.fences.wait(after, inbox.knows)
-            state.fences.handed(event["id"] for event in events)
+                await fences.wait(after, inbox.knows)
+            fences.handed(event["id"] for event in events)
             receipt = await inbox.receive_batch(events, after=after)
     except FenceNotMet as exc:
         return fence_not_met(request, exc)
@@ -253,8 +248,6 @@ async def post_batch(request: web.Request, state: SinkState) -> web.StreamRespon
         make_ack(event["id"], done.receipt, done.digest)
         for event, done in zip(events, receipt.received, strict=False)
     ]
-    if acks and chaos_after_commit(state, acks[-1]["ack"]):
-        return drop_connection(request, acks[-1]["ack"])
     return web.json_response({"acks": acks, "rejected": rejected})
 
 
@@ -293,14 +286,15 @@ def item_ids(items: list[object]) -> list[str]:
 
 
 def valid_prefix(
-    state: SinkState, items: list[object]
+    admit: Admit | None, items: list[object]
 ) -> tuple[list[Event], dict[str, Any] | None]:
-    """The events before the first invalid item, and that item's rejection if any."""
+    """The events before the first invalid or refused item, and that item's
+    rejection if any."""
     events: list[Event] = []
     for index, item in enumerate(items):
         try:
             event = validate_event(item)
-            check_chaos_reject(state, event)
+            check_admitted(admit, event)
         except InvalidEvent as exc:
             return events, {"index": index, **invalid_event(exc).body, "status": 400}
         except BadRequest as exc:
@@ -313,39 +307,11 @@ def conflict(exc: Conflict) -> BadRequest:
     return BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc))
 
 
-def check_chaos_reject(state: SinkState, event: Event) -> None:
-    if event["sku"] in state.reject_skus:
-        raise BadRequest(400, "invalid", "unknown sku", field="sku", detail="chaos: rejected")
-
-
-def chaos_after_commit(state: SinkState, event_id: str) -> bool:
-    """Count a commit against the chaos budgets; True if this reply is to be dropped."""
-    if state.exit_after_commit > 0:
-        state.exit_after_commit -= 1
-        if state.exit_after_commit == 0:
-            exit_after_commit(event_id)
-    if state.drop_after_commit > 0:
-        state.drop_after_commit -= 1
-        return True
-    return False
-
-
-def exit_after_commit(event_id: str) -> None:
-    """Chaos: die right after the commit, before any reply."""
-    print(
-        f"chaos: committed {event_id}, exiting with status 73 before the reply",
-        file=sys.stderr,
-        flush=True,
-    )
-    os._exit(CHAOS_EXIT_STATUS)
-
-
-def drop_connection(request: web.Request, event_id: str) -> web.StreamResponse:
-    """Chaos: close the connection after the commit, with no reply."""
-    log.warning("chaos: dropping the connection after commit", extra={"event_id": event_id})
-    if request.transport is not None:
-        request.transport.abort()
-    return web.Response(status=200)
+def check_admitted(admit: Admit | None, event: Event) -> None:
+    """BadRequest 400 if `admit` refuses the event."""
+    refusal = None if admit is None else admit(event)
+    if refusal is not None:
+        raise BadRequest(400, "invalid", refusal.error, field=refusal.field, detail=refusal.detail)
 
 
 async def get_event(request: web.Request) -> web.Response:

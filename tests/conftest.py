@@ -21,7 +21,9 @@ from aiohttp import web
 from support import LOOPBACK, STOP_TIMEOUT_S, listening, run_module, spawn, stop_process
 
 from publisher import Outbox
+from shared import MAX_BODY_BYTES
 from sink import create_app
+from sink.chaos import Chaos, chaos_app
 
 CLI_TIMEOUT_S = 30.0
 
@@ -275,10 +277,18 @@ ServeSink = Callable[..., Awaitable[str]]
 
 @pytest.fixture
 def serve_sink(serve: Serve) -> ServeSink:
-    """The real sink application (create_app) on loopback; returns the base URL."""
+    """The real sink application (create_app) on loopback; returns the base URL. Chaos
+    settings (drop_after_commit=1, reject_skus=..., the fields of sink.chaos.Chaos)
+    install those faults, as `--chaos` does."""
 
-    async def start(db: Path, **settings: int) -> str:
-        return await serve(create_app(db, **settings))
+    async def start(
+        db: Path, *, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, **chaos: Any
+    ) -> str:
+        if chaos:
+            app = chaos_app(db, Chaos(**chaos), token=token, max_body_bytes=max_body_bytes)
+        else:
+            app = create_app(db, token=token, max_body_bytes=max_body_bytes)
+        return await serve(app)
 
     return start
 

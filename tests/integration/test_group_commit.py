@@ -1,7 +1,7 @@
 """Group commit: concurrent sink writes and concurrent publisher marks share transactions.
 
 Real SQLite files, read back through independent sqlite3 connections; the sink is served
-by create_app on loopback. Each store's Database is watched by
+by create_app, with the chaos stall, on loopback. Each store's Database is watched by
 wrappers on the instance that call the real `run` and `run_inline`: they note the
 thread every transaction ran on (so grouped calls show as fewer worker-thread
 transactions than calls), and can hold the next worker-thread transaction before it
@@ -28,9 +28,9 @@ import pytest
 from publisher.errors import UnknownEntry
 from publisher.store import Outbox
 from shared import Conflict, Event, Receipt, canonical_json, make_ack, payload_digest
-from sink import create_app
 from sink.app import INBOX
 from sink.backends.sqlite import SqliteInbox
+from sink.chaos import Chaos, chaos_app
 from sink.store import BatchReceipt
 from sqlite_tx import Database, StorageError
 
@@ -390,7 +390,7 @@ class Served:
 @pytest.fixture
 async def stalled_sink(serve: Serve, sink_db: Path, monkeypatch: pytest.MonkeyPatch) -> Served:
     """The real sink, each POST stalled so that concurrent ones are in progress at once."""
-    app = create_app(sink_db, stall_s=STALL_S)
+    app = chaos_app(sink_db, Chaos(stall_s=STALL_S))
     base = await serve(app)
     inbox = app[INBOX]
     assert isinstance(inbox, SqliteInbox)

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from shared import FENCE_HEADER, Event, FenceNotMet, Receipt, make_ack, payload_digest
 from sink import Inbox, create_app
-from sink.app import INBOX, STATE
+from sink.app import FENCES, INBOX
 from sink.backends.sqlite import SqliteInbox
 from sink.fence import FENCE_WAIT_S, Fences
 from sink.store import BatchReceipt
@@ -103,7 +103,7 @@ class Sink:
 
     @property
     def fences(self) -> Fences:
-        return self.app[STATE].fences
+        return self.app[FENCES]
 
 
 @pytest.fixture
@@ -123,7 +123,7 @@ async def sink(serve: Serve, sink_db: Path) -> Sink:
 async def quick_sink(serve: Serve, sink_db: Path) -> Sink:
     """The real sink whose fence wait gives up after QUICK_WAIT_S."""
     app = create_app(sink_db)
-    app[STATE].fences = QuickFences()
+    app[FENCES] = QuickFences()
     return Sink(await serve(app), app)
 
 
@@ -258,7 +258,7 @@ async def test_a_predecessor_applied_before_a_restart_is_found_in_the_inbox(
     restarted = create_app(sink_db)
     async with running(restarted) as base:
         reply, took_s = await timed(send(client, base, route, later, "e1"))
-        assert len(restarted[STATE].fences) == 0
+        assert len(restarted[FENCES]) == 0
 
     assert reply == (200, applied_reply(route, later))
     assert took_s < PROMPT_S  # the inbox knew it: no FENCE_WAIT_S wait for a handover
