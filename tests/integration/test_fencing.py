@@ -40,6 +40,7 @@ from relay_lines import (
     accept,
     lines,
     orders,
+    relay_of,
     running,
     sender_for,
     sent_ids,
@@ -50,8 +51,7 @@ import publisher.http as publisher_http
 from plumbing.web import Handler
 from publisher.errors import NotAcknowledged, Rejected
 from publisher.http import BatchResult, HttpSender
-from publisher.pipeline import DEFAULT_DEPTH
-from publisher.relay import Ordering, Relay
+from publisher.relay import DEFAULT_DEPTH, Ordering, Relay
 from publisher.store import Outbox
 from shared import (
     FENCE_HEADER,
@@ -307,7 +307,7 @@ def make_relay(outbox: Outbox, sender: HttpSender | Watched, mode: Mode, **optio
     if mode == "batch":
         options.setdefault("limit", BATCH_LIMIT)
     batch = sender.deliver_batch if mode == "batch" else None
-    return Relay(outbox, sender.deliver, deliver_batch=batch, **options)
+    return relay_of(outbox, sender.deliver, deliver_batch=batch, **options)
 
 
 # ---------------------------------------------------------------- data and disk

@@ -33,6 +33,7 @@ from relay_lines import (
     accept,
     lines,
     orders,
+    relay_of,
     running,
     sender_for,
     sent_ids,
@@ -42,8 +43,9 @@ from support import ASYNC_POLL_S, WAIT_S, eventually
 from plumbing.web import Handler
 from publisher.errors import DeliveryError
 from publisher.http import BatchResult, HttpSender
-from publisher.relay import Deliver, DeliverBatch, Ordering, Relay
+from publisher.relay import Ordering, Relay
 from publisher.store import Outbox
+from publisher.transport import Deliver, DeliverBatch
 from shared import FENCE_HEADER, Event
 from sink.app import INBOX
 from sink.chaos import Chaos, chaos_app
@@ -191,7 +193,7 @@ def make_relay(
     if mode == "batch":
         options.setdefault("limit", BATCH_LIMIT)
     batch = deliver_batch if mode == "batch" else None
-    return Relay(outbox, deliver, deliver_batch=batch, **options)
+    return relay_of(outbox, deliver, deliver_batch=batch, **options)
 
 
 # ---------------------------------------------------------------- data and disk
@@ -611,6 +613,6 @@ async def test_stop_with_requests_in_flight_returns_promptly_and_loses_nothing(
 async def test_a_pipeline_depth_outside_1_to_16_is_refused(outbox: Outbox, depth: int) -> None:
     async with sender_for("http://127.0.0.1:9/events") as sender:
         with pytest.raises(ValueError, match="pipeline depth"):
-            Relay(outbox, sender.deliver, pipeline=depth)
+            relay_of(outbox, sender.deliver, pipeline=depth)
         for good in (1, 16):
-            Relay(outbox, sender.deliver, deliver_batch=sender.deliver_batch, pipeline=good)
+            relay_of(outbox, sender.deliver, deliver_batch=sender.deliver_batch, pipeline=good)
