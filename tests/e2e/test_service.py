@@ -477,3 +477,71 @@ def test_trace_and_prune_from_the_command_line(
     ]
     bad = run_cli("publisher", "prune", "--db", db, "--older-than", "soon")
     assert bad.returncode == 2
+
+
+def order_args(event: dict[str, Any]) -> tuple[str, ...]:
+    return ("--id", event["id"], "--sku", event["sku"], "--qty", str(event["qty"]))
+
+
+def post_event(sink_url: str, event: dict[str, Any]) -> int:
+    """POST one event straight to a sink on loopback; the status."""
+    port = int(sink_url.rsplit(":", 1)[1].split("/")[0])
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=5.0)
+    try:
+        conn.request("POST", "/events", json.dumps(event), {"Content-Type": "application/json"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("ordering", ["global", "sku"])
+@pytest.mark.parametrize("operator_action", ["quarantine", "redrive"])
+def test_an_operator_unblocking_the_head_takes_effect_within_a_poll_interval(
+    tmp_path: Path,
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    run_cli: RunCli,
+    db_rows: Query,
+    ordering: str,
+    operator_action: str,
+) -> None:
+    # The sink already holds order-002 with another payload: the publisher's order-002
+    # is refused with 409 on every attempt, and the relay waits out the full retry cap
+    # (15 to 30 s by default) between attempts. An operator acting from another process
+    # must not have to wait for that: within one poll interval the relay sees that the
+    # head has left the line (quarantine), or that an entry before it is back (redrive).
+    db = tmp_path / "source.db"
+    sink = sink_process(tmp_path / "sink.db")
+    assert post_event(sink.url, order(2, qty=99)) == 200
+    first = "order-001"
+    for n in (1, 2, 3):
+        accepted = run_cli("publisher", "accept", "--db", str(db), *order_args(order(n)))
+        assert accepted.returncode == 0, accepted.stderr
+    if operator_action == "redrive":
+        # Held back before the relay starts; redriven, it is the head again, ahead of
+        # the blocked one.
+        held = run_cli("publisher", "quarantine", first, "--db", str(db), "--reason", "hold")
+        assert held.returncode == 0, held.stderr
+    publisher_process(*serve_args(db, sink.url, "--poll-interval", "0.2", "--ordering", ordering))
+
+    def blocked_on_2() -> bool:
+        figures = cli_json(run_cli, "status", "--db", str(db), "--json")
+        return (
+            figures["head"] is not None
+            and figures["head"]["id"] == "order-002"
+            and (figures["head"]["attempts"] >= 1)
+        )
+
+    wait_until(blocked_on_2, 10.0)
+    time.sleep(0.5)  # the relay is now in its long wait after a permanent failure
+    if operator_action == "quarantine":
+        args = ("quarantine", "order-002", "--reason", "known conflict", "--by", "alice")
+    else:
+        args = ("redrive", first, "--by", "alice")
+    done = run_cli("publisher", *args, "--db", str(db))
+    assert done.returncode == 0, done.stderr
+
+    moved = "order-003" if operator_action == "quarantine" else first
+    took_s = wait_until(lambda: outbox_states(db_rows, db).get(moved) == 1, 5.0)
+    assert took_s < 3.0  # one poll interval (0.2 s) and a delivery, not 15 to 30 s
+    assert outbox_states(db_rows, db)["order-002"] == 0
