@@ -11,7 +11,7 @@ from aiohttp import web
 
 from plumbing.cli import EXIT_USAGE, ArgumentParser, add_option, fail, setup_logging
 from plumbing.net import TOKEN_ENV, TokenError, is_loopback, load_token
-from plumbing.storage import StorageError
+from plumbing.storage import BadLocation, StorageError
 from plumbing.web import serve_app
 from sink.app import create_app
 from sink.chaos import CHAOS_HELP, Chaos, chaos_app, parse_chaos
@@ -26,7 +26,7 @@ def build_parser() -> ArgumentParser:
         description="Idempotent inbox sink over HTTP.",
         epilog=f"The bearer token comes from --token-file or the {TOKEN_ENV} variable.",
     )
-    add_option(parser, "--db", required=True, help="sink database file")
+    add_option(parser, "--db", required=True, help="sink database: a file path or a sqlite: URL")
     add_option(parser, "--host", default="127.0.0.1", help="address to listen on")
     add_option(parser, "--port", type=int, default=DEFAULT_PORT, help="port (0: any free port)")
     add_option(
@@ -56,8 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{TOKEN_ENV}, or say --insecure"
         )
         return fail(PROG, message, EXIT_USAGE)
+    try:
+        app = build_app(args.db, token, args.chaos)
+    except BadLocation as exc:  # before anything is opened or logged
+        return fail(PROG, exc, EXIT_USAGE)
     setup_logging(args.log_format)
-    app = build_app(args.db, token, args.chaos)
     try:
         asyncio.run(serve_app(app, args.host, args.port, PROG, "/events", args.access_log))
     except StorageError as exc:
