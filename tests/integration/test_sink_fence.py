@@ -443,52 +443,8 @@ async def test_a_malformed_fence_is_400_naming_the_header_and_applies_nothing(
     assert await fenced_total(client, sink.base) == 0
 
 
-# ---------------------------------------------------------------- the inbox itself
-
-
-async def test_knows_says_whether_the_inbox_holds_an_event(
-    inbox: Inbox, sink_db: Path, db_rows: Query
-) -> None:
-    assert await inbox.knows("e1") is False
-    await inbox.receive_batch([event("e1")])
-
-    assert await inbox.knows("e1") is True
-    assert await inbox.knows("E1") is False
-    assert await inbox.knows("e2") is False
-    assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'e1'") == [(1,)]
-
-
-async def test_knows_finds_what_an_earlier_process_applied(sink_db: Path) -> None:
-    async with Inbox.open(sink_db) as first:
-        await first.receive_batch([event("e1")])
-    async with Inbox.open(sink_db) as reopened:
-        assert await reopened.knows("e1") is True
-        assert await reopened.knows("e2") is False
-
-
-@pytest.mark.parametrize("in_progress", [0, 2], ids=["alone", "shared"])
-async def test_a_batch_fenced_on_an_unknown_event_raises_and_changes_nothing(
-    inbox: Inbox, sink_db: Path, db_rows: Query, in_progress: int
-) -> None:
-    known = event("k0", "tea", 5)
-    await inbox.receive_batch([known])
-    before = snapshot(db_rows, sink_db)
-
-    with contextlib.ExitStack() as requests:
-        for _ in range(in_progress):  # write requests the sink reports in progress
-            requests.enter_context(inbox.arriving())
-        with pytest.raises(FenceNotMet) as raised:
-            await inbox.receive_batch(
-                [event("n1", "tea", 1), known, event("n2", "corn", 2)], after="ghost"
-            )
-        assert raised.value.after == "ghost"
-        with pytest.raises(FenceNotMet):
-            await inbox.receive_with_digest(event("n3"), after="ghost")
-
-        assert snapshot(db_rows, sink_db) == before  # not even the duplicate was counted
-        receipt = await inbox.receive_batch([event("n1")], after="k0")
-    assert [r.receipt for r in receipt.received] == [Receipt.APPLIED]
-    assert inbox_ids(db_rows, sink_db) == ["k0", "n1"]
+# ---------------------------------------------------------------- the SQLite inbox
+# What every backend does with a fence is in tests/behaviour/test_inbox_store.py.
 
 
 async def test_in_one_group_commit_fences_see_the_calls_before_them_and_fail_alone(

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
-from shared import Conflict, Event, Receipt, canonical_json, payload_digest
-from sink import Inbox
+from shared import Event, Receipt
+from sink.backends.sqlite import SqliteInbox
 from sqlite_tx import BUSY_TIMEOUT_MS, Database, StorageError, transaction
 
 if TYPE_CHECKING:
@@ -369,7 +369,7 @@ async def test_healthz_answers_while_a_post_waits_for_the_write_lock(
 
 
 async def test_a_batch_that_waited_for_the_write_lock_applies_every_event(
-    inbox: Inbox, sink_db: Path, db_rows: Query
+    inbox: SqliteInbox, sink_db: Path, db_rows: Query
 ) -> None:
     events = [event("e0", qty=1), event("e1", "juice", 2), event("e2", qty=4)]
     with write_lock(sink_db) as lock:
@@ -386,41 +386,3 @@ async def test_a_batch_that_waited_for_the_write_lock_applies_every_event(
     assert receipt.conflict is None
     assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid") == [("e0",), ("e1",), ("e2",)]
     assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {"snack": 5, "juice": 2}
-
-
-async def test_a_new_id_twice_in_one_batch_is_applied_then_duplicate_and_counted_once(
-    inbox: Inbox, sink_db: Path, db_rows: Query
-) -> None:
-    # Every ID is new to the inbox, yet the batch is not all-new: a repeats in it.
-    a, b = event("a", qty=3), event("b", "juice", 5)
-
-    receipt = await inbox.receive_batch([a, b, a])
-
-    assert [(r.receipt, r.digest) for r in receipt.received] == [
-        (Receipt.APPLIED, payload_digest(a)),
-        (Receipt.APPLIED, payload_digest(b)),
-        (Receipt.DUPLICATE, payload_digest(a)),
-    ]
-    assert receipt.conflict is None
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY rowid") == [
-        ("a", 2),
-        ("b", 1),
-    ]
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {"snack": 3, "juice": 5}
-
-
-async def test_a_new_id_again_in_one_batch_with_another_payload_stops_the_batch_there(
-    inbox: Inbox, sink_db: Path, db_rows: Query
-) -> None:
-    a, b, c = event("a", qty=3), event("b", "juice", 5), event("c", "tea", 11)
-
-    receipt = await inbox.receive_batch([a, b, {**a, "qty": 4}, c])
-
-    assert [r.receipt for r in receipt.received] == [Receipt.APPLIED, Receipt.APPLIED]
-    assert isinstance(receipt.conflict, Conflict)
-    assert receipt.conflict.event_id == "a"
-    assert db_rows(sink_db, "SELECT id, payload, deliveries FROM inbox ORDER BY rowid") == [
-        ("a", canonical_json(a), 1),
-        ("b", canonical_json(b), 1),
-    ]
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {"snack": 3, "juice": 5}

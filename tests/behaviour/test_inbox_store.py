@@ -1,0 +1,499 @@
+"""The behaviour every inbox backend must show, whatever it stores in.
+
+Each test runs once per backend in `BACKENDS`: it gets an inbox opened with
+`Inbox.open(backend.location)` and checks what reached the `inbox` and `inventory`
+tables through a connection of its own (`backend.query`), as another process would
+see them. What only one backend has (SQLite's WAL, inline commits and group commits,
+lock waits) is tested in tests/integration with that backend.
+
+A new backend plugs in with one class that implements `Backend` and one factory in
+`BACKENDS`; the tests are not copied. The SQL here uses `?` placeholders and the
+dialect SQLite and PostgreSQL share; a backend whose driver wants another placeholder
+style translates it in `query`. The tests read the columns of today's schema (inbox:
+id, payload, received_at, deliveries, last_delivery_at; inventory: sku, qty), which
+the chaos verdict reads too; a backend keeps their names and meaning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import subprocess
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+import sink.store
+from plumbing.storage import StorageError
+from shared import Conflict, Event, FenceNotMet, InvalidEvent, Receipt, canonical_json
+from shared import payload_digest as digest
+from sink import Inbox
+
+Row = tuple[Any, ...]
+Write = Literal["INSERT", "UPDATE"]
+
+# ---------------------------------------------------------------- the backends
+
+
+class Backend(ABC):
+    """One backend as a behaviour test sees it: where to open it, and its raw tables."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """What `Inbox.open` is given (the --db value an operator would give)."""
+
+    @abstractmethod
+    def query(self, sql: str, *params: object) -> list[Row]:
+        """Every row `sql` selects, read through a fresh connection closed afterwards."""
+
+    @abstractmethod
+    def ids_in_arrival_order(self) -> list[str]:
+        """The inbox's IDs in the order their rows were recorded."""
+
+    @abstractmethod
+    def refusing(
+        self, table: str, writes: tuple[Write, ...], message: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """While inside, every write of these kinds to `table` fails in the database
+        with an error whose text holds `message` (one statement of a transaction
+        failing, set up through a connection of the test's own)."""
+
+
+class SqliteBackend(Backend):
+    """A SQLite file in the test's temporary directory, read with the sqlite3 module."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def query(self, sql: str, *params: object) -> list[Row]:
+        conn = sqlite3.connect(self.path, timeout=5)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def ids_in_arrival_order(self) -> list[str]:
+        return [row[0] for row in self.query("SELECT id FROM inbox ORDER BY rowid")]
+
+    def _execute(self, *statements: str) -> None:
+        conn = sqlite3.connect(self.path, timeout=5, isolation_level=None)
+        try:
+            for statement in statements:
+                conn.execute(statement)
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def refusing(self, table: str, writes: tuple[Write, ...], message: str) -> Iterator[None]:
+        text = message.replace("'", "''")
+        triggers = [f"refuse_{table}_{write.lower()}" for write in writes]
+        self._execute(
+            *(
+                f"CREATE TRIGGER {trigger} BEFORE {write} ON {table}"
+                f" BEGIN SELECT RAISE(ABORT, '{text}'); END"
+                for trigger, write in zip(triggers, writes, strict=True)
+            )
+        )
+        try:
+            yield
+        finally:
+            self._execute(*(f"DROP TRIGGER {trigger}" for trigger in triggers))
+
+
+BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]
+
+
+@contextlib.contextmanager
+def sqlite_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    yield SqliteBackend(tmp_path / "sink.db")
+
+
+# name -> factory: the suite runs once per entry. A backend that needs a server the
+# machine may lack skips (pytest.skip) in its factory.
+BACKENDS: dict[str, BackendFactory] = {"sqlite": sqlite_backend}
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    with BACKENDS[request.param](request) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def inbox(backend: Backend) -> AsyncIterator[Inbox]:
+    async with Inbox.open(backend.location) as opened:
+        yield opened
+
+
+# ---------------------------------------------------------------- helpers
+
+EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
+Snapshot = tuple[list[Row], list[Row]]
+
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    return {"id": event_id, "sku": sku, "qty": qty}
+
+
+def snapshot(backend: Backend) -> Snapshot:
+    """Every row of both tables, in a fixed order."""
+    return (
+        backend.query("SELECT * FROM inbox ORDER BY id"),
+        backend.query("SELECT * FROM inventory ORDER BY sku"),
+    )
+
+
+def stock(backend: Backend) -> dict[str, int]:
+    return dict(backend.query("SELECT sku, qty FROM inventory"))
+
+
+@contextlib.contextmanager
+def in_progress(inbox: Inbox, requests: int) -> Iterator[None]:
+    """What the sink reports while `requests` write requests are in progress."""
+    with contextlib.ExitStack() as stack:
+        for _ in range(requests):
+            stack.enter_context(inbox.arriving())
+        yield
+
+
+# ---------------------------------------------------------------- receive
+
+
+async def test_first_receive_applies_and_the_same_event_again_is_a_duplicate(
+    inbox: Inbox, backend: Backend
+) -> None:
+    assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
+    assert await inbox.receive(dict(EVENT)) is Receipt.DUPLICATE
+
+    assert await inbox.inventory("snack") == 7
+    assert backend.query("SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert backend.query("SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+
+
+async def test_duplicate_updates_the_delivery_record_only(inbox: Inbox) -> None:
+    await inbox.receive(dict(EVENT))
+    first = await inbox.record("order-1")
+    await inbox.receive(dict(EVENT))
+    second = await inbox.record("order-1")
+
+    assert first is not None and second is not None
+    assert (first.deliveries, second.deliveries) == (1, 2)
+    assert second.received_at == first.received_at
+    assert second.last_delivery_at >= first.last_delivery_at
+    assert second.digest == first.digest
+    assert await inbox.count() == 1
+
+
+async def test_the_digest_is_of_the_stored_payload_also_for_a_duplicate(
+    inbox: Inbox, backend: Backend
+) -> None:
+    applied = await inbox.receive_with_digest({"qty": 7, "sku": "snack", "id": "order-1"})
+    again = await inbox.receive_with_digest(dict(EVENT))
+
+    assert (applied.receipt, applied.digest) == (Receipt.APPLIED, digest(EVENT))
+    assert (again.receipt, again.digest) == (Receipt.DUPLICATE, digest(EVENT))
+    assert backend.query("SELECT payload FROM inbox") == [(canonical_json(EVENT),)]
+    record = await inbox.record("order-1")
+    assert record is not None and (record.id, record.digest) == ("order-1", digest(EVENT))
+
+
+async def test_events_for_the_same_sku_add_up(inbox: Inbox, backend: Backend) -> None:
+    await inbox.receive({"id": "a", "sku": "snack", "qty": 7})
+    await inbox.receive({"id": "b", "sku": "snack", "qty": 5})
+    await inbox.receive({"id": "c", "sku": "drink", "qty": 1})
+
+    assert await inbox.inventory("snack") == 12
+    assert backend.query("SELECT sku, qty FROM inventory ORDER BY sku") == [
+        ("drink", 1),
+        ("snack", 12),
+    ]
+    assert await inbox.count() == 3
+
+
+async def test_inventory_of_an_unknown_sku_is_zero(inbox: Inbox) -> None:
+    assert await inbox.inventory("never-seen") == 0
+    assert await inbox.record("never-seen") is None
+    assert await inbox.count() == 0
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [{"qty": 8}, {"sku": "drink"}],
+    ids=["other-qty", "other-sku"],
+)
+async def test_conflicting_payload_raises_and_changes_nothing(
+    inbox: Inbox, backend: Backend, changed: dict[str, Any]
+) -> None:
+    await inbox.receive(dict(EVENT))
+    before = snapshot(backend)
+
+    with pytest.raises(Conflict) as caught:
+        await inbox.receive({**EVENT, **changed})
+
+    assert caught.value.event_id == "order-1"
+    assert snapshot(backend) == before
+    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'order-1'") == [(1,)]
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        ({"id": "x", "sku": "snack", "qty": True}, "qty"),
+        ({"id": "x", "sku": "snack", "qty": 0}, "qty"),
+        ({"id": "x", "sku": "snack", "qty": 7.0}, "qty"),
+        ({"id": "x", "sku": "snack"}, "qty"),
+        ({"id": "x", "sku": "snack", "qty": 7, "extra": 1}, "extra"),
+        ({"id": "-x", "sku": "snack", "qty": 7}, "id"),
+        ({"id": "x", "sku": "sn ack", "qty": 7}, "sku"),
+        (["x", "snack", 7], "event"),
+    ],
+)
+async def test_invalid_event_raises_and_changes_nothing(
+    inbox: Inbox, backend: Backend, event: object, field: str
+) -> None:
+    await inbox.receive(dict(EVENT))
+    before = snapshot(backend)
+
+    with pytest.raises(InvalidEvent) as caught:
+        await inbox.receive(event)
+
+    assert caught.value.field == field
+    assert snapshot(backend) == before
+
+
+# ---------------------------------------------------------------- one transaction
+
+
+async def test_receive_is_atomic_when_the_inventory_insert_fails(
+    inbox: Inbox, backend: Backend
+) -> None:
+    with backend.refusing("inventory", ("INSERT", "UPDATE"), "boom"):
+        with pytest.raises(StorageError, match="boom"):
+            await inbox.receive(dict(EVENT))
+
+        assert backend.query("SELECT id FROM inbox WHERE id = 'order-1'") == []
+        assert backend.query("SELECT * FROM inventory") == []
+
+    assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
+    assert backend.query("SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert backend.query("SELECT sku, qty FROM inventory") == [("snack", 7)]
+
+
+async def test_receive_is_atomic_when_the_inventory_update_fails(
+    inbox: Inbox, backend: Backend
+) -> None:
+    await inbox.receive({"id": "first", "sku": "snack", "qty": 3})
+    with backend.refusing("inventory", ("UPDATE",), "boom"):
+        with pytest.raises(StorageError, match="boom"):
+            await inbox.receive(dict(EVENT))
+
+        assert backend.query("SELECT id FROM inbox ORDER BY id") == [("first",)]
+        assert backend.query("SELECT sku, qty FROM inventory") == [("snack", 3)]
+
+    assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
+    assert await inbox.receive(dict(EVENT)) is Receipt.DUPLICATE
+    assert backend.query("SELECT sku, qty FROM inventory") == [("snack", 10)]
+
+
+async def test_committed_events_survive_closing_and_reopening(backend: Backend) -> None:
+    async with Inbox.open(backend.location) as first:
+        await first.receive(dict(EVENT))
+
+    async with Inbox.open(backend.location) as second:
+        assert await second.receive(dict(EVENT)) is Receipt.DUPLICATE
+        assert await second.inventory("snack") == 7
+    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'order-1'") == [(2,)]
+
+
+async def test_two_connections_racing_on_one_id_apply_it_once(backend: Backend) -> None:
+    async with Inbox.open(backend.location) as one, Inbox.open(backend.location) as two:
+        receipts = await asyncio.gather(
+            *(inbox.receive(dict(EVENT)) for _ in range(10) for inbox in (one, two))
+        )
+
+    assert sorted(receipts) == sorted([Receipt.APPLIED] + [Receipt.DUPLICATE] * 19)
+    assert backend.query("SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert backend.query("SELECT deliveries FROM inbox") == [(20,)]
+
+
+# ---------------------------------------------------------------- batches
+
+
+async def test_a_new_id_twice_in_one_batch_is_applied_then_duplicate_and_counted_once(
+    inbox: Inbox, backend: Backend
+) -> None:
+    # Every ID is new to the inbox, yet the batch is not all-new: a repeats in it.
+    a, b = event("a", qty=3), event("b", "juice", 5)
+
+    receipt = await inbox.receive_batch([a, b, a])
+
+    assert [(r.receipt, r.digest) for r in receipt.received] == [
+        (Receipt.APPLIED, digest(a)),
+        (Receipt.APPLIED, digest(b)),
+        (Receipt.DUPLICATE, digest(a)),
+    ]
+    assert receipt.conflict is None
+    assert backend.query("SELECT id, deliveries FROM inbox ORDER BY id") == [("a", 2), ("b", 1)]
+    assert backend.ids_in_arrival_order() == ["a", "b"]
+    assert stock(backend) == {"snack": 3, "juice": 5}
+
+
+async def test_a_new_id_again_in_one_batch_with_another_payload_stops_the_batch_there(
+    inbox: Inbox, backend: Backend
+) -> None:
+    a, b, c = event("a", qty=3), event("b", "juice", 5), event("c", "tea", 11)
+
+    receipt = await inbox.receive_batch([a, b, {**a, "qty": 4}, c])
+
+    assert [r.receipt for r in receipt.received] == [Receipt.APPLIED, Receipt.APPLIED]
+    assert isinstance(receipt.conflict, Conflict)
+    assert receipt.conflict.event_id == "a"
+    assert backend.ids_in_arrival_order() == ["a", "b"]
+    assert backend.query("SELECT id, payload, deliveries FROM inbox ORDER BY id") == [
+        ("a", canonical_json(a), 1),
+        ("b", canonical_json(b), 1),
+    ]
+    assert stock(backend) == {"snack": 3, "juice": 5}
+
+
+async def test_an_empty_batch_changes_nothing_and_checks_no_fence(
+    inbox: Inbox, backend: Backend
+) -> None:
+    await inbox.receive(dict(EVENT))
+    before = snapshot(backend)
+
+    for after in (None, "ghost"):
+        receipt = await inbox.receive_batch([], after=after)
+        assert (receipt.received, receipt.conflict) == ([], None)
+
+    assert snapshot(backend) == before
+
+
+async def test_concurrent_batches_each_succeed_or_fail_on_their_own(
+    inbox: Inbox, backend: Backend
+) -> None:
+    # With other writes in progress a backend may commit these together; each call
+    # still gets its own receipts, and a conflict stops only the call it is in.
+    known = event("known", "tea", 9)
+    await inbox.receive_batch([known])
+    calls = [
+        [event("a0", "apple", 1), {**known, "qty": 10}, event("a2", "apple", 2)],
+        [event("b0", "bean", 4), known],
+        [event("c0", "corn", 16), event("x", "fig", 1)],
+        [event("x", "fig", 1)],
+    ]
+
+    with in_progress(inbox, 2):
+        async with asyncio.timeout(5):
+            got = await asyncio.gather(*(inbox.receive_batch(c) for c in calls))
+
+    assert [r.receipt for r in got[0].received] == [Receipt.APPLIED]
+    assert got[0].conflict is not None and got[0].conflict.event_id == "known"
+    assert [r.receipt for r in got[1].received] == [Receipt.APPLIED, Receipt.DUPLICATE]
+    fig = sorted(r.receipt for g in got[2:] for r in g.received if r.digest == digest(calls[3][0]))
+    assert fig == [Receipt.APPLIED, Receipt.DUPLICATE]  # x: applied by one, once
+    assert all(g.conflict is None for g in got[1:])
+    assert sorted(backend.ids_in_arrival_order()) == ["a0", "b0", "c0", "known", "x"]
+    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'known'") == [(2,)]
+    assert stock(backend) == {"tea": 9, "apple": 1, "bean": 4, "corn": 16, "fig": 1}
+
+
+# ---------------------------------------------------------------- lookups and fences
+
+
+async def test_knows_says_whether_the_inbox_holds_an_event(inbox: Inbox, backend: Backend) -> None:
+    assert await inbox.knows("e1") is False
+    await inbox.receive_batch([event("e1")])
+
+    assert await inbox.knows("e1") is True
+    assert await inbox.knows("E1") is False
+    assert await inbox.knows("e2") is False
+    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'e1'") == [(1,)]
+
+
+async def test_knows_finds_what_an_earlier_process_applied(backend: Backend) -> None:
+    async with Inbox.open(backend.location) as first:
+        await first.receive_batch([event("e1")])
+    async with Inbox.open(backend.location) as reopened:
+        assert await reopened.knows("e1") is True
+        assert await reopened.knows("e2") is False
+
+
+@pytest.mark.parametrize("requests", [0, 2], ids=["alone", "shared"])
+async def test_a_batch_fenced_on_an_unknown_event_raises_and_changes_nothing(
+    inbox: Inbox, backend: Backend, requests: int
+) -> None:
+    known = event("k0", "tea", 5)
+    await inbox.receive_batch([known])
+    before = snapshot(backend)
+
+    with in_progress(inbox, requests):
+        with pytest.raises(FenceNotMet) as raised:
+            await inbox.receive_batch(
+                [event("n1", "tea", 1), known, event("n2", "corn", 2)], after="ghost"
+            )
+        assert raised.value.after == "ghost"
+        with pytest.raises(FenceNotMet):
+            await inbox.receive_with_digest(event("n3"), after="ghost")
+
+        assert snapshot(backend) == before  # not even the duplicate was counted
+        receipt = await inbox.receive_batch([event("n1")], after="k0")
+    assert [r.receipt for r in receipt.received] == [Receipt.APPLIED]
+    assert backend.ids_in_arrival_order() == ["k0", "n1"]
+
+
+async def test_the_location_is_where_it_was_opened(inbox: Inbox, backend: Backend) -> None:
+    assert inbox.location == backend.location
+
+
+# ---------------------------------------------------------------- the seam
+
+DEFINED_BY_THE_INTERFACE = ("Received", "BatchReceipt", "InboxRecord", "Inbox")
+
+# Imports every sink module but the backends, in a fresh interpreter, and names the
+# storage modules that came with them.
+_LOADED_WITH_THE_SINK = """
+import importlib, json, pkgutil, sys
+import sink
+for module in pkgutil.iter_modules(sink.__path__):
+    if module.name not in ("backends", "__main__"):
+        importlib.import_module("sink." + module.name)
+storage = ("sink.backends", "sqlite_tx", "aiosqlite", "sqlite3")
+loaded = [m for m in sys.modules if any(m == s or m.startswith(s + ".") for s in storage)]
+print(json.dumps(sorted(loaded)))
+"""
+
+
+def test_the_rows_are_defined_by_the_interface() -> None:
+    defined_elsewhere = {
+        name: getattr(sink.store, name).__module__
+        for name in DEFINED_BY_THE_INTERFACE
+        if getattr(sink.store, name).__module__ != "sink.store"
+    }
+    assert defined_elsewhere == {}
+
+
+def test_the_sink_loads_no_backend_until_it_opens_one() -> None:
+    root = Path(__file__).resolve().parents[2]
+    found = subprocess.run(
+        [sys.executable, "-c", _LOADED_WITH_THE_SINK],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout) == []
