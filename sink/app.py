@@ -178,13 +178,9 @@ async def report_writes(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 async def post_event(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    received, settings, fences, inbox = (
-        app[METRICS].received,
-        app[SETTINGS],
-        app[FENCES],
-        app[INBOX],
-    )
+    """Apply one event; the ACK is sent only once it is committed."""
+    received = request.app[METRICS].received
+    settings, fences, inbox = request.app[SETTINGS], request.app[FENCES], request.app[INBOX]
     try:
         after = read_fence(request)
         body = await read_json(request, settings.max_body_bytes)
@@ -215,13 +211,8 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
     items before it are committed and acknowledged, it and those after it change
     nothing, and `rejected` says which and why.
     """
-    app = request.app
-    received, settings, fences, inbox = (
-        app[METRICS].received,
-        app[SETTINGS],
-        app[FENCES],
-        app[INBOX],
-    )
+    received = request.app[METRICS].received
+    settings, fences, inbox = request.app[SETTINGS], request.app[FENCES], request.app[INBOX]
     try:
         after = read_fence(request)
         items = batch_items(await read_json(request, settings.max_batch_body_bytes))

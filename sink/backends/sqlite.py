@@ -90,11 +90,17 @@ class SqliteInbox(Inbox):
         items = list(events)
         if not items:
             return BatchReceipt([], None)
-        if after is None and self._arrivals.count <= 1 and not self._groups.busy:
+        if self._commits_inline(after):
             return await self._db.run_inline(
                 lambda conn: _receive_batch(conn, items, after, time.time())
             )
         return await self._groups.submit(Call(items, after))
+
+    def _commits_inline(self, after: str | None) -> bool:
+        """The tactic: inline when this write is the only one in progress, no group is
+        being committed (writes commit in the order they are handed over) and it is
+        not fenced; otherwise in the next group commit."""
+        return after is None and self._arrivals.count <= 1 and not self._groups.busy
 
     async def knows(self, event_id: str) -> bool:
         """A read of one row, inline: the fence wait asks it while a request waits."""
