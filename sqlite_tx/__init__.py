@@ -20,6 +20,8 @@ import aiosqlite
 
 from plumbing.storage import ClosesOnExit, Opening, StorageError
 
+from .aiosqlite_internals import join_worker, raw_connection, run_on_worker
+
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5_000
@@ -55,18 +57,7 @@ class Database:
     @classmethod
     async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
         """Open (or create) the file, set the pragmas and bring the schema up to date."""
-        # isolation_level=None: the sqlite3 module opens no implicit transactions,
-        # so a read holds no lock once it has fetched, and BEGIN is ours to say.
-        # check_same_thread=False: run_inline uses the connection on the event loop's
-        # thread, never while a call is running on the worker thread.
-        connection = aiosqlite.connect(str(path), isolation_level=None, check_same_thread=False)
-        try:
-            await connection
-        except sqlite3.Error as exc:
-            # aiosqlite stops its worker thread after a failed connect but does not wait
-            # for it; unwaited, the thread may report to an event loop already closed.
-            await asyncio.to_thread(connection._thread.join, THREAD_JOIN_TIMEOUT_S)
-            raise StorageError(f"cannot open {path}: {exc}") from exc
+        connection = await _connect(path)
         db = cls(connection, str(path))
         try:
             await db.run(lambda conn: _prepare(conn, migrations))
@@ -79,11 +70,9 @@ class Database:
         """Run `fn(connection)` on the database thread and return its result."""
         self._submitted += 1
         try:
-            # The one use of aiosqlite's private queue: it is the only way to run a
-            # whole transaction on its thread without a hop per statement.
-            result: T = await self._connection._execute(  # type: ignore[no-untyped-call]
-                self._call, fn
-            )
+            # aiosqlite's private queue (see aiosqlite_internals): the only way to run
+            # a whole transaction on its thread without a hop per statement.
+            result = await run_on_worker(self._connection, self._call, fn)
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: {exc}") from exc
         return result
@@ -91,7 +80,7 @@ class Database:
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """On the worker thread."""
         try:
-            conn = self._connection._conn
+            conn = raw_connection(self._connection)
             self._set_busy_timeout(conn, BUSY_TIMEOUT_MS)
             return fn(conn)
         finally:
@@ -113,7 +102,7 @@ class Database:
         up to the busy timeout without stalling the loop.
         """
         if self._submitted == self._finished:
-            conn = self._connection._conn
+            conn = raw_connection(self._connection)
             try:
                 self._set_busy_timeout(conn, 0)
                 return fn(conn)
@@ -213,6 +202,22 @@ def transaction(
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+async def _connect(path: str | Path) -> aiosqlite.Connection:
+    # isolation_level=None: the sqlite3 module opens no implicit transactions,
+    # so a read holds no lock once it has fetched, and BEGIN is ours to say.
+    # check_same_thread=False: run_inline uses the connection on the event loop's
+    # thread, never while a call is running on the worker thread.
+    connection = aiosqlite.connect(str(path), isolation_level=None, check_same_thread=False)
+    try:
+        await connection
+    except sqlite3.Error as exc:
+        # aiosqlite stops its worker thread after a failed connect but does not wait
+        # for it; unwaited, the thread may report to an event loop already closed.
+        await join_worker(connection, THREAD_JOIN_TIMEOUT_S)
+        raise StorageError(f"cannot open {path}: {exc}") from exc
+    return connection
 
 
 def _prepare(conn: sqlite3.Connection, migrations: Sequence[str]) -> None:

@@ -22,6 +22,7 @@ import pytest
 from publisher.backends.sqlite import LANE_SCAN_ROWS, SqliteOutbox
 from publisher.store import Outbox
 from shared import Event, canonical_json
+from sqlite_tx.aiosqlite_internals import raw_connection
 
 STEP_GRAIN = 10  # the progress handler runs every this many VM steps
 OTHERS_FEW, OTHERS_MANY = 100, 20_000
@@ -60,7 +61,7 @@ def add_events(db: Path, events: list[Event]) -> list[str]:
 async def counted(outbox: Outbox, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
     """What `call()` returns, and the VM steps the outbox's own connection took."""
     assert isinstance(outbox, SqliteOutbox)
-    conn = outbox._db._connection._conn
+    conn = raw_connection(outbox._db._connection)
     steps = 0
 
     def count() -> int:
