@@ -9,6 +9,7 @@ Both sides use this module; their SQL stays in their own storage modules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,13 @@ import aiosqlite
 
 from plumbing.storage import ClosesOnExit, Opening, StorageError
 
-from .aiosqlite_internals import join_worker, raw_connection, run_on_worker
+from .aiosqlite_internals import (
+    AiosqliteChanged,
+    check_internals,
+    join_worker,
+    raw_connection,
+    run_on_worker,
+)
 
 T = TypeVar("T")
 
@@ -56,8 +63,20 @@ class Database:
 
     @classmethod
     async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
-        """Open (or create) the file, set the pragmas and bring the schema up to date."""
+        """Open (or create) the file, set the pragmas and bring the schema up to date.
+
+        Raises StorageError; its subclass AiosqliteChanged if the installed aiosqlite
+        lacks the internals this module runs on (see aiosqlite_internals).
+        """
         connection = await _connect(path)
+        try:
+            await check_internals(connection)
+        except AiosqliteChanged:
+            # With its internals changed, aiosqlite's own close() may fail too; the
+            # error worth reporting is the one that says what changed.
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise
         db = cls(connection, str(path))
         try:
             await db.run(lambda conn: _prepare(conn, migrations))
@@ -269,6 +288,7 @@ class Store(ClosesOnExit):
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
+    "AiosqliteChanged",
     "ClosesOnExit",
     "Database",
     "Opening",
