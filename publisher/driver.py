@@ -125,6 +125,15 @@ class LineOptions:
         return min(max(self.read_limit, self.depth * self.per_request), MAX_READ)
 
 
+class Prefix(NamedTuple):
+    """What one request proved: the rows verified in order, their ACKs, and the
+    failure that ended the prefix, if any."""
+
+    verified: list[Pending]
+    acks: list[Verified]
+    failure: BaseException | None
+
+
 class Request(NamedTuple):
     """A request in flight."""
 
@@ -371,21 +380,18 @@ def _fence_not_met(exc: Exception) -> bool:
     return isinstance(exc, NotAcknowledged) and exc.status == FENCE_NOT_MET
 
 
-def _verified_prefix(
-    rows: list[Pending], results: Sequence[Result]
-) -> tuple[list[Pending], list[Verified], BaseException | None]:
-    """The rows verified in order, their ACKs, and the failure that ends them if any."""
+def _verified_prefix(rows: list[Pending], results: Sequence[Result]) -> Prefix:
     verified: list[Pending] = []
     acks: list[Verified] = []
     for row, result in zip(rows, results, strict=False):
         if isinstance(result, BaseException):
-            return verified, acks, result
+            return Prefix(verified, acks, result)
         verified.append(row)
         acks.append(result)
     if len(verified) < len(rows):
         missing = rows[len(verified)].event["id"]
-        return verified, acks, NotAcknowledged(f"{missing}: no ACK in the reply")
-    return verified, acks, None
+        return Prefix(verified, acks, NotAcknowledged(f"{missing}: no ACK in the reply"))
+    return Prefix(verified, acks, None)
 
 
 async def _settle(dropped: Sequence[asyncio.Future[Any]]) -> None:

@@ -230,7 +230,7 @@ class Outbox(ABC):
         await self.mark_sent_many([Mark(event_id, ack)])
 
     @abstractmethod
-    async def mark_sent_many(self, marks: Sequence[Mark | tuple[str, Any]]) -> None:
+    async def mark_sent_many(self, marks: Sequence[Mark]) -> None:
         """Save several entries as sent, each with its ACK: all of them or none.
 
         An entry quarantined while its send was in flight is saved as sent, and its

@@ -91,7 +91,7 @@ class SqliteOutbox(Outbox):
     async def head_ids(self, lanes: Sequence[str | None]) -> dict[str | None, str | None]:
         return await self._db.run(lambda conn: _head_ids(conn, lanes))
 
-    async def mark_sent_many(self, marks: Sequence[Mark | tuple[str, Any]]) -> None:
+    async def mark_sent_many(self, marks: Sequence[Mark]) -> None:
         """Marks asked for while another is being committed are committed together in
         the next transaction (group commit): with several lanes in flight, one fsync
         serves them all."""

@@ -570,9 +570,8 @@ async def test_publisher_dispatch_keeps_each_verified_ack_with_its_mark(
 
     assert excinfo.value is failure
     # The attempt is recorded on the entry the failure is about, and only there.
-    assert db_rows(db, "SELECT id, attempts, last_error FROM outbox WHERE sent = 0 AND attempts > 0") == [
-        ("m3", 1, str(failure))
-    ]
+    failed = "SELECT id, attempts, last_error FROM outbox WHERE sent = 0 AND attempts > 0"
+    assert db_rows(db, failed) == [("m3", 1, str(failure))]
     acks = dict(db_rows(db, "SELECT id, ack FROM outbox WHERE sent = 1"))
     assert {k: json.loads(v) for k, v in acks.items()} == {
         "z1": applied(events[0]),
