@@ -100,7 +100,7 @@ class Opening(Generic[C]):
 
 
 class ClosesOnExit:
-    """Mixin: `async with obj:` closes it on the way out."""
+    """Mixin: `async with obj:` closes it on the way out (`close` is the subclass's)."""
 
     async def close(self) -> None:
         raise NotImplementedError

@@ -29,7 +29,7 @@ from plumbing.web import serve_app
 from publisher.chaos import exit_after_ack
 from publisher.dispatch import deliver_pending
 from publisher.driver import MAX_DEPTH
-from publisher.errors import DeliveryError, InvalidTransition, TargetNotAllowed, UnknownEntry
+from publisher.errors import DeliveryError, OutboxError, TargetNotAllowed
 from publisher.http import TIMEOUT_S, HttpSender
 from publisher.lanes import MAX_LANES
 from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S
@@ -451,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, f"refused sink URL: {exc}", EXIT_USAGE)
     except (TokenError, BadLocation) as exc:
         return fail(PROG, exc, EXIT_USAGE)
-    except (Conflict, DeliveryError, StorageError, UnknownEntry, InvalidTransition) as exc:
+    except (Conflict, DeliveryError, StorageError, OutboxError) as exc:
         return fail(PROG, exc)
     except OSError as exc:
         return fail(PROG, f"cannot listen: {exc.strerror or exc}")

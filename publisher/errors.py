@@ -1,4 +1,5 @@
-"""Errors of the publisher side."""
+"""Errors of the publisher side: `DeliveryError` for a delivery that was not proven,
+`OutboxError` for an operation on one outbox entry that cannot be done."""
 
 from __future__ import annotations
 
@@ -34,7 +35,11 @@ class Rejected(NotAcknowledged):
     retryable = False
 
 
-class UnknownEntry(LookupError):
+class OutboxError(Exception):
+    """An operation on an outbox entry cannot be done as asked."""
+
+
+class UnknownEntry(OutboxError, LookupError):
     """No outbox entry has this ID."""
 
     def __init__(self, event_id: str) -> None:
@@ -42,5 +47,5 @@ class UnknownEntry(LookupError):
         self.event_id = event_id
 
 
-class InvalidTransition(Exception):
+class InvalidTransition(OutboxError):
     """The entry is not in a state that allows this operation."""

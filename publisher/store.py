@@ -16,10 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Final, Literal, NamedTuple, Self
+from typing import Any, Final, Literal, NamedTuple
 
-from plumbing.storage import Opening
+from plumbing.storage import ClosesOnExit, Opening
 from shared import MAX_BATCH, Event
 
 MAX_READ: Final = 256  # entries one pending read may return (a pipelined relay reads ahead)
@@ -154,7 +153,7 @@ def check_limit(limit: object, most: int = MAX_BATCH) -> int:
     return limit
 
 
-class Outbox(ABC):
+class Outbox(ClosesOnExit, ABC):
     """Orders and their outbox entries, in the source database.
 
     Errors: StorageError (plumbing.storage) when the database cannot be used,
@@ -179,18 +178,8 @@ class Outbox(ABC):
         """Where the outbox lives, for messages (a file path, a URL without secrets)."""
 
     @abstractmethod
-    async def close(self) -> None: ...
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    async def close(self) -> None:
+        """Close the connection(s); `async with` calls it on the way out."""
 
     # ------------------------------------------------------------------ intake
 

@@ -8,7 +8,7 @@ from shared.ack import (
     payload_digest,
     verify_ack,
 )
-from shared.errors import Conflict, FenceNotMet, InvalidAck, InvalidEvent
+from shared.errors import Conflict, ContractError, FenceNotMet, InvalidAck, InvalidEvent
 from shared.event import Event, canonical_json, validate_event, validate_event_id, validate_sku
 from shared.protocol import (
     FENCE_HEADER,
@@ -27,6 +27,7 @@ __all__ = [
     "MAX_BATCH_BODY_BYTES",
     "MAX_BODY_BYTES",
     "Conflict",
+    "ContractError",
     "Event",
     "FenceNotMet",
     "InvalidAck",

@@ -1,9 +1,13 @@
-"""Errors of the wire contract, shared by both sides."""
+"""Errors of the wire contract, shared by both sides: one root, `ContractError`."""
 
 from __future__ import annotations
 
 
-class InvalidEvent(ValueError):
+class ContractError(Exception):
+    """The wire contract between publisher and sink was not followed."""
+
+
+class InvalidEvent(ContractError, ValueError):
     """The event does not follow the contract."""
 
     def __init__(self, field: str, problem: str) -> None:
@@ -12,7 +16,7 @@ class InvalidEvent(ValueError):
         self.problem = problem
 
 
-class Conflict(Exception):
+class Conflict(ContractError):
     """The same ID was already recorded with a different payload."""
 
     def __init__(self, event_id: str) -> None:
@@ -20,7 +24,7 @@ class Conflict(Exception):
         self.event_id = event_id
 
 
-class FenceNotMet(Exception):
+class FenceNotMet(ContractError):
     """A pipelined request named a predecessor the sink has not applied: nothing of the
     request was applied, so the sink never applies events out of the sender's order."""
 
@@ -29,5 +33,5 @@ class FenceNotMet(Exception):
         self.after = after
 
 
-class InvalidAck(ValueError):
+class InvalidAck(ContractError, ValueError):
     """The reply is not an ACK for the event that was sent."""

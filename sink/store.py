@@ -16,10 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from plumbing.storage import Opening
+from plumbing.storage import ClosesOnExit, Opening
 from shared import Conflict, Event, Receipt, validate_event
 
 
@@ -50,7 +48,7 @@ class InboxRecord:
     last_delivery_at: float
 
 
-class Inbox(ABC):
+class Inbox(ClosesOnExit, ABC):
     """Which event IDs the sink has applied, and the inventory they changed.
 
     Recording the ID and applying its effect (`inventory[sku] += qty`) happen in one
@@ -78,18 +76,8 @@ class Inbox(ABC):
         """Where the inbox lives, for messages (a file path, a URL without secrets)."""
 
     @abstractmethod
-    async def close(self) -> None: ...
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    async def close(self) -> None:
+        """Close the connection(s); `async with` calls it on the way out."""
 
     # ------------------------------------------------------------------ facts
 

@@ -15,11 +15,11 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import ClassVar, Generic, Self, TypeVar
+from typing import Generic, TypeVar
 
 import aiosqlite
 
-from plumbing.storage import ClosesOnExit, Opening, StorageError
+from plumbing.storage import StorageError
 
 from .aiosqlite_internals import (
     AiosqliteChanged,
@@ -260,39 +260,10 @@ def _statements(script: str) -> list[str]:
     return [part.strip() for part in script.split(";") if part.strip()]
 
 
-class Store(ClosesOnExit):
-    """Base of a storage class over one SQLite file: `await X.open(path)` or
-    `async with X.open(path) as x`, with the schema brought up to date on the way."""
-
-    MIGRATIONS: ClassVar[Sequence[str]] = ()
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
-    @classmethod
-    def open(cls, path: str | Path) -> Opening[Self]:
-        """Open (or create) the file and bring its schema up to date."""
-
-        async def opener() -> Self:
-            return cls(await Database.open(path, cls.MIGRATIONS))
-
-        return Opening(opener)
-
-    @property
-    def path(self) -> str:
-        return self._db.path
-
-    async def close(self) -> None:
-        await self._db.close()
-
-
 __all__ = [
     "BUSY_TIMEOUT_MS",
     "AiosqliteChanged",
-    "ClosesOnExit",
     "Database",
-    "Opening",
     "StorageError",
-    "Store",
     "transaction",
 ]
