@@ -104,7 +104,7 @@ def build_parser() -> ArgumentParser:
 
     def command(name: str, help: str) -> ArgumentParser:
         sub: ArgumentParser = commands.add_parser(name, help=help, description=help)
-        add_option(sub, "--db", required=True, help="source database file")
+        add_option(sub, "--db", required=True, help="source database: a file path or a sqlite: URL")
         return sub
 
     accept = command("accept", "record one order and its outbox entry")

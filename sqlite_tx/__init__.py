@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, Self, TypeVar
 
 import aiosqlite
 
@@ -260,10 +260,37 @@ def _statements(script: str) -> list[str]:
     return [part.strip() for part in script.split(";") if part.strip()]
 
 
+class SqliteFile:
+    """What every SQLite backend is on top of its interface: one file, opened with its
+    migrations, and closed. `connect` is what a backend's factory awaits."""
+
+    MIGRATIONS: ClassVar[Sequence[str]] = ()
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    @classmethod
+    async def connect(cls, path: str | Path) -> Self:
+        """Open (or create) the file and bring its schema up to date."""
+        return cls(await Database.open(path, cls.MIGRATIONS))
+
+    @property
+    def location(self) -> str:
+        return self._db.path
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    async def close(self) -> None:
+        await self._db.close()
+
+
 __all__ = [
     "BUSY_TIMEOUT_MS",
     "AiosqliteChanged",
     "Database",
+    "SqliteFile",
     "StorageError",
     "transaction",
 ]

@@ -35,33 +35,19 @@ from publisher.store import (
 )
 from shared import MAX_BATCH, Conflict, Event, canonical_json, validate_event
 from shared.ack import ack_json
-from sqlite_tx import Database, GroupCommit, transaction
+from sqlite_tx import Database, GroupCommit, SqliteFile, transaction
 
 LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
 
 
-class SqliteOutbox(Outbox):
+class SqliteOutbox(SqliteFile, Outbox):
     """Orders and outbox entries in one SQLite file."""
 
+    MIGRATIONS = sql.MIGRATIONS
+
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._marks = GroupCommit(db, _mark_groups)
-
-    @classmethod
-    async def connect(cls, path: str) -> SqliteOutbox:
-        """Open (or create) the file and bring its schema up to date."""
-        return cls(await Database.open(path, sql.MIGRATIONS))
-
-    @property
-    def location(self) -> str:
-        return self._db.path
-
-    @property
-    def path(self) -> str:
-        return self._db.path
-
-    async def close(self) -> None:
-        await self._db.close()
 
     async def accept(self, event: object) -> Intake:
         """Record the order and its outbox entry in one transaction: both or neither."""

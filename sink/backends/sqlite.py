@@ -19,7 +19,7 @@ from plumbing.storage import StorageError
 from shared import Conflict, Event, FenceNotMet, Receipt, canonical_json, digest_of
 from sink.backends import sqlite_sql as sql
 from sink.store import BatchReceipt, Inbox, InboxRecord, Received
-from sqlite_tx import Database, GroupCommit, transaction
+from sqlite_tx import Database, GroupCommit, SqliteFile, transaction
 
 
 class Arrivals:
@@ -43,7 +43,7 @@ class Arrivals:
         self.count -= 1
 
 
-class SqliteInbox(Inbox):
+class SqliteInbox(SqliteFile, Inbox):
     """The sink's inbox and inventory in one SQLite file.
 
     A write that has the database to itself commits on the calling thread (no hand-
@@ -55,31 +55,17 @@ class SqliteInbox(Inbox):
     always goes there, so a pipeline's requests share fsyncs too.
     """
 
+    MIGRATIONS = sql.MIGRATIONS
+
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._groups = GroupCommit(db, _receive_groups)
         self._arrivals = Arrivals()
-
-    @classmethod
-    async def connect(cls, path: str) -> SqliteInbox:
-        """Open (or create) the file and bring its schema up to date."""
-        return cls(await Database.open(path, sql.MIGRATIONS))
-
-    @property
-    def location(self) -> str:
-        return self._db.path
-
-    @property
-    def path(self) -> str:
-        return self._db.path
 
     @property
     def writes_in_progress(self) -> int:
         """Write requests between arrival and reply, as reported through `arriving`."""
         return self._arrivals.count
-
-    async def close(self) -> None:
-        await self._db.close()
 
     def arriving(self) -> Arrivals:
         return self._arrivals

@@ -1,0 +1,106 @@
+"""The backends the inbox behaviour suite runs on, and how a test reaches each one.
+
+A test gets an inbox opened with `Inbox.open(backend.location)`, and through
+`backend` a way to the `inbox` and `inventory` tables that does not go through the
+inbox: a connection of the test's own, opened for each call, as another process
+would see the data. A new backend plugs in with one class that implements `Backend`
+and one factory in `BACKENDS`; the tests are not copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+Row = tuple[Any, ...]
+Write = Literal["INSERT", "UPDATE"]
+
+
+class Backend(ABC):
+    """One backend as a behaviour test sees it: where to open it, and its raw tables."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """What `Inbox.open` is given (the --db value an operator would give)."""
+
+    @abstractmethod
+    def query(self, sql: str, *params: object) -> list[Row]:
+        """Every row `sql` selects, read through a fresh connection closed afterwards."""
+
+    @abstractmethod
+    def ids_in_arrival_order(self) -> list[str]:
+        """The inbox's IDs in the order their rows were recorded."""
+
+    @abstractmethod
+    def refusing(
+        self, table: str, writes: tuple[Write, ...], message: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """While inside, every write of these kinds to `table` fails in the database
+        with an error whose text holds `message` (one statement of a transaction
+        failing, set up through a connection of the test's own)."""
+
+
+class SqliteBackend(Backend):
+    """A SQLite file in the test's temporary directory, read with the sqlite3 module."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def query(self, sql: str, *params: object) -> list[Row]:
+        conn = sqlite3.connect(self.path, timeout=5)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def ids_in_arrival_order(self) -> list[str]:
+        return [row[0] for row in self.query("SELECT id FROM inbox ORDER BY rowid")]
+
+    def _execute(self, *statements: str) -> None:
+        conn = sqlite3.connect(self.path, timeout=5, isolation_level=None)
+        try:
+            for statement in statements:
+                conn.execute(statement)
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def refusing(self, table: str, writes: tuple[Write, ...], message: str) -> Iterator[None]:
+        text = message.replace("'", "''")
+        triggers = [f"refuse_{table}_{write.lower()}" for write in writes]
+        self._execute(
+            *(
+                f"CREATE TRIGGER {trigger} BEFORE {write} ON {table}"
+                f" BEGIN SELECT RAISE(ABORT, '{text}'); END"
+                for trigger, write in zip(triggers, writes, strict=True)
+            )
+        )
+        try:
+            yield
+        finally:
+            self._execute(*(f"DROP TRIGGER {trigger}" for trigger in triggers))
+
+
+BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]
+
+
+@contextlib.contextmanager
+def sqlite_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    yield SqliteBackend(tmp_path / "sink.db")
+
+
+# name -> factory: the suite runs once per entry. A backend that needs a server the
+# machine may lack skips (pytest.skip) in its factory.
+BACKENDS: dict[str, BackendFactory] = {"sqlite": sqlite_backend}
