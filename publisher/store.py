@@ -206,8 +206,8 @@ class Outbox(ClosesOnExit, ABC):
 
     @abstractmethod
     async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
-        """Up to `limit` lanes (SKUs) with pending entries, the one whose head is
-        oldest first, leaving out the lanes in `skip`."""
+        """Up to `limit` (1 or more, else ValueError) lanes (SKUs) with pending
+        entries, the one whose head is oldest first, leaving out the lanes in `skip`."""
 
     @abstractmethod
     async def head_ids(self, lanes: Sequence[str | None]) -> dict[str | None, str | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import sqlite3
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
@@ -71,6 +72,7 @@ class SqliteOutbox(SqliteFile, Outbox):
         return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
 
     async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
+        check_limit(limit, most=sys.maxsize)
         skip = set(skip)
         return await self._db.run(lambda conn: _pending_lanes(conn, limit, skip))
 

@@ -24,8 +24,8 @@ import publisher.store
 from plumbing.storage import StorageError
 from publisher import MAX_BATCH, UnknownEntry
 from publisher.errors import InvalidTransition
-from publisher.store import Outbox, State
-from shared import Conflict, InvalidEvent, canonical_json
+from publisher.store import Mark, Outbox, State
+from shared import Conflict, InvalidEvent, Receipt, canonical_json, make_ack
 
 ACK = {"ack": "x", "status": "applied"}
 # sent_at and quarantined_at come from time.time(); a short pause keeps them apart.
@@ -475,6 +475,66 @@ async def test_failure_on_a_sent_entry_changes_nothing(outbox: Outbox, backend: 
     before = backend.query("SELECT * FROM outbox")
     await outbox.record_failure("a", "late error")
     assert backend.query("SELECT * FROM outbox") == before
+
+
+async def test_mark_sent_many_marks_an_entry_quarantined_in_flight_and_closes_it_as_delivered(
+    outbox: Outbox, backend: Backend
+) -> None:
+    # The relay read a, b and c and is sending them; an operator quarantines b; the ACKs
+    # arrive. As with mark_sent, the ACK is the truth: b is sent, its stay "delivered".
+    ids = ["a", "b", "c"]
+    await accept(outbox, *ids)
+    a, b, c = ids
+    await outbox.quarantine(b, "looked stuck", "alice")
+    await asyncio.sleep(TICK_S)
+    ack = {i: make_ack(i, Receipt.APPLIED) for i in ids}
+
+    await outbox.mark_sent_many([Mark(i, ack[i]) for i in ids])
+
+    rows = backend.query("SELECT id, sent, quarantined, attempts, ack FROM outbox ORDER BY seq")
+    assert [(i, s, q, n, json.loads(x)) for i, s, q, n, x in rows] == [
+        (i, 1, 0, 1, ack[i]) for i in ids
+    ]
+    [(sent_at,)] = backend.query("SELECT DISTINCT sent_at FROM outbox")  # one transaction
+    entry = await outbox.entry(b)
+    assert entry is not None and (entry.state, entry.ack) == (State.SENT, ack[b])
+    [record] = await outbox.quarantines(b)
+    assert (record.released_as, record.released_by) == ("delivered", "relay")
+    assert (record.quarantined_by, record.released_at) == ("alice", sent_at)
+    assert (await outbox.snapshot()).quarantined == 0
+    assert await outbox.entries(State.QUARANTINED) == []
+    assert backend.query("SELECT id, released_as FROM quarantines") == [(b, "delivered")]
+    assert {a, c}.isdisjoint(r[0] for r in backend.query("SELECT id FROM quarantines"))
+
+
+async def test_mark_sent_many_leaves_an_already_sent_entry_as_it_was(
+    outbox: Outbox, backend: Backend
+) -> None:
+    a, b, c = "a", "b", "c"
+    await accept(outbox, a, b, c)
+    await outbox.mark_sent(b, make_ack(b, Receipt.APPLIED))
+    before = backend.query("SELECT * FROM outbox WHERE id = ?", b)
+    await asyncio.sleep(TICK_S)
+
+    await outbox.mark_sent_many(
+        [Mark(a, make_ack(a, Receipt.APPLIED)), Mark(b, make_ack(b, Receipt.DUPLICATE)), Mark(c)]
+    )
+
+    assert backend.query("SELECT * FROM outbox WHERE id = ?", b) == before
+    rows = backend.query("SELECT id, sent, attempts, sent_at FROM outbox ORDER BY seq")
+    assert [(i, s, n) for i, s, n, _ in rows] == [(a, 1, 1), (b, 1, 1), (c, 1, 1)]
+    times = {i: t for i, _, _, t in rows}
+    assert times[a] == times[c] > times[b]
+    assert count(backend, "quarantines") == 0
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True])
+async def test_pending_lanes_refuses_a_limit_that_is_not_a_positive_integer(
+    outbox: Outbox, limit: Any
+) -> None:
+    await accept(outbox, "a")
+    with pytest.raises(ValueError):
+        await outbox.pending_lanes(limit)
 
 
 # ---------------------------------------------------------------- quarantine
