@@ -10,30 +10,17 @@ import argparse
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
 from chaos.procs import ChaosError
 from chaos.run import run
 from chaos.scenarios import SCENARIOS, Outcome
-from plumbing.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
+from plumbing.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail, int_in, strict_int
 
 PROG: Final = "chaos"
 MAX_EVENTS: Final = 100_000
-
-
-def bounded(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
-        return value
-
-    return parse
 
 
 def build_parser() -> ArgumentParser:
@@ -42,9 +29,9 @@ def build_parser() -> ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     go = commands.add_parser("run", help="feed orders while killing the services at random moments")
-    go.add_argument("--events", type=bounded(1, MAX_EVENTS), default=200, help="orders to feed")
-    go.add_argument("--kills", type=bounded(0, MAX_EVENTS), default=5, help="kills during the feed")
-    go.add_argument("--seed", type=int, default=1, help="random seed (same seed, same plan)")
+    go.add_argument("--events", type=int_in(1, MAX_EVENTS), default=200, help="orders to feed")
+    go.add_argument("--kills", type=int_in(0, MAX_EVENTS), default=5, help="kills during the feed")
+    go.add_argument("--seed", type=strict_int, default=1, help="random seed (same seed, same plan)")
     go.add_argument("--target", choices=["publisher", "sink", "both"], default="both")
     go.add_argument(
         "--drain-timeout", type=float, default=120.0, help="seconds to wait for the backlog"

@@ -21,6 +21,10 @@ EXIT_USAGE: Final = 2
 ENV_PREFIX: Final = "OUTBOX_"
 TRUE_WORDS: Final = frozenset({"1", "true", "yes", "on"})
 _DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+# ASCII digits only: int() and float() would also take "1_000" and other scripts' digits.
+_INT_RE: Final = re.compile(r"-?[0-9]+")
+_DECIMAL_RE: Final = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+MAX_PORT: Final = 65535
 _SECONDS_PER_UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -75,6 +79,55 @@ def _from_env(
         return value
 
     return parse
+
+
+def strict_int(text: str) -> int:
+    """argparse type: an integer in plain ASCII digits, optionally negative."""
+    if _INT_RE.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+    return int(text)
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: a strict integer from `low` to `high`."""
+
+    def parse(text: str) -> int:
+        if _INT_RE.fullmatch(text) is None or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer from {low} to {high}, got {text!r}"
+            )
+        return int(text)
+
+    return parse
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a strict integer greater than 0."""
+    if _INT_RE.fullmatch(text) is None or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer greater than 0, got {text!r}")
+    return int(text)
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free port) to 65535."""
+    return int_in(0, MAX_PORT)(text)
+
+
+def positive_s(text: str) -> float:
+    """argparse type: a finite number of seconds above 0, in plain decimal digits."""
+    if _DECIMAL_RE.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    seconds = float(text)
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return seconds
+
+
+def non_empty(text: str) -> str:
+    """argparse type: text that is not empty or only white space."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def duration_s(text: str) -> float:

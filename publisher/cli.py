@@ -21,7 +21,13 @@ from plumbing.cli import (
     add_option,
     duration_s,
     fail,
+    int_in,
+    non_empty,
+    port,
+    positive_int,
+    positive_s,
     setup_logging,
+    strict_int,
 )
 from plumbing.net import TOKEN_ENV, TokenError, load_token
 from plumbing.storage import BadLocation, StorageError
@@ -35,7 +41,7 @@ from publisher.lanes import MAX_LANES
 from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app
-from publisher.store import Entry, Outbox, QuarantineRecord, State, check_limit
+from publisher.store import Entry, Outbox, QuarantineRecord, State
 from publisher.trace import collect_trace, render_trace, when
 from publisher.transport import Transport
 from shared import MAX_BATCH, Conflict, InvalidEvent, validate_event_id
@@ -46,23 +52,8 @@ EXIT_AFTER_ACK: Final = "exit-after-ack"
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
-def batch_limit(text: str) -> int:
-    """argparse type for --limit: an integer from 1 to 16."""
-    try:
-        return check_limit(int(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_BATCH}") from None
-
-
-def pipeline_depth(text: str) -> int:
-    """argparse type for --pipeline: an integer from 1 to 16."""
-    try:
-        depth = int(text)
-    except ValueError:
-        depth = 0
-    if not 1 <= depth <= MAX_DEPTH:
-        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_DEPTH}")
-    return depth
+batch_limit = int_in(1, MAX_BATCH)  # argparse type for --limit
+pipeline_depth = int_in(1, MAX_DEPTH)  # argparse type for --pipeline
 
 
 def chaos_exit(text: str) -> int:
@@ -76,19 +67,6 @@ def chaos_exit(text: str) -> int:
     raise argparse.ArgumentTypeError(
         f"expected {EXIT_AFTER_ACK} or {EXIT_AFTER_ACK}=N with N from 1, got {text!r}"
     )
-
-
-def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
-        return value
-
-    return parse
 
 
 def event_id(text: str) -> str:
@@ -110,7 +88,7 @@ def build_parser() -> ArgumentParser:
     accept = command("accept", "record one order and its outbox entry")
     add_option(accept, "--id", required=True, help="business ID of the order")
     add_option(accept, "--sku", required=True, help="stock keeping unit")
-    add_option(accept, "--qty", required=True, type=int, help="quantity, 1 to 1,000,000")
+    add_option(accept, "--qty", required=True, type=strict_int, help="quantity, 1 to 1,000,000")
 
     send = command("dispatch", "deliver one batch of pending entries, in order")
     _sink_options(send)
@@ -127,12 +105,12 @@ def build_parser() -> ArgumentParser:
     serve = command("serve", "run the intake API and the relay until SIGTERM")
     _sink_options(serve)
     add_option(serve, "--host", default="127.0.0.1", help="intake address to listen on")
-    add_option(serve, "--port", type=int, default=DEFAULT_PORT, help="intake port (0: any)")
+    add_option(serve, "--port", type=port, default=DEFAULT_PORT, help="intake port (0: any)")
     add_option(serve, "--limit", type=batch_limit, default=MAX_BATCH, help="batch size, 1 to 16")
     add_option(
         serve,
         "--poll-interval",
-        type=positive(float),
+        type=positive_s,
         default=POLL_INTERVAL_S,
         help="seconds between checks for entries written by other processes",
     )
@@ -140,28 +118,28 @@ def build_parser() -> ArgumentParser:
     add_option(
         serve,
         "--retry-base",
-        type=positive(float),
+        type=positive_s,
         default=defaults.base_s,
         help="first retry wait ceiling, seconds",
     )
     add_option(
         serve,
         "--retry-cap",
-        type=positive(float),
+        type=positive_s,
         default=defaults.cap_s,
         help="longest retry wait, seconds (also the wait after a permanent failure)",
     )
     add_option(
         serve,
         "--quarantine-after",
-        type=positive(int),
+        type=positive_int,
         default=None,
         help="quarantine the head after N consecutive permanent failures (400/409/413)",
     )
     add_option(
         serve,
         "--send-timeout",
-        type=positive(float),
+        type=positive_s,
         default=TIMEOUT_S,
         help="seconds one delivery may take in all",
     )
@@ -175,7 +153,7 @@ def build_parser() -> ArgumentParser:
     add_option(
         serve,
         "--lanes",
-        type=positive(int),
+        type=positive_int,
         default=MAX_LANES,
         help="with --ordering sku: at most this many SKUs in flight at once",
     )
@@ -210,12 +188,14 @@ def build_parser() -> ArgumentParser:
         default="pending",
         help="which entries",
     )
-    add_option(listing, "--limit", type=positive(int), default=100, help="at most this many")
+    add_option(listing, "--limit", type=positive_int, default=100, help="at most this many")
     add_option(listing, "--json", action="store_true", help="one JSON object per line")
 
     quarantine = command("quarantine", "take a pending entry out of the line")
     quarantine.add_argument("id", type=event_id, help="event ID")
-    add_option(quarantine, "--reason", required=True, help="why (kept with the record)")
+    add_option(
+        quarantine, "--reason", required=True, type=non_empty, help="why (kept with the record)"
+    )
     add_option(quarantine, "--by", default=_operator(), help="who (kept with the record)")
 
     redrive = command("redrive", "put a quarantined entry back at its own position")
@@ -311,7 +291,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         send_timeout_s=args.send_timeout,
         batch_delivery=args.delivery == "batch",
         ordering=args.ordering,
-        max_lanes=int(args.lanes),
+        max_lanes=args.lanes,
         pipeline=args.pipeline,
     )
     hook = exit_after_ack(args.chaos) if args.chaos else None
@@ -442,7 +422,12 @@ COMMANDS: Final[dict[str, Command]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve" and args.retry_base > args.retry_cap:
+        parser.error(
+            f"--retry-base ({args.retry_base}) must not be above --retry-cap ({args.retry_cap})"
+        )
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except InvalidEvent as exc:

@@ -9,7 +9,7 @@ from typing import Final
 
 from aiohttp import web
 
-from plumbing.cli import EXIT_USAGE, ArgumentParser, add_option, fail, setup_logging
+from plumbing.cli import EXIT_USAGE, ArgumentParser, add_option, fail, port, setup_logging
 from plumbing.net import TOKEN_ENV, TokenError, is_loopback, load_token
 from plumbing.storage import BadLocation, StorageError
 from plumbing.web import serve_app
@@ -28,7 +28,7 @@ def build_parser() -> ArgumentParser:
     )
     add_option(parser, "--db", required=True, help="sink database: a file path or a sqlite: URL")
     add_option(parser, "--host", default="127.0.0.1", help="address to listen on")
-    add_option(parser, "--port", type=int, default=DEFAULT_PORT, help="port (0: any free port)")
+    add_option(parser, "--port", type=port, default=DEFAULT_PORT, help="port (0: any free port)")
     add_option(
         parser, "--token-file", help=f"file holding the shared bearer token (or {TOKEN_ENV})"
     )
