@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, Protocol
 
+from plumbing.logs import Throttled
 from publisher.errors import NotAcknowledged
 from publisher.store import MAX_READ, Mark, Outbox, Pending
 from shared import MAX_BATCH, Event
@@ -177,8 +178,11 @@ class Driver:
         may_send: Callable[[], bool] = _always,
         report: Reporter | None = None,
         fenced: Callable[[str], bool] | None = None,
+        log: Throttled | None = None,
     ) -> None:
         self._line = line
+        # Repeated failures are logged once per interval with a count (plumbing.logs).
+        self._log = log or Throttled(logging.getLogger(__name__))
         self._send = send
         self._options = options
         self._after_delivery = after_delivery
@@ -373,7 +377,8 @@ class Driver:
                 self.failed_entry = None  # not a delivery failure
                 raise failure
             if failure is not first:  # the first is what propagates
-                log.error("marking delivered entries failed too: %s", failure)
+                key = ("marking delivered entries failed too", str(failure))
+                self._log.error(key, "marking delivered entries failed too: %s", failure)
 
 
 def _fence_not_met(exc: Exception) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
+from plumbing.logs import Throttled
 from publisher.errors import DeliveryError, InvalidTransition
 from publisher.outcomes import RELAY_LOG
 from publisher.retry import Random, RetryPolicy, is_permanent, retry_delay_s, should_quarantine
@@ -61,10 +62,20 @@ class HeadState:
 class HeadPolicy:
     """The head-failure policy of every line of a relay."""
 
-    def __init__(self, outbox: Outbox, retry: RetryPolicy, rand: Random = random.random) -> None:
+    def __init__(
+        self,
+        outbox: Outbox,
+        retry: RetryPolicy,
+        rand: Random = random.random,
+        *,
+        log: Throttled | None = None,
+    ) -> None:
         self._outbox = outbox
         self.retry = retry
         self._rand = rand
+        # A broken database fails every step the same way, several times a second:
+        # one line (and one traceback) per interval, with a count, not one per step.
+        self.log = log or Throttled(RELAY_LOG)
 
     def delivered(self, state: HeadState) -> None:
         """The line delivered something: its head is no longer blocked."""
@@ -77,15 +88,18 @@ class HeadPolicy:
         if entry is None:
             # Not a delivery failure (the database, say): back off and read again.
             exc_info = not isinstance(error, DeliveryError)
-            RELAY_LOG.error("relay step failed: %s", error, exc_info=exc_info)
+            key = ("relay step failed", type(error), str(error))
+            self.log.error(key, "relay step failed: %s", error, exc_info=exc_info)
             return retry_delay_s(error, 1, self.retry, self._rand)
         event_id = entry.event["id"]
         await self._outbox.record_failure(event_id, str(error))
         state.streak = state.streak.after(event_id, error)
         state.blocked = _blocked(state.blocked, event_id, error)
         fields = {"event_id": event_id, "lane": lane, "failures": state.streak.failures}
-        RELAY_LOG.warning(
-            "head blocked", extra={**fields, "since": state.blocked.since, "reason": str(error)}
+        self.log.warning(
+            ("head blocked", lane, event_id, str(error)),
+            "head blocked",
+            extra={**fields, "since": state.blocked.since, "reason": str(error)},
         )
         if should_quarantine(error, state.streak.permanent, self.retry):
             await self._quarantine(

@@ -15,7 +15,6 @@ from typing import Final
 
 from publisher.head_policy import Blocked, HeadPolicy
 from publisher.line import Line, LineRunner, Signals
-from publisher.outcomes import RELAY_LOG
 from publisher.store import Outbox
 
 MAX_LANES: Final = 8
@@ -38,6 +37,7 @@ class LanesSupervisor:
         self._outbox = outbox
         self._runner = runner
         self._policy = policy
+        self._log = policy.log
         self._signals = signals
         self._max_lanes = max_lanes
         self._poll_interval_s = poll_interval_s
@@ -90,7 +90,11 @@ class LanesSupervisor:
             try:
                 keys = await self._outbox.pending_lanes(max(free, LANE_CANDIDATES), sorted(busy))
             except Exception as exc:
-                RELAY_LOG.error("could not read the pending lanes: %s", exc)
+                self._log.error(
+                    ("could not read the pending lanes", str(exc)),
+                    "could not read the pending lanes: %s",
+                    exc,
+                )
                 return
             self._listed_at = now
         self._candidates = keys[free:]
@@ -113,7 +117,11 @@ class LanesSupervisor:
         try:
             moved = await self._policy.moved(waiting)
         except Exception as exc:
-            RELAY_LOG.error("could not read the heads of blocked lanes: %s", exc)
+            self._log.error(
+                ("could not read the heads of blocked lanes", str(exc)),
+                "could not read the heads of blocked lanes: %s",
+                exc,
+            )
             return
         for key in moved:
             self._lanes[key].not_before = 0.0

@@ -13,9 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from plumbing.logs import REPEAT_INTERVAL_S, Throttled
 from publisher.driver import AfterDelivery, Driver, LineOptions, OutboxLine
+from publisher.driver import log as driver_log
 from publisher.head_policy import HeadPolicy, HeadState
-from publisher.outcomes import RELAY_LOG, DeliveryLog
+from publisher.outcomes import DeliveryLog
 from publisher.store import Outbox
 from publisher.transport import Transport
 
@@ -74,6 +76,7 @@ class LineSettings:
     limit: int  # entries per request in batch mode, and per read at least
     depth: int  # requests in flight per line
     poll_interval_s: float
+    log_repeat_interval_s: float = REPEAT_INTERVAL_S  # a repeated failure: one line per
 
 
 class LineRunner:
@@ -98,6 +101,8 @@ class LineRunner:
         self._after_delivery = after_delivery
         per_request = settings.limit if transport.batches else 1
         self._options = LineOptions(per_request, settings.depth, settings.limit)
+        self._log = policy.log
+        self._driver_log = Throttled(driver_log, settings.log_repeat_interval_s)
 
     def line(self, key: str | None) -> Line:
         driver = Driver(
@@ -108,6 +113,7 @@ class LineRunner:
             may_send=lambda: not self._signals.stopping,
             report=self._report,
             fenced=self._transport.fenced,
+            log=self._driver_log,
         )
         return Line(key, driver)
 
@@ -120,7 +126,8 @@ class LineRunner:
             try:
                 return Step(await self._policy.failed(line.head, line.key, entry, exc), True)
             except Exception as unrecorded:  # recording it failed too (the database, say)
-                RELAY_LOG.error("could not record a failed attempt: %s", unrecorded)
+                key = ("could not record a failed attempt", str(unrecorded))
+                self._log.error(key, "could not record a failed attempt: %s", unrecorded)
                 return Step(self._policy.retry.cap_s, True)
         if marked:
             self._policy.delivered(line.head)
@@ -147,5 +154,9 @@ class LineRunner:
         try:
             return bool(await self._policy.moved({line.key: blocked}))
         except Exception as exc:  # the database, say: keep waiting
-            RELAY_LOG.error("could not read the head of the line: %s", exc)
+            self._log.error(
+                ("could not read the head of the line", str(exc)),
+                "could not read the head of the line: %s",
+                exc,
+            )
             return False

@@ -13,11 +13,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from plumbing.logs import REPEAT_INTERVAL_S, Throttled
 from publisher.driver import MAX_DEPTH, AfterDelivery
 from publisher.head_policy import Blocked, HeadPolicy
 from publisher.lanes import MAX_LANES, LanesSupervisor
 from publisher.line import LineRunner, LineSettings, Signals
-from publisher.outcomes import DeliveryLog, Observer
+from publisher.outcomes import RELAY_LOG, DeliveryLog, Observer
 from publisher.retry import Random, RetryPolicy
 from publisher.store import Outbox, check_limit
 from publisher.transport import Transport
@@ -42,6 +43,8 @@ class RelaySettings:
     `policy`: retry waits and the opt-in quarantine after N permanent failures.
     `poll_interval_s`: how often to look for entries written by other processes,
     and for a blocked head that an operator took out of the line.
+    `log_repeat_interval_s`: a failure that repeats (a broken database, a sink that
+    keeps failing) is logged once per this interval, with a count of the repeats.
     """
 
     limit: int = MAX_BATCH
@@ -50,6 +53,7 @@ class RelaySettings:
     ordering: Ordering = "global"
     max_lanes: int = MAX_LANES
     pipeline: int = 1
+    log_repeat_interval_s: float = REPEAT_INTERVAL_S
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
@@ -59,6 +63,10 @@ class RelaySettings:
             raise ValueError(f"pipeline depth {self.pipeline} is not between 1 and {MAX_DEPTH}")
         if not self.poll_interval_s > 0:
             raise ValueError(f"poll_interval_s must be above 0, got {self.poll_interval_s}")
+        if not self.log_repeat_interval_s >= 0:
+            raise ValueError(
+                f"log_repeat_interval_s must be 0 or more, got {self.log_repeat_interval_s}"
+            )
 
 
 class Relay:
@@ -82,11 +90,12 @@ class Relay:
     ) -> None:
         self._settings = settings
         self._signals = Signals()
-        policy = HeadPolicy(outbox, settings.policy, rand)
+        repeat_s = settings.log_repeat_interval_s
+        policy = HeadPolicy(outbox, settings.policy, rand, log=Throttled(RELAY_LOG, repeat_s))
         self._runner = LineRunner(
             outbox,
             transport,
-            LineSettings(settings.limit, settings.pipeline, settings.poll_interval_s),
+            LineSettings(settings.limit, settings.pipeline, settings.poll_interval_s, repeat_s),
             policy,
             DeliveryLog(observer, transport.batches),
             self._signals,
