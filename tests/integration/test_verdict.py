@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chaos.verdict import Verdict, read_verdict
+from chaos.verdict import Ordering, Verdict, order_inversions, read_verdict
 from publisher import Outbox
 from sink import Inbox
 
@@ -59,10 +60,18 @@ class Files:
         await self.receive(*orders)
         await self.mark(*(o["id"] for o in orders))
 
-    def verdict(self, expected: dict[str, tuple[str, int]] | None = None) -> Verdict:
+    def verdict(
+        self, expected: dict[str, tuple[str, int]] | None = None, ordering: Ordering = "global"
+    ) -> Verdict:
         return read_verdict(
-            self.source, self.sink, expected_of(ORDERS) if expected is None else expected
+            self.source,
+            self.sink,
+            expected_of(ORDERS) if expected is None else expected,
+            ordering,
         )
+
+    def inversions(self, ordering: Ordering) -> int:
+        return order_inversions(self.source, self.sink, ordering)
 
 
 @pytest.fixture
@@ -89,6 +98,8 @@ async def test_all_delivered_is_ok(files: Files) -> None:
         inventory_ok=True,
         pending=0,
         quarantined=0,
+        order_inversions=0,
+        ordering="global",
     )
     assert verdict.ok is True
     assert verdict.to_dict()["ok"] is True
@@ -242,3 +253,156 @@ async def test_a_missing_file_is_an_error_not_a_verdict(files: Files, tmp_path: 
     with pytest.raises(sqlite3.OperationalError):
         read_verdict(files.source, tmp_path / "no-such-sink.db", expected_of(ORDERS))
     assert not (tmp_path / "no-such-sink.db").exists()
+
+
+# ---------------------------------------------------------------- order
+#
+# ORDERS by seq: o-1 snack, o-2 juice, o-3 snack, o-4 bread. The sink's first
+# application order is the order the inbox receives the IDs in (its rowid order).
+
+BY_ID = {o["id"]: o for o in ORDERS}
+
+
+async def applied_in(files: Files, *ids: str) -> None:
+    """The sink applies these IDs in this order; then every one is marked sent."""
+    await files.receive(*(BY_ID[i] for i in ids))
+    await files.mark(*ids)
+
+
+def record(db: Path, event_id: str, past: list[str], count: int | None = None) -> None:
+    """A closed quarantine record written directly, as the relay's release would."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (seq,) = conn.execute("SELECT seq FROM outbox WHERE id = ?", (event_id,)).fetchone()
+    finally:
+        conn.close()
+    change(
+        db,
+        "INSERT INTO quarantines (id, seq, reason, quarantined_by, quarantined_at, released_by,"
+        " released_at, released_as, delivered_past_count, delivered_past)"
+        " VALUES (?, ?, 'test', 'tester', 1.0, 'tester', 2.0, 'redriven', ?, ?)",
+        (event_id, seq, len(past) if count is None else count, json.dumps(past)),
+    )
+
+
+@pytest.mark.parametrize("ordering", ["global", "sku"])
+async def test_seq_order_is_no_inversion(files: Files, ordering: Ordering) -> None:
+    await applied_in(files, "o-1", "o-2", "o-3", "o-4")
+
+    verdict = files.verdict(ordering=ordering)
+
+    assert (verdict.order_inversions, verdict.ordering, verdict.ok) == (0, ordering, True)
+    assert verdict.to_dict()["order_inversions"] == 0
+    assert verdict.to_dict()["ordering"] == ordering
+
+
+async def test_two_skus_swapped_are_an_inversion_in_global_order_only(files: Files) -> None:
+    await applied_in(files, "o-2", "o-1", "o-3", "o-4")  # juice before the snack ahead of it
+
+    in_global = files.verdict(ordering="global")
+    per_sku = files.verdict(ordering="sku")
+
+    assert in_global.order_inversions == 1
+    assert in_global.ok is False
+    assert (in_global.lost, in_global.applied_twice, in_global.inventory_ok) == (0, 0, True)
+    assert per_sku.order_inversions == 0  # snack's own line is o-1, o-3: in order
+    assert per_sku.ok is True
+
+
+async def test_one_skus_own_entries_swapped_are_an_inversion_in_both(files: Files) -> None:
+    await applied_in(files, "o-3", "o-1", "o-2", "o-4")  # snack o-3 before snack o-1
+
+    assert files.inversions("sku") == 1  # (o-1, o-3)
+    assert files.inversions("global") == 2  # (o-1, o-3) and (o-2, o-3)
+    assert files.verdict(ordering="sku").ok is False
+
+
+async def test_every_inverted_pair_counts(files: Files) -> None:
+    await applied_in(files, "o-4", "o-3", "o-2", "o-1")  # all backwards
+
+    assert files.inversions("global") == 6  # 4 * 3 / 2 pairs
+    assert files.inversions("sku") == 1  # snack: o-3 before o-1; juice and bread alone
+
+
+async def test_entries_the_sink_never_applied_are_lost_not_inverted(files: Files) -> None:
+    await applied_in(files, "o-1", "o-3")
+
+    verdict = files.verdict()
+
+    assert verdict.order_inversions == 0
+    assert verdict.lost == 2
+
+
+async def test_a_quarantine_explains_the_entries_delivered_past_it(files: Files) -> None:
+    async with Outbox.open(files.source) as outbox:
+        await outbox.quarantine("o-1", "sink refuses it", "tester")
+    await applied_in(files, "o-2", "o-3", "o-4")
+    async with Outbox.open(files.source) as outbox:
+        released = await outbox.redrive("o-1", "tester")
+    assert released.delivered_past == ["o-2", "o-3", "o-4"]
+    await applied_in(files, "o-1")
+
+    for ordering in ("global", "sku"):
+        verdict = files.verdict(ordering=ordering)  # type: ignore[arg-type]
+        assert (verdict.order_inversions, verdict.ok) == (0, True), ordering
+    # The same files without the record: three pairs inverted in global order, one per SKU.
+    change(files.source, "DELETE FROM quarantines")
+    assert files.inversions("global") == 3
+    assert files.inversions("sku") == 1
+
+
+async def test_a_quarantine_explains_nothing_it_does_not_list(files: Files) -> None:
+    async with Outbox.open(files.source) as outbox:
+        await outbox.quarantine("o-1", "sink refuses it", "tester")
+    await applied_in(files, "o-2")
+    async with Outbox.open(files.source) as outbox:
+        released = await outbox.redrive("o-1", "tester")
+    assert released.delivered_past == ["o-2"]
+    await applied_in(files, "o-3", "o-1", "o-4")  # o-3 went past o-1 with no record of it
+
+    verdict = files.verdict()
+
+    assert verdict.order_inversions == 1  # (o-1, o-3); (o-1, o-2) is explained
+    assert verdict.ok is False
+    assert files.inversions("sku") == 1  # snack: o-3 before o-1, unexplained
+
+
+async def test_a_record_explains_only_its_own_entry(files: Files) -> None:
+    await applied_in(files, "o-2", "o-1", "o-3", "o-4")
+    record(files.source, "o-2", ["o-1"])  # o-2's record cannot excuse o-1 coming late
+    record(files.source, "o-3", ["o-2"])  # nor can a later entry's
+
+    assert files.inversions("global") == 1
+
+
+async def test_passers_are_not_excused_among_themselves(files: Files) -> None:
+    await applied_in(files, "o-3", "o-2", "o-1", "o-4")
+    record(files.source, "o-1", ["o-2", "o-3"])
+
+    assert files.inversions("global") == 1  # (o-2, o-3): both passed o-1, in the wrong order
+
+
+async def test_a_cut_short_record_explains_its_count_after_the_last_listed(files: Files) -> None:
+    await applied_in(files, "o-2", "o-3", "o-4", "o-1")
+    record(files.source, "o-1", ["o-2"], count=3)  # o-3 and o-4 counted, not listed
+
+    assert files.inversions("global") == 0
+
+
+async def test_a_cut_short_record_explains_no_more_than_its_count(files: Files) -> None:
+    await applied_in(files, "o-2", "o-3", "o-4", "o-1")
+    record(files.source, "o-1", ["o-2"], count=2)  # one more passer than recorded
+
+    assert files.inversions("global") == 1
+
+
+async def test_a_cut_short_record_does_not_explain_a_passer_before_its_list(files: Files) -> None:
+    await applied_in(files, "o-2", "o-3", "o-4", "o-1")
+    record(files.source, "o-1", ["o-3"], count=3)  # o-2 comes before the first one listed
+
+    assert files.inversions("global") == 1  # (o-1, o-2)
+
+
+async def test_an_unknown_ordering_is_an_error(files: Files) -> None:
+    with pytest.raises(ValueError, match="ordering"):
+        files.inversions("lanes")  # type: ignore[arg-type]
