@@ -17,10 +17,20 @@ from typing import Final
 from chaos.procs import ChaosError
 from chaos.run import run
 from chaos.scenarios import SCENARIOS, Outcome
-from plumbing.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail, int_in, strict_int
+from plumbing.cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ArgumentParser,
+    fail,
+    int_in,
+    positive_s,
+    strict_int,
+)
 
 PROG: Final = "chaos"
 MAX_EVENTS: Final = 100_000
+TIME_LIMIT_S: Final = 3600.0
 
 
 def build_parser() -> ArgumentParser:
@@ -34,7 +44,22 @@ def build_parser() -> ArgumentParser:
     go.add_argument("--seed", type=strict_int, default=1, help="random seed (same seed, same plan)")
     go.add_argument("--target", choices=["publisher", "sink", "both"], default="both")
     go.add_argument(
-        "--drain-timeout", type=float, default=120.0, help="seconds to wait for the backlog"
+        "--ordering",
+        choices=["global", "sku"],
+        default="global",
+        help="the publisher's ordering; the verdict checks order in the same lines",
+    )
+    go.add_argument(
+        "--delivery", choices=["batch", "single"], default="batch", help="the publisher's delivery"
+    )
+    go.add_argument(
+        "--drain-timeout", type=positive_s, default=120.0, help="seconds to wait for the backlog"
+    )
+    go.add_argument(
+        "--time-limit",
+        type=positive_s,
+        default=TIME_LIMIT_S,
+        help="seconds the whole run may take; beyond it the run stops (exit status 2)",
     )
     go.add_argument(
         "--workdir", type=Path, help="keep the DB files and logs here (default: a temp dir)"
@@ -81,18 +106,23 @@ def cmd_run(args: argparse.Namespace, workdir: Path) -> int:
         args.target,
         args.drain_timeout,
         progress=not args.json,
+        ordering=args.ordering,
+        delivery=args.delivery,
+        time_limit_s=args.time_limit,
     )
     figures = report.to_dict()
     if args.json:
         print(json.dumps(figures))
     else:
         for key, value in figures.items():
-            print(f"{key:<14} {value}")
+            shown = json.dumps(value) if isinstance(value, dict | list) else value
+            print(f"{key:<22} {shown}")
         verdict = "OK" if figures["ok"] else "VIOLATION"
         print(
             f"\n{verdict}: {figures['accepted']} accepted, {figures['delivered']} delivered, "
             f"{figures['resends']} resends absorbed, {figures['lost']} lost, "
-            f"{figures['applied_twice']} applied twice"
+            f"{figures['applied_twice']} applied twice, "
+            f"{figures['order_inversions']} order inversions ({figures['ordering']} order)"
         )
     return EXIT_OK if figures["ok"] else EXIT_FAILED
 

@@ -46,6 +46,7 @@ class Service:
     log_path: Path
     proc: subprocess.Popen[str] | None = None
     exits: list[int] = field(default_factory=list)
+    starts: int = 0
 
     @property
     def base_url(self) -> str:
@@ -54,6 +55,7 @@ class Service:
     def start(self, *extra: str) -> None:
         """Start the process and return once it says it is listening."""
         command = [sys.executable, "-m", self.module, *self.args, "--port", str(self.port), *extra]
+        self.starts += 1
         with self.log_path.open("a") as log:
             self.proc = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=log, text=True, env=_child_env()
@@ -72,12 +74,15 @@ class Service:
         self.proc = None
         return status
 
-    def kill(self) -> None:
-        """SIGKILL: no handler, no cleanup, no flush."""
+    def kill(self) -> bool:
+        """SIGKILL: no handler, no cleanup, no flush. True if a live process got it."""
+        killed = False
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=STOP_TIMEOUT_S)
+            killed = True
         self.reap()
+        return killed
 
     def stop(self) -> int | None:
         """SIGTERM and wait for an orderly exit (SIGKILL if it takes too long)."""

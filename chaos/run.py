@@ -5,18 +5,21 @@ from __future__ import annotations
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
 from chaos.procs import ChaosError, Service, free_port, http_json
-from chaos.verdict import Verdict, read_verdict
+from chaos.verdict import Ordering, Verdict, read_verdict
 from shared import Event
 
 Target = Literal["publisher", "sink", "both"]
+Delivery = Literal["batch", "single"]
 SKUS: Final = ("snack", "juice", "bread", "soap")
 POST_ATTEMPTS: Final = 200
 RETRY_PAUSE_S: Final = 0.05
+CHAOS_EXIT_STATUS: Final = 73
 # Fast retries so a run drains in seconds; the relay's own defaults are for production.
 PUBLISHER_FLAGS: Final = (
     "--poll-interval",
@@ -39,6 +42,8 @@ class Cluster:
     """A sink and a publisher serving fresh files in one work directory."""
 
     workdir: Path
+    ordering: Ordering = "global"
+    delivery: Delivery = "batch"
     sink: Service = field(init=False)
     publisher: Service = field(init=False)
 
@@ -49,7 +54,10 @@ class Cluster:
             "sink", ["--db", str(self.sink_db)], free_port(), self.workdir / "sink.log"
         )
         sink_url = f"{self.sink.base_url}/events"
-        args = ["serve", "--db", str(self.source_db), "--sink", sink_url, *PUBLISHER_FLAGS]
+        args = [
+            *("serve", "--db", str(self.source_db), "--sink", sink_url, *PUBLISHER_FLAGS),
+            *("--ordering", self.ordering, "--delivery", self.delivery),
+        ]
         self.publisher = Service("publisher", args, free_port(), self.workdir / "publisher.log")
 
     def start(self) -> None:
@@ -80,20 +88,43 @@ class Cluster:
 
 @dataclass
 class RunReport:
+    """The verdict, and what the run did to get there.
+
+    - kills: planned kills (kill_kinds: their kinds; kills_by_kind: how many of each).
+      Every kill SIGKILLs the service's running process; an exit-after-* kill then
+      restarts it armed to end itself with status 73 at its next ACK or commit, which
+      happens unless the next kill comes first.
+    - sigkills: SIGKILLs that reached a live process, per service
+    - chaos_exits: armed processes that did end themselves (status 73); per service
+      in chaos_exits_by_service
+    - faults: sigkills plus chaos exits, both services
+    - restarts: process starts beyond the first of each service
+    """
+
     verdict: Verdict
     kills: list[str]
-    chaos_exits: int
+    sigkills: dict[str, int]
+    chaos_exits: dict[str, int]
+    restarts: int
     drained: bool
     elapsed_s: float
+    delivery: Delivery = "batch"
 
     def to_dict(self) -> dict[str, object]:
+        by_kind = Counter(self.kills)
         return {
             **self.verdict.to_dict(),
             "ok": self.verdict.ok and self.drained,
             "drained": self.drained,
+            "delivery": self.delivery,
             "kills": len(self.kills),
-            "kill_kinds": sorted(set(self.kills)),
-            "chaos_exits": self.chaos_exits,
+            "kill_kinds": sorted(by_kind),
+            "kills_by_kind": {kind: by_kind[kind] for kind in sorted(by_kind)},
+            "sigkills": self.sigkills,
+            "chaos_exits": sum(self.chaos_exits.values()),
+            "chaos_exits_by_service": self.chaos_exits,
+            "faults": sum(self.sigkills.values()) + sum(self.chaos_exits.values()),
+            "restarts": self.restarts,
             "elapsed_s": round(self.elapsed_s, 2),
         }
 
@@ -105,6 +136,24 @@ def plan_kills(rng: random.Random, events: int, kills: int, target: Target) -> d
     return {point: rng.choice(kinds) for point in sorted(points)}
 
 
+@dataclass
+class Deadline:
+    """The whole run's time bound: every loop of the run checks it."""
+
+    limit_s: float
+    started: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def left(self) -> float:
+        return self.limit_s - self.elapsed()
+
+    def check(self, doing: str) -> None:
+        if self.left() <= 0:
+            raise ChaosError(f"the run went past its time limit of {self.limit_s:g} s {doing}")
+
+
 def run(
     workdir: Path,
     events: int,
@@ -113,57 +162,78 @@ def run(
     target: Target,
     drain_timeout_s: float,
     progress: bool = True,
+    *,
+    ordering: Ordering = "global",
+    delivery: Delivery = "batch",
+    time_limit_s: float = float("inf"),
 ) -> RunReport:
     rng = random.Random(seed)
-    cluster = Cluster(workdir)
+    cluster = Cluster(workdir, ordering, delivery)
     plan = plan_kills(rng, events, kills, target)
     expected: dict[str, tuple[str, int]] = {}
-    started = time.monotonic()
+    sigkills: Counter[str] = Counter()
+    deadline = Deadline(time_limit_s)
     try:
         cluster.start()
         for index in range(events):
+            deadline.check(f"while feeding order {index + 1} of {events}")
             cluster.revive()  # a chaos exit since the last order: bring it back
             if index in plan:
                 time.sleep(rng.uniform(0, 0.03))  # a random moment, not a fixed point
-                kill(cluster, plan[index])
+                sigkills.update(kill(cluster, plan[index]))
             order = Event(
                 id=f"chaos-{seed}-{index:06d}", sku=rng.choice(SKUS), qty=rng.randint(1, 9)
             )
-            post_order(cluster, order)
+            post_order(cluster, order, deadline)
             expected[order["id"]] = (order["sku"], order["qty"])
             if progress and (index + 1) % max(1, events // 10) == 0:
-                say(f"fed {index + 1}/{events} orders, {sum(1 for p in plan if p <= index)} kills")
-        drained = drain(cluster, drain_timeout_s, progress)
+                done = sum(1 for p in plan if p <= index)
+                say(f"fed {index + 1}/{events} orders, {done} kills, {deadline.elapsed():.0f} s")
+        drained = drain(cluster, min(drain_timeout_s, max(0.0, deadline.left())), progress)
+        if not drained:
+            deadline.check("while draining the backlog")
     finally:
         cluster.stop()
-    exits = cluster.sink.exits + cluster.publisher.exits
+    services = {"publisher": cluster.publisher, "sink": cluster.sink}
     return RunReport(
-        verdict=read_verdict(cluster.source_db, cluster.sink_db, expected),
+        verdict=read_verdict(cluster.source_db, cluster.sink_db, expected, ordering),
         kills=list(plan.values()),
-        chaos_exits=sum(1 for status in exits if status == 73),
+        sigkills={name: sigkills[name] for name in services},
+        chaos_exits={
+            name: sum(1 for status in s.exits if status == CHAOS_EXIT_STATUS)
+            for name, s in services.items()
+        },
+        restarts=sum(max(0, s.starts - 1) for s in services.values()),
         drained=drained,
-        elapsed_s=time.monotonic() - started,
+        elapsed_s=deadline.elapsed(),
+        delivery=delivery,
     )
 
 
-def kill(cluster: Cluster, kind: str) -> None:
-    """Kill a service now (SIGKILL), or restart it armed to die at the next ACK/commit."""
+def kill(cluster: Cluster, kind: str) -> list[str]:
+    """Kill a service now (SIGKILL), or restart it armed to die at the next ACK/commit.
+
+    Returns the names of the services a SIGKILL reached while alive.
+    """
     cluster.revive()
     name, _, how = kind.partition(":")
     service = cluster.publisher if name == "publisher" else cluster.sink
-    service.kill()
+    killed = [name] if service.kill() else []
     if how == "exit-after-ack":
         service.start("--chaos", "exit-after-ack")
     elif how == "exit-after-commit":
         service.start("--chaos", "exit-after-commit=1")
     else:
         service.start()
+    return killed
 
 
-def post_order(cluster: Cluster, order: Event) -> None:
+def post_order(cluster: Cluster, order: Event, deadline: Deadline | None = None) -> None:
     """POST until the intake answers 201 or 200 (a retry after a lost reply is a duplicate)."""
     url = f"{cluster.publisher.base_url}/orders"
     for _ in range(POST_ATTEMPTS):
+        if deadline is not None:
+            deadline.check(f"while posting {order['id']}")
         try:
             code, body = http_json("POST", url, order)
         except OSError:

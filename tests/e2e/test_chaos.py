@@ -94,15 +94,24 @@ def assert_clean_verdict(figures: dict[str, Any], events: int, kills: int) -> No
     assert figures["lost"] == 0, figures
     assert figures["applied_twice"] == 0, figures
     assert figures["inventory_ok"] is True, figures
+    assert figures["order_inversions"] == 0, figures
     assert figures["ok"] is True, figures
     assert figures["kills"] == kills, figures
+    assert sum(figures["kills_by_kind"].values()) == kills, figures
+    assert sorted(figures["kills_by_kind"]) == figures["kill_kinds"], figures
+    sigkills, exits = figures["sigkills"], figures["chaos_exits_by_service"]
+    assert sum(sigkills.values()) <= kills, figures  # a kill finds its victim dead at most
+    assert sum(exits.values()) == figures["chaos_exits"], figures
+    assert figures["faults"] == sum(sigkills.values()) + figures["chaos_exits"], figures
+    armed = sum(n for kind, n in figures["kills_by_kind"].items() if "exit-after" in kind)
+    assert figures["chaos_exits"] <= armed, figures
     for key in ("resends", "duplicates"):
         assert isinstance(figures[key], int) and not isinstance(figures[key], bool), figures
         assert figures[key] >= 0, figures
     assert figures["duplicates"] <= figures["resends"], figures
 
 
-def files_agree(workdir: Path, db_rows: Query, events: int) -> None:
+def files_agree(workdir: Path, db_rows: Query, events: int, ordering: str = "global") -> None:
     """The verdict's numbers, checked against both files with this process's own reads."""
     source, sink = workdir / "source.db", workdir / "sink.db"
     assert db_rows(source, "SELECT count(*) FROM orders") == [(events,)]
@@ -110,6 +119,14 @@ def files_agree(workdir: Path, db_rows: Query, events: int) -> None:
     assert db_rows(sink, "SELECT count(*) FROM inbox") == [(events,)]
     want = db_rows(source, "SELECT sku, sum(qty) FROM orders GROUP BY sku ORDER BY sku")
     assert db_rows(sink, "SELECT sku, qty FROM inventory ORDER BY sku") == want
+    # No quarantine in a run: the sink first applied each line exactly in seq order.
+    assert db_rows(source, "SELECT count(*) FROM quarantines") == [(0,)]
+    line = "json_extract(payload, '$.sku')" if ordering == "sku" else "''"
+    outbox = db_rows(source, f"SELECT {line}, id FROM outbox ORDER BY seq")
+    inbox = db_rows(sink, f"SELECT {line}, id FROM inbox ORDER BY rowid")
+    assert inbox != [] and sorted(inbox) == sorted(outbox)
+    for key in {k for k, _ in outbox}:
+        assert [i for k, i in inbox if k == key] == [i for k, i in outbox if k == key], key
 
 
 # ---------------------------------------------------------------- chaos run
@@ -118,11 +135,12 @@ def files_agree(workdir: Path, db_rows: Query, events: int) -> None:
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.usefixtures("reaper")
 @pytest.mark.parametrize(
-    ("target", "events", "kills", "kinds"),
+    ("target", "events", "kills", "kinds", "ordering", "delivery"),
     [
-        ("both", 60, 6, {"publisher", "sink"}),
-        ("sink", 40, 4, {"sink"}),
-        ("publisher", 40, 4, {"publisher"}),
+        ("both", 60, 6, {"publisher", "sink"}, "global", "batch"),
+        ("sink", 40, 4, {"sink"}, "global", "batch"),
+        ("publisher", 40, 4, {"publisher"}, "global", "batch"),
+        ("both", 40, 6, {"publisher", "sink"}, "sku", "single"),
     ],
 )
 def test_run_loses_nothing_and_applies_nothing_twice(
@@ -133,21 +151,28 @@ def test_run_loses_nothing_and_applies_nothing_twice(
     events: int,
     kills: int,
     kinds: set[str],
+    ordering: str,
+    delivery: str,
 ) -> None:
     workdir = tmp_path / "run"
     args = ["--events", str(events), "--kills", str(kills), "--seed", "7", "--target", target]
+    args += ["--ordering", ordering, "--delivery", delivery]
 
     done = chaos(child_env, tmp_path, "run", *args, "--json", "--workdir", str(workdir))
 
     assert done.returncode == 0, done.stderr
     figures = one_json(done.stdout)
     assert_clean_verdict(figures, events, kills)
+    assert (figures["ordering"], figures["delivery"]) == (ordering, delivery)
+    log = (workdir / "publisher.log").read_text().splitlines()
+    started = [line for line in log if "relay started" in line]
+    assert started and all(f"ordering={ordering}" in line for line in started), started
     assert figures["drained"] is True
     assert figures["pending"] == 0
     assert {kind.partition(":")[0] for kind in figures["kill_kinds"]} <= kinds
     planned = plan_kills(random.Random(7), events, kills, target)  # type: ignore[arg-type]
     assert figures["kill_kinds"] == sorted(set(planned.values()))
-    files_agree(workdir, db_rows, events)
+    files_agree(workdir, db_rows, events, ordering)
     assert leftovers(workdir) == []
 
 
@@ -182,7 +207,8 @@ def test_human_output_ends_with_the_verdict_line(tmp_path: Path, child_env: dict
     assert done.returncode == 0, done.stderr
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("OK: 10 accepted, 10 delivered, "), done.stdout
-    assert last.endswith("0 lost, 0 applied twice"), done.stdout
+    assert last.endswith("0 lost, 0 applied twice, 0 order inversions (global order)"), done.stdout
+    assert "order_inversions       0" in done.stdout
     assert "[chaos] fed 10/10 orders" in done.stderr
 
 
@@ -224,6 +250,52 @@ def test_the_verdict_fails_on_tampered_files(
     assert unmarked.lost == 1
     assert unmarked.pending == 1
     assert unmarked.ok is False
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.usefixtures("reaper")
+def test_the_order_check_fails_on_a_reordered_inbox(
+    tmp_path: Path, child_env: dict[str, str], db_rows: Query
+) -> None:
+    workdir = tmp_path / "kept"
+    args = ["--events", "20", "--kills", "2", "--seed", "3", "--json"]
+    done = chaos(child_env, tmp_path, "run", *args, "--workdir", str(workdir))
+    assert done.returncode == 0, done.stderr
+    source, sink = workdir / "source.db", workdir / "sink.db"
+    assert read_verdict(source, sink, {}).order_inversions == 0
+
+    ((first,),) = db_rows(source, "SELECT id FROM outbox ORDER BY seq LIMIT 1")
+    conn = sqlite3.connect(sink, timeout=5)
+    try:
+        with conn:  # as if the sink had first applied the first order last
+            conn.execute(
+                "UPDATE inbox SET rowid = (SELECT max(rowid) + 1 FROM inbox) WHERE id = ?",
+                (first,),
+            )
+    finally:
+        conn.close()
+
+    moved = read_verdict(source, sink, {})
+    assert moved.order_inversions == 19  # it and each of the 19 that went before it
+    assert (moved.lost, moved.applied_twice, moved.inventory_ok) == (0, 0, True)
+    assert moved.ok is False
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+@pytest.mark.usefixtures("reaper")
+def test_a_run_past_its_time_limit_stops(tmp_path: Path, child_env: dict[str, str]) -> None:
+    workdir = tmp_path / "w"
+    args = ["--events", "5000", "--kills", "0", "--time-limit", "1", "--json"]
+
+    started = time.monotonic()
+    done = chaos(child_env, tmp_path, "run", *args, "--workdir", str(workdir))
+
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - started < 20
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "time limit of 1 s" in done.stderr
+    assert done.stdout == ""
+    assert leftovers(workdir) == []
 
 
 # ---------------------------------------------------------------- named scenarios

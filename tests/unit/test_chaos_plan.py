@@ -6,9 +6,11 @@ import random
 
 import pytest
 
-from chaos.cli import build_parser, main
-from chaos.run import KILLS_BY_TARGET, plan_kills
+from chaos.cli import TIME_LIMIT_S, build_parser, main
+from chaos.procs import ChaosError
+from chaos.run import KILLS_BY_TARGET, Deadline, RunReport, plan_kills
 from chaos.scenarios import SCENARIOS
+from chaos.verdict import Verdict
 
 PUBLISHER_KINDS = {"publisher:sigkill", "publisher:exit-after-ack"}
 SINK_KINDS = {"sink:sigkill", "sink:exit-after-commit"}
@@ -93,6 +95,14 @@ def test_no_kills_asked_no_kills_planned() -> None:
         ["run", "--kills", "1.5"],
         ["run", "--target", "everything"],
         ["run", "--seed", "x"],
+        ["run", "--ordering", "lanes"],
+        ["run", "--delivery", "both"],
+        ["run", "--time-limit", "0"],
+        ["run", "--time-limit", "-5"],
+        ["run", "--time-limit", "inf"],
+        ["run", "--time-limit", "nan"],
+        ["run", "--drain-timeout", "nan"],
+        ["run", "--drain-timeout", "0"],
         ["scenario", "no-such-scenario"],
         ["scenario", "crash-after-ack", "no-such-scenario"],
         ["scenario"],
@@ -123,6 +133,13 @@ def test_good_usage_parses() -> None:
     assert (args.events, args.kills, args.seed, args.target, args.json) == (60, 6, 7, "sink", True)
     args = parser.parse_args(["run", "--kills", "0"])
     assert args.kills == 0
+    assert (args.ordering, args.delivery, args.time_limit) == ("global", "batch", TIME_LIMIT_S)
+    args = parser.parse_args(
+        ["run", "--ordering", "sku", "--delivery", "single", "--time-limit", "900"]
+    )
+    assert (args.ordering, args.delivery, args.time_limit) == ("sku", "single", 900.0)
+    args = parser.parse_args(["run", "--events", "5000", "--kills", "1000"])
+    assert (args.events, args.kills) == (5000, 1000)
     args = parser.parse_args(["scenario", *SCENARIOS, "--json"])
     assert args.names == list(SCENARIOS)
     assert args.json is True
@@ -131,3 +148,68 @@ def test_good_usage_parses() -> None:
 
 def test_scenario_names_are_the_four_stories() -> None:
     assert set(SCENARIOS) == {"crash-after-ack", "drop-after-commit", "poison-head", "slow-sink"}
+
+
+def test_a_soak_sized_plan_keeps_every_kill() -> None:
+    kills = plan(1, 5000, 1000, "both")
+    assert len(kills) == 1000
+    assert set(kills.values()) == PUBLISHER_KINDS | SINK_KINDS
+
+
+# ---------------------------------------------------------------- report and time bound
+
+
+def clean_verdict(**changes: object) -> Verdict:
+    figures: dict[str, object] = {
+        "accepted": 10,
+        "delivered": 10,
+        "resends": 2,
+        "duplicates": 1,
+        "lost": 0,
+        "applied_twice": 0,
+        "inventory_ok": True,
+        "pending": 0,
+        "quarantined": 0,
+        "order_inversions": 0,
+        "ordering": "sku",
+    }
+    return Verdict(**{**figures, **changes})  # type: ignore[arg-type]
+
+
+def report(verdict: Verdict, drained: bool = True) -> RunReport:
+    return RunReport(
+        verdict=verdict,
+        kills=["sink:sigkill", "publisher:exit-after-ack", "sink:sigkill"],
+        sigkills={"publisher": 1, "sink": 1},
+        chaos_exits={"publisher": 1, "sink": 0},
+        restarts=4,
+        drained=drained,
+        elapsed_s=1.234,
+        delivery="single",
+    )
+
+
+def test_the_report_counts_kills_by_kind_and_faults() -> None:
+    figures = report(clean_verdict()).to_dict()
+
+    assert figures["kills"] == 3
+    assert figures["kill_kinds"] == ["publisher:exit-after-ack", "sink:sigkill"]
+    assert figures["kills_by_kind"] == {"publisher:exit-after-ack": 1, "sink:sigkill": 2}
+    assert figures["chaos_exits"] == 1
+    assert figures["faults"] == 3  # two SIGKILLs that found a live process, one exit
+    assert (figures["restarts"], figures["elapsed_s"]) == (4, 1.23)
+    assert (figures["ordering"], figures["delivery"]) == ("sku", "single")
+    assert (figures["order_inversions"], figures["ok"]) == (0, True)
+
+
+def test_an_inversion_or_an_undrained_backlog_is_not_ok() -> None:
+    assert report(clean_verdict(order_inversions=1)).to_dict()["ok"] is False
+    assert report(clean_verdict(), drained=False).to_dict()["ok"] is False
+
+
+def test_a_deadline_passes_within_its_limit_and_stops_beyond_it() -> None:
+    Deadline(60.0).check("now")
+    gone = Deadline(0.5, started=0.0)  # started long ago on the monotonic clock
+    assert gone.left() < 0
+    with pytest.raises(ChaosError, match=r"time limit of 0\.5 s while testing"):
+        gone.check("while testing")
