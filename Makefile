@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: venv test lint typecheck demo chaos bench bench-quick clean
+.PHONY: soak
 
 venv: $(VENV)/.installed
 
@@ -29,6 +30,12 @@ demo: venv
 # A longer run: 500 orders, 10 kills of either service at random moments.
 chaos: venv
 	$(BIN)/python -m chaos run --events 500 --kills 10 --seed 1
+
+# Not part of `make test`: 1,000 kills over 5,000 orders, in global order with batch
+# delivery, then per SKU with single delivery. Each run stops at its time limit.
+soak: venv
+	$(BIN)/python -m chaos run --events 5000 --kills 1000 --seed 1 --ordering global --delivery batch --time-limit 1800
+	$(BIN)/python -m chaos run --events 5000 --kills 1000 --seed 2 --ordering sku --delivery single --time-limit 1800
 
 # Figures measured side by side in one run, printed as ratios; also bench/results.json.
 bench: venv
