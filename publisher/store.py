@@ -181,6 +181,13 @@ class Outbox(ClosesOnExit, ABC):
     async def close(self) -> None:
         """Close the connection(s); `async with` calls it on the way out."""
 
+    @abstractmethod
+    async def check_writable(self) -> None:
+        """Return when the database can take a write now; raise StorageError, with a
+        short reason, when it cannot (a full disk, a read-only file, locked beyond the
+        busy timeout, the database gone). For a readiness check: cheap enough to call
+        every second, and honest (a write rolled back proves nothing of disk space)."""
+
     # ------------------------------------------------------------------ intake
 
     @abstractmethod

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +47,11 @@ PRAGMAS = (
 )
 
 
+# The writability probe: one row, updated in place by a committed transaction. Each
+# side's migrations create `health` with that row.
+PROBE_WRITE = "UPDATE health SET at = ? WHERE id = 1"
+
+
 class Database:
     """One SQLite connection, owned by aiosqlite's worker thread."""
 
@@ -60,6 +67,7 @@ class Database:
         # the loop), BUSY_TIMEOUT_MS on the worker thread. Switched only when the side
         # changes, so back-to-back calls on one side run no PRAGMA at all.
         self._busy_timeout_ms = BUSY_TIMEOUT_MS
+        self._file = _identity(self.path)  # the file opened, to tell if it goes away
 
     @classmethod
     async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
@@ -132,9 +140,56 @@ class Database:
                 raise StorageError(f"{self.path}: {exc}") from exc
         return await self.run(fn)  # the worker sets the busy timeout back first
 
+    async def check_writable(self) -> None:
+        """Return if the database can take a write now; StorageError saying why not.
+
+        Why this is enough: a write that is rolled back proves nothing (in WAL mode
+        SQLite keeps the pages in memory and never touches the disk), so this commits
+        one: the health row updated in place, on the worker thread like every write,
+        with the same busy timeout and synchronous=FULL. The commit appends a frame
+        to the WAL and syncs it, so a full disk (no block for the frame), a read-only
+        or immutable WAL, a file system gone read-only or an I/O error fail it as they
+        would fail an order; a write lock held elsewhere beyond the busy timeout fails
+        it as "database is locked". What a commit cannot see is checked beside it:
+        the main file made read-only or immutable (the WAL still takes commits until
+        a checkpoint fails, and a new connection, `publisher accept` say, cannot write
+        at all), and the file removed or replaced (the connection would go on writing
+        to an unlinked inode, lost on close). One small fsync'ed commit: cheap enough
+        to run every second.
+        """
+        await self.run(self._probe)
+
+    def _probe(self, conn: sqlite3.Connection) -> None:
+        """On the worker thread."""
+        self._check_file()
+        with transaction(conn):
+            if conn.execute(PROBE_WRITE, (time.time(),)).rowcount != 1:
+                raise StorageError(f"{self.path}: the health row is missing")
+
+    def _check_file(self) -> None:
+        if self._file is None:
+            return  # not a file (an in-memory database)
+        now = _identity(self.path)
+        if now is None:
+            raise StorageError(f"{self.path}: the database file is gone")
+        if now != self._file:
+            raise StorageError(f"{self.path}: the database file was replaced")
+        for path in (self.path, f"{self.path}-wal"):
+            if os.path.exists(path) and not os.access(path, os.W_OK):
+                raise StorageError(f"{path}: the file is read-only")
+
     async def close(self) -> None:
         """Close the connection and stop its thread."""
         await self._connection.close()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at `path`, None if there is none."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 C_in = TypeVar("C_in")
@@ -282,12 +337,18 @@ class SqliteFile:
     def path(self) -> str:
         return self._db.path
 
+    async def check_writable(self) -> None:
+        """Return if the database can take a write now, else StorageError (see
+        Database.check_writable)."""
+        await self._db.check_writable()
+
     async def close(self) -> None:
         await self._db.close()
 
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
+    "PROBE_WRITE",
     "AiosqliteChanged",
     "Database",
     "SqliteFile",

@@ -54,6 +54,14 @@ MIGRATIONS: Final = (
     UPDATE outbox SET lane = json_extract(payload, '$.sku');
     CREATE INDEX outbox_lane_pending ON outbox (lane, seq) WHERE sent = 0 AND quarantined = 0;
     """,
+    # 3: the writability probe (check_writable) updates this one row in place.
+    """
+    CREATE TABLE health (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        at REAL NOT NULL
+    );
+    INSERT INTO health (id, at) VALUES (1, 0);
+    """,
 )
 
 IS_PENDING: Final = "sent = 0 AND quarantined = 0"

@@ -18,6 +18,14 @@ MIGRATIONS: Final = (
         qty INTEGER NOT NULL
     );
     """,
+    # 2: the writability probe (check_writable) updates this one row in place.
+    """
+    CREATE TABLE health (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        at REAL NOT NULL
+    );
+    INSERT INTO health (id, at) VALUES (1, 0);
+    """,
 )
 
 FIND: Final = "SELECT payload FROM inbox WHERE id = ?"

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+import sqlite_faults
+from sqlite_faults import FAULTS as FAULTS  # the faults every backend can make
+from sqlite_faults import Fault as Fault
 
 Row = tuple[Any, ...]
 Write = Literal["INSERT", "UPDATE"]
@@ -45,6 +48,16 @@ class Backend(ABC):
         """While inside, every write of these kinds to `table` fails in the database
         with an error whose text holds `message` (one statement of a transaction
         failing, set up through a connection of the test's own)."""
+
+    @abstractmethod
+    def unwritable(self, fault: Fault) -> contextlib.AbstractContextManager[None]:
+        """While inside, the database cannot take a write, for the reason `fault`
+        names (read-only, its write lock held elsewhere, gone); left, it can again."""
+
+    @abstractmethod
+    def others_cannot_write(self) -> bool:
+        """Whether a write of the test's own, through a connection of its own, fails
+        now: the fault is real, not only seen by the store."""
 
 
 class SqliteBackend(Backend):
@@ -90,6 +103,12 @@ class SqliteBackend(Backend):
             yield
         finally:
             self._execute(*(f"DROP TRIGGER {trigger}" for trigger in triggers))
+
+    def unwritable(self, fault: Fault) -> contextlib.AbstractContextManager[None]:
+        return sqlite_faults.unwritable(self.path, fault)
+
+    def others_cannot_write(self) -> bool:
+        return sqlite_faults.other_writer_fails(self.path)
 
 
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlite_faults
+from sqlite_faults import FAULTS as FAULTS  # the faults every backend can make
+from sqlite_faults import Fault as Fault
 
 Row = tuple[Any, ...]
 
@@ -48,6 +51,16 @@ class Backend(ABC):
     def refusing_inserts(self, table: str, message: str) -> contextlib.AbstractContextManager[None]:
         """While inside, every insert into `table` fails in the database with an error
         whose text holds `message` (a failure of one statement in a transaction)."""
+
+    @abstractmethod
+    def unwritable(self, fault: Fault) -> contextlib.AbstractContextManager[None]:
+        """While inside, the database cannot take a write, for the reason `fault`
+        names (read-only, its write lock held elsewhere, gone); left, it can again."""
+
+    @abstractmethod
+    def others_cannot_write(self) -> bool:
+        """Whether a write of the test's own, through a connection of its own, fails
+        now: the fault is real, not only seen by the store."""
 
 
 class SqliteBackend(Backend):
@@ -87,6 +100,12 @@ class SqliteBackend(Backend):
             yield
         finally:
             self.execute(f"DROP TRIGGER {trigger}")
+
+    def unwritable(self, fault: Fault) -> contextlib.AbstractContextManager[None]:
+        return sqlite_faults.unwritable(self.path, fault)
+
+    def others_cannot_write(self) -> bool:
+        return sqlite_faults.other_writer_fails(self.path)
 
 
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]

@@ -22,12 +22,13 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from inbox_backends import BACKENDS, Backend, Row
+from inbox_backends import BACKENDS, FAULTS, Backend, Fault, Row
 
 import sink.store
 from plumbing.storage import StorageError
@@ -408,3 +409,34 @@ def test_the_sink_loads_no_backend_until_it_opens_one() -> None:
     )
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout) == []
+
+
+# ------------------------------------------------------------------ writability probe
+
+
+async def test_check_writable_returns_while_the_database_takes_writes(
+    inbox: Inbox, backend: Backend
+) -> None:
+    started = time.monotonic()
+    for _ in range(20):
+        assert await inbox.check_writable() is None
+    assert time.monotonic() - started < 2.0  # cheap enough for a probe every second
+    assert not backend.others_cannot_write()
+    assert await inbox.receive(event("a", qty=3)) is Receipt.APPLIED
+    assert stock(backend) == {"snack": 3}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_check_writable_raises_while_the_database_cannot_be_written(
+    inbox: Inbox, backend: Backend, fault: Fault
+) -> None:
+    assert await inbox.receive(event("a", qty=3)) is Receipt.APPLIED
+    with backend.unwritable(fault):
+        assert backend.others_cannot_write()  # the fault is real
+        with pytest.raises(StorageError) as failed:
+            await inbox.check_writable()
+        assert str(failed.value).strip()
+    # Fixed: the probe says so at once, and the inbox takes writes again.
+    assert await inbox.check_writable() is None
+    assert await inbox.receive(event("b", qty=4)) is Receipt.APPLIED
+    assert stock(backend) == {"snack": 7}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from outbox_backends import BACKENDS, Backend
+from outbox_backends import BACKENDS, FAULTS, Backend, Fault
 
 import publisher.store
 from plumbing.storage import StorageError
@@ -923,3 +923,34 @@ def test_the_services_load_no_backend() -> None:
     )
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout) == []
+
+
+# ------------------------------------------------------------------ writability probe
+
+
+async def test_check_writable_returns_while_the_database_takes_writes(
+    outbox: Outbox, backend: Backend
+) -> None:
+    started = time.monotonic()
+    for _ in range(20):
+        assert await outbox.check_writable() is None
+    assert time.monotonic() - started < 2.0  # cheap enough for a probe every second
+    assert not backend.others_cannot_write()
+    await accept(outbox, "a")
+    assert unsent(backend) == ["a"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_check_writable_raises_while_the_database_cannot_be_written(
+    outbox: Outbox, backend: Backend, fault: Fault
+) -> None:
+    await accept(outbox, "a")
+    with backend.unwritable(fault):
+        assert backend.others_cannot_write()  # the fault is real
+        with pytest.raises(StorageError) as failed:
+            await outbox.check_writable()
+        assert str(failed.value).strip()
+    # Fixed: the probe says so at once, and the outbox takes writes again.
+    assert await outbox.check_writable() is None
+    await accept(outbox, "b")
+    assert unsent(backend) == ["a", "b"]
