@@ -21,7 +21,7 @@ import pytest
 from support import run_module
 
 from chaos.run import plan_kills
-from chaos.verdict import read_verdict
+from chaos.verdict import order_inversions, read_verdict
 
 if TYPE_CHECKING:
     from conftest import Query
@@ -303,8 +303,19 @@ def test_a_run_past_its_time_limit_stops(tmp_path: Path, child_env: dict[str, st
 SCENARIO_FIGURES: dict[str, dict[str, Any]] = {
     "crash-after-ack": {"deliveries": 2, "inventory": 7, "first_exit": 73, "sent": 1},
     "drop-after-commit": {"deliveries": 2, "inventory": 7, "first_exit": 1, "sent": 1},
-    "poison-head": {"delivered_past": ["ok-1", "ok-2"], "lost": 0, "delivered": 3},
-    "slow-sink": {"lost": 0, "delivered": 20, "applied_twice": 0, "inventory_ok": True},
+    "poison-head": {
+        "delivered_past": ["ok-1", "ok-2"],
+        "lost": 0,
+        "delivered": 3,
+        "order_inversions": 0,
+    },
+    "slow-sink": {
+        "lost": 0,
+        "delivered": 20,
+        "applied_twice": 0,
+        "inventory_ok": True,
+        "order_inversions": 0,
+    },
 }
 
 
@@ -339,6 +350,26 @@ def test_scenario(tmp_path: Path, child_env: dict[str, str], name: str) -> None:
     assert (workdir / name / "source.db").is_file()
     assert (workdir / name / "sink.db").is_file()
     assert leftovers(workdir) == []
+    if name == "poison-head":
+        assert_the_quarantine_record_explains_the_order(workdir / name, tmp_path / "copy.db")
+
+
+def assert_the_quarantine_record_explains_the_order(workdir: Path, copy: Path) -> None:
+    """ok-1 and ok-2 went past poison-1: without its record, two pairs are inverted."""
+    sink = workdir / "sink.db"
+    assert order_inversions(workdir / "source.db", sink) == 0
+    conn = sqlite3.connect(workdir / "source.db")
+    try:
+        conn.execute("VACUUM INTO ?", (str(copy),))
+    finally:
+        conn.close()
+    conn = sqlite3.connect(copy)
+    try:
+        with conn:
+            assert conn.execute("DELETE FROM quarantines").rowcount == 1
+    finally:
+        conn.close()
+    assert order_inversions(copy, sink) == 2
 
 
 @pytest.mark.timeout(SCENARIO_TIMEOUT_S + 30)

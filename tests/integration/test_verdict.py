@@ -342,8 +342,9 @@ async def test_a_quarantine_explains_the_entries_delivered_past_it(files: Files)
     assert released.delivered_past == ["o-2", "o-3", "o-4"]
     await applied_in(files, "o-1")
 
-    for ordering in ("global", "sku"):
-        verdict = files.verdict(ordering=ordering)  # type: ignore[arg-type]
+    orderings: tuple[Ordering, ...] = ("global", "sku")
+    for ordering in orderings:
+        verdict = files.verdict(ordering=ordering)
         assert (verdict.order_inversions, verdict.ok) == (0, True), ordering
     # The same files without the record: three pairs inverted in global order, one per SKU.
     change(files.source, "DELETE FROM quarantines")
