@@ -10,6 +10,7 @@ from typing import Final
 
 LOOPBACK_NAMES: Final = frozenset({"localhost"})
 TOKEN_ENV: Final = "OUTBOX_TOKEN"
+INTAKE_TOKEN_ENV: Final = "OUTBOX_INTAKE_TOKEN"
 MIN_TOKEN_CHARS: Final = 16
 
 
@@ -27,8 +28,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def load_token(token_file: str | None) -> str | None:
-    """The shared secret: from `token_file` if given, else from OUTBOX_TOKEN, else None.
+def load_token(token_file: str | None, env: str = TOKEN_ENV) -> str | None:
+    """The shared secret: from `token_file` if given, else from `env` (OUTBOX_TOKEN),
+    else None.
 
     Never from a command-line argument, where any user could read it in the process list.
     """
@@ -39,8 +41,8 @@ def load_token(token_file: str | None) -> str | None:
             raise TokenError(f"cannot read token file {token_file}: {exc}") from exc
         source = token_file
     else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-        source = TOKEN_ENV
+        token = os.environ.get(env, "").strip()
+        source = env
         if not token:
             return None
     if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
@@ -51,8 +53,14 @@ def load_token(token_file: str | None) -> str | None:
 
 
 def bearer_matches(header: str | None, token: str) -> bool:
-    """Constant-time check of an `Authorization: Bearer <token>` header."""
+    """Constant-time check of an `Authorization: Bearer <token>` header.
+
+    aiohttp decodes header bytes as UTF-8 with surrogateescape, so a header that is
+    not UTF-8 arrives with lone surrogates; `surrogatepass` turns any of them into
+    bytes no UTF-8 token can equal, instead of raising.
+    """
     scheme, _, presented = (header or "").partition(" ")
     if scheme.lower() != "bearer":
         presented = ""
-    return hmac.compare_digest(presented.strip().encode(), token.encode())
+    offered = presented.strip().encode("utf-8", "surrogatepass")
+    return hmac.compare_digest(offered, token.encode("utf-8", "surrogatepass"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
@@ -29,9 +30,9 @@ from plumbing.cli import (
     setup_logging,
     strict_int,
 )
-from plumbing.net import TOKEN_ENV, TokenError, load_token
+from plumbing.net import INTAKE_TOKEN_ENV, TOKEN_ENV, TokenError, is_loopback, load_token
 from plumbing.storage import BadLocation, StorageError
-from plumbing.web import serve_app
+from plumbing.web import add_http_options, http_guard_of, http_limits_of, serve_app
 from publisher.chaos import exit_after_ack
 from publisher.dispatch import deliver_pending
 from publisher.driver import MAX_DEPTH
@@ -50,6 +51,8 @@ PROG: Final = "publisher"
 DEFAULT_PORT: Final = 8000
 EXIT_AFTER_ACK: Final = "exit-after-ack"
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+log = logging.getLogger(__name__)
 
 
 batch_limit = int_in(1, MAX_BATCH)  # argparse type for --limit
@@ -173,6 +176,18 @@ def build_parser() -> ArgumentParser:
         "used only once the sink's replies say it enforces that header, one at a time "
         "until then; 1 turns pipelining off",
     )
+    add_option(
+        serve,
+        "--intake-token-file",
+        help=f"file holding the bearer token POST /orders needs (or {INTAKE_TOKEN_ENV})",
+    )
+    add_option(
+        serve,
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback intake address without an intake token",
+    )
+    add_http_options(serve)
     add_option(serve, "--access-log", action="store_true", help="log one line per request")
     add_option(serve, "--log-format", choices=["text", "json"], default="text", help="log lines")
     _chaos_option(serve)
@@ -265,6 +280,7 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
         delivered.append(event_id)
 
     sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=load_token(args.token_file))
+    log_egress(args.sink, args.allow_host)
     batch = sender.deliver_batch if args.delivery == "batch" else None
     async with sender, Outbox.open(args.db) as outbox:
         try:
@@ -279,6 +295,13 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
+    intake_token = load_token(args.intake_token_file, INTAKE_TOKEN_ENV)
+    if intake_token is None and not is_loopback(args.host) and not args.insecure:
+        message = (
+            f"refusing to listen on {args.host} without an intake token: set "
+            f"--intake-token-file or {INTAKE_TOKEN_ENV}, or say --insecure"
+        )
+        return fail(PROG, message, EXIT_USAGE)
     setup_logging(args.log_format)
     settings = ServiceSettings(
         db=args.db,
@@ -293,11 +316,25 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         ordering=args.ordering,
         max_lanes=args.lanes,
         pipeline=args.pipeline,
+        intake_token=intake_token,
+        guard=http_guard_of(args),
     )
     hook = exit_after_ack(args.chaos) if args.chaos else None
     app = create_app(settings, after_delivery=hook)
-    await serve_app(app, args.host, args.port, PROG, "/orders", args.access_log)
+    log_egress(args.sink, args.allow_host, always=True)
+    limits = http_limits_of(args)
+    await serve_app(app, args.host, args.port, PROG, "/orders", args.access_log, limits)
     return EXIT_OK
+
+
+def log_egress(sink: str, allow_host: Sequence[str], *, always: bool = False) -> None:
+    """Say once where this process may send: a widened --allow-host list (or
+    OUTBOX_ALLOW_HOST) must be visible in the log, not only in the environment."""
+    hosts = ", ".join(allow_host)
+    if allow_host:
+        log.warning("sink hosts allowed beyond loopback: %s", hosts, extra={"allow_host": hosts})
+    elif always:
+        log.info("sink hosts allowed: loopback only", extra={"sink": sink})
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
@@ -389,6 +426,7 @@ async def cmd_trace(args: argparse.Namespace) -> int:
     if args.sink is not None:
         token = load_token(args.token_file)
         sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=token)
+        log_egress(args.sink, args.allow_host)
     async with Outbox.open(args.db) as outbox:
         if sender is None:
             trace = await collect_trace(outbox, args.id, None)

@@ -9,11 +9,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
+from plumbing.net import bearer_matches
 from plumbing.web import (
     BadRequest,
+    HttpGuard,
+    error,
     healthz,
+    http_guard,
     json_errors,
     metrics_response,
     read_event,
@@ -46,6 +50,8 @@ class ServiceSettings:
     ordering: Ordering = "global"
     max_lanes: int = MAX_LANES
     pipeline: int = DEFAULT_DEPTH  # used once the sink says it enforces Outbox-After
+    intake_token: str | None = None  # bearer token POST /orders needs, if set
+    guard: HttpGuard = field(default_factory=HttpGuard)
 
     def __post_init__(self) -> None:
         self.relay  # noqa: B018  (refuse bad relay settings now, before anything opens)
@@ -77,7 +83,10 @@ def create_app(
     installs one that ends the process there).
     """
     HttpSender(settings.sink, allowed_hosts=settings.allowed_hosts)  # refuse a bad URL now
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[json_errors, http_guard(settings.guard)],
+    )
     app[SETTINGS] = settings
     app[METRICS] = PublisherMetrics()
     app.cleanup_ctx.append(functools.partial(_run_relay, after_delivery=after_delivery))
@@ -124,6 +133,12 @@ async def post_order(request: web.Request) -> web.Response:
     """Record an order and its outbox entry; 201 accepted, 200 duplicate."""
     app = request.app
     intake = app[METRICS].intake
+    token = app[SETTINGS].intake_token
+    if token is not None and not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), token):
+        intake.labels("unauthorized").inc()
+        reply = error(401, "missing or wrong bearer token")
+        reply.headers[hdrs.WWW_AUTHENTICATE] = "Bearer"
+        return reply
     try:
         event = await read_event(request, app[SETTINGS].max_body_bytes)
         result = await app[OUTBOX].accept(event)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, Final, TypedDict
 
 from shared.errors import InvalidEvent
@@ -20,6 +21,14 @@ FIELDS: Final = ("id", "sku", "qty")
 _ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 _SKU_RE: Final = re.compile(r"[A-Za-z0-9._:-]+")
 PLAIN_TEXT: Final = re.compile(r"[A-Za-z0-9._:-]*")  # text JSON writes as it is
+
+
+@dataclass(frozen=True)
+class BigInteger:
+    """A JSON integer too long to be any field's value (Python will not even convert
+    one of over 4,300 digits): what the strict body parser puts in its place."""
+
+    digits: int
 
 
 class Event(TypedDict):
@@ -90,6 +99,10 @@ def _text(value: object, field: str, pattern: re.Pattern[str], max_chars: int) -
 
 def _quantity(value: object) -> int:
     # bool is a subclass of int in Python; JSON true is not a quantity.
+    if isinstance(value, BigInteger):
+        raise InvalidEvent(
+            "qty", f"must be between {QTY_MIN} and {QTY_MAX:,}, got {_json_type(value)}"
+        )
     if type(value) is not int:
         raise InvalidEvent("qty", f"must be an integer, not {_json_type(value)}")
     if not QTY_MIN <= value <= QTY_MAX:
@@ -102,6 +115,8 @@ def _json_type(value: Any) -> str:
         return "a boolean"
     if value is None:
         return "null"
+    if isinstance(value, BigInteger):
+        return f"an integer of {value.digits:,} digits"
     names = {int: "an integer", float: "a number", str: "a string", list: "an array"}
     names[dict] = "an object"
     return names.get(type(value), type(value).__name__)

@@ -16,9 +16,11 @@ from plumbing.net import bearer_matches
 from plumbing.web import (
     BadRequest,
     Handler,
+    HttpGuard,
     checked_event,
     error,
     healthz,
+    http_guard,
     invalid_event,
     json_errors,
     metrics_response,
@@ -102,7 +104,7 @@ INBOX: Final = web.AppKey("inbox", Inbox)
 SETTINGS: Final = web.AppKey("settings", SinkSettings)
 FENCES: Final = web.AppKey("fences", Fences)
 METRICS: Final = web.AppKey("metrics", SinkMetrics)
-OPEN_PATHS: Final = frozenset({"/healthz", "/metrics"})
+OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 WRITE_PATHS: Final = frozenset({"/events", "/events/batch"})
 
 
@@ -112,12 +114,15 @@ def create_app(
     token: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     admit: Admit | None = None,
+    guard: HttpGuard | None = None,
 ) -> web.Application:
     """The sink as an aiohttp application over the inbox at `db` (a --db value).
 
-    With `token`, every route but /healthz and /metrics needs `Authorization: Bearer
-    <token>`. With `admit`, each valid event is offered to it before it is applied,
-    and one it refuses is answered 400 (a SKU this warehouse does not know, say).
+    With `token`, every route but /healthz, /readyz and /metrics needs
+    `Authorization: Bearer <token>`. With `admit`, each valid event is offered to it
+    before it is applied, and one it refuses is answered 400 (a SKU this warehouse
+    does not know, say). `guard` says which Host names and Origins are allowed
+    besides the service's own addresses (none by default).
     BadLocation, raised here before anything is opened, for a `db` no backend can
     open; the inbox itself opens on startup.
     """
@@ -125,7 +130,7 @@ def create_app(
     # The per-route caps (one event, one batch) are checked where the body is read.
     app = web.Application(
         client_max_size=max(max_body_bytes, MAX_BATCH_BODY_BYTES),
-        middlewares=[json_errors, require_token, report_writes],
+        middlewares=[json_errors, http_guard(guard or HttpGuard()), require_token, report_writes],
     )
     app[SETTINGS] = SinkSettings(token=token, max_body_bytes=max_body_bytes, admit=admit)
     app[FENCES] = Fences()
@@ -188,6 +193,7 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         with fences.waking(item_ids([body])):
             event = checked_event(body)
             check_admitted(settings.admit, event)
+            check_fence_names_other(after, [event["id"]])
             if after is not None:
                 await fences.wait(after, inbox.knows)
             fences.handed([event["id"]])
@@ -216,6 +222,7 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
     try:
         after = read_fence(request)
         items = batch_items(await read_json(request, settings.max_batch_body_bytes))
+        check_fence_names_other(after, item_ids(items))
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
@@ -247,6 +254,19 @@ def read_fence(request: web.Request) -> str | None:
     it is not a well-formed ID."""
     after = request.headers.get(FENCE_HEADER)
     return None if after is None else _checked(validate_event_id, after, FENCE_HEADER)
+
+
+def check_fence_names_other(after: str | None, event_ids: list[str]) -> None:
+    """BadRequest 400 if Outbox-After names an event of the request itself: it can
+    never be in the inbox before the request is applied, so waiting is pointless."""
+    if after is not None and after in event_ids:
+        raise BadRequest(
+            400,
+            "invalid",
+            f"{FENCE_HEADER} names an event of this request: it must name the one before",
+            field=FENCE_HEADER,
+            after=after,
+        )
 
 
 def fence_not_met(request: web.Request, exc: FenceNotMet) -> web.Response:

@@ -12,7 +12,13 @@ from aiohttp import web
 from plumbing.cli import EXIT_USAGE, ArgumentParser, add_option, fail, port, setup_logging
 from plumbing.net import TOKEN_ENV, TokenError, is_loopback, load_token
 from plumbing.storage import BadLocation, StorageError
-from plumbing.web import serve_app
+from plumbing.web import (
+    HttpGuard,
+    add_http_options,
+    http_guard_of,
+    http_limits_of,
+    serve_app,
+)
 from sink.app import create_app
 from sink.chaos import CHAOS_HELP, Chaos, chaos_app, parse_chaos
 
@@ -38,6 +44,7 @@ def build_parser() -> ArgumentParser:
         action="store_true",
         help="allow a non-loopback address without a token",
     )
+    add_http_options(parser)
     add_option(parser, "--access-log", action="store_true", help="log one line per request")
     add_option(parser, "--log-format", choices=["text", "json"], default="text", help="log lines")
     add_option(parser, "--chaos", type=parse_chaos, default=Chaos(), help=CHAOS_HELP)
@@ -57,12 +64,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return fail(PROG, message, EXIT_USAGE)
     try:
-        app = build_app(args.db, token, args.chaos)
+        app = build_app(args.db, token, args.chaos, http_guard_of(args))
     except BadLocation as exc:  # before anything is opened or logged
         return fail(PROG, exc, EXIT_USAGE)
     setup_logging(args.log_format)
     try:
-        asyncio.run(serve_app(app, args.host, args.port, PROG, "/events", args.access_log))
+        serving = serve_app(
+            app, args.host, args.port, PROG, "/events", args.access_log, http_limits_of(args)
+        )
+        asyncio.run(serving)
     except StorageError as exc:
         return fail(PROG, exc)
     except OSError as exc:
@@ -70,8 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def build_app(db: str | Path, token: str | None, chaos: Chaos) -> web.Application:
-    """The production app, or with `--chaos` the app with those faults installed."""
+def build_app(
+    db: str | Path, token: str | None, chaos: Chaos, guard: HttpGuard | None = None
+) -> web.Application:
+    """The production app, or with `--chaos` the app with those faults installed (and
+    the default Host and Origin rules)."""
     if chaos == Chaos():
-        return create_app(db, token=token)
+        return create_app(db, token=token, guard=guard)
     return chaos_app(db, chaos, token=token)

@@ -461,3 +461,129 @@ def test_a_serve_refusal_happens_before_listening(
     assert done.returncode == 2, done.stderr
     one_line(done.stderr)
     assert "listening" not in done.stdout
+
+
+# ---------------------------------------------------------------- publisher: the intake
+
+PUBLISHER_LISTENING = re.compile(
+    r"publisher listening on http://(0\.0\.0\.0|127\.0\.0\.1|\[::\]):(\d+)/orders"
+)
+ORDER_BODY = {"id": "order-1", "sku": "snack", "qty": 7}
+
+
+@pytest.fixture
+def start_publisher(tmp_path: Path, child_env: dict[str, str]) -> Iterator[Any]:
+    started: list[Listening] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> Listening:
+        stderr_path = tmp_path / f"publisher-{len(started)}.err"
+        command = ["-m", "publisher", "serve", "--db", str(tmp_path / "served.db"), *args]
+        proc = spawn(command, stderr_path, child_env if env is None else env, tmp_path)
+        publisher = Listening(proc, "", 0, stderr_path)
+        started.append(publisher)
+        match = listening(proc, stderr_path, PUBLISHER_LISTENING, "publisher")
+        publisher.host, publisher.port = match[1], int(match[2])
+        return publisher
+
+    yield start
+    for publisher in reversed(started):
+        publisher.stop()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10"])
+def test_publisher_refuses_an_open_intake_address_without_an_intake_token(
+    tmp_path: Path, child_env: dict[str, str], host: str
+) -> None:
+    db = tmp_path / "served.db"
+    done = run(
+        child_env, tmp_path, "publisher", "serve", "--db", str(db), "--host", host,
+        "--port", "0", "--sink", "http://127.0.0.1:1/events",
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    line = one_line(done.stderr)
+    assert line.startswith("publisher: ")
+    assert host in line and "--insecure" in line and "OUTBOX_INTAKE_TOKEN" in line
+    assert done.stdout == "", "it must not report listening"
+    assert not db.exists(), "refused before the database was opened"
+
+
+def test_publisher_sink_token_is_not_an_intake_token(
+    tmp_path: Path, child_env: dict[str, str]
+) -> None:
+    env = {**child_env, "OUTBOX_TOKEN": TOKEN}
+    done = run(
+        env, tmp_path, "publisher", "serve", "--db", str(tmp_path / "served.db"),
+        "--host", "0.0.0.0", "--port", "0", "--sink", "http://127.0.0.1:1/events",
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert "intake token" in one_line(done.stderr)
+
+
+@pytest.mark.parametrize("via", ["env", "file"])
+def test_publisher_with_an_intake_token_on_an_open_address(
+    start_publisher: Any, tmp_path: Path, child_env: dict[str, str], db_rows: Query, via: str
+) -> None:
+    common = ["--host", "0.0.0.0", "--port", "0", "--sink", "http://127.0.0.1:1/events"]
+    if via == "env":
+        publisher = start_publisher(*common, env={**child_env, "OUTBOX_INTAKE_TOKEN": TOKEN})
+    else:
+        path = token_file(tmp_path, name="intake-token")
+        publisher = start_publisher(*common, "--intake-token-file", str(path))
+    orders = f"{publisher.loopback_base}/orders"
+
+    assert request("GET", f"{publisher.loopback_base}/healthz")[0] == 200
+    assert request("POST", orders, ORDER_BODY)[0] == 401
+    assert request("POST", orders, ORDER_BODY, WRONG)[0] == 401
+    assert db_rows(tmp_path / "served.db", "SELECT * FROM orders") == []
+    status, reply = request("POST", orders, ORDER_BODY, TOKEN)
+    assert (status, reply["result"]) == (201, "accepted")
+    assert not any(TOKEN in arg for arg in cmdline(publisher.proc.pid))
+    assert publisher.stop() == 0
+    assert TOKEN not in publisher.stderr.read_text(), "the token must not reach the logs"
+
+
+def test_publisher_insecure_on_an_open_address(start_publisher: Any) -> None:
+    publisher = start_publisher(
+        "--host", "0.0.0.0", "--port", "0", "--sink", "http://127.0.0.1:1/events", "--insecure"
+    )
+    status, reply = request("POST", f"{publisher.loopback_base}/orders", ORDER_BODY)
+    assert (status, reply["result"]) == (201, "accepted")
+    assert publisher.stop() == 0
+
+
+def test_publisher_serve_logs_a_widened_egress_list_at_start(
+    start_publisher: Any, child_env: dict[str, str]
+) -> None:
+    env = {**child_env, "OUTBOX_ALLOW_HOST": "warehouse.invalid"}
+    publisher = start_publisher(
+        "--port", "0", "--sink", "http://127.0.0.1:1/events", "--allow-host", "sink.invalid",
+        env=env,
+    )  # fmt: skip
+    assert publisher.stop() == 0
+    lines = [
+        line
+        for line in publisher.stderr.read_text().splitlines()
+        if "allowed beyond loopback" in line
+    ]
+    assert len(lines) == 1, publisher.stderr.read_text()
+    # The variable's hosts and the flag's are both in force: the line names both.
+    assert "sink.invalid" in lines[0] and "warehouse.invalid" in lines[0]
+
+
+def test_publisher_serve_says_egress_is_loopback_only_by_default(start_publisher: Any) -> None:
+    publisher = start_publisher("--port", "0", "--sink", "http://127.0.0.1:1/events")
+    assert publisher.stop() == 0
+    assert "sink hosts allowed: loopback only" in publisher.stderr.read_text()
+
+
+def test_dispatch_says_which_hosts_it_may_reach(
+    tmp_path: Path, child_env: dict[str, str], source: Path, closed_port: int
+) -> None:
+    done = run(
+        child_env, tmp_path, "publisher", "dispatch", "--db", str(source),
+        "--sink", f"http://127.0.0.1:{closed_port}/events", "--allow-host", "sink.invalid",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "allowed beyond loopback: sink.invalid" in done.stderr

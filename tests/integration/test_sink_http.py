@@ -276,7 +276,8 @@ async def test_chunked_body_over_the_cap_is_413_and_changes_nothing(
         for start in range(0, len(body), 100):
             yield body[start : start + 100]
 
-    async with client.post(f"{base}/events", data=chunks()) as response:
+    headers = {"Content-Type": "application/json"}
+    async with client.post(f"{base}/events", data=chunks(), headers=headers) as response:
         assert response.request_info.headers.get("Transfer-Encoding") == "chunked"
         assert response.status == 413
         assert "error" in await response.json()
@@ -374,7 +375,8 @@ async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
     url = yarl.URL(base)
     _reader, writer = await asyncio.open_connection(url.host, url.port)
     writer.write(
-        b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST /events HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n".encode()
+        + b"Content-Type: application/json\r\n"
         b'Content-Length: 500\r\n\r\n{"id": "half'
     )
     await writer.drain()

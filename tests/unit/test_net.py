@@ -215,3 +215,17 @@ def test_bearer_does_not_match(header: str | None) -> None:
 
 def test_non_ascii_header_does_not_match_and_does_not_raise() -> None:
     assert bearer_matches(f"Bearer {TOKEN[:-1]}é", TOKEN) is False
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"Bearer \xff\xfe", b"Bearer " + TOKEN.encode()[:-1] + b"\xff", b"\xc3( " + TOKEN.encode()],
+)
+def test_bearer_with_bytes_that_are_not_utf8_does_not_match(raw: bytes) -> None:
+    # aiohttp hands such a header over decoded with surrogateescape.
+    header = raw.decode("utf-8", "surrogateescape")
+    assert bearer_matches(header, TOKEN) is False
+
+
+def test_bearer_with_a_lone_surrogate_does_not_match() -> None:
+    assert bearer_matches("Bearer \ud800" + TOKEN, TOKEN) is False
