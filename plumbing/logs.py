@@ -117,7 +117,8 @@ class Throttled:
         window = self._windows.get(key)
         return 0 if window is None else window.suppressed
 
-    def __len__(self) -> int:
+    @property
+    def remembered(self) -> int:
         """How many keys are remembered now (at most `max_keys`)."""
         return len(self._windows)
 

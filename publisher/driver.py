@@ -182,7 +182,7 @@ class Driver:
     ) -> None:
         self._line = line
         # Repeated failures are logged once per interval with a count (plumbing.logs).
-        self._log = log or Throttled(logging.getLogger(__name__))
+        self._log = Throttled(logging.getLogger(__name__)) if log is None else log
         self._send = send
         self._options = options
         self._after_delivery = after_delivery

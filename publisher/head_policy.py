@@ -75,7 +75,7 @@ class HeadPolicy:
         self._rand = rand
         # A broken database fails every step the same way, several times a second:
         # one line (and one traceback) per interval, with a count, not one per step.
-        self.log = log or Throttled(RELAY_LOG)
+        self.log = Throttled(RELAY_LOG) if log is None else log
 
     def delivered(self, state: HeadState) -> None:
         """The line delivered something: its head is no longer blocked."""

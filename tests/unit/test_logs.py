@@ -101,7 +101,7 @@ def test_memory_is_bounded_the_oldest_key_is_forgotten(
     throttled = Throttled(LOGGER, 10.0, max_keys=3, clock=clock)
     for n in range(1000):
         throttled.error(n, "error %d", n)
-    assert len(throttled) == 3
+    assert throttled.remembered == 3
     assert len(records(caplog)) == 1000  # each a first occurrence
     caplog.clear()
     throttled.error(999, "error 999")  # remembered: counted
