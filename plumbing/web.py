@@ -21,7 +21,7 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_request import BaseRequest
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from plumbing.cli import add_option, positive_int, positive_s
 from plumbing.logs import Throttled
@@ -302,6 +302,18 @@ def metrics_response(registry: CollectorRegistry) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def readiness(check_writable: Callable[[], Awaitable[None]], gauge: Gauge) -> web.Response:
+    """200 {"status": "ready"} while the database takes a write, else 503 with the
+    reason; `gauge` is set to 1 or 0 either way (a liveness check is /healthz)."""
+    try:
+        await check_writable()
+    except StorageError as exc:
+        gauge.set(0)
+        return error(503, "not ready: the database cannot be written", reason=str(exc))
+    gauge.set(1)
+    return web.json_response({"status": "ready"})
 
 
 # ---------------------------------------------------------------- serving

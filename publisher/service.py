@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from aiohttp import hdrs, web
+from prometheus_client import Gauge
 
 from plumbing.net import bearer_matches
 from plumbing.web import (
@@ -21,6 +22,7 @@ from plumbing.web import (
     json_errors,
     metrics_response,
     read_event,
+    readiness,
 )
 from publisher.driver import AfterDelivery
 from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
@@ -72,6 +74,7 @@ OUTBOX: Final = web.AppKey("outbox", Outbox)
 RELAY: Final = web.AppKey("relay", Relay)
 METRICS: Final = web.AppKey("metrics", PublisherMetrics)
 SETTINGS: Final = web.AppKey("settings", ServiceSettings)
+READY: Final = web.AppKey("ready", Gauge)
 
 
 def create_app(
@@ -89,11 +92,17 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[METRICS] = PublisherMetrics()
+    app[READY] = Gauge(
+        "publisher_ready",
+        "1 while the source database takes a write (as GET /readyz says), else 0.",
+        registry=app[METRICS].registry,
+    )
     app.cleanup_ctx.append(functools.partial(_run_relay, after_delivery=after_delivery))
     app.router.add_post("/orders", post_order)
     app.router.add_get("/status", get_status)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", get_readyz)
     return app
 
 
@@ -162,6 +171,12 @@ async def get_status(request: web.Request) -> web.Response:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    metrics = request.app[METRICS]
-    metrics.observe(await request.app[OUTBOX].snapshot())
+    metrics, outbox = request.app[METRICS], request.app[OUTBOX]
+    await readiness(outbox.check_writable, request.app[READY])
+    metrics.observe(await outbox.snapshot())
     return metrics_response(metrics.registry)
+
+
+async def get_readyz(request: web.Request) -> web.Response:
+    """200 while the outbox can be written, 503 with the reason while it cannot."""
+    return await readiness(request.app[OUTBOX].check_writable, request.app[READY])

@@ -25,6 +25,7 @@ from plumbing.web import (
     json_errors,
     metrics_response,
     read_json,
+    readiness,
 )
 from shared import (
     FENCE_HEADER,
@@ -69,6 +70,11 @@ class SinkMetrics:
             registry=self.registry,
         )
         self.events = Gauge("sink_inbox_events", "Events in the inbox.", registry=self.registry)
+        self.ready = Gauge(
+            "sink_ready",
+            "1 while the inbox database takes a write (as GET /readyz says), else 0.",
+            registry=self.registry,
+        )
         self.fenced = Counter(
             "sink_fenced_requests",
             f"Requests refused with 412: the event named in {FENCE_HEADER} was not in the inbox.",
@@ -149,6 +155,7 @@ def create_app(
     app.router.add_get("/inventory/{sku}", get_inventory)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", get_readyz)
     return app
 
 
@@ -348,9 +355,15 @@ async def get_inventory(request: web.Request) -> web.Response:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    metrics = request.app[METRICS]
-    metrics.events.set(await request.app[INBOX].count())
+    metrics, inbox = request.app[METRICS], request.app[INBOX]
+    await readiness(inbox.check_writable, metrics.ready)
+    metrics.events.set(await inbox.count())
     return metrics_response(metrics.registry)
+
+
+async def get_readyz(request: web.Request) -> web.Response:
+    """200 while the inbox can be written, 503 with the reason while it cannot."""
+    return await readiness(request.app[INBOX].check_writable, request.app[METRICS].ready)
 
 
 def _checked(validate: Callable[[object], str], value: str, field: str) -> str:

@@ -1,0 +1,125 @@
+"""GET /readyz on both services: 503 while the database cannot be written, 200 again after.
+
+The fault is real where this machine allows it: the file made immutable (root
+writes through any mode bits) or read-only; else a trigger that refuses writes
+stands in. /healthz stays 200 throughout: it says the process is alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from publisher.retry import RetryPolicy
+from publisher.service import ServiceSettings
+from publisher.service import create_app as create_publisher
+from sink import create_app as create_sink
+
+if TYPE_CHECKING:
+    from conftest import Serve
+
+TOKEN = "sink-token-0123456789abc"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+        yield session
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """While inside, no connection can write `path`."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o444)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is not None and subprocess.run([chattr, "+i", str(path)]).returncode == 0:
+        try:
+            yield
+        finally:
+            subprocess.run([chattr, "-i", str(path)], check=True)
+        return
+    conn = sqlite3.connect(path, timeout=5, isolation_level=None)
+    try:
+        conn.execute(
+            "CREATE TRIGGER read_only BEFORE UPDATE ON health"
+            " BEGIN SELECT RAISE(ABORT, 'attempt to write a readonly database'); END"
+        )
+        try:
+            yield
+        finally:
+            conn.execute("DROP TRIGGER read_only")
+    finally:
+        conn.close()
+
+
+async def get(client: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with client.get(url) as response:
+        assert response.content_type == "application/json"
+        return response.status, await response.json()
+
+
+async def gauge(client: aiohttp.ClientSession, base: str, name: str) -> float:
+    async with client.get(f"{base}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"{name} not in /metrics")
+
+
+async def check_readiness(
+    client: aiohttp.ClientSession, base: str, db: Path, gauge_name: str
+) -> None:
+    assert await get(client, f"{base}/readyz") == (200, {"status": "ready"})
+    assert await gauge(client, base, gauge_name) == 1
+    with read_only(db):
+        status, body = await get(client, f"{base}/readyz")
+        assert status == 503, body
+        assert "cannot be written" in body["error"]
+        assert body["reason"], body
+        assert await get(client, f"{base}/healthz") == (200, {"status": "ok"})
+        assert await gauge(client, base, gauge_name) == 0
+    assert await get(client, f"{base}/readyz") == (200, {"status": "ready"})
+    assert await gauge(client, base, gauge_name) == 1
+
+
+async def test_sink_readyz_follows_the_database(
+    serve: Serve, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    db = tmp_path / "sink.db"
+    base = await serve(create_sink(db, token=TOKEN))  # /readyz needs no token
+    await check_readiness(client, base, db, "sink_ready")
+
+
+async def test_publisher_readyz_follows_the_database(
+    serve: Serve, serve_sink: Any, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    sink = await serve_sink(tmp_path / "sink.db")
+    db = tmp_path / "source.db"
+    settings = ServiceSettings(
+        db=str(db),
+        sink=f"{sink}/events",
+        poll_interval_s=0.1,
+        retry=RetryPolicy(base_s=0.05, cap_s=0.3),
+    )
+    base = await serve(create_publisher(settings))
+    await check_readiness(client, base, db, "publisher_ready")
