@@ -49,3 +49,15 @@ class UnknownEntry(OutboxError, LookupError):
 
 class InvalidTransition(OutboxError):
     """The entry is not in a state that allows this operation."""
+
+
+class RelayAlreadyRunning(OutboxError):
+    """Another relay delivers from this outbox: two would send every entry twice."""
+
+    def __init__(self, location: str, holder: str) -> None:
+        super().__init__(
+            f"another relay is already delivering from {location}: {holder};"
+            " stop it first (one relay per outbox)"
+        )
+        self.location = location
+        self.holder = holder

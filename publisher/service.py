@@ -117,7 +117,9 @@ async def _run_relay(
         timeout_s=settings.send_timeout_s,
         token=settings.token,
     )
-    async with Outbox.open(settings.db) as outbox, sender:
+    # One relay per outbox: a second `publisher serve` on the same database stops
+    # here (RelayAlreadyRunning, one line, exit status 1) before it delivers anything.
+    async with Outbox.open(settings.db) as outbox, outbox.relay_lock("publisher serve"), sender:
         transport = Transport(
             sender.deliver,
             sender.deliver_batch if settings.batch_delivery else None,

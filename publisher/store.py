@@ -11,6 +11,7 @@ Every backend passes the same behaviour suite (tests/behaviour/test_outbox_store
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -187,6 +188,15 @@ class Outbox(ClosesOnExit, ABC):
         short reason, when it cannot (a full disk, a read-only file, locked beyond the
         busy timeout, the database gone). For a readiness check: cheap enough to call
         every second, and honest (a write rolled back proves nothing of disk space)."""
+
+    @abstractmethod
+    def relay_lock(self, owner: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """`async with outbox.relay_lock("publisher serve"):` while delivering, so that
+        only one process delivers from this outbox at a time (two would send every
+        entry twice). Raises RelayAlreadyRunning, naming the holder (its process,
+        host, `owner` and since when), if another holds it. The lock lasts as long as
+        the process: a process that dies, even by SIGKILL, holds it no longer. Intake
+        and the operators' commands do not take it and work beside a relay."""
 
     # ------------------------------------------------------------------ intake
 

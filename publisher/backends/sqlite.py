@@ -7,6 +7,7 @@ call each (sqlite_tx); marks of concurrent callers share one commit (group commi
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sqlite3
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from plumbing.storage import StorageError
+from publisher.backends import relay_lock
 from publisher.backends import sqlite_sql as sql
 from publisher.errors import InvalidTransition, UnknownEntry
 from publisher.store import (
@@ -49,6 +51,11 @@ class SqliteOutbox(SqliteFile, Outbox):
     def __init__(self, db: Database) -> None:
         super().__init__(db)
         self._marks = GroupCommit(db, _mark_groups)
+
+    def relay_lock(self, owner: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """An exclusive flock on `<db>.relay-lock`, held until the block ends or the
+        process dies (see publisher.backends.relay_lock)."""
+        return relay_lock.relay_lock(self.path, owner)
 
     async def accept(self, event: object) -> Intake:
         """Record the order and its outbox entry in one transaction: both or neither."""

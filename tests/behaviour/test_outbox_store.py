@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +25,7 @@ from outbox_backends import BACKENDS, FAULTS, Backend, Fault
 import publisher.store
 from plumbing.storage import StorageError
 from publisher import MAX_BATCH, UnknownEntry
-from publisher.errors import InvalidTransition
+from publisher.errors import InvalidTransition, OutboxError, RelayAlreadyRunning
 from publisher.store import Mark, Outbox, State
 from shared import Conflict, InvalidEvent, Receipt, canonical_json, make_ack
 
@@ -954,3 +956,74 @@ async def test_check_writable_raises_while_the_database_cannot_be_written(
     assert await outbox.check_writable() is None
     await accept(outbox, "b")
     assert unsent(backend) == ["a", "b"]
+
+
+# ------------------------------------------------------------------ one relay per outbox
+
+# A relay in another process: takes the lock, says so, and holds it until killed.
+_HOLDER = """
+import asyncio, sys
+from publisher.store import Outbox
+
+async def main():
+    async with Outbox.open(sys.argv[1]) as outbox, outbox.relay_lock("relay in a child"):
+        print("held", flush=True)
+        await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_second_relay_lock_is_refused_naming_the_holder_until_it_is_released(
+    outbox: Outbox, backend: Backend
+) -> None:
+    async with Outbox.open(backend.location) as other:
+        async with outbox.relay_lock("publisher serve"):
+            with pytest.raises(RelayAlreadyRunning) as refused:
+                async with other.relay_lock("publisher dispatch"):
+                    pytest.fail("two holders of the relay lock")
+            message = str(refused.value)
+            assert f"process {os.getpid()}" in message
+            assert "publisher serve" in message
+            assert isinstance(refused.value, OutboxError)
+            # Intake and the operators' reads and writes do not need the lock.
+            await accept(other, "a", "b")
+            await other.quarantine("b", "held back", "op")
+            await other.redrive("b", "op")
+            assert (await other.snapshot()).pending == 2
+            assert [e.id for e in await other.entries(State.PENDING)] == ["a", "b"]
+        async with other.relay_lock("publisher serve"):  # released: free at once
+            with pytest.raises(RelayAlreadyRunning):
+                async with outbox.relay_lock("again"):
+                    pass
+    async with outbox.relay_lock("and again"):  # an error inside released it too
+        pass
+
+
+async def test_the_relay_lock_of_a_killed_process_is_free_at_once(
+    outbox: Outbox, backend: Backend
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, backend.location],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "held\n"
+        with pytest.raises(RelayAlreadyRunning, match=f"relay in a child, process {child.pid} "):
+            async with outbox.relay_lock("publisher serve"):
+                pass
+        child.send_signal(signal.SIGKILL)  # no shutdown code runs
+        child.wait(timeout=10)
+        started = time.monotonic()
+        async with outbox.relay_lock("publisher serve"):
+            assert time.monotonic() - started < 1.0
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=10)
+        if child.stdout is not None:
+            child.stdout.close()
