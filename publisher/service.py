@@ -13,6 +13,7 @@ from aiohttp import hdrs, web
 from prometheus_client import Gauge
 
 from plumbing.net import bearer_matches
+from plumbing.openapi import add_openapi_route
 from plumbing.web import (
     BadRequest,
     HttpGuard,
@@ -103,6 +104,7 @@ def create_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", get_readyz)
+    add_openapi_route(app, "publisher")
     return app
 
 

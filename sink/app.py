@@ -13,6 +13,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from plumbing.net import bearer_matches
+from plumbing.openapi import add_openapi_route
 from plumbing.web import (
     BadRequest,
     Handler,
@@ -156,6 +157,7 @@ def create_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", get_readyz)
+    add_openapi_route(app, "sink")
     return app
 
 
