@@ -75,12 +75,15 @@ class Service:
         return status
 
     def kill(self) -> bool:
-        """SIGKILL: no handler, no cleanup, no flush. True if a live process got it."""
+        """SIGKILL: no handler, no cleanup, no flush.
+
+        True if the signal is what ended the process: not when it had already ended,
+        nor when it was ending on its own (a chaos exit, say) as the signal came.
+        """
         killed = False
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-            killed = True
+            killed = self.proc.wait(timeout=STOP_TIMEOUT_S) == -signal.SIGKILL
         self.reap()
         return killed
 

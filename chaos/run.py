@@ -94,11 +94,14 @@ class RunReport:
       Every kill SIGKILLs the service's running process; an exit-after-* kill then
       restarts it armed to end itself with status 73 at its next ACK or commit, which
       happens unless the next kill comes first.
-    - sigkills: SIGKILLs that reached a live process, per service
+    - sigkills: processes a SIGKILL ended, per service (one that was ending itself
+      with a chaos exit as the signal came counts as that exit)
     - chaos_exits: armed processes that did end themselves (status 73); per service
       in chaos_exits_by_service
     - faults: sigkills plus chaos exits, both services
     - restarts: process starts beyond the first of each service
+    - exit_statuses: how each service's processes ended, by exit status (-9: SIGKILL,
+      73: chaos exit, 0: the orderly stop at the end; anything else is unexpected)
     """
 
     verdict: Verdict
@@ -106,6 +109,7 @@ class RunReport:
     sigkills: dict[str, int]
     chaos_exits: dict[str, int]
     restarts: int
+    exit_statuses: dict[str, dict[str, int]]
     drained: bool
     elapsed_s: float
     delivery: Delivery = "batch"
@@ -125,6 +129,7 @@ class RunReport:
             "chaos_exits_by_service": self.chaos_exits,
             "faults": sum(self.sigkills.values()) + sum(self.chaos_exits.values()),
             "restarts": self.restarts,
+            "exit_statuses": self.exit_statuses,
             "elapsed_s": round(self.elapsed_s, 2),
         }
 
@@ -204,6 +209,10 @@ def run(
             for name, s in services.items()
         },
         restarts=sum(max(0, s.starts - 1) for s in services.values()),
+        exit_statuses={
+            name: {str(k): n for k, n in sorted(Counter(s.exits).items())}
+            for name, s in services.items()
+        },
         drained=drained,
         elapsed_s=deadline.elapsed(),
         delivery=delivery,
@@ -213,7 +222,7 @@ def run(
 def kill(cluster: Cluster, kind: str) -> list[str]:
     """Kill a service now (SIGKILL), or restart it armed to die at the next ACK/commit.
 
-    Returns the names of the services a SIGKILL reached while alive.
+    Returns the names of the services whose process the SIGKILL ended.
     """
     cluster.revive()
     name, _, how = kind.partition(":")

@@ -100,7 +100,16 @@ def assert_clean_verdict(figures: dict[str, Any], events: int, kills: int) -> No
     assert sum(figures["kills_by_kind"].values()) == kills, figures
     assert sorted(figures["kills_by_kind"]) == figures["kill_kinds"], figures
     sigkills, exits = figures["sigkills"], figures["chaos_exits_by_service"]
-    assert sum(sigkills.values()) <= kills, figures  # a kill finds its victim dead at most
+    assert sum(sigkills.values()) <= kills, figures  # a victim may be ending by itself
+    statuses = figures["exit_statuses"]
+    assert set(statuses) == {"publisher", "sink"}, figures
+    for name in ("publisher", "sink"):  # SIGKILLs, chaos exits, then one orderly stop
+        ended = statuses[name]
+        assert set(ended) <= {"-9", "73", "0"}, figures
+        assert (ended.get("-9", 0), ended.get("73", 0)) == (sigkills[name], exits[name])
+        assert ended.get("0") == 1, figures
+    # Every process started after the first was started because one ended by a fault.
+    assert figures["restarts"] <= figures["faults"] <= figures["restarts"] + 2, figures
     assert sum(exits.values()) == figures["chaos_exits"], figures
     assert figures["faults"] == sum(sigkills.values()) + figures["chaos_exits"], figures
     armed = sum(n for kind, n in figures["kills_by_kind"].items() if "exit-after" in kind)

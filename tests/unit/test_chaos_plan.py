@@ -183,6 +183,7 @@ def report(verdict: Verdict, drained: bool = True) -> RunReport:
         sigkills={"publisher": 1, "sink": 1},
         chaos_exits={"publisher": 1, "sink": 0},
         restarts=4,
+        exit_statuses={"publisher": {"-9": 1, "0": 1, "73": 1}, "sink": {"-9": 1, "0": 1}},
         drained=drained,
         elapsed_s=1.234,
         delivery="single",
@@ -198,6 +199,10 @@ def test_the_report_counts_kills_by_kind_and_faults() -> None:
     assert figures["chaos_exits"] == 1
     assert figures["faults"] == 3  # two SIGKILLs that found a live process, one exit
     assert (figures["restarts"], figures["elapsed_s"]) == (4, 1.23)
+    assert figures["exit_statuses"] == {
+        "publisher": {"-9": 1, "0": 1, "73": 1},
+        "sink": {"-9": 1, "0": 1},
+    }
     assert (figures["ordering"], figures["delivery"]) == ("sku", "single")
     assert (figures["order_inversions"], figures["ok"]) == (0, True)
 
