@@ -318,14 +318,21 @@ async def readiness(check_writable: Callable[[], Awaitable[None]], gauge: Gauge)
 
 # ---------------------------------------------------------------- serving
 
-# Descriptors kept free under the process limit for the database, logs and the
-# connections one accept burst (up to `backlog`) can open before the cap is seen.
+# Descriptors kept free under the process limit for the database files, logs and
+# pipes. Besides, twice the backlog: asyncio accepts up to `backlog` connections per
+# loop turn before any of them reaches the cap check, and the idle connections
+# closed to make room for them release their descriptors only a turn later.
 RESERVED_FDS: Final = 64
 _REFUSED_BODY: Final = b'{"error": "too many open connections, try again"}'
 _REFUSED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY)
 )
+MAX_LINGERING: Final = 32  # refused sockets that may wait for the client's close at once
+REFUSED_LINGER_S: Final = 1.0
+# After an error reply, the rest of an unread body is read (and dropped) for at most
+# this long so that the client sees the reply; then the connection is closed.
+LINGERING_S: Final = 2.0
 _PARSE_ERRORS: Final = {
     "BadHttpMethod": "unknown HTTP method",
     "LineTooLong": "request line or header too long",
@@ -341,11 +348,30 @@ _connection_log: Final = Throttled(log)
 
 def connection_cap(limits: HttpLimits) -> int:
     """The connections a service keeps open at once: `max_connections`, lowered to
-    fit the soft descriptor limit less the backlog and a reserve."""
+    fit the soft descriptor limit less twice the backlog and a reserve (704 under a
+    limit of 1,024 with the default backlog of 128)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return limits.max_connections
-    return max(1, min(limits.max_connections, soft - limits.backlog - RESERVED_FDS))
+    room = soft - 2 * limits.backlog - RESERVED_FDS
+    return max(1, min(limits.max_connections, room))
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """asyncio logs a traceback for every failed accept() (out of descriptors, say):
+    log those once per interval instead; anything else as asyncio would."""
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", ""))
+        if message.startswith("socket.accept() out of system resource"):
+            _connection_log.error(
+                ("accept", str(context.get("exception"))), "%s: %s", message,
+                context.get("exception"),
+            )  # fmt: skip
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
 
 
 class JsonErrorHandler(web.RequestHandler):
@@ -388,12 +414,38 @@ class JsonErrorHandler(web.RequestHandler):
 
 
 class _Refused(asyncio.Protocol):
-    """A connection beyond the cap with no idle one to close: a 503, then closed."""
+    """A connection beyond the cap with no idle one to close: a 503, then closed.
+
+    Closing a socket with unread input makes the kernel send a reset, which can
+    destroy the 503 before the client reads it: so the write side is shut first,
+    and the socket closed when the client closes its side (or after a second).
+    At most MAX_LINGERING such sockets wait at once; beyond, they close at once."""
+
+    lingering = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
         transport.write(_REFUSED)
-        transport.close()
+        if _Refused.lingering >= MAX_LINGERING or not transport.can_write_eof():
+            transport.close()
+            return
+        _Refused.lingering += 1
+        transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(REFUSED_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # read and dropped, so that no reset follows
+
+    def eof_received(self) -> bool:
+        self._transport.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        timer = getattr(self, "_timer", None)
+        if timer is not None:
+            timer.cancel()
+            _Refused.lingering -= 1
 
 
 class _Connections:
@@ -473,6 +525,7 @@ def handler_options(limits: HttpLimits, access_log: bool) -> dict[str, Any]:
         # aiohttp arms this at connection start and after each reply, and closes the
         # connection if no request has started by then: idle and slow headers alike.
         "keepalive_timeout": limits.idle_timeout_s,
+        "lingering_time": LINGERING_S,
     }
 
 
@@ -511,6 +564,7 @@ async def serve_app(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    quiet_accept_errors(loop)
     options = handler_options(limits, access_log)
     runner = web.AppRunner(app, handle_signals=False, **options)
     await runner.setup()  # runs the startup contexts: a bad database fails before listening
