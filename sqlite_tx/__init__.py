@@ -68,6 +68,7 @@ class Database:
         # changes, so back-to-back calls on one side run no PRAGMA at all.
         self._busy_timeout_ms = BUSY_TIMEOUT_MS
         self._file = _identity(self.path)  # the file opened, to tell if it goes away
+        self._probing: asyncio.Future[None] | None = None  # the probe in progress
 
     @classmethod
     async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
@@ -156,8 +157,20 @@ class Database:
         at all), and the file removed or replaced (the connection would go on writing
         to an unlinked inode, lost on close). One small fsync'ed commit: cheap enough
         to run every second.
+
+        Callers while a probe is in progress share it: with the lock held elsewhere a
+        probe takes the busy timeout, and a probe a second must not queue up on the
+        database thread in front of real work.
         """
-        await self.run(self._probe)
+        if self._probing is None:
+            self._probing = asyncio.ensure_future(self.run(self._probe))
+            self._probing.add_done_callback(self._probed)
+        await asyncio.shield(self._probing)
+
+    def _probed(self, probe: asyncio.Future[None]) -> None:
+        self._probing = None
+        if not probe.cancelled():
+            probe.exception()  # retrieved: its callers may all have stopped waiting
 
     def _probe(self, conn: sqlite3.Connection) -> None:
         """On the worker thread."""

@@ -3,7 +3,9 @@ that gives both files their health row. Checked through sqlite3 connections of o
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +18,7 @@ from publisher.store import Outbox
 from shared import Receipt
 from sink.backends import sqlite_sql as inbox_sql
 from sink.store import Inbox
-from sqlite_tx import Database
+from sqlite_tx import BUSY_TIMEOUT_MS, Database
 
 if TYPE_CHECKING:
     from conftest import Query
@@ -106,3 +108,24 @@ async def test_a_removed_file_fails_the_probe_though_sqlite_still_writes(tmp_pat
         sqlite3.connect(path).close()  # another file at the same path
         with pytest.raises(StorageError, match="replaced"):
             await outbox.check_writable()
+
+
+async def test_probes_asked_for_while_one_waits_for_the_lock_share_it(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    async with Outbox.open(path) as outbox:
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            started = time.monotonic()
+            first = asyncio.ensure_future(outbox.check_writable())
+            await asyncio.sleep(0.5)
+            later = [asyncio.ensure_future(outbox.check_writable()) for _ in range(4)]
+            outcomes = await asyncio.gather(first, *later, return_exceptions=True)
+            took_s = time.monotonic() - started
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        assert all(isinstance(o, StorageError) and "locked" in str(o) for o in outcomes)
+        # One wait of the busy timeout, not five queued one after another.
+        assert took_s < 2 * BUSY_TIMEOUT_MS / 1000
+        await outbox.check_writable()  # and the next one is a probe of its own
