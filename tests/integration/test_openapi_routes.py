@@ -153,6 +153,33 @@ def test_errors_and_replies_are_json_as_documented(name: str) -> None:
                 assert all("error" in v["required"] for v in variants), (method, path, status)
 
 
+def references(node: object) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            yield from references(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from references(value)
+
+
+def test_every_reference_resolves(name: str) -> None:
+    document = load_document(name)
+    for ref in set(references(document)):
+        node: Any = document
+        for part in ref.removeprefix("#/").split("/"):
+            assert isinstance(node, dict) and part in node, f"{name}: {ref} does not resolve"
+            node = node[part]
+
+
+def test_only_the_sink_says_outbox_fencing_on_every_reply(name: str) -> None:
+    for method, path, operation in operations(load_document(name)):
+        for status, response in operation["responses"].items():
+            says = "Outbox-Fencing" in response.get("headers", {})
+            assert says == (name == "sink"), (name, method, path, status)
+
+
 def resolve(schemas: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     ref = schema.get("$ref")
     return schema if ref is None else resolve(schemas, schemas[ref.rsplit("/", 1)[1]])
