@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import re
 import resource
 import signal
 from collections.abc import Awaitable, Callable, Iterable
@@ -374,6 +375,16 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handle)
 
 
+_DETAIL_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9 '\-]{2,80}")
+
+
+def parser_detail(message: str | None) -> str | None:
+    """The parser's own phrase from its message ("Duplicate Content-Length"), never
+    what follows it: aiohttp quotes the offending request bytes after the colon."""
+    phrase = (message or "").split(":", 1)[0].strip()
+    return phrase if _DETAIL_RE.fullmatch(phrase) else None
+
+
 class JsonErrorHandler(web.RequestHandler):
     """aiohttp's connection handler, with its own error replies (a request its parser
     refused: bad Content-Length, header too long, NUL in a header, unknown method) as
@@ -397,7 +408,11 @@ class JsonErrorHandler(web.RequestHandler):
         else:
             _parse_log.log(logging.INFO, ("parse", kind), "refused a malformed request: %s", kind)
             text = _PARSE_ERRORS.get(kind, "malformed HTTP request")
-        reply = web.json_response({"error": text}, status=status)
+        body = {"error": text}
+        detail = parser_detail(message)
+        if detail and detail.lower() != text.lower():
+            body["detail"] = detail
+        reply = web.json_response(body, status=status)
         reply.force_close()
         return reply
 
