@@ -8,8 +8,10 @@ interval, and says how many were left out on the next line after the interval:
 
     relay step failed: disk I/O error (repeated 362 times in the last 10 s)
 
-That line carries no traceback (the first one did). The logic is pure apart from
-the logger and a clock, which tests replace.
+That line carries no traceback (the first one did). When the caller knows the
+failure is over, `resolved(key)` writes the summary at once instead of with a next
+occurrence that will not come. The logic is pure apart from the logger and a
+clock, which tests replace.
 """
 
 from __future__ import annotations
@@ -18,12 +20,21 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 REPEAT_INTERVAL_S: Final = 10.0  # the default interval in which a key is logged once
 MAX_KEYS: Final = 1024  # distinct keys remembered; the oldest is forgotten beyond it
 
 Clock = Callable[[], float]
+
+
+class _Line(NamedTuple):
+    """An occurrence left out: what a summary written without a next one says."""
+
+    level: int
+    msg: str
+    args: tuple[object, ...]
+    extra: Mapping[str, object] | None
 
 
 @dataclass
@@ -32,6 +43,7 @@ class _Window:
 
     logged_at: float
     suppressed: int = 0
+    last: _Line | None = None
 
 
 class Throttled:
@@ -81,16 +93,31 @@ class Throttled:
         window = self._windows.get(key)
         if window is not None and now - window.logged_at < self.interval_s:
             window.suppressed += 1
+            window.last = _Line(level, msg, args, extra)
             return False
-        fields: dict[str, Any] = dict(extra or {})
-        if window is not None and window.suppressed:
-            fields["repeated"] = window.suppressed
-            since = _seconds(now - window.logged_at)
-            msg = f"{msg} (repeated {window.suppressed} times in the last {since})"
-            exc_info = False
         self._remember(key, now)
-        self.logger.log(level, msg, *args, exc_info=exc_info, extra=fields or None)
+        if window is not None and window.suppressed:
+            self._summary(_Line(level, msg, args, extra), window, now)
+        else:
+            self.logger.log(level, msg, *args, exc_info=exc_info, extra=extra)
         return True
+
+    def resolved(self, key: Hashable) -> bool:
+        """The failure `key` names is over (the step it failed has succeeded): write
+        the summary of the occurrences left out since its last line now, if any, and
+        forget it, so that a new occurrence is logged at once. Returns whether a line
+        was written."""
+        window = self._windows.pop(key, None)
+        if window is None or window.last is None or not window.suppressed:
+            return False
+        self._summary(window.last, window, self._clock())
+        return True
+
+    def _summary(self, line: _Line, window: _Window, now: float) -> None:
+        fields: dict[str, Any] = {**(line.extra or {}), "repeated": window.suppressed}
+        since = _seconds(now - window.logged_at)
+        msg = f"{line.msg} (repeated {window.suppressed} times in the last {since})"
+        self.logger.log(line.level, msg, *line.args, extra=fields)
 
     def error(
         self,
@@ -130,7 +157,7 @@ class Throttled:
 
 
 def _seconds(elapsed_s: float) -> str:
-    return f"{elapsed_s:.0f} s" if elapsed_s >= 1 else f"{elapsed_s:.2f} s"
+    return f"{elapsed_s:.0f} s" if elapsed_s >= 10 else f"{elapsed_s:.1f} s"
 
 
 __all__ = ["MAX_KEYS", "REPEAT_INTERVAL_S", "Throttled"]

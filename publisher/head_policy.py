@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -57,6 +57,7 @@ class HeadState:
 
     streak: Streak = field(default_factory=Streak)
     blocked: Blocked | None = None
+    failing: Hashable | None = None  # the log key of a failure not of the head's own
 
 
 class HeadPolicy:
@@ -77,9 +78,16 @@ class HeadPolicy:
         # one line (and one traceback) per interval, with a count, not one per step.
         self.log = Throttled(RELAY_LOG) if log is None else log
 
-    def delivered(self, state: HeadState) -> None:
-        """The line delivered something: its head is no longer blocked."""
-        state.blocked = None
+    def succeeded(self, state: HeadState, lane: str | None, marked: int) -> None:
+        """A step of the line ran without failing, and delivered `marked` entries: a
+        failure before it is over (its log summary is written now), and once it has
+        delivered something its head is no longer blocked."""
+        if state.failing is not None:
+            self.log.resolved(state.failing)
+            state.failing = None
+        if marked and state.blocked is not None:
+            self.log.resolved(_blocked_key(lane, state.blocked.event_id, state.blocked.reason))
+            state.blocked = None
 
     async def failed(
         self, state: HeadState, lane: str | None, entry: Pending | None, error: Exception
@@ -88,8 +96,8 @@ class HeadPolicy:
         if entry is None:
             # Not a delivery failure (the database, say): back off and read again.
             exc_info = not isinstance(error, DeliveryError)
-            key = ("relay step failed", type(error), str(error))
-            self.log.error(key, "relay step failed: %s", error, exc_info=exc_info)
+            state.failing = ("relay step failed", type(error), str(error))
+            self.log.error(state.failing, "relay step failed: %s", error, exc_info=exc_info)
             return retry_delay_s(error, 1, self.retry, self._rand)
         event_id = entry.event["id"]
         await self._outbox.record_failure(event_id, str(error))
@@ -97,7 +105,7 @@ class HeadPolicy:
         state.blocked = _blocked(state.blocked, event_id, error)
         fields = {"event_id": event_id, "lane": lane, "failures": state.streak.failures}
         self.log.warning(
-            ("head blocked", lane, event_id, str(error)),
+            _blocked_key(lane, event_id, str(error)),
             "head blocked",
             extra={**fields, "since": state.blocked.since, "reason": str(error)},
         )
@@ -126,6 +134,11 @@ class HeadPolicy:
             return []
         heads = await self._outbox.head_ids(list(blocked))
         return [key for key, head in blocked.items() if heads.get(key) != head.event_id]
+
+
+def _blocked_key(lane: str | None, event_id: str, reason: str) -> Hashable:
+    """What makes two "head blocked" lines the same: the line, its head, the error."""
+    return ("head blocked", lane, event_id, reason)
 
 
 def _blocked(before: Blocked | None, event_id: str, error: BaseException) -> Blocked:

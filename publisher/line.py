@@ -129,8 +129,7 @@ class LineRunner:
                 key = ("could not record a failed attempt", str(unrecorded))
                 self._log.error(key, "could not record a failed attempt: %s", unrecorded)
                 return Step(self._policy.retry.cap_s, True)
-        if marked:
-            self._policy.delivered(line.head)
+        self._policy.succeeded(line.head, line.key, marked)
         return Step(self._settings.poll_interval_s, False)
 
     async def wait_out(self, line: Line, step: Step) -> None:

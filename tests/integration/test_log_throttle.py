@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,7 @@ async def test_a_full_disk_is_logged_once_per_interval_and_delivery_resumes_when
                     attempts = db_rows(sink_db, "SELECT sum(deliveries) FROM inbox")[0][0]
                     failed = lines(caplog, "relay step failed")
                     filler.unlink()
+                    freed = time.time()
                     await eventually(
                         lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
                     )
@@ -78,6 +80,10 @@ async def test_a_full_disk_is_logged_once_per_interval_and_delivery_resumes_when
         assert "times in the last" in summary.getMessage()
         assert not summary.exc_info
     assert sum(repeated(r) for r in summaries) >= 10
+    # Once the relay succeeds again, what was left out since the last line is told
+    # at once, not with a next failure that never comes.
+    *_, last = lines(caplog, "relay step failed")
+    assert last.created >= freed and repeated(last) > 0 and not last.exc_info
     noisy = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(noisy) <= 2 * MOST_LINES, [r.getMessage() for r in noisy]
     # Delivered once in effect, every one of them: the resends were duplicates.
@@ -127,5 +133,7 @@ async def test_a_sink_that_keeps_failing_blocks_the_head_with_one_line_per_inter
     assert 2 <= len(blocked) <= MOST_LINES
     assert all(r.__dict__["event_id"] == "o0" for r in blocked)
     assert [repeated(r) > 0 for r in blocked[1:]] == [True] * (len(blocked) - 1)
+    *_, last = lines(caplog, "head blocked")  # the summary written once it went through
+    assert last is not blocked[-1] and repeated(last) > 0
     # Every failed attempt is still counted on the entry.
     assert db_rows(db, "SELECT attempts >= ? FROM outbox WHERE id = 'o0'", (tries,)) == [(1,)]

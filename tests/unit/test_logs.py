@@ -119,7 +119,7 @@ def test_extra_fields_reach_the_record_and_the_interval_is_a_setting(
     throttled.error("k", "x", extra={"event_id": "a"})
     first, summary = records(caplog)
     assert first.__dict__["event_id"] == summary.__dict__["event_id"] == "a"
-    assert summary.getMessage() == "x (repeated 1 times in the last 0.50 s)"
+    assert summary.getMessage() == "x (repeated 1 times in the last 0.5 s)"
 
 
 def test_bad_settings_are_refused() -> None:
@@ -127,3 +127,32 @@ def test_bad_settings_are_refused() -> None:
         Throttled(LOGGER, -1.0)
     with pytest.raises(ValueError):
         Throttled(LOGGER, max_keys=0)
+
+
+def test_resolved_writes_the_summary_now_and_a_new_occurrence_is_logged_at_once(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    throttled = Throttled(LOGGER, 10.0, clock=clock)
+    throttled.error("k", "step failed: %s", "disk full", exc_info=True, extra={"lane": "x"})
+    for _ in range(5):
+        clock.now += 0.5
+        throttled.error("k", "step failed: %s", "disk full", exc_info=True, extra={"lane": "x"})
+    assert throttled.resolved("k")
+    assert not throttled.resolved("k")  # nothing left to say
+    assert not throttled.resolved("never seen")
+    throttled.error("k", "step failed: %s", "disk full again")  # a new failure: at once
+    first, summary, again = records(caplog)
+    assert first.exc_info
+    assert summary.getMessage() == "step failed: disk full (repeated 5 times in the last 2.5 s)"
+    assert summary.levelno == logging.ERROR and not summary.exc_info
+    assert summary.__dict__["lane"] == "x"
+    assert again.getMessage() == "step failed: disk full again"
+
+
+def test_resolved_after_a_single_occurrence_writes_nothing(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    throttled = Throttled(LOGGER, 10.0, clock=clock)
+    throttled.warning("k", "once")
+    assert not throttled.resolved("k")
+    assert [r.getMessage() for r in records(caplog)] == ["once"]
