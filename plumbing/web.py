@@ -390,7 +390,15 @@ class JsonErrorHandler(web.RequestHandler):
     refused: bad Content-Length, header too long, NUL in a header, unknown method) as
     JSON instead of text echoing the request, and logged once per interval."""
 
-    __slots__ = ()
+    __slots__ = ("_pool",)
+    _pool: _Connections | None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        pool: _Connections | None = getattr(self, "_pool", None)
+        if pool is not None:
+            self._pool = None
+            pool.open -= 1
 
     def handle_error(
         self,
@@ -467,22 +475,30 @@ class _Connections:
     """The protocol factory of a capped site: a JsonErrorHandler per connection while
     fewer than `cap` are open; at the cap the oldest idle connection (no request
     under way: idle keep-alive, or headers still trickling in) is closed to make
-    room, and with none idle the new one gets a 503."""
+    room, and with none idle the new one gets a 503.
+
+    Connections are counted from here, not from aiohttp's list: a connection joins
+    that list a loop turn after this factory made its handler, and a burst of
+    accepts would all see the same, too small, number."""
 
     def __init__(self, server: web.Server, options: dict[str, Any], cap: int) -> None:
         self._server = server
         self._options = options
         self._cap = cap
         self._loop = asyncio.get_running_loop()
+        self.open = 0  # handlers made here whose connection is not lost yet
 
     def __call__(self) -> asyncio.Protocol:
         server = self._server
-        if len(server.connections) >= self._cap and not self._close_idle():
+        if self.open >= self._cap and not self._close_idle():
             _connection_log.warning(
                 "cap", "connection cap of %d reached, all busy: refused with 503", self._cap
             )
             return _Refused()
-        return JsonErrorHandler(server, loop=self._loop, **self._options)
+        handler = JsonErrorHandler(server, loop=self._loop, **self._options)
+        handler._pool = self
+        self.open += 1
+        return handler
 
     def _close_idle(self) -> bool:
         for handler in self._server.connections:  # oldest first
