@@ -11,6 +11,10 @@ GET /openapi.json serves the package's document.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
+import tomllib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +26,7 @@ from aiohttp.test_utils import make_mocked_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plumbing.openapi import OPENAPI_PATH, load_document
+from plumbing.openapi import OPENAPI_PATH, document_bytes, load_document
 from publisher.service import ServiceSettings
 from publisher.service import create_app as create_publisher
 from shared import MAX_BATCH, InvalidEvent, validate_event, validate_event_id, validate_sku
@@ -241,6 +245,27 @@ def test_a_qty_of_7_0_is_refused_although_json_schema_calls_it_an_integer() -> N
 
 
 # ---------------------------------------------------------------- served, and guarded
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_documents_are_package_data(tmp_path: Path) -> None:
+    """What pip installs from pyproject.toml (the Docker image too) holds each document."""
+    source, built = tmp_path / "src", tmp_path / "lib"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package in setuptools["packages"]:
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / package.replace(".", "/"), source / package, ignore=ignore)
+    build = [sys.executable, "-c", "import setuptools; setuptools.setup()", "build_py", "-d"]
+    done = subprocess.run(
+        [*build, str(built)], cwd=source, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    for name in SERVICES:
+        assert (built / name / "openapi.json").read_bytes() == document_bytes(name)
 
 
 @pytest.fixture
