@@ -282,7 +282,8 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=load_token(args.token_file))
     log_egress(args.sink, args.allow_host)
     batch = sender.deliver_batch if args.delivery == "batch" else None
-    async with sender, Outbox.open(args.db) as outbox:
+    # A one-shot relay: it delivers, so it takes the relay lock like publisher serve.
+    async with sender, Outbox.open(args.db) as outbox, outbox.relay_lock("publisher dispatch"):
         try:
             marked = await deliver_pending(
                 outbox, Transport(sender.deliver, batch), args.limit, after_delivery

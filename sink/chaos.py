@@ -22,7 +22,7 @@ from typing import Final
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
-from plumbing.web import Handler
+from plumbing.web import Handler, HttpGuard
 from shared import MAX_BODY_BYTES, Event, validate_sku
 from sink.app import WRITE_PATHS, Admit, Refusal, create_app
 
@@ -88,10 +88,11 @@ def chaos_app(
     *,
     token: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    guard: HttpGuard | None = None,
 ) -> web.Application:
     """The production app of `sink.app.create_app` with `chaos` installed."""
     admit = refusing(chaos.reject_skus) if chaos.reject_skus else None
-    app = create_app(db, token=token, max_body_bytes=max_body_bytes, admit=admit)
+    app = create_app(db, token=token, max_body_bytes=max_body_bytes, admit=admit, guard=guard)
     if chaos.faults:
         app.middlewares.append(faults(chaos))  # last: inside the token check and the report
     return app

@@ -83,8 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_app(
     db: str | Path, token: str | None, chaos: Chaos, guard: HttpGuard | None = None
 ) -> web.Application:
-    """The production app, or with `--chaos` the app with those faults installed (and
-    the default Host and Origin rules)."""
+    """The production app, or with `--chaos` the app with those faults installed."""
     if chaos == Chaos():
         return create_app(db, token=token, guard=guard)
-    return chaos_app(db, chaos, token=token)
+    return chaos_app(db, chaos, token=token, guard=guard)

@@ -131,11 +131,6 @@ def test_operator_commands_work_beside_a_running_relay(
     assert deliveries(db_rows, sink_db) == {"y": 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="publisher dispatch takes the relay lock once cmd_dispatch holds it"
-    " (async with ... Outbox.open(args.db) as outbox, outbox.relay_lock(...))",
-)
 def test_dispatch_beside_a_running_relay_is_refused_and_delivers_nothing(
     tmp_path: Path,
     sink_process: StartSink,
