@@ -30,11 +30,13 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import StartPublisher, StartSink, query
 from support import LOOPBACK
+
+if TYPE_CHECKING:
+    from conftest import Query, StartPublisher, StartSink
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -189,7 +191,7 @@ def acknowledged(exchanges: list[Exchange]) -> Iterator[tuple[dict[str, Any], st
 
 
 def test_sink_conforms_and_only_acknowledged_events_change_the_inbox(
-    sink_process: StartSink, tmp_path: Path
+    sink_process: StartSink, db_rows: Query, tmp_path: Path
 ) -> None:
     db = tmp_path / "sink.db"
     sink = sink_process(db)
@@ -212,20 +214,20 @@ def test_sink_conforms_and_only_acknowledged_events_change_the_inbox(
         "the fuzzer never had an event applied: nothing was checked"
     )
 
-    rows = dict(query(db, "SELECT id, deliveries FROM inbox"))
+    rows = dict(db_rows(db, "SELECT id, deliveries FROM inbox"))
     assert set(rows) == set(applied), "inbox rows that no ACK accounts for, or ACKs not on disk"
     assert rows == dict(deliveries), "deliveries that no 200 reply accounts for"
     expected = collections.Counter[str]()
     for event in applied.values():
         expected[event["sku"]] += event["qty"]
-    assert dict(query(db, "SELECT sku, qty FROM inventory")) == dict(expected)
+    assert dict(db_rows(db, "SELECT sku, qty FROM inventory")) == dict(expected)
 
 
 # ---------------------------------------------------------------- the publisher
 
 
 def test_publisher_conforms_and_only_accepted_orders_change_the_outbox(
-    publisher_process: StartPublisher, closed_port: int, tmp_path: Path
+    publisher_process: StartPublisher, closed_port: int, db_rows: Query, tmp_path: Path
 ) -> None:
     db = tmp_path / "source.db"
     # The relay's sink refuses connections: every accepted order stays in the outbox,
@@ -251,7 +253,7 @@ def test_publisher_conforms_and_only_accepted_orders_change_the_outbox(
                 assert accepted.get(e.request["id"]) == (e.request["sku"], e.request["qty"]), e
     assert accepted, "the fuzzer never had an order accepted: nothing was checked"
 
-    orders = {row[0]: (row[1], row[2]) for row in query(db, "SELECT id, sku, qty FROM orders")}
+    orders = {row[0]: (row[1], row[2]) for row in db_rows(db, "SELECT id, sku, qty FROM orders")}
     assert orders == accepted, "orders that no 201 accounts for, or 201s not on disk"
-    outbox = [row[0] for row in query(db, "SELECT id FROM outbox ORDER BY seq")]
+    outbox = [row[0] for row in db_rows(db, "SELECT id FROM outbox ORDER BY seq")]
     assert sorted(outbox) == sorted(accepted), "outbox entries that no 201 accounts for"
