@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
+from aiohttp import web
+
 from plumbing.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -322,7 +324,12 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     )
     hook = exit_after_ack(args.chaos) if args.chaos else None
     app = create_app(settings, after_delivery=hook)
-    log_egress(args.sink, args.allow_host, always=True)
+
+    async def say_egress(app: web.Application) -> None:
+        # Once the outbox has opened: a usage error (a bad --db, say) stays one line.
+        log_egress(args.sink, args.allow_host, always=True)
+
+    app.on_startup.append(say_egress)
     limits = http_limits_of(args)
     await serve_app(app, args.host, args.port, PROG, "/orders", args.access_log, limits)
     return EXIT_OK
