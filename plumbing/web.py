@@ -266,7 +266,9 @@ def http_guard(guard: HttpGuard) -> Middleware:
         origin = headers.get(hdrs.ORIGIN)
         if origin is not None and origin.lower().rstrip("/") not in guard.origins:
             return error(403, "requests from this Origin are not allowed", origin=origin)
-        if request.method == hdrs.METH_POST:
+        # A POST the router will refuse anyway (404, 405 with Allow) gets that answer:
+        # the body rules are for the routes that take one.
+        if request.method == hdrs.METH_POST and request.match_info.http_exception is None:
             refusal = _body_refusal(request)
             if refusal is not None:
                 return refusal

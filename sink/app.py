@@ -111,7 +111,7 @@ INBOX: Final = web.AppKey("inbox", Inbox)
 SETTINGS: Final = web.AppKey("settings", SinkSettings)
 FENCES: Final = web.AppKey("fences", Fences)
 METRICS: Final = web.AppKey("metrics", SinkMetrics)
-OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 WRITE_PATHS: Final = frozenset({"/events", "/events/batch"})
 
 

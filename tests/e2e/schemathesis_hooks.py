@@ -8,16 +8,11 @@ one the sink never saw, and each such request waits the documented 5 s before it
 the case stays schema-valid; malformed values are sent as generated (400). The wait
 itself is covered by tests/integration/test_sink_fence.py.
 
-Two kinds of failure are dropped, and only those; each drop is written as a JSON
-line to the file named by OPENAPI_FUZZ_DROPPED, which the test checks:
-
-- a schema-valid event refused because its `qty` is written 7.0: JSON Schema calls
-  that an integer, the services refuse it on purpose (both documents say so in
-  words, which is all JSON Schema allows);
-- KNOWN BUG, to be removed once fixed: a POST to a path that takes no POST, sent
-  without `Content-Type: application/json`, is answered 415 by the body check
-  instead of 405 with Allow (the check runs before the router's answer). Only that
-  shape is dropped: a POST with the JSON type to such a path must still get 405.
+One kind of failure is dropped, and only that one; each drop is written as a JSON
+line to the file named by OPENAPI_FUZZ_DROPPED, which the test checks: a schema-valid
+event refused because its `qty` is written 7.0. JSON Schema calls that an integer,
+the services refuse it on purpose (both documents say so in words, which is all JSON
+Schema allows).
 """
 
 from __future__ import annotations
@@ -61,22 +56,10 @@ def float_qty_refused(failure: Any, case: Any, response: Any) -> bool:
     )
 
 
-def known_415_before_405(failure: Any, case: Any, response: Any) -> bool:
-    """A POST to a path without POST, refused for its media type before the 405."""
-    return bool(
-        failure.code == "ST204"
-        and case.method.upper() == "POST"
-        and response.status_code == 415
-        and response.request.headers.get("Content-Type") != "application/json"
-    )
-
-
 @schemathesis.hook
 def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
-    """Keep every failure but the two kinds above; record each one dropped."""
-    dropped = float_qty_refused(failure, case, response) or known_415_before_405(
-        failure, case, response
-    )
+    """Keep every failure but the kind above; record each one dropped."""
+    dropped = float_qty_refused(failure, case, response)
     if dropped:
         with open(os.environ[DROPPED_ENV], "a", encoding="utf-8") as out:
             line = {

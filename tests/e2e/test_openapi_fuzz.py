@@ -8,10 +8,9 @@ undocumented methods answered 405 with Allow). Then both database files are read
 sqlite3 connections of this process: every row must be one a 2xx reply accounted
 for, so no rejected request changed either database.
 
-Two relaxations, in tests/e2e/schemathesis_hooks.py, each drop recorded and checked
+One relaxation, in tests/e2e/schemathesis_hooks.py, each drop recorded and checked
 to be exactly its case: a `qty` written as 7.0 is schema-valid for JSON Schema and
-refused by the services on purpose; and, a KNOWN BUG to remove once fixed, a POST
-without the JSON type to a path that takes no POST gets 415 instead of 405.
+refused by the services on purpose.
 
 Fences: a request whose Outbox-After names an event the sink never saw waits up to
 5 s before its 412 (as documented). So the fuzzer's well-formed Outbox-After values
@@ -133,7 +132,7 @@ def fuzz(base: str, tmp_path: Path, name: str, child_env: dict[str, str]) -> lis
 
 
 def check_dropped(dropped: Path) -> None:
-    """Every dropped failure is one of the two kinds the hooks name, nothing else."""
+    """Every dropped failure is the one kind the hooks name, nothing else."""
     if not dropped.exists():
         return
     for line in dropped.read_text().splitlines():
@@ -141,9 +140,8 @@ def check_dropped(dropped: Path) -> None:
         if record["code"] == "ST202":  # qty written 7.0, refused on purpose
             assert (record["method"], record["status"]) == ("POST", 400), record
             assert record["path"] in ("/events", "/orders"), record
-        else:  # KNOWN BUG: 415 before 405
-            assert (record["code"], record["method"], record["status"]) == ("ST204", "POST", 415)
-            assert record["path"] not in ("/events", "/events/batch", "/orders"), record
+        else:
+            raise AssertionError(f"a failure was dropped that no rule names: {record}")
 
 
 def read_har(har: Path) -> Iterator[Exchange]:

@@ -53,7 +53,7 @@ PINNED: dict[str, dict[tuple[str, str], set[int]]] = {
         ("GET", "/metrics"): {200} | GUARD | STORAGE,
         ("GET", "/healthz"): {200} | GUARD,
         ("GET", "/readyz"): {200} | GUARD | STORAGE,
-        ("GET", "/openapi.json"): {200} | SINK_AUTH | GUARD,
+        ("GET", "/openapi.json"): {200} | GUARD,
     },
     "publisher": {
         ("POST", "/orders"): {200, 201, 400, 401, 409} | POST | GUARD | STORAGE,
