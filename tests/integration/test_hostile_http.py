@@ -572,6 +572,24 @@ async def test_a_405_carries_allow(sink: str, publisher: str) -> None:
         assert "error" in json.loads(body)
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain"])
+async def test_a_post_to_a_route_without_post_is_405_or_404_whatever_its_body(
+    client: aiohttp.ClientSession, sink: str, publisher: str, content_type: str | None
+) -> None:
+    # The body rules are for routes that take a body: the router's answer comes first.
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    for url, status in (
+        (f"{sink}/metrics", 405),
+        (f"{publisher}/status", 405),
+        (f"{sink}/nowhere", 404),
+    ):
+        async with client.post(url, data=b"x", headers=headers) as reply:
+            assert reply.status == status, await reply.text()
+            assert reply.content_type == "application/json"
+            if status == 405:
+                assert "GET" in reply.headers["Allow"]
+
+
 # ---------------------------------------------------------------- item 11: storage log lines
 
 
