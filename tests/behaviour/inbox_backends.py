@@ -10,7 +10,6 @@ and one factory in `BACKENDS`; the tests are not copied.
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,55 +59,11 @@ class Backend(ABC):
         now: the fault is real, not only seen by the store."""
 
 
-class SqliteBackend(Backend):
+class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
     """A SQLite file in the test's temporary directory, read with the sqlite3 module."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @property
-    def location(self) -> str:
-        return str(self.path)
-
-    def query(self, sql: str, *params: object) -> list[Row]:
-        conn = sqlite3.connect(self.path, timeout=5)
-        try:
-            return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
 
     def ids_in_arrival_order(self) -> list[str]:
         return [row[0] for row in self.query("SELECT id FROM inbox ORDER BY rowid")]
-
-    def _execute(self, *statements: str) -> None:
-        conn = sqlite3.connect(self.path, timeout=5, isolation_level=None)
-        try:
-            for statement in statements:
-                conn.execute(statement)
-        finally:
-            conn.close()
-
-    @contextlib.contextmanager
-    def refusing(self, table: str, writes: tuple[Write, ...], message: str) -> Iterator[None]:
-        text = message.replace("'", "''")
-        triggers = [f"refuse_{table}_{write.lower()}" for write in writes]
-        self._execute(
-            *(
-                f"CREATE TRIGGER {trigger} BEFORE {write} ON {table}"
-                f" BEGIN SELECT RAISE(ABORT, '{text}'); END"
-                for trigger, write in zip(triggers, writes, strict=True)
-            )
-        )
-        try:
-            yield
-        finally:
-            self._execute(*(f"DROP TRIGGER {trigger}" for trigger in triggers))
-
-    def unwritable(self, fault: Fault) -> contextlib.AbstractContextManager[None]:
-        return sqlite_faults.unwritable(self.path, fault)
-
-    def others_cannot_write(self) -> bool:
-        return sqlite_faults.other_writer_fails(self.path)
 
 
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]

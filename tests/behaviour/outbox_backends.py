@@ -16,7 +16,6 @@ both compare equal to the 0/1 the tests expect).
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,49 +62,11 @@ class Backend(ABC):
         now: the fault is real, not only seen by the store."""
 
 
-class SqliteBackend(Backend):
+class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
     """A SQLite file in the test's temporary directory, read with the sqlite3 module."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @property
-    def location(self) -> str:
-        return str(self.path)
-
-    def query(self, sql: str, *params: object) -> list[Row]:
-        conn = sqlite3.connect(self.path, timeout=5)
-        try:
-            return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
-
-    def execute(self, *statements: str) -> None:
-        conn = sqlite3.connect(self.path, timeout=5, isolation_level=None)
-        try:
-            for statement in statements:
-                conn.execute(statement)
-        finally:
-            conn.close()
-
-    @contextlib.contextmanager
-    def refusing_inserts(self, table: str, message: str) -> Iterator[None]:
-        trigger = f"refuse_{table}"
-        text = message.replace("'", "''")
-        self.execute(
-            f"CREATE TRIGGER {trigger} BEFORE INSERT ON {table}"
-            f" BEGIN SELECT RAISE(ABORT, '{text}'); END"
-        )
-        try:
-            yield
-        finally:
-            self.execute(f"DROP TRIGGER {trigger}")
-
-    def unwritable(self, fault: Fault) -> contextlib.AbstractContextManager[None]:
-        return sqlite_faults.unwritable(self.path, fault)
-
-    def others_cannot_write(self) -> bool:
-        return sqlite_faults.other_writer_fails(self.path)
+    def refusing_inserts(self, table: str, message: str) -> contextlib.AbstractContextManager[None]:
+        return self.refusing(table, ("INSERT",), message)
 
 
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]

@@ -1,6 +1,7 @@
 """Ways a SQLite file stops taking writes, made for real where this machine allows it.
 
-Shared by the outbox and inbox backends of the behaviour suites (`unwritable`).
+Shared by the outbox and inbox backends of the behaviour suites: `unwritable`, and
+`SqliteFileAccess`, what both SQLite backends are as a test reaches them.
 """
 
 from __future__ import annotations
@@ -12,10 +13,62 @@ import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 Fault = Literal["read-only", "locked", "gone"]
 FAULTS: list[Fault] = ["read-only", "locked", "gone"]
+Row = tuple[Any, ...]
+Write = Literal["INSERT", "UPDATE"]
+
+
+class SqliteFileAccess:
+    """A SQLite file in the test's temporary directory, reached with the sqlite3
+    module: a fresh connection for every read or write, closed afterwards."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def query(self, sql: str, *params: object) -> list[Row]:
+        conn = sqlite3.connect(self.path, timeout=5)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def execute(self, *statements: str) -> None:
+        conn = sqlite3.connect(self.path, timeout=5, isolation_level=None)
+        try:
+            for statement in statements:
+                conn.execute(statement)
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def refusing(self, table: str, writes: tuple[Write, ...], message: str) -> Iterator[None]:
+        """Triggers make every write of these kinds to `table` fail with `message`."""
+        text = message.replace("'", "''")
+        triggers = [f"refuse_{table}_{write.lower()}" for write in writes]
+        self.execute(
+            *(
+                f"CREATE TRIGGER {trigger} BEFORE {write} ON {table}"
+                f" BEGIN SELECT RAISE(ABORT, '{text}'); END"
+                for trigger, write in zip(triggers, writes, strict=True)
+            )
+        )
+        try:
+            yield
+        finally:
+            self.execute(*(f"DROP TRIGGER {trigger}" for trigger in triggers))
+
+    def unwritable(self, fault: Fault) -> contextlib.AbstractContextManager[None]:
+        return unwritable(self.path, fault)
+
+    def others_cannot_write(self) -> bool:
+        return other_writer_fails(self.path)
 
 
 @contextlib.contextmanager
