@@ -7,18 +7,14 @@ stands in. /healthz stays 200 throughout: it says the process is alive.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import sqlite3
-import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlite_faults import unwritable
 
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings
@@ -35,38 +31,6 @@ TOKEN = "sink-token-0123456789abc"
 async def client() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
         yield session
-
-
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    """While inside, no connection can write `path`."""
-    if os.geteuid() != 0:
-        mode = path.stat().st_mode
-        path.chmod(0o444)
-        try:
-            yield
-        finally:
-            path.chmod(mode)
-        return
-    chattr = shutil.which("chattr")
-    if chattr is not None and subprocess.run([chattr, "+i", str(path)]).returncode == 0:
-        try:
-            yield
-        finally:
-            subprocess.run([chattr, "-i", str(path)], check=True)
-        return
-    conn = sqlite3.connect(path, timeout=5, isolation_level=None)
-    try:
-        conn.execute(
-            "CREATE TRIGGER read_only BEFORE UPDATE ON health"
-            " BEGIN SELECT RAISE(ABORT, 'attempt to write a readonly database'); END"
-        )
-        try:
-            yield
-        finally:
-            conn.execute("DROP TRIGGER read_only")
-    finally:
-        conn.close()
 
 
 async def get(client: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
@@ -91,7 +55,7 @@ async def check_readiness(
 ) -> None:
     assert await get(client, f"{base}/readyz") == (200, {"status": "ready"})
     assert await gauge(client, base, gauge_name) == 1
-    with read_only(db):
+    with unwritable(db, "read-only"):
         status, body = await get(client, f"{base}/readyz")
         assert status == 503, body
         assert "cannot be written" in body["error"]

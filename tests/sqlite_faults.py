@@ -1,6 +1,7 @@
 """Ways a SQLite file stops taking writes, made for real where this machine allows it.
 
-Shared by the outbox and inbox backends of the behaviour suites: `unwritable`, and
+Shared by the outbox and inbox backends of the behaviour suites and the readiness
+tests: `unwritable`, and
 `SqliteFileAccess`, what both SQLite backends are as a test reaches them.
 """
 
