@@ -8,6 +8,7 @@ with `parse_location` and opens the backend it names; nothing else looks at it.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from types import TracebackType
@@ -115,3 +116,24 @@ class ClosesOnExit:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+class StoreBase(ClosesOnExit, ABC):
+    """What every store of either side is besides its own operations: somewhere,
+    closable (`async with` closes it), and able to say whether it can take a write."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the store lives, for messages (a file path, a URL without secrets)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Close the connection(s); `async with` calls it on the way out."""
+
+    @abstractmethod
+    async def check_writable(self) -> None:
+        """Return when the database can take a write now; raise StorageError, with a
+        short reason, when it cannot (a full disk, a read-only file, locked beyond the
+        busy timeout, the database gone). For a readiness check: cheap enough to call
+        every second, and honest (a write rolled back proves nothing of disk space)."""

@@ -12,14 +12,14 @@ Every backend passes the same behaviour suite (tests/behaviour/test_outbox_store
 from __future__ import annotations
 
 import contextlib
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Literal, NamedTuple
 
-from plumbing.storage import ClosesOnExit, Opening
+from plumbing.storage import Opening, StoreBase
 from shared import MAX_BATCH, Event
 
 MAX_READ: Final = 256  # entries one pending read may return (a pipelined relay reads ahead)
@@ -154,7 +154,7 @@ def check_limit(limit: object, most: int = MAX_BATCH) -> int:
     return limit
 
 
-class Outbox(ClosesOnExit, ABC):
+class Outbox(StoreBase):
     """Orders and their outbox entries, in the source database.
 
     Errors: StorageError (plumbing.storage) when the database cannot be used,
@@ -172,22 +172,6 @@ class Outbox(ClosesOnExit, ABC):
         from publisher.backends import open_outbox  # the backends import this module
 
         return open_outbox(str(location))
-
-    @property
-    @abstractmethod
-    def location(self) -> str:
-        """Where the outbox lives, for messages (a file path, a URL without secrets)."""
-
-    @abstractmethod
-    async def close(self) -> None:
-        """Close the connection(s); `async with` calls it on the way out."""
-
-    @abstractmethod
-    async def check_writable(self) -> None:
-        """Return when the database can take a write now; raise StorageError, with a
-        short reason, when it cannot (a full disk, a read-only file, locked beyond the
-        busy timeout, the database gone). For a readiness check: cheap enough to call
-        every second, and honest (a write rolled back proves nothing of disk space)."""
 
     @abstractmethod
     def relay_lock(self, owner: str) -> contextlib.AbstractAsyncContextManager[None]:

@@ -12,12 +12,12 @@ Every backend passes the same behaviour suite (tests/behaviour/test_inbox_store.
 from __future__ import annotations
 
 import contextlib
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from plumbing.storage import ClosesOnExit, Opening
+from plumbing.storage import Opening, StoreBase
 from shared import Conflict, Event, Receipt, validate_event
 
 
@@ -48,7 +48,7 @@ class InboxRecord:
     last_delivery_at: float
 
 
-class Inbox(ClosesOnExit, ABC):
+class Inbox(StoreBase):
     """Which event IDs the sink has applied, and the inventory they changed.
 
     Recording the ID and applying its effect (`inventory[sku] += qty`) happen in one
@@ -69,22 +69,6 @@ class Inbox(ClosesOnExit, ABC):
         from sink.backends import open_inbox  # the backends import this module
 
         return open_inbox(str(location))
-
-    @property
-    @abstractmethod
-    def location(self) -> str:
-        """Where the inbox lives, for messages (a file path, a URL without secrets)."""
-
-    @abstractmethod
-    async def close(self) -> None:
-        """Close the connection(s); `async with` calls it on the way out."""
-
-    @abstractmethod
-    async def check_writable(self) -> None:
-        """Return when the database can take a write now; raise StorageError, with a
-        short reason, when it cannot (a full disk, a read-only file, locked beyond the
-        busy timeout, the database gone). For a readiness check: cheap enough to call
-        every second, and honest (a write rolled back proves nothing of disk space)."""
 
     # ------------------------------------------------------------------ facts
 
