@@ -128,3 +128,19 @@ def dispatch(run_cli: RunCli, source: Path, url: str, *extra: str) -> tuple[int,
     result = run_cli("publisher", "dispatch", "--db", str(source), "--sink", url, *extra)
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, result.stdout, result.stderr
+
+
+def json_of_python(code: str, timeout_s: float = 30.0) -> Any:
+    """Run `code` in a fresh interpreter from the repository root; the JSON it prints.
+    What a fresh process imports is seen only there, not in this test process."""
+    root = Path(__file__).resolve().parents[1]
+    found = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert found.returncode == 0, found.stderr
+    return json.loads(found.stdout)

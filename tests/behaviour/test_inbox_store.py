@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from inbox_backends import BACKENDS, FAULTS, Backend, Fault, Row
+from support import json_of_python
 
 import sink.store
 from plumbing.storage import StorageError
@@ -398,17 +395,7 @@ def test_the_rows_are_defined_by_the_interface() -> None:
 
 
 def test_the_sink_loads_no_backend_until_it_opens_one() -> None:
-    root = Path(__file__).resolve().parents[2]
-    found = subprocess.run(
-        [sys.executable, "-c", _LOADED_WITH_THE_SINK],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert found.returncode == 0, found.stderr
-    assert json.loads(found.stdout) == []
+    assert json_of_python(_LOADED_WITH_THE_SINK) == []
 
 
 # ------------------------------------------------------------------ writability probe

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from outbox_backends import BACKENDS, FAULTS, Backend, Fault
+from support import json_of_python
 
 import publisher.store
 from plumbing.storage import StorageError
@@ -914,17 +915,7 @@ def test_rows_states_and_limits_are_defined_by_the_interface() -> None:
 
 
 def test_the_services_load_no_backend() -> None:
-    root = Path(__file__).resolve().parents[2]
-    found = subprocess.run(
-        [sys.executable, "-c", _LOADED_WITH_THE_SERVICES],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert found.returncode == 0, found.stderr
-    assert json.loads(found.stdout) == []
+    assert json_of_python(_LOADED_WITH_THE_SERVICES) == []
 
 
 # ------------------------------------------------------------------ writability probe
