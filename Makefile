@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test lint typecheck demo chaos bench bench-quick clean
+.PHONY: venv test lint typecheck demo chaos bench bench-quick clean postgres-binaries
 .PHONY: soak
 
 venv: $(VENV)/.installed
@@ -20,8 +20,24 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: lint typecheck
+test: lint typecheck postgres-binaries
 	$(BIN)/pytest
+
+# The tests start throwaway PostgreSQL servers of their own: they need the server
+# programs (initdb, pg_ctl), from Debian's package when they are missing. No cluster
+# is created or started by the package; as root the tests run the server as the
+# `postgres` user the package creates.
+postgres-binaries:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		exit 0; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		mkdir -p /etc/postgresql-common && \
+		echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.conf && \
+		apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+	else \
+		echo "PostgreSQL's server programs are missing: install Debian's postgresql package" >&2; exit 1; \
+	fi
 
 # SPEC's two checks as stories, with the evidence table before and after recovery.
 demo: venv

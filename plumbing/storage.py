@@ -19,7 +19,7 @@ POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 # A scheme followed by "//": anything else with a colon is a file name.
 _URL_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
-Backend = Literal["sqlite"]
+Backend = Literal["sqlite", "postgres"]
 
 
 class StorageError(Exception):
@@ -32,7 +32,8 @@ class BadLocation(ValueError):
 
 @dataclass(frozen=True)
 class Location:
-    """Which backend to open, and where: a file path for SQLite."""
+    """Which backend to open, and where: a file path for SQLite, a libpq URI for
+    PostgreSQL."""
 
     backend: Backend
     target: str
@@ -41,21 +42,32 @@ class Location:
 def parse_location(text: str) -> Location:
     """The backend and target a `--db` value (or OUTBOX_DB) names.
 
-    A plain path, `sqlite:PATH` or `sqlite:///PATH` is a SQLite file. A
-    `postgresql://` URL is not supported by this version; any other URL is refused.
+    A plain path, `sqlite:PATH` or `sqlite:///PATH` is a SQLite file; a
+    `postgresql://` (or `postgres://`) URL is a PostgreSQL database, checked when it
+    is opened; any other URL is refused.
     """
     if not text:
         raise BadLocation("the database location is empty")
     if text.startswith(SQLITE_SCHEME):
         return Location("sqlite", _sqlite_path(text[len(SQLITE_SCHEME) :], text))
     if text.startswith(POSTGRES_SCHEMES):
-        raise BadLocation(
-            "PostgreSQL is not supported by this version: give a SQLite file path or a sqlite: URL"
-        )
+        return Location("postgres", text)
     scheme = _URL_RE.match(text)
     if scheme is not None:
-        raise BadLocation(f"unknown database URL scheme {scheme[0]!r}: give a file path")
+        raise BadLocation(
+            f"unknown database URL scheme {scheme[0]!r}: give a file path or a postgresql:// URL"
+        )
     return Location("sqlite", text)
+
+
+def redacted(url: str) -> str:
+    """A database URL fit for a message or a log: any password replaced by `***`."""
+    return _PASSWORD_RE.sub(r"\1***@", _PASSWORD_PARAM_RE.sub(r"\1***", url))
+
+
+# user:password@ in the authority, and password=... among the query parameters.
+_PASSWORD_RE: Final = re.compile(r"^([a-z]+://[^:/@?]*:)[^@/?]*@")
+_PASSWORD_PARAM_RE: Final = re.compile(r"([?&]password=)[^&]*")
 
 
 def _sqlite_path(rest: str, text: str) -> str:

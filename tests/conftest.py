@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import itertools
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ import pytest
 from aiohttp import web
 from support import LOOPBACK, STOP_TIMEOUT_S, listening, run_module, spawn, stop_process
 
+from plumbing.pgserver import ServerUnavailable, ThrowawayServer
 from publisher import Outbox
 from shared import MAX_BODY_BYTES
 from sink import create_app
@@ -381,3 +383,45 @@ def accept_orders() -> AcceptOrders:
         asyncio.run(run())
 
     return accept
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+REQUIRE_POSTGRES = "OUTBOX_REQUIRE_POSTGRES"  # set by CI: no server is a failure, not a skip
+
+
+def postgres_unavailable(reason: str) -> None:
+    """Skip where this machine has no PostgreSQL server programs; fail under CI."""
+    if os.environ.get(REQUIRE_POSTGRES):
+        pytest.fail(f"PostgreSQL is required here: {reason}")
+    pytest.skip(f"no PostgreSQL server here: {reason}")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[ThrowawayServer]:
+    """One throwaway PostgreSQL server for the whole run (fsync on, loopback only)."""
+    try:
+        server = ThrowawayServer()
+        server.start()
+    except ServerUnavailable as exc:
+        postgres_unavailable(str(exc))
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+_databases = itertools.count(1)
+
+
+@pytest.fixture
+def pg_database(pg_server: ThrowawayServer) -> Iterator[str]:
+    """A fresh, empty database on the session's server: its libpq URI. Dropped after
+    the test, whatever connections are still open to it."""
+    name = f"t{os.getpid()}_{next(_databases)}"
+    url = pg_server.create_database(name)
+    try:
+        yield url
+    finally:
+        if pg_server.running():
+            pg_server.sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,289 @@
+"""PostgreSQL for asyncio, shared by both sides' PostgreSQL backends.
+
+One `PgDatabase` per store: a psycopg 3 connection pool on a libpq URI, the side's
+versioned migrations, durable commits, a writability probe, wake-ups by LISTEN/NOTIFY
+and the one place where driver errors become `StorageError`. The SQL of each side
+stays in its own backend module.
+
+Options the project adds to the URI (removed before libpq sees it):
+- `prepare=off`: no server-side prepared statements, for PgBouncer in transaction
+  mode (a prepared statement lives on one server connection, which such a pooler
+  does not keep for a client).
+- `pool_max=N`: the most connections the pool opens (default 8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, Final, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import psycopg.conninfo
+import psycopg.errors
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from plumbing.storage import BadLocation, StorageError, redacted
+
+T = TypeVar("T")
+Conn = psycopg.AsyncConnection[Any]
+
+CONNECT_TIMEOUT_S: Final = 5  # to reach the server at all
+POOL_WAIT_S: Final = 5.0  # for a connection of the pool, before a request fails (503)
+LOCK_WAIT_MS: Final = 5_000  # the busy timeout's analogue: a lock waited for at most this
+PROBE_LOCK_WAIT_MS: Final = 1_000
+DEFAULT_POOL_MAX: Final = 8
+VERSIONS_TABLE: Final = "schema_versions"  # one row per side; both sides may share a database
+
+log = logging.getLogger("pg_tx")
+
+
+class Settings:
+    """What a URI asks of the pool besides libpq's own parameters."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        params = parse_qsl(parts.query, keep_blank_values=True)
+        ours = {k: v for k, v in params if k in ("prepare", "pool_max")}
+        self.conninfo = urlunsplit(
+            parts._replace(query=urlencode([(k, v) for k, v in params if k not in ours]))
+        )
+        self.display = redacted(url)
+        prepare = ours.get("prepare", "on")
+        if prepare not in ("on", "off"):
+            raise BadLocation(f"{self.display}: prepare must be on or off, not {prepare!r}")
+        self.prepare = prepare == "on"
+        pool_max = ours.get("pool_max", str(DEFAULT_POOL_MAX))
+        if not pool_max.isdigit() or not 1 <= int(pool_max) <= 100:
+            raise BadLocation(f"{self.display}: pool_max must be from 1 to 100, not {pool_max!r}")
+        self.pool_max = int(pool_max)
+        try:
+            psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        except psycopg.ProgrammingError as exc:
+            raise BadLocation(
+                f"{self.display}: not a valid PostgreSQL URI ({_first_line(exc)})"
+            ) from None
+
+
+def parse(url: str) -> Settings:
+    """Check a PostgreSQL URI without connecting (BadLocation if libpq would refuse it)."""
+    return Settings(url)
+
+
+class PgDatabase:
+    """A connection pool on one database, its schema brought up to date for one side."""
+
+    def __init__(self, pool: AsyncConnectionPool[Conn], settings: Settings, side: str) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.side = side
+
+    @property
+    def location(self) -> str:
+        return self.settings.display
+
+    @classmethod
+    async def open(
+        cls, url: str, *, side: str, migrations: Sequence[str], probe_table: str
+    ) -> PgDatabase:
+        """Connect, bring `side`'s schema to the newest of `migrations` (each applied
+        once, in a transaction of its own, under an advisory lock so that processes
+        starting together migrate once), and open the pool. StorageError if the
+        server cannot be reached or its schema is newer than `migrations` knows."""
+        settings = parse(url)
+        kwargs = _connection_kwargs(settings, side)
+        try:
+            first = await psycopg.AsyncConnection.connect(settings.conninfo, **kwargs)
+        except psycopg.Error as exc:
+            raise StorageError(f"{settings.display}: cannot connect: {_first_line(exc)}") from exc
+        try:
+            async with _translated(settings.display):
+                await _migrate(first, side, migrations)
+        finally:
+            await first.close()
+        pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+            settings.conninfo,
+            min_size=1,
+            max_size=settings.pool_max,
+            kwargs=kwargs,
+            open=False,
+            timeout=POOL_WAIT_S,
+            reconnect_timeout=365 * 86400,  # keep trying while the server is away
+            name=f"{side}-pool",
+        )
+        try:
+            await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+        except (PoolTimeout, psycopg.Error) as exc:
+            await pool.close()
+            raise StorageError(f"{settings.display}: cannot connect: {_first_line(exc)}") from exc
+        db = cls(pool, settings, side)
+        db._probe_table = probe_table
+        return db
+
+    _probe_table = ""
+
+    # ------------------------------------------------------------------ transactions
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A connection of the pool, outside any transaction (autocommit off: the
+        first statement begins one), with driver errors translated."""
+        async with _translated(self.location), self.pool.connection() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        """A transaction that commits on the way out (rolls back on an error), with
+        every commit durable before it returns: synchronous_commit is set on for the
+        transaction, whatever the server's or the role's default, and a lock is waited
+        for at most LOCK_WAIT_MS."""
+        async with self.connection() as conn, conn.transaction():
+            await conn.execute(DURABLE)
+            yield conn
+
+    async def run(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """`await fn(conn)` inside one durable transaction; its result."""
+        async with self.transaction() as conn:
+            return await fn(conn)
+
+    async def read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """`await fn(conn)` in one read-only snapshot (REPEATABLE READ): several reads
+        that must agree see one state."""
+        async with self.connection() as conn, conn.transaction():
+            await conn.execute(SNAPSHOT)
+            return await fn(conn)
+
+    async def check_writable(self) -> None:
+        """Return when a durable write commits now, else StorageError with a short
+        reason: a real update of the side's probe row, waiting at most
+        PROBE_LOCK_WAIT_MS for its lock, committed and flushed (a rolled-back write
+        would prove nothing of disk space)."""
+        table = self._probe_table
+        async with self.transaction() as conn:
+            await conn.execute(f"SET LOCAL lock_timeout = {PROBE_LOCK_WAIT_MS}".encode())
+            await conn.execute(f"UPDATE {table} SET at = %s WHERE id = 1".encode(), (time.time(),))
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    # ------------------------------------------------------------------ wake-ups
+
+    async def notifications(self, channel: str) -> AsyncIterator[None]:
+        """Yield once per NOTIFY on `channel` received (several close together may be
+        one), from a connection of its own that is opened again whenever it is lost.
+        Only a signal: what changed is read from the tables. Behind a pooler that
+        does not pass NOTIFY on, nothing arrives and polling carries on alone."""
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.settings.conninfo,
+                    autocommit=True,
+                    **_connection_kwargs(self.settings, self.side),
+                )
+            except psycopg.Error:
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                await conn.execute(f"LISTEN {channel}".encode())
+                yield None  # listening now: whatever was notified before is read anyway
+                async for _ in conn.notifies():
+                    yield None
+            except psycopg.Error:
+                await asyncio.sleep(1.0)  # the server went away: listen again when back
+            finally:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+
+
+# For one transaction: its commit waits for the WAL flush, and a lock is waited for
+# at most LOCK_WAIT_MS (the busy timeout's analogue) instead of forever.
+DURABLE: Final = (
+    "SELECT set_config('synchronous_commit', 'on', true),"
+    f" set_config('lock_timeout', '{LOCK_WAIT_MS}', true)"
+).encode()
+SNAPSHOT: Final = b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+
+def _connection_kwargs(settings: Settings, side: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "application_name": f"outbox-{side}@{socket.gethostname()}"[:63],
+    }
+    if not settings.prepare:
+        kwargs["prepare_threshold"] = None
+    return kwargs
+
+
+async def _migrate(conn: Conn, side: str, migrations: Sequence[str]) -> None:
+    async with conn.transaction():
+        # One migrating process at a time per database (both sides share the lock).
+        await conn.execute(b"SELECT pg_advisory_xact_lock(hashtext('outbox-relay schema'))")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {VERSIONS_TABLE} ("
+            " side TEXT PRIMARY KEY, version INTEGER NOT NULL)".encode()
+        )
+        row = await (
+            await conn.execute(
+                f"SELECT version FROM {VERSIONS_TABLE} WHERE side = %s".encode(), (side,)
+            )
+        ).fetchone()
+        version = 0 if row is None else int(row[0])
+        if version > len(migrations):
+            raise StorageError(
+                f"the {side} schema is version {version}, newer than this program knows"
+                f" ({len(migrations)}): run the release that wrote it, or a newer one"
+            )
+        for number, script in enumerate(migrations[version:], start=version + 1):
+            await conn.execute(script.encode())
+            await conn.execute(
+                f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES (%s, %s)"
+                " ON CONFLICT (side) DO UPDATE SET version = excluded.version".encode(),
+                (side, number),
+            )
+
+
+@contextlib.asynccontextmanager
+async def _translated(where: str) -> AsyncIterator[None]:
+    """psycopg's and the pool's errors as StorageError, with a short reason."""
+    try:
+        yield
+    except PoolTimeout as exc:
+        raise StorageError(f"{where}: no database connection within {POOL_WAIT_S:g} s") from exc
+    except psycopg.Error as exc:
+        raise StorageError(f"{where}: {describe(exc)}") from exc
+
+
+def describe(exc: BaseException) -> str:
+    """One line saying what went wrong, fit for an HTTP reply or a CLI message."""
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return "the database is read-only"
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return "locked by another transaction beyond the lock timeout"
+    if isinstance(exc, psycopg.errors.DiskFull):
+        return "the database server's disk is full"
+    if isinstance(exc, psycopg.OperationalError):
+        return f"the database server cannot be used: {_first_line(exc)}"
+    return _first_line(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def translated_sync(where: str) -> Iterator[None]:
+    """The same translation for synchronous psycopg code (the caller's own
+    connection, in the embedding API)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise StorageError(f"{where}: {describe(exc)}") from exc
+
+
+__all__ = ["Conn", "PgDatabase", "Settings", "describe", "parse", "translated_sync"]
