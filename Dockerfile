@@ -23,6 +23,7 @@ COPY pyproject.toml README.md ./
 COPY shared/ shared/
 COPY plumbing/ plumbing/
 COPY sqlite_tx/ sqlite_tx/
+COPY pg_tx/ pg_tx/
 COPY publisher/ publisher/
 COPY sink/ sink/
 COPY chaos/ chaos/
