@@ -1,0 +1,174 @@
+"""A PostgreSQL database as a test reaches it, and ways it stops taking writes.
+
+The PostgreSQL analogue of `sqlite_faults`, shared by the postgres backends of both
+behaviour suites and by the readiness tests. `PgAccess(url, probe_table)` reads and
+writes through a fresh psycopg connection for every call (autocommit, closed
+afterwards), as another process would, and makes real faults on the server:
+
+- read-only: the database's `default_transaction_read_only` is set on and its other
+  sessions are ended, so that every connection opened again (the pool's too) is
+  read-only, as on a hot standby;
+- locked: a connection of ours holds an EXCLUSIVE lock on the side's probe table
+  (reads go on, writes wait);
+- gone: the database takes no connections (`ALLOW_CONNECTIONS false`) and its
+  sessions are ended, as when its server is away.
+
+Each is undone on the way out (the sessions opened meanwhile are ended again, so
+that none stays read-only). The suites write `?` placeholders; they are sent as
+psycopg's `%s` (a `?` inside a string literal would be translated too: the suites
+have none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from sqlite_faults import Fault
+
+Row = tuple[Any, ...]
+Write = Literal["INSERT", "UPDATE"]
+CONNECT_TIMEOUT_S = 5
+TERMINATE_WAIT_MS = 5_000  # for each ended session to be gone
+NO_WAIT_LOCK_MS = 10  # "fails now": a lock is not waited for beyond this
+
+
+def placeholders(statement: str) -> str:
+    """The suites' `?` placeholders as psycopg's `%s` (a literal `%` doubled)."""
+    return statement.replace("%", "%%").replace("?", "%s")
+
+
+class PgAccess:
+    """One database on a PostgreSQL server, reached with psycopg: a fresh connection
+    for every read or write, closed afterwards. `probe_table` is the side's probe
+    table (`outbox_health`, `inbox_health`), the one the "locked" fault locks and
+    `others_cannot_write` writes to."""
+
+    def __init__(self, url: str, probe_table: str) -> None:
+        self.url = url
+        self.probe_table = probe_table
+        parts = urlsplit(url)
+        self.dbname = parts.path.lstrip("/")
+        self._maintenance_url = urlunsplit(parts._replace(path="/postgres"))
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def _connect(self, url: str | None = None) -> psycopg.Connection[Any]:
+        return psycopg.connect(url or self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+
+    def query(self, statement: str, *params: object) -> list[Row]:
+        with self._connect() as conn:
+            if params:
+                cursor = conn.execute(placeholders(statement).encode(), params)
+            else:
+                cursor = conn.execute(statement.encode())
+            return cursor.fetchall()
+
+    def execute(self, *statements: str) -> None:
+        with self._connect() as conn:
+            for statement in statements:
+                conn.execute(statement.encode())
+
+    @contextlib.contextmanager
+    def refusing(self, table: str, writes: tuple[Write, ...], message: str) -> Iterator[None]:
+        """A trigger makes every write of these kinds to `table` fail with `message`."""
+        function = sql.Identifier(f"refuse_{table}")
+        trigger = sql.Identifier(f"refuse_{table}_writes")
+        with self._connect() as conn:
+            conn.execute(
+                sql.SQL(
+                    "CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $body$"
+                    " BEGIN RAISE EXCEPTION '%', {}; END $body$"
+                ).format(function, sql.Literal(message))
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE TRIGGER {} BEFORE {} ON {} FOR EACH ROW EXECUTE FUNCTION {}()"
+                ).format(
+                    trigger,
+                    sql.SQL(" OR ").join(sql.SQL(write) for write in writes),
+                    sql.Identifier(table),
+                    function,
+                )
+            )
+        try:
+            yield
+        finally:
+            with self._connect() as conn:
+                drop = sql.SQL("DROP TRIGGER {} ON {}")
+                conn.execute(drop.format(trigger, sql.Identifier(table)))
+                conn.execute(sql.SQL("DROP FUNCTION {}()").format(function))
+
+    def unwritable(self, fault: Fault) -> contextlib.AbstractContextManager[None]:
+        if fault == "read-only":
+            return self._read_only()
+        if fault == "locked":
+            return self._locked()
+        return self._gone()
+
+    @contextlib.contextmanager
+    def _read_only(self) -> Iterator[None]:
+        self._alter("SET default_transaction_read_only = on")
+        self._end_sessions()
+        try:
+            yield
+        finally:
+            self._alter("RESET default_transaction_read_only")
+            self._end_sessions()  # those opened meanwhile are read-only for life
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._connect() as conn:
+            conn.execute(b"BEGIN")
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(sql.Identifier(self.probe_table))
+            )
+            try:
+                yield
+            finally:
+                conn.execute(b"ROLLBACK")
+
+    @contextlib.contextmanager
+    def _gone(self) -> Iterator[None]:
+        self._alter("ALLOW_CONNECTIONS false")
+        self._end_sessions()
+        try:
+            yield
+        finally:
+            self._alter("ALLOW_CONNECTIONS true")
+
+    def _alter(self, change: str) -> None:
+        with self._connect(self._maintenance_url) as conn:
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} ").format(sql.Identifier(self.dbname)) + sql.SQL(change)
+            )
+
+    def _end_sessions(self) -> None:
+        """End every session on the database but ours, waiting until each is gone."""
+        with self._connect(self._maintenance_url) as conn:
+            conn.execute(
+                b"SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity"
+                b" WHERE datname = %s AND pid <> pg_backend_pid()",
+                (TERMINATE_WAIT_MS, self.dbname),
+            )
+
+    def others_cannot_write(self) -> bool:
+        """Whether a write through a connection of our own fails now (a lock is not
+        waited for)."""
+        try:
+            with self._connect() as conn:
+                conn.execute(f"SET lock_timeout = {NO_WAIT_LOCK_MS}".encode())
+                conn.execute(
+                    sql.SQL("UPDATE {} SET at = at WHERE id = 1").format(
+                        sql.Identifier(self.probe_table)
+                    )
+                )
+        except psycopg.Error:
+            return True
+        return False
