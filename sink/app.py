@@ -335,7 +335,8 @@ def check_admitted(admit: Admit | None, event: Event) -> None:
 
 
 async def get_event(request: web.Request) -> web.Response:
-    """The inbox record of one event: received when, delivered how many times."""
+    """The inbox record of one event: received when, delivered how many times, and
+    where it came in the order of first application."""
     event_id = _checked(validate_event_id, request.match_info["id"], "id")
     record = await request.app[INBOX].record(event_id)
     if record is None:
@@ -347,6 +348,7 @@ async def get_event(request: web.Request) -> web.Response:
             "received_at": record.received_at,
             "deliveries": record.deliveries,
             "last_delivery_at": record.last_delivery_at,
+            "applied_seq": record.applied_seq,
         }
     )
 

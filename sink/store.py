@@ -2,9 +2,10 @@
 
 `Inbox` names every operation the sink uses; its rows are defined here, not in a
 backend. A backend is one module under `sink.backends` that subclasses `Inbox`;
-`Inbox.open(db)` is the one factory that picks it from the location (a file path or
-a `sqlite:` URL today). How a backend commits (inline, group commit, threads) is its
-own business: the HTTP layer only reports facts, such as a write request arriving.
+`Inbox.open(db)` is the one factory that picks it from the location (a file path, a
+`sqlite:` URL or a `postgresql://` URI). How a backend commits (inline, group
+commit, threads, pipelines) is its own business: the HTTP layer only reports facts,
+such as a write request arriving.
 
 Every backend passes the same behaviour suite (tests/behaviour/test_inbox_store.py).
 """
@@ -46,6 +47,7 @@ class InboxRecord:
     received_at: float
     deliveries: int
     last_delivery_at: float
+    applied_seq: int  # the order of first application: larger for each newly applied ID
 
 
 class Inbox(StoreBase):

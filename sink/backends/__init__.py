@@ -9,10 +9,21 @@ from sink.store import Inbox
 def open_inbox(location: str) -> Opening[Inbox]:
     """The inbox at `location`, opened with the backend it names (BadLocation if none)."""
     where = parse_location(location)  # raises before anything is opened
+    if where.backend == "postgres":
+        import pg_tx  # the driver is loaded only for a PostgreSQL location
 
-    async def opener() -> Inbox:
+        pg_tx.parse(where.target)  # BadLocation for a URI libpq would refuse, still unopened
+
+        async def opener() -> Inbox:
+            from sink.backends.postgres import PostgresInbox
+
+            return await PostgresInbox.connect(where.target)
+
+        return Opening(opener)
+
+    async def open_file() -> Inbox:
         from sink.backends.sqlite import SqliteInbox
 
         return await SqliteInbox.connect(where.target)
 
-    return Opening(opener)
+    return Opening(open_file)

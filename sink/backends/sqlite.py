@@ -101,8 +101,10 @@ class SqliteInbox(SqliteFile, Inbox):
         row = await self._db.run(lambda conn: conn.execute(sql.RECORD, (event_id,)).fetchone())
         if row is None:
             return None
-        payload, received_at, deliveries, last_delivery_at = row
-        return InboxRecord(event_id, digest_of(payload), received_at, deliveries, last_delivery_at)
+        payload, received_at, deliveries, last_delivery_at, applied_seq = row
+        return InboxRecord(
+            event_id, digest_of(payload), received_at, deliveries, last_delivery_at, applied_seq
+        )
 
     async def count(self) -> int:
         row = await self._db.run(lambda conn: conn.execute(sql.COUNT_EVENTS).fetchone())

@@ -26,12 +26,22 @@ MIGRATIONS: Final = (
     );
     INSERT INTO health (id, at) VALUES (1, 0);
     """,
+    # 3: the order of first application. Rows are only ever inserted, on an ID's
+    # first delivery, so the rowid order of the rows already there is that order.
+    """
+    ALTER TABLE inbox ADD COLUMN applied_seq INTEGER;
+    UPDATE inbox SET applied_seq = rowid;
+    CREATE UNIQUE INDEX inbox_by_applied_seq ON inbox (applied_seq);
+    """,
 )
 
 FIND: Final = "SELECT payload FROM inbox WHERE id = ?"
-# Records a new ID; does nothing (rowcount 0) when the ID is known already.
+# Records a new ID, next in the order of application (one writer at a time: the
+# largest applied_seq, read from the end of its index, is the last one given);
+# does nothing (rowcount 0) when the ID is known already.
 INSERT: Final = (
-    "INSERT INTO inbox (id, payload, received_at, last_delivery_at) VALUES (?, ?, ?, ?)"
+    "INSERT INTO inbox (id, payload, received_at, last_delivery_at, applied_seq)"
+    " VALUES (?, ?, ?, ?, (SELECT coalesce(max(applied_seq), 0) + 1 FROM inbox))"
     " ON CONFLICT (id) DO NOTHING"
 )
 # Which of a JSON array of IDs the inbox knows, with their stored payloads.
@@ -44,7 +54,9 @@ APPLY: Final = (
     " ON CONFLICT (sku) DO UPDATE SET qty = qty + excluded.qty"
 )
 INVENTORY: Final = "SELECT qty FROM inventory WHERE sku = ?"
-RECORD: Final = "SELECT payload, received_at, deliveries, last_delivery_at FROM inbox WHERE id = ?"
+RECORD: Final = (
+    "SELECT payload, received_at, deliveries, last_delivery_at, applied_seq FROM inbox WHERE id = ?"
+)
 # The inbox only grows (rows are never deleted), so the largest rowid is its row
 # count, read from the end of the b-tree instead of counting every row.
 COUNT_EVENTS: Final = "SELECT coalesce(max(rowid), 0) FROM inbox"

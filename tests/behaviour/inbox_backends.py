@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import pg_faults
 import pytest
 import sqlite_faults
 from sqlite_faults import FAULTS as FAULTS  # the faults every backend can make
@@ -66,6 +67,13 @@ class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
         return [row[0] for row in self.query("SELECT id FROM inbox ORDER BY rowid")]
 
 
+class PostgresBackend(pg_faults.PgAccess, Backend):
+    """A fresh database on the run's throwaway PostgreSQL server, read with psycopg."""
+
+    def ids_in_arrival_order(self) -> list[str]:
+        return [row[0] for row in self.query("SELECT id FROM inbox ORDER BY applied_seq")]
+
+
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]
 
 
@@ -75,6 +83,12 @@ def sqlite_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     yield SqliteBackend(tmp_path / "sink.db")
 
 
+@contextlib.contextmanager
+def postgres_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    url: str = request.getfixturevalue("pg_database")  # skips without PostgreSQL
+    yield PostgresBackend(url, "inbox_health")
+
+
 # name -> factory: the suite runs once per entry. A backend that needs a server the
 # machine may lack skips (pytest.skip) in its factory.
-BACKENDS: dict[str, BackendFactory] = {"sqlite": sqlite_backend}
+BACKENDS: dict[str, BackendFactory] = {"sqlite": sqlite_backend, "postgres": postgres_backend}

@@ -1,0 +1,84 @@
+"""Every SQL statement of the PostgreSQL inbox, named.
+
+The tables have the SQLite backend's names and columns (the chaos verdict and the
+behaviour suite read them); the probe row is in `inbox_health`, as the publisher's
+is in `outbox_health`, since both sides may share one database.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MIGRATIONS: Final = (
+    """
+    CREATE SEQUENCE inbox_applied_seq AS BIGINT;
+    CREATE TABLE inbox (
+        id               TEXT PRIMARY KEY,
+        payload          TEXT NOT NULL,
+        received_at      DOUBLE PRECISION NOT NULL,
+        deliveries       INTEGER NOT NULL DEFAULT 1,
+        last_delivery_at DOUBLE PRECISION NOT NULL,
+        applied_seq      BIGINT NOT NULL UNIQUE DEFAULT nextval('inbox_applied_seq')
+    );
+    ALTER SEQUENCE inbox_applied_seq OWNED BY inbox.applied_seq;
+    CREATE TABLE inventory (
+        sku TEXT PRIMARY KEY,
+        qty BIGINT NOT NULL
+    );
+    CREATE TABLE inbox_health (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        at DOUBLE PRECISION NOT NULL
+    );
+    INSERT INTO inbox_health (id, at) VALUES (1, 0);
+    """,
+)
+PROBE_TABLE: Final = "inbox_health"
+
+FIND: Final = b"SELECT payload FROM inbox WHERE id = %s"
+# The common case of a batch in one statement: its events (IDs distinct within it)
+# recorded in their order, each one new taking the next applied_seq, and the
+# inventory of the new ones added up per SKU (in SKU order, so that two batches
+# lock the same inventory rows in the same order). The IDs the inbox knew already
+# are left out of both; the rows returned are the new IDs.
+INSERT_NEW: Final = b"""
+WITH batch AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(payloads)s::text[], %(skus)s::text[],
+                         %(qtys)s::bigint[]) WITH ORDINALITY AS b(id, payload, sku, qty, n)
+), new AS (
+    INSERT INTO inbox (id, payload, received_at, last_delivery_at)
+    SELECT id, payload, %(now)s, %(now)s FROM batch ORDER BY n
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), applied AS (
+    INSERT INTO inventory (sku, qty)
+    SELECT sku, sum(qty) FROM batch JOIN new USING (id) GROUP BY sku ORDER BY sku
+    ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
+)
+SELECT count(*) FROM new
+"""
+# One event: recorded if new (then its effect applied, in the same statement), else
+# nothing; returns a row only when it was new.
+INSERT_ONE: Final = b"""
+WITH new AS (
+    INSERT INTO inbox (id, payload, received_at, last_delivery_at)
+    VALUES (%(id)s, %(payload)s, %(now)s, %(now)s)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), applied AS (
+    INSERT INTO inventory (sku, qty) SELECT %(sku)s, %(qty)s FROM new
+    ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
+)
+SELECT id FROM new
+"""
+COUNT_DUPLICATE: Final = (
+    b"UPDATE inbox SET deliveries = deliveries + 1, last_delivery_at = %s WHERE id = %s"
+)
+SAVEPOINT: Final = b"SAVEPOINT all_new"
+ROLLBACK_TO_SAVEPOINT: Final = b"ROLLBACK TO SAVEPOINT all_new"
+INVENTORY: Final = b"SELECT qty FROM inventory WHERE sku = %s"
+RECORD: Final = (
+    b"SELECT payload, received_at, deliveries, last_delivery_at, applied_seq"
+    b" FROM inbox WHERE id = %s"
+)
+# Exact, from the primary key's index (an index-only scan once vacuumed).
+COUNT_EVENTS: Final = b"SELECT count(*) FROM inbox"
