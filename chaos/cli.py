@@ -1,4 +1,8 @@
-"""`python -m chaos`: break the two services on purpose and read what the files show.
+"""`python -m chaos`: break the two services on purpose and read what the databases show.
+
+`--backend postgres` runs both services on PostgreSQL: on a throwaway server the run
+starts and removes, or, with `--db-url`, in fresh schemas of the operator's database
+(the password from PGPASSWORD or a .pgpass file, never from the command line).
 
 Exit status: 0 when the verdict holds, 1 on any violation, 2 on bad usage or a run
 that could not be carried out.
@@ -9,11 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from chaos.dbs import BACKENDS, Place, open_place
 from chaos.procs import ChaosError
 from chaos.run import run
 from chaos.scenarios import SCENARIOS, Outcome
@@ -30,7 +36,23 @@ from plumbing.cli import (
 
 PROG: Final = "chaos"
 MAX_EVENTS: Final = 100_000
+MAX_PG_RESTARTS: Final = 1_000
 TIME_LIMIT_S: Final = 3600.0
+
+
+def add_backend_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="sqlite",
+        help="where both services keep their data (default: SQLite files)",
+    )
+    parser.add_argument(
+        "--db-url",
+        metavar="URL",
+        help="with --backend postgres: a postgresql:// URI of a database to make fresh "
+        "schemas in (default: a throwaway server of the run's own); no password in it",
+    )
 
 
 def build_parser() -> ArgumentParser:
@@ -65,6 +87,14 @@ def build_parser() -> ArgumentParser:
         "--workdir", type=Path, help="keep the DB files and logs here (default: a temp dir)"
     )
     go.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    add_backend_options(go)
+    go.add_argument(
+        "--pg-restarts",
+        type=int_in(0, MAX_PG_RESTARTS),
+        default=0,
+        help="with --backend postgres and no --db-url: stop the server (fast or immediate) "
+        "this many times during the feed and start it again",
+    )
     story = commands.add_parser("scenario", help="run named scenarios, each with its own verdict")
     story.add_argument(
         "names",
@@ -75,6 +105,7 @@ def build_parser() -> ArgumentParser:
     )
     story.add_argument("--workdir", type=Path, help="keep the DB files and logs here")
     story.add_argument("--json", action="store_true", help="one JSON object per scenario")
+    add_backend_options(story)
     return parser
 
 
@@ -83,21 +114,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="outbox-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     keep = args.workdir is not None
+    place: Place | None = None
     try:
+        if args.backend == "sqlite" and args.db_url is not None:
+            return fail(PROG, "--db-url is for --backend postgres", EXIT_USAGE)
+        if getattr(args, "pg_restarts", 0) and (args.backend, args.db_url) != ("postgres", None):
+            return fail(
+                PROG, "--pg-restarts needs --backend postgres on its own server (no --db-url)",
+                EXIT_USAGE,
+            )  # fmt: skip
+        place = open_place(args.backend, args.db_url, keep=keep)
         if args.command == "run":
-            return cmd_run(args, workdir)
-        return cmd_scenario(args, workdir)
+            return cmd_run(args, workdir, place)
+        return cmd_scenario(args, workdir, place)
     except ChaosError as exc:
         keep = True  # the message points at the logs: they must still be there
         return fail(PROG, f"{exc} (files and logs kept in {workdir})", EXIT_USAGE)
     except KeyboardInterrupt:
         return fail(PROG, "interrupted", EXIT_USAGE)
     finally:
+        if place is not None:
+            place.close()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def cmd_run(args: argparse.Namespace, workdir: Path) -> int:
+def cmd_run(args: argparse.Namespace, workdir: Path, place: Place) -> int:
+    if not args.json:
+        print(f"[chaos] databases: {place.describe()}", file=sys.stderr, flush=True)
     report = run(
         workdir,
         args.events,
@@ -109,6 +153,9 @@ def cmd_run(args: argparse.Namespace, workdir: Path) -> int:
         ordering=args.ordering,
         delivery=args.delivery,
         time_limit_s=args.time_limit,
+        databases=place.pair("run", workdir),
+        pg_restarts=args.pg_restarts,
+        pg_server=getattr(place, "server", None),
     )
     figures = report.to_dict()
     if args.json:
@@ -123,11 +170,12 @@ def cmd_run(args: argparse.Namespace, workdir: Path) -> int:
             f"{figures['resends']} resends absorbed, {figures['lost']} lost, "
             f"{figures['applied_twice']} applied twice, "
             f"{figures['order_inversions']} order inversions ({figures['ordering']} order)"
+            + (f" on {figures['backend']}" if figures["backend"] != "sqlite" else "")
         )
     return EXIT_OK if figures["ok"] else EXIT_FAILED
 
 
-def cmd_scenario(args: argparse.Namespace, workdir: Path) -> int:
+def cmd_scenario(args: argparse.Namespace, workdir: Path, place: Place) -> int:
     names = list(SCENARIOS) if "all" in args.names else list(dict.fromkeys(args.names))
     quiet = args.json
 
@@ -140,7 +188,7 @@ def cmd_scenario(args: argparse.Namespace, workdir: Path) -> int:
         scenario_dir = workdir / name
         shutil.rmtree(scenario_dir, ignore_errors=True)
         scenario_dir.mkdir(parents=True)
-        outcome = SCENARIOS[name](scenario_dir, say)
+        outcome = SCENARIOS[name](scenario_dir, say, place.pair(name, scenario_dir))
         outcomes.append(outcome)
         if quiet:
             print(json.dumps(outcome.to_dict()), flush=True)

@@ -8,8 +8,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
+from chaos.dbs import DbLocation, Pair
 from chaos.procs import ChaosError, Service, free_port, http_json
 from chaos.verdict import Ordering, Verdict, read_verdict
 from shared import Event
@@ -19,6 +20,12 @@ Delivery = Literal["batch", "single"]
 SKUS: Final = ("snack", "juice", "bread", "soap")
 POST_ATTEMPTS: Final = 200
 RETRY_PAUSE_S: Final = 0.05
+# An outage of the PostgreSQL server: intake answers 503 meanwhile; the order is
+# posted again (as a client would) until the server is back and accepts it.
+UNAVAILABLE: Final = 503
+OUTAGE_S: Final = (0.3, 1.5)
+OUTAGE_POSTS: Final = 20_000
+PG_STOP_MODES: Final = ("fast", "immediate")
 CHAOS_EXIT_STATUS: Final = 73
 # Fast retries so a run drains in seconds; the relay's own defaults are for production.
 PUBLISHER_FLAGS: Final = (
@@ -39,17 +46,21 @@ KILLS_BY_TARGET: Final = {
 
 @dataclass
 class Cluster:
-    """A sink and a publisher serving fresh files in one work directory."""
+    """A sink and a publisher serving fresh databases (by default, files in the work
+    directory); their logs go to the work directory."""
 
     workdir: Path
     ordering: Ordering = "global"
     delivery: Delivery = "batch"
+    databases: Pair | None = None
     sink: Service = field(init=False)
     publisher: Service = field(init=False)
 
     def __post_init__(self) -> None:
-        self.source_db = self.workdir / "source.db"
-        self.sink_db = self.workdir / "sink.db"
+        if self.databases is None:
+            self.databases = Pair(self.workdir / "source.db", self.workdir / "sink.db")
+        self.source_db: DbLocation = self.databases.source
+        self.sink_db: DbLocation = self.databases.sink
         self.sink = Service(
             "sink", ["--db", str(self.sink_db)], free_port(), self.workdir / "sink.log"
         )
@@ -113,6 +124,12 @@ class RunReport:
     drained: bool
     elapsed_s: float
     delivery: Delivery = "batch"
+    backend: str = "sqlite"
+    # PostgreSQL server restarts (stop fast or immediate, start again) during the feed,
+    # and how many POST /orders the intake refused with 503 meanwhile.
+    pg_restarts: list[str] = field(default_factory=list)
+    intake_unavailable: int = 0
+    databases: dict[str, str] = field(default_factory=dict)  # where the verdict read
 
     def to_dict(self) -> dict[str, object]:
         by_kind = Counter(self.kills)
@@ -130,6 +147,11 @@ class RunReport:
             "faults": sum(self.sigkills.values()) + sum(self.chaos_exits.values()),
             "restarts": self.restarts,
             "exit_statuses": self.exit_statuses,
+            "backend": self.backend,
+            "databases": self.databases,
+            "pg_restarts": len(self.pg_restarts),
+            "pg_stop_modes": sorted(set(self.pg_restarts)),
+            "intake_unavailable": self.intake_unavailable,
             "elapsed_s": round(self.elapsed_s, 2),
         }
 
@@ -139,6 +161,53 @@ def plan_kills(rng: random.Random, events: int, kills: int, target: Target) -> d
     kinds = [k for t, ks in KILLS_BY_TARGET.items() if target in (t, "both") for k in ks]
     points = rng.sample(range(1, events), min(kills, events - 1)) if events > 1 else []
     return {point: rng.choice(kinds) for point in sorted(points)}
+
+
+def plan_outages(seed: int, events: int, restarts: int) -> dict[int, str]:
+    """Which order index each PostgreSQL restart comes before, and its stop mode. A
+    generator of its own: the kill plan and the orders stay those of the seed."""
+    rng = random.Random(f"pg-restarts-{seed}")
+    points = rng.sample(range(1, events), min(restarts, events - 1)) if events > 1 else []
+    return {point: PG_STOP_MODES[n % 2] for n, point in enumerate(sorted(points))}
+
+
+class Server(Protocol):
+    """What a run needs of a PostgreSQL server it may stop: plumbing.pgserver's."""
+
+    def stop(self, mode: str = "fast") -> None: ...
+
+    def start(self) -> None: ...
+
+
+@dataclass
+class Intake:
+    """POST /orders as a client does it: again after a lost reply or a 503."""
+
+    cluster: Cluster
+    deadline: Deadline | None = None
+    unavailable: int = 0
+
+    def post(self, order: Event, attempts: int = POST_ATTEMPTS) -> bool:
+        """True once the intake answered 201 or 200 (a retry after a lost reply is a
+        duplicate); False if it still answers 503 after `attempts`."""
+        url = f"{self.cluster.publisher.base_url}/orders"
+        for _ in range(attempts):
+            if self.deadline is not None:
+                self.deadline.check(f"while posting {order['id']}")
+            try:
+                code, body = http_json("POST", url, order)
+            except OSError:
+                self.cluster.revive()
+                time.sleep(RETRY_PAUSE_S)
+                continue
+            if code in (200, 201):
+                return True
+            if code == UNAVAILABLE and isinstance(body, dict) and "error" in body:
+                self.unavailable += 1
+                time.sleep(RETRY_PAUSE_S)
+                continue
+            raise ChaosError(f"intake refused {order['id']}: {code} {body}")
+        return False
 
 
 @dataclass
@@ -171,13 +240,18 @@ def run(
     ordering: Ordering = "global",
     delivery: Delivery = "batch",
     time_limit_s: float = float("inf"),
+    databases: Pair | None = None,
+    pg_restarts: int = 0,
+    pg_server: Server | None = None,
 ) -> RunReport:
     rng = random.Random(seed)
-    cluster = Cluster(workdir, ordering, delivery)
+    cluster = Cluster(workdir, ordering, delivery, databases)
     plan = plan_kills(rng, events, kills, target)
+    outages = plan_outages(seed, events, pg_restarts) if pg_server is not None else {}
     expected: dict[str, tuple[str, int]] = {}
     sigkills: Counter[str] = Counter()
     deadline = Deadline(time_limit_s)
+    intake = Intake(cluster, deadline)
     try:
         cluster.start()
         for index in range(events):
@@ -189,7 +263,10 @@ def run(
             order = Event(
                 id=f"chaos-{seed}-{index:06d}", sku=rng.choice(SKUS), qty=rng.randint(1, 9)
             )
-            post_order(cluster, order, deadline)
+            if index in outages and pg_server is not None:
+                outage(pg_server, outages[index], intake, order, seed + index)
+            if not intake.post(order):
+                raise ChaosError(f"intake never accepted {order['id']}")
             expected[order["id"]] = (order["sku"], order["qty"])
             if progress and (index + 1) % max(1, events // 10) == 0:
                 done = sum(1 for p in plan if p <= index)
@@ -216,7 +293,22 @@ def run(
         drained=drained,
         elapsed_s=deadline.elapsed(),
         delivery=delivery,
+        backend=cluster.databases.backend if cluster.databases else "sqlite",
+        databases=cluster.databases.shown() if cluster.databases else {},
+        pg_restarts=list(outages.values()),
+        intake_unavailable=intake.unavailable,
     )
+
+
+def outage(server: Server, mode: str, intake: Intake, order: Event, seed: int) -> None:
+    """Stop the PostgreSQL server under load, keep posting `order` while it is down (each
+    answer a 503, or the order is accepted by nothing), then start it again."""
+    server.stop(mode)
+    until = time.monotonic() + random.Random(seed).uniform(*OUTAGE_S)
+    while time.monotonic() < until:
+        if intake.post(order, attempts=1):
+            raise ChaosError(f"intake accepted {order['id']} while PostgreSQL was stopped")
+    server.start()
 
 
 def kill(cluster: Cluster, kind: str) -> list[str]:
@@ -235,24 +327,6 @@ def kill(cluster: Cluster, kind: str) -> list[str]:
     else:
         service.start()
     return killed
-
-
-def post_order(cluster: Cluster, order: Event, deadline: Deadline | None = None) -> None:
-    """POST until the intake answers 201 or 200 (a retry after a lost reply is a duplicate)."""
-    url = f"{cluster.publisher.base_url}/orders"
-    for _ in range(POST_ATTEMPTS):
-        if deadline is not None:
-            deadline.check(f"while posting {order['id']}")
-        try:
-            code, body = http_json("POST", url, order)
-        except OSError:
-            cluster.revive()
-            time.sleep(RETRY_PAUSE_S)
-            continue
-        if code in (200, 201):
-            return
-        raise ChaosError(f"intake refused {order['id']}: {code} {body}")
-    raise ChaosError(f"intake never accepted {order['id']}")
 
 
 def drain(cluster: Cluster, timeout_s: float, progress: bool) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from chaos.dbs import DbLocation, Pair, as_int, value
 from chaos.procs import ChaosError, Service, free_port, http_json
 from chaos.run import PUBLISHER_FLAGS
 from chaos.verdict import read_verdict
@@ -44,16 +44,12 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def one(path: Path, sql: str, *params: object) -> Any:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        row = conn.execute(sql, params).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else row[0]
+def one(location: DbLocation, sql: str) -> Any:
+    """One value read through a connection of our own (either backend)."""
+    return value(location, sql)
 
 
-def trace(say: Say, source: Path, sink: Service, event_id: str) -> None:
+def trace(say: Say, source: DbLocation, sink: Service, event_id: str) -> None:
     shown = cli(
         "publisher", "trace", event_id, "--db", str(source), "--sink", f"{sink.base_url}/events"
     )
@@ -77,10 +73,11 @@ def _resend_story(
     sink_chaos: list[str],
     dispatch_chaos: list[str],
     expect: int,
+    databases: Pair,
 ) -> Outcome:
     """Shared by crash-after-ack and drop-after-commit: a first delivery that leaves the
     entry unsent although the sink applied it, then the resend."""
-    source, sink_db = workdir / "source.db", workdir / "sink.db"
+    source, sink_db = databases.source, databases.sink
     sink = Service("sink", ["--db", str(sink_db)], free_port(), workdir / "sink.log")
     db, url = ["--db", str(source)], f"{sink.base_url}/events"
     try:
@@ -102,42 +99,45 @@ def _resend_story(
         sink.stop()
     deliveries = one(sink_db, "SELECT deliveries FROM inbox WHERE id = 'order-1'")
     stock = one(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'")
-    sent = one(source, "SELECT sent FROM outbox WHERE id = 'order-1'")
+    sent = as_int(one(source, "SELECT sent FROM outbox WHERE id = 'order-1'"))
     ok = (first.returncode, again.returncode, deliveries, stock, sent) == (expect, 0, 2, 7, 1)
     result = f"delivered {deliveries} times, applied once"
     if stock != 7:
         result = f"inventory is {stock}, expected 7"
     figures = {"first_exit": first.returncode, "deliveries": deliveries, "inventory": stock}
-    return Outcome(name, ok, result, {**figures, "sent": sent})
+    return Outcome(name, ok, result, {**figures, "sent": sent, "databases": databases.shown()})
 
 
-def crash_after_ack(workdir: Path, say: Say) -> Outcome:
+def crash_after_ack(workdir: Path, say: Say, databases: Pair) -> Outcome:
     say("crash-after-ack: the publisher ends with os._exit(73) right after a verified ACK")
-    return _resend_story("crash-after-ack", workdir, say, [], ["--chaos", "exit-after-ack"], 73)
+    chaos = ["--chaos", "exit-after-ack"]
+    return _resend_story("crash-after-ack", workdir, say, [], chaos, 73, databases)
 
 
-def drop_after_commit(workdir: Path, say: Say) -> Outcome:
+def drop_after_commit(workdir: Path, say: Say, databases: Pair) -> Outcome:
     say("drop-after-commit: the sink commits, then closes the connection without a reply")
     chaos = ["--chaos", "drop-after-commit=1"]
-    return _resend_story("drop-after-commit", workdir, say, chaos, [], 1)
+    return _resend_story("drop-after-commit", workdir, say, chaos, [], 1, databases)
 
 
-def _services(workdir: Path, *publisher_flags: str) -> tuple[Path, Path, Service, Service]:
-    source, sink_db = workdir / "source.db", workdir / "sink.db"
+def _services(
+    workdir: Path, databases: Pair, *publisher_flags: str
+) -> tuple[DbLocation, DbLocation, Service, Service]:
+    source, sink_db = databases.source, databases.sink
     sink = Service("sink", ["--db", str(sink_db)], free_port(), workdir / "sink.log")
     args = ["serve", "--db", str(source), "--sink", f"{sink.base_url}/events", *publisher_flags]
     publisher = Service("publisher", args, free_port(), workdir / "publisher.log")
     return source, sink_db, sink, publisher
 
 
-def _sent_ids(source: Path) -> list[str]:
+def _sent_ids(source: DbLocation) -> list[str]:
     listed = cli("publisher", "list", "--db", str(source), "--state", "sent", "--json")
     return [json.loads(line)["id"] for line in listed.stdout.splitlines()]
 
 
-def poison_head(workdir: Path, say: Say) -> Outcome:
+def poison_head(workdir: Path, say: Say, databases: Pair) -> Outcome:
     say("poison-head: the sink rejects the head entry (400) until it is fixed")
-    source, sink_db, sink, publisher = _services(workdir, *PUBLISHER_FLAGS)
+    source, sink_db, sink, publisher = _services(workdir, databases, *PUBLISHER_FLAGS)
     orders = [("poison-1", "mystery", 1), ("ok-1", "snack", 2), ("ok-2", "snack", 3)]
     db, by = ["--db", str(source)], ["--by", "chaos-operator"]
     try:
@@ -158,7 +158,7 @@ def poison_head(workdir: Path, say: Say) -> Outcome:
         say("  the sink is fixed and restarted")
         say("  " + cli("publisher", "redrive", "poison-1", *db, *by).stdout.strip())
         sql = "SELECT sent FROM outbox WHERE id = 'poison-1'"
-        wait_until(lambda: one(source, sql) == 1, "the redriven entry to be delivered")
+        wait_until(lambda: as_int(one(source, sql)) == 1, "the redriven entry to be delivered")
         trace(say, source, sink, "poison-1")
     finally:
         publisher.stop()
@@ -172,13 +172,14 @@ def poison_head(workdir: Path, say: Say) -> Outcome:
         f"delivered past it ({', '.join(passed)}), it was redriven and delivered; "
         f"{verdict.lost} lost"
     )
-    return Outcome("poison-head", ok, result, {**verdict.to_dict(), "delivered_past": passed})
+    figures = {**verdict.to_dict(), "delivered_past": passed, "databases": databases.shown()}
+    return Outcome("poison-head", ok, result, figures)
 
 
-def slow_sink(workdir: Path, say: Say) -> Outcome:
+def slow_sink(workdir: Path, say: Say, databases: Pair) -> Outcome:
     say(f"slow-sink: every event stalls {STALL_S} s at the sink; intake must stay fast")
     flags = [*PUBLISHER_FLAGS[:-1], "1"]  # --send-timeout 1: sends time out while stalled
-    source, sink_db, sink, publisher = _services(workdir, *flags)
+    source, sink_db, sink, publisher = _services(workdir, databases, *flags)
     expected: dict[str, tuple[str, int]] = {}
     latencies_ms: list[float] = []
     try:
@@ -210,7 +211,8 @@ def slow_sink(workdir: Path, say: Say) -> Outcome:
         f"intake p99 {p99:.0f} ms while the sink stalled; {verdict.delivered} delivered, "
         f"{verdict.lost} lost, {verdict.resends} resends absorbed"
     )
-    return Outcome("slow-sink", ok, result, {**verdict.to_dict(), "intake_p99_ms": round(p99, 1)})
+    figures = {**verdict.to_dict(), "intake_p99_ms": round(p99, 1), "databases": databases.shown()}
+    return Outcome("slow-sink", ok, result, figures)
 
 
 def _status(publisher: Service) -> dict[str, Any]:
@@ -221,7 +223,7 @@ def _status(publisher: Service) -> dict[str, Any]:
     return body if code == 200 and isinstance(body, dict) else {}
 
 
-SCENARIOS: Final[dict[str, Callable[[Path, Say], Outcome]]] = {
+SCENARIOS: Final[dict[str, Callable[[Path, Say, Pair], Outcome]]] = {
     "crash-after-ack": crash_after_ack,
     "drop-after-commit": drop_after_commit,
     "poison-head": poison_head,

@@ -1,14 +1,17 @@
-"""The verdict of a chaos run, read from both database files with independent connections."""
+"""The verdict of a chaos run, read from both databases with independent connections.
+
+Either backend: SQLite files (read-only connections) or PostgreSQL databases (a
+read-only snapshot each), through chaos.dbs.
+"""
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Final, Literal
+
+from chaos.dbs import DbLocation, Reader, applied_ids, as_int, as_json, reading
 
 Ordering = Literal["global", "sku"]
 ORDERINGS: Final[tuple[Ordering, ...]] = ("global", "sku")
@@ -55,29 +58,28 @@ class Verdict:
         return {**asdict(self), "ok": self.ok}
 
 
-def _rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
-
-
 def read_verdict(
-    source_db: Path,
-    sink_db: Path,
+    source_db: DbLocation,
+    sink_db: DbLocation,
     expected: dict[str, tuple[str, int]],
     ordering: Ordering = "global",
 ) -> Verdict:
-    """Compare both files with what the runner itself knows was accepted (`expected`)."""
-    orders = {i: (sku, qty) for i, sku, qty in _rows(source_db, "SELECT id, sku, qty FROM orders")}
-    outbox = dict(_rows(source_db, "SELECT id, sent + 2 * quarantined FROM outbox"))
-    inbox = {
-        i: (json.loads(p), n)
-        for i, p, n in _rows(sink_db, "SELECT id, payload, deliveries FROM inbox")
+    """Compare both databases with what the runner itself knows was accepted (`expected`)."""
+    with reading(source_db) as source, reading(sink_db) as sink:
+        return _verdict(source, sink, expected, ordering)
+
+
+def _verdict(
+    source: Reader, sink: Reader, expected: dict[str, tuple[str, int]], ordering: Ordering
+) -> Verdict:
+    orders = {i: (sku, qty) for i, sku, qty in source.rows("SELECT id, sku, qty FROM orders")}
+    outbox = {
+        i: as_int(sent) + 2 * as_int(quarantined)
+        for i, sent, quarantined in source.rows("SELECT id, sent, quarantined FROM outbox")
     }
-    stock = dict(_rows(sink_db, "SELECT sku, qty FROM inventory"))
-    accepted = {**orders, **expected}  # an order the runner saw accepted but the file lacks is lost
+    inbox = dict(sink.rows("SELECT id, deliveries FROM inbox"))
+    stock = dict(sink.rows("SELECT sku, qty FROM inventory"))
+    accepted = {**orders, **expected}  # an order the runner saw accepted but the DB lacks is lost
     lost = {i for i in accepted if i not in orders or i not in inbox or outbox.get(i) != 1}
     want: Counter[str] = Counter()
     for sku, qty in accepted.values():
@@ -86,14 +88,14 @@ def read_verdict(
     return Verdict(
         accepted=len(orders),
         delivered=sum(1 for state in outbox.values() if state == 1),
-        resends=sum(n - 1 for _, n in inbox.values()),
-        duplicates=sum(1 for _, n in inbox.values() if n > 1),
+        resends=sum(n - 1 for n in inbox.values()),
+        duplicates=sum(1 for n in inbox.values() if n > 1),
         lost=len(lost),
         applied_twice=sum(1 for sku in skus if stock.get(sku, 0) > want[sku]),
         inventory_ok=all(stock.get(sku, 0) == want[sku] for sku in skus),
         pending=sum(1 for state in outbox.values() if state == 0),
         quarantined=sum(1 for state in outbox.values() if state == 2),
-        order_inversions=order_inversions(source_db, sink_db, ordering),
+        order_inversions=_inversions(source, sink, ordering),
         ordering=ordering,
     )
 
@@ -112,31 +114,36 @@ class _Excuse:
     unlisted_after_seq: int = 0
 
 
-def order_inversions(source_db: Path, sink_db: Path, ordering: Ordering = "global") -> int:
+def order_inversions(
+    source_db: DbLocation, sink_db: DbLocation, ordering: Ordering = "global"
+) -> int:
     """Pairs of entries of one line that the sink first applied against outbox order.
 
     A line is every outbox entry (global) or the entries of one SKU (sku). The sink's
-    first application of an ID is its inbox row: rows are only ever inserted, on the
-    first delivery, so rowid order is first-application order. A pair x, y of one line
+    first application of an ID is its inbox row's `applied_seq` (on a SQLite file from
+    before that column, its rowid: rows are only ever inserted, on the first delivery).
+    A pair x, y of one line
     with seq(x) < seq(y) is inverted when y's inbox row comes before x's. It is
     explained when a quarantine record of x lists y as delivered past x (or, for a
     record whose list was cut short, counts it among the passers after the last
-    listed one). Entries missing from either file are not in any line (they are lost).
+    listed one). Entries missing from either database are not in any line (they are lost).
     """
+    with reading(source_db) as source, reading(sink_db) as sink:
+        return _inversions(source, sink, ordering)
+
+
+def _inversions(source: Reader, sink: Reader, ordering: Ordering) -> int:
     if ordering not in ORDERINGS:
         raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, not {ordering!r}")
     entries = {
-        event_id: (seq, lane if ordering == "sku" else "")
-        for seq, event_id, lane in _rows(
-            source_db,
-            "SELECT seq, id, coalesce(lane, json_extract(payload, '$.sku')) FROM outbox",
-        )
+        event_id: (seq, (lane or as_json(payload)["sku"]) if ordering == "sku" else "")
+        for seq, event_id, lane, payload in source.rows("SELECT seq, id, lane, payload FROM outbox")
     }
-    applied = [i for (i,) in _rows(sink_db, "SELECT id FROM inbox ORDER BY rowid") if i in entries]
+    applied = [i for i in applied_ids(sink) if i in entries]
     lines: defaultdict[str, list[str]] = defaultdict(list)
     for event_id in applied:
         lines[entries[event_id][1]].append(event_id)
-    excuses = _excuses(source_db, entries)
+    excuses = _excuses(source, entries)
     inverted = sum(inverted_pairs([entries[i][0] for i in line]) for line in lines.values())
     explained = sum(
         _explained(line, {i: entries[i][0] for i in line}, excuses) for line in lines.values()
@@ -144,11 +151,11 @@ def order_inversions(source_db: Path, sink_db: Path, ordering: Ordering = "globa
     return inverted - explained
 
 
-def _excuses(source_db: Path, entries: dict[str, tuple[int, str]]) -> dict[str, _Excuse]:
+def _excuses(source: Reader, entries: dict[str, tuple[int, str]]) -> dict[str, _Excuse]:
     excuses: defaultdict[str, _Excuse] = defaultdict(_Excuse)
-    rows = _rows(source_db, "SELECT id, delivered_past, delivered_past_count FROM quarantines")
+    rows = source.rows("SELECT id, delivered_past, delivered_past_count FROM quarantines")
     for event_id, past, count in rows:
-        listed = [str(i) for i in json.loads(past)] if past else []
+        listed = [str(i) for i in as_json(past)] if past else []
         excuse = excuses[event_id]
         excuse.listed.update(listed)
         if count is not None and count > len(listed):

@@ -93,8 +93,15 @@ def loopback_only() -> Iterator[None]:
 # ---------------------------------------------------------------- independent reads
 
 
-def query(db: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows read through a fresh connection of this test process, closed afterwards."""
+def query(db: Path | str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows read through a fresh connection of this test process, closed afterwards:
+    a SQLite file, or a PostgreSQL database by its URI (`?` placeholders either way)."""
+    if isinstance(db, str) and db.startswith(("postgresql://", "postgres://")):
+        import psycopg
+
+        with psycopg.connect(db, autocommit=True, connect_timeout=5) as pg:
+            found = pg.execute(sql.replace("?", "%s") if params else sql, params or None)
+            return [tuple(row) for row in found.fetchall()]
     conn = sqlite3.connect(db, timeout=5)
     try:
         return conn.execute(sql, params).fetchall()
@@ -148,7 +155,7 @@ class SinkProcess:
     """A sink running as its own OS process."""
 
     proc: subprocess.Popen[bytes]
-    db: Path
+    db: Path | str
     url: str
     log: Path
 
@@ -181,10 +188,11 @@ StartSink = Callable[..., SinkProcess]
 
 @pytest.fixture
 def sink_process(child_env: dict[str, str], tmp_path: Path) -> Iterator[StartSink]:
-    """Start real sink processes on port 0; all are stopped at teardown."""
+    """Start real sink processes on port 0 (`db`: a SQLite path or a PostgreSQL URI);
+    all are stopped at teardown."""
     started: list[SinkProcess] = []
 
-    def start(db: Path, *extra: str) -> SinkProcess:
+    def start(db: Path | str, *extra: str) -> SinkProcess:
         log = tmp_path / f"sink-{len(started)}.log"
         command = ["-m", "sink", "--db", str(db), "--host", LOOPBACK, "--port", "0", *extra]
         proc = spawn(command, log, child_env, tmp_path)
@@ -248,6 +256,36 @@ def publisher_process(child_env: dict[str, str], tmp_path: Path) -> Iterator[Sta
     yield start
     for publisher in reversed(started):
         publisher.stop()
+
+
+# ---------------------------------------------------------------- both backends
+
+
+@dataclass(frozen=True)
+class Databases:
+    """A source and a sink database, as `--db` takes them, on one backend."""
+
+    backend: str
+    source: Path | str
+    sink: Path | str
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Databases]:
+    """Two fresh, separate databases for one test, on each backend in turn: two SQLite
+    files in tmp_path, or two databases on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        yield Databases("sqlite", tmp_path / "source.db", tmp_path / "sink.db")
+        return
+    source: str = request.getfixturevalue("pg_database")
+    server: ThrowawayServer = request.getfixturevalue("pg_server")
+    name = f"{source.rpartition('/')[2]}_sink"
+    sink = server.create_database(name)
+    try:
+        yield Databases("postgres", source, sink)
+    finally:
+        if server.running():
+            server.sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # ---------------------------------------------------------------- loopback servers

@@ -1,7 +1,10 @@
-"""`python -m chaos`: real services killed for real, verdicts read from the files.
+"""`python -m chaos`: real services killed for real, verdicts read from the databases.
 
 Every run keeps its files under the test's own directory (--workdir), so the test
-can read them back and can look for processes still using them afterwards.
+can read them back and can look for processes still using them afterwards. On
+PostgreSQL (`--backend postgres --db-url` of the test's own database) the run makes
+two schemas there, kept with --workdir, and the test reads them through the URIs
+the report names.
 """
 
 from __future__ import annotations
@@ -120,9 +123,27 @@ def assert_clean_verdict(figures: dict[str, Any], events: int, kills: int) -> No
     assert figures["duplicates"] <= figures["resends"], figures
 
 
-def files_agree(workdir: Path, db_rows: Query, events: int, ordering: str = "global") -> None:
-    """The verdict's numbers, checked against both files with this process's own reads."""
-    source, sink = workdir / "source.db", workdir / "sink.db"
+def backend_args(backend: str, request: pytest.FixtureRequest) -> list[str]:
+    """The chaos options for a backend: SQLite files, or schemas in a database of the
+    session's PostgreSQL server (the pg_database fixture)."""
+    if backend == "sqlite":
+        return []
+    return ["--backend", "postgres", "--db-url", request.getfixturevalue("pg_database")]
+
+
+def located(figures: dict[str, Any]) -> tuple[Path | str, Path | str]:
+    """The source and sink database the run reports, as db_rows takes them."""
+    source, sink = figures["databases"]["source"], figures["databases"]["sink"]
+    if figures["backend"] == "sqlite":
+        return Path(source), Path(sink)
+    return source, sink
+
+
+def files_agree(
+    databases: tuple[Path | str, Path | str], db_rows: Query, events: int, ordering: str = "global"
+) -> None:
+    """The verdict's numbers, checked against both databases with this process's own reads."""
+    source, sink = databases
     assert db_rows(source, "SELECT count(*) FROM orders") == [(events,)]
     assert db_rows(source, "SELECT count(*) FROM outbox WHERE sent = 1") == [(events,)]
     assert db_rows(sink, "SELECT count(*) FROM inbox") == [(events,)]
@@ -130,9 +151,12 @@ def files_agree(workdir: Path, db_rows: Query, events: int, ordering: str = "glo
     assert db_rows(sink, "SELECT sku, qty FROM inventory ORDER BY sku") == want
     # No quarantine in a run: the sink first applied each line exactly in seq order.
     assert db_rows(source, "SELECT count(*) FROM quarantines") == [(0,)]
-    line = "json_extract(payload, '$.sku')" if ordering == "sku" else "''"
-    outbox = db_rows(source, f"SELECT {line}, id FROM outbox ORDER BY seq")
-    inbox = db_rows(sink, f"SELECT {line}, id FROM inbox ORDER BY rowid")
+    line = {
+        i: (lane if ordering == "sku" else "")
+        for i, lane in db_rows(source, "SELECT id, lane FROM outbox")
+    }
+    outbox = [(line[i], i) for (i,) in db_rows(source, "SELECT id FROM outbox ORDER BY seq")]
+    inbox = [(line[i], i) for (i,) in db_rows(sink, "SELECT id FROM inbox ORDER BY applied_seq")]
     assert inbox != [] and sorted(inbox) == sorted(outbox)
     for key in {k for k, _ in outbox}:
         assert [i for k, i in inbox if k == key] == [i for k, i in outbox if k == key], key
@@ -144,18 +168,22 @@ def files_agree(workdir: Path, db_rows: Query, events: int, ordering: str = "glo
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.usefixtures("reaper")
 @pytest.mark.parametrize(
-    ("target", "events", "kills", "kinds", "ordering", "delivery"),
+    ("backend", "target", "events", "kills", "kinds", "ordering", "delivery"),
     [
-        ("both", 60, 6, {"publisher", "sink"}, "global", "batch"),
-        ("sink", 40, 4, {"sink"}, "global", "batch"),
-        ("publisher", 40, 4, {"publisher"}, "global", "batch"),
-        ("both", 40, 6, {"publisher", "sink"}, "sku", "single"),
+        ("sqlite", "both", 60, 6, {"publisher", "sink"}, "global", "batch"),
+        ("sqlite", "sink", 40, 4, {"sink"}, "global", "batch"),
+        ("sqlite", "publisher", 40, 4, {"publisher"}, "global", "batch"),
+        ("sqlite", "both", 40, 6, {"publisher", "sink"}, "sku", "single"),
+        ("postgres", "both", 60, 6, {"publisher", "sink"}, "global", "batch"),
+        ("postgres", "both", 40, 6, {"publisher", "sink"}, "sku", "single"),
     ],
 )
 def test_run_loses_nothing_and_applies_nothing_twice(
     tmp_path: Path,
     child_env: dict[str, str],
     db_rows: Query,
+    request: pytest.FixtureRequest,
+    backend: str,
     target: str,
     events: int,
     kills: int,
@@ -165,13 +193,14 @@ def test_run_loses_nothing_and_applies_nothing_twice(
 ) -> None:
     workdir = tmp_path / "run"
     args = ["--events", str(events), "--kills", str(kills), "--seed", "7", "--target", target]
-    args += ["--ordering", ordering, "--delivery", delivery]
+    args += ["--ordering", ordering, "--delivery", delivery, *backend_args(backend, request)]
 
     done = chaos(child_env, tmp_path, "run", *args, "--json", "--workdir", str(workdir))
 
     assert done.returncode == 0, done.stderr
     figures = one_json(done.stdout)
     assert_clean_verdict(figures, events, kills)
+    assert figures["backend"] == backend
     assert (figures["ordering"], figures["delivery"]) == (ordering, delivery)
     log = (workdir / "publisher.log").read_text().splitlines()
     started = [line for line in log if "relay started" in line]
@@ -181,7 +210,7 @@ def test_run_loses_nothing_and_applies_nothing_twice(
     assert {kind.partition(":")[0] for kind in figures["kill_kinds"]} <= kinds
     planned = plan_kills(random.Random(7), events, kills, target)  # type: ignore[arg-type]
     assert figures["kill_kinds"] == sorted(set(planned.values()))
-    files_agree(workdir, db_rows, events, ordering)
+    files_agree(located(figures), db_rows, events, ordering)
     assert leftovers(workdir) == []
 
 
@@ -278,7 +307,8 @@ def test_the_order_check_fails_on_a_reordered_inbox(
     try:
         with conn:  # as if the sink had first applied the first order last
             conn.execute(
-                "UPDATE inbox SET rowid = (SELECT max(rowid) + 1 FROM inbox) WHERE id = ?",
+                "UPDATE inbox SET applied_seq = (SELECT max(applied_seq) + 1 FROM inbox)"
+                " WHERE id = ?",
                 (first,),
             )
     finally:
@@ -330,8 +360,22 @@ SCENARIO_FIGURES: dict[str, dict[str, Any]] = {
 
 @pytest.mark.timeout(SCENARIO_TIMEOUT_S + 30)
 @pytest.mark.usefixtures("reaper")
-@pytest.mark.parametrize("name", list(SCENARIO_FIGURES))
-def test_scenario(tmp_path: Path, child_env: dict[str, str], name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [
+        *((name, "sqlite") for name in SCENARIO_FIGURES),
+        ("crash-after-ack", "postgres"),
+        ("drop-after-commit", "postgres"),
+    ],
+)
+def test_scenario(
+    tmp_path: Path,
+    child_env: dict[str, str],
+    db_rows: Query,
+    request: pytest.FixtureRequest,
+    name: str,
+    backend: str,
+) -> None:
     workdir = tmp_path / "w"
 
     done = chaos(
@@ -342,6 +386,7 @@ def test_scenario(tmp_path: Path, child_env: dict[str, str], name: str) -> None:
         "--json",
         "--workdir",
         str(workdir),
+        *backend_args(backend, request),
         timeout=SCENARIO_TIMEOUT_S,
     )
 
@@ -356,8 +401,14 @@ def test_scenario(tmp_path: Path, child_env: dict[str, str], name: str) -> None:
     if name == "slow-sink":
         assert isinstance(outcome["intake_p99_ms"], float | int)
         assert 0 < outcome["intake_p99_ms"] < 500
-    assert (workdir / name / "source.db").is_file()
-    assert (workdir / name / "sink.db").is_file()
+    outcome["backend"] = backend
+    source, sink = located(outcome)
+    if backend == "sqlite":
+        assert (source, sink) == (workdir / name / "source.db", workdir / name / "sink.db")
+    if name in ("crash-after-ack", "drop-after-commit"):  # what the verdict says, read again
+        assert db_rows(sink, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+        assert db_rows(sink, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+        assert db_rows(source, "SELECT id, sent FROM outbox") == [("order-1", 1)]
     assert leftovers(workdir) == []
     if name == "poison-head":
         assert_the_quarantine_record_explains_the_order(workdir / name, tmp_path / "copy.db")

@@ -1,14 +1,13 @@
-"""Crashes across real OS processes that share the same disk.
+"""Crashes across real OS processes that share the same disk, on both backends.
 
 The publisher ends itself right after a verified ACK and before the mark; the sink
-is killed with SIGKILL right after it answered. A checker then reads the DB files
-with its own connections.
+is killed with SIGKILL right after it answered. A checker then reads both databases
+(SQLite files, or two PostgreSQL databases) with its own connections.
 """
 
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -16,7 +15,7 @@ import pytest
 from support import dispatch
 
 if TYPE_CHECKING:
-    from conftest import AcceptOrders, Query, RunCli, StartSink
+    from conftest import AcceptOrders, Databases, Query, RunCli, StartSink
 
 pytestmark = pytest.mark.e2e
 
@@ -24,9 +23,9 @@ CHAOS_EXIT = 73
 
 
 def test_crash_after_ack_keeps_the_entry_and_the_resend_is_a_duplicate(
-    tmp_path: Path, run_cli: RunCli, sink_process: StartSink, db_rows: Query
+    databases: Databases, run_cli: RunCli, sink_process: StartSink, db_rows: Query
 ) -> None:
-    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    source, sink_db = databases.source, databases.sink
     order = ["--id", "order-1", "--sku", "snack", "--qty", "7"]
     accepted = run_cli("publisher", "accept", "--db", str(source), *order)
     assert (accepted.returncode, accepted.stdout.strip()) == (0, "accepted order-1")
@@ -50,13 +49,13 @@ def test_crash_after_ack_keeps_the_entry_and_the_resend_is_a_duplicate(
 
 
 def test_crash_after_the_first_of_two_acks_marks_neither_and_rerun_applies_each_once(
-    tmp_path: Path,
+    databases: Databases,
     run_cli: RunCli,
     sink_process: StartSink,
     accept_orders: AcceptOrders,
     db_rows: Query,
 ) -> None:
-    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    source, sink_db = databases.source, databases.sink
     accept_orders(
         source,
         {"id": "order-1", "sku": "snack", "qty": 7},
@@ -92,9 +91,9 @@ def test_crash_after_the_first_of_two_acks_marks_neither_and_rerun_applies_each_
 
 
 async def test_commit_survives_sigkill_of_the_sink(
-    tmp_path: Path, sink_process: StartSink, db_rows: Query
+    databases: Databases, sink_process: StartSink, db_rows: Query
 ) -> None:
-    sink_db = tmp_path / "sink.db"
+    sink_db = databases.sink
     event = {"id": "order-1", "sku": "snack", "qty": 7}
     sink = sink_process(sink_db)
 

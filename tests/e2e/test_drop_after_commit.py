@@ -1,15 +1,15 @@
-"""The sink commits and then closes the connection with no reply (separate processes)."""
+"""The sink commits and then closes the connection with no reply (separate processes),
+on both backends: two SQLite files, or two PostgreSQL databases."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from support import dispatch
 
 if TYPE_CHECKING:
-    from conftest import AcceptOrders, Query, RunCli, StartSink
+    from conftest import AcceptOrders, Databases, Query, RunCli, StartSink
 
 pytestmark = pytest.mark.e2e
 
@@ -17,13 +17,13 @@ DROP_ONE = ("--chaos", "drop-after-commit=1")
 
 
 def test_dropped_reply_keeps_the_entry_and_the_resend_gets_a_duplicate_ack(
-    tmp_path: Path,
+    databases: Databases,
     run_cli: RunCli,
     sink_process: StartSink,
     accept_orders: AcceptOrders,
     db_rows: Query,
 ) -> None:
-    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    source, sink_db = databases.source, databases.sink
     accept_orders(source, {"id": "order-1", "sku": "snack", "qty": 7})
     sink = sink_process(sink_db, *DROP_ONE)
 
@@ -47,13 +47,13 @@ def test_dropped_reply_keeps_the_entry_and_the_resend_gets_a_duplicate_ack(
 
 
 def test_dropped_reply_stops_the_batch_before_later_entries(
-    tmp_path: Path,
+    databases: Databases,
     run_cli: RunCli,
     sink_process: StartSink,
     accept_orders: AcceptOrders,
     db_rows: Query,
 ) -> None:
-    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    source, sink_db = databases.source, databases.sink
     accept_orders(
         source,
         {"id": "order-1", "sku": "snack", "qty": 7},
