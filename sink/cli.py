@@ -32,7 +32,12 @@ def build_parser() -> ArgumentParser:
         description="Idempotent inbox sink over HTTP.",
         epilog=f"The bearer token comes from --token-file or the {TOKEN_ENV} variable.",
     )
-    add_option(parser, "--db", required=True, help="sink database: a file path or a sqlite: URL")
+    add_option(
+        parser,
+        "--db",
+        required=True,
+        help="sink database: a file path, a sqlite: URL or a postgresql:// URI",
+    )
     add_option(parser, "--host", default="127.0.0.1", help="address to listen on")
     add_option(parser, "--port", type=port, default=DEFAULT_PORT, help="port (0: any free port)")
     add_option(

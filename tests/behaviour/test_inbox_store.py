@@ -379,7 +379,7 @@ import sink
 for module in pkgutil.iter_modules(sink.__path__):
     if module.name not in ("backends", "__main__"):
         importlib.import_module("sink." + module.name)
-storage = ("sink.backends", "sqlite_tx", "aiosqlite", "sqlite3")
+storage = ("sink.backends", "sqlite_tx", "aiosqlite", "sqlite3", "pg_tx", "psycopg", "psycopg_pool")
 loaded = [m for m in sys.modules if any(m == s or m.startswith(s + ".") for s in storage)]
 print(json.dumps(sorted(loaded)))
 """

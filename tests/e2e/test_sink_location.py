@@ -1,5 +1,6 @@
-"""`python -m sink --db` with a sqlite: URL opens that file; a postgresql:// one is
-refused with one line. Real sink processes; the files read back with sqlite3."""
+"""`python -m sink --db` with a sqlite: URL opens that file, a postgresql:// URI that
+database; a location it cannot open is one line. Real sink processes; the files read
+back with sqlite3, the database with psycopg."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from pg_faults import PgAccess
 from support import LOOPBACK, listening, run_module, spawn, stop_process
 
 if TYPE_CHECKING:
@@ -39,10 +41,11 @@ def sink_at(child_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
     teardown, each with exit status 0."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(location: str) -> int:
+    def start(location: str | None, env: dict[str, str] | None = None) -> int:
         log = tmp_path / f"sink-{len(started)}.log"
-        args = ["-m", "sink", "--db", location, "--host", LOOPBACK, "--port", "0"]
-        proc = spawn(args, log, child_env, tmp_path)
+        db = [] if location is None else ["--db", location]
+        args = ["-m", "sink", *db, "--host", LOOPBACK, "--port", "0"]
+        proc = spawn(args, log, {**child_env, **(env or {})}, tmp_path)
         started.append(proc)
         return int(listening(proc, log, LISTENING, "sink")[1])
 
@@ -70,26 +73,60 @@ def test_a_sqlite_url_opens_that_file(
     ]
 
 
-def assert_refused(result: subprocess.CompletedProcess[str], tmp_path: Path) -> None:
-    assert result.returncode == 2
+@pytest.mark.parametrize("given", ["--db", "OUTBOX_DB"])
+def test_a_postgresql_uri_opens_that_database(
+    sink_at: Any, tmp_path: Path, pg_database: str, given: str
+) -> None:
+    if given == "--db":
+        port = sink_at(pg_database)
+    else:
+        port = sink_at(None, {"OUTBOX_DB": pg_database})
+    status, ack = post_event(port, EVENT)
+
+    assert (status, ack["ack"], ack["status"]) == (200, "order-1", "applied")
+    database = PgAccess(pg_database, "inbox_health")
+    assert database.query("SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert database.query("SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert list(tmp_path.glob("*.db")) == []
+
+
+def assert_one_line(
+    result: subprocess.CompletedProcess[str], tmp_path: Path, status: int, *words: str
+) -> None:
+    assert result.returncode == status
     assert "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert "PostgreSQL" in result.stderr
+    assert result.stderr.startswith("sink: ")
+    for word in words:
+        assert word in result.stderr
     assert result.stdout == ""
     assert list(tmp_path.iterdir()) == [], "nothing is created for a refused location"
 
 
-def test_a_postgresql_db_is_one_line_and_status_2(tmp_path: Path, run_cli: RunCli) -> None:
-    result = run_cli("sink", "--db", "postgresql://u@h/db", "--port", "0")  # in tmp_path
+@pytest.mark.parametrize("location", ["mysql://u@h/db", "postgresql://u@h/db?no_such_parameter=1"])
+def test_a_location_no_backend_opens_is_one_line_and_status_2(
+    tmp_path: Path, run_cli: RunCli, location: str
+) -> None:
+    result = run_cli("sink", "--db", location, "--port", "0")  # in tmp_path
 
-    assert_refused(result, tmp_path)
+    assert_one_line(result, tmp_path, 2)
 
 
-def test_a_postgresql_outbox_db_is_one_line_and_status_2(
+def test_a_bad_outbox_db_is_one_line_and_status_2(
     tmp_path: Path, child_env: dict[str, str]
 ) -> None:
-    env = {**child_env, "OUTBOX_DB": "postgresql://u@h/db"}
+    env = {**child_env, "OUTBOX_DB": "mysql://u@h/db"}
 
     result = run_module("sink", "--port", "0", env=env, cwd=tmp_path, timeout=30)
 
-    assert_refused(result, tmp_path)
+    assert_one_line(result, tmp_path, 2, "mysql://")
+
+
+def test_a_postgresql_server_that_cannot_be_reached_is_one_line_and_status_1(
+    tmp_path: Path, run_cli: RunCli, closed_port: int
+) -> None:
+    location = f"postgresql://outbox@127.0.0.1:{closed_port}/sink"
+
+    result = run_cli("sink", "--db", location, "--port", "0")
+
+    assert_one_line(result, tmp_path, 1, location, "cannot connect")

@@ -81,12 +81,26 @@ async def test_post_applies_then_duplicate_and_inventory_counts_once(
 
 async def test_get_event_reports_the_inbox_record(client: aiohttp.ClientSession, base: str) -> None:
     await post_event(client, base, EVENT)
+    await post_event(client, base, {**EVENT, "id": "order-2"})
     await post_event(client, base, EVENT)
 
-    async with client.get(f"{base}/events/order-1") as response:
-        assert response.status == 200
-        record = await response.json()
-    assert (record["id"], record["deliveries"]) == ("order-1", 2)
+    records = {}
+    for event_id in ("order-1", "order-2"):
+        async with client.get(f"{base}/events/{event_id}") as response:
+            assert response.status == 200
+            records[event_id] = await response.json()
+    first, second = records["order-1"], records["order-2"]
+    assert (first["id"], first["deliveries"], second["deliveries"]) == ("order-1", 2, 1)
+    # Applied first, so first in the order of application; the redelivery kept it.
+    assert 1 <= first["applied_seq"] < second["applied_seq"]
+    assert set(first) == {
+        "id",
+        "sha256",
+        "received_at",
+        "deliveries",
+        "last_delivery_at",
+        "applied_seq",
+    }
 
     async with client.get(f"{base}/events/never-sent") as response:
         assert response.status == 404

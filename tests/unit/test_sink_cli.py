@@ -1,7 +1,9 @@
-"""`python -m sink` refusing a --db no backend can open: main() called in-process.
+"""`python -m sink` refusing a --db it cannot open: main() called in-process.
 
-A refused location must be one line on stderr and exit status 2, before anything is
-created or logged; reading the current directory afterwards shows nothing was.
+A location no backend opens (another scheme, a PostgreSQL URI libpq would refuse)
+is one line on stderr and exit status 2, before anything is created or logged; a
+PostgreSQL server that cannot be reached is one line and status 1. Reading the
+current directory afterwards shows nothing was created.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from plumbing.cli import EXIT_USAGE
+from plumbing.cli import EXIT_FAILED, EXIT_USAGE
 from sink.cli import main
 
 REFUSED = [
-    "postgresql://u@h/db",
-    "postgres://warehouse@db.internal:5432/sink",
     "mysql://u@h/db",
+    "ftp://warehouse@db.internal/sink",
+    "postgresql://u@h/db?no_such_parameter=1",
+    "postgres://warehouse@db.internal:5432/sink?pool_max=many",
 ]
 
 
@@ -45,22 +48,36 @@ def test_a_db_url_no_backend_opens_is_one_line_and_status_2(
     assert_one_line_refusal(capsys, tmp_path)
 
 
-def test_postgresql_names_what_is_supported_instead(
+def test_another_scheme_names_what_is_supported_instead(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
 
-    assert main(["--db", "postgresql://u@h/db", "--port", "0"]) == 2
+    assert main(["--db", "mysql://u@h/db", "--port", "0"]) == 2
 
-    assert_one_line_refusal(capsys, tmp_path, "PostgreSQL", "sqlite:")
+    assert_one_line_refusal(capsys, tmp_path, "postgresql://", "file path")
 
 
-def test_a_postgresql_outbox_db_variable_is_refused_the_same_way(
+def test_a_bad_outbox_db_variable_is_refused_the_same_way(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("OUTBOX_DB", "postgresql://u@h/db")
+    monkeypatch.setenv("OUTBOX_DB", "postgresql://u@h/db?no_such_parameter=1")
 
     assert main(["--port", "0"]) == 2
 
-    assert_one_line_refusal(capsys, tmp_path, "PostgreSQL")
+    assert_one_line_refusal(capsys, tmp_path, "no_such_parameter")
+
+
+def test_a_postgresql_server_that_cannot_be_reached_is_one_line_and_status_1(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    closed_port: int,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    location = f"postgresql://outbox@127.0.0.1:{closed_port}/sink"
+
+    assert main(["--db", location, "--port", "0"]) == EXIT_FAILED == 1
+
+    assert_one_line_refusal(capsys, tmp_path, location, "cannot connect")
