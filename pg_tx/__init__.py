@@ -15,18 +15,19 @@ Options the project adds to the URI (removed before libpq sees it):
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
+import select
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from plumbing.storage import BadLocation, StorageError, redacted
 
@@ -78,7 +79,7 @@ def parse(url: str) -> Settings:
 class PgDatabase:
     """A connection pool on one database, its schema brought up to date for one side."""
 
-    def __init__(self, pool: AsyncConnectionPool[Conn], settings: Settings, side: str) -> None:
+    def __init__(self, pool: Pool, settings: Settings, side: str) -> None:
         self.pool = pool
         self.settings = settings
         self.side = side
@@ -104,23 +105,11 @@ class PgDatabase:
         try:
             async with _translated(settings.display):
                 await _migrate(first, side, migrations)
-        finally:
-            await first.close()
-        pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
-            settings.conninfo,
-            min_size=1,
-            max_size=settings.pool_max,
-            kwargs=kwargs,
-            open=False,
-            timeout=POOL_WAIT_S,
-            reconnect_timeout=365 * 86400,  # keep trying while the server is away
-            name=f"{side}-pool",
-        )
-        try:
-            await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
-        except (PoolTimeout, psycopg.Error) as exc:
-            await pool.close()
-            raise StorageError(f"{settings.display}: cannot connect: {_first_line(exc)}") from exc
+        except BaseException:
+            await _close_quietly(first)
+            raise
+        pool = Pool(settings, kwargs)
+        pool.adopt(first)  # the pool's first connection
         db = cls(pool, settings, side)
         db._probe_table = probe_table
         return db
@@ -137,14 +126,46 @@ class PgDatabase:
             yield conn
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Conn]:
+    async def transaction(self, *, pipeline: bool = False) -> AsyncIterator[Conn]:
         """A transaction that commits on the way out (rolls back on an error), with
         every commit durable before it returns: synchronous_commit is set on for the
         transaction, whatever the server's or the role's default, and a lock is waited
-        for at most LOCK_WAIT_MS."""
-        async with self.connection() as conn, conn.transaction():
-            await conn.execute(DURABLE)
+        for at most LOCK_WAIT_MS.
+
+        With `pipeline`, in psycopg's pipeline mode: BEGIN, the statements and COMMIT
+        go to the server without waiting for each reply, in one round trip unless a
+        result is fetched inside (which waits for the replies so far)."""
+        async with self.connection() as conn, durable(conn, pipeline=pipeline):
             yield conn
+
+    @contextlib.asynccontextmanager
+    async def dedicated(self, application_name: str) -> AsyncIterator[Conn]:
+        """A connection of its own, outside the pool, in autocommit, for a session
+        that must last (a session-level lock): closed on the way out. Its
+        `application_name` is what pg_stat_activity shows for it."""
+        kwargs = {**_connection_kwargs(self.settings, self.side), "autocommit": True}
+        kwargs["application_name"] = application_name
+        async with _translated(self.location):
+            conn = await psycopg.AsyncConnection.connect(self.settings.conninfo, **kwargs)
+        try:
+            async with _translated(self.location):
+                yield conn
+        finally:
+            await _close_quietly(conn)
+
+    async def query(
+        self, statement: bytes | str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """The rows of one statement run on its own (autocommit: one round trip, no
+        BEGIN or COMMIT). For a read that needs no other read to agree with it."""
+        query = statement.encode() if isinstance(statement, str) else statement
+        async with self.connection() as conn:
+            await conn.set_autocommit(True)
+            try:
+                cursor = await conn.execute(query, params)
+                return await cursor.fetchall() if cursor.description is not None else []
+            finally:
+                await conn.set_autocommit(False)
 
     async def run(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         """`await fn(conn)` inside one durable transaction; its result."""
@@ -200,6 +221,125 @@ class PgDatabase:
                     await conn.close()
 
 
+class PoolTimeout(Exception):
+    """Every connection of the pool was busy for POOL_WAIT_S."""
+
+
+class Pool:
+    """Up to `pool_max` connections, opened on demand and kept while healthy.
+
+    psycopg_pool reconnects in the background with a growing delay, so while the
+    server is away a request waits out the whole pool timeout, and once it is back
+    the next one may still wait for the delay. Here a request that finds no healthy
+    idle connection opens one itself, at once: it fails within the connect timeout
+    while the server is away (503, not a hang), and succeeds as soon as it is back.
+    An idle connection is checked without a round trip: a server that ended the
+    session (shut down, terminated it) has left something to read on its socket.
+    """
+
+    def __init__(self, settings: Settings, kwargs: dict[str, Any]) -> None:
+        self._conninfo = settings.conninfo
+        self._kwargs = kwargs
+        self._max = settings.pool_max
+        self._idle: collections.deque[Conn] = collections.deque()
+        self._count = 0  # connections open or being opened
+        self._freed = asyncio.Condition()
+        self._closed = False
+
+    def adopt(self, conn: Conn) -> None:
+        """Keep `conn`, idle outside any transaction, as one of the pool's."""
+        self._idle.append(conn)
+        self._count += 1
+
+    async def _connect(self) -> Conn:
+        return await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        conn = await self._get()
+        try:
+            yield conn
+        finally:
+            await self._put(conn)
+
+    async def _get(self) -> Conn:
+        if self._closed:
+            raise StorageError("the database connections are closed")
+        deadline = time.monotonic() + POOL_WAIT_S
+        while True:
+            while self._idle:
+                conn = self._idle.pop()  # the most recently used: warm, and the others expire
+                if _healthy(conn):
+                    return conn
+                self._count -= 1
+                await _close_quietly(conn)
+            if self._count < self._max:
+                self._count += 1
+                try:
+                    return await self._connect()
+                except BaseException:
+                    self._count -= 1
+                    raise
+            async with self._freed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PoolTimeout()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), left)
+
+    async def _put(self, conn: Conn) -> None:
+        status = conn.info.transaction_status
+        if not self._closed and status == psycopg.pq.TransactionStatus.INERROR:
+            with contextlib.suppress(psycopg.Error):
+                await conn.rollback()
+            status = conn.info.transaction_status
+        if self._closed or conn.closed or status != psycopg.pq.TransactionStatus.IDLE:
+            self._count -= 1
+            await _close_quietly(conn)
+        else:
+            self._idle.append(conn)
+        async with self._freed:
+            self._freed.notify()
+
+    async def close(self) -> None:
+        self._closed = True
+        while self._idle:
+            await _close_quietly(self._idle.pop())
+        self._count = 0
+
+
+def _healthy(conn: Conn) -> bool:
+    """An idle connection the server has not ended: open, and nothing waiting on its
+    socket (an idle session is sent nothing unless it is being closed)."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+async def _close_quietly(conn: Conn) -> None:
+    with contextlib.suppress(psycopg.Error, OSError):
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def durable(conn: Conn, *, pipeline: bool = False) -> AsyncIterator[Conn]:
+    """A durable transaction (see PgDatabase.transaction) on a connection the caller
+    holds; in pipeline mode with `pipeline`. Driver errors are the caller's to
+    translate."""
+    if pipeline:
+        async with conn.pipeline(), conn.transaction():
+            await conn.execute(DURABLE)
+            yield conn
+    else:
+        async with conn.transaction():
+            await conn.execute(DURABLE)
+            yield conn
+
+
 # For one transaction: its commit waits for the WAL flush, and a lock is waited for
 # at most LOCK_WAIT_MS (the busy timeout's analogue) instead of forever.
 DURABLE: Final = (
@@ -253,7 +393,7 @@ async def _translated(where: str) -> AsyncIterator[None]:
     try:
         yield
     except PoolTimeout as exc:
-        raise StorageError(f"{where}: no database connection within {POOL_WAIT_S:g} s") from exc
+        raise StorageError(f"{where}: no free database connection in {POOL_WAIT_S:g} s") from exc
     except psycopg.Error as exc:
         raise StorageError(f"{where}: {describe(exc)}") from exc
 
@@ -286,4 +426,14 @@ def translated_sync(where: str) -> Iterator[None]:
         raise StorageError(f"{where}: {describe(exc)}") from exc
 
 
-__all__ = ["Conn", "PgDatabase", "Settings", "describe", "parse", "translated_sync"]
+__all__ = [
+    "Conn",
+    "PgDatabase",
+    "Pool",
+    "PoolTimeout",
+    "Settings",
+    "describe",
+    "durable",
+    "parse",
+    "translated_sync",
+]

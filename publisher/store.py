@@ -3,8 +3,8 @@
 `Outbox` names every operation the intake API, the relay, trace, metrics and the
 CLI use; rows, states and limits are defined here, not in a backend. A backend is
 one module under `publisher.backends` that subclasses `Outbox`; `Outbox.open(db)`
-is the one factory that picks it from the location (a file path or a `sqlite:`
-URL today). How a backend commits (group commit, threads) is its own business.
+is the one factory that picks it from the location (a file path, a `sqlite:` URL
+or a `postgresql://` URI). How a backend commits (group commit, threads) is its own business.
 
 Every backend passes the same behaviour suite (tests/behaviour/test_outbox_store.py).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -181,6 +181,14 @@ class Outbox(StoreBase):
         host, `owner` and since when), if another holds it. The lock lasts as long as
         the process: a process that dies, even by SIGKILL, holds it no longer. Intake
         and the operators' commands do not take it and work beside a relay."""
+
+    def changes(self) -> AsyncIterator[None] | None:
+        """Wake-ups when entries are queued, from any process: an async iterator that
+        yields (a signal only, several changes may be one) soon after each intake
+        commits, for as long as it is iterated; or None when the backend has no such
+        signal (SQLite), and a relay polls alone. A relay that listens still polls:
+        a lost signal delays delivery by at most one poll interval."""
+        return None
 
     # ------------------------------------------------------------------ intake
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pg_faults
 import pytest
 import sqlite_faults
 from sqlite_faults import FAULTS as FAULTS  # the faults every backend can make
@@ -69,6 +70,17 @@ class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
         return self.refusing(table, ("INSERT",), message)
 
 
+class PostgresBackend(pg_faults.PgAccess, Backend):
+    """A fresh database on the session's throwaway PostgreSQL server (pg_database),
+    read with psycopg."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, "outbox_health")
+
+    def refusing_inserts(self, table: str, message: str) -> contextlib.AbstractContextManager[None]:
+        return self.refusing(table, ("INSERT",), message)
+
+
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]
 
 
@@ -78,6 +90,11 @@ def sqlite_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     yield SqliteBackend(tmp_path / "source.db")
 
 
+@contextlib.contextmanager
+def postgres_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    yield PostgresBackend(request.getfixturevalue("pg_database"))
+
+
 # name -> factory: the behaviour suite runs once per entry. A backend that needs a
 # server the machine may lack skips (pytest.skip) in its factory, it does not leave.
-BACKENDS: dict[str, BackendFactory] = {"sqlite": sqlite_backend}
+BACKENDS: dict[str, BackendFactory] = {"sqlite": sqlite_backend, "postgres": postgres_backend}

@@ -1,0 +1,416 @@
+"""The PostgreSQL outbox: orders and their pending deliveries in a PostgreSQL database.
+
+The interface, rows and limits are in `publisher.store`; the SQL is in
+`publisher.backends.postgres_sql`; the pool, migrations, durable commits and error
+translation are pg_tx's. What PostgreSQL adds to the SQLite backend's behaviour:
+
+- Seq order is commit order: intake takes a transaction-level advisory lock right
+  before its entry takes a seq, so entries become visible in seq order (see
+  postgres_sql.ACCEPT).
+- Intake sends NOTIFY in its transaction; `changes()` listens, so a relay in any
+  process wakes when an entry is committed (polling stays the fallback).
+- The relay lock is a session-level advisory lock on a connection of its own: it
+  goes when the process (hence its connection) does.
+- Transactions with several statements are sent in pipeline mode: one round trip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Final, TypeVar
+
+import psycopg.errors
+
+from pg_tx import Conn, PgDatabase, durable
+from publisher.backends import postgres_sql as sql
+from publisher.errors import InvalidTransition, RelayAlreadyRunning, UnknownEntry
+from publisher.store import (
+    DELIVERED_PAST_KEPT,
+    MAX_READ,
+    PRUNE_BATCH,
+    Entry,
+    Head,
+    Intake,
+    Mark,
+    Order,
+    Outbox,
+    Pending,
+    QuarantineRecord,
+    Snapshot,
+    State,
+    check_limit,
+)
+from shared import MAX_BATCH, Conflict, Event, canonical_json, validate_event
+from shared.ack import ack_json
+
+T = TypeVar("T")
+
+LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
+RELAY_LOCK_WAIT_MS: Final = 300  # a holder that just died may still be ending its session
+_HOLDER_NAME = re.compile(r"outbox relay (\d+)@([^:]*): (.*)", re.DOTALL)
+
+
+class PostgresOutbox(Outbox):
+    """Orders and outbox entries in one PostgreSQL database (the schema the URI's
+    search_path names first)."""
+
+    def __init__(self, db: PgDatabase, table_oid: int) -> None:
+        self._db = db
+        self.intake_lock = sql.INTAKE_LOCK_NS << 32 | table_oid
+        self.relay_lock_key = sql.RELAY_LOCK_NS << 32 | table_oid
+        self._accept_sql = sql.ACCEPT
+
+    @classmethod
+    async def connect(cls, url: str) -> PostgresOutbox:
+        """Connect and bring the schema up to date (StorageError if it cannot)."""
+        db = await PgDatabase.open(
+            url, side=sql.SIDE, migrations=sql.MIGRATIONS, probe_table=sql.PROBE_TABLE
+        )
+        try:
+            [(oid,)] = await db.query(sql.OUTBOX_OID)
+        except BaseException:
+            await db.close()
+            raise
+        return cls(db, int(oid))
+
+    @property
+    def location(self) -> str:
+        return self._db.location
+
+    @property
+    def database(self) -> PgDatabase:
+        return self._db
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def check_writable(self) -> None:
+        await self._db.check_writable()
+
+    def changes(self) -> AsyncIterator[None] | None:
+        """Wake-ups from NOTIFY, sent by every intake transaction at its commit.
+        None with `prepare=off` (behind PgBouncer in transaction mode, where LISTEN
+        does not hold): the relay polls alone."""
+        if not self._db.settings.prepare:
+            return None
+        return self._db.notifications(sql.CHANNEL)
+
+    @contextlib.asynccontextmanager
+    async def relay_lock(self, owner: str) -> AsyncIterator[None]:
+        """A session-level advisory lock, held by a connection of its own until the
+        block ends; the server drops it when that connection closes, so a relay that
+        died (even by SIGKILL) holds it no longer. The connection's application_name
+        names the holder."""
+        name = f"outbox relay {os.getpid()}@{socket.gethostname()}: {owner}"
+        key = self.relay_lock_key
+        async with self._db.dedicated(_fit_name(name)) as conn:
+            await conn.execute(sql.RELAY_LOCK_WAIT.encode(), (f"{RELAY_LOCK_WAIT_MS}ms",))
+            try:
+                await conn.execute(sql.RELAY_LOCK.encode(), (key,))
+            except psycopg.errors.LockNotAvailable:
+                raise RelayAlreadyRunning(self.location, await _holder(conn, key)) from None
+            try:
+                yield
+            finally:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute(sql.RELAY_UNLOCK.encode(), (key,))
+
+    # ------------------------------------------------------------------ intake
+
+    async def accept(self, event: object) -> Intake:
+        """Record the order and its outbox entry in one transaction: both or neither,
+        in one round trip."""
+        valid = validate_event(event)
+        params = accept_params(valid, time.time(), self.intake_lock)
+        async with self._db.connection() as conn:
+            async with durable(conn, pipeline=True):
+                queued = await conn.execute(self._accept_sql.encode(), params)
+                known = await conn.execute(sql.FIND_ORDER.encode(), (valid["id"],))
+            return intake_result(valid, await queued.fetchone(), await known.fetchone())
+
+    # ------------------------------------------------------------------ the relay
+
+    async def pending_batch(
+        self, limit: int = MAX_BATCH, lane: str | None = None, skip: Iterable[str] = ()
+    ) -> list[Pending]:
+        skip = sorted(set(skip))
+        check_limit(limit, MAX_READ)
+        query: str
+        params: Any
+        if skip:
+            query = sql.PENDING_SKIPPING if lane is None else sql.PENDING_IN_LANE_SKIPPING
+            params = {"lane": lane, "skip": skip, "limit": limit}
+        else:
+            query, params = (
+                (sql.PENDING, (limit,)) if lane is None else (sql.PENDING_IN_LANE, (lane, limit))
+            )
+        rows = await self._db.query(query, params)
+        return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
+
+    async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
+        """Read the first pending entries in seq order: the first entry of each lane
+        is its head. When those do not name enough lanes, hop along the lane index."""
+        check_limit(limit, most=sys.maxsize)
+        skip = set(skip)
+        rows = await self._db.query(sql.PENDING_LANE_OF_FIRST, (LANE_SCAN_ROWS + 1,))
+        lanes: list[str] = []
+        seen = set(skip)
+        for (lane,) in rows[:LANE_SCAN_ROWS]:
+            if lane is not None and lane not in seen:
+                seen.add(lane)
+                lanes.append(lane)
+                if len(lanes) == limit:
+                    return lanes
+        if len(rows) <= LANE_SCAN_ROWS:
+            return lanes  # every pending entry was read
+        params = {"limit": limit, "skip": sorted(skip)}
+        return [lane for (lane,) in await self._db.query(sql.PENDING_LANES, params)]
+
+    async def head_ids(self, lanes: Sequence[str | None]) -> dict[str | None, str | None]:
+        async def read(conn: Conn) -> dict[str | None, str | None]:
+            cursors = [
+                await (
+                    conn.execute(sql.HEAD_ID.encode())
+                    if lane is None
+                    else conn.execute(sql.HEAD_ID_IN_LANE.encode(), (lane,))
+                )
+                for lane in lanes
+            ]
+            heads: dict[str | None, str | None] = {}
+            for lane, cursor in zip(lanes, cursors, strict=True):
+                row = await cursor.fetchone()
+                heads[lane] = None if row is None else row[0]
+            return heads
+
+        if not lanes:
+            return {}
+        return await self._snapshot_read(read)
+
+    async def mark_sent_many(self, marks: Sequence[Mark]) -> None:
+        """All pending, unquarantined entries (the common case): one statement per
+        entry, sent together (executemany in pipeline mode) with the commit. Each
+        call has a transaction of its own: PostgreSQL flushes the WAL of commits that
+        arrive together once (its own group commit)."""
+        now = time.time()
+        params = [
+            {"id": event_id, "now": now, "ack": None if ack is None else ack_json(ack)}
+            for event_id, ack in marks
+        ]
+        if not params:
+            return
+        async with self._db.connection() as conn:
+            async with conn.pipeline() as pipeline, durable(conn):
+                cursor = conn.cursor()
+                await cursor.executemany(sql.MARK_PENDING_SENT.encode(), params)
+                await pipeline.sync()
+                if cursor.rowcount != len(params):
+                    for one in params:  # unknown, already sent, or quarantined
+                        await _mark_one(conn, one)
+
+    async def record_failure(self, event_id: str, error: str) -> None:
+        params = {"id": event_id, "error": error, "now": time.time()}
+        async with self._db.transaction(pipeline=True) as conn:
+            await conn.execute(sql.RECORD_FAILURE.encode(), params)
+
+    # ------------------------------------------------------------------ operators
+
+    async def quarantine(self, event_id: str, reason: str, by: str) -> None:
+        params = {"id": event_id, "reason": reason, "by": by, "now": time.time()}
+        async with self._db.transaction() as conn:
+            entry = await _find(conn, event_id)
+            if entry.state is not State.PENDING:
+                raise InvalidTransition(f"entry {entry.id!r} is {entry.state}, not pending")
+            async with conn.pipeline():
+                await conn.execute(sql.QUARANTINE.encode(), (event_id,))
+                await conn.execute(sql.INSERT_QUARANTINE.encode(), {**params, "seq": entry.seq})
+
+    async def redrive(self, event_id: str, by: str) -> QuarantineRecord:
+        now = time.time()
+        async with self._db.transaction() as conn:
+            entry = await _find(conn, event_id)
+            if entry.state is not State.QUARANTINED:
+                raise InvalidTransition(f"entry {event_id!r} is {entry.state}, not quarantined")
+            await _release(conn, entry, by, now, "redriven")
+            await conn.execute(sql.REDRIVE.encode(), (event_id,))
+            rows = await (await conn.execute(sql.QUARANTINES_OF.encode(), (event_id,))).fetchall()
+            return _quarantine_record(rows[-1])
+
+    async def entry(self, event_id: str) -> Entry | None:
+        rows = await self._db.query(sql.ENTRY_BY_ID, (event_id,))
+        return _entry(rows[0]) if rows else None
+
+    async def entries(self, state: State, limit: int = 100) -> list[Entry]:
+        query = {
+            State.PENDING: sql.ENTRIES_PENDING,
+            State.QUARANTINED: sql.ENTRIES_QUARANTINED,
+            State.SENT: sql.ENTRIES_SENT,
+        }[state]
+        return [_entry(row) for row in await self._db.query(query, (limit,))]
+
+    async def order(self, event_id: str) -> Order | None:
+        rows = await self._db.query(sql.FIND_ORDER, (event_id,))
+        return Order(event_id, *rows[0]) if rows else None
+
+    async def quarantine_history(self, ids: list[str]) -> dict[str, list[QuarantineRecord]]:
+        history: dict[str, list[QuarantineRecord]] = {}
+        if not ids:
+            return history
+        for event_id, *record in await self._db.query(sql.QUARANTINES_OF_ANY, (list(ids),)):
+            history.setdefault(event_id, []).append(_quarantine_record(tuple(record)))
+        return {event_id: history[event_id] for event_id in ids if event_id in history}
+
+    async def snapshot(self) -> Snapshot:
+        """Counts, head and blocked lane heads in one snapshot, in one round trip."""
+        now = time.time()
+
+        async def read(conn: Conn) -> Snapshot:
+            pending = await conn.execute(sql.COUNT_PENDING.encode())
+            quarantined = await conn.execute(sql.COUNT_QUARANTINED.encode())
+            head = await conn.execute(sql.HEAD.encode())
+            blocked = await conn.execute(sql.BLOCKED_LANE_HEADS.encode())
+            [(n_pending,)] = await pending.fetchall()
+            [(n_quarantined,)] = await quarantined.fetchall()
+            row = await head.fetchone()
+            first = None if row is None else Head(*row)
+            heads = [Head(*r) for r in await blocked.fetchall()]
+            return Snapshot(now, n_pending, n_quarantined, first, heads)
+
+        return await self._snapshot_read(read)
+
+    async def prune(self, older_than_s: float, batch: int = PRUNE_BATCH) -> int:
+        cutoff = time.time() - older_than_s
+        deleted = 0
+        while True:
+            # One short transaction per batch: intake waits at most one batch.
+            async with self._db.transaction(pipeline=True) as conn:
+                cursor = await conn.execute(sql.PRUNE_SENT.encode(), (cutoff, batch))
+            count = cursor.rowcount
+            deleted += count
+            if count < batch:
+                return deleted
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _snapshot_read(self, read: Callable[[Conn], Awaitable[T]]) -> T:
+        """`read(conn)` in one REPEATABLE READ, read-only transaction, its statements
+        pipelined."""
+        async with self._db.connection() as conn:
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute(b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                return await read(conn)
+
+
+def accept_params(event: Event, now: float, lock: int) -> dict[str, Any]:
+    """The parameters of postgres_sql.ACCEPT for one validated event."""
+    return {
+        "id": event["id"],
+        "sku": event["sku"],
+        "qty": event["qty"],
+        "now": now,
+        "payload": canonical_json(event),
+        "lock": lock,
+        "channel": sql.CHANNEL,
+    }
+
+
+def intake_result(event: Event, queued: object, known: Sequence[Any] | None) -> Intake:
+    """ "accepted" if ACCEPT queued the entry; else the order was there already:
+    "duplicate" if it is the same, Conflict if not."""
+    if queued is not None:
+        return "accepted"
+    if known is None or (known[0], known[1]) != (event["sku"], event["qty"]):
+        raise Conflict(event["id"])
+    return "duplicate"
+
+
+async def _find(conn: Conn, event_id: str) -> Entry:
+    """The entry, its row locked until the transaction ends (UnknownEntry if none)."""
+    cursor = await conn.execute(sql.ENTRY_BY_ID_FOR_UPDATE.encode(), (event_id,))
+    row = await cursor.fetchone()
+    if row is None:
+        raise UnknownEntry(event_id)
+    return _entry(row)
+
+
+async def _mark_one(conn: Conn, params: dict[str, Any]) -> None:
+    entry = await _find(conn, params["id"])
+    if entry.state is State.SENT:
+        return  # sent before (its first ACK and time are kept), or just now
+    if entry.state is State.QUARANTINED:
+        # Quarantined while its send was in flight, and the ACK proves it arrived:
+        # the truth is "delivered", and the quarantine record says so.
+        await _release(conn, entry, "relay", params["now"], "delivered")
+    await conn.execute(sql.MARK_SENT.encode(), params)
+
+
+async def _release(conn: Conn, entry: Entry, by: str, now: float, how: str) -> None:
+    found = await (await conn.execute(sql.OPEN_QUARANTINE.encode(), (entry.id,))).fetchone()
+    assert found is not None, f"entry {entry.id!r} is quarantined without an open record"
+    n, since = found
+    past = await conn.execute(sql.DELIVERED_PAST.encode(), {"seq": entry.seq, "since": since})
+    passed = [r[0] for r in await past.fetchall()]
+    kept = json.dumps(passed[:DELIVERED_PAST_KEPT])
+    await conn.execute(
+        sql.CLOSE_QUARANTINE.encode(),
+        {"by": by, "now": now, "how": how, "count": len(passed), "ids": kept, "n": n},
+    )
+
+
+async def _holder(conn: Conn, key: int) -> str:
+    """Who holds the relay lock, as its session's application_name says."""
+    params = {"classid": key >> 32, "objid": key & 0xFFFFFFFF}
+    rows = await (await conn.execute(sql.RELAY_HOLDER.encode(), params)).fetchall()
+    if not rows:
+        return "a process that has just let it go"
+    name, started, backend = rows[0]
+    found = _HOLDER_NAME.fullmatch(name or "")
+    if found is None:
+        return f"database session {backend} (application {name!r})"
+    pid, host, owner = found.groups()
+    since = datetime.datetime.fromisoformat(started).astimezone(datetime.UTC)
+    return f"{owner}, process {pid} on host {host} since {since.isoformat(timespec='seconds')}"
+
+
+def _fit_name(name: str) -> str:
+    """An application_name the server keeps whole: at most 63 bytes."""
+    encoded = name.encode()[:63]
+    return encoded.decode(errors="ignore")
+
+
+def _entry(row: tuple[Any, ...]) -> Entry:
+    seq, _, payload, queued_at, sent, sent_at, ack, attempts, error, last_at, first_fail, q = row
+    state = State.SENT if sent else State.QUARANTINED if q else State.PENDING
+    return Entry(
+        seq=seq,
+        event=json.loads(payload),
+        state=state,
+        queued_at=queued_at,
+        sent_at=sent_at,
+        ack=None if ack is None else json.loads(ack),
+        attempts=attempts,
+        last_error=error,
+        last_attempt_at=last_at,
+        first_failure_at=first_fail,
+    )
+
+
+def _quarantine_record(row: tuple[Any, ...]) -> QuarantineRecord:
+    reason, by, at, released_by, released_at, released_as, count, past = row
+    return QuarantineRecord(
+        reason=reason,
+        quarantined_by=by,
+        quarantined_at=at,
+        released_by=released_by,
+        released_at=released_at,
+        released_as=released_as,
+        delivered_past_count=count,
+        delivered_past=[] if past is None else json.loads(past),
+    )
