@@ -48,13 +48,16 @@ class Settings:
     """What a URI asks of the pool besides libpq's own parameters."""
 
     def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        params = parse_qsl(parts.query, keep_blank_values=True)
+        self.display = redacted(url)
+        try:
+            parts = urlsplit(url)
+            params = parse_qsl(parts.query, keep_blank_values=True)
+        except ValueError as exc:
+            raise BadLocation(f"{self.display}: not a valid PostgreSQL URI ({exc})") from None
         ours = {k: v for k, v in params if k in ("prepare", "pool_max")}
         self.conninfo = urlunsplit(
             parts._replace(query=urlencode([(k, v) for k, v in params if k not in ours]))
         )
-        self.display = redacted(url)
         prepare = ours.get("prepare", "on")
         if prepare not in ("on", "off"):
             raise BadLocation(f"{self.display}: prepare must be on or off, not {prepare!r}")

@@ -87,7 +87,13 @@ def build_parser() -> ArgumentParser:
 
     def command(name: str, help: str) -> ArgumentParser:
         sub: ArgumentParser = commands.add_parser(name, help=help, description=help)
-        add_option(sub, "--db", required=True, help="source database: a file path or a sqlite: URL")
+        add_option(
+            sub,
+            "--db",
+            required=True,
+            help="source database: a file path, a sqlite: URL or a postgresql:// URI"
+            " (its password from PGPASSWORD or a .pgpass file, never in the URI)",
+        )
         return sub
 
     accept = command("accept", "record one order and its outbox entry")

@@ -8,8 +8,11 @@ and the delivery log (`outcomes`). `Relay` puts them together from its settings.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -41,8 +44,9 @@ class RelaySettings:
     per line (1 to 16); above 1 each is fenced on the one before, for a sink that
     enforces Outbox-After (with the transport's `fenced`, only once it says so).
     `policy`: retry waits and the opt-in quarantine after N permanent failures.
-    `poll_interval_s`: how often to look for entries written by other processes,
-    and for a blocked head that an operator took out of the line.
+    `poll_interval_s`: how often to look for entries written by other processes
+    (at once instead where the outbox signals intake: PostgreSQL's NOTIFY), and
+    for a blocked head that an operator took out of the line.
     `log_repeat_interval_s`: a failure that repeats (a broken database, a sink that
     keeps failing) is logged once per this interval, with a count of the repeats.
     """
@@ -89,6 +93,7 @@ class Relay:
         rand: Random = random.random,
     ) -> None:
         self._settings = settings
+        self._outbox = outbox
         self._signals = Signals()
         repeat_s = settings.log_repeat_interval_s
         policy = HeadPolicy(outbox, settings.policy, rand, log=Throttled(RELAY_LOG, repeat_s))
@@ -139,11 +144,33 @@ class Relay:
         """Deliver until stopped."""
         settings = self._settings
         log.info("relay started", extra={"limit": settings.limit, "ordering": settings.ordering})
-        if self._lanes is not None:
-            await self._lanes.run()
-        else:
-            while not self._signals.stopping:
-                self._signals.wake.clear()
-                step = await self._runner.step(self._global)
-                await self._runner.wait_out(self._global, step)
+        changes = self._outbox.changes()
+        follower = None if changes is None else asyncio.create_task(self._follow(changes))
+        try:
+            if self._lanes is not None:
+                await self._lanes.run()
+            else:
+                while not self._signals.stopping:
+                    self._signals.wake.clear()
+                    step = await self._runner.step(self._global)
+                    await self._runner.wait_out(self._global, step)
+        finally:
+            if follower is not None:
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follower
         log.info("relay stopped")
+
+    async def _follow(self, changes: AsyncIterator[None]) -> None:
+        """Wake the relay at each signal of intake (from any process); polling goes
+        on beside it, so a signal lost costs one poll interval, no more."""
+        try:
+            async for _ in changes:
+                self._signals.wake.set()
+        except Exception as exc:  # the signal is a shortcut: polling carries on alone
+            log.warning("no more intake signals, polling only: %s", exc)
+        finally:
+            closing = getattr(changes, "aclose", None)
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    await closing()

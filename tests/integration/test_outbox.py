@@ -1,4 +1,5 @@
-"""The SQLite outbox: its file, journal, locks and schema, and which locations open it.
+"""The SQLite outbox: its file, journal, locks and schema, and which locations open it
+(a PostgreSQL URL opens the PostgreSQL outbox).
 
 What every outbox backend must do is in tests/behaviour/test_outbox_store.py; this
 module holds what is SQLite's own, checked through independent sqlite3 connections.
@@ -158,8 +159,9 @@ async def test_a_path_or_a_sqlite_url_opens_that_sqlite_file(
 @pytest.mark.parametrize(
     "location",
     [
-        "postgresql://app:secret@localhost:5432/outbox",
-        "postgres://app:secret@localhost/outbox",
+        "postgresql://app:secret@127.0.0.1:5432/outbox?prepare=maybe",
+        "postgres://app:secret@127.0.0.1/outbox?no_such_parameter=1",
+        "postgresql://app:secret@[127.0.0.1/outbox",
         "mysql://app:secret@localhost/outbox",
         "sqlite://host/source.db",
         "sqlite:",
@@ -179,6 +181,27 @@ async def test_a_location_no_backend_here_opens_is_refused_before_anything_is_cr
 
     assert "secret" not in str(excinfo.value)  # a refused URL is not echoed with its password
     assert files_under(tmp_path) == []
+
+
+async def test_a_postgresql_url_opens_that_database(pg_database: str) -> None:
+    from publisher.backends.postgres import PostgresOutbox
+
+    async with Outbox.open(pg_database) as outbox:
+        assert isinstance(outbox, PostgresOutbox)
+        assert await outbox.accept(order("a")) == "accepted"
+    async with Outbox.open(pg_database.replace("postgresql://", "postgres://", 1)) as outbox:
+        assert [e["id"] for e in await outbox.pending()] == ["a"]
+
+
+async def test_an_unreachable_postgresql_server_is_a_storage_error_without_the_password(
+    closed_port: int,
+) -> None:
+    location = f"postgresql://app:secret@127.0.0.1:{closed_port}/outbox"
+    opening = Outbox.open(location)  # a well-formed URI: nothing is refused yet
+    with pytest.raises(StorageError, match="cannot connect") as excinfo:
+        await opening
+    assert "secret" not in str(excinfo.value)
+    assert str(excinfo.value).count("\n") == 0
 
 
 # ---------------------------------------------------------------- locks

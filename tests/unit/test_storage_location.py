@@ -32,12 +32,12 @@ def test_a_path_or_a_sqlite_url_names_a_sqlite_file(text: str, target: str) -> N
     [
         "postgresql://app:secret@localhost:5432/outbox",
         "postgres://app:secret@localhost/outbox",
+        "postgresql://localhost/outbox?options=-csearch_path%3Dpublisher",
+        "postgres:///outbox",
     ],
 )
-def test_postgresql_is_refused_as_not_supported_by_this_version(text: str) -> None:
-    with pytest.raises(BadLocation, match="PostgreSQL is not supported") as excinfo:
-        parse_location(text)
-    assert "secret" not in str(excinfo.value)
+def test_a_postgresql_url_names_that_database_checked_only_when_opened(text: str) -> None:
+    assert parse_location(text) == Location("postgres", text)
 
 
 @pytest.mark.parametrize(
@@ -82,3 +82,33 @@ def test_a_location_is_frozen() -> None:
     location = parse_location("source.db")
     with pytest.raises(dataclasses.FrozenInstanceError):
         location.target = "other.db"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("postgresql://app:secret@localhost/outbox?prepare=maybe", "prepare must be on or off"),
+        ("postgresql://app:secret@localhost/outbox?pool_max=0", "pool_max must be from 1"),
+        ("postgresql://app:secret@localhost/outbox?no_such=1", "not a valid PostgreSQL URI"),
+        ("postgresql://app:secret@[localhost/outbox", "not a valid PostgreSQL URI"),
+    ],
+)
+def test_a_bad_postgresql_uri_is_refused_without_connecting_or_echoing_the_password(
+    text: str, reason: str
+) -> None:
+    import pg_tx
+
+    with pytest.raises(BadLocation, match=reason) as excinfo:
+        pg_tx.parse(text)
+    assert "secret" not in str(excinfo.value)
+
+
+def test_the_projects_uri_options_are_taken_out_before_libpq_sees_them() -> None:
+    import pg_tx
+
+    settings = pg_tx.parse(
+        "postgresql://app@localhost/outbox?prepare=off&pool_max=3&options=-csearch_path%3Dpub"
+    )
+    assert (settings.prepare, settings.pool_max) == (False, 3)
+    assert "prepare" not in settings.conninfo and "pool_max" not in settings.conninfo
+    assert "options=-csearch_path%3Dpub" in settings.conninfo
