@@ -1,6 +1,7 @@
 """The publisher: order intake with an outbox, and delivery to the sink."""
 
 from publisher.dispatch import dispatch
+from publisher.embed import NotInTransaction, accept_in, accept_in_async
 from publisher.errors import (
     DeliveryError,
     NotAcknowledged,
@@ -17,10 +18,13 @@ __all__ = [
     "DeliveryError",
     "HttpSender",
     "NotAcknowledged",
+    "NotInTransaction",
     "Outbox",
     "Rejected",
     "TargetNotAllowed",
     "UnknownEntry",
+    "accept_in",
+    "accept_in_async",
     "dispatch",
     "send_http",
 ]

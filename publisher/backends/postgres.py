@@ -64,7 +64,6 @@ class PostgresOutbox(Outbox):
 
     def __init__(self, db: PgDatabase, table_oid: int) -> None:
         self._db = db
-        self.intake_lock = sql.INTAKE_LOCK_NS << 32 | table_oid
         self.relay_lock_key = sql.RELAY_LOCK_NS << 32 | table_oid
         self._accept_sql = sql.ACCEPT
 
@@ -129,7 +128,7 @@ class PostgresOutbox(Outbox):
         """Record the order and its outbox entry in one transaction: both or neither,
         in one round trip."""
         valid = validate_event(event)
-        params = accept_params(valid, time.time(), self.intake_lock)
+        params = accept_params(valid, time.time())
         async with self._db.connection() as conn:
             async with durable(conn, pipeline=True):
                 queued = await conn.execute(self._accept_sql.encode(), params)
@@ -308,7 +307,7 @@ class PostgresOutbox(Outbox):
                 return await read(conn)
 
 
-def accept_params(event: Event, now: float, lock: int) -> dict[str, Any]:
+def accept_params(event: Event, now: float) -> dict[str, Any]:
     """The parameters of postgres_sql.ACCEPT for one validated event."""
     return {
         "id": event["id"],
@@ -316,7 +315,7 @@ def accept_params(event: Event, now: float, lock: int) -> dict[str, Any]:
         "qty": event["qty"],
         "now": now,
         "payload": canonical_json(event),
-        "lock": lock,
+        "lock_ns": sql.INTAKE_LOCK_NS,
         "channel": sql.CHANNEL,
     }
 

@@ -81,7 +81,10 @@ IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 # lock is held. The lock is held until the transaction ends, so no entry takes a seq
 # while one with a lower seq is still uncommitted: entries become visible in seq
 # order, and a reader can never see seq 11 and later find seq 10 (see the README).
-# NOTIFY is sent at commit. Returns one row (the seq) if the entry was queued.
+# The lock's key is this outbox's (INTAKE_LOCK_NS and the OID of the `outbox` table
+# the statement writes to). NOTIFY is sent at commit. Returns one row (the seq) if
+# the entry was queued. The embedding API runs the same statement in the caller's
+# transaction.
 ACCEPT: Final = """
     WITH new_order AS (
         INSERT INTO orders (id, sku, qty, accepted_at)
@@ -89,7 +92,8 @@ ACCEPT: Final = """
         ON CONFLICT (id) DO NOTHING
         RETURNING id
     ), in_commit_order AS (
-        SELECT pg_advisory_xact_lock(%(lock)s) FROM new_order
+        SELECT pg_advisory_xact_lock((%(lock_ns)s::bigint << 32) | 'outbox'::regclass::oid::bigint)
+        FROM new_order
     ), entry AS (
         INSERT INTO outbox (id, payload, queued_at, lane)
         SELECT new_order.id, %(payload)s, %(now)s, %(sku)s FROM new_order, in_commit_order

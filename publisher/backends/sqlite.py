@@ -168,13 +168,20 @@ class SqliteOutbox(SqliteFile, Outbox):
 
 def _accept(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
     with transaction(conn):
-        known = conn.execute(sql.FIND_ORDER, (event["id"],)).fetchone()
-        if known is not None:
-            if tuple(known[:2]) != (event["sku"], event["qty"]):
-                raise Conflict(event["id"])
-            return "duplicate"
-        conn.execute(sql.INSERT_ORDER, (event["id"], event["sku"], event["qty"], now))
-        conn.execute(sql.INSERT_ENTRY, (event["id"], canonical_json(event), now, event["sku"]))
+        return queue_order(conn, event, now)
+
+
+def queue_order(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
+    """The order and its outbox entry, in the transaction `conn` is in (intake's own,
+    or the caller's through publisher.embed). SQLite lets one writer at a time take a
+    seq and commit, so entries become visible in seq order without a lock of ours."""
+    known = conn.execute(sql.FIND_ORDER, (event["id"],)).fetchone()
+    if known is not None:
+        if tuple(known[:2]) != (event["sku"], event["qty"]):
+            raise Conflict(event["id"])
+        return "duplicate"
+    conn.execute(sql.INSERT_ORDER, (event["id"], event["sku"], event["qty"], now))
+    conn.execute(sql.INSERT_ENTRY, (event["id"], canonical_json(event), now, event["sku"]))
     return "accepted"
 
 

@@ -16,12 +16,14 @@ both compare equal to the 0/1 the tests expect).
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pg_faults
+import psycopg
 import pytest
 import sqlite_faults
 from sqlite_faults import FAULTS as FAULTS  # the faults every backend can make
@@ -62,12 +64,29 @@ class Backend(ABC):
         """Whether a write of the test's own, through a connection of its own, fails
         now: the fault is real, not only seen by the store."""
 
+    @abstractmethod
+    def user_connection(
+        self, *, autocommit: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
+        """A connection of the driver a user of this database would hold (sqlite3,
+        psycopg), as it comes: its first write begins a transaction, which the test
+        commits or rolls back (`autocommit`: each statement commits on its own).
+        Closed on the way out, uncommitted work rolled back."""
+
 
 class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
     """A SQLite file in the test's temporary directory, read with the sqlite3 module."""
 
     def refusing_inserts(self, table: str, message: str) -> contextlib.AbstractContextManager[None]:
         return self.refusing(table, ("INSERT",), message)
+
+    @contextlib.contextmanager
+    def user_connection(self, *, autocommit: bool = False) -> Iterator[Any]:
+        conn = sqlite3.connect(self.path, timeout=5, isolation_level=None if autocommit else "")
+        try:
+            yield conn
+        finally:
+            conn.close()
 
 
 class PostgresBackend(pg_faults.PgAccess, Backend):
@@ -79,6 +98,14 @@ class PostgresBackend(pg_faults.PgAccess, Backend):
 
     def refusing_inserts(self, table: str, message: str) -> contextlib.AbstractContextManager[None]:
         return self.refusing(table, ("INSERT",), message)
+
+    @contextlib.contextmanager
+    def user_connection(self, *, autocommit: bool = False) -> Iterator[Any]:
+        conn = psycopg.connect(self.url, autocommit=autocommit, connect_timeout=5)
+        try:
+            yield conn
+        finally:
+            conn.close()
 
 
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]

@@ -25,7 +25,7 @@ from support import json_of_python
 
 import publisher.store
 from plumbing.storage import StorageError
-from publisher import MAX_BATCH, UnknownEntry
+from publisher import MAX_BATCH, NotInTransaction, UnknownEntry, accept_in, dispatch
 from publisher.errors import InvalidTransition, OutboxError, RelayAlreadyRunning
 from publisher.store import Mark, Outbox, State
 from shared import Conflict, InvalidEvent, Receipt, canonical_json, make_ack
@@ -207,6 +207,107 @@ async def test_accept_is_atomic_when_the_order_insert_fails(
     with backend.refusing_inserts("orders", "no orders"), pytest.raises(StorageError):
         await outbox.accept(order("a"))
     assert (count(backend, "orders"), count(backend, "outbox")) == (0, 0)
+
+
+# ---------------------------------------------------------------- in the caller's transaction
+
+ACCOUNTS = "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL)"
+
+
+async def test_accept_in_the_callers_transaction_rolls_back_with_it(
+    outbox: Outbox, backend: Backend
+) -> None:
+    backend.execute(ACCOUNTS)
+    await accept(outbox, "before")
+    before = contents(backend)
+    with backend.user_connection() as conn:
+        conn.execute("INSERT INTO accounts (id, balance) VALUES ('acct', 5)")
+        assert accept_in(conn, order("a")) == "accepted"
+        # Not committed: no other connection sees any of it, the relay neither.
+        assert contents(backend) == before
+        assert await pending_ids(outbox) == ["before"]
+        conn.rollback()
+    assert contents(backend) == before
+    assert backend.query("SELECT * FROM accounts") == []
+    assert await outbox.accept(order("a")) == "accepted"  # nothing of it was left
+
+
+async def test_accept_in_the_callers_transaction_commits_with_it_and_is_delivered(
+    outbox: Outbox, backend: Backend
+) -> None:
+    backend.execute(ACCOUNTS)
+    await accept(outbox, "before")
+    with backend.user_connection() as conn:
+        conn.execute("INSERT INTO accounts (id, balance) VALUES ('acct', 5)")
+        assert accept_in(conn, order("a", "tea", 2)) == "accepted"
+        conn.commit()
+    assert backend.query("SELECT * FROM accounts") == [("acct", 5)]
+    assert backend.query("SELECT id, sku, qty FROM orders WHERE id = 'a'") == [("a", "tea", 2)]
+    assert await outbox.pending() == [order("before", qty=1), order("a", "tea", 2)]
+    sent: list[dict[str, Any]] = []
+
+    async def send(event: dict[str, Any]) -> bool:
+        sent.append(event)
+        return True
+
+    assert await dispatch(outbox, send) == ["before", "a"]
+    assert sent[-1] == order("a", "tea", 2)
+    assert unsent(backend) == []
+
+
+async def test_accept_in_the_callers_transaction_finds_duplicates_conflicts_and_bad_events(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await outbox.accept(order("a"))
+    before = contents(backend)
+    with backend.user_connection() as conn:
+        assert accept_in(conn, order("a")) == "duplicate"
+        with pytest.raises(Conflict):
+            accept_in(conn, order("a", qty=8))
+        with pytest.raises(InvalidEvent):
+            accept_in(conn, {"id": "b", "sku": "snack", "qty": 0})
+        conn.commit()
+    assert contents(backend) == before
+    with pytest.raises(TypeError):
+        accept_in(object(), order("c"))
+
+
+async def test_accept_in_refuses_a_connection_outside_any_transaction(
+    outbox: Outbox, backend: Backend
+) -> None:
+    with backend.user_connection(autocommit=True) as conn, pytest.raises(NotInTransaction):
+        accept_in(conn, order("a"))
+    assert count(backend, "orders") == 0
+
+
+# ---------------------------------------------------------------- no lock while sending
+
+
+async def test_others_write_and_commit_while_an_entry_is_being_sent(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "a", "b")
+    took: list[float] = []
+
+    async with Outbox.open(backend.location) as other:
+
+        async def send(event: dict[str, Any]) -> bool:
+            started = time.monotonic()
+            # Another connection writes and commits, as intake of another process
+            # would, and an independent writer too: neither waits for a lock.
+            assert await other.accept(order(f"during-{event['id']}")) == "accepted"
+            backend.execute(
+                "INSERT INTO orders (id, sku, qty, accepted_at)"
+                f" VALUES ('side-{event['id']}', 'side', 1, 0)"
+            )
+            took.append(time.monotonic() - started)
+            return True
+
+        assert await dispatch(outbox, send) == ["a", "b"]
+
+    assert max(took) < 1.0  # a lock wait would be the lock timeout (5 s) or an error
+    assert unsent(backend) == ["during-a", "during-b"]
+    assert {"side-a", "side-b"} <= {i for (i,) in backend.query("SELECT id FROM orders")}
 
 
 # ---------------------------------------------------------------- pending
@@ -898,7 +999,9 @@ import publisher
 for module in pkgutil.iter_modules(publisher.__path__):
     if module.name not in ("backends", "__main__"):
         importlib.import_module("publisher." + module.name)
-storage = ("publisher.backends", "sqlite_tx", "aiosqlite", "sqlite3")
+storage = (
+    "publisher.backends", "sqlite_tx", "aiosqlite", "sqlite3", "pg_tx", "psycopg", "psycopg_pool"
+)
 loaded = [m for m in sys.modules if any(m == s or m.startswith(s + ".") for s in storage)]
 print(json.dumps(sorted(loaded)))
 """
