@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: venv test lint typecheck demo chaos bench bench-quick clean postgres-binaries
-.PHONY: soak
+.PHONY: soak demo-postgres
 
 venv: $(VENV)/.installed
 
@@ -42,6 +42,13 @@ postgres-binaries:
 # SPEC's two checks as stories, with the evidence table before and after recovery.
 demo: venv
 	$(BIN)/python -m chaos scenario crash-after-ack drop-after-commit
+
+# The same on PostgreSQL: SPEC's two checks, then a short chaos run (kills of either
+# service and two restarts of the server), each on a throwaway server of its own
+# (initdb in a temp dir, loopback only, fsync on; removed at the end).
+demo-postgres: venv postgres-binaries
+	$(BIN)/python -m chaos scenario crash-after-ack drop-after-commit --backend postgres
+	$(BIN)/python -m chaos run --backend postgres --events 200 --kills 6 --pg-restarts 2 --seed 1
 
 # A longer run: 500 orders, 10 kills of either service at random moments.
 chaos: venv

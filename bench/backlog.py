@@ -1,7 +1,9 @@
 """Source databases built fast: the real schema, rows inserted in one transaction.
 
 The schema comes from `Outbox.open`; the rows go in with plain sqlite3 and
-executemany, using the real columns (and the `lane` column when the schema has one).
+executemany (a SQLite file), or with psycopg's COPY (a PostgreSQL database), using
+the real columns (and the `lane` column when the schema has one). Both backends
+keep the same columns: flags 0/1, times in seconds since the epoch, JSON as text.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from bench import naive
+from chaos.dbs import DbLocation, is_postgres, value
 from publisher import Outbox
 from shared import Event, Receipt, canonical_json, digest_of
 
@@ -25,18 +28,26 @@ def event(n: int, prefix: str = "order", skus: int = len(SKUS)) -> Event:
     return {"id": f"{prefix}-{n:08d}", "sku": f"sku-{n % skus}", "qty": 1 + n % 5}
 
 
-async def create_source(path: Path) -> None:
+async def create_source(location: DbLocation) -> None:
     """Create the source database with the product's schema and migrations."""
-    async with Outbox.open(path):
+    async with Outbox.open(location):
         pass
 
 
 def insert_entries(
-    path: Path, count: int, *, start: int = 0, sent: bool = False, skus: int = len(SKUS)
+    location: DbLocation,
+    count: int,
+    *,
+    start: int = 0,
+    sent: bool = False,
+    skus: int = len(SKUS),
 ) -> None:
     """Add `count` orders with their outbox entries, pending or already sent, over
     `skus` SKUs."""
-    conn = sqlite3.connect(path, isolation_level=None)
+    if is_postgres(location):
+        _copy_entries(str(location), count, start=start, sent=sent, skus=skus)
+        return
+    conn = sqlite3.connect(location, isolation_level=None)
     try:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(outbox)")}
         with_lane = "lane" in columns
@@ -60,6 +71,32 @@ def insert_entries(
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
+
+
+def _copy_entries(url: str, count: int, *, start: int, sent: bool, skus: int) -> None:
+    """insert_entries on PostgreSQL: COPY into both tables, one transaction, then
+    ANALYZE so the planner knows the tables' new size."""
+    import psycopg
+
+    from pg_tx import parse
+
+    now = time.time()
+    names = ["id", "payload", "queued_at"]
+    if sent:
+        names += ["sent", "sent_at", "ack", "attempts", "last_attempt_at"]
+    names.append("lane")
+    with psycopg.connect(parse(url).conninfo) as conn:
+        with conn.cursor() as cur:
+            with cur.copy("COPY orders (id, sku, qty, accepted_at) FROM STDIN") as copy:
+                for e in _events(start, count, skus):
+                    copy.write_row((e["id"], e["sku"], e["qty"], now))
+            with cur.copy(f"COPY outbox ({', '.join(names)}) FROM STDIN") as copy:
+                for e in _events(start, count, skus):
+                    copy.write_row(_entry_row(e, now, sent, True))
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("ANALYZE orders")
+        conn.execute("ANALYZE outbox")
 
 
 def _events(start: int, count: int, skus: int = len(SKUS)) -> Iterator[Event]:
@@ -98,9 +135,11 @@ def create_naive_source(path: Path, count: int) -> None:
         conn.close()
 
 
-def count_rows(path: Path, sql: str) -> int:
+def count_rows(location: DbLocation, sql: str) -> int:
     """One figure read through a connection of our own."""
-    conn = sqlite3.connect(path, timeout=5)
+    if is_postgres(location):
+        return int(value(location, sql))
+    conn = sqlite3.connect(location, timeout=5)
     try:
         return int(conn.execute(sql).fetchone()[0])
     finally:

@@ -4,6 +4,10 @@ Services under test run as their own processes (`python -m sink`, `python -m
 publisher serve`); the relay of cases 3 to 5 and 7 runs in this process: the
 product's `Relay` and `HttpSender` with the service's default settings, logging
 each delivery as the service does (the runner sends the log lines to a file).
+
+With `--backend postgres` the relay cases run a second time with both services on
+PostgreSQL (the `pg_*` cases, two fresh databases each), next to PostgreSQL's own
+durable commit ceiling through the same driver.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from bench.backlog import (
     insert_entries,
 )
 from bench.procs import BenchError, Child, Children
+from chaos.dbs import Backend, DbLocation, Place
 from publisher import HttpSender, Outbox
 from publisher.errors import DeliveryError
 from publisher.metrics import PublisherMetrics
@@ -115,6 +120,16 @@ class Context:
     children: Children
     workdir: Path
     sizes: Sizes
+    postgres: Place | None = None  # where the pg_* cases make their databases
+
+    async def databases(self, name: str, backend: Backend) -> tuple[DbLocation, DbLocation]:
+        """A fresh source and sink database for one drain."""
+        if backend == "sqlite":
+            return self.workdir / f"{name}-source.db", self.workdir / f"{name}-sink.db"
+        if self.postgres is None:
+            raise NotAvailable("no PostgreSQL server for this run (--backend postgres)")
+        pair = await asyncio.to_thread(self.postgres.pair, name, self.workdir)
+        return pair.source, pair.sink
 
 
 def drain_timeout_s(backlog: int) -> float:
@@ -283,6 +298,7 @@ async def relay_drain(
     stall_s: float | None = None,
     pipeline: int = DEFAULT_DEPTH,
     skus: int = len(SKUS),
+    backend: Backend = "sqlite",
 ) -> Figures:
     """Drain `backlog` pending entries with the in-process relay into a fresh sink process.
 
@@ -292,7 +308,7 @@ async def relay_drain(
     Timed from relay.run() until a snapshot shows nothing pending; then both files
     are read with connections of our own: every entry applied at the sink, and sent.
     """
-    source, sink_db = ctx.workdir / f"{name}-source.db", ctx.workdir / f"{name}-sink.db"
+    source, sink_db = await ctx.databases(name, backend)
     await create_source(source)
     await asyncio.to_thread(functools.partial(insert_entries, source, backlog, skus=skus))
     chaos = ("--chaos", f"stall={stall_s}") if stall_s else ()
@@ -329,6 +345,7 @@ async def relay_drain(
         "ms_per_event": elapsed * 1000 / backlog,
         "ms_per_event_in_requests": clock.seconds * 1000 / backlog,
         "ms_per_event_elsewhere": (elapsed - clock.seconds) * 1000 / backlog,
+        "backend": backend,
     }
 
 
@@ -627,3 +644,81 @@ async def _wait_drained(publisher: Child, timeout_s: float) -> float:
                 break
             await asyncio.sleep(STATUS_POLL_S)
     raise BenchError(f"publisher did not drain its backlog in {timeout_s:.0f}s")
+
+
+# ---------------------------------------------------------------- 9: PostgreSQL
+
+PG_COMMIT_TABLE: Final = (
+    "CREATE TABLE t (n BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v TEXT NOT NULL)"
+)
+PG_SETTINGS: Final = ("server_version", "fsync", "synchronous_commit", "wal_sync_method")
+
+
+async def pg_commit_ceiling(ctx: Context) -> Figures:
+    """Durable commits per second on PostgreSQL through psycopg's async connection, as
+    the services use it: one single-row INSERT per transaction, then COMMIT, one after
+    another, with synchronous_commit on (the commit returns once its WAL is flushed)."""
+    import psycopg
+
+    from pg_tx import parse
+
+    url, _ = await ctx.databases("commits", "postgres")
+    conn = await psycopg.AsyncConnection.connect(parse(str(url)).conninfo)
+    try:
+        await conn.execute(PG_COMMIT_TABLE)
+        await conn.execute("SET synchronous_commit = on")
+        await conn.commit()
+        settings = {}
+        for name in PG_SETTINGS:
+            row = await (await conn.execute(f"SHOW {name}".encode())).fetchone()
+            settings[name] = row[0] if row else None
+        await conn.commit()
+
+        async def insert() -> None:
+            await conn.execute("INSERT INTO t (v) VALUES (%s)", ("x" * 64,))
+            await conn.commit()
+
+        for _ in range(10):
+            await insert()
+        done, started = 0, time.perf_counter()
+        for _ in range(ctx.sizes.commits):
+            await insert()
+            done += 1
+            if time.perf_counter() - started > COMMITS_MAX_S:
+                break
+        elapsed = time.perf_counter() - started
+    finally:
+        await conn.close()
+    return {
+        "commits_per_s": done / elapsed,
+        "commits": done,
+        "elapsed_s": elapsed,
+        "settings": settings,
+        "client": "psycopg.AsyncConnection, INSERT then COMMIT, sequential",
+    }
+
+
+async def _pg_drain(ctx: Context, name: str, *, batch: bool, pipeline: int) -> Figures:
+    figures = await relay_drain(
+        ctx, name, ctx.sizes.backlog, batch=batch, pipeline=pipeline, backend="postgres"
+    )
+    style = "batches of up to 16" if batch else "one event per request"
+    flight = f"up to {pipeline} in flight" if pipeline > 1 else "one in flight"
+    return {**figures, "delivery": f"{style}, {flight}, both services on PostgreSQL",
+            "pipeline": pipeline}  # fmt: skip
+
+
+async def pg_relay_single(ctx: Context) -> Figures:
+    return await _pg_drain(ctx, "pg-single", batch=False, pipeline=DEFAULT_DEPTH)
+
+
+async def pg_relay_batch(ctx: Context) -> Figures:
+    return await _pg_drain(ctx, "pg-batch", batch=True, pipeline=DEFAULT_DEPTH)
+
+
+async def pg_relay_single_serial(ctx: Context) -> Figures:
+    return await _pg_drain(ctx, "pg-single-serial", batch=False, pipeline=1)
+
+
+async def pg_relay_batch_serial(ctx: Context) -> Figures:
+    return await _pg_drain(ctx, "pg-batch-serial", batch=True, pipeline=1)

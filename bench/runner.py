@@ -1,9 +1,14 @@
 """Run every case, compute the targets as ratios of figures from this run, report.
 
-`python -m bench [--quick] [--out PATH]` prints a table on stdout (progress on
-stderr) and writes the results as JSON. Exit status 0 when every case ran (or was
-reported "not available"), 1 when a case failed; a missed target is a result, not a
-failure.
+`python -m bench [--quick] [--out PATH] [--backend postgres [--db-url URL]]` prints a
+table on stdout (progress on stderr) and writes the results as JSON. Exit status 0
+when every case ran (or was reported "not available"), 1 when a case failed; a
+missed target is a result, not a failure.
+
+`--backend postgres` adds the PostgreSQL cases (`pg_*`) to the SQLite ones, in the
+same run: on a throwaway server the run starts and removes, or in fresh schemas of
+the database `--db-url` names (password from PGPASSWORD or a .pgpass file).
+`--cases a,b` runs only those cases (and reports only the targets they make).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import aiohttp
 from bench import cases
 from bench.cases import FULL, QUICK, Context, Figures, NotAvailable, Sizes
 from bench.procs import REPO_ROOT, Children
+from chaos.dbs import BACKENDS, Place, open_place
+from chaos.procs import ChaosError
 from plumbing.cli import TextFormatter
 from publisher.relay import DEFAULT_DEPTH
 
@@ -52,6 +59,13 @@ CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("intake_latency", cases.intake_latency),
     ("scaling", cases.scaling),
     ("memory", cases.memory),
+)
+PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
+    ("pg_commit_ceiling", cases.pg_commit_ceiling),
+    ("pg_relay_single", cases.pg_relay_single),
+    ("pg_relay_batch", cases.pg_relay_batch),
+    ("pg_relay_single_serial", cases.pg_relay_single_serial),
+    ("pg_relay_batch_serial", cases.pg_relay_batch_serial),
 )
 
 
@@ -96,23 +110,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="sqlite",
+        help="postgres: the PostgreSQL cases too, next to the SQLite ones (default: sqlite)",
+    )
+    parser.add_argument(
+        "--db-url",
+        metavar="URL",
+        help="with --backend postgres: a postgresql:// database to make fresh schemas in "
+        "(default: a throwaway server of the run's own); no password in it",
+    )
+    parser.add_argument("--cases", type=_names, help="only these cases, comma-separated")
     args = parser.parse_args(argv)
     mode = "quick" if args.quick else "full"
+    selected = _selected(parser, args)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so every finally runs: no child left
     started = time.monotonic()
     machine = machine_info()
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, Children(Path(tmp)) as children:
-        ctx = Context(children, Path(tmp), QUICK if args.quick else FULL)
-        with log_like_the_service(Path(tmp) / "bench.log"):
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
+        children = stack.enter_context(Children(tmp))
+        place = _postgres(parser, args, stack) if args.backend == "postgres" else None
+        ctx = Context(children, tmp, QUICK if args.quick else FULL, place)
+        with log_like_the_service(tmp / "bench.log"):
             try:
-                results = asyncio.run(_until_terminated(run_cases(ctx)))
+                results = asyncio.run(_until_terminated(run_cases(ctx, selected)))
             except asyncio.CancelledError:
                 print("stopped by SIGTERM", file=sys.stderr, flush=True)
                 return 128 + signal.SIGTERM
     machine["load_average_end"] = list(os.getloadavg())
-    targets = compute_targets(results, ctx.sizes)
+    if "pg_commit_ceiling" in results:
+        settings = results["pg_commit_ceiling"].get("settings") or {}
+        machine["postgresql"] = settings.get("server_version")
+    targets = [
+        t
+        for t in compute_targets(results, ctx.sizes)
+        if all(case in results for case in t.cases)  # a target of cases not run is left out
+    ]
     report = {
         "mode": mode,
+        "backend": args.backend,
         "machine": machine,
         "duration_s": round(time.monotonic() - started, 1),
         "cases": results,
@@ -124,6 +163,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nwritten to {args.out}")
     failed = [name for name, figures in results.items() if "error" in figures]
     return 1 if failed else 0
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _selected(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The names of the cases to run, in the table's order."""
+    available = [name for name, _ in CASES]
+    if args.backend == "postgres":
+        available += [name for name, _ in PG_CASES]
+    elif args.db_url is not None:
+        parser.error("--db-url is for --backend postgres")
+    if args.cases is None:
+        return available
+    unknown = [name for name in args.cases if name not in available]
+    if unknown:
+        parser.error(f"unknown case {unknown[0]!r} for --backend {args.backend}")
+    return [name for name in available if name in args.cases]
+
+
+def _postgres(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, stack: contextlib.ExitStack
+) -> Place:
+    """Where the pg_* cases make their databases; removed when the run ends."""
+    try:
+        place = open_place("postgres", args.db_url)
+    except ChaosError as exc:
+        parser.exit(2, f"python -m bench: {exc}\n")
+    stack.callback(place.close)
+    print(f"PostgreSQL: {place.describe()}", file=sys.stderr, flush=True)
+    return place
 
 
 @contextlib.contextmanager
@@ -176,10 +247,12 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-async def run_cases(ctx: Context) -> dict[str, Figures]:
+async def run_cases(ctx: Context, selected: Sequence[str] | None = None) -> dict[str, Figures]:
+    every = dict((*CASES, *PG_CASES))
+    chosen = [(name, every[name]) for name in selected or [name for name, _ in CASES]]
     results: dict[str, Figures] = {}
-    for number, (name, case) in enumerate(CASES, start=1):
-        print(f"[{number}/{len(CASES)}] {name} ...", file=sys.stderr, flush=True)
+    for number, (name, case) in enumerate(chosen, start=1):
+        print(f"[{number}/{len(chosen)}] {name} ...", file=sys.stderr, flush=True)
         began = time.monotonic()
         try:
             figures = {"available": True, **await case(ctx)}
@@ -262,6 +335,47 @@ def compute_targets(results: dict[str, Figures], sizes: Sizes) -> list[Target]:
 
     lanes = ("relay_lanes",)
     stall = "sink stall 5 ms"
+    pg_commits = _figure(results, "pg_commit_ceiling", "commits_per_s")
+    pg_single = _figure(results, "pg_relay_single", "events_per_s")
+    pg_batch = _figure(results, "pg_relay_batch", "events_per_s")
+    pg_single_serial = _figure(results, "pg_relay_single_serial", "events_per_s")
+    pg_batch_serial = _figure(results, "pg_relay_batch_serial", "events_per_s")
+    postgres = [
+        target(
+            "PostgreSQL: batches vs its commit ceiling",
+            f"pg_relay_batch events/s / pg_commit_ceiling commits/s (up to {depth} in flight)",
+            _ratio(pg_batch, pg_commits),
+            2.0,
+            ">=",
+            ("pg_relay_batch", "pg_commit_ceiling"),
+        ),
+        target(
+            "  PostgreSQL: batches vs commit ceiling, --pipeline 1",
+            "pg_relay_batch_serial events/s / pg_commit_ceiling commits/s",
+            _ratio(pg_batch_serial, pg_commits),
+            2.0,
+            ">=",
+            ("pg_relay_batch_serial", "pg_commit_ceiling"),
+            reference=True,
+        ),
+        target(
+            "PostgreSQL: one event per request vs ceiling",
+            f"pg_relay_single events/s / ceiling round trips/s (up to {depth} in flight)",
+            _ratio(pg_single, ceiling),
+            0.5,
+            ">=",
+            ("pg_relay_single", "ceiling"),
+        ),
+        target(
+            "  PostgreSQL: one per request vs ceiling, --pipeline 1",
+            "pg_relay_single_serial events/s / ceiling round trips/s",
+            _ratio(pg_single_serial, ceiling),
+            0.5,
+            ">=",
+            ("pg_relay_single_serial", "ceiling"),
+            reference=True,
+        ),
+    ]
     return [
         target(
             "one event per request vs ceiling",
@@ -392,6 +506,7 @@ def compute_targets(results: dict[str, Figures], sizes: Sizes) -> list[Target]:
             ("memory",),
             unit="MiB",
         ),
+        *postgres,
     ]
 
 
@@ -401,9 +516,11 @@ def compute_targets(results: dict[str, Figures], sizes: Sizes) -> list[Target]:
 def render(report: dict[str, Any], targets: list[Target]) -> str:
     results: dict[str, Figures] = report["cases"]
     machine = report["machine"]
+    postgresql = f", PostgreSQL {machine['postgresql']}" if machine.get("postgresql") else ""
     lines = [
         f"outbox relay benchmark, {report['mode']} mode, {report['duration_s']:.0f}s: "
-        f"{machine['cpus_usable']} CPUs, Python {machine['python']}, SQLite {machine['sqlite']}, "
+        f"{machine['cpus_usable']} CPUs, Python {machine['python']}, SQLite {machine['sqlite']}"
+        f"{postgresql}, "
         f"load {machine['load_average_start'][0]:.2f} -> {machine['load_average_end'][0]:.2f}",
         "",
         f"{'case':<22} figures",
@@ -450,6 +567,23 @@ def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
         )
     if name == "commit_ceiling":
         return f"{f['commits_per_s']:,.0f} durable commits/s ({f['commits']:,})"
+    if name == "pg_commit_ceiling":
+        settings = f.get("settings") or {}
+        return (
+            f"{f['commits_per_s']:,.0f} durable commits/s ({f['commits']:,}; fsync "
+            f"{settings.get('fsync')}, synchronous_commit {settings.get('synchronous_commit')}, "
+            f"{settings.get('wal_sync_method')})"
+        )
+    if name.startswith("pg_relay_"):
+        pg_commits = _figure(results, "pg_commit_ceiling", "commits_per_s")
+        sqlite = _figure(results, name.removeprefix("pg_"), "events_per_s")
+        flight = f"up to {f['pipeline']} in flight" if f["pipeline"] > 1 else "one in flight"
+        return (
+            f"{f['events_per_s']:,.0f} events/s (backlog {f['backlog']:,}, {flight}) = "
+            f"{_x(f['events_per_s'], ceiling)} ceiling, {_x(f['events_per_s'], pg_commits)} "
+            f"PostgreSQL commit ceiling, {_x(f['events_per_s'], sqlite)} SQLite"
+            + ("; " + _breakdown(f) if f["pipeline"] == 1 else "")
+        )
     if name == "naive_peer":
         return f"{f['events_per_s']:,.0f} events/s (backlog {f['backlog']:,})"
     if name == "relay_single":

@@ -212,7 +212,9 @@ class ThrowawayPlace:
         self.server.remove()
 
     def describe(self) -> str:
-        return f"a throwaway PostgreSQL server on 127.0.0.1:{self.server.port}"
+        return (
+            f"a throwaway PostgreSQL server on 127.0.0.1:{self.server.port} in {self.server.root}"
+        )
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,3 +159,65 @@ def test_sigterm_stops_the_run_at_once_and_leaves_no_process(
     # The cases after the signal never started, and no report was written.
     assert f"[{STARTED_CASES + 1}/" not in said, said
     assert not out.exists()
+
+
+PG_QUICK_CASES = ("ceiling", "pg_commit_ceiling", "pg_relay_single", "pg_relay_batch")
+PG_TARGETS = {
+    "PostgreSQL: batches vs its commit ceiling": ("pg_relay_batch", "pg_commit_ceiling"),
+    "PostgreSQL: one event per request vs ceiling": ("pg_relay_single", "ceiling"),
+}
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
+def test_postgres_cases_run_on_a_throwaway_server_and_leave_nothing(
+    child_env: dict[str, str], tmp_path: Path
+) -> None:
+    from conftest import postgres_unavailable
+
+    from plumbing.pgserver import ServerUnavailable, find_bindir
+
+    try:
+        find_bindir()
+    except ServerUnavailable as exc:
+        postgres_unavailable(str(exc))
+    marker = uuid.uuid4().hex  # the server's processes inherit it too
+    out = tmp_path / "results.json"
+    command = ["--quick", "--backend", "postgres", "--cases", ",".join(PG_QUICK_CASES)]
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "bench", *command, "--out", str(out)],
+            cwd=REPO_ROOT,
+            env={**child_env, MARKER_VARIABLE: marker},
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+    finally:
+        leftovers = processes_with(marker)
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+    assert leftovers == [], "processes of the run (or its PostgreSQL server) are still alive"
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    said = re.search(r"PostgreSQL: a throwaway PostgreSQL server on \S+ in (\S+)", run.stderr)
+    assert said is not None, run.stderr
+    assert not Path(said[1]).exists(), "the throwaway server's files are left"
+
+    report = json.loads(out.read_text())
+    assert report["backend"] == "postgres"
+    assert list(report["cases"]) == list(PG_QUICK_CASES)
+    for name, figures in report["cases"].items():
+        assert figures["available"] is True and "error" not in figures, (name, figures)
+    assert report["cases"]["pg_commit_ceiling"]["settings"]["fsync"] == "on"
+    assert report["cases"]["pg_commit_ceiling"]["settings"]["synchronous_commit"] == "on"
+    for name in ("pg_relay_single", "pg_relay_batch"):
+        figures = report["cases"][name]
+        assert figures["backend"] == "postgres"
+        assert figures["applied_at_sink"] == figures["marked_sent"] == figures["backlog"]
+    # Only the targets whose cases ran, each measured and judged.
+    assert {t["name"]: tuple(t["cases"]) for t in report["targets"]} == PG_TARGETS
+    for t in report["targets"]:
+        assert isinstance(t["measured"], float) and math.isfinite(t["measured"]), t
+        assert isinstance(t["met"], bool), t
+        assert any(t["name"] in line for line in run.stdout.splitlines())
