@@ -1,0 +1,129 @@
+"""The publisher's commands on PostgreSQL, as separate processes: `--db` takes a
+postgresql:// URI for every command; intake in another process wakes `publisher
+serve` through NOTIFY at once, however long its poll interval; with `prepare=off`
+(for PgBouncer) it polls; a second relay on the same database is refused, naming the
+first. The test server trusts loopback: no password is given anywhere (a real one
+comes from PGPASSWORD or a .pgpass file, never from the command line)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import pytest
+from support import LOOPBACK, wait_until
+
+if TYPE_CHECKING:
+    from conftest import RunCli, StartPublisher, StartSink
+
+pytestmark = pytest.mark.e2e
+
+LONG_POLL = ("--poll-interval", "30")  # nothing but a wake-up delivers within a test
+WAKE_WITHIN_S = 3.0
+
+
+def rows(url: str, query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(query.encode()).fetchall()
+
+
+def execute(url: str, statement: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(statement.encode())
+
+
+def sent(url: str) -> dict[str, int]:
+    return dict(rows(url, "SELECT id, sent FROM outbox"))
+
+
+def publisher(run_cli: RunCli, *args: str) -> str:
+    done = run_cli("publisher", *args)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return done.stdout
+
+
+def accept(run_cli: RunCli, url: str, event_id: str, sku: str = "snack") -> None:
+    out = publisher(run_cli, "accept", "--db", url, "--id", event_id, "--sku", sku, "--qty", "1")
+    assert out == f"accepted {event_id}\n"
+
+
+def test_every_command_works_on_a_postgresql_database(
+    pg_database: str, sink_process: StartSink, run_cli: RunCli, tmp_path: Path
+) -> None:
+    sink = sink_process(tmp_path / "sink.db")
+    for event_id in ("o-1", "o-2", "o-3"):
+        accept(run_cli, pg_database, event_id)
+    status = json.loads(publisher(run_cli, "status", "--db", pg_database, "--json"))
+    assert (status["pending"], status["head"]["id"]) == (3, "o-1")
+    publisher(run_cli, "quarantine", "--db", pg_database, "o-2", "--reason", "hold", "--by", "op")
+    listed = publisher(run_cli, "list", "--db", pg_database, "--state", "quarantined", "--json")
+    assert [json.loads(line)["id"] for line in listed.splitlines()] == ["o-2"]
+
+    out = publisher(run_cli, "dispatch", "--db", pg_database, "--sink", sink.url)
+    assert out == "delivered 2: o-1 o-3\n"
+    out = publisher(run_cli, "redrive", "--db", pg_database, "o-2", "--by", "op")
+    assert out == "redriven o-2; 1 delivered past it: o-3\n"
+    assert publisher(run_cli, "dispatch", "--db", pg_database, "--sink", sink.url) == (
+        "delivered 1: o-2\n"
+    )
+    trace = json.loads(
+        publisher(run_cli, "trace", "--db", pg_database, "o-2", "--sink", sink.url, "--json")
+    )
+    assert [stage["proof"] for stage in trace["stages"]] == ["proven"] * len(trace["stages"])
+    assert sent(pg_database) == {"o-1": 1, "o-2": 1, "o-3": 1}
+    execute(pg_database, "UPDATE outbox SET sent_at = sent_at - 7200 WHERE id = 'o-1'")
+    assert publisher(run_cli, "prune", "--db", pg_database, "--older-than", "1h") == (
+        "pruned 1 sent entries\n"
+    )
+    assert sorted(sent(pg_database)) == ["o-2", "o-3"]
+
+
+@pytest.mark.parametrize("prepare", ["on", "off"])
+def test_serve_delivers_intake_from_another_process_woken_or_by_polling(
+    prepare: str,
+    pg_database: str,
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    run_cli: RunCli,
+    tmp_path: Path,
+) -> None:
+    sink = sink_process(tmp_path / "sink.db")
+    url = f"{pg_database}?prepare={prepare}"
+    # prepare=off (a transaction pooler): no LISTEN, so a short poll interval instead.
+    poll = LONG_POLL if prepare == "on" else ("--poll-interval", "0.5")
+    publisher_process("--db", url, "--sink", sink.url, "--host", LOOPBACK, "--port", "0", *poll)
+    time.sleep(0.3)  # the relay has looked once and waits
+    for n in range(3):
+        started = time.monotonic()
+        event_id = f"w-{n}"
+        accept(run_cli, url, event_id)
+        wait_until(lambda: sent(pg_database).get(event_id) == 1, timeout_s=10)  # noqa: B023
+        took = time.monotonic() - started
+        assert took < WAKE_WITHIN_S, f"delivered after {took:.2f} s"
+
+
+def test_a_second_relay_on_the_same_database_is_refused_naming_the_first(
+    pg_database: str,
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    run_cli: RunCli,
+    tmp_path: Path,
+) -> None:
+    sink = sink_process(tmp_path / "sink.db")
+    serve = ("--sink", sink.url, "--host", LOOPBACK, "--port", "0")
+    first = publisher_process("--db", pg_database, *serve)
+    for command in (("serve", *serve), ("dispatch", "--sink", sink.url)):
+        refused = run_cli("publisher", command[0], "--db", pg_database, *command[1:])
+        assert refused.returncode == 1
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        assert "another relay is already delivering" in refused.stderr
+        assert f"publisher serve, process {first.proc.pid} on host" in refused.stderr
+    accept(run_cli, pg_database, "beside")  # intake works beside the relay
+    wait_until(lambda: sent(pg_database).get("beside") == 1)
+    first.kill()  # SIGKILL: its session ends, and the lock with it
+    out = publisher(run_cli, "dispatch", "--db", pg_database, "--sink", sink.url)
+    assert out == "delivered 0\n"

@@ -1,0 +1,96 @@
+"""PostgreSQL: the order and its outbox entry written in the caller's own async
+transaction (publisher.accept_in_async), committed or rolled back with the caller's
+rows, and a commit wakes a listening relay. The sync API on both backends is in the
+behaviour suite."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from relay_lines import relay_of, running
+from support import eventually
+
+from plumbing.storage import StorageError
+from publisher import NotInTransaction, accept_in_async
+from publisher.store import Outbox
+from shared import Conflict, Event, InvalidEvent, Receipt, make_ack
+
+LONG_POLL_S = 30.0  # the relay would not look again for this long: only NOTIFY wakes it
+
+
+def order(event_id: str, qty: int = 1) -> dict[str, Any]:
+    return {"id": event_id, "sku": "snack", "qty": qty}
+
+
+@pytest.fixture
+async def outbox(pg_database: str) -> AsyncIterator[Outbox]:
+    async with Outbox.open(pg_database) as opened:
+        with psycopg.connect(pg_database, autocommit=True) as conn:
+            conn.execute(b"CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER)")
+        yield opened
+
+
+def rows(url: str, query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(query.encode()).fetchall()
+
+
+async def test_a_rolled_back_transaction_leaves_nothing(outbox: Outbox, pg_database: str) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_database) as conn:
+        await conn.execute(b"INSERT INTO accounts VALUES ('acct', 5)")
+        assert await accept_in_async(conn, order("a")) == "accepted"
+        assert rows(pg_database, "SELECT id FROM outbox") == []  # not committed yet
+        await conn.rollback()
+    assert rows(pg_database, "SELECT count(*) FROM orders") == [(0,)]
+    assert rows(pg_database, "SELECT count(*) FROM outbox") == [(0,)]
+    assert rows(pg_database, "SELECT count(*) FROM accounts") == [(0,)]
+    assert await outbox.accept(order("a")) == "accepted"
+
+
+async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
+    outbox: Outbox, pg_database: str
+) -> None:
+    delivered: list[str] = []
+
+    async def deliver(event: Event, after: str | None = None) -> dict[str, object]:
+        delivered.append(event["id"])
+        return make_ack(event["id"], Receipt.APPLIED)
+
+    relay = relay_of(outbox, deliver, poll_interval_s=LONG_POLL_S)
+    async with running(relay):
+        await asyncio.sleep(0.2)  # the relay has looked once and is waiting
+        async with await psycopg.AsyncConnection.connect(pg_database) as conn:
+            async with conn.transaction():
+                await conn.execute(b"INSERT INTO accounts VALUES ('acct', 5)")
+                assert await accept_in_async(conn, order("a")) == "accepted"
+                assert await accept_in_async(conn, order("a")) == "duplicate"
+            took = await eventually(lambda: delivered == ["a"], timeout_s=5)
+    assert took < 2.0
+    assert rows(pg_database, "SELECT id, sent FROM outbox") == [("a", 1)]
+    assert rows(pg_database, "SELECT * FROM accounts") == [("acct", 5)]
+
+
+async def test_conflicts_bad_events_and_a_failed_transaction_are_the_projects_errors(
+    outbox: Outbox, pg_database: str
+) -> None:
+    await outbox.accept(order("a"))
+    async with await psycopg.AsyncConnection.connect(pg_database) as conn:
+        with pytest.raises(Conflict):
+            await accept_in_async(conn, order("a", qty=2))
+        with pytest.raises(InvalidEvent):
+            await accept_in_async(conn, {"id": "b"})
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await conn.execute(b"SELECT * FROM no_such_table")
+        with pytest.raises(StorageError):  # the transaction failed: the caller's to end
+            await accept_in_async(conn, order("c"))
+        await conn.rollback()
+    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
+        with pytest.raises(NotInTransaction):
+            await accept_in_async(conn, order("d"))
+        with pytest.raises(TypeError):
+            await accept_in_async(object(), order("d"))
+    assert rows(pg_database, "SELECT id FROM orders") == [("a",)]
