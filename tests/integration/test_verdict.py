@@ -1,17 +1,23 @@
-"""read_verdict over two real database files written by the real outbox and inbox."""
+"""read_verdict over two real databases written by the real outbox and inbox, on both
+backends (two SQLite files, or two PostgreSQL databases: the `databases` fixture)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from chaos.dbs import is_postgres
+from chaos.procs import ChaosError
 from chaos.verdict import Ordering, Verdict, order_inversions, read_verdict
 from publisher import Outbox
 from sink import Inbox
+
+if TYPE_CHECKING:
+    from conftest import Databases
 
 ORDERS: list[dict[str, Any]] = [
     {"id": "o-1", "sku": "snack", "qty": 7},
@@ -25,8 +31,13 @@ def expected_of(orders: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
     return {o["id"]: (o["sku"], o["qty"]) for o in orders}
 
 
-def change(db: Path, sql: str, params: tuple[object, ...] = ()) -> int:
+def change(db: Path | str, sql: str, params: tuple[object, ...] = ()) -> int:
     """One write through an independent connection; returns the rows it changed."""
+    if is_postgres(db):
+        import psycopg
+
+        with psycopg.connect(str(db), autocommit=True) as pg:
+            return pg.execute(sql.replace("?", "%s"), params).rowcount
     conn = sqlite3.connect(db, timeout=5)
     try:
         with conn:
@@ -35,10 +46,25 @@ def change(db: Path, sql: str, params: tuple[object, ...] = ()) -> int:
         conn.close()
 
 
+def read(db: Path | str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows through an independent connection."""
+    if is_postgres(db):
+        import psycopg
+
+        with psycopg.connect(str(db), autocommit=True) as pg:
+            return [tuple(r) for r in pg.execute(sql.replace("?", "%s"), params).fetchall()]
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
 class Files:
-    def __init__(self, tmp_path: Path) -> None:
-        self.source = tmp_path / "source.db"
-        self.sink = tmp_path / "sink.db"
+    def __init__(self, databases: Databases) -> None:
+        self.backend = databases.backend
+        self.source = databases.source
+        self.sink = databases.sink
 
     async def accept(self, *orders: dict[str, Any]) -> None:
         async with Outbox.open(self.source) as outbox:
@@ -75,8 +101,8 @@ class Files:
 
 
 @pytest.fixture
-async def files(tmp_path: Path) -> Files:
-    made = Files(tmp_path)
+async def files(databases: Databases) -> Files:
+    made = Files(databases)
     await made.accept(*ORDERS)
     async with Inbox.open(made.sink):
         pass  # the sink file exists with its schema even before any delivery
@@ -105,8 +131,8 @@ async def test_all_delivered_is_ok(files: Files) -> None:
     assert verdict.to_dict()["ok"] is True
 
 
-async def test_an_empty_run_is_ok(tmp_path: Path) -> None:
-    made = Files(tmp_path)
+async def test_an_empty_run_is_ok(databases: Databases) -> None:
+    made = Files(databases)
     async with Outbox.open(made.source), Inbox.open(made.sink):
         pass
     verdict = made.verdict({})
@@ -240,25 +266,41 @@ async def test_resends_match_the_deliveries_column(files: Files) -> None:
     assert (verdict.resends, verdict.duplicates) == (4, 1)
 
 
-async def test_reading_changes_neither_file(files: Files) -> None:
+def contents(files: Files) -> object:
+    """Everything both databases hold: their bytes (SQLite), or every row (PostgreSQL)."""
+    if files.backend == "sqlite":
+        assert isinstance(files.source, Path) and isinstance(files.sink, Path)
+        return files.source.read_bytes(), files.sink.read_bytes()
+    tables = {files.source: ("orders", "outbox", "quarantines"), files.sink: ("inbox", "inventory")}
+    return [
+        read(db, f"SELECT * FROM {t} ORDER BY 1") for db, names in tables.items() for t in names
+    ]
+
+
+async def test_reading_changes_neither_database(files: Files) -> None:
     await files.deliver(*ORDERS)
-    before = (files.source.read_bytes(), files.sink.read_bytes())
+    before = contents(files)
 
     files.verdict()
 
-    assert (files.source.read_bytes(), files.sink.read_bytes()) == before
+    assert contents(files) == before
 
 
-async def test_a_missing_file_is_an_error_not_a_verdict(files: Files, tmp_path: Path) -> None:
-    with pytest.raises(sqlite3.OperationalError):
-        read_verdict(files.source, tmp_path / "no-such-sink.db", expected_of(ORDERS))
+async def test_a_missing_database_is_an_error_not_a_verdict(files: Files, tmp_path: Path) -> None:
+    if files.backend == "sqlite":
+        missing: Path | str = tmp_path / "no-such-sink.db"
+        error: type[Exception] = sqlite3.OperationalError
+    else:
+        missing, error = f"{str(files.sink).rpartition('/')[0]}/no_such_sink", ChaosError
+    with pytest.raises(error):
+        read_verdict(files.source, missing, expected_of(ORDERS))
     assert not (tmp_path / "no-such-sink.db").exists()
 
 
 # ---------------------------------------------------------------- order
 #
 # ORDERS by seq: o-1 snack, o-2 juice, o-3 snack, o-4 bread. The sink's first
-# application order is the order the inbox receives the IDs in (its rowid order).
+# application order is the order the inbox receives the IDs in (its applied_seq).
 
 BY_ID = {o["id"]: o for o in ORDERS}
 
@@ -269,13 +311,9 @@ async def applied_in(files: Files, *ids: str) -> None:
     await files.mark(*ids)
 
 
-def record(db: Path, event_id: str, past: list[str], count: int | None = None) -> None:
+def record(db: Path | str, event_id: str, past: list[str], count: int | None = None) -> None:
     """A closed quarantine record written directly, as the relay's release would."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        (seq,) = conn.execute("SELECT seq FROM outbox WHERE id = ?", (event_id,)).fetchone()
-    finally:
-        conn.close()
+    ((seq,),) = read(db, "SELECT seq FROM outbox WHERE id = ?", (event_id,))
     change(
         db,
         "INSERT INTO quarantines (id, seq, reason, quarantined_by, quarantined_at, released_by,"
