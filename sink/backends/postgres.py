@@ -3,17 +3,19 @@
 The interface and rows are in `sink.store`; the SQL is in `sink.backends.postgres_sql`;
 the pool, migrations, durable commits and error translation are pg_tx's.
 
-A batch is one transaction sent in pipeline mode: BEGIN, the durable-commit
-settings, the fence check and one statement that records every new event and adds
-up its inventory go out together and come back in one round trip, then COMMIT. If
-any of its events was known already (a redelivery, a conflict, an ID twice in the
-batch), that statement is undone to a savepoint and the batch is applied event by
-event, which stops at a conflict with the prefix kept.
+Transactions are sent in pipeline mode. A batch whose events are all new is one
+statement (fence check, inbox rows, inventory) that writes nothing unless the fence
+is met and none of its IDs is known; with BEGIN and the durable-commit settings it
+is one round trip, then COMMIT. A batch with a known ID (a redelivery, a conflict)
+or an ID twice is applied event by event, which stops at a conflict with the prefix
+kept. Two transactions inserting the same ID apply it once: the second one's insert
+waits for the first to commit and then does nothing.
 
-Concurrent requests each use a connection of the pool: PostgreSQL flushes the WAL
-of commits that wait together in one write (its own group commit), so they share
-fsyncs without a queue here. Two transactions inserting the same ID apply it once:
-the second one's insert waits for the first to commit and then does nothing.
+How a write commits is decided here from the facts the HTTP layer reports
+(`arriving`), as in the SQLite inbox: alone, in a transaction of its own; while
+other writes are in progress, in a group commit, one transaction for all the calls
+waiting, so they share one WAL flush (the same SKU's inventory row would otherwise
+serialise their commits one flush at a time).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from typing import Any, Final, TypeVar
 
 import psycopg.errors
 
-from pg_tx import DURABLE, Conn, PgDatabase
+from pg_tx import DURABLE, Conn, PgDatabase, describe
 from plumbing.storage import StorageError
 from shared import Conflict, Event, FenceNotMet, Receipt, canonical_json, digest_of
 from sink.backends import postgres_sql as sql
+from sink.backends.sharing import Arrivals, Call, GroupCommit
 from sink.store import BatchReceipt, Inbox, InboxRecord, Received
 
 T = TypeVar("T")
@@ -42,6 +45,13 @@ class PostgresInbox(Inbox):
 
     def __init__(self, db: PgDatabase) -> None:
         self._db = db
+        self._arrivals = Arrivals()
+        self._groups: GroupCommit[Call, BatchReceipt] = GroupCommit(self._commit_group)
+
+    @property
+    def writes_in_progress(self) -> int:
+        """Write requests between arrival and reply, as reported through `arriving`."""
+        return self._arrivals.count
 
     @classmethod
     async def connect(cls, url: str) -> PostgresInbox:
@@ -64,34 +74,58 @@ class PostgresInbox(Inbox):
 
     # ------------------------------------------------------------------ writes
 
+    def arriving(self) -> Arrivals:
+        return self._arrivals
+
     async def receive_batch(
         self, events: Sequence[Event], *, after: str | None = None
     ) -> BatchReceipt:
         items = list(events)
         if not items:
             return BatchReceipt([], None)
-        return await _retrying(lambda: self._receive(items, after, time.time()))
+        if after is None and self._arrivals.count <= 1 and not self._groups.busy:
+            return await _retrying(lambda: self._receive_alone(items, time.time()))
+        return await self._groups.submit(Call(items, after))
 
-    async def _receive(self, events: list[Event], after: str | None, now: float) -> BatchReceipt:
-        payloads = [canonical_json(event) for event in events]
-        ids = [event["id"] for event in events]
-        distinct = len(set(ids)) == len(ids)
+    async def _receive_alone(self, events: list[Event], now: float) -> BatchReceipt:
+        """The batch in a transaction of its own."""
         async with self._db.connection() as conn, conn.pipeline(), conn.transaction():
             await conn.execute(DURABLE)
-            fence = None if after is None else await conn.execute(sql.FIND, (after,))
-            new = None
-            if distinct:  # try them all as new, in the same round trip as the fence
-                await conn.execute(sql.SAVEPOINT)
-                new = await conn.execute(sql.INSERT_NEW, _columns(events, payloads, now))
-            if fence is not None and await fence.fetchone() is None:
-                raise FenceNotMet(after or "")  # rolls back whatever was inserted
-            if new is not None:
-                row = await new.fetchone()
-                if row is not None and row[0] == len(events):
-                    applied = [Received(Receipt.APPLIED, digest_of(p)) for p in payloads]
-                    return BatchReceipt(applied, None)
-                await conn.execute(sql.ROLLBACK_TO_SAVEPOINT)
-            return await _one_by_one(conn, events, payloads, now)
+            return await _receive_in(conn, events, None, now)
+
+    async def _commit_group(self, calls: list[Call]) -> list[BatchReceipt | Exception]:
+        """The calls in one transaction. If a statement fails, the group runs again
+        with each call in a savepoint of its own, so that only the call that fails
+        fails (savepoints are not taken otherwise: each is a subtransaction, and many
+        in one transaction slow every snapshot on the server)."""
+        try:
+            return await _retrying(lambda: self._receive_group(calls, time.time(), False))
+        except StorageError as exc:
+            if not isinstance(exc.__cause__, psycopg.Error) or _connection_lost(exc.__cause__):
+                raise
+        return await _retrying(lambda: self._receive_group(calls, time.time(), True))
+
+    async def _receive_group(
+        self, calls: list[Call], now: float, isolated: bool
+    ) -> list[BatchReceipt | Exception]:
+        async with self._db.connection() as conn, conn.pipeline(), conn.transaction():
+            await conn.execute(DURABLE)
+            if isolated:
+                return [await self._isolated(conn, call, now) for call in calls]
+            return await _receive_calls(conn, calls, now)
+
+    async def _isolated(self, conn: Conn, call: Call, now: float) -> BatchReceipt | Exception:
+        """One call of a group in a savepoint of its own: its outcome, or the error
+        it alone failed with."""
+        try:
+            async with conn.transaction():
+                return await _receive_in(conn, call.events, call.after, now)
+        except FenceNotMet as exc:
+            return exc
+        except psycopg.Error as exc:
+            if isinstance(exc, _RETRYABLE) or _connection_lost(exc):
+                raise  # the whole group fails, or runs again
+            return _storage_error(self.location, exc)
 
     # ------------------------------------------------------------------ reads
 
@@ -125,8 +159,76 @@ class PostgresInbox(Inbox):
             return row
 
 
+async def _receive_calls(
+    conn: Conn, calls: list[Call], now: float
+) -> list[BatchReceipt | Exception]:
+    """Inside a transaction: several calls' batches. First every call that can be
+    is tried as all new, the statements of all of them sent at once (one round
+    trip); those that were not (a known ID, a fence not met yet, an ID twice) then
+    run one after the other, in their order. A call that writes nothing in the
+    first pass is as if it came after those that did: a valid order for requests
+    that were in progress together, and a fence that named an event of another
+    call of the group is checked again after it."""
+    outcomes: list[BatchReceipt | Exception | None] = [None] * len(calls)
+    tried = [await _try_all_new(conn, events, after, now) for events, after in calls]
+    for index, attempt in enumerate(tried):
+        if attempt is not None:
+            outcomes[index] = await _all_new_outcome(attempt, calls[index])
+    for index, (events, after) in enumerate(calls):
+        if outcomes[index] is None:
+            try:
+                outcomes[index] = await _receive_in(conn, events, after, now)
+            except FenceNotMet as exc:  # raised before anything of the call was written
+                outcomes[index] = exc
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+async def _try_all_new(
+    conn: Conn, events: list[Event], after: str | None, now: float
+) -> psycopg.AsyncCursor[Any] | None:
+    """Send INSERT_IF_ALL_NEW for a batch whose IDs are distinct (None for one
+    whose are not); its row is fetched later."""
+    ids = [event["id"] for event in events]
+    if len(set(ids)) != len(ids):
+        return None
+    payloads = [canonical_json(event) for event in events]
+    params = {**_columns(events, payloads, now), "after": after}
+    return await conn.execute(sql.INSERT_IF_ALL_NEW, params)
+
+
+async def _all_new_outcome(cursor: psycopg.AsyncCursor[Any], call: Call) -> BatchReceipt | None:
+    """What INSERT_IF_ALL_NEW did: the receipt when every event was applied, None
+    when it wrote nothing (a known ID, or the fence not met). Raced when another
+    transaction committed one of the IDs meanwhile (some rows went in: the whole
+    transaction runs again)."""
+    row = await cursor.fetchone()
+    met, known, inserted = row if row is not None else (False, True, 0)
+    if not met or known:
+        return None
+    if inserted != len(call.events):
+        raise Raced()
+    digests = [digest_of(canonical_json(event)) for event in call.events]
+    return BatchReceipt([Received(Receipt.APPLIED, digest) for digest in digests], None)
+
+
+async def _receive_in(
+    conn: Conn, events: list[Event], after: str | None, now: float
+) -> BatchReceipt:
+    """Inside a transaction: check the fence, then apply in order, stopping at the
+    first conflict. Nothing is written before the fence is known to be met."""
+    attempt = await _try_all_new(conn, events, after, now)
+    if attempt is not None:
+        applied = await _all_new_outcome(attempt, Call(events, after))
+        if applied is not None:
+            return applied
+    if after is not None and await (await conn.execute(sql.FIND, (after,))).fetchone() is None:
+        raise FenceNotMet(after)
+    payloads = [canonical_json(event) for event in events]
+    return await _one_by_one(conn, events, payloads, now)
+
+
 def _columns(events: list[Event], payloads: list[str], now: float) -> dict[str, Any]:
-    """A batch as the arrays INSERT_NEW unnests."""
+    """A batch as the arrays INSERT_IF_ALL_NEW unnests."""
     return {
         "ids": [event["id"] for event in events],
         "payloads": payloads,
@@ -157,12 +259,35 @@ async def _one_by_one(
     return BatchReceipt(done, None)
 
 
+class Raced(Exception):
+    """Another transaction committed an ID of the batch between the statement's
+    check and its insert: this transaction is rolled back and run again."""
+
+
+def _connection_lost(exc: psycopg.Error) -> bool:
+    """Whether the error is of the connection (or the server), not of a statement."""
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(
+        exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled
+    )
+
+
+def _storage_error(where: str, exc: psycopg.Error) -> StorageError:
+    failed = StorageError(f"{where}: {describe(exc)}")
+    failed.__cause__ = exc
+    return failed
+
+
 async def _retrying(attempt: Callable[[], Awaitable[T]]) -> T:
-    """`await attempt()`, again (up to ATTEMPTS in all) when PostgreSQL aborted the
-    transaction to break a deadlock between two batches that share IDs."""
+    """`await attempt()`, again (up to ATTEMPTS in all) when its transaction was
+    rolled back whole for a reason that running it again removes: PostgreSQL broke
+    a deadlock between two transactions that share IDs, or a race was lost."""
     for left in range(ATTEMPTS - 1, -1, -1):
         try:
             return await attempt()
+        except Raced:
+            if left == 0:
+                message = "the same events kept arriving through another connection"
+                raise StorageError(message) from None
         except StorageError as exc:
             if left == 0 or not isinstance(exc.__cause__, _RETRYABLE):
                 raise

@@ -35,18 +35,26 @@ MIGRATIONS: Final = (
 PROBE_TABLE: Final = "inbox_health"
 
 FIND: Final = b"SELECT payload FROM inbox WHERE id = %s"
-# The common case of a batch in one statement: its events (IDs distinct within it)
-# recorded in their order, each one new taking the next applied_seq, and the
-# inventory of the new ones added up per SKU (in SKU order, so that two batches
-# lock the same inventory rows in the same order). The IDs the inbox knew already
-# are left out of both; the rows returned are the new IDs.
-INSERT_NEW: Final = b"""
+# The common case of a batch in one statement: if its fence is met (no `after`, or
+# that event in the inbox) and none of its events (IDs distinct within it) is known,
+# they are recorded in their order, each taking the next applied_seq, and the
+# inventory they add is summed per SKU (in SKU order, so that two transactions lock
+# inventory rows in the same order); otherwise nothing is written. Returns whether
+# the fence was met, whether any ID was known, and how many rows went in: fewer
+# than the batch when another transaction committed one of its IDs meanwhile.
+INSERT_IF_ALL_NEW: Final = b"""
 WITH batch AS (
     SELECT * FROM unnest(%(ids)s::text[], %(payloads)s::text[], %(skus)s::text[],
                          %(qtys)s::bigint[]) WITH ORDINALITY AS b(id, payload, sku, qty, n)
+), fence AS (
+    SELECT %(after)s::text IS NULL OR EXISTS (SELECT FROM inbox WHERE id = %(after)s) AS met
+), known AS (
+    SELECT EXISTS (SELECT FROM inbox WHERE id = ANY (%(ids)s::text[])) AS found
 ), new AS (
     INSERT INTO inbox (id, payload, received_at, last_delivery_at)
-    SELECT id, payload, %(now)s, %(now)s FROM batch ORDER BY n
+    SELECT id, payload, %(now)s, %(now)s FROM batch
+    WHERE (SELECT met FROM fence) AND NOT (SELECT found FROM known)
+    ORDER BY n
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), applied AS (
@@ -54,7 +62,7 @@ WITH batch AS (
     SELECT sku, sum(qty) FROM batch JOIN new USING (id) GROUP BY sku ORDER BY sku
     ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
 )
-SELECT count(*) FROM new
+SELECT (SELECT met FROM fence), (SELECT found FROM known), (SELECT count(*) FROM new)
 """
 # One event: recorded if new (then its effect applied, in the same statement), else
 # nothing; returns a row only when it was new.
@@ -73,8 +81,6 @@ SELECT id FROM new
 COUNT_DUPLICATE: Final = (
     b"UPDATE inbox SET deliveries = deliveries + 1, last_delivery_at = %s WHERE id = %s"
 )
-SAVEPOINT: Final = b"SAVEPOINT all_new"
-ROLLBACK_TO_SAVEPOINT: Final = b"ROLLBACK TO SAVEPOINT all_new"
 INVENTORY: Final = b"SELECT qty FROM inventory WHERE sku = %s"
 RECORD: Final = (
     b"SELECT payload, received_at, deliveries, last_delivery_at, applied_seq"

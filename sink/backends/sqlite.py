@@ -12,35 +12,13 @@ import json
 import sqlite3
 import time
 from collections.abc import Sequence
-from types import TracebackType
-from typing import NamedTuple
 
 from plumbing.storage import StorageError
 from shared import Conflict, Event, FenceNotMet, Receipt, canonical_json, digest_of
 from sink.backends import sqlite_sql as sql
+from sink.backends.sharing import Arrivals, Call
 from sink.store import BatchReceipt, Inbox, InboxRecord, Received
 from sqlite_tx import Database, GroupCommit, SqliteFile, transaction
-
-
-class Arrivals:
-    """How many write requests are in progress: `with arrivals:` counts one from
-    entry to exit. Re-entrant, and cheap (it is entered on every write request)."""
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __enter__(self) -> None:
-        self.count += 1
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.count -= 1
 
 
 class SqliteInbox(SqliteFile, Inbox):
@@ -109,13 +87,6 @@ class SqliteInbox(SqliteFile, Inbox):
     async def count(self) -> int:
         row = await self._db.run(lambda conn: conn.execute(sql.COUNT_EVENTS).fetchone())
         return int(row[0])
-
-
-class Call(NamedTuple):
-    """One receive_batch call waiting for a group commit."""
-
-    events: list[Event]
-    after: str | None  # the fence: the event the sender delivered before these
 
 
 def _receive_batch(

@@ -319,6 +319,26 @@ async def test_concurrent_batches_each_succeed_or_fail_on_their_own(
     assert stock(backend) == {"tea": 9, "apple": 1, "bean": 4, "corn": 16, "fig": 1}
 
 
+async def test_applied_seq_is_the_order_of_first_application_and_a_duplicate_keeps_its_own(
+    inbox: Inbox, backend: Backend
+) -> None:
+    await inbox.receive_batch([event("c"), event("a")])
+    await inbox.receive(event("b"))
+    first_a = await inbox.record("a")
+    await inbox.receive_batch([event("a"), event("d"), event("c")])  # a and c again
+    stopped = await inbox.receive_batch([event("e"), event("f"), event("d", qty=2), event("g")])
+
+    assert stopped.conflict is not None and stopped.conflict.event_id == "d"
+    rows = backend.query("SELECT id, applied_seq FROM inbox ORDER BY applied_seq")
+    assert [event_id for event_id, _ in rows] == ["c", "a", "b", "d", "e", "f"]
+    numbers = [number for _, number in rows]
+    assert numbers[0] >= 1 and numbers == sorted(set(numbers))  # increasing, never shared
+    records = {event_id: await inbox.record(event_id) for event_id, _ in rows}
+    assert {i: r.applied_seq for i, r in records.items() if r is not None} == dict(rows)
+    assert first_a is not None and first_a.applied_seq == dict(rows)["a"]
+    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'a'") == [(2,)]
+
+
 # ---------------------------------------------------------------- lookups and fences
 
 
