@@ -46,7 +46,11 @@ PYPROJECT = ROOT / "pyproject.toml"
 
 ANY_ADDRESS = "0.0.0.0"
 SERVICES = ("sink", "publisher")
+PG_SERVICES = ("sink-postgres", "publisher-postgres")
+PG_SERVER = "postgres"  # the compose service; in the tests, the session's pg_server
+PG_DATABASES = {"sink-postgres": "sink", "publisher-postgres": "source"}
 TOKEN_SECRET = "outbox_token"
+PGPASS_SECRET = "pgpass"
 SECRETS_DIR = PurePosixPath("/run/secrets")
 HEALTHCHECK_TIMEOUT_S = 10.0
 LISTENING = re.compile(r"(\w+) listening on http://127\.0\.0\.1:(\d+)/\S*")
@@ -78,7 +82,7 @@ def split_flags(argv: list[str]) -> list[str]:
 
 
 def command_of(service: dict[str, Any]) -> list[str]:
-    raw = service["command"]
+    raw = service.get("command") or []  # none: the image's own (PostgreSQL's)
     argv = shlex.split(raw) if isinstance(raw, str) else [str(arg) for arg in raw]
     return split_flags(argv)
 
@@ -225,8 +229,57 @@ def test_compose_file_has_the_services_volumes_checks_and_secret(compose: dict[s
     assert option(publisher, "--allow-host") == ["sink"]
     assert depends_on(publisher) == {"sink": {"condition": "service_healthy"}}
 
-    assert compose["secrets"] == {TOKEN_SECRET: {"file": "./secrets/outbox_token"}}
-    assert set(compose["volumes"]) == {"sink-data", "publisher-data"}
+    assert compose["secrets"][TOKEN_SECRET] == {"file": "./secrets/outbox_token"}
+    assert set(compose["volumes"]) == {"sink-data", "publisher-data", "postgres-data"}
+
+
+def test_the_postgres_services_keep_the_password_out_of_the_file(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    server = services[PG_SERVER]
+    # Not part of a plain `docker compose up`: only with --profile postgres (or chaos-postgres).
+    assert set(server["profiles"]) == {"postgres", "chaos-postgres"}
+    assert str(server["image"]).startswith("postgres:")
+    env = environment_of(server)
+    assert "POSTGRES_PASSWORD" not in env
+    assert env["POSTGRES_PASSWORD_FILE"] == str(SECRETS_DIR / "pg_password")
+    assert secret_mounts(server) == [("pg_password", SECRETS_DIR / "pg_password")]
+    assert volume_mounts(server) == [("postgres-data", "/var/lib/postgresql/data")]
+    assert not server.get("ports"), "the server is reached over the compose network only"
+    assert healthcheck_command(server)[0] == "pg_isready"
+    # The init creates the sink's database; POSTGRES_DB is the publisher's.
+    assert "CREATE DATABASE sink;" in " ".join(server["entrypoint"])
+    assert env["POSTGRES_DB"] == "source"
+    assert compose["secrets"]["pg_password"] == {"file": "./secrets/pg_password"}
+    assert compose["secrets"][PGPASS_SECRET] == {"file": "./secrets/pgpass"}
+
+    for name in (*PG_SERVICES, "chaos-postgres"):
+        service = services[name]
+        assert set(service["profiles"]) <= set(server["profiles"]), name
+        assert depends_on(service)[PG_SERVER] == {"condition": "service_healthy"}, name
+        assert environment_of(service)["PGPASSFILE"] == str(SECRETS_DIR / PGPASS_SECRET)
+        assert (PGPASS_SECRET, SECRETS_DIR / PGPASS_SECRET) in secret_mounts(service), name
+        urls = [a for a in command_of(service) if a.startswith("postgresql://")]
+        assert len(urls) == 1, (name, urls)
+        parts = urlsplit(urls[0])
+        assert (parts.hostname, parts.port, parts.username) == (PG_SERVER, 5432, "outbox")
+        assert parts.password is None and "password" not in parts.query, name
+        for host, _, _ in published_ports(service):
+            assert host == LOOPBACK, name
+    for name in PG_SERVICES:
+        service = services[name]
+        database = urlsplit(one_option(service, "--db")).path.lstrip("/")
+        assert database == PG_DATABASES[name]
+        assert service.get("restart") == "unless-stopped"
+        assert not volume_mounts(service), f"{name} keeps its data in PostgreSQL"
+    publisher = services["publisher-postgres"]
+    assert one_option(publisher, "--sink") == "http://sink-postgres:8080/events"
+    assert option(publisher, "--allow-host") == ["sink-postgres"]
+    assert depends_on(publisher)["sink-postgres"] == {"condition": "service_healthy"}
+    # Next to the SQLite pair: other host ports.
+    sqlite_ports = {p for n in SERVICES for _, p, _ in published_ports(services[n])}
+    assert not sqlite_ports & {p for n in PG_SERVICES for _, p, _ in published_ports(services[n])}
+    chaos = command_of(services["chaos-postgres"])
+    assert chaos[chaos.index("--backend") + 1] == "postgres"
 
 
 # ---------------------------------------------------------------- 2. and 3. the commands, run
@@ -254,6 +307,7 @@ class Stack:
     env: dict[str, str]
     mounts: dict[str, dict[PurePosixPath, Path]] = field(default_factory=dict)
     running: dict[str, Running] = field(default_factory=dict)
+    databases: dict[str, str] = field(default_factory=dict)  # compose database -> local URI
 
 
 def localize(value: str, flag: str, mounts: dict[PurePosixPath, Path], stack: Stack) -> str:
@@ -263,6 +317,10 @@ def localize(value: str, flag: str, mounts: dict[PurePosixPath, Path], stack: St
     if flag == "--port":
         return "0"
     parts = urlsplit(value)
+    if parts.scheme == "postgresql" and parts.hostname == PG_SERVER:
+        local = stack.databases.get(parts.path.lstrip("/"))
+        assert local is not None, f"{value}: no such database on the {PG_SERVER} service"
+        return local
     if parts.scheme in ("http", "https") and parts.hostname in stack.compose["services"]:
         target = stack.running.get(parts.hostname)
         assert target is not None, f"{value}: {parts.hostname} must start first (depends_on)"
@@ -286,8 +344,14 @@ def local_mounts(
         local.mkdir(parents=True, exist_ok=True)
         mounts[PurePosixPath(target)] = local
     for secret, target in secret_mounts(service):
-        assert secret == TOKEN_SECRET, f"{name}: unknown secret {secret}"
-        mounts[target] = token_file
+        assert secret in (TOKEN_SECRET, PGPASS_SECRET), f"{name}: unknown secret {secret}"
+        if secret == PGPASS_SECRET:  # the throwaway server trusts loopback: any password
+            pgpass = tmp / "secrets" / PGPASS_SECRET
+            pgpass.write_text(f"127.0.0.1:*:*:outbox:{secrets.token_urlsafe(16)}\n")
+            pgpass.chmod(0o600)
+            mounts[target] = pgpass
+        else:
+            mounts[target] = token_file
     return mounts
 
 
@@ -325,7 +389,8 @@ def start_service(stack: Stack, name: str, tmp: Path) -> Running:
     env = dict(stack.env)
     for key, value in environment_of(service).items():
         flag = "--" + key.removeprefix(ENV_PREFIX).lower().replace("_", "-")
-        env[key] = localize(value, flag, mounts, stack) if key.startswith(ENV_PREFIX) else value
+        localized = key.startswith(ENV_PREFIX) or value.startswith(str(SECRETS_DIR))
+        env[key] = localize(value, flag, mounts, stack) if localized else value
 
     log = tmp / f"{name}.log"
     proc = spawn(argv[1:], log, env, mounts.get(PurePosixPath("/data"), tmp))
@@ -337,25 +402,52 @@ def start_service(stack: Stack, name: str, tmp: Path) -> Running:
     return running
 
 
-@pytest.fixture
-def stack(compose: dict[str, Any], child_env: dict[str, str], tmp_path: Path) -> Iterator[Stack]:
-    """sink and publisher started from their compose commands, on loopback."""
+def started_stack(
+    compose: dict[str, Any],
+    env: dict[str, str],
+    tmp_path: Path,
+    names: tuple[str, ...],
+    databases: dict[str, str] | None = None,
+) -> Iterator[Stack]:
+    """The named services started from their compose commands, on loopback; a
+    PostgreSQL server they depend on is provided (`databases`), not started."""
     token = secrets.token_urlsafe(24)
     assert len(token) == 32
     token_file = tmp_path / "secrets" / TOKEN_SECRET
     token_file.parent.mkdir()
     token_file.write_text(token + "\n")
-    started = Stack(compose, token, child_env)
+    started = Stack(compose, token, env, databases=databases or {})
     services = compose["services"]
-    for name in SERVICES:
+    for name in names:
         started.mounts[name] = local_mounts(name, services[name], tmp_path, token_file)
     try:
-        for name in start_order(services, SERVICES):
+        for name in start_order(services, names):
+            if name == PG_SERVER:
+                assert databases, f"{names} need the {PG_SERVER} service"
+                continue
             start_service(started, name, tmp_path)
         yield started
     finally:
         for service in reversed(list(started.running.values())):
             service.stop()
+
+
+@pytest.fixture
+def stack(compose: dict[str, Any], child_env: dict[str, str], tmp_path: Path) -> Iterator[Stack]:
+    """sink and publisher started from their compose commands, on loopback."""
+    yield from started_stack(compose, child_env, tmp_path, SERVICES)
+
+
+@pytest.fixture
+def pg_stack(
+    compose: dict[str, Any], child_env: dict[str, str], tmp_path: Path, databases: Any
+) -> Iterator[Stack]:
+    """sink-postgres and publisher-postgres from their compose commands, on two
+    databases of the session's PostgreSQL server in place of the postgres service."""
+    if databases.backend != "postgres":
+        pytest.skip("the compose services on PostgreSQL")
+    local = {"sink": str(databases.sink), "source": str(databases.source)}
+    yield from started_stack(compose, child_env, tmp_path, PG_SERVICES, local)
 
 
 def run_healthcheck(
@@ -428,6 +520,31 @@ def test_service_commands_run_locally_with_the_same_flags(stack: Stack, db_rows:
     assert db_rows(source_db, "SELECT id FROM orders") == [(order["id"],)]
 
     for running in (publisher, sink):  # dependents first, as compose stops them
+        status = running.stop()
+        assert status == 0, f"{running.name} exited {status}: {running.log.read_text()!r}"
+
+
+@pytest.mark.parametrize("databases", ["postgres"], indirect=True)
+def test_the_postgres_service_commands_run_locally_with_the_same_flags(
+    pg_stack: Stack, db_rows: Query
+) -> None:
+    services = pg_stack.compose["services"]
+    sink, publisher = pg_stack.running["sink-postgres"], pg_stack.running["publisher-postgres"]
+    for name, running in pg_stack.running.items():
+        result = run_healthcheck(services[name], running, pg_stack.env)
+        assert result.returncode == 0, f"{name} health check: {result.stderr}"
+
+    order = {"id": "compose-pg-1", "sku": "compose-widget", "qty": 4}
+    assert request(publisher.port, "POST", "/orders", order) == (
+        201,
+        {"id": order["id"], "result": "accepted"},
+    )
+    wait_for_inventory(sink.port, str(order["sku"]), pg_stack.token, 4)
+    assert db_rows(pg_stack.databases["sink"], "SELECT id FROM inbox") == [(order["id"],)]
+    assert db_rows(pg_stack.databases["source"], "SELECT id, sent FROM outbox") == [
+        (order["id"], 1)
+    ]
+    for running in (publisher, sink):
         status = running.stop()
         assert status == 0, f"{running.name} exited {status}: {running.log.read_text()!r}"
 
@@ -505,6 +622,8 @@ def compose_modules() -> set[str]:
     """Top-level packages the compose services run with `python -m`."""
     modules = set()
     for service in load_compose()["services"].values():
+        if "build" not in service:
+            continue  # an image of its own (PostgreSQL), not ours
         argv = command_of(service)
         assert argv[:2] == ["python", "-m"], argv
         modules.add(argv[2].split(".")[0])
