@@ -141,20 +141,14 @@ class PgDatabase:
         async with self.connection() as conn, durable(conn, pipeline=pipeline):
             yield conn
 
-    @contextlib.asynccontextmanager
-    async def dedicated(self, application_name: str) -> AsyncIterator[Conn]:
+    async def dedicated(self, application_name: str) -> Conn:
         """A connection of its own, outside the pool, in autocommit, for a session
-        that must last (a session-level lock): closed on the way out. Its
+        that must last (a session-level lock); the caller closes it. Its
         `application_name` is what pg_stat_activity shows for it."""
         kwargs = {**_connection_kwargs(self.settings, self.side), "autocommit": True}
         kwargs["application_name"] = application_name
         async with _translated(self.location):
-            conn = await psycopg.AsyncConnection.connect(self.settings.conninfo, **kwargs)
-        try:
-            async with _translated(self.location):
-                yield conn
-        finally:
-            await _close_quietly(conn)
+            return await psycopg.AsyncConnection.connect(self.settings.conninfo, **kwargs)
 
     async def query(
         self, statement: bytes | str, params: Sequence[Any] | Mapping[str, Any] | None = None
@@ -323,6 +317,11 @@ def _healthy(conn: Conn) -> bool:
     return not readable
 
 
+async def close_quietly(conn: Conn) -> None:
+    """Close a connection, whatever state it or the server is in."""
+    await _close_quietly(conn)
+
+
 async def _close_quietly(conn: Conn) -> None:
     with contextlib.suppress(psycopg.Error, OSError):
         await conn.close()
@@ -435,6 +434,7 @@ __all__ = [
     "Pool",
     "PoolTimeout",
     "Settings",
+    "close_quietly",
     "describe",
     "durable",
     "parse",

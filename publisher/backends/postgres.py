@@ -16,9 +16,11 @@ translation are pg_tx's. What PostgreSQL adds to the SQLite backend's behaviour:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import json
+import logging
 import os
 import re
 import socket
@@ -29,7 +31,8 @@ from typing import Any, Final, TypeVar
 
 import psycopg.errors
 
-from pg_tx import Conn, PgDatabase, durable
+from pg_tx import Conn, PgDatabase, close_quietly, durable, translated_sync
+from plumbing.storage import StorageError
 from publisher.backends import postgres_sql as sql
 from publisher.errors import InvalidTransition, RelayAlreadyRunning, UnknownEntry
 from publisher.store import (
@@ -55,6 +58,9 @@ T = TypeVar("T")
 
 LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
 RELAY_LOCK_WAIT_MS: Final = 300  # a holder that just died may still be ending its session
+RELAY_LOCK_CHECK_S: Final = 0.5  # how often the relay lock's session is checked
+
+log = logging.getLogger(__name__)
 _HOLDER_NAME = re.compile(r"outbox relay (\d+)@([^:]*): (.*)", re.DOTALL)
 
 
@@ -107,20 +113,59 @@ class PostgresOutbox(Outbox):
         """A session-level advisory lock, held by a connection of its own until the
         block ends; the server drops it when that connection closes, so a relay that
         died (even by SIGKILL) holds it no longer. The connection's application_name
-        names the holder."""
-        name = f"outbox relay {os.getpid()}@{socket.gethostname()}: {owner}"
-        key = self.relay_lock_key
-        async with self._db.dedicated(_fit_name(name)) as conn:
-            await conn.execute(sql.RELAY_LOCK_WAIT.encode(), (f"{RELAY_LOCK_WAIT_MS}ms",))
+        names the holder. If the session is lost while the block runs (the server
+        restarted), the lock is taken again as soon as the server is back."""
+        name = _fit_name(f"outbox relay {os.getpid()}@{socket.gethostname()}: {owner}")
+        held = [await self._take_relay_lock(name, RELAY_LOCK_WAIT_MS)]
+        keeper = asyncio.create_task(self._keep_relay_lock(held, name), name="relay lock")
+        try:
+            yield
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            await close_quietly(held[0])  # the session's end releases the lock
+
+    async def _take_relay_lock(self, name: str, wait_ms: int) -> Conn:
+        conn = await self._db.dedicated(name)
+        try:
+            with translated_sync(self.location):
+                await conn.execute(sql.RELAY_LOCK_WAIT.encode(), (f"{wait_ms}ms",))
+                try:
+                    await conn.execute(sql.RELAY_LOCK.encode(), (self.relay_lock_key,))
+                except psycopg.errors.LockNotAvailable:
+                    holder = await _holder(conn, self.relay_lock_key)
+                    raise RelayAlreadyRunning(self.location, holder) from None
+        except BaseException:
+            await close_quietly(conn)
+            raise
+        return conn
+
+    async def _keep_relay_lock(self, held: list[Conn], name: str) -> None:
+        """Check the lock's session every RELAY_LOCK_CHECK_S; once it is lost, take
+        the lock again as soon as the server lets us."""
+        while True:
+            await asyncio.sleep(RELAY_LOCK_CHECK_S)
             try:
-                await conn.execute(sql.RELAY_LOCK.encode(), (key,))
-            except psycopg.errors.LockNotAvailable:
-                raise RelayAlreadyRunning(self.location, await _holder(conn, key)) from None
-            try:
-                yield
-            finally:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.execute(sql.RELAY_UNLOCK.encode(), (key,))
+                await asyncio.wait_for(held[0].execute(b"SELECT 1"), RELAY_LOCK_CHECK_S * 5)
+                continue
+            except (psycopg.Error, TimeoutError) as exc:
+                log.warning("the relay lock's database session was lost (%s): taking it again", exc)
+            await close_quietly(held[0])
+            said = False
+            while True:
+                try:
+                    held[0] = await self._take_relay_lock(name, RELAY_LOCK_WAIT_MS)
+                except RelayAlreadyRunning as exc:
+                    if not said:  # two relays now: the sink still applies each event once
+                        log.error("could not take the relay lock again: %s", exc)
+                        said = True
+                except StorageError:
+                    pass  # the server is not back yet
+                else:
+                    log.info("relay lock taken again")
+                    break
+                await asyncio.sleep(RELAY_LOCK_CHECK_S)
 
     # ------------------------------------------------------------------ intake
 
