@@ -279,7 +279,11 @@ def test_the_postgres_services_keep_the_password_out_of_the_file(compose: dict[s
     sqlite_ports = {p for n in SERVICES for _, p, _ in published_ports(services[n])}
     assert not sqlite_ports & {p for n in PG_SERVICES for _, p, _ in published_ports(services[n])}
     chaos = command_of(services["chaos-postgres"])
-    assert chaos[chaos.index("--backend") + 1] == "postgres"
+    assert chaos[:3] == ["python", "-m", "chaos"], chaos
+    from chaos.cli import build_parser
+
+    parsed = build_parser().parse_args(chaos[3:])
+    assert (parsed.backend, urlsplit(parsed.db_url).hostname) == ("postgres", PG_SERVER)
 
 
 # ---------------------------------------------------------------- 2. and 3. the commands, run
@@ -783,6 +787,8 @@ def test_dockerignore_keeps_environments_databases_and_secrets_out() -> None:
         "source.db-wal",
         "demo-data/sink.db",
         "secrets/outbox_token",
+        "secrets/pgpass",
+        "secrets/pg_password",
         "shared/__pycache__/net.cpython-311.pyc",
     ):
         assert dockerignored(path), f".dockerignore lets {path} into the build context"
