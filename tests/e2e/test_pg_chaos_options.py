@@ -1,0 +1,89 @@
+"""`python -m chaos` and `python -m bench` with PostgreSQL options they must refuse, each
+with one line and exit status 2, before anything is started; and a run in the schemas
+of an operator's database leaves no schema behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support import run_module
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "s3cr3t-pw"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["--backend", "postgres", "--db-url", f"postgresql://outbox:{SECRET}@127.0.0.1/x"],
+            "PGPASSWORD",
+        ),
+        (
+            ["--backend", "postgres", "--db-url", f"postgresql://outbox@127.0.0.1/x?password={SECRET}"],
+            "PGPASSWORD",
+        ),
+        (
+            ["--backend", "postgres", "--db-url", "postgresql://outbox@127.0.0.1/x?options=-cx%3D1"],
+            "sets options",
+        ),
+        (["--db-url", "postgresql://outbox@127.0.0.1/x"], "--db-url is for --backend postgres"),
+        (["--backend", "postgres", "--db-url", "mysql://h/x"], "postgresql://"),
+        (
+            ["--backend", "postgres", "--db-url", "postgresql://outbox@127.0.0.1/x",
+             "--pg-restarts", "1"],
+            "--pg-restarts needs",
+        ),
+        (["--pg-restarts", "1"], "--pg-restarts needs"),
+    ],
+)  # fmt: skip
+def test_chaos_refuses_a_bad_postgres_option_in_one_line(
+    tmp_path: Path, child_env: dict[str, str], args: list[str], said: str
+) -> None:
+    workdir = tmp_path / "w"
+
+    done = run_module(
+        "chaos", "run", "--events", "3", *args, "--workdir", str(workdir),
+        env=child_env, cwd=tmp_path, timeout=30,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], done.stderr
+    assert SECRET not in done.stderr + done.stdout
+    assert not (workdir / "sink.log").exists(), "nothing may have been started"
+
+
+def test_bench_refuses_a_password_in_the_url(tmp_path: Path, child_env: dict[str, str]) -> None:
+    url = f"postgresql://outbox:{SECRET}@127.0.0.1/x"
+    args = ["--backend", "postgres", "--db-url", url, "--out", str(tmp_path / "r.json")]
+
+    root = Path(__file__).resolve().parents[2]  # bench is run from the repository
+    done = run_module("bench", *args, env=child_env, cwd=root, timeout=30)
+
+    assert done.returncode == 2, done.stderr
+    assert "PGPASSWORD" in done.stderr and SECRET not in done.stderr, done.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_in_an_operators_database_drops_its_schemas(
+    tmp_path: Path, child_env: dict[str, str], pg_database: str
+) -> None:
+    from conftest import query
+
+    args = ["--events", "20", "--kills", "2", "--seed", "2", "--json"]
+
+    done = run_module(
+        "chaos", "run", *args, "--backend", "postgres", "--db-url", pg_database,
+        env=child_env, cwd=tmp_path, timeout=100,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    schemas = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'chaos%'"
+    assert query(pg_database, schemas) == []  # made for the run, dropped at its end
+    assert query(pg_database, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [
+        (0,)
+    ]
