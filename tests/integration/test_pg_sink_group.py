@@ -1,0 +1,139 @@
+"""What only the PostgreSQL inbox has: concurrent writes sharing one transaction (group
+commit), a failing call failing alone in it, and transactions of two connections
+racing on the same IDs. The behaviour both backends share is in
+tests/behaviour/test_inbox_store.py. The session's throwaway server; rows read
+through connections of the test's own (`xmin` is the transaction that wrote a row).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from pg_faults import PgAccess
+
+from plumbing.storage import StorageError
+from shared import Event, Receipt
+from sink import Inbox
+from sink.store import BatchReceipt
+
+
+@pytest.fixture
+def database(pg_database: str) -> PgAccess:
+    return PgAccess(pg_database, "inbox_health")
+
+
+@pytest.fixture
+async def inbox(pg_database: str) -> AsyncIterator[Inbox]:
+    async with Inbox.open(pg_database) as opened:
+        yield opened
+
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    return {"id": event_id, "sku": sku, "qty": qty}
+
+
+@contextlib.contextmanager
+def in_progress(inbox: Inbox, requests: int) -> Iterator[None]:
+    """What the sink reports while `requests` write requests are in progress."""
+    with contextlib.ExitStack() as stack:
+        for _ in range(requests):
+            stack.enter_context(inbox.arriving())
+        yield
+
+
+def transactions(database: PgAccess) -> int:
+    """How many transactions wrote the inbox's rows."""
+    n: int = database.query("SELECT count(DISTINCT xmin::text) FROM inbox")[0][0]
+    return n
+
+
+async def test_writes_in_progress_together_share_one_transaction(
+    inbox: Inbox, database: PgAccess
+) -> None:
+    with in_progress(inbox, 2):
+        receipts = await asyncio.gather(*(inbox.receive(event(f"e{n}")) for n in range(32)))
+
+    assert receipts == [Receipt.APPLIED] * 32
+    assert database.query("SELECT qty FROM inventory") == [(32,)]
+    assert transactions(database) <= 4  # not one commit (one WAL flush) each
+
+
+async def test_a_write_alone_commits_in_a_transaction_of_its_own(
+    inbox: Inbox, database: PgAccess
+) -> None:
+    for n in range(3):
+        assert await inbox.receive(event(f"e{n}")) is Receipt.APPLIED
+
+    assert transactions(database) == 3
+
+
+async def test_a_fenced_chain_in_progress_together_commits_in_order_in_one_transaction(
+    inbox: Inbox, database: PgAccess
+) -> None:
+    # A pipelining sender's requests: each names the one before.
+    calls = [([event("a")], None), ([event("b")], "a"), ([event("c")], "b")]
+
+    with in_progress(inbox, 3):
+        got = await asyncio.gather(*(inbox.receive_batch(e, after=after) for e, after in calls))
+
+    assert [[r.receipt for r in g.received] for g in got] == [[Receipt.APPLIED]] * 3
+    assert database.query("SELECT id FROM inbox ORDER BY applied_seq") == [("a",), ("b",), ("c",)]
+    assert transactions(database) == 1
+
+
+async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
+    inbox: Inbox, database: PgAccess
+) -> None:
+    database.execute(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF NEW.sku = 'poison' THEN RAISE EXCEPTION 'poisoned stock'; END IF;"
+        " RETURN NEW; END $$",
+        "CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON inventory"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+    )
+    batches = [[event("a")], [event("p", "poison"), event("q")], [event("b", "tea")]]
+
+    with in_progress(inbox, 2):
+        got = await asyncio.gather(
+            *(inbox.receive_batch(batch) for batch in batches), return_exceptions=True
+        )
+
+    assert isinstance(got[1], StorageError) and "poisoned stock" in str(got[1])
+    for fine in (got[0], got[2]):
+        assert isinstance(fine, BatchReceipt)
+        assert [r.receipt for r in fine.received] == [Receipt.APPLIED]
+    assert database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
+    assert dict(database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 1}
+
+
+@pytest.mark.parametrize("order", ["same", "reversed"])
+async def test_two_connections_racing_on_one_batch_apply_each_event_once(
+    pg_database: str, database: PgAccess, order: str
+) -> None:
+    # Both insert the same new IDs at once: the second's inserts wait for the first
+    # and then find them known (run again as duplicates); in reversed order they
+    # may deadlock, and the transaction PostgreSQL aborts runs again.
+    rounds = 10
+    # Found in 50 ms instead of the default 1 s (a deadlock is waited for that long).
+    database.execute(f"ALTER DATABASE {database.dbname} SET deadlock_timeout = '50ms'")
+    async with Inbox.open(pg_database) as one, Inbox.open(pg_database) as two:
+        for n in range(rounds):
+            batch = [event(f"r{n}-{k}", f"sku{k}", k + 1) for k in range(4)]
+            other = batch if order == "same" else batch[::-1]
+            got = await asyncio.gather(one.receive_batch(batch), two.receive_batch(other))
+            receipts: dict[str, list[Receipt]] = {}
+            for receipt, sent in zip(got, (batch, other), strict=True):
+                assert receipt.conflict is None
+                for done, item in zip(receipt.received, sent, strict=True):
+                    receipts.setdefault(item["id"], []).append(done.receipt)
+            assert all(sorted(r) == [Receipt.APPLIED, Receipt.DUPLICATE] for r in receipts.values())
+
+    assert database.query("SELECT count(*), min(deliveries), max(deliveries) FROM inbox") == [
+        (4 * rounds, 2, 2)
+    ]
+    stock: dict[str, Any] = dict(database.query("SELECT sku, qty FROM inventory"))
+    assert stock == {f"sku{k}": (k + 1) * rounds for k in range(4)}

@@ -1,0 +1,91 @@
+"""The PostgreSQL inbox's schema: versioned migrations applied once (also by sinks
+starting together), a newer schema refused with one line, a schema of its own
+through the URI, and the probe row another connection sees updated. The session's
+throwaway server; rows read through connections of the test's own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pg_faults import PgAccess
+
+from plumbing.storage import StorageError
+from shared import Receipt
+from sink import Inbox
+from sink.backends import postgres_sql
+
+EVENT = {"id": "order-1", "sku": "snack", "qty": 7}
+
+
+@pytest.fixture
+def database(pg_database: str) -> PgAccess:
+    return PgAccess(pg_database, "inbox_health")
+
+
+def version(database: PgAccess) -> list[tuple[object, ...]]:
+    return database.query("SELECT side, version FROM schema_versions WHERE side = 'sink'")
+
+
+async def test_sinks_opening_together_migrate_the_schema_once(
+    pg_database: str, database: PgAccess
+) -> None:
+    inboxes = await asyncio.gather(*(Inbox.open(pg_database) for _ in range(4)))
+    try:
+        assert await inboxes[0].receive(dict(EVENT)) is Receipt.APPLIED
+        assert await inboxes[3].receive(dict(EVENT)) is Receipt.DUPLICATE
+    finally:
+        for inbox in inboxes:
+            await inbox.close()
+
+    assert version(database) == [("sink", len(postgres_sql.MIGRATIONS))]
+    assert database.query("SELECT id, at FROM inbox_health") == [(1, 0.0)]
+
+
+async def test_a_newer_schema_is_refused_with_one_line(
+    pg_database: str, database: PgAccess
+) -> None:
+    async with Inbox.open(pg_database):
+        pass
+    database.execute("UPDATE schema_versions SET version = 99 WHERE side = 'sink'")
+
+    with pytest.raises(StorageError) as refused:
+        await Inbox.open(pg_database)
+
+    assert "newer" in str(refused.value) and "\n" not in str(refused.value)
+
+
+async def test_the_probe_commits_a_write_that_another_connection_sees(
+    pg_database: str, database: PgAccess
+) -> None:
+    async with Inbox.open(pg_database) as inbox:
+        await inbox.check_writable()
+        [(first,)] = database.query("SELECT at FROM inbox_health")
+        await inbox.check_writable()
+        [(second,)] = database.query("SELECT at FROM inbox_health")
+
+    assert 0 < first <= second  # one row, updated in place
+    assert database.query("SELECT count(*) FROM inbox_health") == [(1,)]
+
+
+async def test_a_search_path_in_the_uri_puts_the_tables_in_that_schema(
+    pg_database: str, database: PgAccess
+) -> None:
+    database.execute("CREATE SCHEMA warehouse")
+    location = f"{pg_database}?options=-csearch_path%3Dwarehouse"
+
+    async with Inbox.open(location) as inbox:
+        assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
+
+    tables = database.query(
+        "SELECT table_schema, table_name FROM information_schema.tables"
+        " WHERE table_name IN ('inbox', 'inventory', 'inbox_health', 'schema_versions')"
+        " ORDER BY table_name"
+    )
+    assert tables == [
+        ("warehouse", "inbox"),
+        ("warehouse", "inbox_health"),
+        ("warehouse", "inventory"),
+        ("warehouse", "schema_versions"),
+    ]
+    assert database.query("SELECT id FROM warehouse.inbox") == [("order-1",)]
