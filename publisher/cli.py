@@ -33,7 +33,7 @@ from plumbing.cli import (
     strict_int,
 )
 from plumbing.net import INTAKE_TOKEN_ENV, TOKEN_ENV, TokenError, is_loopback, load_token
-from plumbing.storage import BadLocation, StorageError
+from plumbing.storage import BadLocation, StorageError, redacted
 from plumbing.web import add_http_options, http_guard_of, http_limits_of, serve_app
 from publisher.chaos import exit_after_ack
 from publisher.dispatch import deliver_pending
@@ -449,7 +449,7 @@ async def cmd_trace(args: argparse.Namespace) -> int:
                 trace = await collect_trace(outbox, args.id, sender)
     print(json.dumps(trace.to_dict()) if args.json else render_trace(trace))
     if trace.stages[0].proof.value != "proven":
-        return fail(PROG, f"no order with ID {args.id!r} in {args.db}")
+        return fail(PROG, f"no order with ID {args.id!r} in {redacted(args.db)}")
     return EXIT_OK
 
 
