@@ -2,15 +2,14 @@
 
 The publisher ends itself right after a verified batch ACK, before the mark; the
 rerun resends the batch and the inbox absorbs it. `publisher serve --ordering sku`
-runs as a process of its own. Outcomes are read from both database files through
-independent sqlite3 connections.
+runs as a process of its own. Outcomes are read from both databases through
+independent connections (SQLite or PostgreSQL: each test runs on both).
 """
 
 from __future__ import annotations
 
 import json
 import signal
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,7 +18,7 @@ from support import LOOPBACK, STOP_TIMEOUT_S, dispatch, post_order, wait_until
 from shared import payload_digest
 
 if TYPE_CHECKING:
-    from conftest import Query, RunCli, StartPublisher, StartSink
+    from conftest import Databases, Query, RunCli, StartPublisher, StartSink
 
 pytestmark = pytest.mark.e2e
 
@@ -29,9 +28,9 @@ ORDERS = [("order-1", "snack", 7), ("order-2", "juice", 3), ("order-3", "snack",
 
 
 def test_crash_after_a_batch_ack_marks_nothing_and_the_rerun_is_absorbed(
-    tmp_path: Path, run_cli: RunCli, sink_process: StartSink, db_rows: Query
+    databases: Databases, run_cli: RunCli, sink_process: StartSink, db_rows: Query
 ) -> None:
-    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    source, sink_db = databases.source, databases.sink
     for event_id, sku, qty in ORDERS:
         accepted = run_cli(
             "publisher", "accept", "--db", str(source), "--id", event_id, "--sku", sku,
@@ -48,7 +47,7 @@ def test_crash_after_a_batch_ack_marks_nothing_and_the_rerun_is_absorbed(
     assert status == CHAOS_EXIT, stderr
     assert stdout == ""
     # The one batch request applied all three before the publisher died...
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY rowid") == [
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY applied_seq") == [
         (event_id, 1) for event_id in ids
     ]
     assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
@@ -64,7 +63,7 @@ def test_crash_after_a_batch_ack_marks_nothing_and_the_rerun_is_absorbed(
 
     assert status == 0, stderr
     assert stdout.strip() == "delivered 3: order-1 order-2 order-3"
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY rowid") == [
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY applied_seq") == [
         (event_id, 2) for event_id in ids
     ]
     assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
@@ -84,10 +83,10 @@ def test_crash_after_a_batch_ack_marks_nothing_and_the_rerun_is_absorbed(
 
 
 def test_serve_with_sku_ordering_delivers_posted_orders_and_sigterm_exits_zero(
-    tmp_path: Path, sink_process: StartSink, publisher_process: StartPublisher, db_rows: Query
+    databases: Databases, sink_process: StartSink, publisher_process: StartPublisher, db_rows: Query
 ) -> None:
-    sink = sink_process(tmp_path / "sink.db")
-    source = tmp_path / "source.db"
+    sink = sink_process(databases.sink)
+    source = databases.source
     publisher = publisher_process(
         "--db", str(source), "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
         "--ordering", "sku", "--lanes", "3", "--poll-interval", "5", "--retry-base", "0.05",
@@ -107,7 +106,7 @@ def test_serve_with_sku_ordering_delivers_posted_orders_and_sigterm_exits_zero(
         return len(states) == len(orders) and all(states.values())
 
     wait_until(all_sent)
-    applied = [r[0] for r in db_rows(sink.db, "SELECT id FROM inbox ORDER BY rowid")]
+    applied = [r[0] for r in db_rows(sink.db, "SELECT id FROM inbox ORDER BY applied_seq")]
     assert sorted(applied) == [o["id"] for o in orders]
     for sku in ("snack", "juice", "tea", "soap"):
         expected = [o["id"] for o in orders if o["sku"] == sku]

@@ -3,8 +3,9 @@
 `publisher serve --pipeline 8` and `python -m sink` run as processes of their own. The
 publisher ends itself right after a verified ACK (with up to eight requests in
 flight), or is killed with SIGKILL in the middle of a drain; a publisher started again
-on the same files finishes the job. A checker reads both database files through
-independent sqlite3 connections and the sink's inbox record over HTTP.
+on the same databases finishes the job. A checker reads both databases (SQLite files
+or PostgreSQL databases: each test runs on both) through independent connections, and
+the sink's inbox record over HTTP.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from support import LOOPBACK, STOP_TIMEOUT_S, wait_until
 
 if TYPE_CHECKING:
-    from conftest import AcceptOrders, PublisherProcess, Query, StartPublisher, StartSink
+    from conftest import AcceptOrders, Databases, PublisherProcess, Query, StartPublisher, StartSink
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +31,6 @@ CRASH_TIMEOUT_S = 15.0
 DRAIN_TIMEOUT_S = 30.0
 SETTLE_S = 0.5  # longer than a request takes at the sink, stall included
 SETTLE_ROUNDS = 20
-STARTUP_READ_S = 0.5  # time for the relay's first read, at start-up, to be over
 SKUS = ("snack", "juice", "tea", "soap")
 _CHAOS_LINE = re.compile(r"chaos: ACK verified for (\S+), exiting with status 73 before the mark")
 
@@ -56,7 +56,7 @@ def sent_ids(db_rows: Query, source: Path) -> list[str]:
 
 def inbox_ids(db_rows: Query, sink_db: Path) -> list[str]:
     """The inbox in the order the sink applied it."""
-    return [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
+    return [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY applied_seq")]
 
 
 def lines(events: list[dict[str, Any]], by_sku: bool) -> list[list[str]]:
@@ -130,14 +130,14 @@ def drain_and_stop(publisher: PublisherProcess, db_rows: Query, source: Path, co
 
 @pytest.mark.parametrize("delivery", ["single", "batch"])
 def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_the_resends(
-    tmp_path: Path,
+    databases: Databases,
     sink_process: StartSink,
     publisher_process: StartPublisher,
     accept_orders: AcceptOrders,
     db_rows: Query,
     delivery: str,
 ) -> None:
-    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    source, sink_db = databases.source, databases.sink
     sink = sink_process(sink_db)
     events = orders(24)
     ids = [e["id"] for e in events]
@@ -146,16 +146,16 @@ def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_t
     # A run sends its first request alone; once its reply says the sink enforces
     # Outbox-After, the rest go up to eight at a time. The crash comes right after the
     # ACK of the first entry of the second request, with the others in flight behind
-    # it. The relay reads once at start-up (nothing yet) and then at the next poll:
-    # the orders are all there by then, so they make one run.
+    # it. The orders are all there before the publisher starts, so its first read
+    # finds them all: one run. (Accepted while it runs, the first order would wake a
+    # relay on PostgreSQL at once, through NOTIFY, and make a run of its own.)
     crash_at = size + 1
+    accept_orders(source, *events)
     crashing = publisher_process(
         *serve_args(
             source, sink.url, *mode, "--poll-interval", "2", "--chaos", f"exit-after-ack={crash_at}"
         )
     )
-    time.sleep(STARTUP_READ_S)
-    accept_orders(source, *events)
 
     assert crashing.wait(CRASH_TIMEOUT_S) == CHAOS_EXIT, crashing.log.read_text()
     [crashed] = _CHAOS_LINE.findall(crashing.log.read_text())
@@ -188,7 +188,7 @@ def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_t
 
 @pytest.mark.parametrize("delivery", ["single", "batch"])
 def test_by_default_a_run_sends_its_first_request_alone(
-    tmp_path: Path,
+    databases: Databases,
     sink_process: StartSink,
     publisher_process: StartPublisher,
     accept_orders: AcceptOrders,
@@ -197,7 +197,7 @@ def test_by_default_a_run_sends_its_first_request_alone(
 ) -> None:
     """`publisher serve` pipelines by default, but only once a reply of this run has
     said the sink enforces Outbox-After: at the first ACK nothing else is in flight."""
-    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    source, sink_db = databases.source, databases.sink
     sink = sink_process(sink_db)
     events = orders(24)
     ids = [e["id"] for e in events]
@@ -207,9 +207,8 @@ def test_by_default_a_run_sends_its_first_request_alone(
         "--delivery", delivery, "--limit", str(size), "--poll-interval", "2",
         "--chaos", "exit-after-ack",
     ]  # fmt: skip
+    accept_orders(source, *events)  # all there at the first read: one run
     crashing = publisher_process(*args)
-    time.sleep(STARTUP_READ_S)
-    accept_orders(source, *events)
 
     assert crashing.wait(CRASH_TIMEOUT_S) == CHAOS_EXIT, crashing.log.read_text()
     assert _CHAOS_LINE.findall(crashing.log.read_text()) == [ids[0]]
@@ -226,14 +225,14 @@ def test_by_default_a_run_sends_its_first_request_alone(
 
 @pytest.mark.parametrize("ordering", ["global", "sku"])
 def test_sigkill_mid_drain_loses_nothing_and_applies_nothing_twice(
-    tmp_path: Path,
+    databases: Databases,
     sink_process: StartSink,
     publisher_process: StartPublisher,
     accept_orders: AcceptOrders,
     db_rows: Query,
     ordering: str,
 ) -> None:
-    source, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    source, sink_db = databases.source, databases.sink
     by_sku = ordering == "sku"
     # Each request waits at the sink, so the drain lasts long enough to be cut.
     sink = sink_process(sink_db, "--chaos", "stall=0.2")
