@@ -235,6 +235,7 @@ def _columns(events: list[Event], payloads: list[str], now: float) -> dict[str, 
         "skus": [event["sku"] for event in events],
         "qtys": [event["qty"] for event in events],
         "now": now,
+        "slots": sql.TALLY_SLOTS,
     }
 
 
@@ -245,7 +246,8 @@ async def _one_by_one(
     first conflict (the prefix commits; nothing of the conflicting event ran)."""
     done: list[Received] = []
     for event, payload in zip(events, payloads, strict=True):
-        inserted = await conn.execute(sql.INSERT_ONE, {**event, "payload": payload, "now": now})
+        params = {**event, "payload": payload, "now": now, "slots": sql.TALLY_SLOTS}
+        inserted = await conn.execute(sql.INSERT_ONE, params)
         stored = await conn.execute(sql.FIND, (event["id"],))  # same round trip
         if await inserted.fetchone() is not None:
             done.append(Received(Receipt.APPLIED, digest_of(payload)))

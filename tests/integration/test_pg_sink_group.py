@@ -59,6 +59,7 @@ async def test_writes_in_progress_together_share_one_transaction(
 
     assert receipts == [Receipt.APPLIED] * 32
     assert database.query("SELECT qty FROM inventory") == [(32,)]
+    assert await inbox.count() == 32
     assert transactions(database) <= 4  # not one commit (one WAL flush) each
 
 
@@ -107,6 +108,7 @@ async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
         assert isinstance(fine, BatchReceipt)
         assert [r.receipt for r in fine.received] == [Receipt.APPLIED]
     assert database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
+    assert await inbox.count() == 2
     assert dict(database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 1}
 
 
@@ -131,6 +133,8 @@ async def test_two_connections_racing_on_one_batch_apply_each_event_once(
                 for done, item in zip(receipt.received, sent, strict=True):
                     receipts.setdefault(item["id"], []).append(done.receipt)
             assert all(sorted(r) == [Receipt.APPLIED, Receipt.DUPLICATE] for r in receipts.values())
+        # The count of either inbox is kept by the transactions that inserted.
+        assert await one.count() == await two.count() == 4 * rounds
 
     assert database.query("SELECT count(*), min(deliveries), max(deliveries) FROM inbox") == [
         (4 * rounds, 2, 2)
