@@ -5,9 +5,10 @@ table on stdout (progress on stderr) and writes the results as JSON. Exit status
 when every case ran (or was reported "not available"), 1 when a case failed; a
 missed target is a result, not a failure.
 
-`--backend postgres` adds the PostgreSQL cases (`pg_*`) to the SQLite ones, in the
-same run: on a throwaway server the run starts and removes, or in fresh schemas of
-the database `--db-url` names (password from PGPASSWORD or a .pgpass file).
+`--backend postgres` runs the relay cases on SQLite and again on PostgreSQL (`pg_*`),
+with the HTTP ceiling and each backend's durable commit ceiling, in the same run: on
+a throwaway server the run starts and removes, or in fresh schemas of the database
+`--db-url` names (password from PGPASSWORD or a .pgpass file).
 `--cases a,b` runs only those cases (and reports only the targets they make).
 """
 
@@ -59,6 +60,20 @@ CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("intake_latency", cases.intake_latency),
     ("scaling", cases.scaling),
     ("memory", cases.memory),
+)
+# What `--backend postgres` runs by default: the relay cases on both backends and the
+# figures they are measured against, in one run of about two minutes. The other
+# SQLite cases (naive peer, lanes, intake, scaling, memory) are the default run's;
+# `--cases` runs any of them alongside.
+SIDE_BY_SIDE: Final = frozenset(
+    {
+        "ceiling",
+        "commit_ceiling",
+        "relay_single",
+        "relay_batch",
+        "relay_single_serial",
+        "relay_batch_serial",
+    }
 )
 PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("pg_commit_ceiling", cases.pg_commit_ceiling),
@@ -176,6 +191,8 @@ def _selected(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list
         available += [name for name, _ in PG_CASES]
     elif args.db_url is not None:
         parser.error("--db-url is for --backend postgres")
+    if args.cases is None and args.backend == "postgres":
+        return [name for name in available if name in SIDE_BY_SIDE or name.startswith("pg_")]
     if args.cases is None:
         return available
     unknown = [name for name in args.cases if name not in available]

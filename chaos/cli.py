@@ -183,6 +183,7 @@ def cmd_scenario(args: argparse.Namespace, workdir: Path, place: Place) -> int:
         if not quiet:
             print(line, flush=True)
 
+    say(f"databases: {place.describe()}\n")
     outcomes: list[Outcome] = []
     for name in names:
         scenario_dir = workdir / name
