@@ -64,5 +64,6 @@ def test_a_sink_killed_after_its_ack_is_replaced_by_one_that_knows_the_event(
     database = PgAccess(pg_database, "inbox_health")
     rows = database.query("SELECT id, applied_seq FROM inbox ORDER BY applied_seq")
     assert [event_id for event_id, _ in rows] == [e["id"] for e in EVENTS]
-    assert dict(rows)["order-3"] == record["applied_seq"]
+    applied_seq: dict[str, int] = dict(rows)
+    assert applied_seq["order-3"] == record["applied_seq"]
     assert database.query("SELECT qty FROM inventory") == [(6,)]
