@@ -87,3 +87,30 @@ def test_a_run_in_an_operators_database_drops_its_schemas(
     assert query(pg_database, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [
         (0,)
     ]
+
+
+def test_make_demo_postgres_runs_the_two_spec_scenarios_and_a_chaos_run_on_postgres() -> None:
+    """The Makefile target's commands, parsed by the chaos CLI itself (running it is
+    what `make demo-postgres` is for; each part is run by the tests above and in
+    test_chaos.py and test_pg_server_outage.py)."""
+    import shlex
+
+    from chaos.cli import build_parser
+
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    phony = {name for line in makefile.splitlines() if line.startswith(".PHONY:")
+             for name in line.split(":", 1)[1].split()}  # fmt: skip
+    assert "demo-postgres" in phony
+    lines = makefile.split("\ndemo-postgres:", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert lines[0].split() == ["venv", "postgres-binaries"], lines[0]
+    recipes = [shlex.split(line.strip()) for line in lines[1:] if line.startswith("\t")]
+    parsed = []
+    for argv in recipes:
+        assert argv[:3] == ["$(BIN)/python", "-m", "chaos"], argv
+        parsed.append(build_parser().parse_args(argv[3:]))
+    assert [(p.command, p.backend, p.db_url) for p in parsed] == [
+        ("scenario", "postgres", None),
+        ("run", "postgres", None),
+    ]
+    assert parsed[0].names == ["crash-after-ack", "drop-after-commit"]
+    assert parsed[1].kills > 0 and parsed[1].pg_restarts > 0
