@@ -22,7 +22,7 @@ import select
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -32,6 +32,8 @@ import psycopg.errors
 from plumbing.storage import BadLocation, StorageError, redacted
 
 T = TypeVar("T")
+C_in = TypeVar("C_in")
+R_out = TypeVar("R_out")
 Conn = psycopg.AsyncConnection[Any]
 
 CONNECT_TIMEOUT_S: Final = 5  # to reach the server at all
@@ -216,6 +218,62 @@ class PgDatabase:
             finally:
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
+
+
+class GroupCommit(Generic[C_in, R_out]):
+    """Group commit: calls submitted while a group is being committed wait, and are
+    then committed together in the next transaction, so they share its round trips
+    and its WAL flush.
+
+    `commit(conn, calls)` gets a pooled connection outside any transaction, makes one
+    transaction of all the calls, and returns one outcome per call: its result, or
+    the exception it alone failed with (each call in a savepoint of its own, say).
+    If the transaction itself fails, every call in it fails with that error. A
+    caller that stops waiting does not take its call back.
+    """
+
+    def __init__(
+        self,
+        db: PgDatabase,
+        commit: Callable[[Conn, list[C_in]], Awaitable[list[R_out | Exception]]],
+    ) -> None:
+        self._db = db
+        self._commit = commit
+        self._queue: list[tuple[C_in, asyncio.Future[R_out]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def submit(self, call: C_in) -> R_out:
+        done: asyncio.Future[R_out] = asyncio.get_running_loop().create_future()
+        self._queue.append((call, done))
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        return await done
+
+    async def _run(self) -> None:
+        group: list[tuple[C_in, asyncio.Future[R_out]]] = []
+        try:
+            while self._queue:
+                group, self._queue = self._queue, []
+                calls = [call for call, _ in group]
+                outcomes: list[R_out | Exception]
+                try:
+                    async with self._db.connection() as conn:
+                        outcomes = await self._commit(conn, calls)
+                except Exception as exc:  # the transaction itself failed: so did every call
+                    outcomes = [exc] * len(group)
+                for (_, done), outcome in zip(group, outcomes, strict=True):
+                    if done.done():
+                        continue  # its caller stopped waiting
+                    if isinstance(outcome, Exception):
+                        done.set_exception(outcome)
+                    else:
+                        done.set_result(outcome)
+                group = []
+        finally:
+            self._task = None
+            for _, done in [*group, *self._queue]:
+                done.cancel()  # only when this task itself was cancelled
+            self._queue = []
 
 
 class PoolTimeout(Exception):
@@ -430,6 +488,7 @@ def translated_sync(where: str) -> Iterator[None]:
 
 __all__ = [
     "Conn",
+    "GroupCommit",
     "PgDatabase",
     "Pool",
     "PoolTimeout",

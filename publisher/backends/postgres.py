@@ -31,7 +31,15 @@ from typing import Any, Final, TypeVar
 
 import psycopg.errors
 
-from pg_tx import Conn, PgDatabase, close_quietly, durable, translated_sync
+from pg_tx import (
+    Conn,
+    GroupCommit,
+    PgDatabase,
+    close_quietly,
+    describe,
+    durable,
+    translated_sync,
+)
 from plumbing.storage import StorageError
 from publisher.backends import postgres_sql as sql
 from publisher.errors import InvalidTransition, RelayAlreadyRunning, UnknownEntry
@@ -71,6 +79,7 @@ class PostgresOutbox(Outbox):
     def __init__(self, db: PgDatabase, table_oid: int) -> None:
         self._db = db
         self.relay_lock_key = sql.RELAY_LOCK_NS << 32 | table_oid
+        self._marks: GroupCommit[list[dict[str, Any]], None] = GroupCommit(db, _mark_groups)
         self._accept_sql = sql.ACCEPT
 
     @classmethod
@@ -239,25 +248,18 @@ class PostgresOutbox(Outbox):
         return await self._snapshot_read(read)
 
     async def mark_sent_many(self, marks: Sequence[Mark]) -> None:
-        """All pending, unquarantined entries (the common case): one statement per
-        entry, sent together (executemany in pipeline mode) with the commit. Each
-        call has a transaction of its own: PostgreSQL flushes the WAL of commits that
-        arrive together once (its own group commit)."""
+        """Marks asked for while another group is being committed are committed
+        together in the next transaction (group commit): with several lanes in
+        flight, one transaction and one WAL flush serve them all. The common case
+        (every entry pending) is one statement per entry, sent together
+        (executemany in pipeline mode)."""
         now = time.time()
         params = [
             {"id": event_id, "now": now, "ack": None if ack is None else ack_json(ack)}
             for event_id, ack in marks
         ]
-        if not params:
-            return
-        async with self._db.connection() as conn:
-            async with conn.pipeline() as pipeline, durable(conn):
-                cursor = conn.cursor()
-                await cursor.executemany(sql.MARK_PENDING_SENT.encode(), params)
-                await pipeline.sync()
-                if cursor.rowcount != len(params):
-                    for one in params:  # unknown, already sent, or quarantined
-                        await _mark_one(conn, one)
+        if params:
+            await self._marks.submit(params)
 
     async def record_failure(self, event_id: str, error: str) -> None:
         params = {"id": event_id, "error": error, "now": time.time()}
@@ -382,6 +384,41 @@ async def _find(conn: Conn, event_id: str) -> Entry:
     if row is None:
         raise UnknownEntry(event_id)
     return _entry(row)
+
+
+class _NotAllPending(Exception):
+    """Some entry of the group is not pending: undo the one statement, mark each call
+    on its own."""
+
+
+async def _mark_groups(conn: Conn, calls: list[list[dict[str, Any]]]) -> list[Exception | None]:
+    """Marks of several calls in one transaction; one error (or None) per call."""
+    every = [one for params in calls for one in params]
+    async with conn.pipeline() as pipeline, durable(conn):
+        try:
+            async with conn.transaction():  # a savepoint
+                cursor = conn.cursor()
+                await cursor.executemany(sql.MARK_PENDING_SENT.encode(), every)
+                await pipeline.sync()
+                if cursor.rowcount != len(every):
+                    raise _NotAllPending
+            return [None] * len(calls)
+        except (_NotAllPending, psycopg.Error):
+            pass  # some call's entry, maybe: each call on its own finds out
+        return [await _mark_call(conn, params) for params in calls]
+
+
+async def _mark_call(conn: Conn, params: list[dict[str, Any]]) -> Exception | None:
+    """One call's marks, each entry its own way, all or none of them."""
+    try:
+        async with conn.transaction():  # a savepoint
+            for one in params:
+                await _mark_one(conn, one)
+    except (InvalidTransition, UnknownEntry) as exc:
+        return exc
+    except psycopg.Error as exc:
+        return StorageError(f"marking failed: {describe(exc)}")
+    return None
 
 
 async def _mark_one(conn: Conn, params: dict[str, Any]) -> None:
