@@ -90,7 +90,8 @@ async def test_an_inbox_of_schema_1_gains_the_health_row_and_a_newer_file_is_ref
     await old.close()
     async with Inbox.open(path) as inbox:
         await inbox.check_writable()
-    assert db_rows(path, "PRAGMA user_version") == [(2,)]
+    assert db_rows(path, "PRAGMA user_version") == [(len(inbox_sql.MIGRATIONS),)]
+    assert len(db_rows(path, "SELECT * FROM health")) == 1
     with pytest.raises(StorageError, match="newer"):
         await Database.open(path, inbox_sql.MIGRATIONS[:1])
 
