@@ -369,10 +369,11 @@ def _healthy(conn: Conn) -> bool:
     if conn.closed or conn.broken:
         return False
     try:
-        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+        poller = select.poll()  # not select(): a busy process has descriptors above 1024
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        return not poller.poll(0)
     except (OSError, ValueError, psycopg.Error):
         return False
-    return not readable
 
 
 async def close_quietly(conn: Conn) -> None:
