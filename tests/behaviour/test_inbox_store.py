@@ -4,15 +4,16 @@ Each test runs once per backend in `BACKENDS`: it gets an inbox opened with
 `Inbox.open(backend.location)` and checks what reached the `inbox` and `inventory`
 tables through a connection of its own (`backend.query`), as another process would
 see them. What only one backend has (SQLite's WAL, inline commits and group commits,
-lock waits) is tested in tests/integration with that backend.
+lock waits; PostgreSQL's shared transactions, races between connections, durability
+on a server that does not flush) is tested in tests/integration with that backend.
 
 A new backend plugs in with one class that implements `Backend` and one factory in
 `BACKENDS` (tests/behaviour/inbox_backends.py); the tests are not copied. The SQL
 here uses `?` placeholders and the dialect SQLite and PostgreSQL share; a backend
 whose driver wants another placeholder style translates it in `query`. The tests
 read the columns of today's schema (inbox: id, payload, received_at, deliveries,
-last_delivery_at; inventory: sku, qty), which the chaos verdict reads too; a backend
-keeps their names and meaning.
+last_delivery_at, applied_seq; inventory: sku, qty), which the chaos verdict reads
+too; a backend keeps their names and meaning.
 """
 
 from __future__ import annotations
