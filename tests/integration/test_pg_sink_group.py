@@ -112,27 +112,34 @@ async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
     assert dict(database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 1}
 
 
+@pytest.mark.parametrize("requests", [1, 2], ids=["alone", "shared"])
 @pytest.mark.parametrize("order", ["same", "reversed"])
 async def test_two_connections_racing_on_one_batch_apply_each_event_once(
-    pg_database: str, database: PgAccess, order: str
+    pg_database: str, database: PgAccess, order: str, requests: int
 ) -> None:
     # Both insert the same new IDs at once: the second's inserts wait for the first
     # and then find them known (run again as duplicates); in reversed order they
-    # may deadlock, and the transaction PostgreSQL aborts runs again.
+    # may deadlock, and the transaction PostgreSQL aborts runs again. Shared: each
+    # inbox takes its batch as two calls in one shared transaction.
     rounds = 10
     # Found in 50 ms instead of the default 1 s (a deadlock is waited for that long).
     database.execute(f"ALTER DATABASE {database.dbname} SET deadlock_timeout = '50ms'")
     async with Inbox.open(pg_database) as one, Inbox.open(pg_database) as two:
-        for n in range(rounds):
-            batch = [event(f"r{n}-{k}", f"sku{k}", k + 1) for k in range(4)]
-            other = batch if order == "same" else batch[::-1]
-            got = await asyncio.gather(one.receive_batch(batch), two.receive_batch(other))
-            receipts: dict[str, list[Receipt]] = {}
-            for receipt, sent in zip(got, (batch, other), strict=True):
-                assert receipt.conflict is None
-                for done, item in zip(receipt.received, sent, strict=True):
-                    receipts.setdefault(item["id"], []).append(done.receipt)
-            assert all(sorted(r) == [Receipt.APPLIED, Receipt.DUPLICATE] for r in receipts.values())
+        with in_progress(one, requests), in_progress(two, requests):
+            for n in range(rounds):
+                batch = [event(f"r{n}-{k}", f"sku{k}", k + 1) for k in range(4)]
+                other = batch if order == "same" else batch[::-1]
+                calls = [(one, b) for b in _split(batch, requests)]
+                calls += [(two, b) for b in _split(other, requests)]
+                got = await asyncio.gather(*(inbox.receive_batch(b) for inbox, b in calls))
+                receipts: dict[str, list[Receipt]] = {}
+                for receipt, (_, sent) in zip(got, calls, strict=True):
+                    assert receipt.conflict is None
+                    for done, item in zip(receipt.received, sent, strict=True):
+                        receipts.setdefault(item["id"], []).append(done.receipt)
+                assert all(
+                    sorted(r) == [Receipt.APPLIED, Receipt.DUPLICATE] for r in receipts.values()
+                )
         # The count of either inbox is kept by the transactions that inserted.
         assert await one.count() == await two.count() == 4 * rounds
 
@@ -141,3 +148,8 @@ async def test_two_connections_racing_on_one_batch_apply_each_event_once(
     ]
     stock: dict[str, Any] = dict(database.query("SELECT sku, qty FROM inventory"))
     assert stock == {f"sku{k}": (k + 1) * rounds for k in range(4)}
+
+
+def _split(batch: list[Event], parts: int) -> list[list[Event]]:
+    size = len(batch) // parts
+    return [batch[i : i + size] for i in range(0, len(batch), size)]
