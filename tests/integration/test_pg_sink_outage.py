@@ -1,7 +1,7 @@
-"""The sink while its PostgreSQL server is away: POST /events answers 503 with a JSON
-error and /readyz fails; once the server is back the sink recovers on its own, with
-nothing applied twice. A throwaway server of the test's own, stopped and started for
-real under the running HTTP app."""
+"""The sink while its PostgreSQL server is away: its writes and reads answer 503 with
+a JSON error and /readyz fails; once the server is back the sink recovers on its
+own, with nothing applied twice. A throwaway server of the test's own, stopped and
+started for real under the running HTTP app."""
 
 from __future__ import annotations
 
@@ -54,6 +54,11 @@ async def test_a_stopped_server_is_503_and_the_sink_recovers_when_it_is_back(
             await asyncio.to_thread(server.stop, "fast")
             started = time.monotonic()
             status, reply = await request(client, "POST", f"{base}/events", second)
+            assert (status, reply) == (503, {"error": "storage unavailable, try again"})
+            batch = {"events": [second]}
+            status, reply = await request(client, "POST", f"{base}/events/batch", batch)
+            assert (status, reply) == (503, {"error": "storage unavailable, try again"})
+            status, reply = await request(client, "GET", f"{base}/events/order-1")
             assert (status, reply) == (503, {"error": "storage unavailable, try again"})
             status, reply = await request(client, "GET", f"{base}/readyz")
             assert status == 503 and reply["error"].startswith("not ready")
