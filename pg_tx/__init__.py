@@ -46,6 +46,23 @@ VERSIONS_TABLE: Final = "schema_versions"  # one row per side; both sides may sh
 log = logging.getLogger("pg_tx")
 
 
+class _QuietAbortedPipeline(logging.Filter):
+    """psycopg warns when a pipeline whose transaction failed is left, that leaving
+    it failed too ("pipeline aborted"); the transaction's own error is raised (and
+    translated) anyway, so the warning says nothing new to an operator."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (
+            record.msg == "error ignored terminating %r: %s"
+            and args
+            and "pipeline aborted" in str(args[-1])
+        )
+
+
+logging.getLogger("psycopg").addFilter(_QuietAbortedPipeline())
+
+
 class Settings:
     """What a URI asks of the pool besides libpq's own parameters."""
 

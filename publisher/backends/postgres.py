@@ -180,11 +180,11 @@ class PostgresOutbox(Outbox):
     # ------------------------------------------------------------------ intake
 
     async def accept(self, event: object) -> Intake:
-        """Record the order and its outbox entry in one transaction: both or neither.
-        Alone, one round trip. Intake asked for while another is being committed is
-        committed together in the next transaction (group commit), each in a
-        savepoint of its own: the commit-order lock, held until commit, is then taken
-        once for the group instead of once per order."""
+        """Record the order and its outbox entry in one transaction: both or neither,
+        in one round trip. Intake asked for while another is being committed is
+        committed together in the next transaction (group commit): the commit-order
+        lock, held until commit, is then taken once for the group instead of once
+        per order."""
         return await self._intake.submit(validate_event(event))
 
     # ------------------------------------------------------------------ the relay
@@ -344,26 +344,21 @@ class PostgresOutbox(Outbox):
     # ------------------------------------------------------------------ helpers
 
     async def _accept_group(self, conn: Conn, events: list[Event]) -> list[Intake | Exception]:
-        """Intake of several callers in one transaction; one outcome per call."""
+        """Intake of several callers in one transaction, in one round trip; one
+        outcome per call. Should the transaction fail, each call is tried again in a
+        transaction of its own, so that it fails alone."""
         query, now = self._accept_sql.encode(), time.time()
-        if len(events) == 1:  # alone: everything in one round trip
-            async with durable(conn, pipeline=True):
-                queued = await conn.execute(query, accept_params(events[0], now))
-                known = await conn.execute(sql.FIND_ORDER.encode(), (events[0]["id"],))
-            try:
-                return [intake_result(events[0], await queued.fetchone(), await known.fetchone())]
-            except Conflict as exc:
-                return [exc]
+        try:
+            return await _accept_together(conn, query, events, now)
+        except psycopg.Error:
+            if len(events) == 1:
+                raise
         outcomes: list[Intake | Exception] = []
-        async with conn.pipeline(), durable(conn):
-            for event in events:
-                try:
-                    async with conn.transaction():  # a savepoint: this call alone fails
-                        outcomes.append(await _accept_one(conn, query, event, now))
-                except Conflict as exc:
-                    outcomes.append(exc)
-                except psycopg.Error as exc:
-                    outcomes.append(StorageError(f"{self.location}: {describe(exc)}"))
+        for event in events:
+            try:
+                outcomes += await _accept_together(conn, query, [event], now)
+            except psycopg.Error as exc:
+                outcomes.append(StorageError(f"{self.location}: {describe(exc)}"))
         return outcomes
 
     async def _snapshot_read(self, read: Callable[[Conn], Awaitable[T]]) -> T:
@@ -407,11 +402,25 @@ async def _find(conn: Conn, event_id: str) -> Entry:
     return _entry(row)
 
 
-async def _accept_one(conn: Conn, query: bytes, event: Event, now: float) -> Intake:
-    """One intake, in the transaction or savepoint `conn` is in."""
-    queued = await conn.execute(query, accept_params(event, now))
-    known = await conn.execute(sql.FIND_ORDER.encode(), (event["id"],))
-    return intake_result(event, await queued.fetchone(), await known.fetchone())
+async def _accept_together(
+    conn: Conn, query: bytes, events: list[Event], now: float
+) -> list[Intake | Exception]:
+    """Intake of `events` in one durable transaction, its statements pipelined."""
+    async with durable(conn, pipeline=True):
+        cursors = [
+            (
+                await conn.execute(query, accept_params(event, now)),
+                await conn.execute(sql.FIND_ORDER.encode(), (event["id"],)),
+            )
+            for event in events
+        ]
+    outcomes: list[Intake | Exception] = []
+    for event, (queued, known) in zip(events, cursors, strict=True):
+        try:
+            outcomes.append(intake_result(event, await queued.fetchone(), await known.fetchone()))
+        except Conflict as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 class _NotAllPending(Exception):

@@ -1,5 +1,5 @@
-"""PostgreSQL: marks of concurrent callers share one transaction (group commit), and
-each call still succeeds or fails on its own. Rows written by one transaction carry
+"""PostgreSQL: marks, and intake, of concurrent callers share one transaction (group
+commit), and each call still succeeds or fails on its own. Rows written by one transaction carry
 its ID (`xmin`), read through a connection of the test's own."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from plumbing.storage import StorageError
 from publisher.errors import UnknownEntry
 from publisher.store import Mark, Outbox
+from shared import Conflict
 
 
 @pytest.fixture
@@ -33,7 +35,7 @@ async def test_concurrent_marks_share_one_transaction(outbox: Outbox, pg_databas
         *(outbox.mark_sent_many([Mark(f"m{2 * k}"), Mark(f"m{2 * k + 1}")]) for k in range(4))
     )
     assert rows(pg_database, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
-    # The first call committed alone; the three that came meanwhile, together.
+    # One transaction, or the first call alone and the three that came meanwhile.
     xmins = dict(rows(pg_database, "SELECT id, xmin::text FROM outbox"))
     assert len(set(xmins.values())) <= 2
     assert len({xmins[f"m{n}"] for n in range(2, 8)}) == 1
@@ -58,3 +60,44 @@ async def test_a_failing_call_fails_alone_and_all_of_it(outbox: Outbox, pg_datab
         "m6": 0,
         "m7": 0,
     }
+
+
+async def test_concurrent_intake_shares_one_transaction(outbox: Outbox, pg_database: str) -> None:
+    ids = [f"i{n}" for n in range(6)]
+    results = await asyncio.gather(
+        *(outbox.accept({"id": i, "sku": "snack", "qty": 1}) for i in ids)
+    )
+    assert results == ["accepted"] * len(ids)
+    xmins = dict(rows(pg_database, "SELECT id, xmin::text FROM outbox WHERE id LIKE 'i%'"))
+    # All six were asked for before the first transaction began: one transaction.
+    assert len(set(xmins.values())) == 1
+    seq = dict(rows(pg_database, "SELECT id, seq FROM outbox WHERE id LIKE 'i%'"))
+    assert sorted(ids, key=seq.__getitem__) == ids  # in the order they were asked for
+
+
+async def test_a_failing_intake_fails_alone(
+    outbox: Outbox, pg_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(
+            b"CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            b" IF NEW.id = 'bad' THEN RAISE EXCEPTION 'no bad orders'; END IF; RETURN NEW;"
+            b" END $$"
+        )
+        conn.execute(
+            b"CREATE TRIGGER refuse_bad BEFORE INSERT ON outbox"
+            b" FOR EACH ROW EXECUTE FUNCTION refuse_bad()"
+        )
+    calls = [("first", 1), ("a", 1), ("bad", 1), ("m0", 2), ("c", 1), ("m1", 1), ("a", 1)]
+    results = await asyncio.gather(
+        *(outbox.accept({"id": i, "sku": "snack", "qty": q}) for i, q in calls),
+        return_exceptions=True,
+    )
+    assert results[:2] == ["accepted", "accepted"]
+    assert isinstance(results[2], StorageError) and "no bad orders" in str(results[2])
+    assert isinstance(results[3], Conflict)
+    assert results[4:] == ["accepted", "duplicate", "duplicate"]
+    assert rows(pg_database, "SELECT count(*) FROM orders WHERE id = 'bad'") == [(0,)]
+    seq = dict(rows(pg_database, "SELECT id, seq FROM outbox"))
+    assert seq["first"] < seq["a"] < seq["c"]
+    assert not caplog.records  # nothing logged: the failure is the caller's to report
