@@ -207,21 +207,16 @@ class PostgresOutbox(Outbox):
         return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
 
     async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
-        """Read the first pending entries in seq order: the first entry of each lane
-        is its head. When those do not name enough lanes, hop along the lane index."""
+        """The lanes of the first pending entries in seq order (the first entry of
+        each lane is its head), found by the server. When those do not name enough
+        lanes, hop along the lane index."""
         check_limit(limit, most=sys.maxsize)
         skip = set(skip)
-        rows = await self._db.query(sql.PENDING_LANE_OF_FIRST, (LANE_SCAN_ROWS + 1,))
-        lanes: list[str] = []
-        seen = set(skip)
-        for (lane,) in rows[:LANE_SCAN_ROWS]:
-            if lane is not None and lane not in seen:
-                seen.add(lane)
-                lanes.append(lane)
-                if len(lanes) == limit:
-                    return lanes
-        if len(rows) <= LANE_SCAN_ROWS:
-            return lanes  # every pending entry was read
+        rows = await self._db.query(sql.PENDING_LANES_OF_FIRST, {"rows": LANE_SCAN_ROWS + 1})
+        lanes = [lane for lane, _ in rows if lane is not None and lane not in skip][:limit]
+        read = rows[0][1] if rows else 0
+        if len(lanes) == limit or read <= LANE_SCAN_ROWS:
+            return lanes  # enough, or every pending entry was read
         params = {"limit": limit, "skip": sorted(skip)}
         return [lane for (lane,) in await self._db.query(sql.PENDING_LANES, params)]
 

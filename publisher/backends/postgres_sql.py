@@ -140,8 +140,15 @@ HEAD_ID: Final = f"SELECT id FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1
 HEAD_ID_IN_LANE: Final = (
     f"SELECT id FROM outbox WHERE {IS_PENDING} AND lane = %s ORDER BY seq LIMIT 1"
 )
-# The lane of each of the first pending entries, in seq order.
-PENDING_LANE_OF_FIRST: Final = f"SELECT lane FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %s"
+# The lanes of the first pending entries (up to %(rows)s of them, in seq order), the
+# one whose head is oldest first, each with the number of entries read: if that is
+# below %(rows)s, every pending entry was read.
+PENDING_LANES_OF_FIRST: Final = f"""
+    WITH first AS (
+        SELECT lane, seq FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %(rows)s
+    )
+    SELECT lane, (SELECT count(*) FROM first) FROM first GROUP BY lane ORDER BY min(seq)
+"""
 # Lanes with pending entries, the one whose head is oldest first, found by hopping
 # along the lane index: the cost follows the number of lanes, not of entries.
 PENDING_LANES: Final = f"""
