@@ -170,17 +170,10 @@ PG_TARGETS = {
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
+@pytest.mark.usefixtures("pg_server")  # no PostgreSQL here: a skip, or a failure under CI
 def test_postgres_cases_run_on_a_throwaway_server_and_leave_nothing(
     child_env: dict[str, str], tmp_path: Path
 ) -> None:
-    from conftest import postgres_unavailable
-
-    from plumbing.pgserver import ServerUnavailable, find_bindir
-
-    try:
-        find_bindir()
-    except ServerUnavailable as exc:
-        postgres_unavailable(str(exc))
     marker = uuid.uuid4().hex  # the server's processes inherit it too
     out = tmp_path / "results.json"
     command = ["--quick", "--backend", "postgres", "--cases", ",".join(PG_QUICK_CASES)]

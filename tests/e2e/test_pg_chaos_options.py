@@ -5,9 +5,13 @@ of an operator's database leaves no schema behind."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from support import run_module
+
+if TYPE_CHECKING:
+    from conftest import Query
 
 pytestmark = pytest.mark.e2e
 
@@ -70,10 +74,8 @@ def test_bench_refuses_a_password_in_the_url(tmp_path: Path, child_env: dict[str
 
 @pytest.mark.timeout(120)
 def test_a_run_in_an_operators_database_drops_its_schemas(
-    tmp_path: Path, child_env: dict[str, str], pg_database: str
+    tmp_path: Path, child_env: dict[str, str], pg_database: str, db_rows: Query
 ) -> None:
-    from conftest import query
-
     args = ["--events", "20", "--kills", "2", "--seed", "2", "--json"]
 
     done = run_module(
@@ -83,8 +85,8 @@ def test_a_run_in_an_operators_database_drops_its_schemas(
 
     assert done.returncode == 0, done.stderr
     schemas = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'chaos%'"
-    assert query(pg_database, schemas) == []  # made for the run, dropped at its end
-    assert query(pg_database, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [
+    assert db_rows(pg_database, schemas) == []  # made for the run, dropped at its end
+    assert db_rows(pg_database, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [
         (0,)
     ]
 
