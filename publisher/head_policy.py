@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from plumbing.logs import Throttled
+from plumbing.storage import StorageError
 from publisher.errors import DeliveryError, InvalidTransition
 from publisher.outcomes import RELAY_LOG
 from publisher.retry import Random, RetryPolicy, is_permanent, retry_delay_s, should_quarantine
@@ -94,8 +95,10 @@ class HeadPolicy:
     ) -> float:
         """Record a failed run of the line and return how long it waits."""
         if entry is None:
-            # Not a delivery failure (the database, say): back off and read again.
-            exc_info = not isinstance(error, DeliveryError)
+            # Not a delivery failure (the database, say): back off and read again. A
+            # delivery or storage error says what is wrong in its message; anything
+            # else is a bug, logged with its traceback.
+            exc_info = not isinstance(error, DeliveryError | StorageError)
             state.failing = ("relay step failed", type(error), str(error))
             self.log.error(state.failing, "relay step failed: %s", error, exc_info=exc_info)
             return retry_delay_s(error, 1, self.retry, self._rand)

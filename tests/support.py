@@ -123,7 +123,7 @@ def run_module(
     )
 
 
-def dispatch(run_cli: RunCli, source: Path, url: str, *extra: str) -> tuple[int, str, str]:
+def dispatch(run_cli: RunCli, source: Path | str, url: str, *extra: str) -> tuple[int, str, str]:
     """`publisher dispatch` run to completion; (exit status, stdout, stderr), no traceback."""
     result = run_cli("publisher", "dispatch", "--db", str(source), "--sink", url, *extra)
     assert "Traceback" not in result.stderr, result.stderr
