@@ -83,23 +83,56 @@ class PostgresInbox(Inbox):
         items = list(events)
         if not items:
             return BatchReceipt([], None)
+        call = Call(items, after)
         if after is None and self._arrivals.count <= 1 and not self._groups.busy:
-            return await _retrying(lambda: self._receive_alone(items, time.time()))
-        return await self._groups.submit(Call(items, after))
-
-    async def _receive_alone(self, events: list[Event], now: float) -> BatchReceipt:
-        """The batch in a transaction of its own."""
-        async with self._db.connection() as conn, conn.pipeline(), conn.transaction():
-            await conn.execute(DURABLE)
-            return await _receive_in(conn, events, None, now)
+            outcome = (await self._commit_group([call]))[0]  # a transaction of its own
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+        return await self._groups.submit(call)
 
     async def _commit_group(self, calls: list[Call]) -> list[BatchReceipt | Exception]:
-        """The calls in one transaction. If a statement fails, the group runs again
-        with each call in a savepoint of its own, so that only the call that fails
-        fails (savepoints are not taken otherwise: each is a subtransaction, and many
-        in one transaction slow every snapshot on the server)."""
+        """The calls, committed before this returns; one outcome per call.
+
+        First the common case: the leading calls whose IDs are distinct across them,
+        in one statement (INSERT_CALLS), its transaction sent in one round trip. It
+        takes the calls up to the first that cannot go in that way (a known ID, a
+        fence not met); that one and those after it then go the long way, in a
+        transaction after it (`_long_way`)."""
+        now = time.time()
+        done: list[BatchReceipt | Exception] = []
+        fast = _distinct_prefix(calls)
+        if fast:
+            try:
+                done = [*await _retrying(lambda: self._insert_calls(calls[:fast], now))]
+            except StorageError as exc:
+                if not isinstance(exc.__cause__, psycopg.Error) or _connection_lost(exc.__cause__):
+                    raise
+                # Nothing of it committed (a statement failed): all go the long way.
+        rest = calls[len(done) :]
+        return done + await self._long_way(rest, now) if rest else done
+
+    async def _insert_calls(self, calls: list[Call], now: float) -> list[BatchReceipt]:
+        """The calls (IDs distinct across them) up to the first that cannot go in as
+        all new, in one transaction: BEGIN, the settings, INSERT_CALLS and COMMIT sent
+        at once. Their receipts (fewer than the calls when one stopped them)."""
+        params, payloads = _calls_columns(calls, now)
+        async with self._db.connection() as conn:
+            row = await _in_one_round_trip(conn, sql.INSERT_CALLS, params)
+        went = 0 if row is None else int(row[0])
+        return [
+            BatchReceipt([Received(Receipt.APPLIED, digest_of(p)) for p in payloads[index]], None)
+            for index in range(went)
+        ]
+
+    async def _long_way(self, calls: list[Call], now: float) -> list[BatchReceipt | Exception]:
+        """The calls in one transaction, each tried as all new, then event by event.
+        If a statement fails, the group runs again with each call in a savepoint of
+        its own, so that only the call that fails fails (savepoints are not taken
+        otherwise: each is a subtransaction, and many in one transaction slow every
+        snapshot on the server)."""
         try:
-            return await _retrying(lambda: self._receive_group(calls, time.time(), False))
+            return await _retrying(lambda: self._receive_group(calls, now, False))
         except StorageError as exc:
             if not isinstance(exc.__cause__, psycopg.Error) or _connection_lost(exc.__cause__):
                 raise
@@ -225,6 +258,86 @@ async def _receive_in(
         raise FenceNotMet(after)
     payloads = [canonical_json(event) for event in events]
     return await _one_by_one(conn, events, payloads, now)
+
+
+async def _in_one_round_trip(
+    conn: Conn, statement: bytes, params: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    """`statement` in a durable transaction of its own, and its row: BEGIN, the
+    settings, the statement and COMMIT as one simple query, so one message each way
+    (in pipeline mode psycopg sends each statement and the sync as messages of their
+    own, and the row must be fetched before the COMMIT can be sent: two round trips).
+    The parameters are bound client side (psycopg's ClientCursor quotes them). An
+    error in the statement skips the COMMIT: the transaction is then rolled back
+    here and the error raised."""
+    await conn.set_autocommit(True)  # the text has its own BEGIN and COMMIT
+    try:
+        cursor = psycopg.AsyncClientCursor(conn)
+        await cursor.execute(b"BEGIN;" + DURABLE + b";" + statement + b";COMMIT", params)
+        cursor.nextset()  # past BEGIN's and the settings' results
+        cursor.nextset()
+        row: tuple[Any, ...] | None = await cursor.fetchone()
+        return row
+    finally:
+        await _back_to_transactions(conn)
+
+
+async def _back_to_transactions(conn: Conn) -> None:
+    """Leave `conn` as the pool lends it (idle, autocommit off), or closed so that
+    the pool drops it."""
+    try:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            await conn.execute(b"ROLLBACK")
+        await conn.set_autocommit(False)
+    except psycopg.Error:
+        await conn.close()
+
+
+def _distinct_prefix(calls: list[Call]) -> int:
+    """How many leading calls have IDs distinct across them (INSERT_CALLS's case)."""
+    seen: set[str] = set()
+    for index, (events, _) in enumerate(calls):
+        ids = [event["id"] for event in events]
+        if len(set(ids)) != len(ids) or not seen.isdisjoint(ids):
+            return index
+        seen.update(ids)
+    return len(calls)
+
+
+def _calls_columns(calls: list[Call], now: float) -> tuple[dict[str, Any], list[list[str]]]:
+    """Calls as the arrays INSERT_CALLS unnests (each event with its call's number,
+    from 1; each call's fence, and whether it names an event of an earlier call),
+    and each call's payloads."""
+    ids: list[str] = []
+    skus: list[str] = []
+    qtys: list[int] = []
+    owners: list[int] = []
+    afters: list[str | None] = []
+    inside: list[bool] = []
+    payloads: list[list[str]] = []
+    seen: set[str] = set()
+    for number, (events, after) in enumerate(calls, 1):
+        afters.append(after)
+        inside.append(after is not None and after in seen)
+        payloads.append([canonical_json(event) for event in events])
+        for event in events:
+            ids.append(event["id"])
+            skus.append(event["sku"])
+            qtys.append(event["qty"])
+            owners.append(number)
+        seen.update(ids[-len(events) :])
+    columns = {
+        "ids": ids,
+        "payloads": [payload for each in payloads for payload in each],
+        "skus": skus,
+        "qtys": qtys,
+        "calls": owners,
+        "afters": afters,
+        "inside": inside,
+        "now": now,
+        "slots": sql.TALLY_SLOTS,
+    }
+    return columns, payloads
 
 
 def _columns(events: list[Event], payloads: list[str], now: float) -> dict[str, Any]:

@@ -38,6 +38,16 @@ MIGRATIONS: Final = (
         events BIGINT NOT NULL
     );
     """,
+    # Raised by INSERT_CALLS when another transaction committed one of its IDs
+    # meanwhile: the statement's transaction is then rolled back (its COMMIT is
+    # already on the way) and run again, as for a deadlock.
+    """
+    CREATE FUNCTION inbox_raced() RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+    BEGIN
+        RAISE EXCEPTION 'events of this transaction were committed meanwhile by another one'
+            USING ERRCODE = 'serialization_failure';
+    END $$;
+    """,
 )
 PROBE_TABLE: Final = "inbox_health"
 
@@ -74,6 +84,50 @@ WITH batch AS (
     ON CONFLICT (slot) DO UPDATE SET events = inbox_tally.events + excluded.events
 )
 SELECT (SELECT met FROM fence), (SELECT found FROM known), (SELECT count(*) FROM new)
+"""
+# The common case of a whole group (the calls of concurrent requests, IDs distinct
+# across the group) in one statement, so that a transaction is BEGIN, the settings,
+# this and COMMIT, sent together. A call goes in if none of its IDs is known and its
+# fence is met: no `after`, that event in the inbox, or (`inside`) an event of an
+# earlier call of the group. Only a prefix of the calls goes in: those before the
+# first call that cannot (a fence inside the group then always names an event that
+# went in before it). Returns how many calls went in; raises serialization_failure
+# (the transaction runs again) when fewer rows went in than the prefix holds,
+# because another transaction committed one of its IDs meanwhile.
+INSERT_CALLS: Final = b"""
+WITH batch AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(payloads)s::text[], %(skus)s::text[],
+                         %(qtys)s::bigint[], %(calls)s::bigint[])
+                  WITH ORDINALITY AS b(id, payload, sku, qty, c, n)
+), fences AS (
+    SELECT * FROM unnest(%(afters)s::text[], %(inside)s::boolean[])
+                  WITH ORDINALITY AS f(after, inside, c)
+), known AS (
+    SELECT DISTINCT batch.c FROM batch JOIN inbox USING (id)
+), stop AS (
+    SELECT coalesce(min(f.c), cardinality(%(afters)s::text[]) + 1) AS c FROM fences f
+    WHERE f.c IN (SELECT c FROM known)
+       OR NOT (f.inside OR f.after IS NULL OR EXISTS (SELECT FROM inbox WHERE id = f.after))
+), taken AS (
+    SELECT * FROM batch WHERE c < (SELECT c FROM stop)
+), new AS (
+    INSERT INTO inbox (id, payload, received_at, last_delivery_at)
+    SELECT id, payload, %(now)s, %(now)s FROM taken
+    ORDER BY n
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), applied AS (
+    INSERT INTO inventory (sku, qty)
+    SELECT sku, sum(qty) FROM taken JOIN new USING (id) GROUP BY sku ORDER BY sku
+    ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
+), tallied AS (
+    INSERT INTO inbox_tally (slot, events)
+    SELECT mod(pg_backend_pid(), %(slots)s), count(*) FROM new HAVING count(*) > 0
+    ON CONFLICT (slot) DO UPDATE SET events = inbox_tally.events + excluded.events
+)
+SELECT (SELECT c FROM stop) - 1,
+       CASE WHEN (SELECT count(*) FROM new) <> (SELECT count(*) FROM taken)
+            THEN inbox_raced() END
 """
 # One event: recorded if new (then its effect applied, in the same statement), else
 # nothing; returns a row only when it was new.
