@@ -42,6 +42,7 @@ from pg_tx import (
 )
 from plumbing.storage import StorageError
 from publisher.backends import postgres_sql as sql
+from publisher.backends.rows import entry_of, quarantine_record_of
 from publisher.errors import InvalidTransition, RelayAlreadyRunning, UnknownEntry
 from publisher.store import (
     DELIVERED_PAST_KEPT,
@@ -280,11 +281,11 @@ class PostgresOutbox(Outbox):
             await _release(conn, entry, by, now, "redriven")
             await conn.execute(sql.REDRIVE.encode(), (event_id,))
             rows = await (await conn.execute(sql.QUARANTINES_OF.encode(), (event_id,))).fetchall()
-            return _quarantine_record(rows[-1])
+            return quarantine_record_of(rows[-1])
 
     async def entry(self, event_id: str) -> Entry | None:
         rows = await self._db.query(sql.ENTRY_BY_ID, (event_id,))
-        return _entry(rows[0]) if rows else None
+        return entry_of(rows[0]) if rows else None
 
     async def entries(self, state: State, limit: int = 100) -> list[Entry]:
         query = {
@@ -292,7 +293,7 @@ class PostgresOutbox(Outbox):
             State.QUARANTINED: sql.ENTRIES_QUARANTINED,
             State.SENT: sql.ENTRIES_SENT,
         }[state]
-        return [_entry(row) for row in await self._db.query(query, (limit,))]
+        return [entry_of(row) for row in await self._db.query(query, (limit,))]
 
     async def order(self, event_id: str) -> Order | None:
         rows = await self._db.query(sql.FIND_ORDER, (event_id,))
@@ -303,7 +304,7 @@ class PostgresOutbox(Outbox):
         if not ids:
             return history
         for event_id, *record in await self._db.query(sql.QUARANTINES_OF_ANY, (list(ids),)):
-            history.setdefault(event_id, []).append(_quarantine_record(tuple(record)))
+            history.setdefault(event_id, []).append(quarantine_record_of(tuple(record)))
         return {event_id: history[event_id] for event_id in ids if event_id in history}
 
     async def snapshot(self) -> Snapshot:
@@ -394,7 +395,7 @@ async def _find(conn: Conn, event_id: str) -> Entry:
     row = await cursor.fetchone()
     if row is None:
         raise UnknownEntry(event_id)
-    return _entry(row)
+    return entry_of(row)
 
 
 async def _accept_together(
@@ -496,34 +497,3 @@ def _fit_name(name: str) -> str:
     """An application_name the server keeps whole: at most 63 bytes."""
     encoded = name.encode()[:63]
     return encoded.decode(errors="ignore")
-
-
-def _entry(row: tuple[Any, ...]) -> Entry:
-    seq, _, payload, queued_at, sent, sent_at, ack, attempts, error, last_at, first_fail, q = row
-    state = State.SENT if sent else State.QUARANTINED if q else State.PENDING
-    return Entry(
-        seq=seq,
-        event=json.loads(payload),
-        state=state,
-        queued_at=queued_at,
-        sent_at=sent_at,
-        ack=None if ack is None else json.loads(ack),
-        attempts=attempts,
-        last_error=error,
-        last_attempt_at=last_at,
-        first_failure_at=first_fail,
-    )
-
-
-def _quarantine_record(row: tuple[Any, ...]) -> QuarantineRecord:
-    reason, by, at, released_by, released_at, released_as, count, past = row
-    return QuarantineRecord(
-        reason=reason,
-        quarantined_by=by,
-        quarantined_at=at,
-        released_by=released_by,
-        released_at=released_at,
-        released_as=released_as,
-        delivered_past_count=count,
-        delivered_past=[] if past is None else json.loads(past),
-    )

@@ -19,6 +19,7 @@ from typing import Any, Final
 from plumbing.storage import StorageError
 from publisher.backends import relay_lock
 from publisher.backends import sqlite_sql as sql
+from publisher.backends.rows import entry_of, quarantine_record_of
 from publisher.errors import InvalidTransition, UnknownEntry
 from publisher.store import (
     DELIVERED_PAST_KEPT,
@@ -119,7 +120,7 @@ class SqliteOutbox(SqliteFile, Outbox):
 
     async def entry(self, event_id: str) -> Entry | None:
         row = await self._db.run(lambda conn: conn.execute(sql.ENTRY_BY_ID, (event_id,)).fetchone())
-        return None if row is None else _entry(row)
+        return None if row is None else entry_of(row)
 
     async def entries(self, state: State, limit: int = 100) -> list[Entry]:
         """Entries in one state: pending and quarantined oldest first, sent newest first."""
@@ -129,7 +130,7 @@ class SqliteOutbox(SqliteFile, Outbox):
             State.SENT: sql.ENTRIES_SENT,
         }[state]
         rows = await self._db.run(lambda conn: conn.execute(query, (limit,)).fetchall())
-        return [_entry(row) for row in rows]
+        return [entry_of(row) for row in rows]
 
     async def order(self, event_id: str) -> Order | None:
         row = await self._db.run(lambda conn: conn.execute(sql.FIND_ORDER, (event_id,)).fetchone())
@@ -143,7 +144,7 @@ class SqliteOutbox(SqliteFile, Outbox):
             for event_id in ids:
                 rows = conn.execute(sql.QUARANTINES_OF, (event_id,)).fetchall()
                 if rows:
-                    history[event_id] = [_quarantine_record(row) for row in rows]
+                    history[event_id] = [quarantine_record_of(row) for row in rows]
             return history
 
         return await self._db.run(read)
@@ -269,7 +270,7 @@ def _find(conn: sqlite3.Connection, event_id: str) -> Entry:
     row = conn.execute(sql.ENTRY_BY_ID, (event_id,)).fetchone()
     if row is None:
         raise UnknownEntry(event_id)
-    return _entry(row)
+    return entry_of(row)
 
 
 def _release(conn: sqlite3.Connection, entry: Entry, by: str, now: float, how: str) -> None:
@@ -298,7 +299,7 @@ def _redrive(conn: sqlite3.Connection, event_id: str, by: str, now: float) -> Qu
             raise InvalidTransition(f"entry {event_id!r} is {entry.state}, not quarantined")
         _release(conn, entry, by, now, "redriven")
         conn.execute(sql.REDRIVE, (event_id,))
-        return _quarantine_record(conn.execute(sql.QUARANTINES_OF, (event_id,)).fetchall()[-1])
+        return quarantine_record_of(conn.execute(sql.QUARANTINES_OF, (event_id,)).fetchall()[-1])
 
 
 def _snapshot(conn: sqlite3.Connection, now: float) -> Snapshot:
@@ -312,34 +313,3 @@ def _snapshot_reads(conn: sqlite3.Connection, now: float) -> Snapshot:
     row = conn.execute(sql.HEAD).fetchone()
     blocked = [Head(*r) for r in conn.execute(sql.BLOCKED_LANE_HEADS)]
     return Snapshot(now, pending, quarantined, None if row is None else Head(*row), blocked)
-
-
-def _entry(row: tuple[Any, ...]) -> Entry:
-    seq, _, payload, queued_at, sent, sent_at, ack, attempts, error, last_at, first_fail, q = row
-    state = State.SENT if sent else State.QUARANTINED if q else State.PENDING
-    return Entry(
-        seq=seq,
-        event=json.loads(payload),
-        state=state,
-        queued_at=queued_at,
-        sent_at=sent_at,
-        ack=None if ack is None else json.loads(ack),
-        attempts=attempts,
-        last_error=error,
-        last_attempt_at=last_at,
-        first_failure_at=first_fail,
-    )
-
-
-def _quarantine_record(row: tuple[Any, ...]) -> QuarantineRecord:
-    reason, by, at, released_by, released_at, released_as, count, past = row
-    return QuarantineRecord(
-        reason=reason,
-        quarantined_by=by,
-        quarantined_at=at,
-        released_by=released_by,
-        released_at=released_at,
-        released_as=released_as,
-        delivered_past_count=count,
-        delivered_past=[] if past is None else json.loads(past),
-    )

@@ -1,0 +1,45 @@
+"""Rows as both outbox backends store them, turned into the interface's records.
+
+Both keep the same columns in the same order (ENTRY_COLUMNS, QUARANTINES_OF in each
+backend's SQL), the payload, ACK and delivered-past lists as JSON text, and 0/1 flags.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from publisher.store import Entry, QuarantineRecord, State
+
+
+def entry_of(row: tuple[Any, ...]) -> Entry:
+    """An outbox row (the backend's ENTRY_COLUMNS) as an Entry."""
+    seq, _, payload, queued_at, sent, sent_at, ack, attempts, error, last_at, first_fail, q = row
+    state = State.SENT if sent else State.QUARANTINED if q else State.PENDING
+    return Entry(
+        seq=seq,
+        event=json.loads(payload),
+        state=state,
+        queued_at=queued_at,
+        sent_at=sent_at,
+        ack=None if ack is None else json.loads(ack),
+        attempts=attempts,
+        last_error=error,
+        last_attempt_at=last_at,
+        first_failure_at=first_fail,
+    )
+
+
+def quarantine_record_of(row: tuple[Any, ...]) -> QuarantineRecord:
+    """A quarantines row (the backend's QUARANTINES_OF columns) as a QuarantineRecord."""
+    reason, by, at, released_by, released_at, released_as, count, past = row
+    return QuarantineRecord(
+        reason=reason,
+        quarantined_by=by,
+        quarantined_at=at,
+        released_by=released_by,
+        released_at=released_at,
+        released_as=released_as,
+        delivered_past_count=count,
+        delivered_past=[] if past is None else json.loads(past),
+    )
