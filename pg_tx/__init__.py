@@ -22,13 +22,14 @@ import select
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
 
+import plumbing.group_commit
 from plumbing.storage import BadLocation, StorageError, redacted
 
 T = TypeVar("T")
@@ -237,16 +238,13 @@ class PgDatabase:
                     await conn.close()
 
 
-class GroupCommit(Generic[C_in, R_out]):
-    """Group commit: calls submitted while a group is being committed wait, and are
-    then committed together in the next transaction, so they share its round trips
-    and its WAL flush.
+class GroupCommit(plumbing.group_commit.GroupCommit[C_in, R_out]):
+    """Group commit (plumbing.group_commit) on a pooled connection: calls submitted
+    while a group is being committed share the next transaction's round trips and
+    its WAL flush.
 
-    `commit(conn, calls)` gets a pooled connection outside any transaction, makes one
-    transaction of all the calls, and returns one outcome per call: its result, or
-    the exception it alone failed with (each call in a savepoint of its own, say).
-    If the transaction itself fails, every call in it fails with that error. A
-    caller that stops waiting does not take its call back.
+    `commit(conn, calls)` gets a connection outside any transaction, makes one
+    transaction of all the calls, and returns one outcome per call.
     """
 
     def __init__(
@@ -254,43 +252,11 @@ class GroupCommit(Generic[C_in, R_out]):
         db: PgDatabase,
         commit: Callable[[Conn, list[C_in]], Awaitable[list[R_out | Exception]]],
     ) -> None:
-        self._db = db
-        self._commit = commit
-        self._queue: list[tuple[C_in, asyncio.Future[R_out]]] = []
-        self._task: asyncio.Task[None] | None = None
+        async def run(calls: list[C_in]) -> list[R_out | Exception]:
+            async with db.connection() as conn:
+                return await commit(conn, calls)
 
-    async def submit(self, call: C_in) -> R_out:
-        done: asyncio.Future[R_out] = asyncio.get_running_loop().create_future()
-        self._queue.append((call, done))
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        return await done
-
-    async def _run(self) -> None:
-        group: list[tuple[C_in, asyncio.Future[R_out]]] = []
-        try:
-            while self._queue:
-                group, self._queue = self._queue, []
-                calls = [call for call, _ in group]
-                outcomes: list[R_out | Exception]
-                try:
-                    async with self._db.connection() as conn:
-                        outcomes = await self._commit(conn, calls)
-                except Exception as exc:  # the transaction itself failed: so did every call
-                    outcomes = [exc] * len(group)
-                for (_, done), outcome in zip(group, outcomes, strict=True):
-                    if done.done():
-                        continue  # its caller stopped waiting
-                    if isinstance(outcome, Exception):
-                        done.set_exception(outcome)
-                    else:
-                        done.set_result(outcome)
-                group = []
-        finally:
-            self._task = None
-            for _, done in [*group, *self._queue]:
-                done.cancel()  # only when this task itself was cancelled
-            self._queue = []
+        super().__init__(run)
 
 
 class PoolTimeout(Exception):

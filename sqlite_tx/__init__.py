@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import ClassVar, Generic, Self, TypeVar
+from typing import ClassVar, Self, TypeVar
 
 import aiosqlite
 
+import plumbing.group_commit
 from plumbing.storage import StorageError
 
 from .aiosqlite_internals import (
@@ -210,60 +211,19 @@ R_out = TypeVar("R_out")
 GroupFn = Callable[[sqlite3.Connection, list[C_in]], list[R_out | Exception]]
 
 
-class GroupCommit(Generic[C_in, R_out]):
-    """Group commit: calls submitted while a transaction runs wait, and are then run
-    together in the next one, so they share one fsync.
+class GroupCommit(plumbing.group_commit.GroupCommit[C_in, R_out]):
+    """Group commit on the database thread: calls submitted while a transaction runs
+    wait, and are then run together in the next one, so they share one fsync.
 
     `commit(conn, calls)` runs on the database thread, makes one transaction of all
-    the calls, and returns one outcome per call: its result or the exception it
-    alone failed with (each call in a savepoint of its own, say). If the transaction
-    itself fails, every call in it fails with that error. A caller that stops
-    waiting does not take its call back: what commits stays committed.
+    the calls, and returns one outcome per call (see plumbing.group_commit).
     """
 
     def __init__(self, db: Database, commit: GroupFn[C_in, R_out]) -> None:
-        self._db = db
-        self._commit = commit
-        self._queue: list[tuple[C_in, asyncio.Future[R_out]]] = []
-        self._task: asyncio.Task[None] | None = None
+        async def run(calls: list[C_in]) -> list[R_out | Exception]:
+            return await db.run(functools.partial(_group, commit, calls))
 
-    @property
-    def busy(self) -> bool:
-        """Whether a group is being committed (or waits to be)."""
-        return self._task is not None
-
-    async def submit(self, call: C_in) -> R_out:
-        done: asyncio.Future[R_out] = asyncio.get_running_loop().create_future()
-        self._queue.append((call, done))
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        return await done
-
-    async def _run(self) -> None:
-        group: list[tuple[C_in, asyncio.Future[R_out]]] = []
-        commit = self._commit
-        try:
-            while self._queue:
-                group, self._queue = self._queue, []
-                calls = [call for call, _ in group]
-                outcomes: list[R_out | Exception]
-                try:
-                    outcomes = await self._db.run(functools.partial(_group, commit, calls))
-                except Exception as exc:  # the transaction itself failed: so did every call
-                    outcomes = [exc] * len(group)
-                for (_, done), outcome in zip(group, outcomes, strict=True):
-                    if done.done():
-                        continue  # its caller stopped waiting
-                    if isinstance(outcome, Exception):
-                        done.set_exception(outcome)
-                    else:
-                        done.set_result(outcome)
-                group = []
-        finally:
-            self._task = None
-            for _, done in [*group, *self._queue]:
-                done.cancel()  # only when this task itself was cancelled
-            self._queue = []
+        super().__init__(run)
 
 
 def _group(

@@ -1,0 +1,66 @@
+"""Group commit on the event loop, for every backend of either side.
+
+Calls submitted while a group is being committed wait, and are then committed
+together in the next transaction, so they share its round trips and its flush to
+disk. Each backend supplies `commit(calls)`: one transaction of all the calls,
+returning one outcome per call (its result, or the exception it alone failed with,
+each call in a savepoint of its own, say). If `commit` raises, every call of that
+group fails with the error. A caller that stops waiting does not take its call
+back: what commits stays committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+C = TypeVar("C")
+R = TypeVar("R")
+
+Commit = Callable[[list[C]], Awaitable[list[R | Exception]]]
+
+
+class GroupCommit(Generic[C, R]):
+    """`await group.submit(call)`: the call's outcome once its group has committed."""
+
+    def __init__(self, commit: Commit[C, R]) -> None:
+        self._commit = commit
+        self._queue: list[tuple[C, asyncio.Future[R]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a group is being committed (or waits to be)."""
+        return self._task is not None
+
+    async def submit(self, call: C) -> R:
+        done: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((call, done))
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        return await done
+
+    async def _run(self) -> None:
+        group: list[tuple[C, asyncio.Future[R]]] = []
+        try:
+            while self._queue:
+                group, self._queue = self._queue, []
+                outcomes: list[R | Exception]
+                try:
+                    outcomes = await self._commit([call for call, _ in group])
+                except Exception as exc:  # the transaction itself failed: so did every call
+                    outcomes = [exc] * len(group)
+                for (_, done), outcome in zip(group, outcomes, strict=True):
+                    if done.done():
+                        continue  # its caller stopped waiting
+                    if isinstance(outcome, Exception):
+                        done.set_exception(outcome)
+                    else:
+                        done.set_result(outcome)
+                group = []
+        finally:
+            self._task = None
+            for _, done in [*group, *self._queue]:
+                done.cancel()  # only when this task itself was cancelled
+            self._queue = []
