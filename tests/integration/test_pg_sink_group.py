@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from pg_faults import PgAccess
 
+from plumbing.pgserver import ThrowawayServer
 from plumbing.storage import StorageError
 from shared import Event, Receipt
 from sink import Inbox
@@ -84,6 +86,52 @@ async def test_a_fenced_chain_in_progress_together_commits_in_order_in_one_trans
     assert [[r.receipt for r in g.received] for g in got] == [[Receipt.APPLIED]] * 3
     assert database.query("SELECT id FROM inbox ORDER BY applied_seq") == [("a",), ("b",), ("c",)]
     assert transactions(database) == 1
+
+
+async def test_a_fenced_chain_in_progress_together_is_one_statement_and_one_round_trip(
+    pg_server: ThrowawayServer, pg_database: str, database: PgAccess
+) -> None:
+    # The server logs every statement of this database's new sessions; a simple
+    # query (several statements in one message) is logged as one line.
+    database.execute(f"ALTER DATABASE {database.dbname} SET log_statement = 'all'")
+    calls = [([event(f"c{n}")], f"c{n - 1}" if n else None) for n in range(8)]
+    async with Inbox.open(pg_database) as inbox:
+        start = pg_server.log.stat().st_size
+        with in_progress(inbox, 8):
+            got = await asyncio.gather(*(inbox.receive_batch(e, after=a) for e, a in calls))
+        with pg_server.log.open(errors="replace") as log:
+            log.seek(start)
+            written = log.read()
+
+    assert [[r.receipt for r in g.received] for g in got] == [[Receipt.APPLIED]] * 8
+    assert database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
+        (f"c{n}",) for n in range(8)
+    ]
+    logged = re.split(r"LOG:\s+", written)  # an entry may span several lines
+    inserts = [entry for entry in logged if "INSERT INTO inbox " in entry]
+    # The first call alone (nothing was in progress), then the seven that came in
+    # meanwhile: each group one message, BEGIN to COMMIT (not a statement per call).
+    assert 1 <= len(inserts) <= 2, written
+    for entry in inserts:
+        assert entry.startswith("statement: BEGIN;") and entry.rstrip().endswith("COMMIT")
+    assert transactions(database) == len(inserts)
+
+
+async def test_a_redelivery_in_a_chain_stops_the_one_statement_there_and_the_rest_follow(
+    inbox: Inbox, database: PgAccess
+) -> None:
+    assert await inbox.receive(event("b")) is Receipt.APPLIED  # delivered before, say
+    calls = [([event("a")], None), ([event("b")], "a"), ([event("c")], "b")]
+
+    with in_progress(inbox, 3):
+        got = await asyncio.gather(*(inbox.receive_batch(e, after=after) for e, after in calls))
+
+    receipts = [[r.receipt for r in g.received] for g in got]
+    assert receipts == [[Receipt.APPLIED], [Receipt.DUPLICATE], [Receipt.APPLIED]]
+    assert database.query("SELECT id FROM inbox ORDER BY applied_seq") == [("b",), ("a",), ("c",)]
+    assert database.query("SELECT deliveries FROM inbox WHERE id = 'b'") == [(2,)]
+    assert await inbox.count() == 3
+    assert database.query("SELECT qty FROM inventory") == [(3,)]
 
 
 async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
