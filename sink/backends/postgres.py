@@ -3,13 +3,17 @@
 The interface and rows are in `sink.store`; the SQL is in `sink.backends.postgres_sql`;
 the pool, migrations, durable commits and error translation are pg_tx's.
 
-Transactions are sent in pipeline mode. A batch whose events are all new is one
-statement (fence check, inbox rows, inventory) that writes nothing unless the fence
-is met and none of its IDs is known; with BEGIN and the durable-commit settings it
-is one round trip, then COMMIT. A batch with a known ID (a redelivery, a conflict)
-or an ID twice is applied event by event, which stops at a conflict with the prefix
-kept. Two transactions inserting the same ID apply it once: the second one's insert
-waits for the first to commit and then does nothing.
+The common case is one statement and one round trip: the calls of a group commit
+(or a write alone) whose IDs are distinct and new and whose fences are met, a
+pipeline's chain of fenced requests included (a fence naming an event of an earlier
+call of the group is met by it), go in with INSERT_CALLS, sent with BEGIN, the
+durable-commit settings and COMMIT as one simple query. It takes the calls up to the
+first that cannot go in that way; that call and those after it then run in a second
+transaction, each tried as all new and else event by event (a redelivery, a
+conflict: the prefix kept). Two transactions inserting the same ID apply it once:
+the second one's insert waits for the first to commit and then does nothing (in
+INSERT_CALLS the statement then raises serialization_failure and its transaction
+runs again).
 
 How a write commits is decided here from the facts the HTTP layer reports
 (`arriving`), as in the SQLite inbox: alone, in a transaction of its own; while
