@@ -31,10 +31,11 @@ from typing import Any, Final, TypeVar
 import psycopg.errors
 
 from pg_tx import DURABLE, Conn, PgDatabase, describe
+from plumbing.group_commit import GroupCommit
 from plumbing.storage import StorageError
 from shared import Conflict, Event, FenceNotMet, Receipt, canonical_json, digest_of
 from sink.backends import postgres_sql as sql
-from sink.backends.sharing import Arrivals, Call, GroupCommit
+from sink.backends.sharing import Arrivals, Call
 from sink.store import BatchReceipt, Inbox, InboxRecord, Received
 
 T = TypeVar("T")
