@@ -384,6 +384,40 @@ async def durable(conn: Conn, *, pipeline: bool = False) -> AsyncIterator[Conn]:
             yield conn
 
 
+async def in_one_round_trip(
+    conn: Conn, statement: bytes, params: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    """`statement` in a durable transaction of its own, and its first row: BEGIN,
+    the settings (DURABLE), the statement and COMMIT as one simple query, so one
+    message each way (in pipeline mode psycopg sends each statement and the sync as
+    messages of their own, and a row must be fetched before the COMMIT can be sent:
+    two round trips). `conn` is one the caller holds, outside any transaction. The
+    parameters are bound client side (psycopg's ClientCursor quotes them). An error
+    in the statement skips the COMMIT: the transaction is then rolled back here and
+    the (driver's) error raised, for the caller to translate."""
+    await conn.set_autocommit(True)  # the text has its own BEGIN and COMMIT
+    try:
+        cursor = psycopg.AsyncClientCursor(conn)
+        await cursor.execute(b"BEGIN;" + DURABLE + b";" + statement + b";COMMIT", params)
+        cursor.nextset()  # past BEGIN's and the settings' results
+        cursor.nextset()
+        row: tuple[Any, ...] | None = await cursor.fetchone()
+        return row
+    finally:
+        await _back_to_transactions(conn)
+
+
+async def _back_to_transactions(conn: Conn) -> None:
+    """Leave `conn` as the pool lends it (idle, autocommit off), or closed so that
+    the pool drops it."""
+    try:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            await conn.execute(b"ROLLBACK")
+        await conn.set_autocommit(False)
+    except psycopg.Error:
+        await conn.close()
+
+
 # For one transaction: its commit waits for the WAL flush, and a lock is waited for
 # at most LOCK_WAIT_MS (the busy timeout's analogue) instead of forever.
 DURABLE: Final = (

@@ -12,6 +12,8 @@ translation are pg_tx's. What PostgreSQL adds to the SQLite backend's behaviour:
 - The relay lock is a session-level advisory lock on a connection of its own: it
   goes when the process (hence its connection) does.
 - Transactions with several statements are sent in pipeline mode: one round trip.
+  A group of marks in the common case is one statement, its whole transaction one
+  simple query (pg_tx.in_one_round_trip).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pg_tx import (
     close_quietly,
     describe,
     durable,
+    in_one_round_trip,
     translated_sync,
 )
 from plumbing.storage import StorageError
@@ -245,8 +248,8 @@ class PostgresOutbox(Outbox):
         """Marks asked for while another group is being committed are committed
         together in the next transaction (group commit): with several lanes in
         flight, one transaction and one WAL flush serve them all. The common case
-        (every entry pending) is one statement per entry, sent together
-        (executemany in pipeline mode)."""
+        (every entry pending) is one statement for the whole group, sent with its
+        BEGIN, settings and COMMIT as one message: one round trip."""
         now = time.time()
         params = [
             {"id": event_id, "now": now, "ack": None if ack is None else ack_json(ack)}
@@ -419,25 +422,41 @@ async def _accept_together(
     return outcomes
 
 
-class _NotAllPending(Exception):
-    """Some entry of the group is not pending: undo the one statement, mark each call
-    on its own."""
-
-
 async def _mark_groups(conn: Conn, calls: list[list[dict[str, Any]]]) -> list[Exception | None]:
-    """Marks of several calls in one transaction; one error (or None) per call."""
+    """Marks of several calls, committed before this returns; one error (or None)
+    per call. The common case (every entry pending and unquarantined) is one
+    statement for the whole group, its transaction one message (`_mark_all`).
+    Otherwise nothing of that is written, and each call is marked on its own in one
+    transaction (`_mark_each`)."""
     every = [one for params in calls for one in params]
-    async with conn.pipeline() as pipeline, durable(conn):
-        try:
-            async with conn.transaction():  # a savepoint
-                cursor = conn.cursor()
-                await cursor.executemany(sql.MARK_PENDING_SENT.encode(), every)
-                await pipeline.sync()
-                if cursor.rowcount != len(every):
-                    raise _NotAllPending
+    try:
+        if await _mark_all(conn, every):
             return [None] * len(calls)
-        except (_NotAllPending, psycopg.Error):
-            pass  # some call's entry, maybe: each call on its own finds out
+    except psycopg.Error:
+        pass  # some call's entry, maybe: each call on its own finds out
+    return await _mark_each(conn, calls)
+
+
+async def _mark_all(conn: Conn, every: list[dict[str, Any]]) -> bool:
+    """All the marks in one statement (MARK_ALL_PENDING_SENT), BEGIN to COMMIT sent
+    as one message: whether they were all made (else none was)."""
+    params = {
+        "ids": [one["id"] for one in every],
+        "acks": [one["ack"] for one in every],
+        "now": every[0]["now"],
+        "n": len(every),
+    }
+    row = await in_one_round_trip(conn, sql.MARK_ALL_PENDING_SENT, params)
+    marked = 0 if row is None else int(row[0])
+    # The rows are locked before any is marked: all of them or none.
+    assert marked in (0, len(every)), f"{marked} of {len(every)} marks made"
+    return marked == len(every)
+
+
+async def _mark_each(conn: Conn, calls: list[list[dict[str, Any]]]) -> list[Exception | None]:
+    """Each call's marks in a savepoint of its own, in one transaction, so that a
+    call fails alone and all of it."""
+    async with conn.pipeline(), durable(conn):
         return [await _mark_call(conn, params) for params in calls]
 
 

@@ -175,6 +175,30 @@ MARK_PENDING_SENT: Final = """
         attempts = attempts + 1, last_attempt_at = %(now)s
     WHERE id = %(id)s AND sent = 0 AND quarantined = 0
 """
+# A group's marks in one statement, the common case: every entry pending and
+# unquarantined. The entries are locked first (in ID order), and marked only if
+# all %(n)s marks found theirs that way; otherwise (an entry unknown, already sent,
+# quarantined in flight, or named twice) nothing is written. Returns how many were
+# marked: %(n)s or 0. The locks hold until COMMIT, so an entry the lock found
+# pending is still pending when the UPDATE reaches it. Bytes: sent as one simple
+# query with its transaction (pg_tx.in_one_round_trip).
+MARK_ALL_PENDING_SENT: Final = b"""
+WITH marks AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(acks)s::text[]) AS m(id, ack)
+), locked AS MATERIALIZED (
+    SELECT outbox.id FROM outbox
+    WHERE outbox.id = ANY (%(ids)s::text[]) AND sent = 0 AND quarantined = 0
+    ORDER BY outbox.id FOR UPDATE
+), marked AS (
+    UPDATE outbox SET sent = 1, sent_at = %(now)s, ack = marks.ack,
+        attempts = attempts + 1, last_attempt_at = %(now)s
+    FROM marks
+    WHERE outbox.id = marks.id AND sent = 0 AND quarantined = 0
+        AND (SELECT count(*) FROM locked) = %(n)s
+    RETURNING 1
+)
+SELECT count(*) FROM marked
+"""
 RECORD_FAILURE: Final = """
     UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s,
         last_attempt_at = %(now)s, first_failure_at = coalesce(first_failure_at, %(now)s)

@@ -30,7 +30,7 @@ from typing import Any, Final, TypeVar
 
 import psycopg.errors
 
-from pg_tx import DURABLE, Conn, PgDatabase, describe
+from pg_tx import DURABLE, Conn, PgDatabase, describe, in_one_round_trip
 from plumbing.group_commit import GroupCommit
 from plumbing.storage import StorageError
 from shared import Conflict, Event, FenceNotMet, Receipt, canonical_json, digest_of
@@ -123,7 +123,7 @@ class PostgresInbox(Inbox):
         at once. Their receipts (fewer than the calls when one stopped them)."""
         params, payloads = _calls_columns(calls, now)
         async with self._db.connection() as conn:
-            row = await _in_one_round_trip(conn, sql.INSERT_CALLS, params)
+            row = await in_one_round_trip(conn, sql.INSERT_CALLS, params)
         went = 0 if row is None else int(row[0])
         return [
             BatchReceipt([Received(Receipt.APPLIED, digest_of(p)) for p in payloads[index]], None)
@@ -263,39 +263,6 @@ async def _receive_in(
         raise FenceNotMet(after)
     payloads = [canonical_json(event) for event in events]
     return await _one_by_one(conn, events, payloads, now)
-
-
-async def _in_one_round_trip(
-    conn: Conn, statement: bytes, params: dict[str, Any]
-) -> tuple[Any, ...] | None:
-    """`statement` in a durable transaction of its own, and its row: BEGIN, the
-    settings, the statement and COMMIT as one simple query, so one message each way
-    (in pipeline mode psycopg sends each statement and the sync as messages of their
-    own, and the row must be fetched before the COMMIT can be sent: two round trips).
-    The parameters are bound client side (psycopg's ClientCursor quotes them). An
-    error in the statement skips the COMMIT: the transaction is then rolled back
-    here and the error raised."""
-    await conn.set_autocommit(True)  # the text has its own BEGIN and COMMIT
-    try:
-        cursor = psycopg.AsyncClientCursor(conn)
-        await cursor.execute(b"BEGIN;" + DURABLE + b";" + statement + b";COMMIT", params)
-        cursor.nextset()  # past BEGIN's and the settings' results
-        cursor.nextset()
-        row: tuple[Any, ...] | None = await cursor.fetchone()
-        return row
-    finally:
-        await _back_to_transactions(conn)
-
-
-async def _back_to_transactions(conn: Conn) -> None:
-    """Leave `conn` as the pool lends it (idle, autocommit off), or closed so that
-    the pool drops it."""
-    try:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            await conn.execute(b"ROLLBACK")
-        await conn.set_autocommit(False)
-    except psycopg.Error:
-        await conn.close()
 
 
 def _distinct_prefix(calls: list[Call]) -> int:

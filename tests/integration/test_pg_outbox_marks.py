@@ -5,12 +5,15 @@ its ID (`xmin`), read through a connection of the test's own."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
+from pg_faults import PgAccess
 
+from plumbing.pgserver import ThrowawayServer
 from plumbing.storage import StorageError
 from publisher.errors import UnknownEntry
 from publisher.store import Mark, Outbox
@@ -39,6 +42,36 @@ async def test_concurrent_marks_share_one_transaction(outbox: Outbox, pg_databas
     xmins = dict(rows(pg_database, "SELECT id, xmin::text FROM outbox"))
     assert len(set(xmins.values())) <= 2
     assert len({xmins[f"m{n}"] for n in range(2, 8)}) == 1
+
+
+async def test_concurrent_marks_are_one_statement_and_one_round_trip(
+    pg_server: ThrowawayServer, pg_database: str
+) -> None:
+    # The server logs every statement of this database's new sessions; a simple
+    # query (several statements in one message) is logged as one entry.
+    database = PgAccess(pg_database, "outbox_health")
+    database.execute(f"ALTER DATABASE {database.dbname} SET log_statement = 'all'")
+    async with Outbox.open(pg_database) as outbox:
+        for n in range(8):
+            assert await outbox.accept({"id": f"m{n}", "sku": "snack", "qty": 1}) == "accepted"
+        start = pg_server.log.stat().st_size
+        await asyncio.gather(
+            *(outbox.mark_sent_many([Mark(f"m{2 * k}"), Mark(f"m{2 * k + 1}")]) for k in range(4))
+        )
+        with pg_server.log.open(errors="replace") as log:
+            log.seek(start)
+            written = log.read()
+
+    assert rows(pg_database, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+    logged = re.split(r"LOG:\s+", written)  # an entry may span several lines
+    marks = [entry for entry in logged if "UPDATE outbox SET sent = 1" in entry]
+    # The first call alone, then the three that came meanwhile: each group one
+    # message, BEGIN to COMMIT (not a statement per entry, a savepoint and syncs).
+    assert 1 <= len(marks) <= 2, written
+    for entry in marks:
+        assert entry.startswith("statement: BEGIN;") and entry.rstrip().endswith("COMMIT")
+    xmins = rows(pg_database, "SELECT count(DISTINCT xmin::text) FROM outbox")
+    assert xmins == [(len(marks),)]
 
 
 async def test_a_failing_call_fails_alone_and_all_of_it(outbox: Outbox, pg_database: str) -> None:
