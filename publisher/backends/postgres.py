@@ -443,7 +443,7 @@ async def _mark_all(conn: Conn, every: list[dict[str, Any]]) -> bool:
     params = {
         "ids": [one["id"] for one in every],
         "acks": [one["ack"] for one in every],
-        "now": every[0]["now"],
+        "nows": [one["now"] for one in every],
         "n": len(every),
     }
     row = await in_one_round_trip(conn, sql.MARK_ALL_PENDING_SENT, params)

@@ -184,14 +184,15 @@ MARK_PENDING_SENT: Final = """
 # query with its transaction (pg_tx.in_one_round_trip).
 MARK_ALL_PENDING_SENT: Final = b"""
 WITH marks AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(acks)s::text[]) AS m(id, ack)
+    SELECT * FROM unnest(%(ids)s::text[], %(acks)s::text[], %(nows)s::float8[])
+                  AS m(id, ack, now)
 ), locked AS MATERIALIZED (
     SELECT outbox.id FROM outbox
     WHERE outbox.id = ANY (%(ids)s::text[]) AND sent = 0 AND quarantined = 0
     ORDER BY outbox.id FOR UPDATE
 ), marked AS (
-    UPDATE outbox SET sent = 1, sent_at = %(now)s, ack = marks.ack,
-        attempts = attempts + 1, last_attempt_at = %(now)s
+    UPDATE outbox SET sent = 1, sent_at = marks.now, ack = marks.ack,
+        attempts = attempts + 1, last_attempt_at = marks.now
     FROM marks
     WHERE outbox.id = marks.id AND sent = 0 AND quarantined = 0
         AND (SELECT count(*) FROM locked) = %(n)s
