@@ -177,25 +177,27 @@ MARK_PENDING_SENT: Final = """
 """
 # A group's marks in one statement, the common case: every entry pending and
 # unquarantined. The entries are locked first (in ID order), and marked only if
-# all %(n)s marks found theirs that way; otherwise (an entry unknown, already sent,
+# all %(n)s marks found theirs so; otherwise (an entry unknown, already sent,
 # quarantined in flight, or named twice) nothing is written. Returns how many were
 # marked: %(n)s or 0. The locks hold until COMMIT, so an entry the lock found
-# pending is still pending when the UPDATE reaches it. Bytes: sent as one simple
-# query with its transaction (pg_tx.in_one_round_trip).
+# pending is still pending when the UPDATE reaches it. The entries are found by ID
+# alone (the unique index: a pending-state condition would let the planner pick a
+# partial index and scan every pending entry). Bytes: sent as one simple query
+# with its transaction (pg_tx.in_one_round_trip).
 MARK_ALL_PENDING_SENT: Final = b"""
 WITH marks AS (
     SELECT * FROM unnest(%(ids)s::text[], %(acks)s::text[], %(nows)s::float8[])
                   AS m(id, ack, now)
 ), locked AS MATERIALIZED (
-    SELECT outbox.id FROM outbox
-    WHERE outbox.id = ANY (%(ids)s::text[]) AND sent = 0 AND quarantined = 0
+    SELECT outbox.id, outbox.sent, outbox.quarantined FROM outbox
+    WHERE outbox.id = ANY (%(ids)s::text[])
     ORDER BY outbox.id FOR UPDATE
 ), marked AS (
     UPDATE outbox SET sent = 1, sent_at = marks.now, ack = marks.ack,
         attempts = attempts + 1, last_attempt_at = marks.now
     FROM marks
-    WHERE outbox.id = marks.id AND sent = 0 AND quarantined = 0
-        AND (SELECT count(*) FROM locked) = %(n)s
+    WHERE outbox.id = ANY (%(ids)s::text[]) AND outbox.id = marks.id
+        AND (SELECT count(*) FROM locked WHERE sent = 0 AND quarantined = 0) = %(n)s
     RETURNING 1
 )
 SELECT count(*) FROM marked
