@@ -57,16 +57,16 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
-def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
-    child_env: dict[str, str], tmp_path: Path
-) -> None:
-    marker = uuid.uuid4().hex  # inherited by every process the run starts
-    out = tmp_path / "results.json"
+def run_bench(
+    child_env: dict[str, str], *args: str
+) -> tuple[subprocess.CompletedProcess[str], list[int]]:
+    """`python -m bench args...` to completion; then the processes it left alive
+    (found by a marker every process of the run, a PostgreSQL server's included,
+    inherits), killed, and their PIDs."""
+    marker = uuid.uuid4().hex
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+            [sys.executable, "-m", "bench", *args],
             cwd=REPO_ROOT,
             env={**child_env, MARKER_VARIABLE: marker},
             capture_output=True,
@@ -78,6 +78,16 @@ def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
         leftovers = processes_with(marker)
         for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
+    return run, leftovers
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
+def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
+    child_env: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "results.json"
+    run, leftovers = run_bench(child_env, "--quick", "--out", str(out))
     assert leftovers == [], "processes of the run are still alive"
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
@@ -174,23 +184,9 @@ PG_TARGETS = {
 def test_postgres_cases_run_on_a_throwaway_server_and_leave_nothing(
     child_env: dict[str, str], tmp_path: Path
 ) -> None:
-    marker = uuid.uuid4().hex  # the server's processes inherit it too
     out = tmp_path / "results.json"
     command = ["--quick", "--backend", "postgres", "--cases", ",".join(PG_QUICK_CASES)]
-    try:
-        run = subprocess.run(
-            [sys.executable, "-m", "bench", *command, "--out", str(out)],
-            cwd=REPO_ROOT,
-            env={**child_env, MARKER_VARIABLE: marker},
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
-    finally:
-        leftovers = processes_with(marker)
-        for pid in leftovers:
-            os.kill(pid, signal.SIGKILL)
+    run, leftovers = run_bench(child_env, *command, "--out", str(out))
     assert leftovers == [], "processes of the run (or its PostgreSQL server) are still alive"
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     said = re.search(r"PostgreSQL: a throwaway PostgreSQL server on \S+ in (\S+)", run.stderr)
