@@ -45,6 +45,7 @@ class LanesSupervisor:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._candidates: list[str] = []  # lanes to start next, oldest head first
         self._listed_at = -math.inf  # monotonic time of the query that listed them
+        self._listed_all = False  # ... which found fewer lanes than it asked for
         self._heads_read_at = -math.inf  # ... and of the last look at blocked heads
 
     @property
@@ -86,17 +87,22 @@ class LanesSupervisor:
             k for k, lane in self._lanes.items() if k not in busy and not lane.head.blocked
         ]:
             del self._lanes[key]  # its wait is over: nothing left to remember
-        if len(keys) < free or resumed or now - self._listed_at >= self._poll_interval_s:
+        short = len(keys) < free and not self._listed_all
+        news, self._signals.news = self._signals.news, False
+        if short or news or resumed or now - self._listed_at >= self._poll_interval_s:
+            asked = max(free, LANE_CANDIDATES)
             try:
-                keys = await self._outbox.pending_lanes(max(free, LANE_CANDIDATES), sorted(busy))
+                keys = await self._outbox.pending_lanes(asked, sorted(busy))
             except Exception as exc:
                 self._log.error(
                     ("could not read the pending lanes", str(exc)),
                     "could not read the pending lanes: %s",
                     exc,
                 )
+                self._signals.news = self._signals.news or news  # list again next time
                 return
             self._listed_at = now
+            self._listed_all = len(keys) < asked
         self._candidates = keys[free:]
         for key in keys[:free]:
             lane = self._lanes.get(key) or self._new_lane(key)

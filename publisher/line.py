@@ -50,6 +50,13 @@ class Signals:
     def __init__(self) -> None:
         self.stop = asyncio.Event()
         self.wake = asyncio.Event()
+        self.news = False  # intake arrived since the lanes were last listed
+
+    def intake(self) -> None:
+        """New entries were committed (here or in another process): wake, and let the
+        lanes supervisor know that its list of pending lanes may be out of date."""
+        self.news = True
+        self.wake.set()
 
     @property
     def stopping(self) -> bool:

@@ -134,7 +134,7 @@ class Relay:
 
     def wake(self) -> None:
         """New work arrived: start delivering now instead of at the next poll."""
-        self._signals.wake.set()
+        self._signals.intake()
 
     def stop(self) -> None:
         """Finish the sends in flight (or let them time out), start no other, then return."""
@@ -166,7 +166,7 @@ class Relay:
         on beside it, so a signal lost costs one poll interval, no more."""
         try:
             async for _ in changes:
-                self._signals.wake.set()
+                self._signals.intake()
         except Exception as exc:  # the signal is a shortcut: polling carries on alone
             log.warning("no more intake signals, polling only: %s", exc)
         finally:
