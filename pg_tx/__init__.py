@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import select
 import socket
 import time
@@ -392,19 +393,42 @@ async def in_one_round_trip(
     message each way (in pipeline mode psycopg sends each statement and the sync as
     messages of their own, and a row must be fetched before the COMMIT can be sent:
     two round trips). `conn` is one the caller holds, outside any transaction. The
-    parameters are bound client side (psycopg's ClientCursor quotes them). An error
+    parameters are bound client side (psycopg's ClientCursor quotes them; a list is
+    written as an array literal first, see `array_literal`). An error
     in the statement skips the COMMIT: the transaction is then rolled back here and
     the (driver's) error raised, for the caller to translate."""
     await conn.set_autocommit(True)  # the text has its own BEGIN and COMMIT
     try:
         cursor = psycopg.AsyncClientCursor(conn)
-        await cursor.execute(b"BEGIN;" + DURABLE + b";" + statement + b";COMMIT", params)
+        bound = {k: array_literal(v) if isinstance(v, list) else v for k, v in params.items()}
+        await cursor.execute(b"BEGIN;" + DURABLE + b";" + statement + b";COMMIT", bound)
         cursor.nextset()  # past BEGIN's and the settings' results
         cursor.nextset()
         row: tuple[Any, ...] | None = await cursor.fetchone()
         return row
     finally:
         await _back_to_transactions(conn)
+
+
+def array_literal(values: Sequence[str | int | float | bool | None]) -> str:
+    """An array's text form (`{"a",NULL,"b\\"c"}`), for a parameter the statement
+    casts (`%(ids)s::text[]`). psycopg quotes a list element by element in Python,
+    about ten times slower than this for a group's arrays; the literal is then quoted
+    once, as any string. Elements are strings (double-quoted, `"` and `\\` escaped),
+    None (NULL), booleans and numbers."""
+    return "{" + ",".join(map(_array_element, values)) + "}"
+
+
+def _array_element(value: str | int | float | bool | None) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, int | float) and math.isfinite(value):
+        return repr(value)
+    raise TypeError(f"no array literal for {value!r}")
 
 
 async def _back_to_transactions(conn: Conn) -> None:
@@ -511,6 +535,7 @@ __all__ = [
     "Pool",
     "PoolTimeout",
     "Settings",
+    "array_literal",
     "close_quietly",
     "describe",
     "durable",

@@ -1,0 +1,79 @@
+"""pg_tx on the session's throwaway server: what the services' SQL relies on from it
+beyond the behaviour suites (statements sent with their transaction as one message)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pg_tx import array_literal, in_one_round_trip
+from plumbing.pgserver import ThrowawayServer
+
+# Text PostgreSQL can hold: any character but NUL, including quotes, backslashes,
+# braces, commas, blanks and the word NULL.
+texts = st.text(st.characters(blacklist_characters="\x00"), max_size=12) | st.sampled_from(
+    ["NULL", "null", '"', "\\", "{}", "a,b", " ", "", '\\"']
+)
+
+
+@pytest.fixture(scope="module")
+def conn(pg_server: ThrowawayServer) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    with psycopg.connect(pg_server.url(), autocommit=True) as connection:
+        yield connection
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(texts | st.none(), max_size=8))
+def test_a_text_array_literal_reads_back_as_the_same_list(
+    conn: psycopg.Connection[tuple[Any, ...]], values: list[str | None]
+) -> None:
+    row = conn.execute("SELECT %s::text[]", (array_literal(values),)).fetchone()
+    assert row is not None and row[0] == values
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6),
+    st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=6),
+    st.lists(st.booleans() | st.none(), max_size=6),
+)
+def test_number_and_boolean_array_literals_read_back_as_the_same_lists(
+    conn: psycopg.Connection[tuple[Any, ...]],
+    ints: list[int],
+    floats: list[float],
+    bools: list[bool | None],
+) -> None:
+    query = "SELECT %s::bigint[], %s::float8[], %s::boolean[]"
+    row = conn.execute(query, tuple(map(array_literal, (ints, floats, bools)))).fetchone()
+    assert row is not None and row[0] == ints and row[2] == bools
+    assert all(
+        math.isclose(a, b, rel_tol=0, abs_tol=0) for a, b in zip(row[1], floats, strict=True)
+    )
+
+
+def test_an_array_literal_refuses_what_it_cannot_write() -> None:
+    for bad in ([math.nan], [math.inf], [b"bytes"], [{"a": 1}]):
+        with pytest.raises(TypeError):
+            array_literal(bad)  # type: ignore[arg-type]
+
+
+async def test_list_parameters_of_a_one_message_transaction_arrive_as_arrays(
+    pg_server: ThrowawayServer,
+) -> None:
+    values = ['a"b', "c\\d", None, "NULL", "{x,y}"]
+    async with await psycopg.AsyncConnection.connect(pg_server.url()) as conn:
+        row = await in_one_round_trip(
+            conn, b"SELECT %(texts)s::text[], %(n)s::bigint", {"texts": values, "n": 7}
+        )
+        assert row == (values, 7)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
