@@ -35,6 +35,25 @@ class Rejected(NotAcknowledged):
     retryable = False
 
 
+class LeaseLost(Exception):
+    """This worker no longer holds the lease of a line (another worker took it over,
+    or a write under an old epoch was refused): it stops delivering that line. Not a
+    delivery failure: nothing is recorded against the entry."""
+
+    def __init__(self, line: str, epoch: int, why: str) -> None:
+        super().__init__(f"lease of line {line!r} at epoch {epoch} lost: {why}")
+        self.line = line
+        self.epoch = epoch
+
+
+class FencedBySink(LeaseLost, NotAcknowledged):
+    """The sink refused a request (409) for its stale lease epoch: nothing applied."""
+
+    def __init__(self, line: str, epoch: int, why: str) -> None:
+        LeaseLost.__init__(self, line, epoch, why)
+        self.status = 409
+
+
 class OutboxError(Exception):
     """An operation on an outbox entry cannot be done as asked."""
 

@@ -8,21 +8,34 @@ from shared.ack import (
     payload_digest,
     verify_ack,
 )
-from shared.errors import Conflict, ContractError, FenceNotMet, InvalidAck, InvalidEvent
+from shared.errors import (
+    Conflict,
+    ContractError,
+    FenceNotMet,
+    InvalidAck,
+    InvalidEvent,
+    StaleLease,
+)
 from shared.event import Event, canonical_json, validate_event, validate_event_id, validate_sku
 from shared.protocol import (
     FENCE_HEADER,
     FENCING_ENFORCED,
     FENCING_HEADER,
+    GLOBAL_LINE,
+    LEASE_HEADER,
     MAX_BATCH,
     MAX_BATCH_BODY_BYTES,
     MAX_BODY_BYTES,
+    Lease,
+    parse_lease,
 )
 
 __all__ = [
     "FENCE_HEADER",
     "FENCING_ENFORCED",
     "FENCING_HEADER",
+    "GLOBAL_LINE",
+    "LEASE_HEADER",
     "MAX_BATCH",
     "MAX_BATCH_BODY_BYTES",
     "MAX_BODY_BYTES",
@@ -32,10 +45,13 @@ __all__ = [
     "FenceNotMet",
     "InvalidAck",
     "InvalidEvent",
+    "Lease",
     "Receipt",
+    "StaleLease",
     "canonical_json",
     "digest_of",
     "make_ack",
+    "parse_lease",
     "payload_digest",
     "validate_event",
     "validate_event_id",

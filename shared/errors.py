@@ -33,5 +33,21 @@ class FenceNotMet(ContractError):
         self.after = after
 
 
+class StaleLease(ContractError):
+    """A request's lease epoch is below one the sink has already seen for its source
+    and line: a worker that lost the line (paused past its lease, cut off) sent it.
+    Nothing of the request was applied (the sink's 409 names both epochs)."""
+
+    def __init__(self, source: str, line: str, epoch: int, seen: int) -> None:
+        super().__init__(
+            f"lease epoch {epoch} of line {line!r} from {source!r} is stale:"
+            f" epoch {seen} has been seen"
+        )
+        self.source = source
+        self.line = line
+        self.epoch = epoch
+        self.seen = seen
+
+
 class InvalidAck(ContractError, ValueError):
     """The reply is not an ACK for the event that was sent."""

@@ -3,6 +3,8 @@ and the headers that pipelined delivery relies on."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Final
 
 # A batch holds 1 to MAX_BATCH events: the most the publisher reads for one dispatch
@@ -19,3 +21,48 @@ FENCE_HEADER: Final = "Outbox-After"
 # apply a request whose predecessor failed).
 FENCING_HEADER: Final = "Outbox-Fencing"
 FENCING_ENFORCED: Final = "enforced"
+
+# Several relay workers on one outbox: each line (the one global line, or one SKU's
+# lane) is delivered only by the worker holding its lease, and every takeover raises
+# the line's epoch (a fencing token). Each request of a leased line carries
+# `Outbox-Lease: SOURCE LINE EPOCH`; the sink refuses (409, nothing applied), in the
+# transaction of the apply, a request whose epoch is below one it has already seen
+# for that source and line. SOURCE names the outbox (every worker of one outbox
+# sends the same), so lines of two publishers never meet.
+LEASE_HEADER: Final = "Outbox-Lease"
+GLOBAL_LINE: Final = "*"  # the line of global order; a lane is named by its SKU
+MAX_EPOCH: Final = 2**63 - 1
+_NAME: Final = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_EPOCH: Final = re.compile(r"[1-9][0-9]{0,18}")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a request of a leased line says of its lease: the outbox it comes from,
+    the line, and the epoch its worker holds the line under."""
+
+    source: str
+    line: str
+    epoch: int
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.source):
+            raise ValueError(f"lease source {self.source!r} is not 1-64 of A-Z a-z 0-9 . _ : -")
+        if self.line != GLOBAL_LINE and not _NAME.fullmatch(self.line):
+            raise ValueError(f"lease line {self.line!r} is neither {GLOBAL_LINE!r} nor a SKU")
+        if not 1 <= self.epoch <= MAX_EPOCH:
+            raise ValueError(f"lease epoch {self.epoch} is not between 1 and {MAX_EPOCH}")
+
+    def header(self) -> str:
+        return f"{self.source} {self.line} {self.epoch}"
+
+
+def parse_lease(value: str) -> Lease:
+    """The Lease a header value names; ValueError saying what is wrong otherwise."""
+    parts = value.split(" ")
+    if len(parts) != 3:
+        raise ValueError(f"{LEASE_HEADER} must be 'SOURCE LINE EPOCH', got {value[:80]!r}")
+    source, line, epoch = parts
+    if not _EPOCH.fullmatch(epoch):
+        raise ValueError(f"{LEASE_HEADER} epoch {epoch[:24]!r} is not a positive integer")
+    return Lease(source, line, int(epoch))
