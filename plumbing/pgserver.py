@@ -6,6 +6,10 @@ The test suite, `python -m chaos --backend postgres` without a URL, `python -m b
 (no Unix socket), trusts connections from loopback (nothing else can reach it) and
 runs as an unprivileged user: PostgreSQL refuses to run as root, so as root it runs
 as the `postgres` user that Debian's package creates.
+
+`listen=(address, network)` adds one address to listen on and trusts connections from
+`network` too: the partition test's database host in a network namespace of its own
+(nothing outside that namespace's test network reaches the address).
 """
 
 from __future__ import annotations
@@ -63,8 +67,12 @@ class ThrowawayServer:
     `start()` again brings it back on the same data and port (a restart), and
     `remove()` deletes everything."""
 
-    def __init__(self, settings: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, settings: Mapping[str, str] | None = None, listen: tuple[str, str] | None = None
+    ) -> None:
         self.bindir = find_bindir()
+        self.listen = listen
+        self.host = "127.0.0.1" if listen is None else listen[0]
         self.settings = {"fsync": "on", "synchronous_commit": "on", **(settings or {})}
         self._user = _run_as()
         self.root = Path(tempfile.mkdtemp(prefix="outbox-pg-"))
@@ -91,11 +99,15 @@ class ThrowawayServer:
         )
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write("\n# set by the throwaway server\n")
-            conf.write("listen_addresses = '127.0.0.1'\n")
+            addresses = "127.0.0.1" if self.listen is None else f"127.0.0.1,{self.listen[0]}"
+            conf.write(f"listen_addresses = '{addresses}'\n")
             conf.write("unix_socket_directories = ''\n")
             conf.write("max_connections = 300\n")
             for name, value in self.settings.items():
                 conf.write(f"{name} = '{value}'\n")
+        if self.listen is not None:
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.listen[1]} trust\n")
 
     def start(self) -> None:
         """Start the server and wait until it takes connections (ServerUnavailable if
@@ -141,7 +153,7 @@ class ThrowawayServer:
     def url(self, dbname: str = "postgres", **params: str) -> str:
         """A libpq URI for `dbname` as the trusted superuser."""
         query = "&".join(f"{k}={v}" for k, v in params.items())
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{dbname}" + (
+        return f"postgresql://{SUPERUSER}@{self.host}:{self.port}/{dbname}" + (
             f"?{query}" if query else ""
         )
 
