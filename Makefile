@@ -20,8 +20,10 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
+# Two test processes (pytest-xdist): the tests mostly wait on processes, sockets and
+# fsync, and each process has its own throwaway PostgreSQL server.
 test: lint typecheck postgres-binaries
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2
 
 # The tests start throwaway PostgreSQL servers of their own: they need the server
 # programs (initdb, pg_ctl), from Debian's package when they are missing. No cluster
