@@ -37,6 +37,9 @@ from plumbing.cli import (
 PROG: Final = "chaos"
 MAX_EVENTS: Final = 100_000
 MAX_PG_RESTARTS: Final = 1_000
+MAX_WORKERS: Final = 16
+MAX_SINKS: Final = 8
+MAX_LEASE_TTL_S: Final = 60.0
 TIME_LIMIT_S: Final = 3600.0
 
 
@@ -95,6 +98,32 @@ def build_parser() -> ArgumentParser:
         help="with --backend postgres and no --db-url: stop the server (fast or immediate) "
         "this many times during the feed and start it again",
     )
+    go.add_argument(
+        "--workers",
+        type=int_in(1, MAX_WORKERS),
+        default=1,
+        help="relay workers on the one outbox (more than one: --backend postgres)",
+    )
+    go.add_argument(
+        "--sinks",
+        type=int_in(1, MAX_SINKS),
+        default=1,
+        help="sink processes on the one inbox, every worker given all their URLs "
+        "(more than one: --backend postgres)",
+    )
+    go.add_argument(
+        "--pauses",
+        type=int_in(0, MAX_EVENTS),
+        default=0,
+        help="SIGSTOP a process of the --target at random this many times during the feed, "
+        "each for 0.1 to 2 lease TTLs, then SIGCONT it",
+    )
+    go.add_argument(
+        "--lease-ttl",
+        type=positive_s,
+        default=2.0,
+        help="with several workers or sinks: the workers' --lease-ttl, seconds (default 2)",
+    )
     story = commands.add_parser("scenario", help="run named scenarios, each with its own verdict")
     story.add_argument(
         "names",
@@ -123,6 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 PROG, "--pg-restarts needs --backend postgres on its own server (no --db-url)",
                 EXIT_USAGE,
             )  # fmt: skip
+        several = getattr(args, "workers", 1) > 1 or getattr(args, "sinks", 1) > 1
+        if several and args.backend != "postgres":
+            return fail(PROG, "--workers and --sinks above 1 need --backend postgres", EXIT_USAGE)
+        if getattr(args, "lease_ttl", 0) > MAX_LEASE_TTL_S:
+            return fail(PROG, f"--lease-ttl is at most {MAX_LEASE_TTL_S:g} s", EXIT_USAGE)
         place = open_place(args.backend, args.db_url, keep=keep)
         if args.command == "run":
             return cmd_run(args, workdir, place)
@@ -156,6 +190,10 @@ def cmd_run(args: argparse.Namespace, workdir: Path, place: Place) -> int:
         databases=place.pair("run", workdir),
         pg_restarts=args.pg_restarts,
         pg_server=getattr(place, "server", None),
+        workers=args.workers,
+        sinks=args.sinks,
+        pauses=args.pauses,
+        lease_ttl_s=args.lease_ttl,
     )
     figures = report.to_dict()
     if args.json:
@@ -171,6 +209,12 @@ def cmd_run(args: argparse.Namespace, workdir: Path, place: Place) -> int:
             f"{figures['applied_twice']} applied twice, "
             f"{figures['order_inversions']} order inversions ({figures['ordering']} order)"
             + (f" on {figures['backend']}" if figures["backend"] != "sqlite" else "")
+            + (
+                f", {figures['workers']} workers, {figures['sinks']} sinks, "
+                f"{figures['all_faults']} faults"
+                if args.workers > 1 or args.sinks > 1
+                else ""
+            )
         )
     return EXIT_OK if figures["ok"] else EXIT_FAILED
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import select
 import selectors
 import signal
@@ -22,6 +24,7 @@ STOP_TIMEOUT_S: Final = 10.0
 HTTP_TIMEOUT_S: Final = 5.0
 LOOPBACK: Final = "127.0.0.1"
 MAX_READS: Final = 1_000
+_SAMPLE: Final = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?\s+(\S+)")
 
 
 class ChaosError(Exception):
@@ -47,6 +50,11 @@ class Service:
     proc: subprocess.Popen[str] | None = None
     exits: list[int] = field(default_factory=list)
     starts: int = 0
+    name: str = ""  # in reports (default: the module); several workers or sinks differ
+    pauses: int = 0
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.module
 
     @property
     def base_url(self) -> str:
@@ -87,12 +95,28 @@ class Service:
         self.reap()
         return killed
 
+    def pause(self) -> subprocess.Popen[str] | None:
+        """SIGSTOP the running process (a GC pause, a frozen VM); the process paused,
+        for `resume`, or None if none was running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.pauses += 1
+        return self.proc
+
     def stop(self) -> int | None:
         """SIGTERM and wait for an orderly exit (SIGKILL if it takes too long)."""
         if self.proc is None:
             return None
         terminate(self.proc, STOP_TIMEOUT_S)
         return self.reap()
+
+
+def resume(proc: subprocess.Popen[Any]) -> None:
+    """SIGCONT a paused process, unless it has ended meanwhile (killed while paused)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGCONT)
 
 
 def terminate(proc: subprocess.Popen[Any], timeout_s: float = STOP_TIMEOUT_S) -> int:
@@ -184,3 +208,19 @@ def http_json(method: str, url: str, body: object | None = None) -> tuple[int, A
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
+
+
+def counters(url: str) -> dict[str, float]:
+    """A service's /metrics, each sample name's values summed over its labels. Raises
+    OSError if the service cannot be reached."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=HTTP_TIMEOUT_S) as response:
+        text = response.read().decode(errors="replace")
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        with contextlib.suppress(ValueError):
+            totals[match[1]] = totals.get(match[1], 0.0) + float(match[2])
+    return totals

@@ -1,23 +1,47 @@
-"""`python -m chaos run`: feed orders while killing the services, then read the verdict."""
+"""`python -m chaos run`: feed orders while killing the services, then read the verdict.
+
+With `--workers K --sinks M` (PostgreSQL) the run starts K relay workers
+(`publisher serve --worker-id wN`, every sink URL given, JSON logs) and M sinks on one
+inbox; each kill and each pause picks its victim among the processes of its kind,
+and orders are posted to a worker that is neither paused nor dead. A pause is a
+SIGSTOP now and a SIGCONT later (the feed goes on meanwhile): a worker paused past
+its lease comes back to lines another worker holds.
+"""
 
 from __future__ import annotations
 
+import json
 import random
+import re
+import subprocess
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
-from chaos.dbs import DbLocation, Pair
-from chaos.procs import ChaosError, Service, free_port, http_json
-from chaos.verdict import Ordering, Verdict, read_verdict
+from chaos.dbs import DbLocation, Pair, reading
+from chaos.procs import ChaosError, Service, counters, free_port, http_json, resume
+from chaos.verdict import LineOrder, Ordering, Verdict, line_orders, read_verdict
 from shared import Event
 
 Target = Literal["publisher", "sink", "both"]
 Delivery = Literal["batch", "single"]
 SKUS: Final = ("snack", "juice", "bread", "soap")
+# Several workers share out SKU lanes: more SKUs than workers, so each has some.
+MANY_SKUS: Final = tuple(f"sku-{n:02d}" for n in range(16))
+DEFAULT_LEASE_TTL_S: Final = 2.0
+# A pause lasts from a short stall to twice the lease: about half outlast it.
+PAUSE_S: Final = (0.1, 2.0)  # times the lease TTL
+# The counters read from the processes alive at the end (a killed process's are gone).
+FENCE_COUNTERS: Final = (
+    "publisher_fenced_writes_total",
+    "publisher_fenced_requests_total",
+    "publisher_lease_takeovers_total",
+    "sink_fenced_requests_total",
+)
+_COUNT: Final = re.compile(r"\bcount=(\d+)")
 POST_ATTEMPTS: Final = 200
 RETRY_PAUSE_S: Final = 0.05
 # An outage of the PostgreSQL server: intake answers 503 meanwhile; the order is
@@ -46,55 +70,181 @@ KILLS_BY_TARGET: Final = {
 
 @dataclass
 class Cluster:
-    """A sink and a publisher serving fresh databases (by default, files in the work
-    directory); their logs go to the work directory."""
+    """Sinks and publishers serving fresh databases (by default, files in the work
+    directory); their logs go to the work directory. One of each by default; with
+    several (`workers`, `sinks`), every worker is given every sink URL."""
 
     workdir: Path
     ordering: Ordering = "global"
     delivery: Delivery = "batch"
     databases: Pair | None = None
-    sink: Service = field(init=False)
-    publisher: Service = field(init=False)
+    workers: int = 1
+    sinks: int = 1
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    sink_services: list[Service] = field(init=False)
+    publishers: list[Service] = field(init=False)
+    # Paused processes by service name: when each is due to go on, and the process.
+    paused: dict[str, tuple[float, subprocess.Popen[str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.databases is None:
             self.databases = Pair(self.workdir / "source.db", self.workdir / "sink.db")
         self.source_db: DbLocation = self.databases.source
         self.sink_db: DbLocation = self.databases.sink
-        self.sink = Service(
-            "sink", ["--db", str(self.sink_db)], free_port(), self.workdir / "sink.log"
-        )
-        sink_url = f"{self.sink.base_url}/events"
-        args = [
-            *("serve", "--db", str(self.source_db), "--sink", sink_url, *PUBLISHER_FLAGS),
-            *("--ordering", self.ordering, "--delivery", self.delivery),
-        ]
-        self.publisher = Service("publisher", args, free_port(), self.workdir / "publisher.log")
+        self.sink_services = [self._sink(n) for n in range(1, self.sinks + 1)]
+        self.publishers = [self._worker(n) for n in range(1, self.workers + 1)]
+
+    @property
+    def several(self) -> bool:
+        return self.workers > 1 or self.sinks > 1
+
+    @property
+    def sink(self) -> Service:
+        return self.sink_services[0]
+
+    @property
+    def publisher(self) -> Service:
+        return self.publishers[0]
+
+    def _sink(self, n: int) -> Service:
+        name = f"sink-{n}" if self.several else "sink"
+        args = ["--db", str(self.sink_db)]
+        return Service("sink", args, free_port(), self.workdir / f"{name}.log", name=name)
+
+    def _worker(self, n: int) -> Service:
+        args = ["serve", "--db", str(self.source_db), *PUBLISHER_FLAGS]
+        args += ["--ordering", self.ordering, "--delivery", self.delivery]
+        if not self.several:
+            args += ["--sink", f"{self.sink.base_url}/events"]
+            return Service("publisher", args, free_port(), self.workdir / "publisher.log")
+        for sink in self.sink_services:
+            args += ["--sink", f"{sink.base_url}/events"]
+        name = f"w{n}"
+        args += ["--worker-id", name, "--lease-ttl", f"{self.lease_ttl_s:g}"]
+        args += ["--log-format", "json"]
+        log = self.workdir / f"publisher-{name}.log"
+        return Service("publisher", args, free_port(), log, name=name)
+
+    def services(self) -> list[Service]:
+        return [*self.sink_services, *self.publishers]
 
     def start(self) -> None:
-        self.sink.start()
-        self.publisher.start()
+        for service in self.services():
+            service.start()
 
     def revive(self) -> list[tuple[str, int]]:
         """Restart whatever has died (a chaos exit, say) with no chaos option."""
         revived = []
-        for service in (self.sink, self.publisher):
+        for service in self.services():
             status = service.reap()
             if status is not None:
+                self.paused.pop(service.name, None)
                 service.start()
                 revived.append((service.module, status))
         return revived
 
+    def pause(self, service: Service, seconds: float) -> bool:
+        """SIGSTOP `service` for `seconds` (one already paused goes on first)."""
+        self.resume(service.name)
+        proc = service.pause()
+        if proc is not None:
+            self.paused[service.name] = (time.monotonic() + seconds, proc)
+        return proc is not None
+
+    def resume(self, name: str) -> None:
+        if name in self.paused:
+            resume(self.paused.pop(name)[1])
+
+    def resume_due(self) -> None:
+        now = time.monotonic()
+        for name, (due, _) in list(self.paused.items()):
+            if due <= now:
+                self.resume(name)
+
+    def resume_all(self) -> None:
+        for name in list(self.paused):
+            self.resume(name)
+
+    def intake(self, rng: random.Random) -> Service:
+        """A worker to post to: alive and not paused (the one due first goes on if
+        every worker is paused)."""
+        self.resume_due()
+        ready = [p for p in self.publishers if p.alive() and p.name not in self.paused]
+        if not ready:
+            due = min(
+                (p for p in self.publishers if p.name in self.paused),
+                key=lambda p: self.paused[p.name][0],
+                default=None,
+            )
+            if due is not None:
+                self.resume(due.name)
+                return due
+            return self.publisher
+        return rng.choice(ready)
+
     def stop(self) -> None:
-        self.publisher.stop()
-        self.sink.stop()
+        self.resume_all()  # a stopped process would not see its SIGTERM
+        for service in reversed(self.services()):
+            service.stop()
 
     def status(self) -> dict[str, object] | None:
-        try:
-            code, body = http_json("GET", f"{self.publisher.base_url}/status")
-        except OSError:
-            return None
-        return body if code == 200 and isinstance(body, dict) else None
+        for publisher in self.publishers:
+            if not publisher.alive() or publisher.name in self.paused:
+                continue
+            try:
+                code, body = http_json("GET", f"{publisher.base_url}/status")
+            except OSError:
+                continue
+            if code == 200 and isinstance(body, dict):
+                return body
+        return None
+
+    def fence_counters(self) -> dict[str, float]:
+        """FENCE_COUNTERS summed over the processes alive now."""
+        totals = dict.fromkeys(FENCE_COUNTERS, 0.0)
+        for service in self.services():
+            if not service.alive():
+                continue
+            try:
+                found = counters(f"{service.base_url}/metrics")
+            except OSError:
+                continue
+            for name in FENCE_COUNTERS:
+                totals[name] += found.get(name, 0.0)
+        return totals
+
+
+def delivered_in_log(path: Path) -> int:
+    """Entries a publisher's log says it delivered (a verified ACK), JSON or text
+    lines; a line cut short by a kill is skipped."""
+    delivered = 0
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        if "delivered" not in line:
+            continue
+        if line.startswith("{"):
+            try:
+                record: dict[str, Any] = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("message") == "delivery" and record.get("outcome") == "delivered":
+                delivered += int(record.get("count", 1))
+        elif " delivery " in line and "outcome=delivered" in line:
+            match = _COUNT.search(line)
+            delivered += int(match[1]) if match else 1
+    return delivered
+
+
+def lease_epochs(source_db: DbLocation) -> dict[str, int]:
+    """Each leased line's epoch in the outbox (none before the lease schema)."""
+    with reading(source_db) as source:
+        if not source.columns("line_leases"):
+            return {}
+        return {str(line): int(epoch) for line, epoch in source.rows(
+            "SELECT line, epoch FROM line_leases ORDER BY line")}  # fmt: skip
 
 
 @dataclass
@@ -112,7 +262,16 @@ class RunReport:
     - faults: sigkills plus chaos exits, both services
     - restarts: process starts beyond the first of each service
     - exit_statuses: how each service's processes ended, by exit status (-9: SIGKILL,
-      73: chaos exit, 0: the orderly stop at the end; anything else is unexpected)
+      73: chaos exit, 0: the orderly stop at the end; anything else is unexpected);
+      with several workers or sinks, per process name (w1, sink-2, ...)
+    - pauses: SIGSTOP/SIGCONT pauses, per process name in pauses_by_service
+    - all_faults: faults plus pauses plus PostgreSQL restarts
+    - delivered_by_worker: entries each publisher's log says it delivered (ACKs
+      verified; a redelivery after a kill or a takeover counts again)
+    - lines: per line of the order check (each SKU in sku order), entries the sink
+      applied and the inverted pairs among them
+    - fence_counters: the fencing counters of the processes alive at the end
+    - lease_epochs: each leased line's epoch in the outbox at the end
     """
 
     verdict: Verdict
@@ -130,6 +289,14 @@ class RunReport:
     pg_restarts: list[str] = field(default_factory=list)
     intake_unavailable: int = 0
     databases: dict[str, str] = field(default_factory=dict)  # where the verdict read
+    workers: int = 1
+    sinks: int = 1
+    lease_ttl_s: float | None = None
+    pauses: list[str] = field(default_factory=list)
+    delivered_by_worker: dict[str, int] = field(default_factory=dict)
+    lines: dict[str, LineOrder] = field(default_factory=dict)
+    fence_counters: dict[str, float] = field(default_factory=dict)
+    lease_epochs: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         by_kind = Counter(self.kills)
@@ -152,6 +319,19 @@ class RunReport:
             "pg_restarts": len(self.pg_restarts),
             "pg_stop_modes": sorted(set(self.pg_restarts)),
             "intake_unavailable": self.intake_unavailable,
+            "workers": self.workers,
+            "sinks": self.sinks,
+            "lease_ttl_s": self.lease_ttl_s,
+            "pauses": len(self.pauses),
+            "pauses_by_service": dict(sorted(Counter(self.pauses).items())),
+            "all_faults": sum(self.sigkills.values())
+            + sum(self.chaos_exits.values())
+            + len(self.pauses)
+            + len(self.pg_restarts),
+            "delivered_by_worker": self.delivered_by_worker,
+            "lines": {line: order.to_dict() for line, order in sorted(self.lines.items())},
+            "fence_counters": self.fence_counters,
+            "lease_epochs": self.lease_epochs,
             "elapsed_s": round(self.elapsed_s, 2),
         }
 
@@ -171,6 +351,21 @@ def plan_outages(seed: int, events: int, restarts: int) -> dict[int, str]:
     return {point: PG_STOP_MODES[n % 2] for n, point in enumerate(sorted(points))}
 
 
+def plan_pauses(
+    seed: int, events: int, pauses: int, target: Target, lease_ttl_s: float
+) -> dict[int, tuple[str, float]]:
+    """Which order index each pause comes before, the kind of process it stops
+    (publisher or sink) and for how long. A generator of its own, like the outages."""
+    rng = random.Random(f"pauses-{seed}")
+    kinds = [kind for kind in ("publisher", "sink") if target in (kind, "both")]
+    points = rng.sample(range(1, events), min(pauses, events - 1)) if events > 1 else []
+    low, high = PAUSE_S
+    return {
+        point: (rng.choice(kinds), rng.uniform(low * lease_ttl_s, high * lease_ttl_s))
+        for point in sorted(points)
+    }
+
+
 class Server(Protocol):
     """What a run needs of a PostgreSQL server it may stop: plumbing.pgserver's."""
 
@@ -186,14 +381,15 @@ class Intake:
     cluster: Cluster
     deadline: Deadline | None = None
     unavailable: int = 0
+    rng: random.Random = field(default_factory=lambda: random.Random("intake"))
 
     def post(self, order: Event, attempts: int = POST_ATTEMPTS) -> bool:
         """True once the intake answered 201 or 200 (a retry after a lost reply is a
         duplicate); False if it still answers 503 after `attempts`."""
-        url = f"{self.cluster.publisher.base_url}/orders"
         for _ in range(attempts):
             if self.deadline is not None:
                 self.deadline.check(f"while posting {order['id']}")
+            url = f"{self.cluster.intake(self.rng).base_url}/orders"
             try:
                 code, body = http_json("POST", url, order)
             except OSError:
@@ -243,25 +439,37 @@ def run(
     databases: Pair | None = None,
     pg_restarts: int = 0,
     pg_server: Server | None = None,
+    workers: int = 1,
+    sinks: int = 1,
+    pauses: int = 0,
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
 ) -> RunReport:
     rng = random.Random(seed)
-    cluster = Cluster(workdir, ordering, delivery, databases)
+    victims = random.Random(f"victims-{seed}")
+    cluster = Cluster(workdir, ordering, delivery, databases, workers, sinks, lease_ttl_s)
+    skus = MANY_SKUS if cluster.several else SKUS
     plan = plan_kills(rng, events, kills, target)
     outages = plan_outages(seed, events, pg_restarts) if pg_server is not None else {}
+    stops = plan_pauses(seed, events, pauses, target, lease_ttl_s)
+    paused: list[str] = []
     expected: dict[str, tuple[str, int]] = {}
     sigkills: Counter[str] = Counter()
     deadline = Deadline(time_limit_s)
     intake = Intake(cluster, deadline)
+    fenced: dict[str, float] = {}
     try:
         cluster.start()
         for index in range(events):
             deadline.check(f"while feeding order {index + 1} of {events}")
             cluster.revive()  # a chaos exit since the last order: bring it back
+            cluster.resume_due()
             if index in plan:
                 time.sleep(rng.uniform(0, 0.03))  # a random moment, not a fixed point
-                sigkills.update(kill(cluster, plan[index]))
+                sigkills.update(kill(cluster, plan[index], victims))
+            if index in stops:
+                paused += pause(cluster, *stops[index], victims)
             order = Event(
-                id=f"chaos-{seed}-{index:06d}", sku=rng.choice(SKUS), qty=rng.randint(1, 9)
+                id=f"chaos-{seed}-{index:06d}", sku=rng.choice(skus), qty=rng.randint(1, 9)
             )
             if index in outages and pg_server is not None:
                 outage(pg_server, outages[index], intake, order, seed + index)
@@ -270,25 +478,28 @@ def run(
             expected[order["id"]] = (order["sku"], order["qty"])
             if progress and (index + 1) % max(1, events // 10) == 0:
                 done = sum(1 for p in plan if p <= index)
-                say(f"fed {index + 1}/{events} orders, {done} kills, {deadline.elapsed():.0f} s")
+                held = sum(1 for p in stops if p <= index)
+                say(
+                    f"fed {index + 1}/{events} orders, {done} kills, {held} pauses, "
+                    f"{deadline.elapsed():.0f} s"
+                )
+        cluster.resume_all()
         drained = drain(cluster, min(drain_timeout_s, max(0.0, deadline.left())), progress)
         if not drained:
             deadline.check("while draining the backlog")
+        if cluster.several:
+            fenced = cluster.fence_counters()
     finally:
         cluster.stop()
-    services = {"publisher": cluster.publisher, "sink": cluster.sink}
     return RunReport(
         verdict=read_verdict(cluster.source_db, cluster.sink_db, expected, ordering),
         kills=list(plan.values()),
-        sigkills={name: sigkills[name] for name in services},
-        chaos_exits={
-            name: sum(1 for status in s.exits if status == CHAOS_EXIT_STATUS)
-            for name, s in services.items()
-        },
-        restarts=sum(max(0, s.starts - 1) for s in services.values()),
+        sigkills={name: sigkills[name] for name in ("publisher", "sink")},
+        chaos_exits={kind: chaos_exits(cluster, kind) for kind in ("publisher", "sink")},
+        restarts=sum(max(0, s.starts - 1) for s in cluster.services()),
         exit_statuses={
-            name: {str(k): n for k, n in sorted(Counter(s.exits).items())}
-            for name, s in services.items()
+            s.name: {str(k): n for k, n in sorted(Counter(s.exits).items())}
+            for s in cluster.services()
         },
         drained=drained,
         elapsed_s=deadline.elapsed(),
@@ -297,7 +508,29 @@ def run(
         databases=cluster.databases.shown() if cluster.databases else {},
         pg_restarts=list(outages.values()),
         intake_unavailable=intake.unavailable,
+        workers=workers,
+        sinks=sinks,
+        lease_ttl_s=lease_ttl_s if cluster.several else None,
+        pauses=paused,
+        delivered_by_worker={p.name: delivered_in_log(p.log_path) for p in cluster.publishers},
+        lines=line_orders(cluster.source_db, cluster.sink_db, ordering),
+        fence_counters=fenced,
+        lease_epochs=lease_epochs(cluster.source_db),
     )
+
+
+def chaos_exits(cluster: Cluster, kind: str) -> int:
+    """How many processes of that kind ended themselves with the chaos exit status."""
+    ended = [status for s in cluster.services() if s.module == kind for status in s.exits]
+    return ended.count(CHAOS_EXIT_STATUS)
+
+
+def pause(cluster: Cluster, kind: str, seconds: float, victims: random.Random) -> list[str]:
+    """SIGSTOP a process of that kind for `seconds`; the name of the one paused."""
+    cluster.revive()
+    pool = cluster.publishers if kind == "publisher" else cluster.sink_services
+    service = victims.choice(pool)
+    return [service.name] if cluster.pause(service, seconds) else []
 
 
 def outage(server: Server, mode: str, intake: Intake, order: Event, seed: int) -> None:
@@ -311,14 +544,17 @@ def outage(server: Server, mode: str, intake: Intake, order: Event, seed: int) -
     server.start()
 
 
-def kill(cluster: Cluster, kind: str) -> list[str]:
-    """Kill a service now (SIGKILL), or restart it armed to die at the next ACK/commit.
+def kill(cluster: Cluster, kind: str, victims: random.Random | None = None) -> list[str]:
+    """Kill a service now (SIGKILL), or restart it armed to die at the next ACK/commit;
+    with several processes of that kind, one picked by `victims`.
 
-    Returns the names of the services whose process the SIGKILL ended.
+    Returns the kinds of the services whose process the SIGKILL ended.
     """
     cluster.revive()
     name, _, how = kind.partition(":")
-    service = cluster.publisher if name == "publisher" else cluster.sink
+    pool = cluster.publishers if name == "publisher" else cluster.sink_services
+    service = pool[0] if victims is None or len(pool) == 1 else victims.choice(pool)
+    cluster.paused.pop(service.name, None)  # SIGKILL ends a stopped process too
     killed = [name] if service.kill() else []
     if how == "exit-after-ack":
         service.start("--chaos", "exit-after-ack")

@@ -133,10 +133,34 @@ def order_inversions(
 
 
 def _inversions(source: Reader, sink: Reader, ordering: Ordering) -> int:
+    return sum(order.inversions for order in _line_orders(source, sink, ordering).values())
+
+
+@dataclass(frozen=True)
+class LineOrder:
+    """One line at the sink: entries applied, and pairs applied against outbox order
+    (less those a quarantine record explains)."""
+
+    applied: int
+    inversions: int
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def line_orders(
+    source_db: DbLocation, sink_db: DbLocation, ordering: Ordering = "global"
+) -> dict[str, LineOrder]:
+    """Each line's LineOrder (the global line is named "*"); see `order_inversions`."""
+    with reading(source_db) as source, reading(sink_db) as sink:
+        return _line_orders(source, sink, ordering)
+
+
+def _line_orders(source: Reader, sink: Reader, ordering: Ordering) -> dict[str, LineOrder]:
     if ordering not in ORDERINGS:
         raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, not {ordering!r}")
     entries = {
-        event_id: (seq, (lane or as_json(payload)["sku"]) if ordering == "sku" else "")
+        event_id: (seq, (lane or as_json(payload)["sku"]) if ordering == "sku" else "*")
         for seq, event_id, lane, payload in source.rows("SELECT seq, id, lane, payload FROM outbox")
     }
     applied = [i for i in applied_ids(sink) if i in entries]
@@ -144,11 +168,14 @@ def _inversions(source: Reader, sink: Reader, ordering: Ordering) -> int:
     for event_id in applied:
         lines[entries[event_id][1]].append(event_id)
     excuses = _excuses(source, entries)
-    inverted = sum(inverted_pairs([entries[i][0] for i in line]) for line in lines.values())
-    explained = sum(
-        _explained(line, {i: entries[i][0] for i in line}, excuses) for line in lines.values()
-    )
-    return inverted - explained
+    return {
+        name: LineOrder(
+            applied=len(line),
+            inversions=inverted_pairs([entries[i][0] for i in line])
+            - _explained(line, {i: entries[i][0] for i in line}, excuses),
+        )
+        for name, line in sorted(lines.items())
+    }
 
 
 def _excuses(source: Reader, entries: dict[str, tuple[int, str]]) -> dict[str, _Excuse]:
