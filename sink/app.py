@@ -12,6 +12,7 @@ from typing import Any, Final
 from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from plumbing.logs import Throttled
 from plumbing.net import bearer_matches
 from plumbing.openapi import add_openapi_route
 from plumbing.web import (
@@ -32,6 +33,7 @@ from shared import (
     FENCE_HEADER,
     FENCING_ENFORCED,
     FENCING_HEADER,
+    LEASE_HEADER,
     MAX_BATCH,
     MAX_BATCH_BODY_BYTES,
     MAX_BODY_BYTES,
@@ -39,7 +41,10 @@ from shared import (
     Event,
     FenceNotMet,
     InvalidEvent,
+    Lease,
+    StaleLease,
     make_ack,
+    parse_lease,
     validate_event,
     validate_event_id,
     validate_sku,
@@ -48,8 +53,12 @@ from sink.fence import Fences
 from sink.store import Inbox
 
 log = logging.getLogger(__name__)
+# A stale worker keeps sending until it learns it lost the line: one line per line
+# and source per interval, with a count.
+_stale_log: Final = Throttled(log)
 
 RESULTS: Final = ("applied", "duplicate", "conflict", "invalid")
+FENCES_BY: Final = ("after", "lease")  # the labels of sink_fenced_requests_total
 
 
 class SinkMetrics:
@@ -78,9 +87,14 @@ class SinkMetrics:
         )
         self.fenced = Counter(
             "sink_fenced_requests",
-            f"Requests refused with 412: the event named in {FENCE_HEADER} was not in the inbox.",
+            f"Requests refused by a fence, nothing applied: fence=after, 412, the event"
+            f" named in {FENCE_HEADER} was not in the inbox; fence=lease, 409, the epoch"
+            f" in {LEASE_HEADER} was below one seen for its source and line.",
+            ["fence"],
             registry=self.registry,
         )
+        for fence in FENCES_BY:
+            self.fenced.labels(fence)
 
 
 @dataclass(frozen=True)
@@ -197,6 +211,7 @@ async def post_event(request: web.Request) -> web.StreamResponse:
     settings, fences, inbox = request.app[SETTINGS], request.app[FENCES], request.app[INBOX]
     try:
         after = read_fence(request)
+        lease = read_lease(request)
         body = await read_json(request, settings.max_body_bytes)
         # Whatever becomes of this event, a request waiting for it is woken at the end.
         with fences.waking(item_ids([body])):
@@ -206,7 +221,7 @@ async def post_event(request: web.Request) -> web.StreamResponse:
             if after is not None:
                 await fences.wait(after, inbox.knows)
             fences.handed([event["id"]])
-            result = await inbox.receive_with_digest(event, after=after)
+            result = await inbox.receive_with_digest(event, after=after, lease=lease)
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
@@ -215,6 +230,8 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         raise conflict(exc) from exc
     except FenceNotMet as exc:
         return fence_not_met(request, exc)
+    except StaleLease as exc:
+        return stale_lease(request, exc)
     received.labels(result.receipt.value).inc()
     return web.json_response(make_ack(event["id"], result.receipt, result.digest))
 
@@ -230,6 +247,7 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
     settings, fences, inbox = request.app[SETTINGS], request.app[FENCES], request.app[INBOX]
     try:
         after = read_fence(request)
+        lease = read_lease(request)
         items = batch_items(await read_json(request, settings.max_batch_body_bytes))
         check_fence_names_other(after, item_ids(items))
     except BadRequest as exc:
@@ -241,9 +259,11 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
             if after is not None and events:
                 await fences.wait(after, inbox.knows)
             fences.handed(event["id"] for event in events)
-            receipt = await inbox.receive_batch(events, after=after)
+            receipt = await inbox.receive_batch(events, after=after, lease=lease)
     except FenceNotMet as exc:
         return fence_not_met(request, exc)
+    except StaleLease as exc:
+        return stale_lease(request, exc)
     for kind, count in collections.Counter(done.receipt.value for done in receipt.received).items():
         received.labels(kind).inc(count)
     if receipt.conflict is not None:
@@ -265,6 +285,20 @@ def read_fence(request: web.Request) -> str | None:
     return None if after is None else _checked(validate_event_id, after, FENCE_HEADER)
 
 
+def read_lease(request: web.Request) -> Lease | None:
+    """The lease in the Outbox-Lease header, None without one; BadRequest 400 naming
+    the problem if it is malformed."""
+    value = request.headers.get(LEASE_HEADER)
+    if value is None:
+        return None
+    try:
+        return parse_lease(value)
+    except ValueError as exc:
+        raise BadRequest(
+            400, "invalid", f"invalid {LEASE_HEADER}", field=LEASE_HEADER, detail=str(exc)
+        ) from exc
+
+
 def check_fence_names_other(after: str | None, event_ids: list[str]) -> None:
     """BadRequest 400 if Outbox-After names an event of the request itself: it can
     never be in the inbox before the request is applied, so waiting is pointless."""
@@ -281,12 +315,27 @@ def check_fence_names_other(after: str | None, event_ids: list[str]) -> None:
 def fence_not_met(request: web.Request, exc: FenceNotMet) -> web.Response:
     """412: the event the request names as its predecessor is not in the inbox, so
     nothing of the request was applied. The sender resends it after that event."""
-    request.app[METRICS].fenced.inc()
+    request.app[METRICS].fenced.labels("after").inc()
     return error(
         412,
         f"the event named in {FENCE_HEADER} is not in the inbox: nothing was applied",
         after=exc.after,
     )
+
+
+def stale_lease(request: web.Request, exc: StaleLease) -> web.Response:
+    """409: the request's lease epoch is below one seen for its line, so its sender
+    lost the line; nothing of the request was applied, a duplicate not even counted."""
+    request.app[METRICS].fenced.labels("lease").inc()
+    fenced = {"source": exc.source, "line": exc.line, "epoch": exc.epoch, "seen": exc.seen}
+    _stale_log.log(
+        logging.WARNING,
+        ("stale lease", exc.source, exc.line),
+        "refused a request of a stale lease: %s",
+        exc,
+        extra={"fenced": fenced},
+    )
+    return error(409, f"{exc}: nothing was applied", fenced=fenced)
 
 
 def batch_items(body: object) -> list[object]:

@@ -5,7 +5,11 @@ Both arrive on different connections, in either order. The inbox applies a reque
 only if the event it names is there (checked in the same transaction), so order at
 the sink never depends on arrival. `Fences` keeps an early request from failing for
 nothing: it waits, bounded, until a request in progress in this process has
-committed (or given up on) the event it names.
+committed (or given up on) the event it names, or until the inbox knows that event:
+several sink processes may share one inbox (PostgreSQL), and the predecessor may be
+applied by another one, of which this process hears nothing. So the wait also asks
+the inbox (`known`, one indexed read) every few milliseconds, more seldom as it goes
+on (POLL_FIRST_S doubling up to POLL_MAX_S).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from contextlib import contextmanager
 from typing import Final
 
 FENCE_WAIT_S: Final = 5.0
+POLL_FIRST_S: Final = 0.005  # the first look at the inbox after the one on arrival
+POLL_MAX_S: Final = 0.05  # the longest pause between two looks
 RECENT: Final = 4096  # IDs whose request is done or under way: a late request needs no wait
 
 
@@ -38,8 +44,9 @@ class Fences:
         known: Callable[[str], Awaitable[bool]],
         timeout_s: float = FENCE_WAIT_S,
     ) -> None:
-        """Return once `after` was handed to the inbox here, is `known` to it, or its
-        request ended without it, or when `timeout_s` has passed.
+        """Return once `after` was handed to the inbox here, is `known` to it (asked
+        on arrival, then every POLL_FIRST_S to POLL_MAX_S: another process may apply
+        it), or its request ended without it, or when `timeout_s` has passed.
 
         Says nothing about the outcome: the transaction checks the fence itself. Writes
         are committed in the order they are handed over, so a request that goes on as
@@ -48,14 +55,20 @@ class Fences:
         """
         if after in self._recent:
             return
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         self._waiters.setdefault(after, []).append(waiter)
+        deadline = loop.time() + timeout_s
+        pause = POLL_FIRST_S
         try:
-            if await known(after):  # applied before this process knew it, say
-                return
-            await asyncio.wait_for(waiter, timeout_s)
-        except TimeoutError:
-            pass
+            while not await known(after):
+                left = deadline - loop.time()
+                if left <= 0:
+                    return
+                done, _ = await asyncio.wait((waiter,), timeout=min(pause, left))
+                if done:
+                    return
+                pause = min(pause * 2, POLL_MAX_S)
         finally:
             waiting = self._waiters.get(after, [])
             if waiter in waiting:

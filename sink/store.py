@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing.storage import Opening, StoreBase
-from shared import Conflict, Event, Receipt, validate_event
+from shared import Conflict, Event, Lease, Receipt, validate_event
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class Inbox(StoreBase):
     receive that returns has committed both: an ACK sent afterwards is evidence.
 
     Errors: StorageError (plumbing.storage) when the database cannot be used,
-    Conflict, InvalidEvent and FenceNotMet (shared) as the methods say. Driver errors
-    never leave a backend untranslated.
+    Conflict, InvalidEvent, FenceNotMet and StaleLease (shared) as the methods say.
+    Driver errors never leave a backend untranslated.
     """
 
     @classmethod
@@ -93,18 +93,20 @@ class Inbox(StoreBase):
         """
         return (await self.receive_with_digest(event)).receipt
 
-    async def receive_with_digest(self, event: object, *, after: str | None = None) -> Received:
+    async def receive_with_digest(
+        self, event: object, *, after: str | None = None, lease: Lease | None = None
+    ) -> Received:
         """Like `receive`, also returning the SHA-256 of the stored payload (for a
-        duplicate, of the payload stored first); with `after`, fenced as in
-        `receive_batch`."""
-        receipt = await self.receive_batch([validate_event(event)], after=after)
+        duplicate, of the payload stored first); with `after` and `lease`, fenced as
+        in `receive_batch`."""
+        receipt = await self.receive_batch([validate_event(event)], after=after, lease=lease)
         if receipt.conflict is not None:
             raise receipt.conflict
         return receipt.received[0]
 
     @abstractmethod
     async def receive_batch(
-        self, events: Sequence[Event], *, after: str | None = None
+        self, events: Sequence[Event], *, after: str | None = None, lease: Lease | None = None
     ) -> BatchReceipt:
         """Apply validated events in order in one transaction, stopping at the first
         conflict.
@@ -114,7 +116,12 @@ class Inbox(StoreBase):
         those after it change nothing, and `conflict` says which it was. With `after`
         (the event the sender delivered just before these), nothing at all is applied
         unless that event is in the inbox: FenceNotMet, checked in the same
-        transaction. An empty batch changes nothing and checks no fence.
+        transaction. With `lease` (the sender's source, line and epoch), nothing at
+        all is applied if a higher epoch of that source and line has been seen:
+        StaleLease, even for events already applied (a stale sender gets no ACK, not
+        even a duplicate's); otherwise the epoch becomes the highest seen, in the same
+        transaction. A stale lease is refused before an unmet fence is. An empty
+        batch changes nothing and checks no fence.
         """
 
     # ------------------------------------------------------------------ reads

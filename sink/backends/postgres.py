@@ -33,7 +33,16 @@ import psycopg.errors
 from pg_tx import DURABLE, Conn, PgDatabase, describe, in_one_round_trip
 from plumbing.group_commit import GroupCommit
 from plumbing.storage import StorageError
-from shared import Conflict, Event, FenceNotMet, Receipt, canonical_json, digest_of
+from shared import (
+    Conflict,
+    Event,
+    FenceNotMet,
+    Lease,
+    Receipt,
+    StaleLease,
+    canonical_json,
+    digest_of,
+)
 from sink.backends import postgres_sql as sql
 from sink.backends.sharing import Arrivals, Call
 from sink.store import BatchReceipt, Inbox, InboxRecord, Received
@@ -83,12 +92,12 @@ class PostgresInbox(Inbox):
         return self._arrivals
 
     async def receive_batch(
-        self, events: Sequence[Event], *, after: str | None = None
+        self, events: Sequence[Event], *, after: str | None = None, lease: Lease | None = None
     ) -> BatchReceipt:
         items = list(events)
         if not items:
             return BatchReceipt([], None)
-        call = Call(items, after)
+        call = Call(items, after, lease)
         if after is None and self._arrivals.count <= 1 and not self._groups.busy:
             outcome = (await self._commit_group([call]))[0]  # a transaction of its own
             if isinstance(outcome, Exception):
@@ -157,8 +166,8 @@ class PostgresInbox(Inbox):
         it alone failed with."""
         try:
             async with conn.transaction():
-                return await _receive_in(conn, call.events, call.after, now)
-        except FenceNotMet as exc:
+                return await _receive_in(conn, call, now)
+        except (FenceNotMet, StaleLease) as exc:
             return exc
         except psycopg.Error as exc:
             if isinstance(exc, _RETRYABLE) or _connection_lost(exc):
@@ -208,15 +217,18 @@ async def _receive_calls(
     that were in progress together, and a fence that named an event of another
     call of the group is checked again after it."""
     outcomes: list[BatchReceipt | Exception | None] = [None] * len(calls)
-    tried = [await _try_all_new(conn, events, after, now) for events, after in calls]
+    tried = [
+        None if lease is not None else await _try_all_new(conn, events, after, now)
+        for events, after, lease in calls
+    ]  # a leased call is checked before it tries anything: in the second pass
     for index, attempt in enumerate(tried):
         if attempt is not None:
             outcomes[index] = await _all_new_outcome(attempt, calls[index])
-    for index, (events, after) in enumerate(calls):
+    for index, call in enumerate(calls):
         if outcomes[index] is None:
             try:
-                outcomes[index] = await _receive_in(conn, events, after, now)
-            except FenceNotMet as exc:  # raised before anything of the call was written
+                outcomes[index] = await _receive_in(conn, call, now)
+            except (FenceNotMet, StaleLease) as exc:  # raised before the call wrote events
                 outcomes[index] = exc
     return [outcome for outcome in outcomes if outcome is not None]
 
@@ -249,14 +261,16 @@ async def _all_new_outcome(cursor: psycopg.AsyncCursor[Any], call: Call) -> Batc
     return BatchReceipt([Received(Receipt.APPLIED, digest) for digest in digests], None)
 
 
-async def _receive_in(
-    conn: Conn, events: list[Event], after: str | None, now: float
-) -> BatchReceipt:
-    """Inside a transaction: check the fence, then apply in order, stopping at the
-    first conflict. Nothing is written before the fence is known to be met."""
+async def _receive_in(conn: Conn, call: Call, now: float) -> BatchReceipt:
+    """Inside a transaction: check the lease and the fence, then apply in order,
+    stopping at the first conflict. No event is written before both are known to
+    hold."""
+    events, after, lease = call
+    if lease is not None:
+        await _check_lease(conn, lease)
     attempt = await _try_all_new(conn, events, after, now)
     if attempt is not None:
-        applied = await _all_new_outcome(attempt, Call(events, after))
+        applied = await _all_new_outcome(attempt, call)
         if applied is not None:
             return applied
     if after is not None and await (await conn.execute(sql.FIND, (after,))).fetchone() is None:
@@ -265,10 +279,19 @@ async def _receive_in(
     return await _one_by_one(conn, events, payloads, now)
 
 
+async def _check_lease(conn: Conn, lease: Lease) -> None:
+    """Inside a transaction: StaleLease if a higher epoch of its line was seen, else
+    its epoch is the highest seen (RAISE_LEASE), the line's row locked to the commit."""
+    key = (lease.source, lease.line)
+    if await (await conn.execute(sql.RAISE_LEASE, (*key, lease.epoch))).fetchone() is None:
+        row = await (await conn.execute(sql.LEASE_SEEN, key)).fetchone()
+        raise StaleLease(*key, lease.epoch, lease.epoch if row is None else int(row[0]))
+
+
 def _distinct_prefix(calls: list[Call]) -> int:
     """How many leading calls have IDs distinct across them (INSERT_CALLS's case)."""
     seen: set[str] = set()
-    for index, (events, _) in enumerate(calls):
+    for index, (events, _, _) in enumerate(calls):
         ids = [event["id"] for event in events]
         if len(set(ids)) != len(ids) or not seen.isdisjoint(ids):
             return index
@@ -286,10 +309,12 @@ def _calls_columns(calls: list[Call], now: float) -> tuple[dict[str, Any], list[
     owners: list[int] = []
     afters: list[str | None] = []
     inside: list[bool] = []
+    leases: list[Lease | None] = []
     payloads: list[list[str]] = []
     seen: set[str] = set()
-    for number, (events, after) in enumerate(calls, 1):
+    for number, (events, after, lease) in enumerate(calls, 1):
         afters.append(after)
+        leases.append(lease)
         inside.append(after is not None and after in seen)
         payloads.append([canonical_json(event) for event in events])
         for event in events:
@@ -306,6 +331,9 @@ def _calls_columns(calls: list[Call], now: float) -> tuple[dict[str, Any], list[
         "calls": owners,
         "afters": afters,
         "inside": inside,
+        "sources": [None if lease is None else lease.source for lease in leases],
+        "lines": [None if lease is None else lease.line for lease in leases],
+        "epochs": [None if lease is None else lease.epoch for lease in leases],
         "now": now,
         "slots": sql.TALLY_SLOTS,
     }

@@ -48,10 +48,34 @@ MIGRATIONS: Final = (
             USING ERRCODE = 'serialization_failure';
     END $$;
     """,
+    # The highest lease epoch seen for each source and line (Outbox-Lease).
+    """
+    CREATE TABLE lease_fences (
+        source TEXT NOT NULL,
+        line   TEXT NOT NULL,
+        epoch  BIGINT NOT NULL,
+        PRIMARY KEY (source, line)
+    );
+    """,
 )
 PROBE_TABLE: Final = "inbox_health"
 
 FIND: Final = b"SELECT payload FROM inbox WHERE id = %s"
+# A lease's epoch becomes the highest seen for its line unless a higher one was: no
+# row returned is a stale lease. An upsert, not a read: under READ COMMITTED a read
+# sees the snapshot of its statement's start, while ON CONFLICT waits for the row's
+# lock and then judges its newest version, so two sinks applying one line's requests
+# serialise on the row, and the lock (taken even when nothing is updated) is held to
+# the commit.
+RAISE_LEASE: Final = b"""
+INSERT INTO lease_fences (source, line, epoch) VALUES (%s, %s, %s)
+ON CONFLICT (source, line) DO UPDATE SET epoch = excluded.epoch
+WHERE lease_fences.epoch <= excluded.epoch
+RETURNING epoch
+"""
+# After RAISE_LEASE refused, in the same transaction: the row is locked by it, and
+# this statement's snapshot is newer than the version that refused.
+LEASE_SEEN: Final = b"SELECT epoch FROM lease_fences WHERE source = %s AND line = %s"
 # The common case of a batch in one statement: if its fence is met (no `after`, or
 # that event in the inbox) and none of its events (IDs distinct within it) is known,
 # they are recorded in their order, each taking the next applied_seq, and the
@@ -89,11 +113,17 @@ SELECT (SELECT met FROM fence), (SELECT found FROM known), (SELECT count(*) FROM
 # across the group) in one statement, so that a transaction is BEGIN, the settings,
 # this and COMMIT, sent together. A call goes in if none of its IDs is known and its
 # fence is met: no `after`, that event in the inbox, or (`inside`) an event of an
-# earlier call of the group. Only a prefix of the calls goes in: those before the
-# first call that cannot (a fence inside the group then always names an event that
-# went in before it). Returns how many calls went in; raises serialization_failure
-# (the transaction runs again) when fewer rows went in than the prefix holds,
-# because another transaction committed one of its IDs meanwhile.
+# earlier call of the group; and its lease, if it has one, is not stale. Each line's
+# highest epoch in the group is raised first (RAISE_LEASE's upsert, so the group
+# waits for the line's row as RAISE_LEASE does); a call of a lower epoch than that
+# stops the group there and is judged the long way, against the epoch raised: as if
+# the request of the higher epoch, in progress at the same time, had come first (an
+# epoch exists only once every lower one has lost the line). Only a prefix of the
+# calls goes in: those before the first call that cannot (a fence inside the group
+# then always names an event that went in before it). Returns how many calls went
+# in; raises serialization_failure (the transaction runs again) when fewer rows went
+# in than the prefix holds, because another transaction committed one of its IDs
+# meanwhile.
 INSERT_CALLS: Final = b"""
 WITH batch AS (
     SELECT * FROM unnest(%(ids)s::text[], %(payloads)s::text[], %(skus)s::text[],
@@ -104,9 +134,23 @@ WITH batch AS (
                   WITH ORDINALITY AS f(after, inside, c)
 ), known AS (
     SELECT DISTINCT batch.c FROM batch JOIN inbox USING (id)
+), leases AS (
+    SELECT * FROM unnest(%(sources)s::text[], %(lines)s::text[], %(epochs)s::bigint[])
+                  WITH ORDINALITY AS l(source, line, epoch, c)
+    WHERE source IS NOT NULL
+), raised AS (
+    INSERT INTO lease_fences (source, line, epoch)
+    SELECT source, line, max(epoch) FROM leases GROUP BY source, line ORDER BY source, line
+    ON CONFLICT (source, line) DO UPDATE SET epoch = excluded.epoch
+    WHERE lease_fences.epoch <= excluded.epoch
+    RETURNING source, line, epoch
+), stale AS (
+    SELECT l.c FROM leases l WHERE NOT EXISTS (
+        SELECT FROM raised r WHERE (r.source, r.line, r.epoch) = (l.source, l.line, l.epoch))
 ), stop AS (
     SELECT coalesce(min(f.c), cardinality(%(afters)s::text[]) + 1) AS c FROM fences f
     WHERE f.c IN (SELECT c FROM known)
+       OR f.c IN (SELECT c FROM stale)
        OR NOT (f.inside OR f.after IS NULL OR EXISTS (SELECT FROM inbox WHERE id = f.after))
 ), taken AS (
     SELECT * FROM batch WHERE c < (SELECT c FROM stop)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import NamedTuple
 
-from shared import Event
+from shared import Event, Lease
 
 
 class Arrivals:
@@ -36,3 +36,4 @@ class Call(NamedTuple):
 
     events: list[Event]
     after: str | None  # the fence: the event the sender delivered before these
+    lease: Lease | None = None  # the sender's line and epoch, checked before anything

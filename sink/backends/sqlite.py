@@ -14,7 +14,16 @@ import time
 from collections.abc import Sequence
 
 from plumbing.storage import StorageError
-from shared import Conflict, Event, FenceNotMet, Receipt, canonical_json, digest_of
+from shared import (
+    Conflict,
+    Event,
+    FenceNotMet,
+    Lease,
+    Receipt,
+    StaleLease,
+    canonical_json,
+    digest_of,
+)
 from sink.backends import sqlite_sql as sql
 from sink.backends.sharing import Arrivals, Call
 from sink.store import BatchReceipt, Inbox, InboxRecord, Received
@@ -49,16 +58,15 @@ class SqliteInbox(SqliteFile, Inbox):
         return self._arrivals
 
     async def receive_batch(
-        self, events: Sequence[Event], *, after: str | None = None
+        self, events: Sequence[Event], *, after: str | None = None, lease: Lease | None = None
     ) -> BatchReceipt:
         items = list(events)
         if not items:
             return BatchReceipt([], None)
+        call = Call(items, after, lease)
         if self._commits_inline(after):
-            return await self._db.run_inline(
-                lambda conn: _receive_batch(conn, items, after, time.time())
-            )
-        return await self._groups.submit(Call(items, after))
+            return await self._db.run_inline(lambda conn: _receive_batch(conn, call, time.time()))
+        return await self._groups.submit(call)
 
     def _commits_inline(self, after: str | None) -> bool:
         """The tactic: inline when this write is the only one in progress, no group is
@@ -89,11 +97,9 @@ class SqliteInbox(SqliteFile, Inbox):
         return int(row[0])
 
 
-def _receive_batch(
-    conn: sqlite3.Connection, events: list[Event], after: str | None, now: float
-) -> BatchReceipt:
+def _receive_batch(conn: sqlite3.Connection, call: Call, now: float) -> BatchReceipt:
     with transaction(conn):
-        return _receive_in(conn, events, after, now)
+        return _receive_in(conn, call, now)
 
 
 def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchReceipt | Exception]:
@@ -102,11 +108,11 @@ def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchRe
     outcomes: list[BatchReceipt | Exception] = []
     now = time.time()
     with transaction(conn):
-        for events, after in calls:
+        for call in calls:
             conn.execute("SAVEPOINT one_call")
             try:
-                outcomes.append(_receive_in(conn, events, after, now))
-            except FenceNotMet as exc:  # raised before anything of the call was written
+                outcomes.append(_receive_in(conn, call, now))
+            except (FenceNotMet, StaleLease) as exc:  # raised before the call wrote events
                 outcomes.append(exc)
             except sqlite3.Error as exc:
                 conn.execute("ROLLBACK TO one_call")
@@ -117,11 +123,12 @@ def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchRe
     return outcomes
 
 
-def _receive_in(
-    conn: sqlite3.Connection, events: list[Event], after: str | None, now: float
-) -> BatchReceipt:
-    """Inside a transaction: check the fence, then apply in order, stopping at the
-    first conflict."""
+def _receive_in(conn: sqlite3.Connection, call: Call, now: float) -> BatchReceipt:
+    """Inside a transaction: check the lease and the fence, then apply in order,
+    stopping at the first conflict."""
+    events, after, lease = call
+    if lease is not None:
+        _check_lease(conn, lease)
     if after is not None and conn.execute(sql.FIND, (after,)).fetchone() is None:
         raise FenceNotMet(after)
     payloads = [canonical_json(event) for event in events]
@@ -140,6 +147,17 @@ def _receive_in(
         except Conflict as exc:
             return BatchReceipt(done, exc)  # the prefix commits; nothing of this one ran
     return BatchReceipt(done, None)
+
+
+def _check_lease(conn: sqlite3.Connection, lease: Lease) -> None:
+    """StaleLease if a higher epoch of its line was seen; else record its epoch as the
+    highest seen (a write only when it is higher)."""
+    row = conn.execute(sql.LEASE_SEEN, (lease.source, lease.line)).fetchone()
+    seen = None if row is None else int(row[0])
+    if seen is not None and lease.epoch < seen:
+        raise StaleLease(lease.source, lease.line, lease.epoch, seen)
+    if seen != lease.epoch:
+        conn.execute(sql.RAISE_LEASE, (lease.source, lease.line, lease.epoch))
 
 
 def _known(conn: sqlite3.Connection, ids: list[str]) -> bool:

@@ -33,6 +33,15 @@ MIGRATIONS: Final = (
     UPDATE inbox SET applied_seq = rowid;
     CREATE UNIQUE INDEX inbox_by_applied_seq ON inbox (applied_seq);
     """,
+    # 4: the highest lease epoch seen for each source and line (Outbox-Lease).
+    """
+    CREATE TABLE lease_fences (
+        source TEXT NOT NULL,
+        line   TEXT NOT NULL,
+        epoch  INTEGER NOT NULL,
+        PRIMARY KEY (source, line)
+    ) WITHOUT ROWID;
+    """,
 )
 
 FIND: Final = "SELECT payload FROM inbox WHERE id = ?"
@@ -52,6 +61,14 @@ COUNT_DUPLICATE: Final = (
 APPLY: Final = (
     "INSERT INTO inventory (sku, qty) VALUES (?, ?)"
     " ON CONFLICT (sku) DO UPDATE SET qty = qty + excluded.qty"
+)
+# Read and raised inside the write transaction (BEGIN IMMEDIATE: no other writer
+# meanwhile), so the epoch read is the highest any sink on this file has seen.
+LEASE_SEEN: Final = "SELECT epoch FROM lease_fences WHERE source = ? AND line = ?"
+RAISE_LEASE: Final = (
+    "INSERT INTO lease_fences (source, line, epoch) VALUES (?, ?, ?)"
+    " ON CONFLICT (source, line) DO UPDATE SET epoch = excluded.epoch"
+    " WHERE lease_fences.epoch < excluded.epoch"
 )
 INVENTORY: Final = "SELECT qty FROM inventory WHERE sku = ?"
 RECORD: Final = (

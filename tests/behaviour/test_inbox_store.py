@@ -30,7 +30,17 @@ from support import json_of_python
 
 import sink.store
 from plumbing.storage import StorageError
-from shared import Conflict, Event, FenceNotMet, InvalidEvent, Receipt, canonical_json
+from shared import (
+    GLOBAL_LINE,
+    Conflict,
+    Event,
+    FenceNotMet,
+    InvalidEvent,
+    Lease,
+    Receipt,
+    StaleLease,
+    canonical_json,
+)
 from shared import payload_digest as digest
 from sink import Inbox
 
@@ -382,6 +392,142 @@ async def test_a_batch_fenced_on_an_unknown_event_raises_and_changes_nothing(
         receipt = await inbox.receive_batch([event("n1")], after="k0")
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED]
     assert backend.ids_in_arrival_order() == ["k0", "n1"]
+
+
+# ---------------------------------------------------------------- leases (Outbox-Lease)
+
+SOURCE = "outbox-a"
+SHARED = pytest.mark.parametrize("requests", [0, 2], ids=["alone", "shared"])
+
+
+def lease(epoch: int, line: str = GLOBAL_LINE, source: str = SOURCE) -> Lease:
+    return Lease(source, line, epoch)
+
+
+def fences(backend: Backend) -> list[Row]:
+    return backend.query("SELECT source, line, epoch FROM lease_fences ORDER BY source, line")
+
+
+@SHARED
+async def test_a_lease_epoch_is_recorded_and_raised_by_a_higher_one(
+    inbox: Inbox, backend: Backend, requests: int
+) -> None:
+    with in_progress(inbox, requests):
+        first = await inbox.receive_batch([event("e1")], lease=lease(3))
+        assert fences(backend) == [(SOURCE, GLOBAL_LINE, 3)]
+        again = await inbox.receive_batch([event("e2")], lease=lease(3))  # equal: accepted
+        higher = await inbox.receive_with_digest(event("e3"), lease=lease(7))
+    assert [r.receipt for r in [*first.received, *again.received, higher]] == [Receipt.APPLIED] * 3
+    assert fences(backend) == [(SOURCE, GLOBAL_LINE, 7)]
+    assert backend.ids_in_arrival_order() == ["e1", "e2", "e3"]
+
+
+@SHARED
+async def test_a_lower_epoch_is_refused_and_applies_nothing(
+    inbox: Inbox, backend: Backend, requests: int
+) -> None:
+    await inbox.receive_batch([event("e1", "tea", 2)], lease=lease(5))
+    before = snapshot(backend)
+
+    with in_progress(inbox, requests):
+        with pytest.raises(StaleLease) as raised:
+            await inbox.receive_batch([event("e2", "tea", 4), event("e3")], lease=lease(4))
+        with pytest.raises(StaleLease):
+            await inbox.receive_with_digest(event("e4"), lease=lease(1))
+
+    stale = raised.value
+    assert (stale.source, stale.line, stale.epoch, stale.seen) == (SOURCE, GLOBAL_LINE, 4, 5)
+    assert snapshot(backend) == before
+    assert fences(backend) == [(SOURCE, GLOBAL_LINE, 5)]
+
+
+@SHARED
+async def test_a_stale_duplicate_is_refused_too_and_not_counted(
+    inbox: Inbox, backend: Backend, requests: int
+) -> None:
+    await inbox.receive_batch([event("e1")], lease=lease(1))
+    await inbox.receive_batch([event("e2")], lease=lease(2))
+    before = snapshot(backend)
+
+    with in_progress(inbox, requests), pytest.raises(StaleLease):
+        await inbox.receive_batch([event("e1")], lease=lease(1))  # applied before, by epoch 1
+
+    assert snapshot(backend) == before  # deliveries not counted
+    receipt = await inbox.receive_batch([event("e1")], lease=lease(2))
+    assert [r.receipt for r in receipt.received] == [Receipt.DUPLICATE]
+
+
+async def test_lines_and_sources_are_fenced_apart(inbox: Inbox, backend: Backend) -> None:
+    await inbox.receive_batch([event("a1", "apple")], lease=lease(9, "apple"))
+    await inbox.receive_batch([event("g1")], lease=lease(9))
+    # A lower epoch on another line of the same source, or on the same line of
+    # another source, is that line's first.
+    await inbox.receive_batch([event("b1", "bean")], lease=lease(2, "bean"))
+    await inbox.receive_batch([event("a2", "apple")], lease=lease(1, "apple", "outbox-b"))
+    with pytest.raises(StaleLease):
+        await inbox.receive_batch([event("a3", "apple")], lease=lease(8, "apple"))
+
+    assert fences(backend) == [
+        (SOURCE, GLOBAL_LINE, 9),
+        (SOURCE, "apple", 9),
+        (SOURCE, "bean", 2),
+        ("outbox-b", "apple", 1),
+    ]
+    assert sorted(backend.ids_in_arrival_order()) == ["a1", "a2", "b1", "g1"]
+
+
+@SHARED
+async def test_a_request_without_a_lease_is_not_checked(
+    inbox: Inbox, backend: Backend, requests: int
+) -> None:
+    await inbox.receive_batch([event("e1")], lease=lease(5))
+    with in_progress(inbox, requests):
+        receipt = await inbox.receive_batch([event("e2"), event("e1")])
+    assert [r.receipt for r in receipt.received] == [Receipt.APPLIED, Receipt.DUPLICATE]
+    assert fences(backend) == [(SOURCE, GLOBAL_LINE, 5)]
+
+
+@SHARED
+async def test_a_stale_lease_is_refused_before_an_unmet_fence(
+    inbox: Inbox, backend: Backend, requests: int
+) -> None:
+    await inbox.receive_batch([event("e1")], lease=lease(2))
+    with in_progress(inbox, requests):
+        with pytest.raises(StaleLease):
+            await inbox.receive_batch([event("e2")], after="ghost", lease=lease(1))
+        with pytest.raises(FenceNotMet):
+            await inbox.receive_batch([event("e2")], after="ghost", lease=lease(2))
+        receipt = await inbox.receive_batch([event("e2")], after="e1", lease=lease(2))
+    assert [r.receipt for r in receipt.received] == [Receipt.APPLIED]
+    assert backend.ids_in_arrival_order() == ["e1", "e2"]
+
+
+async def test_concurrent_calls_of_one_line_apply_no_lower_epoch_after_a_higher_one(
+    inbox: Inbox, backend: Backend
+) -> None:
+    # Calls in progress together may be committed together (a group commit); each
+    # gets its own outcome, and none of epoch 4 is applied after one of epoch 5.
+    calls = [(f"e{n}", 4 + n % 2) for n in range(12)]
+    with in_progress(inbox, len(calls)):
+        async with asyncio.timeout(5):
+            got = await asyncio.gather(
+                *(inbox.receive_batch([event(i)], lease=lease(e)) for i, e in calls),
+                return_exceptions=True,
+            )
+
+    applied = {
+        i
+        for (i, _), outcome in zip(calls, got, strict=True)
+        if not isinstance(outcome, BaseException)
+    }
+    refused = [o for o in got if isinstance(o, BaseException)]
+    assert refused, "every call applied: the epochs were not compared"
+    assert all(isinstance(o, StaleLease) and (o.epoch, o.seen) == (4, 5) for o in refused)
+    order = backend.ids_in_arrival_order()
+    assert sorted(order) == sorted(applied)
+    epochs = [dict(calls)[i] for i in order]
+    assert epochs == sorted(epochs), order  # every 4 before every 5
+    assert fences(backend) == [(SOURCE, GLOBAL_LINE, 5)]
 
 
 async def test_the_location_is_where_it_was_opened(inbox: Inbox, backend: Backend) -> None:

@@ -170,7 +170,7 @@ async def fenced_total(client: aiohttp.ClientSession, base: str) -> float:
     async with client.get(f"{base}/metrics") as response:
         assert response.status == 200
         text = await response.text()
-    found = re.search(r"^sink_fenced_requests_total (\S+)$", text, re.MULTILINE)
+    found = re.search(r'^sink_fenced_requests_total\{fence="after"\} (\S+)$', text, re.MULTILINE)
     assert found is not None, text
     return float(found[1])
 
