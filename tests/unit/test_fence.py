@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
 
-from sink.fence import Fences
+from sink.fence import POLL_FIRST_S, POLL_MAX_S, Fences
 
 LONG_S = 5.0  # a wait that must be ended by something else than its timeout
 TINY_S = 0.05  # a wait that is meant to time out
@@ -190,8 +191,45 @@ async def test_the_recent_memory_forgets_the_oldest_ids_first() -> None:
     for event_id in ("e1", "e2", "e3"):
         await asyncio.wait_for(fences.wait(event_id, asking, timeout_s=TINY_S), BOUND_S)
 
-    assert asked == ["e1"]  # only the oldest was forgotten, so only it needs a read
+    assert set(asked) == {"e1"}  # only the oldest was forgotten, so only it needs a read
     assert len(fences) == 0
+
+
+async def test_a_wait_polls_the_inbox_with_a_growing_pause_until_it_knows_the_event() -> None:
+    # Another sink process may apply the predecessor: nothing here wakes the wait.
+    fences = Fences()
+    loop = asyncio.get_running_loop()
+    asked: list[float] = []
+    known_at = loop.time() + 0.3
+
+    async def known(event_id: str) -> bool:
+        asked.append(loop.time())
+        return asked[-1] >= known_at
+
+    started = loop.time()
+    await asyncio.wait_for(fences.wait("e1", known, timeout_s=LONG_S), BOUND_S)
+
+    assert loop.time() - known_at < POLL_MAX_S + 0.1  # seen within a pause of its commit
+    pauses = [b - a for a, b in itertools.pairwise(asked)]
+    assert pauses[0] < 0.05 and all(p < POLL_MAX_S + 0.05 for p in pauses)
+    assert 6 <= len(asked) <= 0.3 / POLL_FIRST_S / 2, "neither busy polling nor a fixed sleep"
+    assert asked[0] - started < 0.01  # asked on arrival
+    assert len(fences) == 0
+
+
+async def test_a_poll_ends_at_the_wait_limit() -> None:
+    fences = Fences()
+    asked: list[str] = []
+
+    async def unknown(event_id: str) -> bool:
+        asked.append(event_id)
+        return False
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(fences.wait("e1", unknown, timeout_s=0.2), BOUND_S)
+    assert 0.2 <= loop.time() - started < 0.2 + POLL_MAX_S
+    assert 4 <= len(asked) <= 12
 
 
 async def test_waking_wakes_the_waiters_when_the_block_raises() -> None:
