@@ -44,7 +44,7 @@ from publisher.errors import DeliveryError
 from publisher.metrics import PublisherMetrics
 from publisher.relay import DEFAULT_DEPTH, Relay, RelaySettings
 from publisher.transport import Deliver, DeliverBatch, Transport
-from shared import Event
+from shared import Event, Lease
 from sqlite_tx import PRAGMAS, Database, transaction
 
 Figures = dict[str, Any]
@@ -85,6 +85,7 @@ class Sizes:
     scale_repeats: int
     scale_backlogs: tuple[int, int, int]
     memory_backlogs: tuple[int, int]
+    workers_backlog: int  # pg_workers, per run (six runs)
 
 
 QUICK: Final = Sizes(
@@ -97,6 +98,7 @@ QUICK: Final = Sizes(
     scale_repeats=100,
     scale_backlogs=(500, 2_000, 5_000),
     memory_backlogs=(1_000, 10_000),
+    workers_backlog=600,
 )
 FULL: Final = Sizes(
     ceiling_requests=5_000,
@@ -108,6 +110,7 @@ FULL: Final = Sizes(
     scale_repeats=300,
     scale_backlogs=(1_000, 10_000, 100_000),
     memory_backlogs=(1_000, 100_000),
+    workers_backlog=3_000,
 )
 
 
@@ -264,10 +267,12 @@ class RequestClock:
     requests: int = 0
 
     def single(self, send: Deliver) -> Deliver:
-        async def timed(event: Event, after: str | None = None) -> Mapping[str, object]:
+        async def timed(
+            event: Event, after: str | None = None, lease: Lease | None = None
+        ) -> Mapping[str, object]:
             started = time.perf_counter()
             try:
-                return await send(event, after=after)
+                return await send(event, after=after, lease=lease)
             finally:
                 self.seconds += time.perf_counter() - started
                 self.requests += 1
@@ -276,11 +281,11 @@ class RequestClock:
 
     def batch(self, send: DeliverBatch) -> DeliverBatch:
         async def timed(
-            events: Sequence[Event], after: str | None = None
+            events: Sequence[Event], after: str | None = None, lease: Lease | None = None
         ) -> Sequence[Mapping[str, object] | DeliveryError]:
             started = time.perf_counter()
             try:
-                return await send(events, after=after)
+                return await send(events, after=after, lease=lease)
             finally:
                 self.seconds += time.perf_counter() - started
                 self.requests += 1

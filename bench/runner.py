@@ -34,7 +34,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import aiohttp
 
-from bench import cases
+from bench import cases, workers
 from bench.cases import FULL, QUICK, Context, Figures, NotAvailable, Sizes
 from bench.procs import REPO_ROOT, Children
 from chaos.dbs import BACKENDS, Place, open_place
@@ -46,6 +46,9 @@ T = TypeVar("T")
 
 DEFAULT_OUT: Final = REPO_ROOT / "bench" / "results.json"
 RSS_BUDGET_MIB: Final = 20.0
+# 4 workers "not slower" than 1: their ratio, less the run-to-run noise of one drain
+# of this size on a 2-core machine (the same K varies by up to about 10%).
+WORKERS_NOT_SLOWER: Final = 0.9
 
 Case = Callable[[Context], Awaitable[Figures]]
 CASES: Final[tuple[tuple[str, Case], ...]] = (
@@ -81,6 +84,7 @@ PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("pg_relay_batch", cases.pg_relay_batch),
     ("pg_relay_single_serial", cases.pg_relay_single_serial),
     ("pg_relay_batch_serial", cases.pg_relay_batch_serial),
+    ("pg_workers", workers.pg_workers),
 )
 
 
@@ -524,6 +528,46 @@ def compute_targets(results: dict[str, Figures], sizes: Sizes) -> list[Target]:
             unit="MiB",
         ),
         *postgres,
+        *worker_targets(results, target),
+    ]
+
+
+def worker_targets(results: dict[str, Figures], target: Callable[..., Target]) -> list[Target]:
+    """pg_workers: 4 workers against 1, duplicates without faults, failover time."""
+    case = ("pg_workers",)
+    bound = _figure(results, "pg_workers", "failover_bound_s") or workers.FAILOVER_BOUND_S
+    return [
+        target(
+            "PostgreSQL workers: 4 vs 1, SKU order",
+            "pg_workers events/s with 4 workers / with 1 (64 SKUs, sink stall 5 ms, one "
+            "event per request); 'not slower', less 10% for run-to-run noise",
+            _ratio(
+                _figure(results, "pg_workers", "events_per_s_4"),
+                _figure(results, "pg_workers", "events_per_s_1"),
+            ),
+            WORKERS_NOT_SLOWER,
+            ">=",
+            case,
+        ),
+        target(
+            "PostgreSQL workers: duplicate deliveries, no faults",
+            "inbox deliveries beyond the first, all six pg_workers drains",
+            _figure(results, "pg_workers", "duplicates"),
+            0.0,
+            "<=",
+            case,
+            unit="",
+        ),
+        target(
+            "PostgreSQL workers: failover after a SIGKILL",
+            f"SIGKILL of a worker -> first ACK of its lanes by another (bound: lease TTL "
+            f"{workers.LEASE_TTL_S:g} s + 2 s)",
+            _figure(results, "pg_workers", "failover_s"),
+            bound,
+            "<=",
+            case,
+            unit="s",
+        ),
     ]
 
 
@@ -603,6 +647,15 @@ def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
         )
     if name == "naive_peer":
         return f"{f['events_per_s']:,.0f} events/s (backlog {f['backlog']:,})"
+    if name == "pg_workers":
+        rates = ", ".join(
+            f"{k} workers {f[f'events_per_s_{k}']:,.0f}" for k in workers.WORKER_COUNTS
+        )
+        return (
+            f"{rates} events/s (2 x {f['backlog_per_run']:,} each, {f['skus']} SKUs, 5 ms "
+            f"sink, one per request); {f['duplicates']} duplicates; failover "
+            f"{f['failover_s']:.2f} s (lease TTL {f['lease_ttl_s']:g} s)"
+        )
     if name == "relay_single":
         return (
             f"{f['events_per_s']:,.0f} events/s (backlog {f['backlog']:,}, "
