@@ -171,11 +171,21 @@ def test_sigterm_stops_the_run_at_once_and_leaves_no_process(
     assert not out.exists()
 
 
-PG_QUICK_CASES = ("ceiling", "pg_commit_ceiling", "pg_relay_single", "pg_relay_batch")
+PG_QUICK_CASES = (
+    "ceiling",
+    "pg_commit_ceiling",
+    "pg_relay_single",
+    "pg_relay_batch",
+    "pg_workers",
+)
 PG_TARGETS = {
     "PostgreSQL: batches vs its commit ceiling": ("pg_relay_batch", "pg_commit_ceiling"),
     "PostgreSQL: one event per request vs ceiling": ("pg_relay_single", "ceiling"),
+    "PostgreSQL workers: 4 vs 1, SKU order": ("pg_workers",),
+    "PostgreSQL workers: duplicate deliveries, no faults": ("pg_workers",),
+    "PostgreSQL workers: failover after a SIGKILL": ("pg_workers",),
 }
+WORKER_COUNTS = (1, 2, 4)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
@@ -204,6 +214,18 @@ def test_postgres_cases_run_on_a_throwaway_server_and_leave_nothing(
         figures = report["cases"][name]
         assert figures["backend"] == "postgres"
         assert figures["applied_at_sink"] == figures["marked_sent"] == figures["backlog"]
+    workers = report["cases"]["pg_workers"]
+    assert workers["skus"] == 64 and workers["sink_stall_s"] == 0.005
+    for k in WORKER_COUNTS:
+        runs = workers[f"runs_{k}"]
+        assert len(runs) == 2 and all(r["workers"] == k for r in runs), runs
+        for r in runs:  # every entry applied once, by the K workers' own ACKs
+            assert r["applied_at_sink"] == workers["backlog_per_run"], r
+            assert sorted(r["delivered_by_worker"]) == [f"w{n}" for n in range(1, k + 1)], r
+            assert sum(r["delivered_by_worker"].values()) >= workers["backlog_per_run"], r
+        assert workers[f"events_per_s_{k}"] > 0
+    assert workers["failover"]["victim_lanes"] >= 1
+    assert 0 < workers["failover_s"] < 30
     # Only the targets whose cases ran, each measured and judged.
     assert {t["name"]: tuple(t["cases"]) for t in report["targets"]} == PG_TARGETS
     for t in report["targets"]:
