@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Final, Literal, NamedTuple
 
 from plumbing.storage import Opening, StoreBase
-from shared import MAX_BATCH, Event
+from shared import MAX_BATCH, Event, Lease
 
 MAX_READ: Final = 256  # entries one pending read may return (a pipelined relay reads ahead)
 PRUNE_BATCH: Final = 500  # sent rows deleted per transaction by prune
 DELIVERED_PAST_KEPT: Final = 100  # IDs kept in a quarantine record's delivered_past
+WORKERS_KEPT_S: Final = 3600.0  # a relay worker not seen for this long is forgotten
 
 Intake = Literal["accepted", "duplicate"]
 
@@ -147,6 +148,38 @@ def _head_dict(head: Head) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class LineLease:
+    """The lease of one line (shared.GLOBAL_LINE, or a lane's SKU) as the outbox holds
+    it. Times are the store's clock (PostgreSQL: the server's), seconds since the
+    epoch; `expires_in_s` is what was left when it was read (negative: expired)."""
+
+    line: str
+    owner: str | None  # None: released, free for any worker
+    epoch: int  # raised by every take: the fencing token
+    expires_at: float
+    expires_in_s: float
+    taken_at: float | None
+    renewed_at: float | None
+
+    @property
+    def held(self) -> bool:
+        """Whether an owner holds it unexpired (no other worker can take it now)."""
+        return self.owner is not None and self.expires_in_s >= 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """As plain JSON values (status --json)."""
+        return {
+            "line": self.line,
+            "owner": self.owner,
+            "epoch": self.epoch,
+            "expires_at": self.expires_at,
+            "expires_in_seconds": round(self.expires_in_s, 3),
+            "taken_at": self.taken_at,
+            "renewed_at": self.renewed_at,
+        }
+
+
 def check_limit(limit: object, most: int = MAX_BATCH) -> int:
     """Return `limit` if it is an int from 1 to `most`, else raise ValueError."""
     if type(limit) is not int or not 1 <= limit <= most:
@@ -214,38 +247,100 @@ class Outbox(StoreBase):
         once it returns."""
 
     @abstractmethod
-    async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
+    async def pending_lanes(
+        self, limit: int, skip: Iterable[str] = (), worker: str | None = None
+    ) -> list[str]:
         """Up to `limit` (1 or more, else ValueError) lanes (SKUs) with pending
-        entries, the one whose head is oldest first, leaving out the lanes in `skip`."""
+        entries, the one whose head is oldest first, leaving out the lanes in `skip`;
+        with `worker`, also the lanes whose lease another owner holds unexpired (its
+        own, free, released and expired ones are kept)."""
 
     @abstractmethod
     async def head_ids(self, lanes: Sequence[str | None]) -> dict[str | None, str | None]:
         """The ID of the pending head of each line: None names the global line (every
         pending entry), a string one lane. A line with nothing pending maps to None."""
 
-    async def mark_sent(self, event_id: str, ack: Mapping[str, object] | None = None) -> None:
+    async def mark_sent(
+        self, event_id: str, ack: Mapping[str, object] | None = None, lease: Lease | None = None
+    ) -> None:
         """Save the entry as sent, with the ACK that proved it. Idempotent once sent."""
-        await self.mark_sent_many([Mark(event_id, ack)])
+        await self.mark_sent_many([Mark(event_id, ack)], lease)
 
     @abstractmethod
-    async def mark_sent_many(self, marks: Sequence[Mark]) -> None:
+    async def mark_sent_many(self, marks: Sequence[Mark], lease: Lease | None = None) -> None:
         """Save several entries as sent, each with its ACK: all of them or none.
 
         An entry quarantined while its send was in flight is saved as sent, and its
         quarantine record closed as "delivered". UnknownEntry for an ID the outbox
         does not hold. Concurrent calls may share a transaction; each still succeeds
-        or fails on its own."""
+        or fails on its own.
+
+        With `lease` (the worker's lease of the entries' line), the marks are made
+        only if the line's lease still has that epoch, checked in the transaction
+        that makes them (the lease row locked against a takeover until it commits);
+        else LeaseLost, and nothing is written. Without one, nothing is checked."""
 
     @abstractmethod
-    async def record_failure(self, event_id: str, error: str) -> None:
-        """Count a failed attempt on a pending entry and keep its error."""
+    async def record_failure(self, event_id: str, error: str, lease: Lease | None = None) -> None:
+        """Count a failed attempt on a pending entry and keep its error. With `lease`,
+        fenced as mark_sent_many is (LeaseLost, nothing written)."""
+
+    # ------------------------------------------------------------------ leases
+
+    @property
+    @abstractmethod
+    def source(self) -> str:
+        """This outbox's stable ID (created with its schema, the same for every worker
+        and process): the SOURCE of the Outbox-Lease header."""
+
+    @abstractmethod
+    async def worker_seen(self, worker: str, ttl_s: float) -> int:
+        """Note that `worker` is alive now, and return how many workers are (seen
+        within the last `ttl_s` seconds, this one included). Workers not seen for
+        WORKERS_KEPT_S are forgotten."""
+
+    @abstractmethod
+    async def worker_gone(self, worker: str) -> None:
+        """Forget `worker` (its clean shutdown): it no longer counts as live."""
+
+    @abstractmethod
+    async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
+        """Take the lease of `line` for `worker` for `ttl_s` seconds, atomically: the
+        new epoch (1 for a line never leased, else one more than the last), or None
+        when another owner holds it unexpired. A line that is free, released or
+        expired is taken; so is one `worker` holds itself (a restart under the same
+        --worker-id), under a new epoch that fences its earlier writes."""
+
+    @abstractmethod
+    async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:
+        """Extend, to `ttl_s` seconds from now, each lease in `held` (line -> epoch)
+        that `worker` still holds under that epoch (expired or not); return those
+        lines. A line left out of the result was lost (taken over, or released)."""
+
+    @abstractmethod
+    async def release_leases(self, worker: str, held: Mapping[str, int]) -> None:
+        """Give up each lease in `held` (line -> epoch) that `worker` still holds
+        under that epoch, so that another worker may take it at once; the others are
+        left as they are."""
+
+    @abstractmethod
+    async def leases(self) -> list[LineLease]:
+        """Every line's lease (held, released or expired), in line order."""
+
+    @abstractmethod
+    async def lease_of(self, line: str) -> LineLease | None:
+        """The lease of `line`, or None if it was never leased."""
 
     # ------------------------------------------------------------------ operators
 
     @abstractmethod
-    async def quarantine(self, event_id: str, reason: str, by: str) -> None:
+    async def quarantine(
+        self, event_id: str, reason: str, by: str, lease: Lease | None = None
+    ) -> None:
         """Take a pending entry out of the line; it is neither pending nor sent.
-        InvalidTransition unless it is pending, UnknownEntry if there is none."""
+        InvalidTransition unless it is pending, UnknownEntry if there is none. The
+        relay's own quarantine passes its `lease` (fenced as mark_sent_many is); an
+        operator's passes none and is never fenced."""
 
     @abstractmethod
     async def redrive(self, event_id: str, by: str) -> QuarantineRecord:

@@ -28,8 +28,8 @@ import re
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, NamedTuple, TypeVar
 
 import psycopg.errors
 
@@ -45,15 +45,17 @@ from pg_tx import (
 )
 from plumbing.storage import StorageError
 from publisher.backends import postgres_sql as sql
-from publisher.backends.rows import entry_of, quarantine_record_of
-from publisher.errors import InvalidTransition, RelayAlreadyRunning, UnknownEntry
+from publisher.backends.rows import entry_of, fence_error, line_lease_of, quarantine_record_of
+from publisher.errors import InvalidTransition, LeaseLost, RelayAlreadyRunning, UnknownEntry
 from publisher.store import (
     DELIVERED_PAST_KEPT,
     MAX_READ,
     PRUNE_BATCH,
+    WORKERS_KEPT_S,
     Entry,
     Head,
     Intake,
+    LineLease,
     Mark,
     Order,
     Outbox,
@@ -63,7 +65,7 @@ from publisher.store import (
     State,
     check_limit,
 )
-from shared import MAX_BATCH, Conflict, Event, canonical_json, validate_event
+from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json, validate_event
 from shared.ack import ack_json
 
 T = TypeVar("T")
@@ -76,14 +78,24 @@ log = logging.getLogger(__name__)
 _HOLDER_NAME = re.compile(r"outbox relay (\d+)@([^:]*): (.*)", re.DOTALL)
 
 
+class _Marks(NamedTuple):
+    """One mark_sent_many call: its marks' parameters, and the lease fencing them."""
+
+    params: list[dict[str, Any]]
+    lease: Lease | None
+
+
 class PostgresOutbox(Outbox):
     """Orders and outbox entries in one PostgreSQL database (the schema the URI's
     search_path names first)."""
 
-    def __init__(self, db: PgDatabase, table_oid: int) -> None:
+    def __init__(self, db: PgDatabase, table_oid: int, source: str) -> None:
         self._db = db
+        self._source = source
         self.relay_lock_key = sql.RELAY_LOCK_NS << 32 | table_oid
-        self._marks: GroupCommit[list[dict[str, Any]], None] = GroupCommit(db, _mark_groups)
+        self._marks: GroupCommit[_Marks, None] = GroupCommit(
+            db, lambda conn, calls: _mark_groups(conn, calls, source)
+        )
         self._intake: GroupCommit[Event, Intake] = GroupCommit(db, self._accept_group)
         self._accept_sql = sql.ACCEPT
 
@@ -95,10 +107,15 @@ class PostgresOutbox(Outbox):
         )
         try:
             [(oid,)] = await db.query(sql.OUTBOX_OID)
+            [(source,)] = await db.query(sql.SOURCE)
         except BaseException:
             await db.close()
             raise
-        return cls(db, int(oid))
+        return cls(db, int(oid), source)
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     @property
     def location(self) -> str:
@@ -210,18 +227,27 @@ class PostgresOutbox(Outbox):
         rows = await self._db.query(query, params)
         return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
 
-    async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
+    async def pending_lanes(
+        self, limit: int, skip: Iterable[str] = (), worker: str | None = None
+    ) -> list[str]:
         """The lanes of the first pending entries in seq order (the first entry of
         each lane is its head), found by the server. When those do not name enough
-        lanes, hop along the lane index."""
+        lanes, hop along the lane index. With `worker`, the same statements also say
+        which lanes other owners hold (one round trip still)."""
         check_limit(limit, most=sys.maxsize)
         skip = set(skip)
-        rows = await self._db.query(sql.PENDING_LANES_OF_FIRST, {"rows": LANE_SCAN_ROWS + 1})
-        lanes = [lane for lane, _ in rows if lane is not None and lane not in skip][:limit]
+        if worker is None:
+            query = sql.PENDING_LANES_OF_FIRST
+            rows = await self._db.query(query, {"rows": LANE_SCAN_ROWS + 1})
+        else:
+            query = sql.PENDING_LANES_OF_FIRST_FOR
+            rows = await self._db.query(query, {"rows": LANE_SCAN_ROWS + 1, "worker": worker})
+        skip |= {row[0] for row in rows if row[2:] == (True,)}  # another owner's
+        lanes = [row[0] for row in rows if row[0] is not None and row[0] not in skip][:limit]
         read = rows[0][1] if rows else 0
         if len(lanes) == limit or read <= LANE_SCAN_ROWS:
             return lanes  # enough, or every pending entry was read
-        params = {"limit": limit, "skip": sorted(skip)}
+        params = {"limit": limit, "skip": sorted(skip), "worker": worker}
         return [lane for (lane,) in await self._db.query(sql.PENDING_LANES, params)]
 
     async def head_ids(self, lanes: Sequence[str | None]) -> dict[str | None, str | None]:
@@ -244,7 +270,7 @@ class PostgresOutbox(Outbox):
             return {}
         return await self._snapshot_read(read)
 
-    async def mark_sent_many(self, marks: Sequence[Mark]) -> None:
+    async def mark_sent_many(self, marks: Sequence[Mark], lease: Lease | None = None) -> None:
         """Marks asked for while another group is being committed are committed
         together in the next transaction (group commit): with several lanes in
         flight, one transaction and one WAL flush serve them all. The common case
@@ -256,18 +282,71 @@ class PostgresOutbox(Outbox):
             for event_id, ack in marks
         ]
         if params:
-            await self._marks.submit(params)
+            await self._marks.submit(_Marks(params, lease))
 
-    async def record_failure(self, event_id: str, error: str) -> None:
-        params = {"id": event_id, "error": error, "now": time.time()}
-        async with self._db.transaction(pipeline=True) as conn:
-            await conn.execute(sql.RECORD_FAILURE.encode(), params)
+    async def record_failure(self, event_id: str, error: str, lease: Lease | None = None) -> None:
+        params: dict[str, Any] = {"id": event_id, "error": error, "now": time.time()}
+        if lease is None:
+            async with self._db.transaction(pipeline=True) as conn:
+                await conn.execute(sql.RECORD_FAILURE.encode(), params)
+            return
+        params |= {"line": lease.line, "epoch": lease.epoch}
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(sql.FENCED_RECORD_FAILURE.encode(), params)
+            [(epoch_now,)] = await cursor.fetchall()
+        refused = fence_error(lease, self._source, epoch_now)
+        if refused is not None:
+            raise refused  # the statement wrote nothing
+
+    # ------------------------------------------------------------------ leases
+
+    async def worker_seen(self, worker: str, ttl_s: float) -> int:
+        params = {"worker": worker, "ttl": ttl_s, "kept": WORKERS_KEPT_S}
+        async with self._db.transaction() as conn:
+            [(live,)] = await (await conn.execute(sql.WORKER_SEEN.encode(), params)).fetchall()
+        return int(live)
+
+    async def worker_gone(self, worker: str) -> None:
+        async with self._db.transaction() as conn:
+            await conn.execute(sql.WORKER_GONE.encode(), (worker,))
+
+    async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
+        params = {"line": line, "worker": worker, "ttl": ttl_s}
+        async with self._db.transaction() as conn:
+            rows = await (await conn.execute(sql.TAKE_LEASE.encode(), params)).fetchall()
+        return int(rows[0][0]) if rows else None
+
+    async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:
+        if not held:
+            return set()
+        params = {**_held_params(worker, held), "ttl": ttl_s}
+        async with self._db.transaction() as conn:
+            rows = await (await conn.execute(sql.RENEW_LEASES.encode(), params)).fetchall()
+        return {line for (line,) in rows}
+
+    async def release_leases(self, worker: str, held: Mapping[str, int]) -> None:
+        if held:
+            async with self._db.transaction() as conn:
+                await conn.execute(sql.RELEASE_LEASES.encode(), _held_params(worker, held))
+
+    async def leases(self) -> list[LineLease]:
+        return [line_lease_of(row) for row in await self._db.query(sql.LEASES)]
+
+    async def lease_of(self, line: str) -> LineLease | None:
+        rows = await self._db.query(sql.LEASE_OF, (line,))
+        return line_lease_of(rows[0]) if rows else None
 
     # ------------------------------------------------------------------ operators
 
-    async def quarantine(self, event_id: str, reason: str, by: str) -> None:
+    async def quarantine(
+        self, event_id: str, reason: str, by: str, lease: Lease | None = None
+    ) -> None:
         params = {"id": event_id, "reason": reason, "by": by, "now": time.time()}
         async with self._db.transaction() as conn:
+            if lease is not None:  # the lease's row first, as every fenced write
+                refused = await _fenced(conn, [lease], self._source)
+                if refused[0] is not None:
+                    raise refused[0]
             entry = await _find(conn, event_id)
             if entry.state is not State.PENDING:
                 raise InvalidTransition(f"entry {entry.id!r} is {entry.state}, not pending")
@@ -422,28 +501,31 @@ async def _accept_together(
     return outcomes
 
 
-async def _mark_groups(conn: Conn, calls: list[list[dict[str, Any]]]) -> list[Exception | None]:
+async def _mark_groups(conn: Conn, calls: list[_Marks], source: str) -> list[Exception | None]:
     """Marks of several calls, committed before this returns; one error (or None)
-    per call. The common case (every entry pending and unquarantined) is one
-    statement for the whole group, its transaction one message (`_mark_all`).
-    Otherwise nothing of that is written, and each call is marked on its own in one
-    transaction (`_mark_each`)."""
-    every = [one for params in calls for one in params]
-    try:
-        if await _mark_all(conn, every):
-            return [None] * len(calls)
-    except psycopg.Error:
-        pass  # some call's entry, maybe: each call on its own finds out
-    return await _mark_each(conn, calls)
+    per call. The common case (every lease at its epoch, every entry pending and
+    unquarantined) is one statement for the whole group, its transaction one
+    message (`_mark_all`). Otherwise nothing of that is written, and each call is
+    marked on its own in one transaction (`_mark_each`)."""
+    if all(c.lease is None or c.lease.source == source for c in calls):
+        try:
+            if await _mark_all(conn, calls):
+                return [None] * len(calls)
+        except psycopg.Error:
+            pass  # some call's entry, maybe: each call on its own finds out
+    return await _mark_each(conn, calls, source)
 
 
-async def _mark_all(conn: Conn, every: list[dict[str, Any]]) -> bool:
+async def _mark_all(conn: Conn, calls: list[_Marks]) -> bool:
     """All the marks in one statement (MARK_ALL_PENDING_SENT), BEGIN to COMMIT sent
     as one message: whether they were all made (else none was)."""
+    every = [(one, call.lease) for call in calls for one in call.params]
     params = {
-        "ids": [one["id"] for one in every],
-        "acks": [one["ack"] for one in every],
-        "nows": [one["now"] for one in every],
+        "ids": [one["id"] for one, _ in every],
+        "acks": [one["ack"] for one, _ in every],
+        "nows": [one["now"] for one, _ in every],
+        "lines": [None if lease is None else lease.line for _, lease in every],
+        "epochs": [None if lease is None else lease.epoch for _, lease in every],
         "n": len(every),
     }
     row = await in_one_round_trip(conn, sql.MARK_ALL_PENDING_SENT, params)
@@ -453,11 +535,36 @@ async def _mark_all(conn: Conn, every: list[dict[str, Any]]) -> bool:
     return marked == len(every)
 
 
-async def _mark_each(conn: Conn, calls: list[list[dict[str, Any]]]) -> list[Exception | None]:
+async def _mark_each(conn: Conn, calls: list[_Marks], source: str) -> list[Exception | None]:
     """Each call's marks in a savepoint of its own, in one transaction, so that a
-    call fails alone and all of it."""
+    call fails alone and all of it; a call whose lease is lost fails with LeaseLost
+    and writes nothing. The lease rows are locked first, all together."""
     async with conn.pipeline(), durable(conn):
-        return [await _mark_call(conn, params) for params in calls]
+        refused = await _fenced(conn, [c.lease for c in calls], source)
+        return [
+            why if why is not None else await _mark_call(conn, call.params)
+            for call, why in zip(calls, refused, strict=True)
+        ]
+
+
+async def _fenced(
+    conn: Conn, leases: Sequence[Lease | None], source: str
+) -> list[LeaseLost | None]:
+    """Why each write under `leases` must be refused (None: it may be made, or names
+    no lease), their rows locked in line order until the transaction ends (FENCES)."""
+    lines = sorted({lease.line for lease in leases if lease is not None})
+    if not lines:
+        return [None] * len(leases)
+    cursor = await conn.execute(sql.FENCES.encode(), {"lines": lines})
+    epochs = dict(await cursor.fetchall())
+    return [
+        None if lease is None else fence_error(lease, source, epochs.get(lease.line))
+        for lease in leases
+    ]
+
+
+def _held_params(worker: str, held: Mapping[str, int]) -> dict[str, Any]:
+    return {"worker": worker, "lines": list(held), "epochs": list(held.values())}
 
 
 async def _mark_call(conn: Conn, params: list[dict[str, Any]]) -> Exception | None:

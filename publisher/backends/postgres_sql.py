@@ -70,6 +70,30 @@ MIGRATIONS: Final = (
     );
     INSERT INTO outbox_health (id, at) VALUES (1, 0);
     """,
+    # 2: several relay workers. Each line (the global line '*', or a lane's SKU) is
+    # delivered only by the worker holding its lease; every take raises its epoch
+    # (the fencing token). The source ID names this outbox in the Outbox-Lease header.
+    """
+    CREATE TABLE line_leases (
+        line       TEXT PRIMARY KEY,
+        owner      TEXT,
+        epoch      BIGINT NOT NULL CHECK (epoch >= 1),
+        expires_at DOUBLE PRECISION NOT NULL,
+        taken_at   DOUBLE PRECISION,
+        renewed_at DOUBLE PRECISION
+    );
+    CREATE TABLE relay_workers (
+        worker     TEXT PRIMARY KEY,
+        seen_at    DOUBLE PRECISION NOT NULL,
+        started_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE outbox_source (
+        id     INTEGER PRIMARY KEY CHECK (id = 1),
+        source TEXT NOT NULL
+    );
+    INSERT INTO outbox_source (id, source)
+    VALUES (1, left(replace(gen_random_uuid()::text, '-', ''), 16));
+    """,
 )
 
 OUTBOX_OID: Final = "SELECT 'outbox'::regclass::oid::bigint"
@@ -140,14 +164,29 @@ HEAD_ID: Final = f"SELECT id FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1
 HEAD_ID_IN_LANE: Final = (
     f"SELECT id FROM outbox WHERE {IS_PENDING} AND lane = %s ORDER BY seq LIMIT 1"
 )
+# Whether another owner than %(worker)s holds the lease of the lane `lane` names
+# unexpired (false with no worker: NULL compares to nothing).
+_HELD_BY_OTHERS: Final = """EXISTS (
+        SELECT 1 FROM line_leases AS l,
+            (SELECT extract(epoch FROM clock_timestamp())::float8 AS now) AS clock
+        WHERE l.line = {lane} AND l.owner <> %(worker)s AND l.expires_at >= clock.now
+    )"""
 # The lanes of the first pending entries (up to %(rows)s of them, in seq order), the
 # one whose head is oldest first, each with the number of entries read: if that is
-# below %(rows)s, every pending entry was read.
+# below %(rows)s, every pending entry was read. The _FOR variant adds whether another
+# owner holds each lane's lease.
 PENDING_LANES_OF_FIRST: Final = f"""
     WITH first AS (
         SELECT lane, seq FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %(rows)s
     )
     SELECT lane, (SELECT count(*) FROM first) FROM first GROUP BY lane ORDER BY min(seq)
+"""
+PENDING_LANES_OF_FIRST_FOR: Final = f"""
+    WITH first AS (
+        SELECT lane, seq FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %(rows)s
+    )
+    SELECT lane, (SELECT count(*) FROM first), {_HELD_BY_OTHERS.format(lane="first.lane")}
+    FROM first GROUP BY lane ORDER BY min(seq)
 """
 # Lanes with pending entries, the one whose head is oldest first, found by hopping
 # along the lane index: the cost follows the number of lanes, not of entries.
@@ -160,6 +199,7 @@ PENDING_LANES: Final = f"""
     )
     SELECT lane FROM lanes
     WHERE lane IS NOT NULL AND lane <> ALL (%(skip)s::text[])
+        AND NOT {_HELD_BY_OTHERS.format(lane="lanes.lane")}
     ORDER BY (SELECT min(seq) FROM outbox WHERE {IS_PENDING} AND lane = lanes.lane)
     LIMIT %(limit)s
 """
@@ -175,22 +215,35 @@ MARK_PENDING_SENT: Final = """
         attempts = attempts + 1, last_attempt_at = %(now)s
     WHERE id = %(id)s AND sent = 0 AND quarantined = 0
 """
-# A group's marks in one statement, the common case: every entry pending and
-# unquarantined. The entries are locked first (in ID order), and marked only if
-# all %(n)s marks found theirs so; otherwise (an entry unknown, already sent,
-# quarantined in flight, or named twice) nothing is written. Returns how many were
-# marked: %(n)s or 0. The locks hold until COMMIT, so an entry the lock found
-# pending is still pending when the UPDATE reaches it. The entries are found by ID
-# alone (the unique index: a pending-state condition would let the planner pick a
-# partial index and scan every pending entry). Bytes: sent as one simple query
-# with its transaction (pg_tx.in_one_round_trip).
+# A group's marks in one statement, the common case: every lease still at its
+# epoch, every entry pending and unquarantined. The lease rows of the calls that
+# name one are locked first (FOR SHARE, in line order: see FENCES), then the entries
+# (in ID order), and the entries are marked only if every lease was found at its
+# epoch and all %(n)s marks found their entries pending; otherwise (a lease lost, an
+# entry unknown, already sent, quarantined in flight, or named twice) nothing is
+# written. Each mark names its call's line and epoch (NULL: no lease). Returns how
+# many were marked: %(n)s or 0. The locks hold until COMMIT, so an entry the lock
+# found pending is still pending when the UPDATE reaches it, and no take of a line
+# commits in between. The entries are found by ID alone (the unique index: a
+# pending-state condition would let the planner pick a partial index and scan every
+# pending entry). Bytes: sent as one simple query with its transaction
+# (pg_tx.in_one_round_trip).
 MARK_ALL_PENDING_SENT: Final = b"""
 WITH marks AS (
     SELECT * FROM unnest(%(ids)s::text[], %(acks)s::text[], %(nows)s::float8[])
                   AS m(id, ack, now)
+), fences AS (
+    SELECT DISTINCT line, epoch
+    FROM unnest(%(lines)s::text[], %(epochs)s::bigint[]) AS f(line, epoch)
+    WHERE line IS NOT NULL
+), fenced AS MATERIALIZED (
+    SELECT l.line FROM line_leases AS l JOIN fences USING (line)
+    WHERE l.epoch = fences.epoch
+    ORDER BY l.line FOR SHARE OF l
 ), locked AS MATERIALIZED (
     SELECT outbox.id, outbox.sent, outbox.quarantined FROM outbox
     WHERE outbox.id = ANY (%(ids)s::text[])
+        AND (SELECT count(*) FROM fenced) = (SELECT count(*) FROM fences)
     ORDER BY outbox.id FOR UPDATE
 ), marked AS (
     UPDATE outbox SET sent = 1, sent_at = marks.now, ack = marks.ack,
@@ -270,6 +323,93 @@ BLOCKED_LANE_HEADS: Final = f"""
     JOIN outbox AS o ON o.seq = h.head
     WHERE o.first_failure_at IS NOT NULL
     ORDER BY o.seq
+"""
+
+# ---------------------------------------------------------------- leases
+# Every lease time is the server's clock, read once per statement (CLOCK), so that
+# workers on hosts whose clocks disagree agree on who holds what.
+CLOCK: Final = "(SELECT extract(epoch FROM clock_timestamp())::float8 AS now) AS clock"
+
+SOURCE: Final = "SELECT source FROM outbox_source WHERE id = 1"
+
+# Forgets workers not seen for %(kept)s seconds, notes this one, counts the live.
+WORKER_SEEN: Final = f"""
+    WITH forgotten AS (
+        DELETE FROM relay_workers USING {CLOCK}
+        WHERE seen_at < clock.now - %(kept)s AND worker <> %(worker)s
+    ), seen AS (
+        INSERT INTO relay_workers (worker, seen_at, started_at)
+        SELECT %(worker)s, now, now FROM {CLOCK}
+        ON CONFLICT (worker) DO UPDATE SET seen_at = excluded.seen_at
+        RETURNING seen_at
+    )
+    SELECT 1 + count(*) FROM relay_workers, seen
+    WHERE relay_workers.worker <> %(worker)s AND relay_workers.seen_at >= seen.seen_at - %(ttl)s
+"""
+WORKER_GONE: Final = "DELETE FROM relay_workers WHERE worker = %s"
+
+# A take succeeds on a line never leased (epoch 1), released (no owner), expired, or
+# held by the same worker; it always raises the epoch. No row returned: refused.
+# ON CONFLICT locks the line's row and judges the latest version of it: of two
+# workers racing, one takes it and the other is refused.
+TAKE_LEASE: Final = f"""
+    INSERT INTO line_leases AS l (line, owner, epoch, expires_at, taken_at, renewed_at)
+    SELECT %(line)s, %(worker)s, 1, now + %(ttl)s, now, now FROM {CLOCK}
+    ON CONFLICT (line) DO UPDATE SET owner = excluded.owner, epoch = l.epoch + 1,
+        expires_at = excluded.expires_at, taken_at = excluded.taken_at,
+        renewed_at = excluded.renewed_at
+    WHERE l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at < excluded.taken_at
+    RETURNING epoch
+"""
+# Renewal and release lock the rows they change in line order, as fenced writes
+# take theirs (FENCES): two transactions never wait for each other in a cycle.
+RENEW_LEASES: Final = f"""
+    WITH held AS (
+        SELECT * FROM unnest(%(lines)s::text[], %(epochs)s::bigint[]) AS h(line, epoch)
+    ), locked AS MATERIALIZED (
+        SELECT l.line FROM line_leases AS l JOIN held USING (line)
+        WHERE l.owner = %(worker)s AND l.epoch = held.epoch
+        ORDER BY l.line FOR UPDATE OF l
+    )
+    UPDATE line_leases AS l SET expires_at = clock.now + %(ttl)s, renewed_at = clock.now
+    FROM locked, {CLOCK}
+    WHERE l.line = locked.line
+    RETURNING l.line
+"""
+RELEASE_LEASES: Final = """
+    WITH held AS (
+        SELECT * FROM unnest(%(lines)s::text[], %(epochs)s::bigint[]) AS h(line, epoch)
+    ), locked AS MATERIALIZED (
+        SELECT l.line FROM line_leases AS l JOIN held USING (line)
+        WHERE l.owner = %(worker)s AND l.epoch = held.epoch
+        ORDER BY l.line FOR UPDATE OF l
+    )
+    UPDATE line_leases AS l SET owner = NULL, expires_at = 0
+    FROM locked WHERE l.line = locked.line
+"""
+LEASE_COLUMNS: Final = (
+    "line, owner, epoch, expires_at, expires_at - clock.now, taken_at, renewed_at"
+)
+LEASES: Final = f'SELECT {LEASE_COLUMNS} FROM line_leases, {CLOCK} ORDER BY line COLLATE "C"'
+LEASE_OF: Final = f"SELECT {LEASE_COLUMNS} FROM line_leases, {CLOCK} WHERE line = %s"
+# A fenced write locks its line's lease row (FOR SHARE: writes of one line do not
+# wait for each other, a take waits for them) and reads its epoch, in the write's
+# own transaction and before the entry's row is locked. A take that committed while
+# the write waited for the lock is seen (READ COMMITTED reads the newest version of
+# a row it has waited for). Several lines: in line order (see RENEW_LEASES).
+FENCES: Final = """
+    SELECT line, epoch FROM line_leases WHERE line = ANY (%(lines)s::text[])
+    ORDER BY line FOR SHARE
+"""
+FENCED_RECORD_FAILURE: Final = """
+    WITH fence AS MATERIALIZED (
+        SELECT epoch FROM line_leases WHERE line = %(line)s FOR SHARE
+    ), failed AS (
+        UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s,
+            last_attempt_at = %(now)s, first_failure_at = coalesce(first_failure_at, %(now)s)
+        WHERE id = %(id)s AND sent = 0 AND (SELECT epoch FROM fence) = %(epoch)s
+    )
+    SELECT (SELECT epoch FROM fence)
 """
 
 PRUNE_SENT: Final = """

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from publisher.store import Entry, QuarantineRecord, State
+from publisher.errors import LeaseLost
+from publisher.store import Entry, LineLease, QuarantineRecord, State
+from shared import Lease
 
 
 def entry_of(row: tuple[Any, ...]) -> Entry:
@@ -43,3 +45,29 @@ def quarantine_record_of(row: tuple[Any, ...]) -> QuarantineRecord:
         delivered_past_count=count,
         delivered_past=[] if past is None else json.loads(past),
     )
+
+
+def line_lease_of(row: tuple[Any, ...]) -> LineLease:
+    """A line_leases row (the backend's LEASE_COLUMNS) as a LineLease."""
+    line, owner, epoch, expires_at, expires_in_s, taken_at, renewed_at = row
+    return LineLease(
+        line=line,
+        owner=owner,
+        epoch=int(epoch),
+        expires_at=float(expires_at),
+        expires_in_s=float(expires_in_s),
+        taken_at=taken_at,
+        renewed_at=renewed_at,
+    )
+
+
+def fence_error(lease: Lease, source: str, epoch_now: int | None) -> LeaseLost | None:
+    """Why a write under `lease` must be refused, given the epoch its line's lease
+    row has now (None: no row); None if it may be made."""
+    if lease.source != source:
+        return LeaseLost(lease.line, lease.epoch, f"the lease names outbox {lease.source!r}")
+    if epoch_now is None:
+        return LeaseLost(lease.line, lease.epoch, "the line was never leased")
+    if epoch_now != lease.epoch:
+        return LeaseLost(lease.line, lease.epoch, f"the line is now at epoch {epoch_now}")
+    return None

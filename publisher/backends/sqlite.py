@@ -13,21 +13,24 @@ import json
 import sqlite3
 import sys
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, NamedTuple, Self
 
 from plumbing.storage import StorageError
 from publisher.backends import relay_lock
 from publisher.backends import sqlite_sql as sql
-from publisher.backends.rows import entry_of, quarantine_record_of
-from publisher.errors import InvalidTransition, UnknownEntry
+from publisher.backends.rows import entry_of, fence_error, line_lease_of, quarantine_record_of
+from publisher.errors import InvalidTransition, LeaseLost, UnknownEntry
 from publisher.store import (
     DELIVERED_PAST_KEPT,
     MAX_READ,
     PRUNE_BATCH,
+    WORKERS_KEPT_S,
     Entry,
     Head,
     Intake,
+    LineLease,
     Mark,
     Order,
     Outbox,
@@ -37,21 +40,50 @@ from publisher.store import (
     State,
     check_limit,
 )
-from shared import MAX_BATCH, Conflict, Event, canonical_json, validate_event
+from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json, validate_event
 from shared.ack import ack_json
 from sqlite_tx import Database, GroupCommit, SqliteFile, transaction
 
 LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
 
 
+class _Marks(NamedTuple):
+    """One mark_sent_many call: its marks' parameters, and the lease fencing them."""
+
+    params: list[dict[str, Any]]
+    lease: Lease | None
+
+
 class SqliteOutbox(SqliteFile, Outbox):
-    """Orders and outbox entries in one SQLite file."""
+    """Orders and outbox entries in one SQLite file.
+
+    Leases work as on PostgreSQL, on the host's clock; the relay's flock still keeps
+    one relay per file, so its worker always wins its leases. A fenced write checks
+    its line's epoch inside its own BEGIN IMMEDIATE: no take can come in between."""
 
     MIGRATIONS = sql.MIGRATIONS
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
-        self._marks = GroupCommit(db, _mark_groups)
+        self._source = ""
+        self._marks: GroupCommit[_Marks, None] = GroupCommit(
+            db, lambda conn, calls: _mark_groups(conn, calls, self._source)
+        )
+
+    @classmethod
+    async def connect(cls, path: str | Path) -> Self:
+        """Open (or create) the file, bring its schema up to date, read its source ID."""
+        outbox = await super().connect(path)
+        try:
+            outbox._source = await outbox._db.run(lambda c: c.execute(sql.SOURCE).fetchone()[0])
+        except BaseException:
+            await outbox.close()
+            raise
+        return outbox
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     def relay_lock(self, owner: str) -> contextlib.AbstractAsyncContextManager[None]:
         """An exclusive flock on `<db>.relay-lock`, held until the block ends or the
@@ -79,15 +111,17 @@ class SqliteOutbox(SqliteFile, Outbox):
         rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
         return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
 
-    async def pending_lanes(self, limit: int, skip: Iterable[str] = ()) -> list[str]:
+    async def pending_lanes(
+        self, limit: int, skip: Iterable[str] = (), worker: str | None = None
+    ) -> list[str]:
         check_limit(limit, most=sys.maxsize)
         skip = set(skip)
-        return await self._db.run(lambda conn: _pending_lanes(conn, limit, skip))
+        return await self._db.run(lambda conn: _pending_lanes(conn, limit, skip, worker))
 
     async def head_ids(self, lanes: Sequence[str | None]) -> dict[str | None, str | None]:
         return await self._db.run(lambda conn: _head_ids(conn, lanes))
 
-    async def mark_sent_many(self, marks: Sequence[Mark]) -> None:
+    async def mark_sent_many(self, marks: Sequence[Mark], lease: Lease | None = None) -> None:
         """Marks asked for while another is being committed are committed together in
         the next transaction (group commit): with several lanes in flight, one fsync
         serves them all."""
@@ -98,17 +132,58 @@ class SqliteOutbox(SqliteFile, Outbox):
         ]
         if not params:
             return
-        await self._marks.submit(params)
+        await self._marks.submit(_Marks(params, lease))
 
-    async def record_failure(self, event_id: str, error: str) -> None:
+    async def record_failure(self, event_id: str, error: str, lease: Lease | None = None) -> None:
         """Count a failed attempt on a pending entry and keep its error."""
         params = {"id": event_id, "error": error, "now": time.time()}
-        await self._db.run(lambda conn: conn.execute(sql.RECORD_FAILURE, params))
+        if lease is None:
+            await self._db.run(lambda conn: conn.execute(sql.RECORD_FAILURE, params))
+            return
+        await self._db.run(lambda conn: _record_failure(conn, params, lease, self._source))
 
-    async def quarantine(self, event_id: str, reason: str, by: str) -> None:
+    async def quarantine(
+        self, event_id: str, reason: str, by: str, lease: Lease | None = None
+    ) -> None:
         """Take a pending entry out of the line; it is neither pending nor sent."""
         params = {"id": event_id, "reason": reason, "by": by, "now": time.time()}
-        await self._db.run(lambda conn: _quarantine(conn, params))
+        await self._db.run(lambda conn: _quarantine(conn, params, lease, self._source))
+
+    # ------------------------------------------------------------------ leases
+
+    async def worker_seen(self, worker: str, ttl_s: float) -> int:
+        params = {"worker": worker, "now": time.time(), "ttl": ttl_s}
+        return await self._db.run(lambda conn: _worker_seen(conn, params))
+
+    async def worker_gone(self, worker: str) -> None:
+        await self._db.run(lambda conn: conn.execute(sql.WORKER_GONE, (worker,)))
+
+    async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
+        params = {"line": line, "worker": worker, "now": time.time(), "ttl": ttl_s}
+        return await self._db.run(lambda conn: _take_lease(conn, params))
+
+    async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:
+        params = [
+            {"line": line, "epoch": epoch, "worker": worker, "now": time.time(), "ttl": ttl_s}
+            for line, epoch in held.items()
+        ]
+        return await self._db.run(lambda conn: _each_lease(conn, sql.RENEW_LEASE, params))
+
+    async def release_leases(self, worker: str, held: Mapping[str, int]) -> None:
+        params = [{"line": line, "epoch": epoch, "worker": worker} for line, epoch in held.items()]
+        await self._db.run(lambda conn: _each_lease(conn, sql.RELEASE_LEASE, params))
+
+    async def leases(self) -> list[LineLease]:
+        now = time.time()
+        rows = await self._db.run(lambda conn: conn.execute(sql.LEASES, {"now": now}).fetchall())
+        return [line_lease_of(row) for row in rows]
+
+    async def lease_of(self, line: str) -> LineLease | None:
+        params = {"now": time.time(), "line": line}
+        row = await self._db.run(lambda conn: conn.execute(sql.LEASE_OF, params).fetchone())
+        return None if row is None else line_lease_of(row)
+
+    # ------------------------------------------------------------------ operators
 
     async def redrive(self, event_id: str, by: str) -> QuarantineRecord:
         """Make a quarantined entry pending again at its own seq, so it goes next
@@ -186,11 +261,17 @@ def queue_order(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
     return "accepted"
 
 
-def _pending_lanes(conn: sqlite3.Connection, limit: int, skip: set[str]) -> list[str]:
+def _pending_lanes(
+    conn: sqlite3.Connection, limit: int, skip: set[str], worker: str | None
+) -> list[str]:
     """Read pending entries in seq order: the first entry of each lane is its head.
     With many lanes the first rows name enough of them; when the first
     LANE_SCAN_ROWS rows do not (a few lanes, or lanes left out, hold the head of
-    the line), walk the lane index instead, at a cost per lane."""
+    the line), walk the lane index instead, at a cost per lane. With `worker`, the
+    lanes other owners hold are left out as those in `skip` are."""
+    if worker is not None:
+        held = conn.execute(sql.HELD_BY_OTHERS, {"worker": worker, "now": time.time()})
+        skip = skip | {line for (line,) in held}
     lanes: list[str] = []
     seen = set(skip)
     rows = conn.execute(sql.PENDING_LANE_OF_EACH)
@@ -222,23 +303,58 @@ def _head_ids(
 
 
 def _mark_groups(
+    conn: sqlite3.Connection, calls: list[_Marks], source: str
+) -> list[Exception | None]:
+    """Marks of several calls in one transaction; one error (or None) per call. A
+    call whose lease no longer holds fails alone (LeaseLost), before anything is
+    written."""
+    with transaction(conn):
+        outcomes: list[Exception | None] = [_fenced(conn, c.lease, source) for c in calls]
+        free = [n for n, outcome in enumerate(outcomes) if outcome is None]
+        for n, outcome in zip(
+            free, _mark_unfenced(conn, [calls[n].params for n in free]), strict=True
+        ):
+            outcomes[n] = outcome
+        return outcomes
+
+
+def _mark_unfenced(
     conn: sqlite3.Connection, calls: list[list[dict[str, Any]]]
 ) -> list[Exception | None]:
-    """Marks of several calls in one transaction; one error (or None) per call."""
-    with transaction(conn):
-        # Every entry pending and unquarantined (the common case): one statement.
-        conn.execute("SAVEPOINT all_pending")
-        every = [one for params in calls for one in params]
-        try:
-            all_pending = conn.executemany(sql.MARK_PENDING_SENT, every).rowcount == len(every)
-        except sqlite3.Error:
-            all_pending = False  # one call's entry, maybe: each call on its own finds out
-        if all_pending:
-            conn.execute("RELEASE all_pending")
-            return [None] * len(calls)
-        conn.execute("ROLLBACK TO all_pending")
+    """Marks of several calls, in the caller's transaction; one error (or None) per call."""
+    if not calls:
+        return []
+    # Every entry pending and unquarantined (the common case): one statement.
+    conn.execute("SAVEPOINT all_pending")
+    every = [one for params in calls for one in params]
+    try:
+        all_pending = conn.executemany(sql.MARK_PENDING_SENT, every).rowcount == len(every)
+    except sqlite3.Error:
+        all_pending = False  # one call's entry, maybe: each call on its own finds out
+    if all_pending:
         conn.execute("RELEASE all_pending")
-        return [_mark_call(conn, params) for params in calls]
+        return [None] * len(calls)
+    conn.execute("ROLLBACK TO all_pending")
+    conn.execute("RELEASE all_pending")
+    return [_mark_call(conn, params) for params in calls]
+
+
+def _fenced(conn: sqlite3.Connection, lease: Lease | None, source: str) -> LeaseLost | None:
+    """Why a write under `lease` must be refused now, in the caller's transaction."""
+    if lease is None:
+        return None
+    row = conn.execute(sql.LEASE_EPOCH, (lease.line,)).fetchone()
+    return fence_error(lease, source, None if row is None else row[0])
+
+
+def _record_failure(
+    conn: sqlite3.Connection, params: dict[str, Any], lease: Lease, source: str
+) -> None:
+    with transaction(conn):
+        refused = _fenced(conn, lease, source)
+        if refused is not None:
+            raise refused
+        conn.execute(sql.RECORD_FAILURE, params)
 
 
 def _mark_call(conn: sqlite3.Connection, params: list[dict[str, Any]]) -> Exception | None:
@@ -283,8 +399,13 @@ def _release(conn: sqlite3.Connection, entry: Entry, by: str, now: float, how: s
     )
 
 
-def _quarantine(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
+def _quarantine(
+    conn: sqlite3.Connection, params: dict[str, Any], lease: Lease | None, source: str
+) -> None:
     with transaction(conn):
+        refused = _fenced(conn, lease, source)
+        if refused is not None:
+            raise refused
         entry = _find(conn, params["id"])
         if entry.state is not State.PENDING:
             raise InvalidTransition(f"entry {entry.id!r} is {entry.state}, not pending")
@@ -313,3 +434,24 @@ def _snapshot_reads(conn: sqlite3.Connection, now: float) -> Snapshot:
     row = conn.execute(sql.HEAD).fetchone()
     blocked = [Head(*r) for r in conn.execute(sql.BLOCKED_LANE_HEADS)]
     return Snapshot(now, pending, quarantined, None if row is None else Head(*row), blocked)
+
+
+def _worker_seen(conn: sqlite3.Connection, params: dict[str, Any]) -> int:
+    with transaction(conn):
+        conn.execute(sql.FORGET_WORKERS, {"forgotten": params["now"] - WORKERS_KEPT_S})
+        conn.execute(sql.WORKER_SEEN, params)
+        live: int = conn.execute(sql.LIVE_WORKERS, params).fetchone()[0]
+        return live
+
+
+def _take_lease(conn: sqlite3.Connection, params: dict[str, Any]) -> int | None:
+    with transaction(conn):
+        rows = conn.execute(sql.TAKE_LEASE, params).fetchall()
+    return None if not rows else int(rows[0][0])
+
+
+def _each_lease(conn: sqlite3.Connection, statement: str, params: list[dict[str, Any]]) -> set[str]:
+    """`statement` (a renewal or release) for each lease, in one transaction: the
+    lines it changed."""
+    with transaction(conn):
+        return {one["line"] for one in params if conn.execute(statement, one).rowcount == 1}

@@ -62,6 +62,29 @@ MIGRATIONS: Final = (
     );
     INSERT INTO health (id, at) VALUES (1, 0);
     """,
+    # 4: several relay workers. Each line (the global line "*", or a lane's SKU) is
+    # delivered only by the worker holding its lease; every take raises its epoch
+    # (the fencing token). The source ID names this outbox in the Outbox-Lease header.
+    """
+    CREATE TABLE line_leases (
+        line       TEXT PRIMARY KEY,
+        owner      TEXT,
+        epoch      INTEGER NOT NULL CHECK (epoch >= 1),
+        expires_at REAL NOT NULL,
+        taken_at   REAL,
+        renewed_at REAL
+    );
+    CREATE TABLE relay_workers (
+        worker     TEXT PRIMARY KEY,
+        seen_at    REAL NOT NULL,
+        started_at REAL NOT NULL
+    );
+    CREATE TABLE outbox_source (
+        id     INTEGER PRIMARY KEY CHECK (id = 1),
+        source TEXT NOT NULL
+    );
+    INSERT INTO outbox_source (id, source) VALUES (1, lower(hex(randomblob(8))));
+    """,
 )
 
 IS_PENDING: Final = "sent = 0 AND quarantined = 0"
@@ -188,6 +211,51 @@ BLOCKED_LANE_HEADS: Final = f"""
     WHERE o.first_failure_at IS NOT NULL
     ORDER BY o.seq
 """
+
+# ---------------------------------------------------------------- leases
+# Times are the host's clock (:now, time.time()): one SQLite file has one host.
+
+SOURCE: Final = "SELECT source FROM outbox_source WHERE id = 1"
+
+WORKER_SEEN: Final = """
+    INSERT INTO relay_workers (worker, seen_at, started_at) VALUES (:worker, :now, :now)
+    ON CONFLICT (worker) DO UPDATE SET seen_at = excluded.seen_at
+"""
+FORGET_WORKERS: Final = "DELETE FROM relay_workers WHERE seen_at < :forgotten"
+LIVE_WORKERS: Final = "SELECT count(*) FROM relay_workers WHERE seen_at >= :now - :ttl"
+WORKER_GONE: Final = "DELETE FROM relay_workers WHERE worker = ?"
+
+# A take succeeds on a line never leased (epoch 1), released (no owner), expired, or
+# held by the same worker; it always raises the epoch. No row returned: refused.
+TAKE_LEASE: Final = """
+    INSERT INTO line_leases (line, owner, epoch, expires_at, taken_at, renewed_at)
+    VALUES (:line, :worker, 1, :now + :ttl, :now, :now)
+    ON CONFLICT (line) DO UPDATE SET owner = excluded.owner, epoch = line_leases.epoch + 1,
+        expires_at = excluded.expires_at, taken_at = excluded.taken_at,
+        renewed_at = excluded.renewed_at
+    WHERE line_leases.owner IS NULL OR line_leases.owner = excluded.owner
+        OR line_leases.expires_at < excluded.taken_at
+    RETURNING epoch
+"""
+RENEW_LEASE: Final = """
+    UPDATE line_leases SET expires_at = :now + :ttl, renewed_at = :now
+    WHERE line = :line AND owner = :worker AND epoch = :epoch
+"""
+RELEASE_LEASE: Final = """
+    UPDATE line_leases SET owner = NULL, expires_at = 0
+    WHERE line = :line AND owner = :worker AND epoch = :epoch
+"""
+LEASE_COLUMNS: Final = "line, owner, epoch, expires_at, expires_at - :now, taken_at, renewed_at"
+LEASES: Final = f"SELECT {LEASE_COLUMNS} FROM line_leases ORDER BY line"
+LEASE_OF: Final = f"SELECT {LEASE_COLUMNS} FROM line_leases WHERE line = :line"
+# The lines another owner holds unexpired: their lanes are not this worker's to start.
+HELD_BY_OTHERS: Final = """
+    SELECT line FROM line_leases
+    WHERE owner IS NOT NULL AND owner <> :worker AND expires_at >= :now
+"""
+# A fenced write reads its line's epoch in its own transaction (BEGIN IMMEDIATE
+# holds the write lock, so no take can come in between the check and the write).
+LEASE_EPOCH: Final = "SELECT epoch FROM line_leases WHERE line = ?"
 
 PRUNE_SENT: Final = """
     DELETE FROM outbox WHERE seq IN (

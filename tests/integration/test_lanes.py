@@ -388,7 +388,7 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
     url = f"{await serve_sink(sink_db)}/events"
 
     async with Outbox.open(db) as outbox:
-        assert db_rows(db, "PRAGMA user_version") == [(3,)]  # 2: lanes, 3: health
+        assert db_rows(db, "PRAGMA user_version") == [(4,)]  # 2: lanes, 3: health, 4: leases
         assert db_rows(db, "SELECT id, lane FROM outbox ORDER BY seq") == [
             (event_id, sku) for event_id, sku, _, _ in V1_ROWS
         ]
@@ -411,7 +411,7 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
     # Opening again changes nothing: the migration ran once.
     async with Outbox.open(db):
         pass
-    assert db_rows(db, "PRAGMA user_version") == [(3,)]  # 2: lanes, 3: health
+    assert db_rows(db, "PRAGMA user_version") == [(4,)]  # 2: lanes, 3: health, 4: leases
 
 
 async def test_many_blocked_lanes_do_not_starve_a_healthy_one(
