@@ -53,9 +53,6 @@ from sink.fence import Fences
 from sink.store import Inbox
 
 log = logging.getLogger(__name__)
-# A stale worker keeps sending until it learns it lost the line: one line per line
-# and source per interval, with a count.
-_stale_log: Final = Throttled(log)
 
 RESULTS: Final = ("applied", "duplicate", "conflict", "invalid")
 FENCES_BY: Final = ("after", "lease")  # the labels of sink_fenced_requests_total
@@ -125,6 +122,9 @@ INBOX: Final = web.AppKey("inbox", Inbox)
 SETTINGS: Final = web.AppKey("settings", SinkSettings)
 FENCES: Final = web.AppKey("fences", Fences)
 METRICS: Final = web.AppKey("metrics", SinkMetrics)
+# A stale worker keeps sending until it learns it lost the line: one log line per
+# source and line per interval, with a count.
+STALE_LOG: Final = web.AppKey("stale_log", Throttled)
 OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 WRITE_PATHS: Final = frozenset({"/events", "/events/batch"})
 
@@ -156,6 +156,7 @@ def create_app(
     app[SETTINGS] = SinkSettings(token=token, max_body_bytes=max_body_bytes, admit=admit)
     app[FENCES] = Fences()
     app[METRICS] = SinkMetrics()
+    app[STALE_LOG] = Throttled(log)
 
     async def inbox_ctx(app: web.Application) -> AsyncIterator[None]:
         async with opening as inbox:
@@ -328,7 +329,7 @@ def stale_lease(request: web.Request, exc: StaleLease) -> web.Response:
     lost the line; nothing of the request was applied, a duplicate not even counted."""
     request.app[METRICS].fenced.labels("lease").inc()
     fenced = {"source": exc.source, "line": exc.line, "epoch": exc.epoch, "seen": exc.seen}
-    _stale_log.log(
+    request.app[STALE_LOG].log(
         logging.WARNING,
         ("stale lease", exc.source, exc.line),
         "refused a request of a stale lease: %s",

@@ -8,6 +8,11 @@ one the sink never saw, and each such request waits the documented 5 s before it
 the case stays schema-valid; malformed values are sent as generated (400). The wait
 itself is covered by tests/integration/test_sink_fence.py.
 
+Leases: the fuzzer's coverage phase cannot make a value for the Outbox-Lease pattern
+(it has spaces) and sends "0" in a case it calls schema-valid; in a positive case a
+value the sink cannot parse becomes a well-formed lease, so the case is what the
+fuzzer meant. Negative cases keep theirs (400).
+
 One kind of failure is dropped, and only that one; each drop is written as a JSON
 line to the file named by OPENAPI_FUZZ_DROPPED, which the test checks: a schema-valid
 event refused because its `qty` is written 7.0. JSON Schema calls that an integer,
@@ -23,7 +28,7 @@ from typing import Any
 
 import schemathesis
 
-from shared import FENCE_HEADER, InvalidEvent, validate_event_id
+from shared import FENCE_HEADER, LEASE_HEADER, InvalidEvent, parse_lease, validate_event_id
 
 DROPPED_ENV = "OPENAPI_FUZZ_DROPPED"
 FENCES_ENV = "OPENAPI_FUZZ_FENCES"
@@ -73,6 +78,19 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     return not dropped
 
 
+def positive(case: Any) -> bool:
+    meta = getattr(case, "meta", None)
+    return meta is not None and bool(meta.generation.mode.is_positive)
+
+
+def parsable(value: object) -> bool:
+    try:
+        parse_lease(str(value))
+    except ValueError:
+        return False
+    return True
+
+
 def well_formed(value: object) -> bool:
     try:
         validate_event_id(value)
@@ -83,8 +101,12 @@ def well_formed(value: object) -> bool:
 
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
-    """A well-formed Outbox-After becomes one of the prepared IDs (chosen by its length)."""
+    """A well-formed Outbox-After becomes one of the prepared IDs (chosen by its length);
+    an unparsable Outbox-Lease of a positive case, a well-formed one."""
     headers = case.headers or {}
+    lease = next((key for key in headers if key.lower() == LEASE_HEADER.lower()), None)
+    if lease is not None and positive(case) and not parsable(headers[lease]):
+        headers[lease] = "fuzz * 1"
     name = next((key for key in headers if key.lower() == FENCE_HEADER.lower()), None)
     if name is None or not well_formed(headers[name]):
         return

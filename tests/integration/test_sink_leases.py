@@ -1,0 +1,186 @@
+"""Outbox-Lease over HTTP: the sink reads the header on both write routes, refuses a
+malformed one (400) and a stale one (409 with the fenced lease), applies nothing of
+either, counts and logs the stale ones.
+
+The real sink (create_app) on loopback, over each backend in turn (a SQLite file in
+tmp_path, a fresh PostgreSQL database), read back through connections of the test's
+own. The transaction rules themselves are the inbox behaviour suite's.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from shared import GLOBAL_LINE, LEASE_HEADER, Event, Lease
+from sink import create_app
+
+Serve = Callable[..., Awaitable[str]]
+Query = Callable[..., list[tuple[Any, ...]]]
+SOURCE = "a1b2c3d4e5f60718"
+Route = str  # "event" or "batch"
+ROUTES = pytest.mark.parametrize("route", ["event", "batch"])
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield str(tmp_path / "sink.db")
+    else:
+        yield request.getfixturevalue("pg_database")
+
+
+@pytest.fixture
+async def sink(serve: Serve, location: str) -> AsyncIterator[str]:
+    yield await serve(create_app(location))
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def event(event_id: str, sku: str = "tea", qty: int = 1) -> Event:
+    return {"id": event_id, "sku": sku, "qty": qty}
+
+
+def lease(epoch: int, line: str = GLOBAL_LINE) -> dict[str, str]:
+    return {LEASE_HEADER: Lease(SOURCE, line, epoch).header()}
+
+
+async def post(
+    client: aiohttp.ClientSession,
+    base: str,
+    route: Route,
+    events: list[Event],
+    headers: dict[str, str],
+) -> tuple[int, Any]:
+    url, body = (
+        (f"{base}/events", events[0])
+        if route == "event"
+        else (f"{base}/events/batch", {"events": events})
+    )
+    assert route == "batch" or len(events) == 1
+    async with client.post(url, json=body, headers=headers) as response:
+        return response.status, await response.json()
+
+
+@pytest.fixture
+def rows(db_rows: Query, location: str) -> Callable[[str], list[tuple[Any, ...]]]:
+    """Rows of the sink's database, read through a connection of the test's own."""
+    return lambda sql: db_rows(location, sql)
+
+
+async def metric(client: aiohttp.ClientSession, base: str, fence: str) -> float:
+    async with client.get(f"{base}/metrics") as response:
+        text = await response.text()
+    found = re.search(rf'^sink_fenced_requests_total\{{fence="{fence}"\}} (\S+)$', text, re.M)
+    assert found is not None, text
+    return float(found[1])
+
+
+Rows = Callable[[str], list[tuple[Any, ...]]]
+
+
+@ROUTES
+@pytest.mark.parametrize(
+    "value",
+    ["", "a b", f"{SOURCE} * 0", f"{SOURCE} * x", f"{SOURCE} t/ea 3", "bad/source * 1"],
+)
+async def test_a_malformed_lease_is_400_naming_the_header_and_applies_nothing(
+    client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route, value: str
+) -> None:
+    status, body = await post(client, sink, route, [event("e1")], {LEASE_HEADER: value})
+
+    assert status == 400, body
+    assert body["field"] == LEASE_HEADER
+    assert LEASE_HEADER in body["error"] and body["detail"]
+    assert rows("SELECT id, deliveries FROM inbox ORDER BY id") == []
+    async with client.get(f"{sink}/events/e1") as response:
+        assert response.status == 404
+
+
+@ROUTES
+async def test_a_stale_lease_is_409_with_the_fenced_lease_and_applies_nothing(
+    client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route
+) -> None:
+    assert (await post(client, sink, route, [event("e1")], lease(5)))[0] == 200
+    before = (
+        rows("SELECT id, deliveries FROM inbox ORDER BY id"),
+        rows("SELECT sku, qty FROM inventory"),
+    )
+
+    status, body = await post(
+        client, sink, route, [event("e2"), event("e1")][: 1 if route == "event" else 2], lease(4)
+    )
+
+    assert status == 409
+    assert set(body) == {"error", "fenced"}
+    assert body["fenced"] == {"source": SOURCE, "line": GLOBAL_LINE, "epoch": 4, "seen": 5}
+    assert "stale" in body["error"] and "nothing was applied" in body["error"]
+    assert (
+        rows("SELECT id, deliveries FROM inbox ORDER BY id"),
+        rows("SELECT sku, qty FROM inventory"),
+    ) == before
+    assert await metric(client, sink, "lease") == 1
+    assert await metric(client, sink, "after") == 0
+
+
+@ROUTES
+async def test_a_stale_duplicate_gets_no_ack(
+    client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route
+) -> None:
+    assert (await post(client, sink, route, [event("e1")], lease(1, "tea")))[0] == 200
+    assert (await post(client, sink, route, [event("e2")], lease(2, "tea")))[0] == 200
+
+    status, body = await post(client, sink, route, [event("e1")], lease(1, "tea"))
+
+    assert status == 409, body
+    assert body["fenced"]["seen"] == 2
+    assert rows("SELECT id, deliveries FROM inbox ORDER BY id") == [
+        ("e1", 1),
+        ("e2", 1),
+    ]  # the delivery not counted
+
+
+async def test_a_request_without_a_lease_is_applied_and_get_is_unchanged(
+    client: aiohttp.ClientSession, sink: str, location: str
+) -> None:
+    assert (await post(client, sink, "event", [event("e1")], lease(9)))[0] == 200
+    status, body = await post(client, sink, "batch", [event("e2"), event("e3")], {})
+
+    assert status == 200 and body["rejected"] is None
+    async with client.get(f"{sink}/events/e2") as response:
+        record = await response.json()
+    assert set(record) == {
+        "id",
+        "sha256",
+        "received_at",
+        "deliveries",
+        "last_delivery_at",
+        "applied_seq",
+    }
+    assert await metric(client, sink, "lease") == 0
+
+
+async def test_stale_requests_are_logged_once_per_line_with_a_count(
+    client: aiohttp.ClientSession, sink: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await post(client, sink, "event", [event("e1")], lease(3))
+    await post(client, sink, "event", [event("s1", "soap")], lease(3, "soap"))
+    with caplog.at_level(logging.WARNING, logger="sink.app"):
+        for n in range(5):
+            assert (await post(client, sink, "event", [event(f"x{n}")], lease(2)))[0] == 409
+        assert (await post(client, sink, "event", [event("y")], lease(1, "soap")))[0] == 409
+
+    lines = [r for r in caplog.records if r.name == "sink.app" and "stale" in r.getMessage()]
+    assert len(lines) == 2, [r.getMessage() for r in lines]  # one per line, not per request
+    assert "epoch 2 of line '*'" in lines[0].getMessage()
+    assert await metric(client, sink, "lease") == 6
