@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Final, Literal, Self
 
 import aiohttp
 from yarl import URL
 
-from publisher.errors import DeliveryError, NotAcknowledged, Rejected
+from plumbing.logs import Throttled
+from publisher.errors import (
+    DeliveryError,
+    FencedBySink,
+    NotAcknowledged,
+    Rejected,
+    TargetNotAllowed,
+)
 from publisher.targets import check_target
 from shared import (
     FENCE_HEADER,
     FENCING_ENFORCED,
     FENCING_HEADER,
+    LEASE_HEADER,
     Event,
     InvalidAck,
+    Lease,
     payload_digest,
     verify_ack,
 )
@@ -31,6 +41,28 @@ TIMEOUT_S: Final = 10.0
 # The sink refused the event itself: resending it unchanged cannot succeed.
 PERMANENT_STATUSES: Final = frozenset({400, 409, 413})
 ERROR_EXCERPT_CHARS: Final = 200
+# Raised before any reply came: the sink at that URL never answered this request, so
+# another URL of the same cluster (same inbox) may be asked instead. A timeout while
+# waiting for the reply is not among them: that sink may still be applying it.
+UNREACHABLE: Final = (
+    aiohttp.ClientConnectorError,  # refused, no route, name not resolved, TLS handshake
+    aiohttp.ConnectionTimeoutError,  # connect timeout
+    aiohttp.ServerDisconnectedError,  # closed before the status line
+    aiohttp.ClientOSError,  # reset or broken pipe before the status line
+)
+
+log = logging.getLogger(__name__)
+
+OnFailover = Callable[[URL, URL], None]
+
+
+class _Unreachable(Exception):
+    """No reply came from `url` (a sink URL): the next one may be asked (internal)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+        self.url = URL()
 
 
 class HttpSender:
@@ -43,19 +75,35 @@ class HttpSender:
     sender is made, before any connection. Redirects are never followed, proxy
     variables in the environment are ignored, cookies are not kept, replies are not
     decompressed and are read up to `max_reply_bytes` only.
+
+    `urls` is one URL or a sequence of them: the nodes of one sink cluster (one
+    inbox), `HttpSender([a, b])`. Each is checked as a target (TargetNotAllowed for
+    any, before anything is sent); a URL given twice counts once. A request goes to the
+    URL that answered last (the first at the start); when that one cannot be reached
+    (refused, reset or closed before any reply, connect timeout), the same request goes
+    to the next, in order and wrapping, each URL at most once per call; when none
+    answers, DeliveryError names them all. A reply, any status, is the sink's answer
+    and is never sent elsewhere, nor is a request whose reply did not come in time.
+    Each move to the next URL calls `on_failover(from_url, to_url)` and is logged
+    (throttled); `failovers` counts them.
     """
 
     def __init__(
         self,
-        url: str,
+        urls: str | URL | Sequence[str | URL],
         *,
         allowed_hosts: Iterable[str] = (),
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         timeout_s: float = TIMEOUT_S,
         max_reply_bytes: int = MAX_REPLY_BYTES,
         token: str | None = None,
+        on_failover: OnFailover | None = None,
     ) -> None:
-        self.url = check_target(url, allowed_hosts)
+        self.urls = sink_urls(urls, allowed_hosts)
+        self._preferred = 0
+        self._on_failover = on_failover
+        self._failover_log = Throttled(log)
+        self.failovers = 0
         self._auth = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._max_reply_bytes = max_reply_bytes
@@ -64,6 +112,11 @@ class HttpSender:
         # First event ID of a request -> whether its reply said the sink enforces
         # Outbox-After; the most recent FENCED_REPLIES_KEPT requests.
         self._fenced_replies: collections.OrderedDict[str, bool] = collections.OrderedDict()
+
+    @property
+    def url(self) -> URL:
+        """The URL the next request goes to first: the one that answered last."""
+        return self.urls[self._preferred]
 
     def fencing(self) -> bool:
         """Whether the sink's last reply, to any request, said it enforces
@@ -112,25 +165,31 @@ class HttpSender:
         await self.deliver(event)
         return True
 
-    async def deliver(self, event: Event, after: str | None = None) -> dict[str, object]:
+    async def deliver(
+        self, event: Event, after: str | None = None, lease: Lease | None = None
+    ) -> dict[str, object]:
         """Send one event and return the verified ACK, else raise DeliveryError.
 
         With `after` (pipelining: the event sent just before, whose ACK may not be back
         yet), the sink applies it only once `after` is in its inbox, else answers 412.
+        With `lease` (the line's lease this worker holds), the request carries
+        `Outbox-Lease`; a sink that has seen a later epoch for the line applies nothing
+        and answers 409, raised as FencedBySink.
         """
         event_id = event["id"]
         body = json.dumps(event).encode()
-        status, reply = await self._request("POST", self.url, event_id, body, after=after)
-        return check_reply(status, reply, event_id, payload_digest(event))
+        status, reply = await self._request("POST", "", event_id, body, after=after, lease=lease)
+        return check_reply(status, reply, event_id, payload_digest(event), lease)
 
     async def deliver_batch(
-        self, events: Sequence[Event], after: str | None = None
+        self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
     ) -> list[BatchResult]:
         """Send up to 16 events in one request (POST /events/batch).
 
         Returns one result per event for a verified prefix: the verified ACK, then at
         most one DeliveryError for the first event that has none. A request that fails
-        as a whole raises DeliveryError. `after` as for `deliver`.
+        as a whole raises DeliveryError (FencedBySink when the sink refused its lease:
+        nothing of it was applied). `after` and `lease` as for `deliver`.
         """
         if not events:
             return []
@@ -138,13 +197,13 @@ class HttpSender:
         first = events[0]["id"]
         cap = self._max_reply_bytes * len(events)
         status, reply = await self._request(
-            "POST", self.url / "batch", first, body, cap, after=after
+            "POST", "batch", first, body, cap, after=after, lease=lease
         )
-        return check_batch_reply(status, reply, events)
+        return check_batch_reply(status, reply, events, lease)
 
     async def lookup(self, event_id: str) -> dict[str, object] | None:
         """The sink's inbox record for `event_id` (GET /events/{id}), None if it has none."""
-        status, reply = await self._request("GET", self.url / event_id, event_id)
+        status, reply = await self._request("GET", event_id, event_id)
         if status == 404:
             return None
         if status != 200:
@@ -160,25 +219,53 @@ class HttpSender:
     async def _request(
         self,
         method: str,
-        url: URL,
+        path: str,
         event_id: str,
         body: bytes | None = None,
         cap: int = 0,
         after: str | None = None,
+        lease: Lease | None = None,
     ) -> tuple[int, bytes]:
+        """Send to the preferred URL (`path` below it), then to the next ones while
+        none of them can be reached; the first reply is returned."""
         if self._session is None:
             raise RuntimeError("HttpSender is not open: use 'async with HttpSender(url)'")
-        headers = {} if body is None else {"Content-Type": "application/json"}
-        if after is not None:
-            headers[FENCE_HEADER] = after
-        try:
-            return await self._exchange(
-                self._session, method, url, event_id, body, cap or self._max_reply_bytes, headers
-            )
-        except TimeoutError as exc:
-            raise DeliveryError(f"{event_id}: no reply in time ({type(exc).__name__})") from exc
-        except aiohttp.ClientError as exc:
-            raise DeliveryError(f"{event_id}: {type(exc).__name__}: {exc}") from exc
+        headers = request_headers(body is not None, after, lease)
+        cap = cap or self._max_reply_bytes
+        first = self._preferred
+        unreachable: list[_Unreachable] = []
+        for index in failover_order(first, len(self.urls)):
+            if unreachable:
+                self._failed_over(unreachable[-1].url, self.urls[index], unreachable[-1])
+            target = self.urls[index] / path if path else self.urls[index]
+            try:
+                reply = await self._exchange(
+                    self._session, method, target, event_id, body, cap, headers
+                )
+            except _Unreachable as exc:
+                exc.url = self.urls[index]
+                unreachable.append(exc)
+                continue
+            except TimeoutError as exc:
+                raise DeliveryError(f"{event_id}: no reply in time ({type(exc).__name__})") from exc
+            except aiohttp.ClientError as exc:
+                raise DeliveryError(f"{event_id}: {type(exc).__name__}: {exc}") from exc
+            self._preferred = index
+            return reply
+        raise _none_reachable(event_id, unreachable) from unreachable[-1].cause
+
+    def _failed_over(self, source: URL, target: URL, why: _Unreachable) -> None:
+        self.failovers += 1
+        if self._on_failover is not None:
+            self._on_failover(source, target)
+        self._failover_log.warning(
+            ("failover", str(source), str(target)),
+            "sink %s cannot be reached (%s): sending to %s",
+            source,
+            why,
+            target,
+            extra={"sink": str(source), "next_sink": str(target)},
+        )
 
     async def _exchange(
         self,
@@ -190,18 +277,64 @@ class HttpSender:
         cap: int,
         headers: dict[str, str],
     ) -> tuple[int, bytes]:
-        async with session.request(
-            method, url, data=body, headers=headers, allow_redirects=False
-        ) as response:
-            self._note_reply(event_id, response.headers.get(FENCING_HEADER) == FENCING_ENFORCED)
-            if (response.content_length or 0) > cap:
-                response.close()
-                raise NotAcknowledged(
-                    f"reply of {response.content_length} bytes is over the {cap}-byte cap",
-                    status=response.status,
-                )
-            reply = await read_capped(response, cap)
-            return response.status, reply
+        answered = False
+        try:
+            async with session.request(
+                method, url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                answered = True
+                return await self._read(response, event_id, cap)
+        except UNREACHABLE as exc:
+            if answered:
+                raise
+            raise _Unreachable(exc) from exc
+
+    async def _read(
+        self, response: aiohttp.ClientResponse, event_id: str, cap: int
+    ) -> tuple[int, bytes]:
+        self._note_reply(event_id, response.headers.get(FENCING_HEADER) == FENCING_ENFORCED)
+        if (response.content_length or 0) > cap:
+            response.close()
+            raise NotAcknowledged(
+                f"reply of {response.content_length} bytes is over the {cap}-byte cap",
+                status=response.status,
+            )
+        reply = await read_capped(response, cap)
+        return response.status, reply
+
+
+def sink_urls(
+    urls: str | URL | Sequence[str | URL], allowed_hosts: Iterable[str]
+) -> tuple[URL, ...]:
+    """The checked URLs of one sink cluster, in order, each once; TargetNotAllowed for
+    the first that is not allowed, or when none is given. Pure."""
+    given = [urls] if isinstance(urls, str | URL) else list(urls)
+    if not given:
+        raise TargetNotAllowed("no sink URL given")
+    hosts = tuple(allowed_hosts)
+    return tuple(dict.fromkeys(check_target(url, hosts) for url in given))
+
+
+def failover_order(first: int, count: int) -> list[int]:
+    """The URL indexes one request tries: `first`, then the next ones, wrapping. Pure."""
+    return [(first + step) % count for step in range(count)]
+
+
+def request_headers(has_body: bool, after: str | None, lease: Lease | None) -> dict[str, str]:
+    """The headers of one request beyond the session's. Pure."""
+    headers = {"Content-Type": "application/json"} if has_body else {}
+    if after is not None:
+        headers[FENCE_HEADER] = after
+    if lease is not None:
+        headers[LEASE_HEADER] = lease.header()
+    return headers
+
+
+def _none_reachable(event_id: str, unreachable: list[_Unreachable]) -> DeliveryError:
+    if len(unreachable) == 1:  # one URL: the error as it always read
+        return DeliveryError(f"{event_id}: {unreachable[0]}")
+    tried = "; ".join(f"{exc.url}: {exc}" for exc in unreachable)
+    return DeliveryError(f"{event_id}: no sink URL could be reached: {tried}")
 
 
 async def read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
@@ -218,11 +351,17 @@ async def read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
 
 
 def check_reply(
-    status: int, reply: bytes, event_id: str, digest: str | None = None
+    status: int,
+    reply: bytes,
+    event_id: str,
+    digest: str | None = None,
+    lease: Lease | None = None,
 ) -> dict[str, object]:
     """Return the ACK if `status` and `reply` make a verified ACK for `event_id`, else raise.
 
     `digest` is the SHA-256 of the payload sent; an ACK that carries another is refused.
+    A 409 that says "fenced" refused the request's `lease` (FencedBySink); any other
+    409 refused the event itself (Rejected).
     """
     if status == 200:
         try:
@@ -232,24 +371,59 @@ def check_reply(
     excerpt = reply[:ERROR_EXCERPT_CHARS].decode("utf-8", "replace")
     if 300 <= status < 400:
         raise NotAcknowledged(f"{event_id}: redirect {status} is not followed", status=status)
+    if status == 409:
+        fenced = _fenced(_json_object(reply))
+        if fenced is not None:
+            raise fenced_by_sink(event_id, fenced, lease)
     if status in PERMANENT_STATUSES:
         raise Rejected(f"{event_id}: sink rejected it with {status}: {excerpt}", status=status)
     raise NotAcknowledged(f"{event_id}: sink answered {status}: {excerpt}", status=status)
 
 
+def fenced_by_sink(
+    event_id: str, fenced: dict[str, object], lease: Lease | None
+) -> NotAcknowledged:
+    """The error of a request the sink refused for its lease epoch (nothing applied).
+    Pure. Without a lease sent, the refusal answers nothing this request said: not a
+    verified reply, to be sent again (the event itself was not refused)."""
+    seen = fenced.get("seen")
+    if lease is None:
+        return NotAcknowledged(
+            f"{event_id}: sink refused a lease epoch this request did not carry", status=409
+        )
+    said = f"epoch {seen} has been seen" if type(seen) is int else "a later epoch has been seen"
+    return FencedBySink(lease.line, lease.epoch, f"the sink refused {event_id}: {said}")
+
+
+def _json_object(reply: bytes) -> dict[str, object] | None:
+    try:
+        parsed = json.loads(reply)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _fenced(body: dict[str, object] | None) -> dict[str, object] | None:
+    fenced = None if body is None else body.get("fenced")
+    return fenced if isinstance(fenced, dict) else None
+
+
 BatchResult = dict[str, object] | DeliveryError
 
 
-def check_batch_reply(status: int, reply: bytes, events: Sequence[Event]) -> list[BatchResult]:
+def check_batch_reply(
+    status: int, reply: bytes, events: Sequence[Event], lease: Lease | None = None
+) -> list[BatchResult]:
     """Verify a batch reply position by position. Pure.
 
     Each ACK must name the event sent at its position (and match its digest); the
     verified prefix ends at the first that does not, or where the ACKs end. The event
-    after the prefix gets its error: Rejected if the sink said it refused that event
-    (400, 409, 413), NotAcknowledged otherwise.
+    after the prefix gets its error: FencedBySink if the sink refused `lease` there,
+    Rejected if the sink said it refused that event (400, 409, 413), NotAcknowledged
+    otherwise. A reply that is not 200 fails the request as a whole, as `check_reply`.
     """
     if status != 200:
-        check_reply(status, reply, events[0]["id"])  # raises the same errors as one event
+        check_reply(status, reply, events[0]["id"], lease=lease)  # the errors of one event
     try:
         parsed = parse_reply(reply)
     except InvalidAck as exc:
@@ -266,16 +440,20 @@ def check_batch_reply(status: int, reply: bytes, events: Sequence[Event]) -> lis
             return results
     if len(results) < len(events):
         assert isinstance(parsed, dict)
-        results.append(
-            _batch_failure(events[len(results)]["id"], parsed.get("rejected"), len(results))
-        )
+        at = events[len(results)]["id"]
+        results.append(_batch_failure(at, parsed.get("rejected"), len(results), lease))
     return results
 
 
-def _batch_failure(event_id: str, rejected: object, index: int) -> DeliveryError:
+def _batch_failure(
+    event_id: str, rejected: object, index: int, lease: Lease | None
+) -> DeliveryError:
     at = rejected.get("index") if isinstance(rejected, dict) else None
     if isinstance(rejected, dict) and type(at) is int and at == index:  # true is not 1
         status = rejected.get("status")
+        fenced = _fenced(rejected)
+        if status == 409 and fenced is not None:
+            return fenced_by_sink(event_id, fenced, lease)
         if status in PERMANENT_STATUSES:
             excerpt = json.dumps(rejected)[:ERROR_EXCERPT_CHARS]
             return Rejected(f"{event_id}: sink rejected it with {status}: {excerpt}", status=status)
