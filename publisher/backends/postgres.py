@@ -290,6 +290,9 @@ class PostgresOutbox(Outbox):
             async with self._db.transaction(pipeline=True) as conn:
                 await conn.execute(sql.RECORD_FAILURE.encode(), params)
             return
+        foreign = fence_error(lease, self._source, lease.epoch)  # another outbox's lease
+        if foreign is not None:
+            raise foreign
         params |= {"line": lease.line, "epoch": lease.epoch}
         async with self._db.transaction() as conn:
             cursor = await conn.execute(sql.FENCED_RECORD_FAILURE.encode(), params)

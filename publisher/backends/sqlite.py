@@ -438,7 +438,8 @@ def _snapshot_reads(conn: sqlite3.Connection, now: float) -> Snapshot:
 
 def _worker_seen(conn: sqlite3.Connection, params: dict[str, Any]) -> int:
     with transaction(conn):
-        conn.execute(sql.FORGET_WORKERS, {"forgotten": params["now"] - WORKERS_KEPT_S})
+        forgotten = params["now"] - WORKERS_KEPT_S
+        conn.execute(sql.FORGET_WORKERS, {"forgotten": forgotten, "worker": params["worker"]})
         conn.execute(sql.WORKER_SEEN, params)
         live: int = conn.execute(sql.LIVE_WORKERS, params).fetchone()[0]
         return live

@@ -221,7 +221,7 @@ WORKER_SEEN: Final = """
     INSERT INTO relay_workers (worker, seen_at, started_at) VALUES (:worker, :now, :now)
     ON CONFLICT (worker) DO UPDATE SET seen_at = excluded.seen_at
 """
-FORGET_WORKERS: Final = "DELETE FROM relay_workers WHERE seen_at < :forgotten"
+FORGET_WORKERS: Final = "DELETE FROM relay_workers WHERE seen_at < :forgotten AND worker <> :worker"
 LIVE_WORKERS: Final = "SELECT count(*) FROM relay_workers WHERE seen_at >= :now - :ttl"
 WORKER_GONE: Final = "DELETE FROM relay_workers WHERE worker = ?"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,9 +27,15 @@ from support import json_of_python
 import publisher.store
 from plumbing.storage import StorageError
 from publisher import MAX_BATCH, NotInTransaction, UnknownEntry, accept_in, dispatch
-from publisher.errors import InvalidTransition, OutboxError, RelayAlreadyRunning
+from publisher.errors import (
+    DeliveryError,
+    InvalidTransition,
+    LeaseLost,
+    OutboxError,
+    RelayAlreadyRunning,
+)
 from publisher.store import Mark, Outbox, State
-from shared import Conflict, InvalidEvent, Receipt, canonical_json, make_ack
+from shared import GLOBAL_LINE, Conflict, InvalidEvent, Lease, Receipt, canonical_json, make_ack
 
 ACK = {"ack": "x", "status": "applied"}
 # sent_at and quarantined_at come from time.time(); a short pause keeps them apart.
@@ -1121,3 +1128,302 @@ async def test_the_relay_lock_of_a_killed_process_is_free_at_once(
         child.wait(timeout=10)
         if child.stdout is not None:
             child.stdout.close()
+
+
+# ---------------------------------------------------------------- leases
+
+TTL_S = 30.0  # long enough never to run out by itself during a test
+
+
+def lease_rows(backend: Backend) -> list[tuple[Any, ...]]:
+    return backend.query("SELECT line, owner, epoch FROM line_leases ORDER BY line")
+
+
+def expire(backend: Backend, line: str) -> None:
+    """Time passing: the line's lease ran out (its owner and epoch stay)."""
+    backend.execute(f"UPDATE line_leases SET expires_at = 1 WHERE line = '{line}'")
+
+
+def lease(outbox: Outbox, line: str, epoch: int) -> Lease:
+    return Lease(outbox.source, line, epoch)
+
+
+async def test_the_source_is_one_stable_id_per_outbox(backend: Backend, tmp_path: Path) -> None:
+    async with Outbox.open(backend.location) as outbox:
+        source = outbox.source
+    async with Outbox.open(backend.location) as outbox, Outbox.open(backend.location) as other:
+        assert outbox.source == other.source == source
+    assert re.fullmatch(r"[0-9a-f]{16}", source)
+    assert Lease(source, GLOBAL_LINE, 1).header() == f"{source} * 1"
+    async with Outbox.open(tmp_path / "another.db") as another:
+        assert another.source != source
+
+
+async def test_a_line_never_leased_is_taken_at_epoch_1(outbox: Outbox, backend: Backend) -> None:
+    assert await outbox.lease_of("snack") is None
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    assert lease_rows(backend) == [("snack", "w1", 1)]
+    held = await outbox.lease_of("snack")
+    assert held is not None and held.held
+    assert (held.line, held.owner, held.epoch) == ("snack", "w1", 1)
+    assert TTL_S - 5 < held.expires_in_s <= TTL_S
+    assert held.expires_at == pytest.approx(held.taken_at + TTL_S)  # type: ignore[operator]
+    assert held.renewed_at == held.taken_at
+
+
+async def test_another_owner_is_refused_while_the_lease_holds(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.take_lease(GLOBAL_LINE, "w1", TTL_S) == 1
+    before = backend.query("SELECT * FROM line_leases")
+    async with Outbox.open(backend.location) as other:
+        assert await other.take_lease(GLOBAL_LINE, "w2", TTL_S) is None
+    assert backend.query("SELECT * FROM line_leases") == before
+
+
+async def test_an_expired_lease_is_taken_over_under_the_next_epoch(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.take_lease("snack", "w1", 0.2) == 1
+    assert await outbox.take_lease("snack", "w2", TTL_S) is None
+    await asyncio.sleep(0.3)  # the lease runs out by itself
+    stale = await outbox.lease_of("snack")
+    assert stale is not None and not stale.held and stale.expires_in_s < 0
+    assert await outbox.take_lease("snack", "w2", TTL_S) == 2
+    assert lease_rows(backend) == [("snack", "w2", 2)]
+
+
+async def test_the_owner_taking_its_own_line_again_raises_the_epoch(
+    outbox: Outbox, backend: Backend
+) -> None:
+    # A restart under the same --worker-id: its lines at once, its old writes fenced.
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 2
+    assert lease_rows(backend) == [("snack", "w1", 2)]
+
+
+async def test_renewal_extends_the_leases_still_held_and_names_them(
+    outbox: Outbox, backend: Backend
+) -> None:
+    for line in ("juice", "snack", "tea"):
+        assert await outbox.take_lease(line, "w1", 1.0) == 1
+    expire(backend, "tea")  # expired, but nobody took it: still w1's
+    assert await outbox.renew_leases("w1", {"juice": 1, "snack": 1, "tea": 1}, TTL_S) == {
+        "juice",
+        "snack",
+        "tea",
+    }
+    for held in await outbox.leases():
+        assert held.held and TTL_S - 5 < held.expires_in_s <= TTL_S
+        assert held.renewed_at is not None and held.taken_at is not None
+        assert held.renewed_at >= held.taken_at
+    assert await outbox.renew_leases("w1", {}, TTL_S) == set()
+
+
+async def test_renewal_loses_a_line_taken_over_and_leaves_it_to_its_new_owner(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.take_lease("juice", "w1", TTL_S) == 1
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    expire(backend, "snack")
+    assert await outbox.take_lease("snack", "w2", TTL_S) == 2
+    before = backend.query("SELECT * FROM line_leases WHERE line = 'snack'")
+    assert await outbox.renew_leases("w1", {"juice": 1, "snack": 1}, TTL_S) == {"juice"}
+    assert backend.query("SELECT * FROM line_leases WHERE line = 'snack'") == before
+    # The owner's name alone is not enough: the epoch must match too.
+    assert await outbox.renew_leases("w2", {"snack": 1}, TTL_S) == set()
+
+
+async def test_a_released_line_is_taken_at_once_under_the_next_epoch(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    await outbox.release_leases("w1", {"snack": 1})
+    released = await outbox.lease_of("snack")
+    assert released is not None and released.owner is None and not released.held
+    assert released.epoch == 1
+    assert await outbox.renew_leases("w1", {"snack": 1}, TTL_S) == set()
+    assert await outbox.take_lease("snack", "w2", TTL_S) == 2
+    assert lease_rows(backend) == [("snack", "w2", 2)]
+
+
+async def test_a_release_under_a_lost_epoch_changes_nothing(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    expire(backend, "snack")
+    assert await outbox.take_lease("snack", "w2", TTL_S) == 2
+    before = backend.query("SELECT * FROM line_leases")
+    await outbox.release_leases("w1", {"snack": 1})
+    await outbox.release_leases("w1", {"snack": 2})  # not w1's epoch ever
+    await outbox.release_leases("w2", {"snack": 1})
+    await outbox.release_leases("w2", {})
+    assert backend.query("SELECT * FROM line_leases") == before
+
+
+async def test_leases_lists_every_line_in_line_order(outbox: Outbox, backend: Backend) -> None:
+    assert await outbox.leases() == []
+    for line, worker in (("tea", "w1"), (GLOBAL_LINE, "w2"), ("Juice", "w1"), ("juice", "w2")):
+        assert await outbox.take_lease(line, worker, TTL_S) == 1
+    await outbox.release_leases("w1", {"tea": 1})
+    listed = await outbox.leases()
+    assert [(x.line, x.owner, x.epoch) for x in listed] == [
+        (GLOBAL_LINE, "w2", 1),
+        ("Juice", "w1", 1),
+        ("juice", "w2", 1),
+        ("tea", None, 1),
+    ]
+    assert listed[0].to_dict()["line"] == GLOBAL_LINE
+    assert set(listed[0].to_dict()) == {
+        "line",
+        "owner",
+        "epoch",
+        "expires_at",
+        "expires_in_seconds",
+        "taken_at",
+        "renewed_at",
+    }
+
+
+# A worker's writes for a line, each under a lease: (the write, what it changes).
+FENCED_WRITES = {
+    "mark": lambda outbox, lease: outbox.mark_sent("a", ACK, lease),
+    "mark many": lambda outbox, lease: outbox.mark_sent_many([Mark("a"), Mark("b")], lease),
+    "record failure": lambda outbox, lease: outbox.record_failure("a", "HTTP 503", lease),
+    "quarantine": lambda outbox, lease: outbox.quarantine("a", "poison", "relay", lease),
+}
+
+
+# What each write leaves of entry "a": (attempts, sent, quarantined).
+WRITTEN = {
+    "mark": (1, 1, 0),
+    "mark many": (1, 1, 0),
+    "record failure": (1, 0, 0),
+    "quarantine": (0, 0, 1),
+}
+
+
+@pytest.mark.parametrize("write", list(FENCED_WRITES))
+async def test_a_write_under_a_lost_epoch_is_refused_and_changes_nothing(
+    outbox: Outbox, backend: Backend, write: str
+) -> None:
+    await accept(outbox, "a", "b")
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    expire(backend, "snack")
+    assert await outbox.take_lease("snack", "w2", TTL_S) == 2
+    before = contents(backend)
+    with pytest.raises(LeaseLost) as lost:
+        await FENCED_WRITES[write](outbox, lease(outbox, "snack", 1))
+    assert (lost.value.line, lost.value.epoch) == ("snack", 1)
+    assert "epoch 2" in str(lost.value)
+    assert not isinstance(lost.value, DeliveryError)  # not a failed delivery
+    assert contents(backend) == before
+    # The new owner's write goes through.
+    await FENCED_WRITES[write](outbox, lease(outbox, "snack", 2))
+    assert contents(backend) != before
+
+
+@pytest.mark.parametrize("write", list(FENCED_WRITES))
+async def test_a_write_under_the_current_epoch_is_made_even_once_expired(
+    outbox: Outbox, backend: Backend, write: str
+) -> None:
+    # The epoch is what fences; expiry only lets another worker take the line.
+    await accept(outbox, "a", "b")
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    expire(backend, "snack")
+    await FENCED_WRITES[write](outbox, lease(outbox, "snack", 1))
+    written = backend.query("SELECT attempts, sent, quarantined FROM outbox WHERE id = 'a'")
+    assert written == [WRITTEN[write]]
+
+
+@pytest.mark.parametrize("write", list(FENCED_WRITES))
+async def test_a_write_under_a_lease_never_taken_or_of_another_outbox_is_refused(
+    outbox: Outbox, backend: Backend, write: str
+) -> None:
+    await accept(outbox, "a", "b")
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    before = contents(backend)
+    for refused in (lease(outbox, "juice", 1), Lease("0123456789abcdef", "snack", 1)):
+        with pytest.raises(LeaseLost):
+            await FENCED_WRITES[write](outbox, refused)
+    assert contents(backend) == before
+
+
+async def test_an_operator_is_never_fenced(outbox: Outbox, backend: Backend) -> None:
+    await accept(outbox, "a", "b")
+    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    await outbox.quarantine("a", "held back", "op")
+    await outbox.redrive("a", "op")
+    await outbox.record_failure("b", "by hand")
+    await outbox.mark_sent("b")
+    assert states(backend) == {"a": (0, 0), "b": (1, 0)}
+
+
+async def test_a_lost_lease_fails_its_own_marks_only_when_marks_share_a_commit(
+    outbox: Outbox, backend: Backend
+) -> None:
+    for n, sku in enumerate(("juice", "snack", "tea", "juice", "snack", "tea")):
+        assert await outbox.accept(order(f"e{n}", sku)) == "accepted"
+    for line in ("juice", "snack", "tea"):
+        assert await outbox.take_lease(line, "w1", TTL_S) == 1
+    expire(backend, "snack")
+    assert await outbox.take_lease("snack", "w2", TTL_S) == 2
+    results = await asyncio.gather(
+        outbox.mark_sent_many([Mark("e0"), Mark("e3")], lease(outbox, "juice", 1)),
+        outbox.mark_sent_many([Mark("e1"), Mark("e4")], lease(outbox, "snack", 1)),
+        outbox.mark_sent_many([Mark("e2"), Mark("e5")], lease(outbox, "tea", 1)),
+        outbox.mark_sent_many([Mark("e1")]),  # no lease: not checked
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None and results[3] is None
+    assert isinstance(results[1], LeaseLost)
+    assert unsent(backend) == ["e4"]
+
+
+async def test_pending_lanes_leaves_out_only_the_lanes_another_worker_holds(
+    outbox: Outbox, backend: Backend
+) -> None:
+    for n, sku in enumerate(("juice", "snack", "tea", "water", "wine")):
+        assert await outbox.accept(order(f"e{n}", sku)) == "accepted"
+    assert await outbox.take_lease("juice", "w1", TTL_S) == 1  # its own
+    assert await outbox.take_lease("snack", "w2", TTL_S) == 1  # another's
+    assert await outbox.take_lease("tea", "w2", TTL_S) == 1  # another's, expired
+    expire(backend, "tea")
+    assert await outbox.take_lease("water", "w2", TTL_S) == 1  # another's, released
+    await outbox.release_leases("w2", {"water": 1})
+    every = ["juice", "snack", "tea", "water", "wine"]
+    assert await outbox.pending_lanes(10) == every
+    assert await outbox.pending_lanes(10, worker="w1") == ["juice", "tea", "water", "wine"]
+    assert await outbox.pending_lanes(2, ["juice"], worker="w1") == ["tea", "water"]
+    assert await outbox.pending_lanes(10, worker="w2") == every[1:]
+    assert await outbox.pending_lanes(10, worker="w3") == ["tea", "water", "wine"]
+
+
+async def test_worker_seen_counts_the_workers_seen_within_one_ttl(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.worker_seen("w1", TTL_S) == 1
+    assert await outbox.worker_seen("w1", TTL_S) == 1
+    async with Outbox.open(backend.location) as other:
+        assert await other.worker_seen("w2", TTL_S) == 2
+    assert await outbox.worker_seen("w3", TTL_S) == 3
+    backend.execute(f"UPDATE relay_workers SET seen_at = seen_at - {2 * TTL_S} WHERE worker = 'w2'")
+    assert await outbox.worker_seen("w1", TTL_S) == 2  # w2 stopped beating
+    await outbox.worker_gone("w3")
+    assert await outbox.worker_seen("w1", TTL_S) == 1
+    assert backend.query("SELECT worker FROM relay_workers ORDER BY worker") == [("w1",), ("w2",)]
+
+
+async def test_workers_not_seen_for_long_are_forgotten(outbox: Outbox, backend: Backend) -> None:
+    for worker in ("w1", "w2", "w3"):
+        await outbox.worker_seen(worker, TTL_S)
+    backend.execute(
+        f"UPDATE relay_workers SET seen_at = seen_at - {publisher.store.WORKERS_KEPT_S + 60}"
+        " WHERE worker <> 'w2'"
+    )
+    started = dict(backend.query("SELECT worker, started_at FROM relay_workers"))
+    assert await outbox.worker_seen("w1", TTL_S) == 2
+    assert backend.query("SELECT worker FROM relay_workers ORDER BY worker") == [("w1",), ("w2",)]
+    assert (
+        dict(backend.query("SELECT worker, started_at FROM relay_workers"))["w1"] == started["w1"]
+    )
