@@ -38,7 +38,7 @@ from plumbing.web import add_http_options, http_guard_of, http_limits_of, serve_
 from publisher.chaos import exit_after_ack
 from publisher.dispatch import deliver_pending
 from publisher.driver import MAX_DEPTH
-from publisher.errors import DeliveryError, OutboxError, TargetNotAllowed
+from publisher.errors import DeliveryError, LeaseLost, OutboxError, TargetNotAllowed
 from publisher.http import TIMEOUT_S, HttpSender
 from publisher.lanes import MAX_LANES
 from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S
@@ -47,7 +47,17 @@ from publisher.service import ServiceSettings, create_app
 from publisher.store import Entry, Outbox, QuarantineRecord, State
 from publisher.trace import collect_trace, render_trace, when
 from publisher.transport import Transport
-from shared import MAX_BATCH, Conflict, InvalidEvent, validate_event_id
+from publisher.workers import (
+    DEFAULT_LEASE_TTL_S,
+    LinesView,
+    WorkerSettings,
+    check_lease_ttl,
+    check_worker_id,
+    default_worker_id,
+    describe_lease,
+    lines_view,
+)
+from shared import GLOBAL_LINE, MAX_BATCH, Conflict, InvalidEvent, validate_event_id
 
 PROG: Final = "publisher"
 DEFAULT_PORT: Final = 8000
@@ -72,6 +82,23 @@ def chaos_exit(text: str) -> int:
     raise argparse.ArgumentTypeError(
         f"expected {EXIT_AFTER_ACK} or {EXIT_AFTER_ACK}=N with N from 1, got {text!r}"
     )
+
+
+def lease_ttl(text: str) -> float:
+    """argparse type for --lease-ttl: seconds, within the bounds a lease may have."""
+    seconds = positive_s(text)
+    try:
+        return check_lease_ttl(seconds)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def worker_id(text: str) -> str:
+    """argparse type for --worker-id."""
+    try:
+        return check_worker_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def event_id(text: str) -> str:
@@ -102,7 +129,7 @@ def build_parser() -> ArgumentParser:
     add_option(accept, "--qty", required=True, type=strict_int, help="quantity, 1 to 1,000,000")
 
     send = command("dispatch", "deliver one batch of pending entries, in order")
-    _sink_options(send)
+    _sink_options(send, "sink URL, e.g. http://127.0.0.1:8080/events")
     add_option(send, "--limit", type=batch_limit, default=MAX_BATCH, help="batch size, 1 to 16")
     add_option(
         send,
@@ -114,7 +141,27 @@ def build_parser() -> ArgumentParser:
     _chaos_option(send)
 
     serve = command("serve", "run the intake API and the relay until SIGTERM")
-    _sink_options(serve)
+    _sink_options(
+        serve,
+        "sink URL, e.g. http://127.0.0.1:8080/events; repeat it for the nodes of one sink"
+        " cluster (one inbox): a request goes to the next when one cannot be reached",
+        repeat=True,
+    )
+    add_option(
+        serve,
+        "--worker-id",
+        type=worker_id,
+        default=default_worker_id(),
+        help="this relay worker's name in the leases it holds (default HOST:PID)",
+    )
+    add_option(
+        serve,
+        "--lease-ttl",
+        type=lease_ttl,
+        default=DEFAULT_LEASE_TTL_S,
+        help="seconds a worker's lease of a line lasts unrenewed (renewed every third of"
+        " it): how long a killed worker's lines wait before another takes them over",
+    )
     add_option(serve, "--host", default="127.0.0.1", help="intake address to listen on")
     add_option(serve, "--port", type=port, default=DEFAULT_PORT, help="intake port (0: any)")
     add_option(serve, "--limit", type=batch_limit, default=MAX_BATCH, help="batch size, 1 to 16")
@@ -237,8 +284,11 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def _sink_options(parser: ArgumentParser) -> None:
-    add_option(parser, "--sink", required=True, help="sink URL, e.g. http://127.0.0.1:8080/events")
+def _sink_options(parser: ArgumentParser, help: str, *, repeat: bool = False) -> None:
+    if repeat:
+        add_option(parser, "--sink", required=True, action="append", help=help)
+    else:
+        add_option(parser, "--sink", required=True, help=help)
     add_option(
         parser,
         "--allow-host",
@@ -290,13 +340,16 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=load_token(args.token_file))
     log_egress(args.sink, args.allow_host)
     batch = sender.deliver_batch if args.delivery == "batch" else None
-    # A one-shot relay: it delivers, so it takes the relay lock like publisher serve.
+    # A one-shot relay: it delivers, so it takes the relay lock like publisher serve
+    # (on SQLite that refuses it beside one), and the leases of the lines it delivers
+    # (LineHeld, nothing sent, while a relay worker holds one).
+    worker = WorkerSettings(f"dispatch@{default_worker_id()}")
     async with sender, Outbox.open(args.db) as outbox, outbox.relay_lock("publisher dispatch"):
         try:
             marked = await deliver_pending(
-                outbox, Transport(sender.deliver, batch), args.limit, after_delivery
+                outbox, Transport(sender.deliver, batch), args.limit, after_delivery, worker
             )
-        except DeliveryError as exc:
+        except (DeliveryError, LeaseLost) as exc:
             done = f"{len(delivered)} delivered ({', '.join(delivered) or 'none'}), then"
             return fail(PROG, f"dispatch stopped: {done} {exc}")
     print(f"delivered {len(marked)}" + (f": {' '.join(marked)}" if marked else ""))
@@ -314,7 +367,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_format)
     settings = ServiceSettings(
         db=args.db,
-        sink=args.sink,
+        sink=tuple(args.sink),
         allowed_hosts=tuple(args.allow_host),
         token=load_token(args.token_file),
         limit=args.limit,
@@ -327,13 +380,14 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         pipeline=args.pipeline,
         intake_token=intake_token,
         guard=http_guard_of(args),
+        worker=WorkerSettings(args.worker_id, args.lease_ttl),
     )
     hook = exit_after_ack(args.chaos) if args.chaos else None
     app = create_app(settings, after_delivery=hook)
 
     async def say_egress(app: web.Application) -> None:
         # Once the outbox has opened: a usage error (a bad --db, say) stays one line.
-        log_egress(args.sink, args.allow_host, always=True)
+        log_egress(", ".join(args.sink), args.allow_host, always=True)
 
     app.on_startup.append(say_egress)
     limits = http_limits_of(args)
@@ -354,9 +408,9 @@ def log_egress(sink: str, allow_host: Sequence[str], *, always: bool = False) ->
 async def cmd_status(args: argparse.Namespace) -> int:
     async with Outbox.open(args.db) as outbox:
         snapshot = await outbox.snapshot()
-    figures = snapshot.to_dict()
+        lines = await lines_view(outbox)
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps({**snapshot.to_dict(), **lines.to_dict()}))
         return EXIT_OK
     print(f"pending      {snapshot.pending}")
     print(f"oldest age   {snapshot.oldest_pending_age_s:.1f} s")
@@ -376,23 +430,51 @@ async def cmd_status(args: argparse.Namespace) -> int:
             f"lane {lane.lane!r:<10} head {lane.id} BLOCKED since {when(lane.blocked_since)}, "
             f"{lane.attempts} attempts, last error: {lane.last_error}"
         )
+    _print_lines(lines)
     return EXIT_OK
+
+
+def _print_lines(lines: LinesView) -> None:
+    """The workers and the lines they hold; lines released or expired without an
+    owner are counted, not listed (there is one per SKU ever delivered)."""
+    workers = ", ".join(lines.workers) or "none"
+    print(f"workers      {len(lines.workers)} holding leases: {workers}")
+    shown = [lease for lease in lines.leases if lease.owner is not None]
+    for lease in shown:
+        print(f"line {lease.line!r:<10} {describe_lease(lease)}")
+    if len(shown) < len(lines.leases):
+        print(f"lines free   {len(lines.leases) - len(shown)} (released, any worker may take them)")
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
     async with Outbox.open(args.db) as outbox:
         entries = await outbox.entries(State(args.state), args.limit)
         history = await outbox.quarantine_history([e.id for e in entries])
+        lines = await lines_view(outbox)
     for entry in entries:
         records = history.get(entry.id, [])
         if args.json:
-            print(json.dumps(_entry_json(entry, records)))
+            print(json.dumps(_entry_json(entry, records, lines)))
         else:
-            print(_entry_line(entry, records))
+            print(_entry_line(entry, records, lines))
     return EXIT_OK
 
 
-def _entry_json(entry: Entry, records: list[QuarantineRecord]) -> dict[str, object]:
+def _delivered_by(entry: Entry, lines: LinesView) -> dict[str, object] | None:
+    """The lease a pending entry is being delivered under: its lane's, or the global
+    line's, whichever a worker holds (None: no worker holds either now)."""
+    if entry.state is not State.PENDING:
+        return None
+    for line in (entry.event["sku"], GLOBAL_LINE):
+        lease = lines.of(line)
+        if lease is not None and lease.held:
+            return lease.to_dict()
+    return None
+
+
+def _entry_json(
+    entry: Entry, records: list[QuarantineRecord], lines: LinesView
+) -> dict[str, object]:
     return {
         "seq": entry.seq,
         **entry.event,
@@ -402,14 +484,18 @@ def _entry_json(entry: Entry, records: list[QuarantineRecord]) -> dict[str, obje
         "queued_at": entry.queued_at,
         "sent_at": entry.sent_at,
         "quarantines": [vars(r) for r in records],
+        "lease": _delivered_by(entry, lines),
     }
 
 
-def _entry_line(entry: Entry, records: list[QuarantineRecord]) -> str:
+def _entry_line(entry: Entry, records: list[QuarantineRecord], lines: LinesView) -> str:
     line = (
         f"{entry.seq:>8} {entry.id} {entry.event['sku']} x{entry.event['qty']} "
         f"{entry.state} attempts={entry.attempts}"
     )
+    lease = _delivered_by(entry, lines)
+    if lease is not None:
+        line += f" line={lease['line']} owner={lease['owner']} epoch={lease['epoch']}"
     if entry.last_error and entry.state is not State.SENT:
         line += f" last_error={entry.last_error!r}"
     for record in records:
@@ -488,7 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, f"refused sink URL: {exc}", EXIT_USAGE)
     except (TokenError, BadLocation) as exc:
         return fail(PROG, exc, EXIT_USAGE)
-    except (Conflict, DeliveryError, StorageError, OutboxError) as exc:
+    except (Conflict, DeliveryError, StorageError, OutboxError, LeaseLost) as exc:
         return fail(PROG, exc)
     except OSError as exc:
         return fail(PROG, f"cannot listen: {exc.strerror or exc}")

@@ -4,7 +4,9 @@
 `dispatch` and `dispatch_batch` take any store with `pending(limit)` and
 `mark_sent(event_id)` (or `mark_sent_many(event_ids)`), so a caller can wrap or
 replace the Outbox; `deliver_pending` is what the CLI runs on an Outbox, keeping
-each verified ACK with its mark.
+each verified ACK with its mark. Beside relay workers it delivers under leases:
+those of the global line and of every lane in its batch, taken first and released
+at the end, or LineHeld when another worker holds one.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from publisher.driver import AfterDelivery, Driver, LineOptions, OutboxLine, Result, SendUnit
-from publisher.errors import NotAcknowledged
+from publisher.errors import LeaseLost, NotAcknowledged, OutboxError
 from publisher.store import Mark, Outbox, Pending, check_limit
 from publisher.transport import Transport
-from shared import MAX_BATCH, Event
+from publisher.workers import LeaseKeeper, WorkerSettings
+from shared import GLOBAL_LINE, MAX_BATCH, Event, Lease
 
 Send = Callable[[Event], Awaitable[object]]
 SendBatch = Callable[[list[Event]], Awaitable[Sequence[object]]]
@@ -56,7 +59,7 @@ class _PlainLine:
     async def read(self, limit: int, skip: Collection[str]) -> list[Pending]:
         return [Pending(n, event, 0) for n, event in enumerate(await self.pending(limit))]
 
-    async def mark(self, marks: list[Mark]) -> None:
+    async def mark(self, marks: list[Mark], lease: Lease | None) -> None:
         async with self._lock:
             await self.mark_ids([mark.event_id for mark in marks])
 
@@ -96,7 +99,9 @@ async def dispatch(
     """
     check_limit(limit)
 
-    async def one(events: list[Event], after: str | None) -> Sequence[Result]:
+    async def one(
+        events: list[Event], after: str | None, lease: Lease | None = None
+    ) -> Sequence[Result]:
         event_id = events[0]["id"]  # before the callback can change its copy
         result = await send(events[0])
         if result is not True:
@@ -124,7 +129,9 @@ async def dispatch_batch(
     """
     check_limit(limit)
 
-    async def batch(events: list[Event], after: str | None) -> Sequence[Result]:
+    async def batch(
+        events: list[Event], after: str | None, lease: Lease | None = None
+    ) -> Sequence[Result]:
         ids = [event["id"] for event in events]
         return _batch_results(ids, await send_batch(events))
 
@@ -164,17 +171,81 @@ async def _run_once(
     return marked
 
 
+class LineHeld(OutboxError):
+    """Another worker holds the lease of a line this dispatch would deliver."""
+
+    def __init__(self, line: str, owner: str | None, expires_in_s: float | None) -> None:
+        left = "" if expires_in_s is None else f" for {max(expires_in_s, 0.0):.1f} s more"
+        super().__init__(
+            f"line {line!r} is being delivered by relay worker {owner or 'another worker'}"
+            f"{left}: dispatch delivers nothing beside it"
+        )
+        self.line = line
+        self.owner = owner
+
+
+TAKE_ROUNDS: Final = 3  # reads of the batch while taking its lanes' leases
+
+
 async def deliver_pending(
     outbox: Outbox,
     transport: Transport,
     limit: int = MAX_BATCH,
     after_delivery: AfterDelivery | None = None,
+    worker: WorkerSettings | None = None,
 ) -> list[str]:
     """One batch of the Outbox delivered over `transport` (`publisher dispatch`): one
     request per entry, or one for the batch; each verified ACK is kept with its mark.
     On a failure about an entry, the attempt is recorded on it before the failure is
-    raised."""
+    raised.
+
+    With `worker`, the batch is delivered under leases, as a relay worker would: the
+    global line's (carried by every request and fencing every write) and that of
+    each lane (SKU) in the batch, all taken before anything is sent and released at
+    the end; LineHeld, nothing sent, if another worker holds any of them."""
     check_limit(limit)
+    if worker is None:
+        return await _deliver(outbox, transport, limit, after_delivery, None)
+    keeper = LeaseKeeper(outbox, worker)
+    await keeper.start()
+    try:
+        lease = await _take_lines(outbox, keeper, limit)
+        return await _deliver(outbox, transport, limit, after_delivery, lease, keeper)
+    finally:
+        await keeper.stop()
+
+
+async def _take_lines(outbox: Outbox, keeper: LeaseKeeper, limit: int) -> Lease:
+    """The global line's lease, and those of the lanes of the next batch (read again
+    until every lane in it is held, a few times at most)."""
+    lease = await _take(outbox, keeper, GLOBAL_LINE)
+    for _ in range(TAKE_ROUNDS):
+        lanes = {row.event["sku"] for row in await outbox.pending_batch(limit)}
+        if all(keeper.held(lane) for lane in lanes):
+            return lease
+        for lane in sorted(lanes):
+            await _take(outbox, keeper, lane)
+    raise LineHeld(GLOBAL_LINE, None, None)  # lanes kept changing under it: try again
+
+
+async def _take(outbox: Outbox, keeper: LeaseKeeper, line: str) -> Lease:
+    lease = await keeper.take(line)
+    if lease is None:
+        held = await outbox.lease_of(line)
+        if held is None:
+            raise LineHeld(line, None, None)
+        raise LineHeld(line, held.owner, held.expires_in_s)
+    return lease
+
+
+async def _deliver(
+    outbox: Outbox,
+    transport: Transport,
+    limit: int,
+    after_delivery: AfterDelivery | None,
+    lease: Lease | None,
+    keeper: LeaseKeeper | None = None,
+) -> list[str]:
     per_request = limit if transport.batches else 1
     options = LineOptions(per_request=per_request, read_limit=limit, once=True)
     marked: list[str] = []
@@ -183,12 +254,13 @@ async def deliver_pending(
         transport.send,
         options,
         after_delivery=after_delivery,
+        may_send=lambda: keeper is None or keeper.holds(lease),
         report=_collect(marked),
     )
     try:
-        await driver.run()
+        await driver.run(lease)
     except Exception as exc:
-        if driver.failed_entry is not None:
-            await outbox.record_failure(driver.failed_entry.event["id"], str(exc))
+        if driver.failed_entry is not None and not isinstance(exc, LeaseLost):
+            await outbox.record_failure(driver.failed_entry.event["id"], str(exc), lease)
         raise
     return marked

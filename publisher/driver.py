@@ -21,6 +21,12 @@ or one lane per SKU) all run a `Driver`:
   as the same object. Nothing after a failure is marked, and the sink holds nothing
   after a gap.
 
+Under a lease (a relay worker's line, see publisher.workers), every request carries
+it and every mark is fenced by it: `run(lease)`. A refusal under it (LeaseLost from
+a mark, FencedBySink from a request) ends the run like any failure, and the caller
+stops the line. `may_send` is asked before every send: once the worker no longer
+holds the lease nothing more is sent, and the requests in flight are settled.
+
 With `fenced` (HttpSender.fenced_reply), the sink is trusted to enforce Outbox-After
 only once it has said so: a run sends one request at a time, unfenced (the one before
 is verified by then), until the reply of the request just taken said it enforces
@@ -41,7 +47,7 @@ from typing import Any, Final, NamedTuple, Protocol
 from plumbing.logs import Throttled
 from publisher.errors import NotAcknowledged
 from publisher.store import MAX_READ, Mark, Outbox, Pending
-from shared import MAX_BATCH, Event
+from shared import MAX_BATCH, Event, Lease
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +63,13 @@ AfterDelivery = Callable[[str], object]
 
 class SendUnit(Protocol):
     """Sends one request: copies of the events in order, fenced on `after` (None: not
-    fenced). Returns one result per event for a verified prefix, then at most one
-    failure; or raises, and the whole request failed."""
+    fenced), under `lease` (passed only when there is one). Returns one result per
+    event for a verified prefix, then at most one failure; or raises, and the whole
+    request failed."""
 
-    def __call__(self, events: list[Event], after: str | None) -> Awaitable[Sequence[Result]]: ...
+    def __call__(
+        self, events: list[Event], after: str | None, lease: Lease | None = None
+    ) -> Awaitable[Sequence[Result]]: ...
 
 
 class LineStore(Protocol):
@@ -70,8 +79,9 @@ class LineStore(Protocol):
         """Up to `limit` pending entries in seq order, leaving out `skip`."""
         ...
 
-    async def mark(self, marks: list[Mark]) -> None:
-        """Save these verified entries as sent, all or none."""
+    async def mark(self, marks: list[Mark], lease: Lease | None) -> None:
+        """Save these verified entries as sent, all or none; with `lease`, only while
+        the line's lease still has its epoch (else LeaseLost)."""
         ...
 
 
@@ -98,9 +108,9 @@ class OutboxLine:
     async def read(self, limit: int, skip: Collection[str]) -> list[Pending]:
         return await self.outbox.pending_batch(limit, self.lane, skip)
 
-    async def mark(self, marks: list[Mark]) -> None:
+    async def mark(self, marks: list[Mark], lease: Lease | None) -> None:
         if marks:
-            await self.outbox.mark_sent_many(marks)
+            await self.outbox.mark_sent_many(marks, lease)
 
 
 @dataclass(frozen=True)
@@ -193,14 +203,16 @@ class Driver:
         self._mark_failed: BaseException | None = None
         self.held: dict[str, Pending] = {}
         self.failed_entry: Pending | None = None
+        self._lease: Lease | None = None
 
-    async def run(self) -> int:
+    async def run(self, lease: Lease | None = None) -> int:
         """Deliver until the line has nothing pending (or, with `once`, the entries of
         one read are done), `may_send` says no, or a request fails. Returns how many
-        entries were marked sent, all on disk by then; raises the first failure."""
+        entries were marked sent, all on disk by then; raises the first failure.
+        With `lease`, every request carries it and every mark is fenced by it."""
         trusted = self._options.depth > 1 and self._fenced is None
         run = _Run(trusted, collections.deque(), collections.deque())
-        self.held, self.failed_entry = {}, None
+        self.held, self.failed_entry, self._lease = {}, None, lease
         try:
             marked = await self._drive(run)
         except BaseException:
@@ -273,7 +285,7 @@ class Driver:
             rows = [run.queue.popleft() for _ in range(min(size, len(run.queue)))]
             after = run.after if run.trusted else None
             copies = [row.event.copy() for row in rows]  # events hold only str and int
-            task = asyncio.ensure_future(self._send(copies, after))
+            task = asyncio.ensure_future(self._request(copies, after))
             run.in_flight.append(Request(rows, task, time.perf_counter(), after is not None))
             run.after = rows[-1].event["id"]
 
@@ -308,9 +320,14 @@ class Driver:
         self.failed_entry = None
         return len(verified)
 
+    def _request(self, events: list[Event], after: str | None) -> Awaitable[Sequence[Result]]:
+        if self._lease is None:  # a plain SendUnit need not know of leases
+            return self._send(events, after)
+        return self._send(events, after, self._lease)
+
     async def _resend(self, request: Request) -> Sequence[Result]:
         try:
-            return await self._send([row.event.copy() for row in request.rows], None)
+            return await self._request([row.event.copy() for row in request.rows], None)
         except Exception as exc:
             self._told([], request.rows[0], exc, request.started)
             raise
@@ -338,7 +355,7 @@ class Driver:
         marks = [Mark(event_id, ack) for event_id, ack in zip(ids, acks, strict=True)]
         # Not awaited here: marks of requests taken one after another are committed
         # together; `run` waits for all of them before it returns or raises.
-        mark = asyncio.ensure_future(self._line.mark(marks))
+        mark = asyncio.ensure_future(self._line.mark(marks, self._lease))
         self._marks[mark] = ids
         mark.add_done_callback(self._marked)
         for event_id in ids:

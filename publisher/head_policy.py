@@ -21,6 +21,7 @@ from publisher.errors import DeliveryError, InvalidTransition
 from publisher.outcomes import RELAY_LOG
 from publisher.retry import Random, RetryPolicy, is_permanent, retry_delay_s, should_quarantine
 from publisher.store import Outbox, Pending
+from shared import Lease
 
 AUTO_QUARANTINE_BY: Final = "relay (quarantine-after policy)"
 K = TypeVar("K", str, str | None)
@@ -91,9 +92,15 @@ class HeadPolicy:
             state.blocked = None
 
     async def failed(
-        self, state: HeadState, lane: str | None, entry: Pending | None, error: Exception
+        self,
+        state: HeadState,
+        lane: str | None,
+        entry: Pending | None,
+        error: Exception,
+        lease: Lease | None = None,
     ) -> float:
-        """Record a failed run of the line and return how long it waits."""
+        """Record a failed run of the line and return how long it waits. With the
+        line's `lease`, the record (and a quarantine) is fenced by it: LeaseLost."""
         if entry is None:
             # Not a delivery failure (the database, say): back off and read again. A
             # delivery or storage error says what is wrong in its message; anything
@@ -103,7 +110,7 @@ class HeadPolicy:
             self.log.error(state.failing, "relay step failed: %s", error, exc_info=exc_info)
             return retry_delay_s(error, 1, self.retry, self._rand)
         event_id = entry.event["id"]
-        await self._outbox.record_failure(event_id, str(error))
+        await self._outbox.record_failure(event_id, str(error), lease)
         state.streak = state.streak.after(event_id, error)
         state.blocked = _blocked(state.blocked, event_id, error)
         fields = {"event_id": event_id, "lane": lane, "failures": state.streak.failures}
@@ -114,15 +121,15 @@ class HeadPolicy:
         )
         if should_quarantine(error, state.streak.permanent, self.retry):
             await self._quarantine(
-                event_id, f"rejected {state.streak.permanent} times in a row: {error}"
+                event_id, f"rejected {state.streak.permanent} times in a row: {error}", lease
             )
             state.blocked, state.streak = None, Streak()  # a redriven entry starts afresh
             return 0.0
         return retry_delay_s(error, state.streak.failures, self.retry, self._rand)
 
-    async def _quarantine(self, event_id: str, reason: str) -> None:
+    async def _quarantine(self, event_id: str, reason: str, lease: Lease | None) -> None:
         try:
-            await self._outbox.quarantine(event_id, reason, AUTO_QUARANTINE_BY)
+            await self._outbox.quarantine(event_id, reason, AUTO_QUARANTINE_BY, lease)
         except InvalidTransition as done:  # an operator got there first
             RELAY_LOG.info("head left the line already: %s", done, extra={"event_id": event_id})
         else:

@@ -4,6 +4,12 @@ Entries of one SKU go in seq order with stop-on-first-failure inside that lane, 
 a blocked head stalls only its own SKU. Each lane in flight runs in a task of its
 own; a lane that is drained or backing off frees its slot for the lane with the
 oldest pending head.
+
+With a lease keeper (several workers on one outbox), a lane is started only once
+its lease is taken, and lanes whose lease another worker holds are not listed. A
+lane that drains releases its lease; one backing off keeps it (renewed). A lane
+whose lease is lost stops at once and is forgotten; one given up for fair share
+stops sending and is released once its requests in flight are settled.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Final
 from publisher.head_policy import Blocked, HeadPolicy
 from publisher.line import Line, LineRunner, Signals
 from publisher.store import Outbox
+from publisher.workers import LeaseKeeper
 
 MAX_LANES: Final = 8
 LANE_CANDIDATES: Final = 64  # lanes listed per query of pending lanes
@@ -30,11 +37,13 @@ class LanesSupervisor:
         runner: LineRunner,
         policy: HeadPolicy,
         signals: Signals,
+        keeper: LeaseKeeper | None = None,
         *,
         max_lanes: int,
         poll_interval_s: float,
     ) -> None:
         self._outbox = outbox
+        self._keeper = keeper
         self._runner = runner
         self._policy = policy
         self._log = policy.log
@@ -73,6 +82,7 @@ class LanesSupervisor:
         redrive). New intake needs none of these: its entries are the youngest, so
         every lane listed goes before a lane they start.
         """
+        await self._release_given_up()
         free = self._max_lanes - len(self._tasks)
         if free <= 0:
             return
@@ -81,6 +91,8 @@ class LanesSupervisor:
         # Lanes already in flight or backing off are left out of the query, so any
         # number of blocked lanes cannot crowd a healthy one out of the list.
         busy = {*self._tasks, *(k for k, lane in self._lanes.items() if lane.waiting(now))}
+        keeper = self._keeper
+        worker = None if keeper is None else keeper.worker
         keys = [key for key in self._candidates if key not in busy]
         resumed = any(self._listed_at < lane.not_before <= now for lane in self._lanes.values())
         for key in [
@@ -92,7 +104,7 @@ class LanesSupervisor:
         if short or news or resumed or now - self._listed_at >= self._poll_interval_s:
             asked = max(free, LANE_CANDIDATES)
             try:
-                keys = await self._outbox.pending_lanes(asked, sorted(busy))
+                keys = await self._outbox.pending_lanes(asked, sorted(busy), worker)
             except Exception as exc:
                 self._log.error(
                     ("could not read the pending lanes", str(exc)),
@@ -103,10 +115,40 @@ class LanesSupervisor:
                 return
             self._listed_at = now
             self._listed_all = len(keys) < asked
-        self._candidates = keys[free:]
-        for key in keys[:free]:
+        starting, self._candidates = self._within_share(keys, free)
+        for key in starting:
             lane = self._lanes.get(key) or self._new_lane(key)
             self._tasks[key] = asyncio.create_task(self._run_lane(lane), name=f"lane {key}")
+
+    def _within_share(self, keys: list[str], free: int) -> tuple[list[str], list[str]]:
+        """The lanes to start now (those this worker holds, and new ones within its
+        fair share), and the candidates left for later."""
+        keeper = self._keeper
+        if keeper is None:
+            return keys[:free], keys[free:]
+        room = keeper.room(free)
+        starting: list[str] = []
+        later: list[str] = []
+        for key in keys:
+            if keeper.giving_up(key):
+                continue
+            if len(starting) == free or (room <= 0 and not keeper.held(key)):
+                later.append(key)  # beyond the share: left to the others, or for later
+                continue
+            if not keeper.held(key):
+                room -= 1
+            starting.append(key)
+        return starting, later
+
+    async def _release_given_up(self) -> None:
+        """Lanes given up for fair share that are not in flight: release them now
+        (those in flight are released when their task ends)."""
+        if self._keeper is None:
+            return
+        for key in list(self._keeper.giving_up_lines()):
+            if key not in self._tasks:
+                self._lanes.pop(key, None)
+                await self._keeper.release(key)
 
     async def _end_waits_of_moved_heads(self, now: float) -> None:
         """Once per poll interval: a lane backing off on a head that has left it (an
@@ -142,20 +184,57 @@ class LanesSupervisor:
         """Deliver one lane until it is drained or must back off; then free the slot."""
         assert lane.key is not None
         try:
+            if not await self._hold(lane):
+                return
             while not self._signals.stopping:
                 step = await self._runner.step(lane)
+                if step.lost or not self._may_go_on(lane):
+                    return  # another worker delivers it now, or will
                 if step.delay_s > 0:
                     if step.backoff:  # back off without holding a slot
                         lane.not_before = time.monotonic() + step.delay_s
                     return  # drained, or backing off
         finally:
             del self._tasks[lane.key]
-            if not lane.head.blocked and not lane.waiting(time.monotonic()):
+            waiting = lane.waiting(time.monotonic())
+            if not lane.head.blocked and not waiting:
                 # Forget drained lanes, memory stays bounded; a lane backing off (after
                 # a failure that is not its head's, the database say) is kept until
                 # its wait is over, so it is left out of the lanes to start till then.
                 self._lanes.pop(lane.key, None)
+            await self._let_go(lane, waiting)
             self._signals.wake.set()  # a slot is free
+
+    async def _hold(self, lane: Line) -> bool:
+        """Whether this worker may deliver the lane: it holds the lease, or takes it."""
+        keeper = self._keeper
+        if keeper is None:
+            return True
+        key = lane.name
+        try:
+            lease = keeper.lease(key) if keeper.held(key) else await keeper.take(key)
+        except Exception as exc:  # the database: try the lane again after a poll interval
+            self._log.error(("could not take a lane's lease", str(exc)), "take: %s", exc)
+            lane.not_before = time.monotonic() + self._poll_interval_s
+            return False
+        if lease is None and keeper.held(key):  # not renewed in time: wait for it
+            lane.not_before = time.monotonic() + self._poll_interval_s
+        lane.lease = lease
+        return lease is not None
+
+    def _may_go_on(self, lane: Line) -> bool:
+        return self._keeper is None or self._keeper.holds(lane.lease)
+
+    async def _let_go(self, lane: Line, waiting: bool) -> None:
+        """A drained lane, or one given up, releases its lease; one backing off keeps
+        it; at a stop the keeper releases them all together."""
+        keeper = self._keeper
+        if keeper is None or self._signals.stopping or not keeper.held(lane.name):
+            return
+        if keeper.giving_up(lane.name) or not (waiting or lane.head.blocked):
+            self._lanes.pop(lane.name, None)
+            lane.lease = None
+            await keeper.release(lane.name)
 
     def _next_check_s(self) -> float:
         now = time.monotonic()

@@ -4,6 +4,12 @@ to the head-failure policy.
 A line is the global order (key None: every pending entry) or one SKU's lane. Each
 step runs the driver until the line is drained, the relay stops, or a request
 fails, and says how long the line waits before the next step.
+
+A line is delivered under its lease (publisher.workers): each request carries it,
+each write for the line is fenced by it, and the driver sends nothing more once
+the worker no longer holds it. A refusal under it (LeaseLost: the outbox refused a
+write, FencedBySink: the sink a request) is not a delivery failure: nothing is
+recorded against the entry, the line stops at once and its lease is forgotten.
 """
 
 from __future__ import annotations
@@ -16,18 +22,23 @@ from typing import NamedTuple
 from plumbing.logs import REPEAT_INTERVAL_S, Throttled
 from publisher.driver import AfterDelivery, Driver, LineOptions, OutboxLine
 from publisher.driver import log as driver_log
+from publisher.errors import LeaseLost
 from publisher.head_policy import HeadPolicy, HeadState
 from publisher.outcomes import DeliveryLog
 from publisher.store import Outbox
 from publisher.transport import Transport
+from publisher.workers import LeaseKeeper
+from shared import GLOBAL_LINE, Lease
 
 
 class Step(NamedTuple):
-    """How long a line waits after a step, and whether that wait is a backoff after
-    a failure (new intake does not cut a backoff short)."""
+    """How long a line waits after a step, whether that wait is a backoff after a
+    failure (new intake does not cut a backoff short), and whether the worker lost
+    the line's lease in it (it must not go on)."""
 
     delay_s: float
     backoff: bool
+    lost: bool = False
 
 
 @dataclass
@@ -39,6 +50,12 @@ class Line:
     driver: Driver
     head: HeadState = field(default_factory=HeadState)
     not_before: float = 0.0  # monotonic time before which a backing-off line waits
+    lease: Lease | None = None  # what the line is delivered under (None: not leased)
+
+    @property
+    def name(self) -> str:
+        """The line's name in its lease: GLOBAL_LINE, or the lane's SKU."""
+        return GLOBAL_LINE if self.key is None else self.key
 
     def waiting(self, now: float) -> bool:
         return self.not_before > now
@@ -97,9 +114,11 @@ class LineRunner:
         policy: HeadPolicy,
         report: DeliveryLog,
         signals: Signals,
+        keeper: LeaseKeeper | None = None,
         after_delivery: AfterDelivery | None = None,
     ) -> None:
         self._outbox = outbox
+        self.keeper = keeper
         self._transport = transport
         self._settings = settings
         self._policy = policy
@@ -112,32 +131,54 @@ class LineRunner:
         self._driver_log = Throttled(driver_log, settings.log_repeat_interval_s)
 
     def line(self, key: str | None) -> Line:
+        keeper = self.keeper
+        line: Line
+
+        def may_send() -> bool:
+            if self._signals.stopping:
+                return False
+            return keeper is None or keeper.holds(line.lease)
+
         driver = Driver(
             OutboxLine(self._outbox, key),
             self._transport.send,
             self._options,
             after_delivery=self._after_delivery,
-            may_send=lambda: not self._signals.stopping,
+            may_send=may_send,
             report=self._report,
             fenced=self._transport.fenced,
             log=self._driver_log,
         )
-        return Line(key, driver)
+        line = Line(key, driver)
+        return line
 
     async def step(self, line: Line) -> Step:
         """Deliver the line until it is drained or fails; the wait that follows."""
         try:
-            marked = await line.driver.run()
+            marked = await line.driver.run(line.lease)
+        except LeaseLost as lost:
+            return self._lost(line, lost)
         except Exception as exc:  # the loop outlives any one failure; each is recorded
             entry = line.driver.failed_entry
             try:
-                return Step(await self._policy.failed(line.head, line.key, entry, exc), True)
+                delay_s = await self._policy.failed(line.head, line.key, entry, exc, line.lease)
+            except LeaseLost as lost:
+                return self._lost(line, lost)
             except Exception as unrecorded:  # recording it failed too (the database, say)
                 key = ("could not record a failed attempt", str(unrecorded))
                 self._log.error(key, "could not record a failed attempt: %s", unrecorded)
                 return Step(self._policy.retry.cap_s, True)
+            return Step(delay_s, True)
         self._policy.succeeded(line.head, line.key, marked)
         return Step(self._settings.poll_interval_s, False)
+
+    def _lost(self, line: Line, lost: LeaseLost) -> Step:
+        """A write or request under the line's lease was refused: stop the line."""
+        if self.keeper is not None:
+            self.keeper.lost(line.name, lost)
+        line.lease = None
+        line.head = HeadState()  # another worker delivers it now
+        return Step(0.0, False, lost=True)
 
     async def wait_out(self, line: Line, step: Step) -> None:
         """Wait after a step of the global line. A backoff is cut short, within one

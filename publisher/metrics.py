@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from publisher.store import Snapshot
 
-DELIVERY_OUTCOMES: Final = ("delivered", "transient", "permanent")
+DELIVERY_OUTCOMES: Final = ("delivered", "transient", "permanent", "fenced")
 INTAKE_RESULTS: Final = ("accepted", "duplicate", "conflict", "invalid", "too_large")
 
 
@@ -47,6 +47,32 @@ class PublisherMetrics:
             ["result"],
             registry=r,
         )
+        self.owned = Gauge(
+            "publisher_lines_owned",
+            "Lines (the global line, or SKU lanes) whose lease this worker holds.",
+            registry=r,
+        )
+        self.takeovers = Counter(
+            "publisher_lease_takeovers",
+            "Leases this worker took over from another worker whose lease had expired.",
+            registry=r,
+        )
+        self.fenced_writes = Counter(
+            "publisher_fenced_writes",
+            "Writes of this worker (marks, attempt records, quarantines) the outbox"
+            " refused because the line's lease had moved to a newer epoch.",
+            registry=r,
+        )
+        self.fenced_requests = Counter(
+            "publisher_fenced_requests",
+            "Requests of this worker the sink refused (409) for a stale lease epoch.",
+            registry=r,
+        )
+        self.failovers = Counter(
+            "publisher_sink_failovers",
+            "Requests sent to the next --sink URL because one could not be reached.",
+            registry=r,
+        )
         for outcome in DELIVERY_OUTCOMES:
             self.attempts.labels(outcome)
         for result in INTAKE_RESULTS:
@@ -54,6 +80,24 @@ class PublisherMetrics:
 
     def delivery(self, outcome: str) -> None:
         self.attempts.labels(outcome).inc()
+
+    # A LeaseObserver (publisher.workers):
+
+    def lines_owned(self, count: int) -> None:
+        self.owned.set(count)
+
+    def takeover(self) -> None:
+        self.takeovers.inc()
+
+    def fenced_write(self) -> None:
+        self.fenced_writes.inc()
+
+    def fenced_request(self) -> None:
+        self.fenced_requests.inc()
+
+    def failover(self, from_url: object, to_url: object) -> None:
+        """HttpSender's on_failover."""
+        self.failovers.inc()
 
     def observe(self, snapshot: Snapshot) -> None:
         self.pending.set(snapshot.pending)

@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any, Protocol
 
+from publisher.errors import LeaseLost
 from publisher.retry import is_permanent
 from publisher.store import Pending
 
@@ -22,8 +23,12 @@ class Observer(Protocol):
 
 
 def outcome_of(error: BaseException | None) -> str:
+    """delivered, transient, permanent, or fenced (refused for a stale lease: not a
+    failure of the entry's, another worker delivers it)."""
     if error is None:
         return "delivered"
+    if isinstance(error, LeaseLost):
+        return "fenced"
     return "permanent" if is_permanent(error) else "transient"
 
 

@@ -2,8 +2,13 @@
 
 The parts, each in a module of its own: the delivery driver (`driver`, the
 send-verify-hook-mark contract), the line runner (`line`, one ordering line), the
-head-failure policy (`head_policy`), the lanes supervisor (`lanes`, per-SKU order)
-and the delivery log (`outcomes`). `Relay` puts them together from its settings.
+head-failure policy (`head_policy`), the lanes supervisor (`lanes`, per-SKU order),
+the lease keeper (`workers`: which lines this worker may deliver) and the delivery
+log (`outcomes`). `Relay` puts them together from its settings.
+
+Several relays (workers) may run on one outbox: each line is delivered only under
+its lease. In global order one worker holds the global line and the others stand
+by, trying again at each renewal; in per-SKU order each lane is a line of its own.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from publisher.outcomes import RELAY_LOG, DeliveryLog, Observer
 from publisher.retry import Random, RetryPolicy
 from publisher.store import Outbox, check_limit
 from publisher.transport import Transport
+from publisher.workers import LeaseKeeper, LeaseObserver, WorkerSettings
 from shared import MAX_BATCH
 
 log = logging.getLogger(__name__)
@@ -49,6 +55,8 @@ class RelaySettings:
     for a blocked head that an operator took out of the line.
     `log_repeat_interval_s`: a failure that repeats (a broken database, a sink that
     keeps failing) is logged once per this interval, with a count of the repeats.
+    `worker`: this worker's ID and lease ttl; None delivers without leases, only
+    for an outbox that this relay is known to deliver alone.
     """
 
     limit: int = MAX_BATCH
@@ -58,6 +66,7 @@ class RelaySettings:
     max_lanes: int = MAX_LANES
     pipeline: int = 1
     log_repeat_interval_s: float = REPEAT_INTERVAL_S
+    worker: WorkerSettings | None = field(default_factory=WorkerSettings)
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
@@ -91,12 +100,21 @@ class Relay:
         observer: Observer | None = None,
         after_delivery: AfterDelivery | None = None,
         rand: Random = random.random,
+        lease_observer: LeaseObserver | None = None,
     ) -> None:
         self._settings = settings
         self._outbox = outbox
         self._signals = Signals()
         repeat_s = settings.log_repeat_interval_s
+        self.keeper = (
+            None
+            if settings.worker is None
+            else LeaseKeeper(
+                outbox, settings.worker, lease_observer, log_repeat_interval_s=repeat_s
+            )
+        )
         policy = HeadPolicy(outbox, settings.policy, rand, log=Throttled(RELAY_LOG, repeat_s))
+        self._log = policy.log
         self._runner = LineRunner(
             outbox,
             transport,
@@ -104,6 +122,7 @@ class Relay:
             policy,
             DeliveryLog(observer, transport.batches),
             self._signals,
+            self.keeper,
             after_delivery,
         )
         self._global = self._runner.line(None)
@@ -113,6 +132,7 @@ class Relay:
                 self._runner,
                 policy,
                 self._signals,
+                self.keeper,
                 max_lanes=settings.max_lanes,
                 poll_interval_s=settings.poll_interval_s,
             )
@@ -141,25 +161,80 @@ class Relay:
         self._signals.stop.set()
 
     async def run(self) -> None:
-        """Deliver until stopped."""
+        """Deliver until stopped; then settle what is in flight and give up the
+        leases."""
         settings = self._settings
-        log.info("relay started", extra={"limit": settings.limit, "ordering": settings.ordering})
+        worker = None if self.keeper is None else self.keeper.worker
+        log.info(
+            "relay started",
+            extra={"limit": settings.limit, "ordering": settings.ordering, "worker": worker},
+        )
         changes = self._outbox.changes()
         follower = None if changes is None else asyncio.create_task(self._follow(changes))
+        if self.keeper is not None:
+            await self.keeper.start()
         try:
             if self._lanes is not None:
                 await self._lanes.run()
             else:
-                while not self._signals.stopping:
-                    self._signals.wake.clear()
-                    step = await self._runner.step(self._global)
-                    await self._runner.wait_out(self._global, step)
+                await self._run_global()
         finally:
             if follower is not None:
                 follower.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await follower
+            if self.keeper is not None:
+                await self.keeper.stop()
         log.info("relay stopped")
+
+    async def _run_global(self) -> None:
+        line = self._global
+        while not self._signals.stopping:
+            self._signals.wake.clear()
+            if not await self._hold_global():
+                continue
+            step = await self._runner.step(line)
+            if not step.lost:
+                await self._runner.wait_out(line, step)
+
+    async def _hold_global(self) -> bool:
+        """Whether this worker may deliver the global line now: it holds its lease,
+        or has just taken it. Otherwise it stands by until the next renewal."""
+        keeper, line = self.keeper, self._global
+        if keeper is None:
+            return True
+        lease = keeper.lease(line.name)
+        if lease is None and not keeper.held(line.name):
+            try:
+                lease = await keeper.take(line.name)
+            except Exception as exc:  # the database: stand by, try again
+                self._log.error(("could not take the lease", str(exc)), "take: %s", exc)
+        if lease is None:
+            await self._stand_by(keeper)
+            return False
+        if line.lease != lease:
+            log.info(
+                "delivering the global line",
+                extra={"worker": keeper.worker, "epoch": lease.epoch},
+            )
+        line.lease = lease
+        return True
+
+    async def _stand_by(self, keeper: LeaseKeeper) -> None:
+        """Until the next renewal (at most one renewal interval), or a stop."""
+        waits = [
+            asyncio.ensure_future(self._signals.stop.wait()),
+            asyncio.ensure_future(keeper.renewed()),
+        ]
+        try:
+            await asyncio.wait(
+                waits,
+                timeout=keeper.settings.renew_interval_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for waiter in waits:
+                waiter.cancel()
 
     async def _follow(self, changes: AsyncIterator[None]) -> None:
         """Wake the relay at each signal of intake (from any process); polling goes

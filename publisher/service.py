@@ -1,11 +1,16 @@
-"""`publisher serve`: the intake API and the relay loop in one process."""
+"""`publisher serve`: the intake API and the relay loop in one process.
+
+On PostgreSQL any number of these processes may share one outbox: each is a relay
+worker (publisher.workers) delivering the lines whose leases it holds. On SQLite
+one process delivers from an outbox (its relay lock refuses a second one)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -14,6 +19,7 @@ from prometheus_client import Gauge
 
 from plumbing.net import bearer_matches
 from plumbing.openapi import add_openapi_route
+from plumbing.storage import parse_location
 from plumbing.web import (
     BadRequest,
     HttpGuard,
@@ -33,6 +39,7 @@ from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S, Ordering, Relay, Rel
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox
 from publisher.transport import Transport
+from publisher.workers import WorkerSettings, lines_view
 from shared import MAX_BATCH, MAX_BODY_BYTES, Conflict
 
 log = logging.getLogger(__name__)
@@ -41,7 +48,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ServiceSettings:
     db: str
-    sink: str
+    sink: str | Sequence[str]  # one URL, or the nodes of one sink cluster in order
     allowed_hosts: tuple[str, ...] = ()
     token: str | None = None
     limit: int = MAX_BATCH
@@ -55,9 +62,14 @@ class ServiceSettings:
     pipeline: int = DEFAULT_DEPTH  # used once the sink says it enforces Outbox-After
     intake_token: str | None = None  # bearer token POST /orders needs, if set
     guard: HttpGuard = field(default_factory=HttpGuard)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
 
     def __post_init__(self) -> None:
         self.relay  # noqa: B018  (refuse bad relay settings now, before anything opens)
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        return (self.sink,) if isinstance(self.sink, str) else tuple(self.sink)
 
     @property
     def relay(self) -> RelaySettings:
@@ -68,6 +80,7 @@ class ServiceSettings:
             ordering=self.ordering,
             max_lanes=self.max_lanes,
             pipeline=self.pipeline,
+            worker=self.worker,
         )
 
 
@@ -86,7 +99,7 @@ def create_app(
     `after_delivery` runs after each verified ACK, before its mark (the chaos option
     installs one that ends the process there).
     """
-    HttpSender(settings.sink, allowed_hosts=settings.allowed_hosts)  # refuse a bad URL now
+    HttpSender(settings.sinks, allowed_hosts=settings.allowed_hosts)  # refuse a bad URL now
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[json_errors, http_guard(settings.guard)],
@@ -111,17 +124,16 @@ def create_app(
 async def _run_relay(
     app: web.Application, after_delivery: AfterDelivery | None
 ) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
+    settings, metrics = app[SETTINGS], app[METRICS]
     sender = HttpSender(
-        settings.sink,
+        settings.sinks,
         allowed_hosts=settings.allowed_hosts,
         connect_timeout_s=min(CONNECT_TIMEOUT_S, settings.send_timeout_s),
         timeout_s=settings.send_timeout_s,
         token=settings.token,
+        on_failover=metrics.failover,
     )
-    # One relay per outbox: a second `publisher serve` on the same database stops
-    # here (RelayAlreadyRunning, one line, exit status 1) before it delivers anything.
-    async with Outbox.open(settings.db) as outbox, outbox.relay_lock("publisher serve"), sender:
+    async with Outbox.open(settings.db) as outbox, one_relay(outbox, settings.db), sender:
         transport = Transport(
             sender.deliver,
             sender.deliver_batch if settings.batch_delivery else None,
@@ -131,8 +143,9 @@ async def _run_relay(
             outbox,
             transport,
             settings.relay,
-            observer=app[METRICS],
+            observer=metrics,
             after_delivery=after_delivery,
+            lease_observer=metrics,
         )
         app[OUTBOX], app[RELAY] = outbox, relay
         task = asyncio.create_task(relay.run(), name="relay")
@@ -140,6 +153,15 @@ async def _run_relay(
         # Intake has stopped by now; let the send in flight finish or time out.
         relay.stop()
         await task
+
+
+def one_relay(outbox: Outbox, db: str) -> contextlib.AbstractAsyncContextManager[None]:
+    """On SQLite, one relay per outbox: a second `publisher serve` on the same file
+    stops here (RelayAlreadyRunning, one line, exit status 1) before it delivers
+    anything. On PostgreSQL workers share the outbox by leases: nothing to take."""
+    if parse_location(db).backend == "postgres":
+        return contextlib.nullcontext()
+    return outbox.relay_lock("publisher serve")
 
 
 async def post_order(request: web.Request) -> web.Response:
@@ -170,8 +192,9 @@ async def post_order(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    snapshot = await request.app[OUTBOX].snapshot()
-    return web.json_response(snapshot.to_dict())
+    outbox = request.app[OUTBOX]
+    snapshot = await outbox.snapshot()
+    return web.json_response({**snapshot.to_dict(), **(await lines_view(outbox)).to_dict()})
 
 
 async def get_metrics(request: web.Request) -> web.Response:

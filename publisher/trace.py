@@ -15,8 +15,9 @@ from typing import Any
 
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
-from publisher.store import Entry, Order, Outbox, QuarantineRecord, Snapshot, State
-from shared import payload_digest
+from publisher.store import Entry, LineLease, Order, Outbox, QuarantineRecord, Snapshot, State
+from publisher.workers import LinesView, describe_lease, lines_view
+from shared import GLOBAL_LINE, payload_digest
 
 
 class Proof(StrEnum):
@@ -40,6 +41,7 @@ class Trace:
     last_error: str | None
     quarantines: list[QuarantineRecord]
     waiting_behind: list[str] = field(default_factory=list)
+    lines: list[LineLease] = field(default_factory=list)  # its lane's and the global line's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,11 +71,14 @@ def build_trace(
     quarantines: list[QuarantineRecord],
     sink: SinkView,
     snapshot: Snapshot | None = None,
+    leases: LinesView | None = None,
 ) -> Trace:
     """The five stages of SPEC's evidence table for one event. Pure.
 
     With a `snapshot`, a pending entry also says which failing heads it waits behind:
     the global head (global order) and the head of its own SKU lane (per-SKU order).
+    With `leases`, the trace names who holds the event's lines: its SKU's lane and
+    the global line, those that were ever leased.
     """
     stages = [
         _accepted(order),
@@ -85,7 +90,14 @@ def build_trace(
     attempts = None if entry is None else entry.attempts
     error = None if entry is None else entry.last_error
     waiting = [] if snapshot is None or entry is None else _waiting_behind(entry, snapshot)
-    return Trace(event_id, stages, attempts, error, quarantines, waiting)
+    lines = [] if leases is None else _lines_of(order, entry, leases)
+    return Trace(event_id, stages, attempts, error, quarantines, waiting, lines)
+
+
+def _lines_of(order: Order | None, entry: Entry | None, leases: LinesView) -> list[LineLease]:
+    sku = entry.event["sku"] if entry is not None else None if order is None else order.sku
+    names = [GLOBAL_LINE] if sku is None else [sku, GLOBAL_LINE]
+    return [lease for name in names if (lease := leases.of(name)) is not None]
 
 
 def _waiting_behind(entry: Entry, snapshot: Snapshot) -> list[str]:
@@ -175,7 +187,8 @@ async def collect_trace(outbox: Outbox, event_id: str, sender: HttpSender | None
             sink = SinkView(record=await sender.lookup(event_id))
         except DeliveryError as exc:
             sink = SinkView(unknown=f"the sink could not be asked: {exc}")
-    return build_trace(event_id, order, entry, quarantines, sink, await outbox.snapshot())
+    snapshot, leases = await outbox.snapshot(), await lines_view(outbox)
+    return build_trace(event_id, order, entry, quarantines, sink, snapshot, leases)
 
 
 def render_trace(trace: Trace) -> str:
@@ -188,6 +201,8 @@ def render_trace(trace: Trace) -> str:
             lines.append(f"    {'attempts':<14} {'':<11} {trace.attempts}{error}")
     for line in trace.waiting_behind:
         lines.append(f"  waiting: {line}")
+    for lease in trace.lines:
+        lines.append(f"  line {lease.line!r}: {describe_lease(lease)}")
     for q in trace.quarantines:
         line = f"  quarantined {when(q.quarantined_at)} by {q.quarantined_by}: {q.reason}"
         if q.released_at is not None:

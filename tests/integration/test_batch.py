@@ -29,7 +29,7 @@ from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox
 from publisher.transport import Transport
-from shared import Event, Receipt, canonical_json, make_ack, payload_digest
+from shared import Event, Lease, Receipt, canonical_json, make_ack, payload_digest
 from sink import create_app
 from sqlite_tx import StorageError
 
@@ -778,11 +778,11 @@ async def batch_relay(
     sizes: list[int] = []
     async with await sender_for(url) as sender:
 
-        async def deliver_batch(events: Sequence[Event]) -> Any:
+        async def deliver_batch(events: Sequence[Event], lease: Lease | None = None) -> Any:
             sizes.append(len(events))
-            return await sender.deliver_batch(events)
+            return await sender.deliver_batch(events, lease=lease)
 
-        async def deliver(e: Event) -> Any:
+        async def deliver(e: Event, lease: Lease | None = None) -> Any:
             raise AssertionError("batch mode sends no single request")
 
         relay = relay_of(outbox, deliver, deliver_batch=deliver_batch, **options)

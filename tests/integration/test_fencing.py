@@ -58,6 +58,7 @@ from shared import (
     FENCING_ENFORCED,
     FENCING_HEADER,
     Event,
+    Lease,
     Receipt,
     make_ack,
     payload_digest,
@@ -274,13 +275,17 @@ class Watched:
         if self.replied_without and self.downgrade is None:
             self.downgrade = (len(self.calls), self.untaken(but=event_id))
 
-    async def deliver(self, event: Event, after: str | None = None) -> dict[str, object]:
-        return await self._call([event], after, lambda: self.sender.deliver(event, after))
+    async def deliver(
+        self, event: Event, after: str | None = None, lease: Lease | None = None
+    ) -> dict[str, object]:
+        return await self._call([event], after, lambda: self.sender.deliver(event, after, lease))
 
     async def deliver_batch(
-        self, events: Sequence[Event], after: str | None = None
+        self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
     ) -> list[BatchResult]:
-        return await self._call(events, after, lambda: self.sender.deliver_batch(events, after))
+        return await self._call(
+            events, after, lambda: self.sender.deliver_batch(events, after, lease)
+        )
 
     async def _call(
         self, events: Sequence[Event], after: str | None, send: Callable[[], Awaitable[T]]

@@ -444,9 +444,9 @@ def counting_pending_lanes(outbox: Outbox) -> list[int]:
     calls: list[int] = []
     real = outbox.pending_lanes
 
-    async def counted(limit: int, skip: Iterable[str] = ()) -> list[str]:
+    async def counted(limit: int, skip: Iterable[str] = (), worker: str | None = None) -> list[str]:
         calls.append(limit)
-        return await real(limit, skip)
+        return await real(limit, skip, worker)
 
     outbox.pending_lanes = counted  # type: ignore[method-assign]
     return calls

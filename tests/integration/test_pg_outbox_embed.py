@@ -17,7 +17,7 @@ from support import eventually
 from plumbing.storage import StorageError
 from publisher import NotInTransaction, accept_in_async
 from publisher.store import Outbox
-from shared import Conflict, Event, InvalidEvent, Receipt, make_ack
+from shared import Conflict, Event, InvalidEvent, Lease, Receipt, make_ack
 
 LONG_POLL_S = 30.0  # the relay would not look again for this long: only NOTIFY wakes it
 
@@ -56,7 +56,9 @@ async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
 ) -> None:
     delivered: list[str] = []
 
-    async def deliver(event: Event, after: str | None = None) -> dict[str, object]:
+    async def deliver(
+        event: Event, after: str | None = None, lease: Lease | None = None
+    ) -> dict[str, object]:
         delivered.append(event["id"])
         return make_ack(event["id"], Receipt.APPLIED)
 

@@ -46,7 +46,7 @@ from publisher.http import BatchResult, HttpSender
 from publisher.relay import Ordering, Relay
 from publisher.store import Outbox
 from publisher.transport import Deliver, DeliverBatch
-from shared import FENCE_HEADER, Event
+from shared import FENCE_HEADER, Event, Lease
 from sink.app import INBOX
 from sink.chaos import Chaos, chaos_app
 
@@ -151,13 +151,17 @@ class Flaky:
     cancelled: list[list[str]] = field(default_factory=list)
     failed: dict[str, int] = field(default_factory=lambda: {"before": 0, "lost": 0})
 
-    async def deliver(self, event: Event, after: str | None = None) -> dict[str, object]:
-        return await self._request([event], after, lambda: self.sender.deliver(event, after))
+    async def deliver(
+        self, event: Event, after: str | None = None, lease: Lease | None = None
+    ) -> dict[str, object]:
+        return await self._request([event], after, lambda: self.sender.deliver(event, after, lease))
 
     async def deliver_batch(
-        self, events: Sequence[Event], after: str | None = None
+        self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
     ) -> list[BatchResult]:
-        return await self._request(events, after, lambda: self.sender.deliver_batch(events, after))
+        return await self._request(
+            events, after, lambda: self.sender.deliver_batch(events, after, lease)
+        )
 
     async def _request(
         self, events: Sequence[Event], after: str | None, send: Callable[[], Awaitable[T]]
