@@ -57,12 +57,11 @@ OnFailover = Callable[[URL, URL], None]
 
 
 class _Unreachable(Exception):
-    """No reply came from `url` (a sink URL): the next one may be asked (internal)."""
+    """No reply came from a sink URL: the next one may be asked (internal)."""
 
     def __init__(self, cause: BaseException) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.cause = cause
-        self.url = URL()
 
 
 class HttpSender:
@@ -232,19 +231,18 @@ class HttpSender:
             raise RuntimeError("HttpSender is not open: use 'async with HttpSender(url)'")
         headers = request_headers(body is not None, after, lease)
         cap = cap or self._max_reply_bytes
-        first = self._preferred
-        unreachable: list[_Unreachable] = []
-        for index in failover_order(first, len(self.urls)):
+        unreachable: list[tuple[URL, _Unreachable]] = []
+        for index in failover_order(self._preferred, len(self.urls)):
+            base = self.urls[index]
             if unreachable:
-                self._failed_over(unreachable[-1].url, self.urls[index], unreachable[-1])
-            target = self.urls[index] / path if path else self.urls[index]
+                self._failed_over(*unreachable[-1], base)
+            target = base / path if path else base
             try:
                 reply = await self._exchange(
                     self._session, method, target, event_id, body, cap, headers
                 )
             except _Unreachable as exc:
-                exc.url = self.urls[index]
-                unreachable.append(exc)
+                unreachable.append((base, exc))
                 continue
             except TimeoutError as exc:
                 raise DeliveryError(f"{event_id}: no reply in time ({type(exc).__name__})") from exc
@@ -252,9 +250,9 @@ class HttpSender:
                 raise DeliveryError(f"{event_id}: {type(exc).__name__}: {exc}") from exc
             self._preferred = index
             return reply
-        raise _none_reachable(event_id, unreachable) from unreachable[-1].cause
+        raise _none_reachable(event_id, unreachable) from unreachable[-1][1].cause
 
-    def _failed_over(self, source: URL, target: URL, why: _Unreachable) -> None:
+    def _failed_over(self, source: URL, why: _Unreachable, target: URL) -> None:
         self.failovers += 1
         if self._on_failover is not None:
             self._on_failover(source, target)
@@ -330,10 +328,10 @@ def request_headers(has_body: bool, after: str | None, lease: Lease | None) -> d
     return headers
 
 
-def _none_reachable(event_id: str, unreachable: list[_Unreachable]) -> DeliveryError:
+def _none_reachable(event_id: str, unreachable: list[tuple[URL, _Unreachable]]) -> DeliveryError:
     if len(unreachable) == 1:  # one URL: the error as it always read
-        return DeliveryError(f"{event_id}: {unreachable[0]}")
-    tried = "; ".join(f"{exc.url}: {exc}" for exc in unreachable)
+        return DeliveryError(f"{event_id}: {unreachable[0][1]}")
+    tried = "; ".join(f"{url}: {why}" for url, why in unreachable)
     return DeliveryError(f"{event_id}: no sink URL could be reached: {tried}")
 
 
