@@ -180,6 +180,19 @@ class LineLease:
         }
 
 
+def check_lease_request(line: str, ttl_s: float) -> None:
+    """ValueError unless `line` is one an Outbox-Lease header can name (the global
+    line or a SKU) and `ttl_s` a positive, finite number of seconds."""
+    Lease("check", line, 1)  # the header's own rules for a line
+    check_ttl(ttl_s)
+
+
+def check_ttl(ttl_s: float) -> None:
+    """ValueError unless `ttl_s` is a positive, finite number of seconds."""
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s < 1e9:
+        raise ValueError(f"a lease lasts a positive number of seconds, not {ttl_s!r}")
+
+
 def check_limit(limit: object, most: int = MAX_BATCH) -> int:
     """Return `limit` if it is an int from 1 to `most`, else raise ValueError."""
     if type(limit) is not int or not 1 <= limit <= most:
@@ -307,9 +320,11 @@ class Outbox(StoreBase):
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
         """Take the lease of `line` for `worker` for `ttl_s` seconds, atomically: the
         new epoch (1 for a line never leased, else one more than the last), or None
-        when another owner holds it unexpired. A line that is free, released or
-        expired is taken; so is one `worker` holds itself (a restart under the same
-        --worker-id), under a new epoch that fences its earlier writes."""
+        when another owner holds it unexpired (ValueError for a line no Outbox-Lease
+        header can name, or a ttl that is not a positive number of seconds). A line
+        that is free, released or expired is taken; so is one `worker` holds itself
+        (a restart under the same --worker-id), under a new epoch that fences its
+        earlier writes."""
 
     @abstractmethod
     async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:

@@ -63,7 +63,9 @@ from publisher.store import (
     QuarantineRecord,
     Snapshot,
     State,
+    check_lease_request,
     check_limit,
+    check_ttl,
 )
 from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json, validate_event
 from shared.ack import ack_json
@@ -304,6 +306,7 @@ class PostgresOutbox(Outbox):
     # ------------------------------------------------------------------ leases
 
     async def worker_seen(self, worker: str, ttl_s: float) -> int:
+        check_ttl(ttl_s)
         params = {"worker": worker, "ttl": ttl_s, "kept": WORKERS_KEPT_S}
         async with self._db.transaction() as conn:
             [(live,)] = await (await conn.execute(sql.WORKER_SEEN.encode(), params)).fetchall()
@@ -314,12 +317,14 @@ class PostgresOutbox(Outbox):
             await conn.execute(sql.WORKER_GONE.encode(), (worker,))
 
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
+        check_lease_request(line, ttl_s)
         params = {"line": line, "worker": worker, "ttl": ttl_s}
         async with self._db.transaction() as conn:
             rows = await (await conn.execute(sql.TAKE_LEASE.encode(), params)).fetchall()
         return int(rows[0][0]) if rows else None
 
     async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:
+        check_ttl(ttl_s)
         if not held:
             return set()
         params = {**_held_params(worker, held), "ttl": ttl_s}

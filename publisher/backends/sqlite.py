@@ -38,7 +38,9 @@ from publisher.store import (
     QuarantineRecord,
     Snapshot,
     State,
+    check_lease_request,
     check_limit,
+    check_ttl,
 )
 from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json, validate_event
 from shared.ack import ack_json
@@ -152,6 +154,7 @@ class SqliteOutbox(SqliteFile, Outbox):
     # ------------------------------------------------------------------ leases
 
     async def worker_seen(self, worker: str, ttl_s: float) -> int:
+        check_ttl(ttl_s)
         params = {"worker": worker, "now": time.time(), "ttl": ttl_s}
         return await self._db.run(lambda conn: _worker_seen(conn, params))
 
@@ -159,10 +162,12 @@ class SqliteOutbox(SqliteFile, Outbox):
         await self._db.run(lambda conn: conn.execute(sql.WORKER_GONE, (worker,)))
 
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
+        check_lease_request(line, ttl_s)
         params = {"line": line, "worker": worker, "now": time.time(), "ttl": ttl_s}
         return await self._db.run(lambda conn: _take_lease(conn, params))
 
     async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:
+        check_ttl(ttl_s)
         params = [
             {"line": line, "epoch": epoch, "worker": worker, "now": time.time(), "ttl": ttl_s}
             for line, epoch in held.items()

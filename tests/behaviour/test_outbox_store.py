@@ -1427,3 +1427,21 @@ async def test_workers_not_seen_for_long_are_forgotten(outbox: Outbox, backend: 
     assert (
         dict(backend.query("SELECT worker, started_at FROM relay_workers"))["w1"] == started["w1"]
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "ttl_s"),
+    [("snack", 0), ("snack", -1.0), ("snack", float("nan")), ("snack", True), ("no spaces", 1.0)],
+)
+async def test_a_lease_of_a_bad_line_or_ttl_is_refused_and_changes_nothing(
+    outbox: Outbox, backend: Backend, line: str, ttl_s: float
+) -> None:
+    with pytest.raises(ValueError):
+        await outbox.take_lease(line, "w1", ttl_s)
+    assert lease_rows(backend) == []
+    if line == "snack":
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            await outbox.renew_leases("w1", {"snack": 1}, ttl_s)
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            await outbox.worker_seen("w1", ttl_s)
+        assert count(backend, "relay_workers") == 0
