@@ -23,11 +23,12 @@ import ipaddress
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import pytest
 
@@ -40,6 +41,8 @@ CALL_TIMEOUT_S: Final = 60.0
 BRIDGE: Final = "br0"
 HOST_IF: Final = "eth0"
 _LEFTOVER: Final = re.compile(rf"^{PREFIX}-(\d+)-\S+")
+# Taken at import, before conftest's session fixture wraps it in its loopback guard.
+_REAL_GETADDRINFO: Final = socket.getaddrinfo
 
 
 class NetnsUnavailable(Exception):
@@ -255,3 +258,19 @@ def _guarded(host, *args, **kwargs):
 
 socket.getaddrinfo = _guarded
 '''
+
+
+def allow_network_here(monkeypatch: pytest.MonkeyPatch, subnet: str) -> None:
+    """Widen this process's name guard (conftest's `loopback_only`) to `subnet`: the
+    test reaches the sinks on their namespace addresses (from inside a namespace)."""
+    guarded = socket.getaddrinfo
+    allowed = ipaddress.ip_network(subnet)
+
+    def widened(host: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        with contextlib.suppress(ValueError, TypeError):
+            if ipaddress.ip_address(str(name).split("%")[0]) in allowed:
+                return _REAL_GETADDRINFO(host, *args, **kwargs)
+        return guarded(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", widened)

@@ -76,12 +76,13 @@ class Proc:
     proc: subprocess.Popen[bytes]
     log: Path
     url: str
+    host: str
     port: int
     call: Callable[[Callable[[], Any]], Any] = direct
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def metrics(self) -> dict[str, float]:
         return dict(self.call(lambda: counters(f"{self.base}/metrics")))
@@ -131,7 +132,7 @@ class Processes:
                 cwd=self.workdir,
             )
         match = listening(proc, log, _LISTENING, name)
-        started = Proc(name, proc, log, match[2], int(match[4]), call)
+        started = Proc(name, proc, log, match[2], match[3], int(match[4]), call)
         self.started.append(started)
         return started
 
@@ -199,7 +200,7 @@ class Feeder:
                 return False
             worker = random.choice(workers)
             try:
-                status = post(worker.port, order)
+                status = post(worker.host, worker.port, order)
             except OSError:
                 continue
             if status in (200, 201):
@@ -209,8 +210,8 @@ class Feeder:
         return False
 
 
-def post(port: int, order: dict[str, Any]) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=POST_TIMEOUT_S)
+def post(host: str, port: int, order: dict[str, Any]) -> int:
+    conn = http.client.HTTPConnection(host, port, timeout=POST_TIMEOUT_S)
     try:
         conn.request("POST", "/orders", json.dumps(order), {"Content-Type": "application/json"})
         response = conn.getresponse()
