@@ -199,14 +199,14 @@ class LeaseKeeper:
         own requests in flight): its current lease is returned, if good."""
         if line in self._held:
             return self.lease(line)
+        before = await self._other_owner(line)
         started = self._clock()
         epoch = await self._outbox.take_lease(line, self.worker, self.settings.lease_ttl_s)
         if epoch is None:
             return None
-        before = self._owners.get(line)
         self._held[line] = Held(epoch, started + self.settings.good_for_s)
         self._owners[line] = self.worker
-        if epoch > 1 and before is not None and before != self.worker:
+        if before is not None:
             if self._observer is not None:
                 self._observer.takeover()
             log.info(
@@ -215,6 +215,18 @@ class LeaseKeeper:
             )
         self._owned()
         return Lease(self._outbox.source, line, epoch)
+
+    async def _other_owner(self, line: str) -> str | None:
+        """The other worker whose lease of `line` a take now would take over (its
+        lease ran out unreleased), or None. Read only for a line that another worker
+        held when the lines were last read, so a take costs one statement otherwise."""
+        cached = self._owners.get(line)
+        if cached is None or cached == self.worker:
+            return None
+        row = await self._outbox.lease_of(line)
+        if row is None or row.owner is None or row.owner == self.worker:
+            return None
+        return row.owner
 
     async def release(self, line: str) -> None:
         """Give `line`'s lease up (drained, given away): another worker may take it

@@ -1,0 +1,434 @@
+"""Several relay workers on one outbox: in-process relays with leases, on both backends.
+
+Each relay is a worker of its own (its own LeaseKeeper, its own HttpSender) against a
+real sink app on loopback; what was delivered is read from the sink's inbox
+(applied_seq) and the outbox by connections of the test's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import random
+import sqlite3
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from relay_lines import FAST, STOP_TIMEOUT_S, sender_for
+from support import eventually
+
+from publisher.dispatch import LineHeld, deliver_pending
+from publisher.errors import DeliveryError
+from publisher.http import HttpSender
+from publisher.relay import Relay, RelaySettings
+from publisher.store import Outbox
+from publisher.transport import Transport, request_options
+from publisher.workers import LeaseKeeper, WorkerSettings
+from shared import GLOBAL_LINE, Event, Lease
+
+if TYPE_CHECKING:
+    from conftest import Databases, Query, ServeSink
+
+POLL_S = 0.05
+TTL_S = 0.6  # renewals every 0.2 s: rebalances and takeovers within a test's second
+
+
+@dataclass
+class Metrics:
+    """A worker's observer and lease observer, counting what they are told."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    owned: int = 0
+    most_owned: int = 0
+    takeovers: int = 0
+    fenced_writes: int = 0
+    fenced_requests: int = 0
+
+    def delivery(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+
+    def lines_owned(self, count: int) -> None:
+        self.owned = count
+        self.most_owned = max(self.most_owned, count)
+
+    def takeover(self) -> None:
+        self.takeovers += 1
+
+    def fenced_write(self) -> None:
+        self.fenced_writes += 1
+
+    def fenced_request(self) -> None:
+        self.fenced_requests += 1
+
+
+@dataclass
+class Sent:
+    """One request a worker sent: its events' IDs and SKUs, and its lease."""
+
+    ids: list[str]
+    skus: set[str]
+    lease: Lease | None
+
+
+@dataclass
+class Worker:
+    """A relay worker: its relay, its metrics, and the requests it sent."""
+
+    name: str
+    relay: Relay
+    metrics: Metrics
+    sent: list[Sent]
+    task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        """SIGTERM's part: stop sending, settle, release the leases; bounded."""
+        self.relay.stop()
+        await asyncio.wait_for(asyncio.shield(self.task), STOP_TIMEOUT_S)
+
+    @property
+    def keeper(self) -> LeaseKeeper:
+        assert self.relay.keeper is not None
+        return self.relay.keeper
+
+    @property
+    def delivered(self) -> int:
+        return self.metrics.outcomes["delivered"]
+
+
+class Recording:
+    """Wraps a sender: records each request, and holds those of `hold` until `go`."""
+
+    def __init__(self, sender: HttpSender, sent: list[Sent]) -> None:
+        self.sender, self.sent = sender, sent
+        self.hold: set[str] = set()
+        self.held = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def deliver(
+        self, event: Event, after: str | None = None, lease: Lease | None = None
+    ) -> Mapping[str, object]:
+        await self._note([event], lease)
+        return await self.sender.deliver(event, **request_options(after, lease))
+
+    async def deliver_batch(
+        self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
+    ) -> Sequence[Mapping[str, object] | DeliveryError]:
+        await self._note(events, lease)
+        return await self.sender.deliver_batch(events, **request_options(after, lease))
+
+    async def _note(self, events: Sequence[Event], lease: Lease | None) -> None:
+        self.sent.append(Sent([e["id"] for e in events], {e["sku"] for e in events}, lease))
+        if self.hold.intersection(e["id"] for e in events):
+            self.held.set()
+            await self.go.wait()
+
+
+@contextlib.asynccontextmanager
+async def worker(
+    outbox: Outbox, url: str, name: str, *, batch: bool = False, **settings: Any
+) -> AsyncIterator[tuple[Worker, Recording]]:
+    """A relay worker named `name`, running until the block ends (then stopped)."""
+    settings.setdefault("policy", FAST)
+    settings.setdefault("poll_interval_s", POLL_S)
+    settings.setdefault("worker", WorkerSettings(name, TTL_S))
+    metrics, sent = Metrics(), []
+    async with sender_for(url) as sender:
+        recording = Recording(sender, sent)
+        transport = Transport(
+            recording.deliver, recording.deliver_batch if batch else None, sender.fenced_reply
+        )
+        relay = Relay(
+            outbox,
+            transport,
+            RelaySettings(**settings),
+            observer=metrics,
+            lease_observer=metrics,
+            rand=random.Random(7).random,
+        )
+        task = asyncio.create_task(relay.run())
+        try:
+            yield Worker(name, relay, metrics, sent, task), recording
+        finally:
+            relay.stop()
+            try:
+                await asyncio.wait_for(task, STOP_TIMEOUT_S)
+            finally:
+                if not task.done():
+                    task.cancel()
+
+
+async def accept(outbox: Outbox, orders: list[Event]) -> None:
+    for order in orders:
+        assert await outbox.accept(order) == "accepted"
+
+
+def orders(count: int, skus: Sequence[str], start: int = 0) -> list[Event]:
+    return [
+        {"id": f"o{n:04d}", "sku": skus[n % len(skus)], "qty": 1}
+        for n in range(start, start + count)
+    ]
+
+
+def pending(db_rows: Query, db: Path | str) -> int:
+    return int(db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 0")[0][0])
+
+
+def applied(db_rows: Query, sink: Path | str) -> list[tuple[str, str]]:
+    """(id, sku) of each event applied at the sink, in the order it was applied."""
+    rows = db_rows(sink, "SELECT id, payload FROM inbox ORDER BY applied_seq")
+    return [(i, json.loads(payload)["sku"]) for i, payload in rows]
+
+
+def seq_order(db_rows: Query, db: Path | str) -> list[tuple[str, str]]:
+    rows = db_rows(db, "SELECT id, payload FROM outbox ORDER BY seq")
+    return [(i, json.loads(payload)["sku"]) for i, payload in rows]
+
+
+def per_sku(rows: list[tuple[str, str]]) -> dict[str, list[str]]:
+    lanes: dict[str, list[str]] = {}
+    for event_id, sku in rows:
+        lanes.setdefault(sku, []).append(event_id)
+    return lanes
+
+
+async def owner_of(outbox: Outbox, line: str) -> tuple[str | None, int]:
+    lease = await outbox.lease_of(line)
+    return (None, 0) if lease is None else (lease.owner if lease.held else None, lease.epoch)
+
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+# ---------------------------------------------------------------- global order
+
+
+async def test_in_global_order_one_worker_delivers_the_other_stands_by_then_takes_over(
+    databases: Databases, serve_sink: ServeSink, db_rows: Query
+) -> None:
+    url = f"{await serve_sink(databases.sink)}/events"
+    first, second = orders(30, ("snack", "juice")), orders(20, ("snack", "tea"), start=30)
+    async with Outbox.open(databases.source) as outbox:
+        await accept(outbox, first)
+        async with worker(outbox, url, "w1") as (one, _):
+            await eventually(lambda: pending(db_rows, databases.source) == 0)
+            async with worker(outbox, url, "w2") as (two, _):
+                await asyncio.sleep(3 * TTL_S)  # several renewals: w2 keeps standing by
+                await accept(outbox, second[:10])
+                await eventually(lambda: pending(db_rows, databases.source) == 0)
+                assert await owner_of(outbox, GLOBAL_LINE) == ("w1", 1)
+                assert two.sent == [] and two.keeper.lines == []
+                await one.stop()
+                # w1 releases at its stop: w2 takes the line at its next try (no
+                # waiting out the ttl), under the next epoch, and delivers the rest.
+                await eventually(lambda: two.keeper.lines == [GLOBAL_LINE], timeout_s=2 * TTL_S)
+                await accept(outbox, second[10:])
+                await eventually(lambda: pending(db_rows, databases.source) == 0)
+                assert await owner_of(outbox, GLOBAL_LINE) == ("w2", 2)
+                assert two.metrics.takeovers == 0  # released, not taken over
+    assert {s.lease for s in one.sent} == {Lease(outbox.source, GLOBAL_LINE, 1)}
+    assert {s.lease for s in two.sent} == {Lease(outbox.source, GLOBAL_LINE, 2)}
+    assert sorted(i for s in two.sent for i in s.ids) == [e["id"] for e in second[10:]]
+    # Nothing lost, nothing applied twice, global order kept across the handover.
+    assert applied(db_rows, databases.sink) == seq_order(db_rows, databases.source)
+    assert db_rows(databases.source, "SELECT count(*) FROM relay_workers") == [(0,)]
+
+
+async def test_a_late_mark_of_a_worker_whose_line_was_taken_over_is_refused_and_stops_it(
+    databases: Databases, serve_sink: ServeSink, db_rows: Query
+) -> None:
+    url = f"{await serve_sink(databases.sink)}/events"
+    async with Outbox.open(databases.source) as outbox:
+        await accept(outbox, orders(3, ("snack",)))
+        async with worker(outbox, url, "w1") as (one, recording):
+            recording.hold = {"o0003"}
+            await eventually(lambda: pending(db_rows, databases.source) == 0)
+            await accept(outbox, orders(1, ("snack",), start=3))
+            await asyncio.wait_for(recording.held.wait(), 5.0)  # o0003's request in flight
+            # Its lease runs out (as if w1 had been paused past it) and another
+            # worker takes the line over, through the store: epoch 2.
+            expire_leases(databases.source)
+            assert await outbox.take_lease(GLOBAL_LINE, "intruder", 60.0) == 2
+            recording.go.set()  # the sink ACKs (it saw no epoch 2); the mark is refused
+            await eventually(lambda: one.metrics.fenced_writes == 1)
+            await eventually(lambda: one.keeper.lines == [])
+            await asyncio.sleep(2 * TTL_S)  # w1 stands by: intruder holds the line
+            assert one.keeper.lines == [] and len(one.sent) == 4
+    # Not marked, and not counted against the entry: the new owner delivers it.
+    rows = db_rows(
+        databases.source, "SELECT sent, attempts, last_error FROM outbox WHERE id = 'o0003'"
+    )
+    assert rows == [(0, 0, None)]
+    assert one.metrics.outcomes["transient"] == 0 and one.metrics.outcomes["permanent"] == 0
+    assert lease_row(db_rows, databases.source) == ("intruder", 2)
+
+
+def expire_leases(db: Path | str) -> None:
+    """Every lease runs out now (as if its worker had been paused past it): written
+    by a connection of the test's own."""
+    statement = "UPDATE line_leases SET expires_at = 0"
+    if isinstance(db, str) and db.startswith(("postgresql://", "postgres://")):
+        import psycopg
+
+        with psycopg.connect(db, autocommit=True, connect_timeout=5) as pg:
+            pg.execute(statement)
+        return
+    with contextlib.closing(sqlite3.connect(db, timeout=5)) as conn, conn:
+        conn.execute(statement)
+
+
+def lease_row(db_rows: Query, db: Path | str) -> tuple[str, int]:
+    ((owner, epoch),) = db_rows(db, "SELECT owner, epoch FROM line_leases WHERE line = '*'")
+    return owner, epoch
+
+
+async def test_a_request_the_sink_fences_is_counted_and_stops_the_line(
+    databases: Databases, serve_sink: ServeSink, db_rows: Query
+) -> None:
+    url = f"{await serve_sink(databases.sink)}/events"
+    async with Outbox.open(databases.source) as outbox:
+        await accept(outbox, orders(2, ("snack",)))
+        async with worker(outbox, url, "w1") as (one, recording):
+            recording.hold = {"o0001"}
+            await asyncio.wait_for(recording.held.wait(), 5.0)
+            expire_leases(databases.source)
+            epoch = await outbox.take_lease(GLOBAL_LINE, "intruder", 60.0)
+            assert epoch == 2
+            # The new owner's first request reaches the sink before w1's late one.
+            async with sender_for(url) as sender:
+                lease = Lease(outbox.source, GLOBAL_LINE, epoch)
+                await sender.deliver({"id": "o0000", "sku": "snack", "qty": 1}, lease=lease)
+            recording.go.set()
+            await eventually(lambda: one.metrics.fenced_requests == 1)
+            assert one.keeper.lines == []
+    assert one.metrics.outcomes["fenced"] == 1
+    assert db_rows(databases.source, "SELECT id, sent, attempts FROM outbox ORDER BY seq") == [
+        ("o0000", 1, 1),
+        ("o0001", 0, 0),
+    ]
+    # w1's o0001 was not applied (409, nothing applied): only the new owner's o0000.
+    assert [i for i, _ in applied(db_rows, databases.sink)] == ["o0000"]
+
+
+# ---------------------------------------------------------------- per-SKU order
+
+
+async def test_per_sku_lanes_spread_over_three_workers_and_keep_seq_order_per_sku(
+    databases: Databases, serve_sink: ServeSink, db_rows: Query
+) -> None:
+    url = f"{await serve_sink(databases.sink, stall_s=0.01)}/events"
+    skus = [f"sku{n:02d}" for n in range(12)]
+    sku = {"ordering": "sku", "max_lanes": 12}
+    async with Outbox.open(databases.source) as outbox:
+        await accept(outbox, orders(240, skus))
+        # w1 starts alone and takes every lane; w2 and w3 join mid-run and get a share
+        # within a few renewals (w1 gives the excess up), while the rest keeps going.
+        async with worker(outbox, url, "w1", **sku) as (one, _):
+            await eventually(lambda: len(one.keeper.lines) >= 8)
+            async with worker(outbox, url, "w2", **sku) as (two, _):
+                async with worker(outbox, url, "w3", **sku) as (three, _):
+                    spread = await eventually(
+                        lambda: two.keeper.lines and three.keeper.lines, timeout_s=10 * TTL_S
+                    )
+                    await accept(outbox, orders(120, skus, start=240))
+                    await asyncio.sleep(3 * TTL_S / 3)  # three renewals: shares settle
+                    held = []
+                    for _ in range(5):
+                        held.append([len(w.keeper.lines) for w in (one, two, three)])
+                        await asyncio.sleep(TTL_S / 6)
+                    await eventually(
+                        lambda: pending(db_rows, databases.source) == 0, timeout_s=20.0
+                    )
+    workers = (one, two, three)
+    assert all(w.delivered > 0 for w in workers), [w.delivered for w in workers]
+    assert spread < 10 * TTL_S
+    # While two or three were live, none held far more than its share of the lanes.
+    assert max(w.metrics.most_owned for w in (two, three)) <= math.ceil(len(skus) / 2) + 1
+    for counts in held:
+        assert max(counts) <= math.ceil(sum(counts) / 3) + 2, held
+    # Every request went out under the lease of its own lane.
+    for w in workers:
+        assert all(s.lease is not None and s.skus == {s.lease.line} for s in w.sent)
+    # Per SKU, the sink applied the entries in seq order, each once.
+    assert per_sku(applied(db_rows, databases.sink)) == per_sku(
+        seq_order(db_rows, databases.source)
+    )
+
+
+async def test_a_drained_lane_releases_its_lease_and_stop_releases_the_rest(
+    databases: Databases, serve_sink: ServeSink, db_rows: Query
+) -> None:
+    url = f"{await serve_sink(databases.sink, reject_skus=frozenset({'bad'}))}/events"
+    async with Outbox.open(databases.source) as outbox:
+        await accept(outbox, orders(4, ("snack", "bad")))
+        async with worker(outbox, url, "w1", ordering="sku") as (one, _):
+            await eventually(lambda: pending(db_rows, databases.source) == 2)
+            await asyncio.sleep(2 * TTL_S)
+            # snack drained: released; bad keeps failing, backing off: kept, renewed.
+            assert one.keeper.lines == ["bad"]
+            assert await owner_of(outbox, "snack") == (None, 1)
+            assert await owner_of(outbox, "bad") == ("w1", 1)
+    # At the stop every lease is released and the worker forgotten.
+    assert db_rows(
+        databases.source, "SELECT count(*) FROM line_leases WHERE owner IS NOT NULL"
+    ) == [(0,)]
+    assert db_rows(databases.source, "SELECT count(*) FROM relay_workers") == [(0,)]
+    assert one.metrics.owned == 0
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+async def test_dispatch_refuses_a_line_a_worker_holds_and_delivers_one_it_can_take(
+    databases: Databases, serve_sink: ServeSink, db_rows: Query
+) -> None:
+    url = f"{await serve_sink(databases.sink)}/events"
+    sent: list[Sent] = []
+    async with Outbox.open(databases.source) as outbox, sender_for(url) as sender:
+        await accept(outbox, orders(4, ("snack", "juice")))
+        recording = Recording(sender, sent)
+        transport = Transport(recording.deliver)
+        me = WorkerSettings("dispatch-test", TTL_S)
+        assert await outbox.take_lease("juice", "w1", 60.0) == 1
+        with pytest.raises(LineHeld, match="'juice' is being delivered by relay worker w1"):
+            await deliver_pending(outbox, transport, worker=me)
+        assert sent == [] and pending(db_rows, databases.source) == 4
+        # The global line was taken and given back: free again, under a later epoch.
+        assert await owner_of(outbox, GLOBAL_LINE) == (None, 1)
+        await outbox.release_leases("w1", {"juice": 1})
+        assert await deliver_pending(outbox, transport, worker=me) == [
+            "o0000",
+            "o0001",
+            "o0002",
+            "o0003",
+        ]
+        assert {s.lease for s in sent} == {Lease(outbox.source, GLOBAL_LINE, 2)}
+        lines = {lease.line: (lease.owner, lease.epoch) for lease in await outbox.leases()}
+        assert lines == {GLOBAL_LINE: (None, 2), "juice": (None, 2), "snack": (None, 1)}
+
+
+# ---------------------------------------------------------------- the worker's own view
+
+
+async def test_a_lease_not_renewed_in_time_is_not_sent_under_even_without_the_database(
+    tmp_path: Path,
+) -> None:
+    now = [100.0]
+    async with Outbox.open(tmp_path / "source.db") as outbox:
+        keeper = LeaseKeeper(outbox, WorkerSettings("w1", 10.0), clock=lambda: now[0])
+        lease = await keeper.take(GLOBAL_LINE)
+        assert lease == Lease(outbox.source, GLOBAL_LINE, 1)
+        now[0] += 7.9  # within ttl - margin (8 s): still good
+        assert keeper.holds(lease)
+        now[0] += 0.2  # past it, though the outbox's lease has 2 s left: sends nothing
+        assert not keeper.holds(lease) and keeper.held(GLOBAL_LINE)
+        await keeper.renew()  # a renewal that succeeds makes it good again
+        assert keeper.holds(lease)
+        # Taking a line held already does not raise its epoch (that would fence its
+        # own requests in flight): the lease held is returned.
+        assert await keeper.take(GLOBAL_LINE) == lease
