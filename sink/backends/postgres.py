@@ -15,6 +15,12 @@ the second one's insert waits for the first to commit and then does nothing (in
 INSERT_CALLS the statement then raises serialization_failure and its transaction
 runs again).
 
+A leased call (Outbox-Lease) is checked in the same transaction: its line's epoch is
+raised by an upsert on the line's `lease_fences` row (RAISE_LEASE, or in INSERT_CALLS
+the group's highest epoch of each line), which waits for that row's lock and judges
+its newest version, so two sinks applying one line's requests serialise there; a
+stale call stops INSERT_CALLS like an unmet fence, and is refused the long way.
+
 How a write commits is decided here from the facts the HTTP layer reports
 (`arriving`), as in the SQLite inbox: alone, in a transaction of its own; while
 other writes are in progress, in a group commit, one transaction for all the calls
@@ -111,7 +117,7 @@ class PostgresInbox(Inbox):
         First the common case: the leading calls whose IDs are distinct across them,
         in one statement (INSERT_CALLS), its transaction sent in one round trip. It
         takes the calls up to the first that cannot go in that way (a known ID, a
-        fence not met); that one and those after it then go the long way, in a
+        fence not met, a stale lease); that one and those after it then go the long way, in a
         transaction after it (`_long_way`)."""
         now = time.time()
         done: list[BatchReceipt | Exception] = []
