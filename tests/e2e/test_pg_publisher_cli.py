@@ -1,9 +1,10 @@
 """The publisher's commands on PostgreSQL, as separate processes: `--db` takes a
 postgresql:// URI for every command; intake in another process wakes `publisher
 serve` through NOTIFY at once, however long its poll interval; with `prepare=off`
-(for PgBouncer) it polls; a second relay on the same database is refused, naming the
-first. The test server trusts loopback: no password is given anywhere (a real one
-comes from PGPASSWORD or a .pgpass file, never from the command line)."""
+(for PgBouncer) it polls; a second serve on the same database is a worker standing by,
+which takes the line over when the first is killed. The test server trusts loopback:
+no password is given anywhere (a real one comes from PGPASSWORD or a .pgpass file,
+never from the command line)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def test_serve_delivers_intake_from_another_process_woken_or_by_polling(
         assert took < WAKE_WITHIN_S, f"delivered after {took:.2f} s"
 
 
-def test_a_second_relay_on_the_same_database_is_refused_naming_the_first(
+def test_a_second_serve_on_the_same_database_is_a_standby_worker_that_takes_over(
     pg_database: str,
     sink_process: StartSink,
     publisher_process: StartPublisher,
@@ -114,16 +115,27 @@ def test_a_second_relay_on_the_same_database_is_refused_naming_the_first(
     tmp_path: Path,
 ) -> None:
     sink = sink_process(tmp_path / "sink.db")
-    serve = ("--sink", sink.url, "--host", LOOPBACK, "--port", "0")
-    first = publisher_process("--db", pg_database, *serve)
-    for command in (("serve", *serve), ("dispatch", "--sink", sink.url)):
-        refused = run_cli("publisher", command[0], "--db", pg_database, *command[1:])
-        assert refused.returncode == 1
-        assert refused.stderr.count("\n") == 1, refused.stderr
-        assert "another relay is already delivering" in refused.stderr
-        assert f"publisher serve, process {first.proc.pid} on host" in refused.stderr
-    accept(run_cli, pg_database, "beside")  # intake works beside the relay
+    serve = ("--sink", sink.url, "--host", LOOPBACK, "--port", "0", "--lease-ttl", "1")
+    first = publisher_process("--db", pg_database, *serve, "--worker-id", "w1")
+    accept(run_cli, pg_database, "before")
+    wait_until(lambda: sent(pg_database).get("before") == 1)
+    second = publisher_process("--db", pg_database, *serve, "--worker-id", "w2")
+    # On PostgreSQL a second serve is a worker: up, standing by while w1 holds the line.
+    accept(run_cli, pg_database, "beside")
     wait_until(lambda: sent(pg_database).get("beside") == 1)
-    first.kill()  # SIGKILL: its session ends, and the lock with it
+    assert second.proc.poll() is None
+    assert rows(pg_database, "SELECT line, owner, epoch FROM line_leases") == [("*", "w1", 1)]
+    refused = run_cli("publisher", "dispatch", "--db", pg_database, "--sink", sink.url)
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert "line '*' is being delivered by relay worker w1" in refused.stderr
+    first.kill()  # SIGKILL: its lease runs out within a ttl, and w2 takes the line over
+    accept(run_cli, pg_database, "after")
+    wait_until(lambda: sent(pg_database).get("after") == 1, timeout_s=10)
+    assert rows(pg_database, "SELECT line, owner, epoch FROM line_leases") == [("*", "w2", 2)]
+    second.stop()  # SIGTERM: releases the line and forgets the worker
+    assert rows(pg_database, "SELECT owner FROM line_leases") == [(None,)]
+    # w1, killed, is left until it is forgotten (not live: not seen within a ttl).
+    assert rows(pg_database, "SELECT worker FROM relay_workers") == [("w1",)]
     out = publisher(run_cli, "dispatch", "--db", pg_database, "--sink", sink.url)
     assert out == "delivered 0\n"
