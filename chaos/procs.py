@@ -24,7 +24,7 @@ STOP_TIMEOUT_S: Final = 10.0
 HTTP_TIMEOUT_S: Final = 5.0
 LOOPBACK: Final = "127.0.0.1"
 MAX_READS: Final = 1_000
-_SAMPLE: Final = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?\s+(\S+)")
+_SAMPLE: Final = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 
 
 class ChaosError(Exception):
@@ -211,8 +211,9 @@ def http_json(method: str, url: str, body: object | None = None) -> tuple[int, A
 
 
 def counters(url: str) -> dict[str, float]:
-    """A service's /metrics, each sample name's values summed over its labels. Raises
-    OSError if the service cannot be reached."""
+    """A service's /metrics: each sample name's values summed over its labels, and
+    each labelled sample as written (`name{label="value"}`). Raises OSError if the
+    service cannot be reached."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=HTTP_TIMEOUT_S) as response:
         text = response.read().decode(errors="replace")
@@ -222,5 +223,7 @@ def counters(url: str) -> dict[str, float]:
         if match is None:
             continue
         with contextlib.suppress(ValueError):
-            totals[match[1]] = totals.get(match[1], 0.0) + float(match[2])
+            totals[match[1]] = totals.get(match[1], 0.0) + float(match[3])
+            if match[2]:
+                totals[match[1] + match[2]] = float(match[3])
     return totals
