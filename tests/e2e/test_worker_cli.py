@@ -1,0 +1,133 @@
+"""The relay worker options of `publisher serve` as real processes: --worker-id and
+--lease-ttl are checked before anything opens (one line, exit status 2), --sink may
+be repeated (a URL that cannot be reached is failed over), and status, list, trace
+and /metrics show the lines a worker holds."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from conftest import query
+from support import LOOPBACK, post_order, wait_until
+
+if TYPE_CHECKING:
+    from conftest import RunCli, StartPublisher, StartSink
+
+pytestmark = pytest.mark.e2e
+
+
+def sent(db: Path) -> dict[str, int]:
+    return dict(query(db, "SELECT id, sent FROM outbox"))
+
+
+def metrics(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    pairs = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    return {name: float(value) for name, value in pairs}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--lease-ttl", "0", "must be greater than 0"),
+        ("--lease-ttl", "-1", "not a number of seconds"),
+        ("--lease-ttl", "0.01", "lease ttl must be from 0.1 to 3600 s"),
+        ("--lease-ttl", "86400", "lease ttl must be from 0.1 to 3600 s"),
+        ("--lease-ttl", "nan", "not a number of seconds"),
+        ("--worker-id", "two words", "is not 1-128 of A-Z a-z 0-9 . _ : @ -"),
+        ("--worker-id", "", "is not 1-128"),
+        ("--worker-id", "w" * 129, "is not 1-128"),
+    ],
+)
+def test_bad_worker_options_are_one_line_and_exit_status_2(
+    run_cli: RunCli, tmp_path: Path, option: str, value: str, says: str
+) -> None:
+    db = tmp_path / "source.db"
+    done = run_cli(
+        "publisher", "serve", "--db", str(db), "--sink", "http://127.0.0.1:1/events",
+        option, value,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"argument {option}" in done.stderr and says in done.stderr
+    assert not db.exists()  # refused before anything opened
+
+
+def test_a_sink_url_that_cannot_be_reached_is_failed_over_to_the_next(
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    tmp_path: Path,
+    closed_port: int,
+) -> None:
+    sink = sink_process(tmp_path / "sink.db")
+    db = tmp_path / "source.db"
+    down = f"http://{LOOPBACK}:{closed_port}/events"
+    serve = publisher_process(
+        "--db", str(db), "--sink", down, "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
+        "--poll-interval", "0.1",
+    )  # fmt: skip
+    for n in range(3):
+        status, _ = post_order(serve.port, {"id": f"o{n}", "sku": "snack", "qty": 1})
+        assert status == 201
+    wait_until(lambda: sent(db) == {"o0": 1, "o1": 1, "o2": 1})
+    assert query(tmp_path / "sink.db", "SELECT count(*) FROM inbox") == [(3,)]
+    assert metrics(serve.port)["publisher_sink_failovers_total"] >= 1
+
+
+def test_status_list_trace_and_metrics_show_the_lines_a_worker_holds(
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    run_cli: RunCli,
+    tmp_path: Path,
+) -> None:
+    # The sink refuses SKU "bad": that lane keeps failing and backing off, and keeps its
+    # lease meanwhile; "snack" is drained and its lease released.
+    sink = sink_process(tmp_path / "sink.db", "--chaos", "reject-sku=bad")
+    db = tmp_path / "source.db"
+    serve = publisher_process(
+        "--db", str(db), "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
+        "--ordering", "sku", "--worker-id", "w1", "--lease-ttl", "30", "--poll-interval", "0.1",
+    )  # fmt: skip
+    for event_id, sku in (("b1", "bad"), ("s1", "snack"), ("b2", "bad")):
+        status, _ = post_order(serve.port, {"id": event_id, "sku": sku, "qty": 1})
+        assert status == 201
+    wait_until(lambda: sent(db).get("s1") == 1)
+    wait_until(lambda: metrics(serve.port)["publisher_lines_owned"] == 1)
+
+    done = run_cli("publisher", "status", "--db", str(db), "--json")
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert figures["workers"] == ["w1"]
+    lines = {line["line"]: line for line in figures["lines"]}
+    assert (lines["bad"]["owner"], lines["bad"]["epoch"]) == ("w1", 1)
+    assert 0 < lines["bad"]["expires_in_seconds"] <= 30
+    assert (lines["snack"]["owner"], lines["snack"]["epoch"]) == (None, 1)
+
+    text = run_cli("publisher", "status", "--db", str(db)).stdout
+    assert "workers      1 holding leases: w1" in text
+    assert "line 'bad'      held by w1, epoch 1, expires in " in text
+    assert "lines free   1 (released, any worker may take them)" in text
+
+    listed = run_cli("publisher", "list", "--db", str(db)).stdout.splitlines()
+    assert len(listed) == 2 and all("line=bad owner=w1 epoch=1" in line for line in listed)
+    entries = [json.loads(line) for line in run_cli("publisher", "list", "--db", str(db),
+                                                    "--json").stdout.splitlines()]  # fmt: skip
+    assert {(e["id"], e["lease"]["owner"]) for e in entries} == {("b1", "w1"), ("b2", "w1")}
+
+    trace = run_cli("publisher", "trace", "b2", "--db", str(db)).stdout
+    assert "line 'bad': held by w1, epoch 1, expires in " in trace
+    traced = json.loads(run_cli("publisher", "trace", "s1", "--db", str(db), "--json").stdout)
+    assert [(line["line"], line["owner"]) for line in traced["lines"]] == [("snack", None)]
+
+    serve.stop()  # SIGTERM: every lease released, the worker forgotten
+    assert serve.proc.returncode == 0
+    assert query(db, "SELECT line, owner FROM line_leases ORDER BY line") == [
+        ("bad", None),
+        ("snack", None),
+    ]
+    assert query(db, "SELECT count(*) FROM relay_workers") == [(0,)]
