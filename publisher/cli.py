@@ -53,9 +53,9 @@ from publisher.workers import (
     WorkerSettings,
     check_lease_ttl,
     check_worker_id,
-    default_worker_id,
     describe_lease,
     lines_view,
+    worker_id_for,
 )
 from shared import GLOBAL_LINE, MAX_BATCH, Conflict, InvalidEvent, validate_event_id
 
@@ -151,8 +151,9 @@ def build_parser() -> ArgumentParser:
         serve,
         "--worker-id",
         type=worker_id,
-        default=default_worker_id(),
-        help="this relay worker's name in the leases it holds (default HOST:PID)",
+        default=None,
+        help="this relay worker's name in the leases it holds (default HOST:PID; on SQLite,"
+        " where one relay delivers at a time, HOST:relay-lock)",
     )
     add_option(
         serve,
@@ -343,7 +344,7 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     # A one-shot relay: it delivers, so it takes the relay lock like publisher serve
     # (on SQLite that refuses it beside one), and the leases of the lines it delivers
     # (LineHeld, nothing sent, while a relay worker holds one).
-    worker = WorkerSettings(f"dispatch@{default_worker_id()}")
+    worker = WorkerSettings(worker_id_for(args.db, None, "dispatch@"))
     async with sender, Outbox.open(args.db) as outbox, outbox.relay_lock("publisher dispatch"):
         try:
             marked = await deliver_pending(
@@ -380,7 +381,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         pipeline=args.pipeline,
         intake_token=intake_token,
         guard=http_guard_of(args),
-        worker=WorkerSettings(args.worker_id, args.lease_ttl),
+        worker=WorkerSettings(worker_id_for(args.db, args.worker_id), args.lease_ttl),
     )
     hook = exit_after_ack(args.chaos) if args.chaos else None
     app = create_app(settings, after_delivery=hook)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from plumbing.logs import REPEAT_INTERVAL_S, Throttled
+from plumbing.storage import parse_location
 from publisher.errors import FencedBySink, LeaseLost
 from publisher.store import LineLease, Outbox
 from shared import GLOBAL_LINE, Lease
@@ -54,6 +55,20 @@ def default_worker_id() -> str:
     """HOST:PID, with any character a worker ID may not hold replaced by '-'."""
     host = re.sub(r"[^A-Za-z0-9._:@-]", "-", socket.gethostname())[:100] or "host"
     return f"{host}:{os.getpid()}"
+
+
+def worker_id_for(location: str, given: str | None, role: str = "") -> str:
+    """The worker ID to use on the outbox at `location` when --worker-id gave `given`
+    (None: not given). On SQLite the relay lock lets one relay deliver at a time, so
+    every relay of the host takes the same ID: a relay started after one was killed
+    takes its leases at once (a take by the same ID), instead of waiting out the ttl.
+    Elsewhere HOST:PID, with `role` in front (dispatch)."""
+    if given is not None:
+        return given
+    host = default_worker_id().rpartition(":")[0]
+    if parse_location(location).backend != "postgres":
+        return f"{host}:relay-lock"
+    return f"{role}{default_worker_id()}"
 
 
 def check_worker_id(worker_id: str) -> str:

@@ -175,7 +175,9 @@ def test_help_names_the_env_variable() -> None:
 def test_publisher_serve_reads_every_setting_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = {
         "OUTBOX_DB": "/data/source.db",
-        "OUTBOX_SINK": "http://127.0.0.1:9999/events",
+        "OUTBOX_SINK": "http://127.0.0.1:9999/events,http://127.0.0.1:9998/events",
+        "OUTBOX_WORKER_ID": "w7",
+        "OUTBOX_LEASE_TTL": "2.5",
         "OUTBOX_PORT": "0",
         "OUTBOX_POLL_INTERVAL": "0.25",
         "OUTBOX_RETRY_BASE": "0.1",
@@ -191,7 +193,8 @@ def test_publisher_serve_reads_every_setting_from_env(monkeypatch: pytest.Monkey
     args = build_parser().parse_args(["serve"])
 
     assert args.db == "/data/source.db"
-    assert args.sink == "http://127.0.0.1:9999/events"
+    assert args.sink == ["http://127.0.0.1:9999/events", "http://127.0.0.1:9998/events"]
+    assert (args.worker_id, args.lease_ttl) == ("w7", 2.5)
     assert (args.port, args.poll_interval, args.retry_base, args.retry_cap) == (0, 0.25, 0.1, 2.0)
     assert (args.quarantine_after, args.send_timeout, args.limit) == (3, 1.5, 4)
     assert args.log_format == "json"
