@@ -525,18 +525,25 @@ async def _mark_groups(conn: Conn, calls: list[_Marks], source: str) -> list[Exc
 
 
 async def _mark_all(conn: Conn, calls: list[_Marks]) -> bool:
-    """All the marks in one statement (MARK_ALL_PENDING_SENT), BEGIN to COMMIT sent
-    as one message: whether they were all made (else none was)."""
-    every = [(one, call.lease) for call in calls for one in call.params]
-    params = {
-        "ids": [one["id"] for one, _ in every],
-        "acks": [one["ack"] for one, _ in every],
-        "nows": [one["now"] for one, _ in every],
-        "lines": [None if lease is None else lease.line for _, lease in every],
-        "epochs": [None if lease is None else lease.epoch for _, lease in every],
+    """All the marks in one statement (MARK_ALL_PENDING_SENT, or its FENCED form
+    when calls name leases), BEGIN to COMMIT sent as one message: whether they were
+    all made (else none was)."""
+    every = [one for call in calls for one in call.params]
+    params: dict[str, Any] = {
+        "ids": [one["id"] for one in every],
+        "acks": [one["ack"] for one in every],
+        "nows": [one["now"] for one in every],
         "n": len(every),
     }
-    row = await in_one_round_trip(conn, sql.MARK_ALL_PENDING_SENT, params)
+    statement = sql.MARK_ALL_PENDING_SENT
+    pairs = {(c.lease.line, c.lease.epoch) for c in calls if c.lease is not None}
+    if pairs:
+        fences = dict(sorted(pairs))  # byte order, as the statement aggregates them
+        if len(fences) < len(pairs):
+            return False  # one line under two epochs: one of them is lost
+        statement = sql.MARK_ALL_PENDING_SENT_FENCED
+        params |= {"lines": list(fences), "epochs": list(fences.values())}
+    row = await in_one_round_trip(conn, statement, params)
     marked = 0 if row is None else int(row[0])
     # The rows are locked before any is marked: all of them or none.
     assert marked in (0, len(every)), f"{marked} of {len(every)} marks made"

@@ -215,35 +215,22 @@ MARK_PENDING_SENT: Final = """
         attempts = attempts + 1, last_attempt_at = %(now)s
     WHERE id = %(id)s AND sent = 0 AND quarantined = 0
 """
-# A group's marks in one statement, the common case: every lease still at its
-# epoch, every entry pending and unquarantined. The lease rows of the calls that
-# name one are locked first (FOR SHARE, in line order: see FENCES), then the entries
-# (in ID order), and the entries are marked only if every lease was found at its
-# epoch and all %(n)s marks found their entries pending; otherwise (a lease lost, an
-# entry unknown, already sent, quarantined in flight, or named twice) nothing is
-# written. Each mark names its call's line and epoch (NULL: no lease). Returns how
-# many were marked: %(n)s or 0. The locks hold until COMMIT, so an entry the lock
-# found pending is still pending when the UPDATE reaches it, and no take of a line
-# commits in between. The entries are found by ID alone (the unique index: a
-# pending-state condition would let the planner pick a partial index and scan every
-# pending entry). Bytes: sent as one simple query with its transaction
-# (pg_tx.in_one_round_trip).
-MARK_ALL_PENDING_SENT: Final = b"""
+# A group's marks in one statement, the common case: every entry pending and
+# unquarantined. The entries are locked first (in ID order), and marked only if
+# all %(n)s marks found theirs so; otherwise (an entry unknown, already sent,
+# quarantined in flight, or named twice) nothing is written. Returns how many were
+# marked: %(n)s or 0. The locks hold until COMMIT, so an entry the lock found
+# pending is still pending when the UPDATE reaches it. The entries are found by ID
+# alone (the unique index: a pending-state condition would let the planner pick a
+# partial index and scan every pending entry). Bytes: sent as one simple query
+# with its transaction (pg_tx.in_one_round_trip).
+_MARK_ALL: Final = """
 WITH marks AS (
     SELECT * FROM unnest(%(ids)s::text[], %(acks)s::text[], %(nows)s::float8[])
                   AS m(id, ack, now)
-), fences AS (
-    SELECT DISTINCT line, epoch
-    FROM unnest(%(lines)s::text[], %(epochs)s::bigint[]) AS f(line, epoch)
-    WHERE line IS NOT NULL
-), fenced AS MATERIALIZED (
-    SELECT l.line FROM line_leases AS l JOIN fences USING (line)
-    WHERE l.epoch = fences.epoch
-    ORDER BY l.line FOR SHARE OF l
-), locked AS MATERIALIZED (
+),{fenced} locked AS MATERIALIZED (
     SELECT outbox.id, outbox.sent, outbox.quarantined FROM outbox
-    WHERE outbox.id = ANY (%(ids)s::text[])
-        AND (SELECT count(*) FROM fenced) = (SELECT count(*) FROM fences)
+    WHERE outbox.id = ANY (%(ids)s::text[]){fence}
     ORDER BY outbox.id FOR UPDATE
 ), marked AS (
     UPDATE outbox SET sent = 1, sent_at = marks.now, ack = marks.ack,
@@ -255,6 +242,22 @@ WITH marks AS (
 )
 SELECT count(*) FROM marked
 """
+MARK_ALL_PENDING_SENT: Final = _MARK_ALL.format(fenced="", fence="").encode()
+# The same for a group with leases: the lease rows of its lines (%(lines)s, each
+# once, in byte order, with their epochs %(epochs)s) are locked first (FOR SHARE, in
+# line order: see FENCES), and no entry is locked, nor marked, unless every one of
+# them is at its epoch. The locks hold until COMMIT: no take of those lines commits
+# in between.
+MARK_ALL_PENDING_SENT_FENCED: Final = _MARK_ALL.format(
+    fenced="""
+fenced AS MATERIALIZED (
+    SELECT line, epoch FROM line_leases WHERE line = ANY (%(lines)s::text[])
+    ORDER BY line FOR SHARE
+),""",
+    fence="""
+        AND (SELECT array_agg(epoch ORDER BY line COLLATE "C") FROM fenced)
+            = %(epochs)s::bigint[]""",
+).encode()
 RECORD_FAILURE: Final = """
     UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s,
         last_attempt_at = %(now)s, first_failure_at = coalesce(first_failure_at, %(now)s)

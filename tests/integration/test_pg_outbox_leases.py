@@ -210,13 +210,16 @@ async def test_fenced_marks_of_several_lines_are_one_statement_and_one_round_tri
         for n in range(8):
             event = {"id": f"m{n}", "sku": skus[n % 4], "qty": 1}
             assert await outbox.accept(event) == "accepted"
-        for sku in skus:
-            assert await outbox.take_lease(sku, "w1", TTL_S) == 1
+        epochs = {}  # each line at an epoch of its own, to tell them apart
+        for k, sku in enumerate(skus):
+            for _ in range(k + 1):
+                epochs[sku] = await outbox.take_lease(sku, "w1", TTL_S)
+        assert list(epochs.values()) == [1, 2, 3, 4]
         start = pg_server.log.stat().st_size
         await asyncio.gather(
             *(
                 outbox.mark_sent_many(
-                    [Mark(f"m{k}"), Mark(f"m{k + 4}")], Lease(outbox.source, sku, 1)
+                    [Mark(f"m{k}"), Mark(f"m{k + 4}")], Lease(outbox.source, sku, epochs[sku])
                 )
                 for k, sku in enumerate(skus)
             )
