@@ -183,8 +183,17 @@ class LeaseKeeper:
         return Lease(self._outbox.source, line, held.epoch)
 
     def holds(self, lease: Lease | None) -> bool:
-        """Whether `lease` is still good to send under (a driver's `may_send`)."""
-        return lease is not None and self.lease(lease.line) == lease
+        """Whether `lease` is still good to send under (a driver's `may_send`, asked
+        before every send: no Lease is made here)."""
+        if lease is None:
+            return False
+        held = self._held.get(lease.line)
+        return (
+            held is not None
+            and held.epoch == lease.epoch
+            and not held.giving_up
+            and self._clock() < held.good_until
+        )
 
     def held(self, line: str) -> bool:
         """Whether the worker holds `line`'s lease at all (good or not)."""
