@@ -10,6 +10,7 @@ its lease comes back to lines another worker holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -238,6 +239,38 @@ def delivered_in_log(path: Path) -> int:
     return delivered
 
 
+def fencing_in_logs(cluster: Cluster) -> dict[str, int]:
+    """What the logs of every process of the run (a killed one's too) say of fencing:
+    lines a worker stopped on losing its lease (taken over, or a write refused),
+    deliveries ended by the sink's 409, and the sink's refusals of a stale lease (its
+    repeated-failure lines are throttled: at least that many)."""
+    found = {"worker_lines_lost": 0, "worker_fenced_deliveries": 0, "sink_stale_refusals": 0}
+    for publisher in cluster.publishers:
+        for record in _json_lines(publisher.log_path):
+            if "lease lost" in str(record.get("message")):
+                found["worker_lines_lost"] += 1
+            if record.get("outcome") == "fenced":
+                found["worker_fenced_deliveries"] += int(record.get("count", 1))
+    for sink in cluster.sink_services:
+        with contextlib.suppress(OSError):
+            text = sink.log_path.read_text(errors="replace")
+            found["sink_stale_refusals"] += text.count("stale lease")
+    return found
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+    return records
+
+
 def lease_epochs(source_db: DbLocation) -> dict[str, int]:
     """Each leased line's epoch in the outbox (none before the lease schema)."""
     with reading(source_db) as source:
@@ -271,6 +304,7 @@ class RunReport:
     - lines: per line of the order check (each SKU in sku order), entries the sink
       applied and the inverted pairs among them
     - fence_counters: the fencing counters of the processes alive at the end
+    - fencing_in_logs: what every process's log says of fencing (`fencing_in_logs`)
     - lease_epochs: each leased line's epoch in the outbox at the end
     """
 
@@ -296,6 +330,7 @@ class RunReport:
     delivered_by_worker: dict[str, int] = field(default_factory=dict)
     lines: dict[str, LineOrder] = field(default_factory=dict)
     fence_counters: dict[str, float] = field(default_factory=dict)
+    fencing_in_logs: dict[str, int] = field(default_factory=dict)
     lease_epochs: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -331,6 +366,7 @@ class RunReport:
             "delivered_by_worker": self.delivered_by_worker,
             "lines": {line: order.to_dict() for line, order in sorted(self.lines.items())},
             "fence_counters": self.fence_counters,
+            "fencing_in_logs": self.fencing_in_logs,
             "lease_epochs": self.lease_epochs,
             "elapsed_s": round(self.elapsed_s, 2),
         }
@@ -515,6 +551,7 @@ def run(
         delivered_by_worker={p.name: delivered_in_log(p.log_path) for p in cluster.publishers},
         lines=line_orders(cluster.source_db, cluster.sink_db, ordering),
         fence_counters=fenced,
+        fencing_in_logs=fencing_in_logs(cluster) if cluster.several else {},
         lease_epochs=lease_epochs(cluster.source_db),
     )
 

@@ -99,6 +99,11 @@ def test_workers_and_sinks_killed_and_paused_lose_nothing_and_keep_sku_order(
         "publisher_fenced_writes_total",
         'sink_fenced_requests_total{fence="lease"}',
     }
+    assert set(figures["fencing_in_logs"]) == {
+        "worker_lines_lost",
+        "worker_fenced_deliveries",
+        "sink_stale_refusals",
+    }
     for name in ("w1", "w2", "w3"):
         assert (workdir / f"publisher-{name}.log").exists()
     assert leftovers(workdir) == []
