@@ -46,8 +46,9 @@ T = TypeVar("T")
 
 DEFAULT_OUT: Final = REPO_ROOT / "bench" / "results.json"
 RSS_BUDGET_MIB: Final = 20.0
-# 4 workers "not slower" than 1: their ratio, less the run-to-run noise of one drain
-# of this size on a 2-core machine (the same K varies by up to about 10%).
+# 4 workers "not slower" than 1, less 10% for noise: on this shared 2-core machine the
+# two drains of one K have differed by up to 30% (other work on the machine); the
+# interleaved order (1, 2, 4, 4, 2, 1) cancels a drift, not that noise.
 WORKERS_NOT_SLOWER: Final = 0.9
 
 Case = Callable[[Context], Awaitable[Figures]]
