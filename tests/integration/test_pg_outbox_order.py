@@ -26,7 +26,7 @@ from publisher.backends import postgres_sql
 from publisher.backends.postgres import PostgresOutbox, accept_params
 from publisher.relay import Ordering
 from publisher.store import Outbox
-from shared import Event, Receipt, make_ack, validate_event
+from shared import Event, Lease, Receipt, make_ack, validate_event
 
 HELD_S = 0.3  # how long an intake transaction is held open
 SKUS = ("snack", "juice", "tea")
@@ -105,7 +105,9 @@ async def test_concurrent_slow_intake_is_delivered_in_seq_order(
         )
     delivered: list[str] = []
 
-    async def deliver(event: Event, after: str | None = None) -> dict[str, object]:
+    async def deliver(
+        event: Event, after: str | None = None, lease: Lease | None = None
+    ) -> dict[str, object]:
         delivered.append(event["id"])
         return make_ack(event["id"], Receipt.APPLIED)
 

@@ -18,6 +18,7 @@ from support import eventually
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app
 from publisher.store import Outbox
+from publisher.workers import WorkerSettings
 from shared import Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:
@@ -273,7 +274,9 @@ async def test_status_and_metrics_after_traffic(
     assert value(samples, intake, result="conflict") == 1
     assert value(samples, intake, result="invalid") == 2
     assert value(samples, intake, result="too_large") == 1
-    assert await get_json(client, f"{publisher}/status") == (
+    status, figures = await get_json(client, f"{publisher}/status")
+    lines = figures.pop("lines")
+    assert (status, figures) == (
         200,
         {
             "pending": 0,
@@ -282,8 +285,12 @@ async def test_status_and_metrics_after_traffic(
             "head_blocked": False,
             "head": None,
             "blocked_lanes": [],
+            "workers": [WorkerSettings().worker_id],  # the relay holds the global line
         },
     )
+    assert [(line["line"], line["owner"], line["epoch"]) for line in lines] == [
+        ("*", WorkerSettings().worker_id, 1)
+    ]
 
 
 @pytest.fixture
