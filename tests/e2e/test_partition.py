@@ -95,7 +95,8 @@ def test_a_worker_cut_off_past_its_lease_is_fenced_and_nothing_is_lost_or_reorde
     tmp_path: Path,
 ) -> None:
     db, server = db_host
-    source, sink_db = (db.call(lambda n=n: server.create_database(n)) for n in ("src", "inbox"))
+    source = db.call(lambda: server.create_database("src"))
+    sink_db = db.call(lambda: server.create_database("inbox"))
     sink_host, h1, h2 = (net.add_host(name) for name in ("sink", "w1", "w2"))
     procs = Processes(tmp_path, env)
     try:

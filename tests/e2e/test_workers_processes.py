@@ -188,9 +188,10 @@ class Feeder:
         for n in itertools.count():
             if self._stop.is_set():
                 return
-            order = {"id": f"o-{n:05d}", "sku": rng.choice(SKUS), "qty": rng.randint(1, 9)}
+            sku, qty = rng.choice(SKUS), rng.randint(1, 9)
+            order: dict[str, Any] = {"id": f"o-{n:05d}", "sku": sku, "qty": qty}
             if self._post(order):
-                self.accepted[order["id"]] = (order["sku"], order["qty"])
+                self.accepted[order["id"]] = (sku, qty)
             time.sleep(FEED_PAUSE_S)
 
     def _post(self, order: dict[str, Any]) -> bool:
