@@ -344,7 +344,7 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     # A one-shot relay: it delivers, so it takes the relay lock like publisher serve
     # (on SQLite that refuses it beside one), and the leases of the lines it delivers
     # (LineHeld, nothing sent, while a relay worker holds one).
-    worker = WorkerSettings(worker_id_for(args.db, None, "dispatch@"))
+    worker = WorkerSettings(worker_id_for(args.db, None, dispatch=True))
     async with sender, Outbox.open(args.db) as outbox, outbox.relay_lock("publisher dispatch"):
         try:
             marked = await deliver_pending(

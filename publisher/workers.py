@@ -57,18 +57,19 @@ def default_worker_id() -> str:
     return f"{host}:{os.getpid()}"
 
 
-def worker_id_for(location: str, given: str | None, role: str = "") -> str:
+def worker_id_for(location: str, given: str | None, *, dispatch: bool = False) -> str:
     """The worker ID to use on the outbox at `location` when --worker-id gave `given`
-    (None: not given). On SQLite the relay lock lets one relay deliver at a time, so
-    every relay of the host takes the same ID: a relay started after one was killed
-    takes its leases at once (a take by the same ID), instead of waiting out the ttl.
-    Elsewhere HOST:PID, with `role` in front (dispatch)."""
+    (None: not given). Where a relay lock lets one process deliver at a time, every
+    such process takes the same ID, so that one started after another was killed
+    takes that one's leases at once (a take by the same ID) instead of waiting out
+    the ttl: on SQLite every relay of the host (serve and dispatch), on PostgreSQL
+    every `publisher dispatch` (they take the database's relay lock). A PostgreSQL
+    worker is HOST:PID."""
     if given is not None:
         return given
-    host = default_worker_id().rpartition(":")[0]
     if parse_location(location).backend != "postgres":
-        return f"{host}:relay-lock"
-    return f"{role}{default_worker_id()}"
+        return f"{default_worker_id().rpartition(':')[0]}:relay-lock"
+    return "dispatch:relay-lock" if dispatch else default_worker_id()
 
 
 def check_worker_id(worker_id: str) -> str:
