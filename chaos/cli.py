@@ -122,7 +122,8 @@ def build_parser() -> ArgumentParser:
         "--lease-ttl",
         type=positive_s,
         default=2.0,
-        help="with several workers or sinks: the workers' --lease-ttl, seconds (default 2)",
+        help="the workers' --lease-ttl, seconds (default 2): how long a killed or paused "
+        "worker's lines wait before another worker takes them",
     )
     story = commands.add_parser("scenario", help="run named scenarios, each with its own verdict")
     story.add_argument(

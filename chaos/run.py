@@ -115,13 +115,17 @@ class Cluster:
     def _worker(self, n: int) -> Service:
         args = ["serve", "--db", str(self.source_db), *PUBLISHER_FLAGS]
         args += ["--ordering", self.ordering, "--delivery", self.delivery]
+        # The run's lease TTL for every worker, the one of a single run too: on
+        # PostgreSQL a publisher restarted after a SIGKILL is a new worker, waiting
+        # for the killed one's leases to expire.
+        args += ["--lease-ttl", f"{self.lease_ttl_s:g}"]
         if not self.several:
             args += ["--sink", f"{self.sink.base_url}/events"]
             return Service("publisher", args, free_port(), self.workdir / "publisher.log")
         for sink in self.sink_services:
             args += ["--sink", f"{sink.base_url}/events"]
         name = f"w{n}"
-        args += ["--worker-id", name, "--lease-ttl", f"{self.lease_ttl_s:g}"]
+        args += ["--worker-id", name]
         args += ["--log-format", "json"]
         log = self.workdir / f"publisher-{name}.log"
         return Service("publisher", args, free_port(), log, name=name)
@@ -546,7 +550,7 @@ def run(
         intake_unavailable=intake.unavailable,
         workers=workers,
         sinks=sinks,
-        lease_ttl_s=lease_ttl_s if cluster.several else None,
+        lease_ttl_s=lease_ttl_s,
         pauses=paused,
         delivered_by_worker={p.name: delivered_in_log(p.log_path) for p in cluster.publishers},
         lines=line_orders(cluster.source_db, cluster.sink_db, ordering),
