@@ -6,7 +6,7 @@ Only the namespaces' own addresses (10.251.7.0/24) and their loopback are used: 
 child processes' name guard allows that network and loopback, nothing else.
 
 The sink host runs two sink processes on the one inbox: the cut-off worker's first
-sink holds each request 4 s before applying it, the other worker's answers at once.
+sink holds each request 6 s before applying it, the other worker's answers at once.
 Cut off right after it sent its first requests, worker w1 loses its lines to w2,
 whose requests raise the lines' epochs at the shared inbox; w1's held requests are
 then refused (409, nothing applied), and once the link is back w1 gets those
@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from netns import Host, Network, allow_network_here, guard_allowing, network
 from test_workers_processes import (
+    HOLD_S,
     LEASE_FENCED,
     Feeder,
     Proc,
@@ -102,7 +103,10 @@ def test_a_worker_cut_off_past_its_lease_is_fenced_and_nothing_is_lost_or_reorde
     try:
         on_sink = ("--host", sink_host.address, "--insecure")
         slow = start(
-            procs, sink_host, "sink-slow", sink_args(sink_db, *on_sink, "--chaos", "stall=4")
+            procs,
+            sink_host,
+            "sink-slow",
+            sink_args(sink_db, *on_sink, "--chaos", f"stall={HOLD_S}"),
         )
         prompt = start(procs, sink_host, "sink-prompt", sink_args(sink_db, *on_sink))
         allow = ("--allow-host", sink_host.address, *SEND_TIMEOUT)

@@ -46,13 +46,17 @@ TTL_S = 2.0
 SKUS = tuple(f"sku-{n:02d}" for n in range(16))
 FEED_PAUSE_S = 0.015  # about 60 orders a second
 POST_TIMEOUT_S = 3.0
-WAIT_S = 12.0
+WAIT_S = 20.0
+# Longer than a takeover takes on a loaded machine (the lease TTL, a renewal period of
+# the taker, its first request): a request held this long is applied after it.
+HOLD_S = 6
 POLL_S = 0.05
 DRAIN_S = 25.0
 BUSY_SINK_S = 0.3
 _LISTENING = re.compile(r"(publisher|sink) listening on (http://([0-9.]+):(\d+)/\w+)")
 WORKER_FLAGS = (
     *("--ordering", "sku", "--lease-ttl", f"{TTL_S:g}", "--poll-interval", "0.2"),
+    *("--lanes", str(len(SKUS))),  # room for another's lines whenever they are free
     *("--retry-base", "0.02", "--retry-cap", "0.3", "--log-format", "json"),
 )
 LEASE_FENCED = 'sink_fenced_requests_total{fence="lease"}'
@@ -395,11 +399,11 @@ def test_a_killed_workers_lanes_move_to_the_others_and_nothing_is_lost_or_applie
 def test_a_worker_paused_past_its_lease_is_fenced_by_the_sink_and_the_outbox(
     cluster: Cluster,
 ) -> None:
-    # The victim sends to a sink that holds every request 4 s before applying it;
+    # The victim sends to a sink that holds every request 6 s before applying it;
     # the others to a prompt one. Paused while its requests wait there, the victim
     # loses its lines to the others, whose requests raise the lines' epochs at the
     # shared inbox: when the held requests come to be applied they are refused (409).
-    slow = cluster.add_sink("--chaos", "stall=4")
+    slow = cluster.add_sink("--chaos", f"stall={HOLD_S}")
     prompt = cluster.add_sink()
     victim = cluster.add_worker("w1", [slow, prompt])
     for name in ("w2", "w3"):
