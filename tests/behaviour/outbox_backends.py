@@ -2,8 +2,9 @@
 
 A test gets an outbox opened with `Outbox.open(backend.location)`, and through
 `backend` a way to the tables behind it (`orders`, `outbox`, `quarantines`, and the
-relay workers' `line_leases` and `relay_workers`) that does not go through the outbox: a connection of the test's own, opened for each call, as
-another process would see the data.
+relay workers' `line_leases` and `relay_workers`) that does not go through the
+outbox: a connection of the test's own, opened for each call, as another process
+would see the data.
 
 A new backend plugs in with one class that implements `Backend` and one factory in
 `BACKENDS`; the tests are not copied. The suite writes its SQL with `?` placeholders
