@@ -3,6 +3,7 @@ beyond the behaviour suites (statements sent with their transaction as one messa
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -77,3 +78,22 @@ async def test_list_parameters_of_a_one_message_transaction_arrive_as_arrays(
         )
         assert row == (values, 7)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+async def test_leaving_a_pipeline_on_a_lost_connection_puts_no_driver_text_in_the_log(
+    pg_server: ThrowawayServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server ends the connection while a block in pipeline mode fails: psycopg
+    # then warns that leaving the pipeline failed too, with the server's words. The
+    # block's own error is what the services raise (and translate); the warning is
+    # filtered out at pg_tx's import.
+    import pg_tx  # noqa: F401  (the filter is installed on import)
+
+    async with await psycopg.AsyncConnection.connect(pg_server.url()) as conn:
+        pid = conn.info.backend_pid
+        with caplog.at_level(logging.WARNING, logger="psycopg"), pytest.raises(RuntimeError):
+            async with conn.pipeline():
+                await conn.execute("SELECT 1")
+                pg_server.sql(f"SELECT pg_terminate_backend({pid})")
+                raise RuntimeError("the block failed")
+    assert not [r for r in caplog.records if r.name == "psycopg"], caplog.text
