@@ -1,6 +1,7 @@
 """`python -m chaos run --backend postgres --workers K --sinks M --pauses P`: a short
 run of several workers and sinks, killed, paused and with a PostgreSQL restart, read
-back through its report and the databases; and the options it refuses."""
+back through its report and the databases; and the options it refuses (in
+test_pg_chaos_options.py, with the other PostgreSQL options)."""
 
 from __future__ import annotations
 
@@ -16,34 +17,6 @@ from chaos.run import MANY_SKUS, plan_pauses
 pytestmark = pytest.mark.e2e
 
 RUN_TIMEOUT_S = 150.0
-
-
-@pytest.mark.parametrize(
-    ("args", "said"),
-    [
-        (["--workers", "2"], "--workers and --sinks above 1 need --backend postgres"),
-        (["--sinks", "2"], "--workers and --sinks above 1 need --backend postgres"),
-        (["--workers", "0"], "--workers"),
-        (["--workers", "17"], "--workers"),
-        (["--pauses", "-1"], "--pauses"),
-        (["--backend", "postgres", "--workers", "2", "--lease-ttl", "61"], "--lease-ttl"),
-        (["--lease-ttl", "0"], "--lease-ttl"),
-    ],
-)
-def test_chaos_refuses_bad_worker_options_in_one_line(
-    tmp_path: Path, child_env: dict[str, str], args: list[str], said: str
-) -> None:
-    workdir = tmp_path / "w"
-
-    done = run_module(
-        "chaos", "run", "--events", "3", *args, "--workdir", str(workdir),
-        env=child_env, cwd=tmp_path, timeout=30,
-    )  # fmt: skip
-
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and said in lines[-1], done.stderr
-    assert not list(workdir.glob("*.log")), "nothing may have been started"
 
 
 def test_the_pause_plan_is_the_seeds_and_about_half_outlast_the_lease() -> None:
