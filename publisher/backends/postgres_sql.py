@@ -365,8 +365,9 @@ TAKE_LEASE: Final = f"""
     RETURNING epoch
 """
 # Renewal and release lock the rows they change in line order, as fenced writes
-# take theirs (FENCES): two transactions never wait for each other in a cycle.
-RENEW_LEASES: Final = f"""
+# take theirs (FENCES): two transactions never wait for each other in a cycle. Both
+# start from the held leases (lines and epochs) still this worker's, locked.
+_HELD_AND_LOCKED: Final = """
     WITH held AS (
         SELECT * FROM unnest(%(lines)s::text[], %(epochs)s::bigint[]) AS h(line, epoch)
     ), locked AS MATERIALIZED (
@@ -374,22 +375,23 @@ RENEW_LEASES: Final = f"""
         WHERE l.owner = %(worker)s AND l.epoch = held.epoch
         ORDER BY l.line FOR UPDATE OF l
     )
+"""
+RENEW_LEASES: Final = (
+    _HELD_AND_LOCKED
+    + f"""
     UPDATE line_leases AS l SET expires_at = clock.now + %(ttl)s, renewed_at = clock.now
     FROM locked, {CLOCK}
     WHERE l.line = locked.line
     RETURNING l.line
 """
-RELEASE_LEASES: Final = """
-    WITH held AS (
-        SELECT * FROM unnest(%(lines)s::text[], %(epochs)s::bigint[]) AS h(line, epoch)
-    ), locked AS MATERIALIZED (
-        SELECT l.line FROM line_leases AS l JOIN held USING (line)
-        WHERE l.owner = %(worker)s AND l.epoch = held.epoch
-        ORDER BY l.line FOR UPDATE OF l
-    )
+)
+RELEASE_LEASES: Final = (
+    _HELD_AND_LOCKED
+    + """
     UPDATE line_leases AS l SET owner = NULL, expires_at = 0
     FROM locked WHERE l.line = locked.line
 """
+)
 LEASE_COLUMNS: Final = (
     "line, owner, epoch, expires_at, expires_at - clock.now, taken_at, renewed_at"
 )
