@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Final
 
 from bench.backlog import count_rows, create_source, insert_entries
-from bench.cases import Context, Figures
+from bench.cases import SOURCE_SENT, Context, Figures
 from bench.procs import BenchError, Child
 from chaos.dbs import DbLocation, rows
 
@@ -45,7 +45,6 @@ POLL_INTERVAL_S: Final = 0.1
 WATCH_S: Final = 0.02
 FAILOVER_BACKLOG: Final = 20_000
 FAILOVER_WAIT_S: Final = 30.0
-SENT: Final = "SELECT count(*) FROM outbox WHERE sent = 1"
 RESENDS: Final = "SELECT coalesce(sum(deliveries - 1), 0) FROM inbox"
 _ID_NUMBER: Final = re.compile(r"-(\d+)$")
 
@@ -169,7 +168,7 @@ async def _drain(ctx: Context, name: str, workers: int, backlog: int) -> Figures
 
 async def _until_sent(source: DbLocation, expected: int, began: float, timeout_s: float) -> float:
     for _ in range(math.ceil(timeout_s / WATCH_S)):
-        if await asyncio.to_thread(count_rows, source, SENT) >= expected:
+        if await asyncio.to_thread(count_rows, source, SOURCE_SENT) >= expected:
             return time.perf_counter() - began
         if time.perf_counter() - began > timeout_s:
             break
