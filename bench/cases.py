@@ -101,8 +101,8 @@ QUICK: Final = Sizes(
     scale_backlogs=(500, 2_000, 5_000),
     memory_backlogs=(1_000, 10_000),
     workers_backlog=600,
-    e2e_orders=400,
-    e2e_latency_s=1.5,
+    e2e_orders=200,
+    e2e_latency_s=1.2,
 )
 FULL: Final = Sizes(
     ceiling_requests=5_000,

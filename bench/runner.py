@@ -569,7 +569,7 @@ def e2e_targets(
     load = f"paced at {e2e.LOAD_SHARE:g}x the e2e maximum, healthy sink"
     return [
         target(
-            f"{where}end to end, POST /orders vs 8-client ceiling",
+            f"{where}e2e, POST /orders vs 8-client ceiling",
             f"{single} events/s (8 clients, until applied and marked) / e2e_ceiling "
             "8-client round trips/s",
             _ratio(rate, ceilings[8]),
@@ -578,7 +578,7 @@ def e2e_targets(
             (single, "e2e_ceiling"),
         ),
         target(
-            f"{where}end to end, POST /orders vs 1-client ceiling",
+            f"{where}e2e, POST /orders vs 1-client ceiling",
             f"{single} events/s / e2e_ceiling 1-client round trips/s",
             _ratio(rate, ceilings[1]),
             E2E_SINGLE_VS_1,
@@ -586,7 +586,7 @@ def e2e_targets(
             (single, "e2e_ceiling"),
         ),
         target(
-            f"{where}end to end, bulk intake vs 8-client ceiling",
+            f"{where}e2e, bulk intake vs 8-client ceiling",
             f"{bulk} events/s (POST /orders/batch of {e2e.BULK_BATCH}) / e2e_ceiling "
             "8-client round trips/s",
             _ratio(_figure(results, bulk, "events_per_s"), ceilings[8]),
