@@ -802,9 +802,13 @@ def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
 
 def _describe_e2e(name: str, f: Figures, results: dict[str, Figures]) -> str:
     ceilings = [_figure(results, "e2e_ceiling", f"round_trips_per_s_{k}") for k in (1, 8)]
+    # Intake makes every order durable: the backend's commit ceiling too, when it ran.
+    commit_case = "pg_commit_ceiling" if name.startswith("pg_") else "commit_ceiling"
+    commits = _figure(results, commit_case, "commits_per_s")
 
     def against(rate: float) -> str:
-        return f"{_x(rate, ceilings[0])} 1-client, {_x(rate, ceilings[1])} 8-client ceiling"
+        text = f"{_x(rate, ceilings[0])} 1-client, {_x(rate, ceilings[1])} 8-client ceiling"
+        return text + (f", {_x(rate, commits)} commit ceiling" if commits else "")
 
     def cpu() -> str:
         shares = f["cpu_share"]
