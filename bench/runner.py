@@ -5,10 +5,11 @@ table on stdout (progress on stderr) and writes the results as JSON. Exit status
 when every case ran (or was reported "not available"), 1 when a case failed; a
 missed target is a result, not a failure.
 
-`--backend postgres` runs the relay cases on SQLite and again on PostgreSQL (`pg_*`),
-with the HTTP ceiling and each backend's durable commit ceiling, in the same run: on
-a throwaway server the run starts and removes, or in fresh schemas of the database
-`--db-url` names (password from PGPASSWORD or a .pgpass file).
+`--backend postgres` runs the relay and end-to-end cases on SQLite and again on
+PostgreSQL (`pg_*`), with the HTTP ceilings and each backend's durable commit
+ceiling, in the same run: on a throwaway server the run starts and removes, or in
+fresh schemas of the database `--db-url` names (password from PGPASSWORD or a
+.pgpass file).
 `--cases a,b` runs only those cases (and reports only the targets they make).
 """
 
