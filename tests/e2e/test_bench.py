@@ -277,6 +277,7 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
     assert intake["orders"] == QUICK_ORDERS and intake["orders_per_s"] > 0
     assert intake["backend"] == single["backend"] == latency["backend"] == backend
     assert intake["cpu_share"]["sink"] == 0.0
+    assert intake["marked_sent"] == CLIENTS  # the warm-ups only
     assert intake["cpu_share"]["publisher"] > 0
     # End to end: every order applied at the sink and marked sent, warm-ups included;
     # timed until then, so no sooner than the last answer.
