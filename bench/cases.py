@@ -86,6 +86,8 @@ class Sizes:
     scale_backlogs: tuple[int, int, int]
     memory_backlogs: tuple[int, int]
     workers_backlog: int  # pg_workers, per run (six runs)
+    e2e_orders: int  # orders POSTed per end-to-end case
+    e2e_latency_s: float  # how long each paced latency run offers its load
 
 
 QUICK: Final = Sizes(
@@ -99,6 +101,8 @@ QUICK: Final = Sizes(
     scale_backlogs=(500, 2_000, 5_000),
     memory_backlogs=(1_000, 10_000),
     workers_backlog=600,
+    e2e_orders=200,
+    e2e_latency_s=1.2,
 )
 FULL: Final = Sizes(
     ceiling_requests=5_000,
@@ -111,6 +115,8 @@ FULL: Final = Sizes(
     scale_backlogs=(1_000, 10_000, 100_000),
     memory_backlogs=(1_000, 100_000),
     workers_backlog=3_000,
+    e2e_orders=5_000,
+    e2e_latency_s=4.0,
 )
 
 
@@ -124,6 +130,8 @@ class Context:
     workdir: Path
     sizes: Sizes
     postgres: Place | None = None  # where the pg_* cases make their databases
+    # The end-to-end rate each backend reached in this run (the latency cases offer half).
+    e2e_max: dict[Backend, float] = field(default_factory=dict)
 
     async def databases(self, name: str, backend: Backend) -> tuple[DbLocation, DbLocation]:
         """A fresh source and sink database for one drain."""
@@ -623,7 +631,7 @@ async def memory(ctx: Context) -> Figures:
                 sink.url,
             )
             started.append(publisher)
-            elapsed = await _wait_drained(publisher, drain_timeout_s(backlog))
+            elapsed = await wait_drained(publisher, drain_timeout_s(backlog))
             peak = publisher.peak_rss_kib()
         finally:
             for child in reversed(started):
@@ -636,18 +644,26 @@ async def memory(ctx: Context) -> Figures:
     return figures
 
 
-async def _wait_drained(publisher: Child, timeout_s: float) -> float:
-    started = time.perf_counter()
+async def wait_drained(
+    publisher: Child,
+    timeout_s: float,
+    *,
+    poll_s: float = STATUS_POLL_S,
+    started: float | None = None,
+) -> float:
+    """Seconds from `started` (perf_counter; default now) until the publisher's
+    /status shows nothing pending, polled every `poll_s`."""
+    started = time.perf_counter() if started is None else started
     timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        for _ in range(math.ceil(timeout_s / STATUS_POLL_S)):
+        for _ in range(math.ceil(timeout_s / poll_s)):
             async with session.get(publisher.base_url + "/status") as response:
                 status = await response.json()
             if status["pending"] == 0:
                 return time.perf_counter() - started
             if time.perf_counter() - started > timeout_s:
                 break
-            await asyncio.sleep(STATUS_POLL_S)
+            await asyncio.sleep(poll_s)
     raise BenchError(f"publisher did not drain its backlog in {timeout_s:.0f}s")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -64,6 +65,14 @@ class Child:
             return None
         match = re.search(r"^VmHWM:\s+(\d+)\s+kB", status, re.MULTILINE)
         return None if match is None else int(match[1])
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, all threads) the process has used so far."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return math.nan
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not end in time; close the pipe."""

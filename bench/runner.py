@@ -5,10 +5,11 @@ table on stdout (progress on stderr) and writes the results as JSON. Exit status
 when every case ran (or was reported "not available"), 1 when a case failed; a
 missed target is a result, not a failure.
 
-`--backend postgres` runs the relay cases on SQLite and again on PostgreSQL (`pg_*`),
-with the HTTP ceiling and each backend's durable commit ceiling, in the same run: on
-a throwaway server the run starts and removes, or in fresh schemas of the database
-`--db-url` names (password from PGPASSWORD or a .pgpass file).
+`--backend postgres` runs the relay and end-to-end cases on SQLite and again on
+PostgreSQL (`pg_*`), with the HTTP ceilings and each backend's durable commit
+ceiling, in the same run: on a throwaway server the run starts and removes, or in
+fresh schemas of the database `--db-url` names (password from PGPASSWORD or a
+.pgpass file).
 `--cases a,b` runs only those cases (and reports only the targets they make).
 """
 
@@ -34,7 +35,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import aiohttp
 
-from bench import cases, workers
+from bench import cases, e2e, workers
 from bench.cases import FULL, QUICK, Context, Figures, NotAvailable, Sizes
 from bench.procs import REPO_ROOT, Children
 from chaos.dbs import BACKENDS, Place, open_place
@@ -62,13 +63,18 @@ CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("relay_batch_serial", cases.relay_batch_serial),
     ("relay_lanes", cases.relay_lanes),
     ("intake_latency", cases.intake_latency),
+    ("e2e_ceiling", e2e.ceiling),
+    ("e2e_intake", e2e.intake),
+    ("e2e_single", e2e.single),
+    ("e2e_bulk", e2e.bulk),
+    ("e2e_latency", e2e.latency),
     ("scaling", cases.scaling),
     ("memory", cases.memory),
 )
-# What `--backend postgres` runs by default: the relay cases on both backends and the
-# figures they are measured against, in one run of about two minutes. The other
-# SQLite cases (naive peer, lanes, intake, scaling, memory) are the default run's;
-# `--cases` runs any of them alongside.
+# What `--backend postgres` runs by default: the relay and end-to-end cases on both
+# backends and the figures they are measured against, in one run of about three
+# minutes. The other SQLite cases (naive peer, lanes, intake, scaling, memory) are the
+# default run's; `--cases` runs any of them alongside.
 SIDE_BY_SIDE: Final = frozenset(
     {
         "ceiling",
@@ -77,6 +83,11 @@ SIDE_BY_SIDE: Final = frozenset(
         "relay_batch",
         "relay_single_serial",
         "relay_batch_serial",
+        "e2e_ceiling",
+        "e2e_intake",
+        "e2e_single",
+        "e2e_bulk",
+        "e2e_latency",
     }
 )
 PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
@@ -86,6 +97,10 @@ PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("pg_relay_single_serial", cases.pg_relay_single_serial),
     ("pg_relay_batch_serial", cases.pg_relay_batch_serial),
     ("pg_workers", workers.pg_workers),
+    ("pg_e2e_intake", e2e.pg_intake),
+    ("pg_e2e_single", e2e.pg_single),
+    ("pg_e2e_bulk", e2e.pg_bulk),
+    ("pg_e2e_latency", e2e.pg_latency),
 )
 
 
@@ -530,6 +545,74 @@ def compute_targets(results: dict[str, Figures], sizes: Sizes) -> list[Target]:
         ),
         *postgres,
         *worker_targets(results, target),
+        *e2e_targets(results, target, ""),
+        *e2e_targets(results, target, "pg_"),
+    ]
+
+
+# End to end: single-order intake vs the trivial handler's ceilings; bulk intake vs the
+# 8-client one; the wait from a 201 to the sink's application at half the maximum load.
+E2E_SINGLE_VS_8: Final = 0.35
+E2E_SINGLE_VS_1: Final = 1.0
+E2E_BULK_VS_8: Final = 1.0
+E2E_P99_MS: Final = 50.0
+E2E_P50_MS: Final = 10.0
+
+
+def e2e_targets(
+    results: dict[str, Figures], target: Callable[..., Target], prefix: str
+) -> list[Target]:
+    """The end-to-end targets of one backend: `prefix` "" for SQLite, "pg_" for PostgreSQL."""
+    where = "PostgreSQL: " if prefix else ""
+    single, bulk, latency = f"{prefix}e2e_single", f"{prefix}e2e_bulk", f"{prefix}e2e_latency"
+    ceilings = {k: _figure(results, "e2e_ceiling", f"round_trips_per_s_{k}") for k in (1, 8)}
+    rate = _figure(results, single, "events_per_s")
+    load = f"paced at {e2e.LOAD_SHARE:g}x the e2e maximum, healthy sink"
+    return [
+        target(
+            f"{where}e2e, POST /orders vs 8-client ceiling",
+            f"{single} events/s (8 clients, until applied and marked) / e2e_ceiling "
+            "8-client round trips/s",
+            _ratio(rate, ceilings[8]),
+            E2E_SINGLE_VS_8,
+            ">=",
+            (single, "e2e_ceiling"),
+        ),
+        target(
+            f"{where}e2e, POST /orders vs 1-client ceiling",
+            f"{single} events/s / e2e_ceiling 1-client round trips/s",
+            _ratio(rate, ceilings[1]),
+            E2E_SINGLE_VS_1,
+            ">=",
+            (single, "e2e_ceiling"),
+        ),
+        target(
+            f"{where}e2e, bulk intake vs 8-client ceiling",
+            f"{bulk} events/s (POST /orders/batch of {e2e.BULK_BATCH}) / e2e_ceiling "
+            "8-client round trips/s",
+            _ratio(_figure(results, bulk, "events_per_s"), ceilings[8]),
+            E2E_BULK_VS_8,
+            ">=",
+            (bulk, "e2e_ceiling"),
+        ),
+        target(
+            f"{where}201 to applied at the sink, p99",
+            f"{latency}: {load}",
+            _figure(results, latency, "idle", "p99_ms"),
+            E2E_P99_MS,
+            "<=",
+            (latency,),
+            unit="ms",
+        ),
+        target(
+            f"{where}201 to applied at the sink, p50",
+            f"{latency}: {load}",
+            _figure(results, latency, "idle", "p50_ms"),
+            E2E_P50_MS,
+            "<=",
+            (latency,),
+            unit="ms",
+        ),
     ]
 
 
@@ -691,6 +774,8 @@ def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
             f"sink stalled p50 {stalled['p50_ms']:.1f} / p99 {stalled['p99_ms']:.1f} ms "
             f"= {_x(stalled['p99_ms'], idle['p99_ms'])} ({f['requests']} requests each)"
         )
+    if name.removeprefix("pg_").startswith("e2e_"):
+        return _describe_e2e(name, f, results)
     if name == "scaling":
         small, big = f["sent_rows"]
         few, many = f["lanes_skus"]
@@ -714,3 +799,47 @@ def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
             f"(+{high - low:.1f} MiB)"
         )
     return json.dumps(f)
+
+
+def _describe_e2e(name: str, f: Figures, results: dict[str, Figures]) -> str:
+    ceilings = [_figure(results, "e2e_ceiling", f"round_trips_per_s_{k}") for k in (1, 8)]
+    # Intake makes every order durable: the backend's commit ceiling too, when it ran.
+    commit_case = "pg_commit_ceiling" if name.startswith("pg_") else "commit_ceiling"
+    commits = _figure(results, commit_case, "commits_per_s")
+
+    def against(rate: float) -> str:
+        text = f"{_x(rate, ceilings[0])} 1-client, {_x(rate, ceilings[1])} 8-client ceiling"
+        return text + (f", {_x(rate, commits)} commit ceiling" if commits else "")
+
+    def cpu() -> str:
+        shares = f["cpu_share"]
+        return "CPU " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items())
+
+    def waits(w: Figures) -> str:
+        return f"p50 {w['p50_ms']:.1f} / p99 {w['p99_ms']:.1f} / max {w['max_ms']:.1f} ms"
+
+    case = name.removeprefix("pg_")
+    if case == "e2e_ceiling":
+        return (
+            f"trivial handler: 1 client {f['round_trips_per_s_1']:,.0f}, 8 clients "
+            f"{f['round_trips_per_s_8']:,.0f} round trips/s ({f['requests']:,} each)"
+        )
+    if case == "e2e_intake":
+        return (
+            f"POST /orders alone, sink stopped: {f['orders_per_s']:,.0f} orders/s "
+            f"({f['orders']:,}, 8 clients) = {against(f['orders_per_s'])}; {cpu()}"
+        )
+    if case in ("e2e_single", "e2e_bulk"):
+        how = "POST /orders" if case == "e2e_single" else f"POST /orders/batch of {f['batch']}"
+        text = (
+            f"{f['events_per_s']:,.0f} events/s until applied and marked ({f['orders']:,} "
+            f"orders, {how}, 8 clients; the answers at {f['intake_orders_per_s']:,.0f}/s) = "
+            f"{against(f['events_per_s'])}; {cpu()}"
+        )
+        if case == "e2e_single":
+            text += f"; 201 to applied at this load {waits(f['latency_at_full_load'])}"
+        return text
+    return (
+        f"at {f['offered_per_s']:,.0f} orders/s offered ({f['orders']:,}): healthy sink "
+        f"{waits(f['idle'])}; sink stopped {f['stall_s']:g} s: {waits(f['stalled'])}"
+    )

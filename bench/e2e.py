@@ -1,0 +1,442 @@
+"""End to end, as a user runs it: orders POSTed to `publisher serve` until the sink has them.
+
+A sink and `publisher serve` run as their own processes (on SQLite, or both on
+PostgreSQL for the `pg_e2e_*` cases); 8 clients of this process, each with its own
+aiohttp session, POST the orders, and the clock stops once `/status` shows nothing
+pending; then the sink's and the publisher's databases are read with connections of
+our own: every order applied at the sink and marked sent. Next to it, in the same
+run, the references it is measured against: a trivial aiohttp handler (bench.ackserver)
+with 1 client (the sequential ceiling) and with 8 (the concurrent ceiling), and the
+intake alone (the same POSTs while the sink is stopped: nothing delivered, nothing marked).
+
+Latency is the time from an order's 201, as the client saw it, to the sink's
+`received_at` of it (both the host's clock), under an open-loop load paced at half
+the end-to-end rate this run measured; once with a healthy sink, once with the
+sink stopped (SIGSTOP) for a second a quarter into the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import aiohttp
+
+from bench.backlog import count_rows, create_source, event
+from bench.cases import (
+    HTTP_TIMEOUT_S,
+    SINK_APPLIED,
+    SOURCE_SENT,
+    Context,
+    Figures,
+    NotAvailable,
+    percentile,
+    wait_drained,
+)
+from bench.procs import BenchError, Child
+from chaos.dbs import Backend, DbLocation, rows
+
+CLIENTS: Final = 8
+BULK_BATCH: Final = 250  # orders per POST /orders/batch (the route takes up to 500)
+DRAIN_POLL_S: Final = 0.01
+STALL_S: Final = 1.0  # how long the stalled latency run stops the sink
+LOAD_SHARE: Final = 0.5  # the latency runs offer this share of the measured maximum
+PACE_TICK_S: Final = 0.001
+JSON_HEADERS: Final = {"Content-Type": "application/json"}
+NOT_BUILT: Final = frozenset({404, 405})
+OK: Final = frozenset({200})
+ACCEPTED: Final = frozenset({201})
+BULK_ANSWERED: Final = frozenset({200, 201, 207})  # whichever the batch route answers
+RECEIVED: Final = "SELECT id, received_at FROM inbox"
+
+
+def drain_timeout_s(orders: int) -> float:
+    """A generous bound: 100 orders/s plus start-up."""
+    return 30.0 + orders * 0.01
+
+
+def orders_of(label: str, count: int) -> list[bytes]:
+    return [json.dumps(event(n, label)).encode() for n in range(count)]
+
+
+@contextlib.asynccontextmanager
+async def sessions(count: int = CLIENTS) -> AsyncIterator[list[aiohttp.ClientSession]]:
+    """`count` clients, each its own aiohttp session (its own connections)."""
+    timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
+            for _ in range(count)
+        ]
+
+
+async def post_one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, bytes]:
+    async with session.post(url, data=body, headers=JSON_HEADERS) as response:
+        return response.status, await response.read()
+
+
+def _expected(url: str, status: int, text: bytes, expect: frozenset[int]) -> None:
+    if status not in expect:
+        raise BenchError(f"POST {url} answered {status}: {text[:200]!r}")
+
+
+async def post_all(
+    clients: Sequence[aiohttp.ClientSession],
+    url: str,
+    bodies: Sequence[bytes],
+    expect: frozenset[int],
+) -> list[float]:
+    """POST every body once, the clients each taking the next one as soon as its last
+    one is answered (closed loop); the time.time() of each answer, by body."""
+    answered = [0.0] * len(bodies)
+    turns = iter(range(len(bodies)))
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        for n in turns:
+            status, text = await post_one(session, url, bodies[n])
+            answered[n] = time.time()
+            _expected(url, status, text, expect)
+
+    await asyncio.gather(*(client(session) for session in clients))
+    return answered
+
+
+async def post_paced(
+    clients: Sequence[aiohttp.ClientSession],
+    url: str,
+    bodies: Sequence[bytes],
+    rate: float,
+    expect: frozenset[int],
+) -> tuple[list[float], float]:
+    """POST body n at n / rate seconds from the start whatever the answers so far
+    (open loop), taking the clients in turn; the time.time() of each answer, and the
+    latest any request started behind its schedule (ms)."""
+    answered = [0.0] * len(bodies)
+    behind = 0.0
+
+    async def one(n: int) -> None:
+        status, text = await post_one(clients[n % len(clients)], url, bodies[n])
+        answered[n] = time.time()
+        _expected(url, status, text, expect)
+
+    tasks: list[asyncio.Task[None]] = []
+    started = time.perf_counter()
+    try:
+        for _ in range(2 * len(bodies) + 10):  # each turn starts at least one, or waits for it
+            now = time.perf_counter()
+            due = min(len(bodies), math.floor((now - started) * rate) + 1)
+            for n in range(len(tasks), due):
+                behind = max(behind, now - (started + n / rate))
+                tasks.append(asyncio.create_task(one(n)))
+            if len(tasks) == len(bodies):
+                break
+            await asyncio.sleep(max(PACE_TICK_S, started + len(tasks) / rate - now))
+        else:
+            raise BenchError(f"the paced load started {len(tasks)} of {len(bodies)} requests")
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return answered, behind * 1000
+
+
+# ---------------------------------------------------------------- the processes
+
+
+@dataclass
+class Pipeline:
+    """A sink and `publisher serve` in front of it, and their databases."""
+
+    sink: Child
+    publisher: Child
+    source: DbLocation
+    sink_db: DbLocation
+
+    @property
+    def batch_url(self) -> str:
+        return self.publisher.base_url + "/orders/batch"
+
+    def cpu_s(self) -> dict[str, float]:
+        return {
+            "publisher": self.publisher.cpu_s(),
+            "sink": self.sink.cpu_s(),
+            "client": time.process_time(),  # this process: the 8 clients
+        }
+
+
+@contextlib.asynccontextmanager
+async def pipeline(ctx: Context, name: str, backend: Backend) -> AsyncIterator[Pipeline]:
+    source, sink_db = await ctx.databases(f"e2e-{name}", backend)
+    await create_source(source)
+    started: list[Child] = []
+    try:
+        sink = ctx.children.start(f"sink-e2e-{name}", "sink", "--db", str(sink_db))
+        started.append(sink)
+        publisher = ctx.children.start(
+            f"publisher-e2e-{name}", "publisher", "serve", "--db", str(source), "--sink", sink.url
+        )
+        started.append(publisher)
+        yield Pipeline(sink, publisher, source, sink_db)
+    finally:
+        if started:  # never leave a stopped sink behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(started[0].pid, signal.SIGCONT)
+        for child in reversed(started):
+            ctx.children.stop(child)
+
+
+async def warm_up(
+    pipe: Pipeline, clients: Sequence[aiohttp.ClientSession], *, bulk: bool = False
+) -> int:
+    """One order per client (each session opens its connection, the relay its own to
+    the sink) and drained; the orders it added. Bulk: one batch of one order per
+    client to POST /orders/batch, NotAvailable if the route is not there."""
+    url = pipe.batch_url if bulk else pipe.publisher.url
+    for n, session in enumerate(clients):
+        order = event(n, "warm")
+        status, text = await post_one(
+            session, url, json.dumps({"orders": [order]} if bulk else order).encode()
+        )
+        if bulk and status in NOT_BUILT:
+            raise NotAvailable(f"POST /orders/batch answered {status}: no bulk intake here")
+        _expected(url, status, text, BULK_ANSWERED if bulk else ACCEPTED)
+    await wait_drained(pipe.publisher, drain_timeout_s(len(clients)), poll_s=DRAIN_POLL_S)
+    return len(clients)
+
+
+def _checked(pipe: Pipeline, expected: int) -> dict[str, int]:
+    applied, sent = count_rows(pipe.sink_db, SINK_APPLIED), count_rows(pipe.source, SOURCE_SENT)
+    if applied != expected or sent != expected:
+        raise BenchError(f"{applied} applied at the sink and {sent} marked sent of {expected}")
+    return {"applied_at_sink": applied, "marked_sent": sent}
+
+
+def latencies(pipe: Pipeline, ids: Sequence[str], answered: Sequence[float]) -> Figures:
+    """From each order's 201 to the sink's received_at of it; and from the
+    publisher's accepted_at (recorded before its commit, so before the 201)."""
+    received = {str(i): float(at) for i, at in rows(pipe.sink_db, RECEIVED)}
+    accepted = {
+        str(i): float(at) for i, at in rows(pipe.source, "SELECT id, accepted_at FROM orders")
+    }
+    after_201 = [received[i] - at for i, at in zip(ids, answered, strict=True)]
+    after_intake = [(received[i] - accepted[i]) * 1000 for i in ids]
+    # The relay may deliver an order before its 201 has reached the client: then the
+    # warehouse knew first, and the wait after the 201 was nothing.
+    waits = [max(0.0, s) * 1000 for s in after_201]
+    return {
+        "p50_ms": percentile(waits, 50),
+        "p99_ms": percentile(waits, 99),
+        "max_ms": max(waits),
+        "mean_ms": sum(waits) / len(waits),
+        "applied_before_201": sum(1 for s in after_201 if s < 0),
+        "from_accepted_at": {
+            "p50_ms": percentile(after_intake, 50),
+            "p99_ms": percentile(after_intake, 99),
+            "max_ms": max(after_intake),
+        },
+    }
+
+
+def _ids(label: str, count: int) -> list[str]:
+    return [str(event(n, label)["id"]) for n in range(count)]
+
+
+# ---------------------------------------------------------------- the cases
+
+
+async def ceiling(ctx: Context) -> Figures:
+    """The trivial handler: the same orders, 1 client sequentially, then 8 at once."""
+    count = ctx.sizes.e2e_orders
+    server = ctx.children.start("ackserver-e2e", "bench.ackserver")
+    figures: Figures = {
+        "requests": count,
+        "server": "trivial aiohttp handler in a subprocess (bench.ackserver), no database",
+        "client": "aiohttp, one session per client, the same order bodies as e2e_single",
+    }
+    try:
+        for clients_count in (1, CLIENTS):
+            async with sessions(clients_count) as clients:
+                await post_all(clients, server.url, orders_of("warm", clients_count), OK)
+                started = time.perf_counter()
+                await post_all(clients, server.url, orders_of("ceiling", count), OK)
+                elapsed = time.perf_counter() - started
+            figures[f"round_trips_per_s_{clients_count}"] = count / elapsed
+            figures[f"elapsed_s_{clients_count}"] = elapsed
+    finally:
+        ctx.children.stop(server)
+    return figures
+
+
+async def intake(ctx: Context, backend: Backend = "sqlite") -> Figures:
+    """POST /orders by 8 clients while the sink is stopped: the intake alone."""
+    count = ctx.sizes.e2e_orders
+    async with pipeline(ctx, "intake", backend) as pipe, sessions() as clients:
+        warm = await warm_up(pipe, clients)
+        os.kill(pipe.sink.pid, signal.SIGSTOP)  # the relay's next send waits: no marks
+        cpu = pipe.cpu_s()
+        started = time.perf_counter()
+        await post_all(clients, pipe.publisher.url, orders_of("intake", count), ACCEPTED)
+        elapsed = time.perf_counter() - started
+        cpu_after = pipe.cpu_s()
+        accepted = count_rows(pipe.source, "SELECT count(*) FROM orders")
+        sent = count_rows(pipe.source, SOURCE_SENT)
+    if accepted != count + warm or sent != warm:
+        raise BenchError(
+            f"{accepted} orders in the outbox of {count + warm}, {sent} marked sent of {warm}"
+        )
+    return {
+        "orders_per_s": count / elapsed,
+        "orders": count,
+        "clients": CLIENTS,
+        "elapsed_s": elapsed,
+        "cpu_share": _cpu_share(cpu, cpu_after, elapsed),
+        "backend": backend,
+        "sink": "stopped (SIGSTOP) after the warm-up: nothing delivered or marked meanwhile",
+        "marked_sent": sent,
+    }
+
+
+async def single(ctx: Context, backend: Backend = "sqlite") -> Figures:
+    """The orders by 8 clients, one POST /orders each, until applied and marked."""
+    count = ctx.sizes.e2e_orders
+    ids = _ids("e2e", count)
+    async with pipeline(ctx, "single", backend) as pipe, sessions() as clients:
+        warm = await warm_up(pipe, clients)
+        cpu = pipe.cpu_s()
+        started = time.perf_counter()
+        answered = await post_all(clients, pipe.publisher.url, orders_of("e2e", count), ACCEPTED)
+        intake_s = time.perf_counter() - started
+        timeout = drain_timeout_s(count)
+        elapsed = await wait_drained(pipe.publisher, timeout, poll_s=DRAIN_POLL_S, started=started)
+        cpu_after = pipe.cpu_s()
+        checked = _checked(pipe, count + warm)
+        waits = latencies(pipe, ids, answered)
+    ctx.e2e_max[backend] = count / elapsed
+    return {
+        "events_per_s": count / elapsed,
+        "intake_orders_per_s": count / intake_s,
+        "orders": count,
+        "warmup_orders": warm,
+        "clients": CLIENTS,
+        "elapsed_s": elapsed,
+        "intake_s": intake_s,
+        **checked,
+        "cpu_share": _cpu_share(cpu, cpu_after, elapsed),
+        "latency_at_full_load": waits,
+        "backend": backend,
+    }
+
+
+async def bulk(ctx: Context, backend: Backend = "sqlite") -> Figures:
+    """The same orders in batches of 250 to POST /orders/batch, 8 clients."""
+    count = ctx.sizes.e2e_orders
+    orders = [event(n, "bulk") for n in range(count)]
+    bodies = [
+        json.dumps({"orders": orders[at : at + BULK_BATCH]}).encode()
+        for at in range(0, count, BULK_BATCH)
+    ]
+    async with pipeline(ctx, "bulk", backend) as pipe, sessions() as clients:
+        warm = await warm_up(pipe, clients, bulk=True)
+        cpu = pipe.cpu_s()
+        started = time.perf_counter()
+        await post_all(clients, pipe.batch_url, bodies, BULK_ANSWERED)
+        intake_s = time.perf_counter() - started
+        timeout = drain_timeout_s(count)
+        elapsed = await wait_drained(pipe.publisher, timeout, poll_s=DRAIN_POLL_S, started=started)
+        cpu_after = pipe.cpu_s()
+        checked = _checked(pipe, count + warm)
+    return {
+        "events_per_s": count / elapsed,
+        "intake_orders_per_s": count / intake_s,
+        "orders": count,
+        "batch": BULK_BATCH,
+        "requests": len(bodies),
+        "warmup_orders": warm,
+        "clients": CLIENTS,
+        "elapsed_s": elapsed,
+        "intake_s": intake_s,
+        **checked,
+        "cpu_share": _cpu_share(cpu, cpu_after, elapsed),
+        "backend": backend,
+    }
+
+
+async def latency(ctx: Context, backend: Backend = "sqlite") -> Figures:
+    """201 to applied at the sink, paced at half the end-to-end maximum: with a
+    healthy sink, and with the sink stopped for a second a quarter into the run."""
+    maximum = ctx.e2e_max.get(backend)
+    measured_here = maximum is None
+    if maximum is None:  # e2e_single did not run before this case: measure it now
+        maximum = (await single(ctx, backend))["events_per_s"]
+    rate = maximum * LOAD_SHARE
+    count = max(1, math.ceil(rate * ctx.sizes.e2e_latency_s))
+    figures: Figures = {
+        "maximum_events_per_s": maximum,
+        "maximum_measured_by_this_case": measured_here,
+        "offered_per_s": rate,
+        "orders": count,
+        "seconds": count / rate,
+        "stall_s": STALL_S,
+        "backend": backend,
+        "measured": "the client's time.time() at each 201 -> the sink's received_at of "
+        "the order (set in its applying transaction); 0 when the sink had it first",
+    }
+    async with pipeline(ctx, "latency", backend) as pipe, sessions() as clients:
+        expected = await warm_up(pipe, clients)
+        for label in ("idle", "stalled"):  # the second run once the first is drained
+            ids = _ids(label, count)
+            stall = asyncio.create_task(
+                _stop_for(pipe.sink, count / rate / 4, STALL_S if label == "stalled" else 0.0)
+            )
+            try:
+                answered, behind_ms = await post_paced(
+                    clients, pipe.publisher.url, orders_of(label, count), rate, ACCEPTED
+                )
+                await stall
+            finally:
+                stall.cancel()
+            await wait_drained(pipe.publisher, drain_timeout_s(count), poll_s=DRAIN_POLL_S)
+            expected += count
+            _checked(pipe, expected)
+            figures[label] = {**latencies(pipe, ids, answered), "behind_schedule_ms": behind_ms}
+    return figures
+
+
+async def _stop_for(sink: Child, after_s: float, stall_s: float) -> None:
+    if stall_s <= 0:
+        return
+    await asyncio.sleep(after_s)
+    os.kill(sink.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(stall_s)
+    finally:
+        os.kill(sink.pid, signal.SIGCONT)
+
+
+def _cpu_share(before: dict[str, float], after: dict[str, float], elapsed: float) -> Figures:
+    """Each process's CPU seconds over the timed span / that span (1.0: one core busy)."""
+    return {name: (after[name] - before[name]) / elapsed for name in before}
+
+
+async def pg_intake(ctx: Context) -> Figures:
+    return await intake(ctx, "postgres")
+
+
+async def pg_single(ctx: Context) -> Figures:
+    return await single(ctx, "postgres")
+
+
+async def pg_bulk(ctx: Context) -> Figures:
+    return await bulk(ctx, "postgres")
+
+
+async def pg_latency(ctx: Context) -> Figures:
+    return await latency(ctx, "postgres")
