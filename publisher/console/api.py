@@ -15,7 +15,13 @@ from aiohttp import web
 
 from plumbing.web import BadRequest, error, read_json
 from publisher.console.overview import read_overview
-from publisher.console.sessions import Session, Sessions, SignInError, csrf_matches
+from publisher.console.sessions import (
+    BadOperator,
+    Session,
+    Sessions,
+    SignInError,
+    csrf_matches,
+)
 from publisher.errors import InvalidTransition, UnknownEntry
 from publisher.http import HttpSender
 from publisher.store import MAX_PAGE, Entry, Outbox, State
@@ -102,9 +108,10 @@ async def post_sign_in(request: web.Request) -> web.Response:
         raise BadRequest(400, "invalid", "body must be a JSON object")
     try:
         session = sessions.sign_in(body.get("token"), body.get("operator"))
+    except BadOperator as exc:
+        raise BadRequest(400, "invalid", str(exc), field="operator") from exc
     except SignInError as exc:
-        status = 400 if "operator" in str(exc) else 403
-        raise BadRequest(status, "forbidden", str(exc)) from exc
+        raise BadRequest(403, "forbidden", str(exc)) from exc
     reply = web.json_response(_session_body(sessions, session))
     reply.set_cookie(
         COOKIE,

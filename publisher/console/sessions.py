@@ -27,6 +27,10 @@ class SignInError(ValueError):
     """The sign-in was refused."""
 
 
+class BadOperator(SignInError):
+    """The operator name of a sign-in is not one a record may carry."""
+
+
 @dataclass(frozen=True)
 class Session:
     """One signed-in operator: the cookie's value, the CSRF token, the name that the
@@ -44,12 +48,12 @@ def operator_name(given: object) -> str:
     if given is None:
         return DEFAULT_OPERATOR
     if not isinstance(given, str):
-        raise SignInError("operator must be a string")
+        raise BadOperator("operator must be a string")
     name = given.strip()
     if not name:
         return DEFAULT_OPERATOR
     if not _OPERATOR.fullmatch(name):
-        raise SignInError("operator must be 1-64 of A-Z a-z 0-9 . _ @ - and spaces")
+        raise BadOperator("operator must be 1-64 of A-Z a-z 0-9 . _ @ - and spaces")
     return name
 
 
