@@ -49,9 +49,10 @@ async def serve_stream(request: web.Request, streams: Streams, read: Reader) -> 
     """Send `await read()` as an `overview` event every interval until the stream ends."""
     if streams.open >= MAX_STREAMS or streams.stopping.is_set():
         return error(503, f"at most {MAX_STREAMS} live views at once: try again later")
-    reply = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
-    )
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
+    if request.method == "HEAD":  # the headers only: no events, which HEAD cannot carry
+        return web.Response(headers=headers)
+    reply = web.StreamResponse(headers=headers)
     streams.open += 1
     try:
         await reply.prepare(request)
