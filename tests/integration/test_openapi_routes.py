@@ -273,7 +273,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_documents_are_package_data(tmp_path: Path) -> None:
-    """What pip installs from pyproject.toml (the Docker image too) holds each document."""
+    """What pip installs from pyproject.toml (the Docker image too) holds each document
+    and the console's page and assets."""
     source, built = tmp_path / "src", tmp_path / "lib"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -289,6 +290,12 @@ def test_the_documents_are_package_data(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     for name in SERVICES:
         assert (built / name / "openapi.json").read_bytes() == document_bytes(name)
+    # The operator console's page and assets travel the same way.
+    static = Path("publisher", "console", "static")
+    shipped = sorted(path.name for path in (built / static).iterdir())
+    assert shipped == ["console.css", "console.js", "index.html"]
+    for name in shipped:
+        assert (built / static / name).read_bytes() == (ROOT / static / name).read_bytes()
 
 
 @pytest.fixture
