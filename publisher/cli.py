@@ -492,13 +492,7 @@ def _entry_json(
     entry: Entry, records: list[QuarantineRecord], lines: LinesView
 ) -> dict[str, object]:
     return {
-        "seq": entry.seq,
-        **entry.event,
-        "state": entry.state.value,
-        "attempts": entry.attempts,
-        "last_error": entry.last_error,
-        "queued_at": entry.queued_at,
-        "sent_at": entry.sent_at,
+        **entry.to_dict(),
         "quarantines": [vars(r) for r in records],
         "lease": _delivered_by(entry, lines),
     }

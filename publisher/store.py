@@ -73,6 +73,18 @@ class Entry:
     def id(self) -> str:
         return self.event["id"]
 
+    def to_dict(self) -> dict[str, Any]:
+        """As plain JSON values (list --json, the console's entries)."""
+        return {
+            "seq": self.seq,
+            **self.event,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "queued_at": self.queued_at,
+            "sent_at": self.sent_at,
+        }
+
 
 @dataclass(frozen=True)
 class QuarantineRecord:

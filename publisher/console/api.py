@@ -7,7 +7,7 @@ CSRF token (X-CSRF-Token), checked before the body is read: 403, nothing changed
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -24,7 +24,7 @@ from publisher.console.sessions import (
 )
 from publisher.errors import InvalidTransition, UnknownEntry
 from publisher.http import HttpSender
-from publisher.store import MAX_PAGE, Entry, Outbox, State
+from publisher.store import MAX_PAGE, NO_SEQ_ABOVE, Outbox, State
 from publisher.trace import collect_trace
 from shared import InvalidEvent, validate_event_id, validate_sku
 
@@ -139,29 +139,32 @@ async def get_overview(request: web.Request) -> web.Response:
     return web.json_response(await read_overview(_outbox(request)))
 
 
-def _page(query: Any) -> tuple[State, int, int | None, str | None]:
+def _page(query: Mapping[str, str]) -> tuple[State, int, int | None, str | None]:
     """state, limit, after and sku of GET /console/api/entries, or BadRequest 400."""
     try:
         state = State(query.get("state", State.PENDING.value))
     except ValueError:
         raise BadRequest(400, "invalid", "state must be pending, quarantined or sent") from None
-    limit = _number(query, "limit", PAGE_SIZE, 1, MAX_PAGE)
-    after = _number(query, "after", None, 0, 2**62)
+    limit = _number(query, "limit", 1, MAX_PAGE)
+    after = _number(query, "after", 0, NO_SEQ_ABOVE)
     sku = query.get("sku") or None
     if sku is not None:
         try:
             validate_sku(sku)
         except InvalidEvent as exc:
             raise BadRequest(400, "invalid", f"bad SKU: {exc.problem}", field="sku") from exc
-    return state, limit, after, sku
+    return state, PAGE_SIZE if limit is None else limit, after, sku
 
 
-def _number(query: Any, name: str, default: int | None, low: int, high: int) -> Any:
-    text = query.get(name)
-    if text is None or text == "":
-        return default
+def _number(query: Mapping[str, str], name: str, low: int, high: int) -> int | None:
+    """The integer parameter `name` (None if absent or empty), or BadRequest 400."""
+    text = query.get(name) or None
+    if text is None:
+        return None
     if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
-        raise BadRequest(400, "invalid", f"{name} must be an integer from {low} to {high}")
+        raise BadRequest(
+            400, "invalid", f"{name} must be an integer from {low} to {high}", field=name
+        )
     return int(text)
 
 
@@ -172,11 +175,11 @@ async def get_entries(request: web.Request) -> web.Response:
     if request.query.get("id"):
         found = await outbox.entry(_checked_id(request.query["id"]))
         entries = [] if found is None else [found]
-        return web.json_response({"entries": [_entry(e) for e in entries], "next_after": None})
+        return web.json_response({"entries": [e.to_dict() for e in entries], "next_after": None})
     state, limit, after, sku = _page(request.query)
     entries = await outbox.entries(state, limit, after=after, sku=sku)
     more = entries[-1].seq if len(entries) == limit else None
-    return web.json_response({"entries": [_entry(e) for e in entries], "next_after": more})
+    return web.json_response({"entries": [e.to_dict() for e in entries], "next_after": more})
 
 
 def _checked_id(text: str) -> str:
@@ -184,19 +187,6 @@ def _checked_id(text: str) -> str:
         return validate_event_id(text)
     except InvalidEvent as exc:
         raise BadRequest(400, "invalid", f"bad event ID: {exc.problem}", field="id") from exc
-
-
-def _entry(entry: Entry) -> dict[str, Any]:
-    return {
-        "seq": entry.seq,
-        **entry.event,
-        "state": entry.state.value,
-        "attempts": entry.attempts,
-        "last_error": entry.last_error,
-        "queued_at": entry.queued_at,
-        "sent_at": entry.sent_at,
-        "first_failure_at": entry.first_failure_at,
-    }
 
 
 async def get_event(request: web.Request) -> web.Response:
@@ -208,7 +198,7 @@ async def get_event(request: web.Request) -> web.Response:
     entry = await outbox.entry(event_id)
     if entry is None and trace.stages[0].proof.value != "proven":
         return error(404, f"no order or outbox entry has ID {event_id!r}", id=event_id)
-    body = {"trace": trace.to_dict(), "entry": None if entry is None else _entry(entry)}
+    body = {"trace": trace.to_dict(), "entry": None if entry is None else entry.to_dict()}
     return web.json_response(body)
 
 

@@ -3,7 +3,7 @@
 "use strict";
 
 const API = "/console/api";
-const state = { session: null, eventId: null, page: { after: null, history: [] } };
+const state = { session: null, eventId: null, page: { after: null } };
 
 const $ = (id) => document.getElementById(id);
 
