@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: venv test lint typecheck demo chaos bench bench-quick clean postgres-binaries netns-tools
-.PHONY: soak soak-workers demo-postgres
+.PHONY: soak soak-workers demo-postgres browser screenshots
 
 venv: $(VENV)/.installed
 
@@ -22,7 +22,7 @@ typecheck: venv
 
 # Two test processes (pytest-xdist): the tests mostly wait on processes, sockets and
 # fsync, and each process has its own throwaway PostgreSQL server.
-test: lint typecheck postgres-binaries
+test: lint typecheck postgres-binaries browser
 	$(BIN)/pytest -n 2
 
 # The tests start throwaway PostgreSQL servers of their own: they need the server
@@ -40,6 +40,22 @@ postgres-binaries: netns-tools
 	else \
 		echo "PostgreSQL's server programs are missing: install Debian's postgresql package" >&2; exit 1; \
 	fi
+
+# The console's browser tests drive Debian's Chromium through Playwright (its own
+# browser downloads are never used): the package is installed when it is missing.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then \
+		exit 0; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	else \
+		echo "chromium is missing: install Debian's chromium package (the browser tests will be skipped)" >&2; \
+	fi
+
+# The README's pictures of the console, taken by its browser test against real services.
+screenshots: venv browser
+	CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q tests/e2e/test_console_browser.py -k sqlite
 
 # The partition test makes test hosts in network namespaces with `ip` (iproute2).
 netns-tools:

@@ -205,10 +205,14 @@ class HttpGuard:
     in on (and, on loopback, `localhost`): a DNS name the service is reached by.
     `origins`: values of an Origin header that are allowed (none by default: a
     browser page of any site is refused).
+    `own_page_paths`: path prefixes under which the service's own origin is allowed
+    too (an Origin of `http://` plus the Host, which the Host check has found to name
+    this service): where the service serves a page of its own that calls it.
     """
 
     host_names: frozenset[str] = frozenset()
     origins: frozenset[str] = frozenset()
+    own_page_paths: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, host_names: Iterable[str] = (), origins: Iterable[str] = ()) -> HttpGuard:
@@ -257,6 +261,13 @@ def http_guard(guard: HttpGuard) -> Middleware:
         value = host.lower()
         return value in allowed or _host_name(value) in guard.host_names
 
+    def origin_allowed(request: web.Request, origin: str, host: str | None) -> bool:
+        value = origin.lower().rstrip("/")
+        if value in guard.origins:
+            return True
+        own = host is not None and value == f"http://{host.lower()}"
+        return own and request.path.startswith(guard.own_page_paths)
+
     @web.middleware
     async def guard_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
         headers = request.headers
@@ -264,7 +275,7 @@ def http_guard(guard: HttpGuard) -> Middleware:
         if host is not None and not host_allowed(request, host):
             return error(421, "the Host header names no address of this service", host=host)
         origin = headers.get(hdrs.ORIGIN)
-        if origin is not None and origin.lower().rstrip("/") not in guard.origins:
+        if origin is not None and not origin_allowed(request, origin, host):
             return error(403, "requests from this Origin are not allowed", origin=origin)
         # A POST the router will refuse anyway (404, 405 with Allow) gets that answer:
         # the body rules are for the routes that take one.

@@ -36,6 +36,7 @@ from plumbing.net import INTAKE_TOKEN_ENV, TOKEN_ENV, TokenError, is_loopback, l
 from plumbing.storage import BadLocation, StorageError, redacted
 from plumbing.web import add_http_options, http_guard_of, http_limits_of, serve_app
 from publisher.chaos import exit_after_ack
+from publisher.console import ConsoleSettings
 from publisher.dispatch import deliver_pending
 from publisher.driver import MAX_DEPTH
 from publisher.errors import DeliveryError, LeaseLost, OutboxError, TargetNotAllowed
@@ -62,6 +63,7 @@ from shared import GLOBAL_LINE, MAX_BATCH, Conflict, InvalidEvent, validate_even
 PROG: Final = "publisher"
 DEFAULT_PORT: Final = 8000
 EXIT_AFTER_ACK: Final = "exit-after-ack"
+CONSOLE_TOKEN_ENV: Final = "OUTBOX_CONSOLE_TOKEN"
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 log = logging.getLogger(__name__)
@@ -239,6 +241,15 @@ def build_parser() -> ArgumentParser:
     )
     add_option(
         serve,
+        "--console-token-file",
+        help="file holding the operator token that signs in to the console at /console"
+        f" (or {CONSOLE_TOKEN_ENV}); without one the console is read-only",
+    )
+    add_option(
+        serve, "--no-console", action="store_true", help="do not serve the console at /console"
+    )
+    add_option(
+        serve,
         "--insecure",
         action="store_true",
         help="allow a non-loopback intake address without an intake token",
@@ -359,6 +370,9 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
 
 async def cmd_serve(args: argparse.Namespace) -> int:
     intake_token = load_token(args.intake_token_file, INTAKE_TOKEN_ENV)
+    console_token = (
+        None if args.no_console else load_token(args.console_token_file, CONSOLE_TOKEN_ENV)
+    )
     if intake_token is None and not is_loopback(args.host) and not args.insecure:
         message = (
             f"refusing to listen on {args.host} without an intake token: set "
@@ -382,6 +396,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         intake_token=intake_token,
         guard=http_guard_of(args),
         worker=WorkerSettings(worker_id_for(args.db, args.worker_id), args.lease_ttl),
+        console=None if args.no_console else ConsoleSettings(token=console_token),
     )
     hook = exit_after_ack(args.chaos) if args.chaos else None
     app = create_app(settings, after_delivery=hook)
@@ -477,13 +492,7 @@ def _entry_json(
     entry: Entry, records: list[QuarantineRecord], lines: LinesView
 ) -> dict[str, object]:
     return {
-        "seq": entry.seq,
-        **entry.event,
-        "state": entry.state.value,
-        "attempts": entry.attempts,
-        "last_error": entry.last_error,
-        "queued_at": entry.queued_at,
-        "sent_at": entry.sent_at,
+        **entry.to_dict(),
         "quarantines": [vars(r) for r in records],
         "lease": _delivered_by(entry, lines),
     }

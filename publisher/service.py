@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -31,6 +32,7 @@ from plumbing.web import (
     read_event,
     readiness,
 )
+from publisher.console import CONSOLE_PATH, ConsoleSettings, Source, add_console
 from publisher.driver import AfterDelivery
 from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
 from publisher.lanes import MAX_LANES
@@ -63,6 +65,7 @@ class ServiceSettings:
     intake_token: str | None = None  # bearer token POST /orders needs, if set
     guard: HttpGuard = field(default_factory=HttpGuard)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
+    console: ConsoleSettings | None = field(default_factory=ConsoleSettings)  # None: off
 
     def __post_init__(self) -> None:
         self.relay  # noqa: B018  (refuse bad relay settings now, before anything opens)
@@ -89,6 +92,7 @@ RELAY: Final = web.AppKey("relay", Relay)
 METRICS: Final = web.AppKey("metrics", PublisherMetrics)
 SETTINGS: Final = web.AppKey("settings", ServiceSettings)
 READY: Final = web.AppKey("ready", Gauge)
+SENDER: Final = web.AppKey("sender", HttpSender)
 
 
 def create_app(
@@ -100,9 +104,12 @@ def create_app(
     installs one that ends the process there).
     """
     HttpSender(settings.sinks, allowed_hosts=settings.allowed_hosts)  # refuse a bad URL now
+    guard = settings.guard
+    if settings.console is not None:  # the console's page calls its own routes
+        guard = dataclasses.replace(guard, own_page_paths=(f"{CONSOLE_PATH}/",))
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[json_errors, http_guard(settings.guard)],
+        middlewares=[json_errors, http_guard(guard)],
     )
     app[SETTINGS] = settings
     app[METRICS] = PublisherMetrics()
@@ -118,6 +125,8 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", get_readyz)
     add_openapi_route(app, "publisher")
+    if settings.console is not None:
+        add_console(app, settings.console, Source(lambda: app[OUTBOX], lambda: app[SENDER]))
     return app
 
 
@@ -147,7 +156,7 @@ async def _run_relay(
             after_delivery=after_delivery,
             lease_observer=metrics,
         )
-        app[OUTBOX], app[RELAY] = outbox, relay
+        app[OUTBOX], app[RELAY], app[SENDER] = outbox, relay, sender
         task = asyncio.create_task(relay.run(), name="relay")
         yield
         # Intake has stopped by now; let the send in flight finish or time out.

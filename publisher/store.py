@@ -26,6 +26,8 @@ MAX_READ: Final = 256  # entries one pending read may return (a pipelined relay 
 PRUNE_BATCH: Final = 500  # sent rows deleted per transaction by prune
 DELIVERED_PAST_KEPT: Final = 100  # IDs kept in a quarantine record's delivered_past
 WORKERS_KEPT_S: Final = 3600.0  # a relay worker not seen for this long is forgotten
+MAX_PAGE: Final = 1000  # entries one entries() page may return
+MAX_INTERVALS: Final = 1000  # spans one sent_per_interval() read may count
 
 Intake = Literal["accepted", "duplicate"]
 
@@ -70,6 +72,18 @@ class Entry:
     @property
     def id(self) -> str:
         return self.event["id"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """As plain JSON values (list --json, the console's entries)."""
+        return {
+            "seq": self.seq,
+            **self.event,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "queued_at": self.queued_at,
+            "sent_at": self.sent_at,
+        }
 
 
 @dataclass(frozen=True)
@@ -198,6 +212,43 @@ def check_limit(limit: object, most: int = MAX_BATCH) -> int:
     if type(limit) is not int or not 1 <= limit <= most:
         raise ValueError(f"limit must be an integer from 1 to {most}, got {limit!r}")
     return limit
+
+
+NO_SEQ_ABOVE: Final = 2**62  # above every seq: where a page of sent entries starts
+
+
+def page_params(state: State, limit: int, after: int | None, sku: str | None) -> dict[str, object]:
+    """The parameters of one page of entries() (limit, after, sku), checked: ValueError
+    for a `limit` outside 1 to MAX_PAGE or an `after` that is no seq (0 or more).
+    Sent entries are listed newest first, so their page starts below `after`."""
+    check_limit(limit, MAX_PAGE)
+    if after is not None and (type(after) is not int or after < 0):
+        raise ValueError(f"after must be a seq (an integer from 0), got {after!r}")
+    if after is None:
+        after = NO_SEQ_ABOVE if state is State.SENT else 0
+    return {"limit": limit, "after": after, "sku": sku}
+
+
+def interval_params(interval_s: float, intervals: int, now: float) -> dict[str, object]:
+    """The parameters of sent_per_interval's read (start, interval, end), checked:
+    ValueError for a count outside 1 to MAX_INTERVALS or an interval that is not a
+    positive, finite number of seconds."""
+    check_limit(intervals, MAX_INTERVALS)
+    if isinstance(interval_s, bool) or not isinstance(interval_s, int | float):
+        raise ValueError(f"an interval is a number of seconds, not {interval_s!r}")
+    if not 0 < interval_s < 1e9:
+        raise ValueError(f"an interval is a positive number of seconds, not {interval_s!r}")
+    return {"start": now - interval_s * intervals, "interval": float(interval_s), "end": now}
+
+
+def counts_by_interval(rows: Iterable[tuple[int, int]], intervals: int) -> list[int]:
+    """(interval number from 0, count) rows, as a backend's GROUP BY returns them,
+    as one count per interval, oldest first (an interval without marks: 0)."""
+    counts = [0] * intervals
+    for number, count in rows:
+        if 0 <= number < intervals:
+            counts[number] += count
+    return counts
 
 
 class Outbox(StoreBase):
@@ -366,8 +417,22 @@ class Outbox(StoreBase):
     async def entry(self, event_id: str) -> Entry | None: ...
 
     @abstractmethod
-    async def entries(self, state: State, limit: int = 100) -> list[Entry]:
-        """Entries in one state: pending and quarantined oldest first, sent newest first."""
+    async def entries(
+        self, state: State, limit: int = 100, *, after: int | None = None, sku: str | None = None
+    ) -> list[Entry]:
+        """Entries in one state: pending and quarantined oldest first, sent newest first.
+
+        A page: `after` is the seq of the last entry of the previous page (the next
+        page starts past it in the listing's order: above it for pending and
+        quarantined, below it for sent); `sku` keeps the entries of that SKU only.
+        ValueError for a `limit` outside 1 to MAX_PAGE or a negative `after`."""
+
+    @abstractmethod
+    async def sent_per_interval(self, interval_s: float, intervals: int) -> list[int]:
+        """How many entries were marked sent in each of the last `intervals` spans
+        of `interval_s` seconds up to now, oldest first (by any worker: read from
+        the marks' sent_at). ValueError for a count outside 1 to MAX_INTERVALS or an
+        interval that is not a positive number of seconds."""
 
     @abstractmethod
     async def order(self, event_id: str) -> Order | None: ...

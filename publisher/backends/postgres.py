@@ -66,6 +66,9 @@ from publisher.store import (
     check_lease_request,
     check_limit,
     check_ttl,
+    counts_by_interval,
+    interval_params,
+    page_params,
 )
 from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json, validate_event
 from shared.ack import ack_json
@@ -377,13 +380,22 @@ class PostgresOutbox(Outbox):
         rows = await self._db.query(sql.ENTRY_BY_ID, (event_id,))
         return entry_of(rows[0]) if rows else None
 
-    async def entries(self, state: State, limit: int = 100) -> list[Entry]:
+    async def entries(
+        self, state: State, limit: int = 100, *, after: int | None = None, sku: str | None = None
+    ) -> list[Entry]:
         query = {
             State.PENDING: sql.ENTRIES_PENDING,
             State.QUARANTINED: sql.ENTRIES_QUARANTINED,
             State.SENT: sql.ENTRIES_SENT,
         }[state]
-        return [entry_of(row) for row in await self._db.query(query, (limit,))]
+        params = page_params(state, limit, after, sku)
+        return [entry_of(row) for row in await self._db.query(query, params)]
+
+    async def sent_per_interval(self, interval_s: float, intervals: int) -> list[int]:
+        # The marks' sent_at comes from the workers' clocks, so "now" is this one's.
+        params = interval_params(interval_s, intervals, time.time())
+        rows = await self._db.query(sql.SENT_PER_INTERVAL, params)
+        return counts_by_interval(rows, intervals)
 
     async def order(self, event_id: str) -> Order | None:
         rows = await self._db.query(sql.FIND_ORDER, (event_id,))

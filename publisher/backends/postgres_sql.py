@@ -271,15 +271,27 @@ ENTRY_COLUMNS: Final = (
 ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = %s"
 # The row locked: a quarantine, redrive or mark of it waits for another in progress.
 ENTRY_BY_ID_FOR_UPDATE: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = %s FOR UPDATE"
+# One page of a listing: past the seq of the previous page's last entry, of one SKU
+# (its lane) if one is asked for (sku NULL: every SKU).
+_PAGE: Final = "(%(sku)s::text IS NULL OR lane = %(sku)s::text)"
 ENTRIES_PENDING: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %s"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE {IS_PENDING} AND seq > %(after)s AND {_PAGE}"
+    " ORDER BY seq LIMIT %(limit)s"
 )
 ENTRIES_QUARANTINED: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE quarantined = 1 ORDER BY seq LIMIT %s"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE quarantined = 1 AND seq > %(after)s"
+    f" AND {_PAGE} ORDER BY seq LIMIT %(limit)s"
 )
 ENTRIES_SENT: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE sent = 1 ORDER BY seq DESC LIMIT %s"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE sent = 1 AND seq < %(after)s AND {_PAGE}"
+    " ORDER BY seq DESC LIMIT %(limit)s"
 )
+# Marks per interval from start, on the sent_at index: the cost follows the marks in
+# the window, not the sent rows kept.
+SENT_PER_INTERVAL: Final = """
+    SELECT floor((sent_at - %(start)s) / %(interval)s)::integer, count(*)::integer
+    FROM outbox WHERE sent = 1 AND sent_at >= %(start)s AND sent_at < %(end)s GROUP BY 1
+"""
 
 QUARANTINE: Final = (
     "UPDATE outbox SET quarantined = 1 WHERE id = %s AND sent = 0 AND quarantined = 0"

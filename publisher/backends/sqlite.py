@@ -41,6 +41,9 @@ from publisher.store import (
     check_lease_request,
     check_limit,
     check_ttl,
+    counts_by_interval,
+    interval_params,
+    page_params,
 )
 from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json, validate_event
 from shared.ack import ack_json
@@ -202,15 +205,25 @@ class SqliteOutbox(SqliteFile, Outbox):
         row = await self._db.run(lambda conn: conn.execute(sql.ENTRY_BY_ID, (event_id,)).fetchone())
         return None if row is None else entry_of(row)
 
-    async def entries(self, state: State, limit: int = 100) -> list[Entry]:
+    async def entries(
+        self, state: State, limit: int = 100, *, after: int | None = None, sku: str | None = None
+    ) -> list[Entry]:
         """Entries in one state: pending and quarantined oldest first, sent newest first."""
         query = {
             State.PENDING: sql.ENTRIES_PENDING,
             State.QUARANTINED: sql.ENTRIES_QUARANTINED,
             State.SENT: sql.ENTRIES_SENT,
         }[state]
-        rows = await self._db.run(lambda conn: conn.execute(query, (limit,)).fetchall())
+        params = page_params(state, limit, after, sku)
+        rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
         return [entry_of(row) for row in rows]
+
+    async def sent_per_interval(self, interval_s: float, intervals: int) -> list[int]:
+        params = interval_params(interval_s, intervals, time.time())
+        rows = await self._db.run(
+            lambda conn: conn.execute(sql.SENT_PER_INTERVAL, params).fetchall()
+        )
+        return counts_by_interval(rows, intervals)
 
     async def order(self, event_id: str) -> Order | None:
         row = await self._db.run(lambda conn: conn.execute(sql.FIND_ORDER, (event_id,)).fetchone())

@@ -159,13 +159,27 @@ ENTRY_COLUMNS: Final = (
     " last_attempt_at, first_failure_at, quarantined"
 )
 ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = ?"
+# One page of a listing: past the seq of the previous page's last entry, of one SKU
+# (its lane) if one is asked for (:sku NULL: every SKU).
+_PAGE: Final = "(:sku IS NULL OR lane = :sku)"
 ENTRIES_PENDING: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE {IS_PENDING} AND seq > :after AND {_PAGE}"
+    " ORDER BY seq LIMIT :limit"
 )
 ENTRIES_QUARANTINED: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE quarantined = 1 ORDER BY seq LIMIT ?"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE quarantined = 1 AND seq > :after AND {_PAGE}"
+    " ORDER BY seq LIMIT :limit"
 )
-ENTRIES_SENT: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE sent = 1 ORDER BY seq DESC LIMIT ?"
+ENTRIES_SENT: Final = (
+    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE sent = 1 AND seq < :after AND {_PAGE}"
+    " ORDER BY seq DESC LIMIT :limit"
+)
+# Marks per interval from :start, on the sent_at index: the cost follows the marks
+# in the window, not the sent rows kept.
+SENT_PER_INTERVAL: Final = """
+    SELECT CAST((sent_at - :start) / :interval AS INTEGER), count(*) FROM outbox
+    WHERE sent = 1 AND sent_at >= :start AND sent_at < :end GROUP BY 1
+"""
 
 QUARANTINE: Final = (
     "UPDATE outbox SET quarantined = 1 WHERE id = ? AND sent = 0 AND quarantined = 0"

@@ -855,6 +855,80 @@ async def test_list_orders_pending_and_quarantined_oldest_first_sent_newest_firs
     assert all(e.state is State.SENT and e.ack == ACK and e.sent_at for e in sent)
 
 
+async def test_list_pages_on_from_the_last_seq_in_each_states_order(outbox: Outbox) -> None:
+    await accept(outbox, *[f"p{n}" for n in range(5)], *[f"s{n}" for n in range(5)])
+    for n in range(5):
+        await outbox.mark_sent(f"s{n}", ACK)
+    first = await outbox.entries(State.PENDING, limit=2)
+    second = await outbox.entries(State.PENDING, limit=2, after=first[-1].seq)
+    last = await outbox.entries(State.PENDING, limit=2, after=second[-1].seq)
+    assert [[e.id for e in page] for page in (first, second, last)] == [
+        ["p0", "p1"],
+        ["p2", "p3"],
+        ["p4"],
+    ]
+    assert await outbox.entries(State.PENDING, after=last[-1].seq) == []
+    newest = await outbox.entries(State.SENT, limit=3)
+    older = await outbox.entries(State.SENT, limit=3, after=newest[-1].seq)
+    assert [e.id for e in newest + older] == ["s4", "s3", "s2", "s1", "s0"]
+
+
+async def test_list_keeps_one_sku_when_asked(outbox: Outbox) -> None:
+    for n in range(6):
+        await outbox.accept(order(f"e{n}", sku="tea" if n % 2 else "snack"))
+    await outbox.quarantine("e1", "x", "alice")
+    await outbox.mark_sent("e3", ACK)
+
+    assert [e.id for e in await outbox.entries(State.PENDING, sku="tea")] == ["e5"]
+    assert [e.id for e in await outbox.entries(State.PENDING, sku="snack")] == ["e0", "e2", "e4"]
+    assert [e.id for e in await outbox.entries(State.QUARANTINED, sku="tea")] == ["e1"]
+    assert [e.id for e in await outbox.entries(State.SENT, sku="tea")] == ["e3"]
+    assert await outbox.entries(State.SENT, sku="snack") == []
+    assert await outbox.entries(State.PENDING, sku="none") == []
+    page = await outbox.entries(State.PENDING, limit=1, after=0, sku="snack")
+    assert [e.id for e in page] == ["e0"]
+
+
+@pytest.mark.parametrize(
+    ("limit", "after"), [(0, None), (publisher.store.MAX_PAGE + 1, None), (True, None), (5, -1)]
+)
+async def test_list_refuses_a_bad_page(
+    outbox: Outbox, backend: Backend, limit: int, after: int | None
+) -> None:
+    await accept(outbox, "a")
+    before = contents(backend)
+    with pytest.raises(ValueError, match=r"limit|after"):
+        await outbox.entries(State.PENDING, limit, after=after)
+    assert contents(backend) == before
+
+
+async def test_sent_per_interval_counts_the_marks_of_each_recent_interval(
+    outbox: Outbox, backend: Backend
+) -> None:
+    ids = [f"r{n}" for n in range(7)]
+    await accept(outbox, *ids)
+    for event_id in ids:
+        await outbox.mark_sent(event_id, ACK)
+    now = time.time()
+    # r0 marked 25 s ago, r1 and r2 15 s ago, r3 an hour ago; r4-r6 just now.
+    for event_id, age_s in (("r0", 25), ("r1", 15), ("r2", 15), ("r3", 3600)):
+        backend.execute(f"UPDATE outbox SET sent_at = {now - age_s} WHERE id = '{event_id}'")
+
+    assert await outbox.sent_per_interval(10.0, 3) == [1, 2, 3]
+    assert await outbox.sent_per_interval(30.0, 1) == [6]
+    assert sum(await outbox.sent_per_interval(60.0, 100)) == 7
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "intervals"), [(0.0, 5), (-1.0, 5), (True, 5), (10.0, 0), (10.0, 1001)]
+)
+async def test_sent_per_interval_refuses_bad_arguments(
+    outbox: Outbox, interval_s: float, intervals: int
+) -> None:
+    with pytest.raises(ValueError, match=r"interval|limit"):
+        await outbox.sent_per_interval(interval_s, intervals)
+
+
 # ---------------------------------------------------------------- prune
 
 

@@ -41,6 +41,7 @@ GUARD = {403, 421}  # Origin and Host checks: every operation
 POST = {408, 413, 415}  # a body too slow, too large, not plain JSON
 SINK_AUTH = {401}  # only when the sink runs with a token
 STORAGE = {503}
+CONSOLE_ACTION = {200, 400, 403, 404, 409} | POST | GUARD | STORAGE
 
 # method, path -> statuses. The document must say exactly these.
 PINNED: dict[str, dict[tuple[str, str], set[int]]] = {
@@ -62,7 +63,28 @@ PINNED: dict[str, dict[tuple[str, str], set[int]]] = {
         ("GET", "/healthz"): {200} | GUARD,
         ("GET", "/readyz"): {200} | GUARD | STORAGE,
         ("GET", "/openapi.json"): {200} | GUARD,
+        # The operator console (publisher.console): its page, and the JSON routes it uses.
+        ("GET", "/console"): {200} | GUARD,
+        ("GET", "/console/static/console.js"): {200} | GUARD,
+        ("GET", "/console/static/console.css"): {200} | GUARD,
+        ("GET", "/console/api/session"): {200} | GUARD,
+        ("POST", "/console/api/sign-in"): {200, 400, 403} | POST | GUARD,
+        ("POST", "/console/api/sign-out"): {200, 403} | POST | GUARD,
+        ("GET", "/console/api/overview"): {200} | GUARD | STORAGE,
+        ("GET", "/console/api/stream"): {200} | GUARD | STORAGE,
+        ("GET", "/console/api/entries"): {200, 400} | GUARD | STORAGE,
+        ("GET", "/console/api/events/{id}"): {200, 400, 404} | GUARD | STORAGE,
+        ("POST", "/console/api/events/{id}/quarantine"): CONSOLE_ACTION,
+        ("POST", "/console/api/events/{id}/redrive"): CONSOLE_ACTION,
     },
+}
+# Replies that are not JSON: Prometheus text, and the console's page, assets and stream.
+NOT_JSON = {
+    "/metrics": "text/plain",
+    "/console": "text/html",
+    "/console/static/console.js": "text/javascript",
+    "/console/static/console.css": "text/css",
+    "/console/api/stream": "text/event-stream",
 }
 # A concrete path of the document that no route names, but a template route serves.
 ALIASES = {("sink", "GET", "/events/batch"): "/events/{id}"}
@@ -138,7 +160,8 @@ def test_every_operation_documents_the_pinned_statuses(name: str) -> None:
 
 
 def test_errors_and_replies_are_json_as_documented(name: str) -> None:
-    """Every response but metrics and HEAD has a JSON body; every error one with `error`."""
+    """Every response but HEAD and the NOT_JSON ones has a JSON body; every error one
+    with `error`."""
     document = load_document(name)
     schemas = document["components"]["schemas"]
     for method, path, operation in operations(document):
@@ -147,8 +170,8 @@ def test_errors_and_replies_are_json_as_documented(name: str) -> None:
             if method == "HEAD":
                 assert content is None, (method, path, status)
                 continue
-            if path == "/metrics" and status == "200":
-                assert list(content) == ["text/plain"]
+            if path in NOT_JSON and status == "200":
+                assert list(content) == [NOT_JSON[path]], (method, path)
                 continue
             assert list(content) == ["application/json"], (method, path, status)
             if int(status) >= 400:
@@ -250,7 +273,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_documents_are_package_data(tmp_path: Path) -> None:
-    """What pip installs from pyproject.toml (the Docker image too) holds each document."""
+    """What pip installs from pyproject.toml (the Docker image too) holds each document
+    and the console's page and assets."""
     source, built = tmp_path / "src", tmp_path / "lib"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -266,6 +290,12 @@ def test_the_documents_are_package_data(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     for name in SERVICES:
         assert (built / name / "openapi.json").read_bytes() == document_bytes(name)
+    # The operator console's page and assets travel the same way.
+    static = Path("publisher", "console", "static")
+    shipped = sorted(path.name for path in (built / static).iterdir())
+    assert shipped == ["console.css", "console.js", "index.html"]
+    for name in shipped:
+        assert (built / static / name).read_bytes() == (ROOT / static / name).read_bytes()
 
 
 @pytest.fixture

@@ -1,0 +1,239 @@
+"""The console's JSON routes: sign-in, the views it reads, and the two actions.
+
+Reads need no session (the console is read-only to anyone who can reach the
+port, like GET /status); every POST but the sign-in needs a live session and its
+CSRF token (X-CSRF-Token), checked before the body is read: 403, nothing changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from aiohttp import web
+
+from plumbing.web import BadRequest, error, read_json
+from publisher.console.overview import read_overview
+from publisher.console.sessions import (
+    BadOperator,
+    Session,
+    Sessions,
+    SignInError,
+    csrf_matches,
+)
+from publisher.errors import InvalidTransition, UnknownEntry
+from publisher.http import HttpSender
+from publisher.store import MAX_PAGE, NO_SEQ_ABOVE, Outbox, State
+from publisher.trace import collect_trace
+from shared import InvalidEvent, validate_event_id, validate_sku
+
+COOKIE: Final = "outbox_console"
+CSRF_HEADER: Final = "X-CSRF-Token"
+PAGE_SIZE: Final = 50
+MAX_REASON_CHARS: Final = 500
+MAX_BODY_BYTES: Final = 4096  # a sign-in or a reason: small
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the console reads: the service's outbox, and its sender to ask the sink
+    (None: the sink is not asked, and the trace says so)."""
+
+    outbox: Callable[[], Outbox]
+    sender: Callable[[], HttpSender | None]
+
+
+T = TypeVar("T")
+SOURCE: Final = web.AppKey("console_source", Source)
+SESSIONS: Final = web.AppKey("console_sessions", Sessions)
+
+
+def add_routes(app: web.Application, prefix: str) -> None:
+    app.router.add_get(f"{prefix}/session", get_session)
+    app.router.add_post(f"{prefix}/sign-in", post_sign_in)
+    app.router.add_post(f"{prefix}/sign-out", post_sign_out)
+    app.router.add_get(f"{prefix}/overview", get_overview)
+    app.router.add_get(f"{prefix}/entries", get_entries)
+    app.router.add_get(f"{prefix}/events/{{id}}", get_event)
+    app.router.add_post(f"{prefix}/events/{{id}}/quarantine", post_quarantine)
+    app.router.add_post(f"{prefix}/events/{{id}}/redrive", post_redrive)
+
+
+def _outbox(request: web.Request) -> Outbox:
+    return request.app[SOURCE].outbox()
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def _session(request: web.Request) -> Session | None:
+    return request.app[SESSIONS].find(request.cookies.get(COOKIE))
+
+
+def _acting(request: web.Request) -> Session:
+    """The session of a state-changing request, or BadRequest 403 (nothing done)."""
+    sessions = request.app[SESSIONS]
+    if not sessions.actions_enabled:
+        raise BadRequest(403, "forbidden", "actions are off: no operator token is configured")
+    session = _session(request)
+    if session is None:
+        raise BadRequest(403, "forbidden", "sign in first: no live console session")
+    if not csrf_matches(session, request.headers.get(CSRF_HEADER)):
+        raise BadRequest(403, "forbidden", f"missing or wrong {CSRF_HEADER} header")
+    return session
+
+
+def _session_body(sessions: Sessions, session: Session | None) -> dict[str, Any]:
+    return {
+        "actions_enabled": sessions.actions_enabled,
+        "signed_in": session is not None,
+        "operator": None if session is None else session.operator,
+        "csrf_token": None if session is None else session.csrf,
+    }
+
+
+async def get_session(request: web.Request) -> web.Response:
+    """Whether actions are possible and who is signed in (with the CSRF token the
+    page sends back: only this session's own page can read it, the cookie being
+    HttpOnly and the answer same-origin)."""
+    return web.json_response(_session_body(request.app[SESSIONS], _session(request)))
+
+
+async def post_sign_in(request: web.Request) -> web.Response:
+    """{"token": ..., "operator": ...}: sets the session cookie; 403 for a wrong token."""
+    sessions = request.app[SESSIONS]
+    body = await read_json(request, MAX_BODY_BYTES)
+    if not isinstance(body, dict):
+        raise BadRequest(400, "invalid", "body must be a JSON object")
+    try:
+        session = sessions.sign_in(body.get("token"), body.get("operator"))
+    except BadOperator as exc:
+        raise BadRequest(400, "invalid", str(exc), field="operator") from exc
+    except SignInError as exc:
+        raise BadRequest(403, "forbidden", str(exc)) from exc
+    reply = web.json_response(_session_body(sessions, session))
+    reply.set_cookie(
+        COOKIE,
+        session.id,
+        path="/console",
+        httponly=True,
+        samesite="Strict",
+        max_age=int(sessions.ttl_s),
+    )
+    return reply
+
+
+async def post_sign_out(request: web.Request) -> web.Response:
+    session = _acting(request)
+    request.app[SESSIONS].sign_out(session.id)
+    reply = web.json_response(_session_body(request.app[SESSIONS], None))
+    reply.del_cookie(COOKIE, path="/console")
+    return reply
+
+
+# ---------------------------------------------------------------- reads
+
+
+async def get_overview(request: web.Request) -> web.Response:
+    return web.json_response(await read_overview(_outbox(request)))
+
+
+def _page(query: Mapping[str, str]) -> tuple[State, int, int | None, str | None]:
+    """state, limit, after and sku of GET /console/api/entries, or BadRequest 400."""
+    try:
+        state = State(query.get("state", State.PENDING.value))
+    except ValueError:
+        raise BadRequest(400, "invalid", "state must be pending, quarantined or sent") from None
+    limit = _number(query, "limit", 1, MAX_PAGE)
+    after = _number(query, "after", 0, NO_SEQ_ABOVE)
+    sku = query.get("sku") or None
+    if sku is not None:
+        try:
+            validate_sku(sku)
+        except InvalidEvent as exc:
+            raise BadRequest(400, "invalid", f"bad SKU: {exc.problem}", field="sku") from exc
+    return state, PAGE_SIZE if limit is None else limit, after, sku
+
+
+def _number(query: Mapping[str, str], name: str, low: int, high: int) -> int | None:
+    """The integer parameter `name` (None if absent or empty), or BadRequest 400."""
+    text = query.get(name) or None
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise BadRequest(
+            400, "invalid", f"{name} must be an integer from {low} to {high}", field=name
+        )
+    return int(text)
+
+
+async def get_entries(request: web.Request) -> web.Response:
+    """One page of entries in one state, optionally of one SKU, or the one entry
+    with `id`; `next_after` is the `after` of the next page (null: no more)."""
+    outbox = _outbox(request)
+    if request.query.get("id"):
+        found = await outbox.entry(_checked_id(request.query["id"]))
+        entries = [] if found is None else [found]
+        return web.json_response({"entries": [e.to_dict() for e in entries], "next_after": None})
+    state, limit, after, sku = _page(request.query)
+    entries = await outbox.entries(state, limit, after=after, sku=sku)
+    more = entries[-1].seq if len(entries) == limit else None
+    return web.json_response({"entries": [e.to_dict() for e in entries], "next_after": more})
+
+
+def _checked_id(text: str) -> str:
+    try:
+        return validate_event_id(text)
+    except InvalidEvent as exc:
+        raise BadRequest(400, "invalid", f"bad event ID: {exc.problem}", field="id") from exc
+
+
+async def get_event(request: web.Request) -> web.Response:
+    """The trace of one event (as `publisher trace --json` gives it) and its entry;
+    404 if the outbox holds neither its order nor its entry."""
+    event_id = _checked_id(request.match_info["id"])
+    outbox = _outbox(request)
+    trace = await collect_trace(outbox, event_id, request.app[SOURCE].sender())
+    entry = await outbox.entry(event_id)
+    if entry is None and trace.stages[0].proof.value != "proven":
+        return error(404, f"no order or outbox entry has ID {event_id!r}", id=event_id)
+    body = {"trace": trace.to_dict(), "entry": None if entry is None else entry.to_dict()}
+    return web.json_response(body)
+
+
+# ---------------------------------------------------------------- actions
+
+
+async def post_quarantine(request: web.Request) -> web.Response:
+    """{"reason": ...}: the CLI's `publisher quarantine`, by the signed-in operator."""
+    session = _acting(request)
+    event_id = _checked_id(request.match_info["id"])
+    body = await read_json(request, MAX_BODY_BYTES)
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        raise BadRequest(
+            400, "invalid", f"reason must be 1 to {MAX_REASON_CHARS} characters", field="reason"
+        )
+    await _act(_outbox(request).quarantine(event_id, reason.strip(), session.operator))
+    return web.json_response({"id": event_id, "result": "quarantined", "by": session.operator})
+
+
+async def post_redrive(request: web.Request) -> web.Response:
+    """The CLI's `publisher redrive`, by the signed-in operator; the closed record."""
+    session = _acting(request)
+    event_id = _checked_id(request.match_info["id"])
+    record = await _act(_outbox(request).redrive(event_id, session.operator))
+    return web.json_response(
+        {"id": event_id, "result": "redriven", "by": session.operator, "record": vars(record)}
+    )
+
+
+async def _act(operation: Awaitable[T]) -> T:
+    """The store operation's result; its refusal as 404 (no such entry) or 409."""
+    try:
+        return await operation
+    except UnknownEntry as exc:
+        raise BadRequest(404, "unknown", str(exc)) from exc
+    except InvalidTransition as exc:
+        raise BadRequest(409, "conflict", str(exc)) from exc

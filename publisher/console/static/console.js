@@ -1,0 +1,307 @@
+// The operator console. Data is only ever put into the page as text (textContent,
+// attributes of SVG shapes): nothing from the server is parsed as HTML.
+"use strict";
+
+const API = "/console/api";
+const state = { session: null, eventId: null, page: { after: null } };
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
+function when(seconds) {
+  return seconds === null || seconds === undefined ? "-" : new Date(seconds * 1000).toISOString();
+}
+
+function age(seconds) {
+  return seconds < 60 ? `${seconds.toFixed(1)} s` : `${(seconds / 60).toFixed(1)} min`;
+}
+
+function row(cells) {
+  const tr = document.createElement("tr");
+  for (const cell of cells) {
+    const td = document.createElement("td");
+    if (cell instanceof Node) td.appendChild(cell);
+    else td.textContent = cell === null || cell === undefined ? "-" : String(cell);
+    tr.appendChild(td);
+  }
+  return tr;
+}
+
+function eventLink(id) {
+  const a = el("a", id);
+  a.href = `#event/${encodeURIComponent(id)}`;
+  return a;
+}
+
+async function call(method, path, body) {
+  const headers = {};
+  const init = { method, headers, credentials: "same-origin" };
+  if (method === "POST") {
+    headers["Content-Type"] = "application/json";
+    if (state.session && state.session.csrf_token) headers["X-CSRF-Token"] = state.session.csrf_token;
+    init.body = JSON.stringify(body || {});
+  }
+  const reply = await fetch(API + path, init);
+  const data = await reply.json().catch(() => ({ error: `answer ${reply.status} is not JSON` }));
+  if (!reply.ok) throw new Error(data.error || `answer ${reply.status}`);
+  return data;
+}
+
+// ------------------------------------------------------------------ session
+
+function showSession(session) {
+  state.session = session;
+  $("actions-off").hidden = session.actions_enabled;
+  $("sign-in").hidden = !session.actions_enabled || session.signed_in;
+  $("signed-in").hidden = !session.signed_in;
+  $("operator-name").textContent = session.operator || "";
+  const canAct = session.actions_enabled && session.signed_in;
+  $("quarantine").disabled = !canAct;
+  $("redrive").disabled = !canAct;
+  $("actions-note").textContent = canAct
+    ? `Actions are recorded as done by ${session.operator}.`
+    : session.actions_enabled
+      ? "Sign in with the operator token to quarantine or redrive."
+      : "Actions are off: no operator token is configured.";
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  $("account-error").textContent = "";
+  try {
+    showSession(await call("POST", "/sign-in", { token: $("token").value, operator: $("operator").value }));
+    $("token").value = "";
+  } catch (error) {
+    $("account-error").textContent = `Sign-in refused: ${error.message}`;
+  }
+}
+
+async function signOut() {
+  try {
+    showSession(await call("POST", "/sign-out"));
+  } catch (error) {
+    $("account-error").textContent = error.message;
+  }
+}
+
+// ------------------------------------------------------------------ overview
+
+function showOverview(o) {
+  $("pending").textContent = String(o.pending);
+  $("oldest").textContent = age(o.oldest_pending_age_seconds);
+  $("quarantined").textContent = String(o.quarantined);
+  const head = $("head");
+  head.replaceChildren();
+  const detail = $("head-detail");
+  if (o.head === null) {
+    head.textContent = "none";
+    detail.hidden = true;
+  } else {
+    head.appendChild(eventLink(o.head.id));
+    head.appendChild(document.createTextNode(o.head_blocked ? " BLOCKED" : " flowing"));
+    head.classList.toggle("blocked", o.head_blocked);
+    detail.hidden = !o.head_blocked;
+    detail.textContent = o.head_blocked
+      ? `Head ${o.head.id} blocked since ${when(o.head.blocked_since)}, ${o.head.attempts} attempts, last error: ${o.head.last_error}`
+      : "";
+  }
+  const lanes = $("blocked-lanes");
+  lanes.replaceChildren(
+    ...o.blocked_lanes.map((lane) =>
+      el("li", `Lane ${lane.lane}: head ${lane.id} blocked since ${when(lane.blocked_since)}, last error: ${lane.last_error}`, "blocked"),
+    ),
+  );
+  drawRate(o.rate);
+  $("workers").textContent =
+    `${o.workers.length} worker(s) holding leases: ${o.workers.join(", ") || "none"}; ${o.lines_free} line(s) free`;
+  $("lines").tBodies[0].replaceChildren(
+    ...o.lines.map((l) => row([l.line, l.owner, l.epoch, `${l.expires_in_seconds.toFixed(1)} s`])),
+  );
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function drawRate(rate) {
+  const svg = $("rate");
+  const counts = rate.sent;
+  const most = Math.max(1, ...counts);
+  const width = 600 / counts.length;
+  const shapes = counts.map((count, n) => {
+    const bar = document.createElementNS(SVG, "rect");
+    const height = (count / most) * 110;
+    bar.setAttribute("x", String(n * width + 1));
+    bar.setAttribute("y", String(120 - height));
+    bar.setAttribute("width", String(Math.max(1, width - 2)));
+    bar.setAttribute("height", String(height));
+    bar.setAttribute("class", "bar");
+    const title = document.createElementNS(SVG, "title");
+    title.textContent = `${count} marked sent`;
+    bar.appendChild(title);
+    return bar;
+  });
+  svg.replaceChildren(...shapes);
+  const total = counts.reduce((a, b) => a + b, 0);
+  const minutes = (counts.length * rate.interval_seconds) / 60;
+  const last = counts[counts.length - 1] / rate.interval_seconds;
+  $("rate-caption").textContent =
+    `${total} marked sent in the last ${minutes} min, per ${rate.interval_seconds} s bar (highest ${most}); now ${last.toFixed(1)}/s`;
+}
+
+function live() {
+  const source = new EventSource(`${API}/stream`);
+  source.addEventListener("open", () => { $("live").textContent = "live"; });
+  source.addEventListener("overview", (message) => {
+    $("live").textContent = "live";
+    showOverview(JSON.parse(message.data));
+  });
+  source.addEventListener("unavailable", (message) => {
+    $("live").textContent = JSON.parse(message.data).error;
+  });
+  source.addEventListener("error", () => { $("live").textContent = "reconnecting"; });
+}
+
+// ------------------------------------------------------------------ entries
+
+function entriesQuery(after) {
+  const query = new URLSearchParams({ state: $("state").value });
+  const id = $("search-id").value.trim();
+  const sku = $("search-sku").value.trim();
+  if (id) query.set("id", id);
+  if (sku) query.set("sku", sku);
+  if (after !== null) query.set("after", String(after));
+  return query;
+}
+
+async function loadEntries(after) {
+  $("entries-error").textContent = "";
+  try {
+    const page = await call("GET", `/entries?${entriesQuery(after)}`);
+    $("entry-table").tBodies[0].replaceChildren(
+      ...page.entries.map((e) =>
+        row([e.seq, eventLink(e.id), e.sku, e.qty, e.state, e.attempts, e.last_error, when(e.queued_at)]),
+      ),
+    );
+    state.page.after = page.next_after;
+    $("next-page").disabled = page.next_after === null;
+    if (page.entries.length === 0) $("entries-error").textContent = "No entries match.";
+  } catch (error) {
+    $("entries-error").textContent = error.message;
+  }
+}
+
+// ------------------------------------------------------------------ one event
+
+async function loadEvent(id) {
+  state.eventId = id;
+  $("event-title").textContent = `Event ${id}`;
+  $("event-error").textContent = "";
+  try {
+    showEvent(await call("GET", `/events/${encodeURIComponent(id)}`));
+  } catch (error) {
+    $("event-error").textContent = error.message;
+    $("evidence").tBodies[0].replaceChildren();
+    $("records").tBodies[0].replaceChildren();
+  }
+}
+
+function showEvent(data) {
+  const trace = data.trace;
+  const entry = data.entry;
+  $("event-state").textContent = entry
+    ? `${entry.sku} x${entry.qty}, seq ${entry.seq}, ${entry.state}`
+    : "no outbox entry (pruned)";
+  $("evidence").tBodies[0].replaceChildren(
+    ...trace.stages.map((s, n) => {
+      const tr = row([n + 1, s.name, s.proof, s.evidence]);
+      tr.className = `proof-${s.proof.replace(" ", "-")}`;
+      return tr;
+    }),
+  );
+  $("attempts").textContent = trace.attempts === null
+    ? ""
+    : `Attempts: ${trace.attempts}${trace.last_error ? `, last error: ${trace.last_error}` : ""}`;
+  $("waiting").replaceChildren(...trace.waiting_behind.map((w) => el("li", `Waiting: ${w}`)));
+  $("event-lines").replaceChildren(
+    ...trace.lines.map((l) => el("li", `Line ${l.line}: owner ${l.owner || "none"}, epoch ${l.epoch}`)),
+  );
+  $("records").tBodies[0].replaceChildren(
+    ...trace.quarantines.map((q) =>
+      row([
+        when(q.quarantined_at),
+        q.quarantined_by,
+        q.reason,
+        q.released_at === null ? "still quarantined" : `${q.released_as} ${when(q.released_at)} by ${q.released_by}`,
+        q.delivered_past_count === null ? "-" : `${q.delivered_past_count}: ${q.delivered_past.join(" ")}`,
+      ]),
+    ),
+  );
+}
+
+// ------------------------------------------------------------------ actions
+
+let pending = null;
+
+function ask(action) {
+  const reason = $("reason").value.trim();
+  if (action === "quarantine" && !reason) {
+    $("action-result").textContent = "Give a reason first.";
+    return;
+  }
+  pending = { action, reason };
+  $("confirm-text").textContent = action === "quarantine"
+    ? `Quarantine ${state.eventId} with reason "${reason}"?`
+    : `Redrive ${state.eventId}: put it back in line at its own position?`;
+  $("confirm").hidden = false;
+}
+
+async function confirmed() {
+  $("confirm").hidden = true;
+  const { action, reason } = pending;
+  pending = null;
+  const path = `/events/${encodeURIComponent(state.eventId)}/${action}`;
+  try {
+    const done = await call("POST", path, action === "quarantine" ? { reason } : {});
+    $("action-result").textContent = `${done.result} ${done.id} by ${done.by}`;
+    $("reason").value = "";
+  } catch (error) {
+    $("action-result").textContent = `Refused: ${error.message}`;
+  }
+  await loadEvent(state.eventId);
+}
+
+// ------------------------------------------------------------------ views
+
+function route() {
+  const hash = decodeURIComponent(location.hash.slice(1));
+  const view = hash.startsWith("event/") ? "event" : hash === "entries" ? "entries" : "overview";
+  for (const name of ["overview", "entries", "event"]) $(name).hidden = name !== view;
+  $("action-result").textContent = "";
+  $("confirm").hidden = true;
+  if (view === "event") loadEvent(hash.slice("event/".length));
+  if (view === "entries") loadEntries(null);
+}
+
+async function start() {
+  $("sign-in").addEventListener("submit", signIn);
+  $("sign-out").addEventListener("click", signOut);
+  $("search").addEventListener("submit", (event) => { event.preventDefault(); loadEntries(null); });
+  $("state").addEventListener("change", () => loadEntries(null));
+  $("next-page").addEventListener("click", () => loadEntries(state.page.after));
+  $("first-page").addEventListener("click", () => loadEntries(null));
+  $("quarantine").addEventListener("click", () => ask("quarantine"));
+  $("redrive").addEventListener("click", () => ask("redrive"));
+  $("confirm-yes").addEventListener("click", confirmed);
+  $("confirm-no").addEventListener("click", () => { $("confirm").hidden = true; pending = null; });
+  window.addEventListener("hashchange", route);
+  showSession(await call("GET", "/session"));
+  route();
+  live();
+}
+
+document.addEventListener("DOMContentLoaded", start);

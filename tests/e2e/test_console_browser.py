@@ -1,0 +1,215 @@
+"""The operator console in a real browser: Debian's Chromium driven by Playwright
+(the system browser, never one Playwright downloads), against a real `publisher
+serve` process and a real sink process, with the databases read through connections
+of the test's own.
+
+The story: orders arrive and the overview counts them live; a poison head (a SKU the
+sink refuses with 400) shows as blocked; an operator signs in, quarantines it with
+a reason that is markup (shown as text, no dialog) and the later entries flow;
+redrive puts it back. A POST without a session or without its CSRF token is refused
+and changes nothing. With CONSOLE_SCREENSHOTS set to a folder (`make screenshots`),
+the screenshots the README shows are written there too.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from support import LOOPBACK, post_order, wait_until
+
+from publisher.console.app import SECURITY_HEADERS
+
+if TYPE_CHECKING:
+    from conftest import Databases, Query, StartPublisher, StartSink
+    from playwright.sync_api import BrowserContext, Page
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+CHROMIUM = shutil.which("chromium")
+TOKEN = "console-operator-token-0123"
+XSS = "<img src=x onerror=alert(1)>"
+POISON = {"id": "order-001", "sku": "poison", "qty": 1}
+LATER = [{"id": f"order-00{n}", "sku": "snack", "qty": n} for n in range(2, 8)]
+WAIT_MS = 10_000
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+FAST_SERVE = ("--poll-interval", "0.2", "--retry-base", "0.05", "--retry-cap", "0.3")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
+    """One headless Chromium per module, on a fresh profile of its own."""
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (`make browser` installs it)")
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1200, "height": 820},
+        )
+        yield context
+        context.close()
+
+
+def shots(tmp_path: Path) -> list[Path]:
+    folders = [tmp_path / "screenshots"]
+    if os.environ.get("CONSOLE_SCREENSHOTS"):
+        folders.append(Path(os.environ["CONSOLE_SCREENSHOTS"]))
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+    return folders
+
+
+def screenshot(page: Page, folders: list[Path], name: str) -> None:
+    for folder in folders:
+        page.screenshot(path=str(folder / f"{name}.png"))
+
+
+def entry_state(db_rows: Query, db: Path | str, event_id: str) -> tuple[bool, bool]:
+    """(sent, quarantined) of one outbox entry, read with the test's own connection."""
+    [(sent, quarantined)] = db_rows(
+        db, "SELECT sent, quarantined FROM outbox WHERE id = ?", (event_id,)
+    )
+    return bool(sent), bool(quarantined)
+
+
+def records(db_rows: Query, db: Path | str) -> list[tuple[Any, ...]]:
+    return db_rows(
+        db, "SELECT id, reason, quarantined_by, released_by, released_as FROM quarantines"
+    )
+
+
+def post_unsigned(port: int, path: str) -> tuple[int, Any]:
+    """A POST with no session cookie (the browser's is not sent): (status, JSON body)."""
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=5.0)
+    try:
+        body = json.dumps({"reason": "no session"})
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        return reply.status, json.loads(reply.read())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("databases", ["sqlite", "postgres"], indirect=True)
+def test_the_operator_unblocks_a_poison_head_from_the_page(
+    browser: BrowserContext,
+    databases: Databases,
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    db_rows: Query,
+    tmp_path: Path,
+) -> None:
+    from playwright.sync_api import expect
+
+    folders = shots(tmp_path) if databases.backend == "sqlite" else [tmp_path / "pg"]
+    sink = sink_process(databases.sink, "--chaos", "reject-sku=poison")
+    token_file = tmp_path / "console-token"
+    token_file.write_text(TOKEN)
+    publisher = publisher_process(
+        "--db", str(databases.source), "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
+        "--console-token-file", str(token_file), *FAST_SERVE,
+    )  # fmt: skip
+    base = f"http://{LOOPBACK}:{publisher.port}"
+    dialogs: list[str] = []
+    page = browser.new_page()
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+    reply = page.goto(f"{base}/console")
+    assert reply is not None and reply.status == 200
+    for name, value in SECURITY_HEADERS.items():
+        assert reply.headers[name.lower()] == value
+    expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    expect(page.locator("#pending")).to_have_text("0", timeout=WAIT_MS)
+
+    # Live: each order shows up in the count without a reload.
+    for count, event in enumerate([POISON, *LATER], start=1):
+        assert post_order(publisher.port, event)[0] == 201
+        expect(page.locator("#pending")).to_have_text(str(count), timeout=WAIT_MS)
+    expect(page.locator("#head")).to_contain_text("order-001 BLOCKED", timeout=WAIT_MS)
+    expect(page.locator("#head-detail")).to_contain_text("400", timeout=WAIT_MS)
+
+    # One event: the evidence table, as `publisher trace` builds it.
+    page.locator("#head a").click()
+    expect(page.locator("#event-title")).to_have_text("Event order-001")
+    stages = page.locator("#evidence tbody tr")
+    expect(stages).to_have_count(5)
+    expect(stages.nth(0)).to_contain_text("proven")
+    expect(stages.nth(2)).to_contain_text("not proven")  # the sink's inbox has no row
+    expect(page.get_by_role("button", name="Quarantine")).to_be_disabled()
+
+    # Sign in, quarantine with a reason that is markup.
+    page.get_by_label("Token").fill(TOKEN)
+    page.get_by_label("Operator").fill("alice")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#signed-in")).to_contain_text("Signed in as alice")
+    page.get_by_label("Reason").fill(XSS)
+    page.get_by_role("button", name="Quarantine").click()
+    expect(page.locator("#confirm")).to_contain_text(XSS)
+    assert entry_state(db_rows, databases.source, "order-001") == (False, False)  # asked first
+    page.get_by_role("button", name="Confirm").click()
+    expect(page.locator("#action-result")).to_have_text("quarantined order-001 by alice")
+    expect(page.locator("#records tbody")).to_contain_text(XSS)
+    assert page.locator("#records img").count() == 0
+    assert entry_state(db_rows, databases.source, "order-001") == (False, True)
+    assert records(db_rows, databases.source) == [("order-001", XSS, "alice", None, None)]
+    for event in LATER:  # the line moves on past the quarantined head
+        wait_until(lambda e=event: entry_state(db_rows, databases.source, e["id"])[0], 10.0)
+    screenshot(page, folders, "actions")
+
+    # Refused, nothing changed: a signed POST without the CSRF header, and no session.
+    before = records(db_rows, databases.source), entry_state(db_rows, databases.source, "order-001")
+    url = f"{base}/console/api/events/order-001/redrive"
+    signed = page.request.post(url, data="{}", headers={"Content-Type": "application/json"})
+    assert signed.status == 403 and "X-CSRF-Token" in signed.json()["error"]
+    status, body = post_unsigned(publisher.port, "/console/api/events/order-001/quarantine")
+    assert status == 403 and "sign in" in body["error"]
+    after = records(db_rows, databases.source), entry_state(db_rows, databases.source, "order-001")
+    assert after == before
+
+    # Redrive puts it back in line.
+    page.get_by_role("button", name="Redrive").click()
+    page.get_by_role("button", name="Confirm").click()
+    expect(page.locator("#action-result")).to_have_text("redriven order-001 by alice")
+    expect(page.locator("#records tbody")).to_contain_text("redriven")
+    assert entry_state(db_rows, databases.source, "order-001") == (False, False)
+    assert records(db_rows, databases.source) == [("order-001", XSS, "alice", "alice", "redriven")]
+    screenshot(page, folders, "event")
+
+    # Entries by state, and the search by event ID.
+    page.get_by_role("link", name="Entries").click()
+    page.get_by_label("State").select_option("sent")
+    expect(page.locator("#entry-table tbody tr")).to_have_count(len(LATER), timeout=WAIT_MS)
+    expect(page.locator("#entry-table tbody")).to_contain_text("order-007")
+    screenshot(page, folders, "entries")
+    page.get_by_label("Event ID").fill("order-001")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("#entry-table tbody tr")).to_have_count(1)
+    expect(page.locator("#entry-table tbody")).to_contain_text("pending")
+
+    page.get_by_role("link", name="Overview").click()
+    expect(page.locator("#quarantined")).to_have_text("0", timeout=WAIT_MS)
+    expect(page.locator("#head")).to_contain_text("order-001 BLOCKED", timeout=WAIT_MS)
+    expect(page.locator("#rate-caption")).to_contain_text(f"{len(LATER)} marked sent")
+    screenshot(page, folders, "overview")
+    assert dialogs == []  # the markup never ran
+    page.close()

@@ -1,0 +1,478 @@
+"""The operator console's routes on a real aiohttp server on loopback: the security
+rules (sign-in, session cookie, CSRF, headers), bad input, the live stream and its
+end at shutdown. Outcomes are read from the SQLite file with a connection of the
+test's own. The browser side is tests/e2e/test_console_browser.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from support import LOOPBACK, eventually
+
+from publisher.console import ConsoleSettings
+from publisher.console.app import SECURITY_HEADERS, STREAMS
+from publisher.console.stream import MAX_STREAMS
+from publisher.service import ServiceSettings, create_app
+
+if TYPE_CHECKING:
+    from conftest import Query, Serve
+
+TOKEN = "console-operator-token-0123"
+API = "/console/api"
+UNREACHABLE = "http://127.0.0.1:9/events"  # the relay fails every send: entries stay put
+JSON = {"Content-Type": "application/json"}
+
+
+def console_app(db: Path, token: str | None = TOKEN, **console: Any) -> web.Application:
+    settings = ServiceSettings(
+        db=str(db),
+        sink=UNREACHABLE,
+        poll_interval_s=0.05,
+        console=ConsoleSettings(token=token, **console),
+    )
+    return create_app(settings)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    # No cookie jar: each test says which cookie a request carries.
+    jar = aiohttp.DummyCookieJar()
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(cookie_jar=jar, timeout=timeout) as session:
+        yield session
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "source.db"
+
+
+@pytest.fixture
+async def base(serve: Serve, db: Path) -> str:
+    return await serve(console_app(db))
+
+
+async def call(
+    client: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    body: object = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, aiohttp.ClientResponse]:
+    data = None if body is None else aiohttp.JsonPayload(body)
+    all_headers = {**JSON, **(headers or {})} if method == "POST" else headers or {}
+    async with client.request(method, url, data=data, headers=all_headers) as reply:
+        return reply.status, await reply.json(content_type=None), reply
+
+
+async def order(client: aiohttp.ClientSession, base: str, event_id: str, sku: str = "tea") -> None:
+    status, _, _ = await call(
+        client, "POST", f"{base}/orders", {"id": event_id, "sku": sku, "qty": 1}
+    )
+    assert status == 201
+
+
+async def sign_in(
+    client: aiohttp.ClientSession, base: str, operator: str = "alice"
+) -> dict[str, str]:
+    """The headers of a signed-in page: its session cookie and CSRF token."""
+    status, body, reply = await call(
+        client, "POST", f"{base}{API}/sign-in", {"token": TOKEN, "operator": operator}
+    )
+    assert status == 200, body
+    cookie = reply.cookies["outbox_console"]
+    assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/console"
+    assert body == {
+        "actions_enabled": True,
+        "signed_in": True,
+        "operator": operator,
+        "csrf_token": body["csrf_token"],
+    }
+    return {"Cookie": f"outbox_console={cookie.value}", "X-CSRF-Token": body["csrf_token"]}
+
+
+def tables(query: Query, db: Path) -> Callable[[], tuple[Any, ...]]:
+    """What an action would change: the outbox states and the quarantine records."""
+
+    def read() -> tuple[Any, ...]:
+        outbox = query(db, "SELECT id, sent, quarantined FROM outbox ORDER BY seq")
+        return outbox, query(db, "SELECT * FROM quarantines ORDER BY n")
+
+    return read
+
+
+# ---------------------------------------------------------------- security
+
+
+async def test_every_console_answer_carries_the_security_headers(
+    client: aiohttp.ClientSession, base: str
+) -> None:
+    paths = [
+        ("GET", "/console"),
+        ("GET", "/console/static/console.js"),
+        ("GET", "/console/static/console.css"),
+        ("GET", f"{API}/overview"),
+        ("GET", f"{API}/session"),
+        ("GET", f"{API}/events/unknown-1"),
+        ("GET", "/console/static/missing.js"),
+        ("POST", f"{API}/events/unknown-1/quarantine"),
+    ]
+    for method, path in paths:
+        async with client.request(method, base + path, headers=JSON, data=b"{}") as reply:
+            for name, value in SECURITY_HEADERS.items():
+                assert reply.headers.get(name) == value, (path, name)
+    assert "'unsafe-inline'" not in SECURITY_HEADERS["Content-Security-Policy"]
+    async with client.get(f"{base}/status") as reply:  # the service's other routes: as before
+        assert "Content-Security-Policy" not in reply.headers
+
+
+async def test_the_page_and_its_assets_hold_no_inline_script_or_style(
+    client: aiohttp.ClientSession, base: str
+) -> None:
+    async with client.get(f"{base}/console") as reply:
+        assert reply.content_type == "text/html"
+        page = await reply.text()
+    assert "<script>" not in page and "style=" not in page and " on" not in page.split("<body")[1]
+    async with client.get(f"{base}/console/static/console.js") as reply:
+        assert reply.content_type == "text/javascript"
+        script = await reply.text()
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script
+
+
+async def test_an_unsigned_post_is_refused_and_changes_nothing(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await order(client, base, "o-1")
+    before = tables(db_rows, db)()
+    for action, body in (("quarantine", {"reason": "x"}), ("redrive", {})):
+        status, reply, _ = await call(client, "POST", f"{base}{API}/events/o-1/{action}", body)
+        assert status == 403 and "sign in" in reply["error"]
+        # A CSRF token alone is no session.
+        fake = {"X-CSRF-Token": "x" * 43, "Cookie": "outbox_console=forged"}
+        status, reply, _ = await call(
+            client, "POST", f"{base}{API}/events/o-1/{action}", body, fake
+        )
+        assert status == 403
+    status, _, _ = await call(client, "POST", f"{base}{API}/sign-out", {})
+    assert status == 403
+    assert tables(db_rows, db)() == before
+
+
+async def test_a_signed_post_without_its_csrf_token_is_refused_and_changes_nothing(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await order(client, base, "o-1")
+    signed = await sign_in(client, base)
+    before = tables(db_rows, db)()
+    other = await sign_in(client, base, "bob")
+    for csrf in (None, "", "wrong", other["X-CSRF-Token"]):  # another session's token too
+        headers = {"Cookie": signed["Cookie"]}
+        if csrf is not None:
+            headers["X-CSRF-Token"] = csrf
+        url = f"{base}{API}/events/o-1/quarantine"
+        status, reply, _ = await call(client, "POST", url, {"reason": "x"}, headers)
+        assert status == 403 and "X-CSRF-Token" in reply["error"], csrf
+    assert tables(db_rows, db)() == before
+
+
+async def test_signed_actions_are_the_stores_and_name_the_operator(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await order(client, base, "o-1")
+    signed = await sign_in(client, base, "alice")
+    url = f"{base}{API}/events/o-1"
+    status, reply, _ = await call(
+        client, "POST", f"{url}/quarantine", {"reason": "bad sku"}, signed
+    )
+    assert (status, reply) == (200, {"id": "o-1", "result": "quarantined", "by": "alice"})
+    assert db_rows(db, "SELECT quarantined FROM outbox WHERE id = 'o-1'") == [(1,)]
+    assert db_rows(db, "SELECT reason, quarantined_by FROM quarantines") == [("bad sku", "alice")]
+    status, reply, _ = await call(client, "POST", f"{url}/quarantine", {"reason": "again"}, signed)
+    assert status == 409  # not pending any more: the store's InvalidTransition
+    status, reply, _ = await call(client, "POST", f"{url}/redrive", {}, signed)
+    assert status == 200 and reply["record"]["released_by"] == "alice"
+    assert db_rows(db, "SELECT quarantined FROM outbox WHERE id = 'o-1'") == [(0,)]
+    assert db_rows(db, "SELECT released_by, released_as FROM quarantines") == [
+        ("alice", "redriven")
+    ]
+
+
+async def test_a_nameless_sign_in_acts_as_console_and_sign_out_ends_the_session(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await order(client, base, "o-1")
+    status, body, reply = await call(client, "POST", f"{base}{API}/sign-in", {"token": TOKEN})
+    assert status == 200 and body["operator"] == "console"
+    signed = {
+        "Cookie": f"outbox_console={reply.cookies['outbox_console'].value}",
+        "X-CSRF-Token": body["csrf_token"],
+    }
+    url = f"{base}{API}/events/o-1/quarantine"
+    assert (await call(client, "POST", url, {"reason": "r"}, signed))[0] == 200
+    assert db_rows(db, "SELECT quarantined_by FROM quarantines") == [("console",)]
+    status, body, _ = await call(client, "GET", f"{base}{API}/session", headers=signed)
+    assert body["signed_in"] is True
+    assert (await call(client, "POST", f"{base}{API}/sign-out", {}, signed))[0] == 200
+    status, body, _ = await call(client, "GET", f"{base}{API}/session", headers=signed)
+    assert body["signed_in"] is False and body["csrf_token"] is None
+    redrive = f"{base}{API}/events/o-1/redrive"
+    assert (await call(client, "POST", redrive, {}, signed))[0] == 403
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"token": "wrong-token-0123456789"}, 403),
+        ({"token": TOKEN[:-1]}, 403),
+        ({}, 403),
+        ({"token": 7}, 403),
+        ([TOKEN], 400),
+        ({"token": TOKEN, "operator": "<b>x</b>"}, 400),
+        ({"token": TOKEN, "operator": "x" * 65}, 400),
+    ],
+)
+async def test_a_bad_sign_in_is_refused_without_a_cookie(
+    client: aiohttp.ClientSession, base: str, body: object, status: int
+) -> None:
+    got, reply, response = await call(client, "POST", f"{base}{API}/sign-in", body)
+    assert got == status and reply["error"]
+    assert "outbox_console" not in response.cookies
+
+
+async def test_without_a_token_no_action_is_possible_and_the_session_says_so(
+    serve: Serve, client: aiohttp.ClientSession, db: Path, db_rows: Query
+) -> None:
+    base = await serve(console_app(db, token=None))
+    await order(client, base, "o-1")
+    before = tables(db_rows, db)()
+    status, body, _ = await call(client, "GET", f"{base}{API}/session")
+    assert body == {
+        "actions_enabled": False,
+        "signed_in": False,
+        "operator": None,
+        "csrf_token": None,
+    }
+    status, body, _ = await call(client, "POST", f"{base}{API}/sign-in", {"token": TOKEN})
+    assert status == 403 and "actions are off" in body["error"]
+    url = f"{base}{API}/events/o-1/quarantine"
+    status, body, _ = await call(client, "POST", url, {"reason": "x"})
+    assert status == 403 and "actions are off" in body["error"]
+    assert tables(db_rows, db)() == before
+
+
+async def test_another_origin_is_refused_and_the_consoles_own_only_under_console(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await order(client, base, "o-1")
+    signed = await sign_in(client, base)
+    before = tables(db_rows, db)()
+    url = f"{base}{API}/events/o-1/quarantine"
+    for origin in ("http://evil.example", "null", base.replace("127.0.0.1", "localhost")):
+        headers = {**signed, "Origin": origin}
+        status, body, _ = await call(client, "POST", url, {"reason": "x"}, headers)
+        assert (status, body.get("origin")) == (403, origin)
+    order_body = {"id": "o-2", "sku": "tea", "qty": 1}
+    status, _, _ = await call(client, "POST", f"{base}/orders", order_body, {"Origin": base})
+    assert status == 403  # the console's page may call the console, nothing else
+    assert tables(db_rows, db)() == before
+    status, _, _ = await call(client, "POST", url, {"reason": "x"}, {**signed, "Origin": base})
+    assert status == 200
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "state=bogus",
+        "limit=0",
+        "limit=1001",
+        "limit=abc",
+        "limit=-1",
+        "after=-1",
+        "after=1.5",
+        "sku=bad%20sku",
+        "id=-bad",
+    ],
+)
+async def test_bad_paging_or_search_is_400(
+    client: aiohttp.ClientSession, base: str, query: str
+) -> None:
+    status, body, _ = await call(client, "GET", f"{base}{API}/entries?{query}")
+    assert status == 400 and body["error"]
+
+
+async def test_unknown_or_malformed_events_and_bad_reasons(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    await order(client, base, "o-1")
+    signed = await sign_in(client, base)
+    status, body, _ = await call(client, "GET", f"{base}{API}/events/nobody")
+    assert status == 404 and body["id"] == "nobody"
+    status, body, _ = await call(client, "GET", f"{base}{API}/events/-bad")
+    assert status == 400
+    before = tables(db_rows, db)()
+    url = f"{base}{API}/events/nobody/quarantine"
+    assert (await call(client, "POST", url, {"reason": "x"}, signed))[0] == 404
+    assert (await call(client, "POST", f"{base}{API}/events/nobody/redrive", {}, signed))[0] == 404
+    url = f"{base}{API}/events/o-1/quarantine"
+    for body in ({}, {"reason": ""}, {"reason": "  "}, {"reason": 5}, {"reason": "x" * 501}, []):
+        status, reply, _ = await call(client, "POST", url, body, signed)
+        assert (status, reply.get("field")) == (400, "reason"), body
+    async with client.post(url, data=b"{nope", headers={**JSON, **signed}) as reply:
+        assert reply.status == 400
+    assert tables(db_rows, db)() == before
+
+
+# ---------------------------------------------------------------- reads
+
+
+async def test_entries_page_on_and_search_by_id_and_sku(
+    client: aiohttp.ClientSession, base: str
+) -> None:
+    for n in range(5):
+        await order(client, base, f"o-{n}", sku="tea" if n % 2 else "snack")
+    url = f"{base}{API}/entries?state=pending&limit=2"
+    seen: list[str] = []
+    after = ""
+    for _ in range(5):
+        status, page, _ = await call(client, "GET", url + after)
+        assert status == 200
+        seen += [e["id"] for e in page["entries"]]
+        if page["next_after"] is None:
+            break
+        after = f"&after={page['next_after']}"
+    assert seen == [f"o-{n}" for n in range(5)]
+    _, page, _ = await call(client, "GET", f"{base}{API}/entries?sku=tea")
+    assert [e["id"] for e in page["entries"]] == ["o-1", "o-3"]
+    _, page, _ = await call(client, "GET", f"{base}{API}/entries?id=o-2&state=sent")
+    assert [(e["id"], e["state"]) for e in page["entries"]] == [("o-2", "pending")]
+    _, page, _ = await call(client, "GET", f"{base}{API}/entries?id=o-9")
+    assert page == {"entries": [], "next_after": None}
+
+
+async def test_the_event_view_is_the_trace_the_cli_builds(
+    client: aiohttp.ClientSession, base: str, db: Path
+) -> None:
+    await order(client, base, "o-1")
+    status, body, _ = await call(client, "GET", f"{base}{API}/events/o-1")
+    assert status == 200
+    assert [s["name"] for s in body["trace"]["stages"]] == [
+        "accepted",
+        "queued",
+        "received",
+        "acknowledged",
+        "marked",
+    ]
+    assert body["trace"]["stages"][2]["proof"] == "unknown"  # the sink cannot be reached
+    assert "could not be asked" in body["trace"]["stages"][2]["evidence"]
+    assert body["entry"]["state"] == "pending"
+
+
+async def test_the_overview_counts_and_the_head(client: aiohttp.ClientSession, base: str) -> None:
+    await order(client, base, "o-1")
+    await order(client, base, "o-2")
+
+    async def blocked() -> dict[str, Any]:
+        return (await call(client, "GET", f"{base}{API}/overview"))[1]
+
+    overview: dict[str, Any] = {}
+
+    async def head_failed() -> bool:
+        overview.update(await blocked())
+        return bool(overview["head"] and overview["head"]["attempts"] >= 1)
+
+    for _ in range(200):
+        if await head_failed():
+            break
+        await asyncio.sleep(0.02)
+    assert overview["pending"] == 2 and overview["quarantined"] == 0
+    assert overview["head"]["id"] == "o-1" and overview["head"]["last_error"]
+    assert overview["rate"]["interval_seconds"] > 0 and len(overview["rate"]["sent"]) == 30
+
+
+# ---------------------------------------------------------------- the live stream
+
+
+async def read_event(reply: aiohttp.ClientResponse) -> tuple[str, str]:
+    """The next server-sent event: (name, data)."""
+    name = data = ""
+    async for raw in reply.content:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            data = line.removeprefix("data: ")
+        elif not line and name:
+            return name, data
+    raise AssertionError("the stream ended")
+
+
+async def start_runner(app: web.Application) -> tuple[web.AppRunner, str]:
+    # aiohttp's own shutdown timeout (60 s): a stream left open would hold the stop.
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, LOOPBACK, 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+async def test_the_stream_pushes_the_overview_and_shutdown_ends_it_at_once(
+    client: aiohttp.ClientSession, db: Path
+) -> None:
+    app = console_app(db, stream_interval_s=0.1)
+    runner, base = await start_runner(app)
+    try:
+        await order(client, base, "o-1")
+        async with client.get(f"{base}{API}/stream") as reply:
+            assert reply.content_type == "text/event-stream"
+            assert reply.headers["X-Frame-Options"] == "DENY"
+            name, data = await read_event(reply)
+            assert name == "overview" and '"pending": 1' in data
+            await order(client, base, "o-2")
+            for _ in range(50):
+                name, data = await read_event(reply)
+                if '"pending": 2' in data:
+                    break
+            else:
+                raise AssertionError("the stream never showed the second order")
+            started = time.monotonic()
+            await asyncio.wait_for(runner.cleanup(), 10)
+            assert time.monotonic() - started < 3.0
+            assert await reply.content.read() in (b"", b"\n")  # ended by the server
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_stream_ends_when_its_client_goes_and_their_number_is_bounded(
+    serve: Serve, client: aiohttp.ClientSession, db: Path
+) -> None:
+    app = console_app(db, stream_interval_s=0.05)
+    base = await serve(app)
+    streams = app[STREAMS]
+    async with client.get(f"{base}{API}/stream") as reply:
+        await read_event(reply)
+        assert streams.open == 1
+    await eventually(lambda: streams.open == 0, 5.0)
+    streams.open = MAX_STREAMS  # as if that many pages were open
+    status, body, _ = await call(client, "GET", f"{base}{API}/stream")
+    assert status == 503 and "live views" in body["error"]
+
+
+async def test_without_the_console_its_routes_are_not_served(
+    serve: Serve, client: aiohttp.ClientSession, db: Path
+) -> None:
+    settings = ServiceSettings(db=str(db), sink=UNREACHABLE, console=None)
+    base = await serve(create_app(settings))
+    for path in ("/console", f"{API}/overview", "/console/static/console.js"):
+        async with client.get(base + path) as reply:
+            assert reply.status == 404, path
