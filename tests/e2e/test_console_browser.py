@@ -54,7 +54,10 @@ FAST_SERVE = ("--poll-interval", "0.2", "--retry-base", "0.05", "--retry-cap", "
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
     """One headless Chromium per module, on a fresh profile of its own."""
     if CHROMIUM is None:
-        pytest.skip("Debian's chromium is not installed (`make browser` installs it)")
+        why = "Debian's chromium is not installed (`make browser` installs it)"
+        if os.environ.get("OUTBOX_REQUIRE_BROWSER"):  # set by CI: a failure, not a skip
+            pytest.fail(why)
+        pytest.skip(why)
     from playwright.sync_api import sync_playwright
 
     profile = tmp_path_factory.mktemp("chromium-profile")
