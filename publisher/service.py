@@ -39,7 +39,7 @@ from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S, Ordering, Relay, Rel
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox
 from publisher.transport import Transport
-from publisher.workers import WorkerSettings, lines_view
+from publisher.workers import WorkerSettings, lines_view, worker_id_for
 from shared import MAX_BATCH, MAX_BODY_BYTES, Conflict
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,10 @@ class ServiceSettings:
     pipeline: int = DEFAULT_DEPTH  # used once the sink says it enforces Outbox-After
     intake_token: str | None = None  # bearer token POST /orders needs, if set
     guard: HttpGuard = field(default_factory=HttpGuard)
-    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    # None: the ID `publisher serve` takes without --worker-id (workers.worker_id_for:
+    # on SQLite the host's stable relay-lock ID, so a relay restarted after a kill
+    # takes its lines back at once), with the default lease ttl.
+    worker: WorkerSettings | None = None
 
     def __post_init__(self) -> None:
         self.relay  # noqa: B018  (refuse bad relay settings now, before anything opens)
@@ -80,8 +83,15 @@ class ServiceSettings:
             ordering=self.ordering,
             max_lanes=self.max_lanes,
             pipeline=self.pipeline,
-            worker=self.worker,
+            worker=self.worker_settings,
         )
+
+    @property
+    def worker_settings(self) -> WorkerSettings:
+        """This relay worker's ID and lease ttl."""
+        if self.worker is not None:
+            return self.worker
+        return WorkerSettings(worker_id_for(self.db, None))
 
 
 OUTBOX: Final = web.AppKey("outbox", Outbox)
