@@ -202,9 +202,10 @@ async def post_order(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    outbox = request.app[OUTBOX]
+    outbox, ttl_s = request.app[OUTBOX], request.app[SETTINGS].worker_settings.lease_ttl_s
     snapshot = await outbox.snapshot()
-    return web.json_response({**snapshot.to_dict(), **(await lines_view(outbox)).to_dict()})
+    lines = await lines_view(outbox, ttl_s)
+    return web.json_response({**snapshot.to_dict(), **lines.to_dict()})
 
 
 async def get_metrics(request: web.Request) -> web.Response:

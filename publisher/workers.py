@@ -31,14 +31,14 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from plumbing.logs import REPEAT_INTERVAL_S, Throttled
 from plumbing.storage import parse_location
 from publisher.errors import FencedBySink, LeaseLost
-from publisher.store import LineLease, Outbox
+from publisher.store import LineLease, Outbox, RelayWorker
 from shared import GLOBAL_LINE, Lease
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ MIN_LEASE_TTL_S: Final = 0.1  # below this a renewal could not keep up with its 
 MAX_LEASE_TTL_S: Final = 3600.0  # a killed worker's lines would wait longer than this
 RENEWALS_PER_TTL: Final = 3
 MARGIN_SHARE: Final = 0.2  # of the ttl: the worker's view ends this much before the outbox's
+LINES_SHOWN: Final = 8  # of a worker's lines, named in its status line
 _WORKER_ID: Final = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 
 
@@ -394,10 +395,12 @@ class LeaseKeeper:
 
 @dataclass(frozen=True)
 class LinesView:
-    """Who delivers what (status, list, trace, GET /status): every line's lease, and
-    the workers holding one now."""
+    """Who delivers what (status, list, trace, GET /status): every line's lease, the
+    workers holding one now, and (for status) every relay worker's heartbeat, the
+    standby ones included."""
 
     leases: list[LineLease]
+    relay_workers: list[RelayWorker] = field(default_factory=list)
 
     @property
     def held(self) -> list[LineLease]:
@@ -411,12 +414,39 @@ class LinesView:
     def of(self, line: str) -> LineLease | None:
         return next((lease for lease in self.leases if lease.line == line), None)
 
+    def lines_of(self, worker: str) -> list[str]:
+        """The lines whose unexpired lease `worker` holds, in line order."""
+        return [lease.line for lease in self.held if lease.owner == worker]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"lines": [lease.to_dict() for lease in self.leases], "workers": self.workers}
+        return {
+            "lines": [lease.to_dict() for lease in self.leases],
+            "workers": self.workers,
+            "relay_workers": [
+                {**w.to_dict(), "lines": self.lines_of(w.worker)} for w in self.relay_workers
+            ],
+        }
 
 
-async def lines_view(outbox: Outbox) -> LinesView:
-    return LinesView(await outbox.leases())
+async def lines_view(outbox: Outbox, workers_ttl_s: float | None = None) -> LinesView:
+    """The leases; with `workers_ttl_s`, the relay workers too, live when seen within
+    that many seconds (the workers' --lease-ttl)."""
+    leases = await outbox.leases()
+    if workers_ttl_s is None:
+        return LinesView(leases)
+    return LinesView(leases, await outbox.workers(workers_ttl_s))
+
+
+def describe_worker(worker: RelayWorker, lines: Sequence[str], ttl_s: float) -> str:
+    """One line for a person: whether a worker beats, since when, and what it holds."""
+    up_s = worker.seen_ago_s + worker.seen_at - worker.started_at
+    shown = ", ".join(lines[:LINES_SHOWN]) + (", ..." if len(lines) > LINES_SHOWN else "")
+    holding = f"holds {len(lines)} line(s): {shown}" if lines else "holds no line"
+    if worker.live:
+        standby = "" if lines else " (standing by)"
+        return f"live, up {up_s:.1f} s, seen {worker.seen_ago_s:.1f} s ago, {holding}{standby}"
+    # Not stopped cleanly (that forgets the worker): killed, paused or cut off.
+    return f"gone, not seen for {worker.seen_ago_s:.1f} s (ttl {ttl_s:g} s), {holding}"
 
 
 def describe_lease(lease: LineLease | None) -> str:

@@ -45,7 +45,13 @@ from pg_tx import (
 )
 from plumbing.storage import StorageError
 from publisher.backends import postgres_sql as sql
-from publisher.backends.rows import entry_of, fence_error, line_lease_of, quarantine_record_of
+from publisher.backends.rows import (
+    entry_of,
+    fence_error,
+    line_lease_of,
+    quarantine_record_of,
+    relay_worker_of,
+)
 from publisher.errors import InvalidTransition, LeaseLost, RelayAlreadyRunning, UnknownEntry
 from publisher.store import (
     DELIVERED_PAST_KEPT,
@@ -61,6 +67,7 @@ from publisher.store import (
     Outbox,
     Pending,
     QuarantineRecord,
+    RelayWorker,
     Snapshot,
     State,
     check_lease_request,
@@ -315,6 +322,11 @@ class PostgresOutbox(Outbox):
     async def worker_gone(self, worker: str) -> None:
         async with self._db.transaction() as conn:
             await conn.execute(sql.WORKER_GONE.encode(), (worker,))
+
+    async def workers(self, ttl_s: float) -> list[RelayWorker]:
+        check_ttl(ttl_s)
+        params = {"ttl": ttl_s, "kept": WORKERS_KEPT_S}
+        return [relay_worker_of(row) for row in await self._db.query(sql.WORKERS, params)]
 
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
         check_lease_request(line, ttl_s)

@@ -350,6 +350,10 @@ WORKER_SEEN: Final = f"""
     WHERE relay_workers.worker <> %(worker)s AND relay_workers.seen_at >= seen.seen_at - %(ttl)s
 """
 WORKER_GONE: Final = "DELETE FROM relay_workers WHERE worker = %s"
+WORKERS: Final = f"""
+    SELECT worker, started_at, seen_at, clock.now - seen_at, seen_at >= clock.now - %(ttl)s
+    FROM relay_workers, {CLOCK} WHERE seen_at >= clock.now - %(kept)s ORDER BY worker COLLATE "C"
+"""
 
 # A take succeeds on a line never leased (epoch 1), released (no owner), expired, or
 # held by the same worker; it always raises the epoch. No row returned: refused.

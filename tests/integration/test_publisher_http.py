@@ -276,6 +276,7 @@ async def test_status_and_metrics_after_traffic(
     assert value(samples, intake, result="too_large") == 1
     status, figures = await get_json(client, f"{publisher}/status")
     lines = figures.pop("lines")
+    [worker] = figures.pop("relay_workers")  # its heartbeat row
     assert (status, figures) == (
         200,
         {
@@ -291,6 +292,12 @@ async def test_status_and_metrics_after_traffic(
     assert [(line["line"], line["owner"], line["epoch"]) for line in lines] == [
         ("*", worker_id_for(str(db), None), 1)
     ]
+    assert (worker["worker"], worker["live"], worker["lines"]) == (
+        worker_id_for(str(db), None),
+        True,
+        ["*"],
+    )
+    assert worker["started_at"] <= worker["seen_at"] and 0 <= worker["seen_seconds_ago"] < 30
 
 
 @pytest.fixture
