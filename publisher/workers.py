@@ -169,6 +169,7 @@ class LeaseKeeper:
         self._clock = clock
         self._held: dict[str, Held] = {}
         self._owners: dict[str, str | None] = {}  # each line's owner as last read
+        self._expires: dict[str, float] = {}  # ... and when that lease ran out (monotonic)
         self.share = Share()
         self._log = Throttled(log, log_repeat_interval_s)
         self._heartbeat: asyncio.Task[None] | None = None
@@ -245,9 +246,13 @@ class LeaseKeeper:
     async def _other_owner(self, line: str) -> str | None:
         """The other worker whose lease of `line` a take now would take over (its
         lease ran out unreleased), or None. Read only for a line that another worker
-        held when the lines were last read, so a take costs one statement otherwise."""
+        held when the lines were last read and whose lease has run out since, so a
+        take costs one statement otherwise: a take of a lease that was still good
+        succeeds only if its owner released it (lanes that drain do, all the time)."""
         cached = self._owners.get(line)
         if cached is None or cached == self.worker:
+            return None
+        if self._clock() < self._expires.get(line, -math.inf):
             return None
         row = await self._outbox.lease_of(line)
         if row is None or row.owner is None or row.owner == self.worker:
@@ -365,8 +370,10 @@ class LeaseKeeper:
         return await self._outbox.worker_seen(self.worker, self.settings.lease_ttl_s)
 
     async def _read_share(self, live: int) -> None:
+        read_at = self._clock()  # before the read: no expiry noted is later than the outbox's
         rows = await self._outbox.leases()
         self._owners = {row.line: row.owner for row in rows}  # expired ones too: takeovers
+        self._expires = {row.line: read_at + row.expires_in_s for row in rows}
         others = sum(1 for row in rows if row.held and row.owner != self.worker)
         self.share = Share(others, live)
 
