@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final, NoReturn
 
@@ -168,12 +169,31 @@ def record_fields(record: logging.LogRecord) -> dict[str, Any]:
 class TextFormatter(logging.Formatter):
     """`time level logger: message key=value ...`"""
 
+    _second: int | None = None
+    _second_text = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """The default time format, its date and time part made once per second (a
+        relay logs a line per request: strftime for each was a cost of its own)."""
+        msec_format = self.default_msec_format
+        if datefmt is not None or msec_format is None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if second != self._second:
+            self._second_text = time.strftime(self.default_time_format, self.converter(second))
+            self._second = second
+        return msec_format % (self._second_text, record.msecs)
+
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         if record.name == "aiohttp.access":
             return line  # its fields are already in the message
         fields = " ".join(f"{k}={v}" for k, v in record_fields(record).items())
         return f"{line} {fields}" if fields else line
+
+
+# One encoder for every line: json.dumps(default=...) builds a new one per call.
+_JSON: Final = json.JSONEncoder(default=str)
 
 
 class JsonFormatter(logging.Formatter):
@@ -189,11 +209,18 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return _JSON.encode(entry)
 
 
 def setup_logging(log_format: str = "text", level: str = "INFO") -> None:
-    """Logs on stderr (stdout is kept for results), as text or JSON lines."""
+    """Logs on stderr (stdout is kept for results), as text or JSON lines.
+
+    Neither format shows the thread, the process or the caller's source line, so
+    log records do not look them up: a relay writes a line per request, and those
+    look-ups were a third of what each line cost (the logging HOWTO's optimisations).
+    """
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging._srcfile = None  # no findCaller(): the frame walk per record
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())

@@ -55,6 +55,7 @@ from publisher.workers import (
     check_lease_ttl,
     check_worker_id,
     describe_lease,
+    describe_worker,
     lines_view,
     worker_id_for,
 )
@@ -261,6 +262,13 @@ def build_parser() -> ArgumentParser:
 
     status = command("status", "backlog figures: pending, oldest age, quarantined, head")
     add_option(status, "--json", action="store_true", help="one JSON object")
+    add_option(
+        status,
+        "--lease-ttl",
+        type=lease_ttl,
+        default=DEFAULT_LEASE_TTL_S,
+        help="the workers' --lease-ttl: a worker not seen for this long is shown as gone",
+    )
 
     listing = command("list", "entries in one state")
     add_option(
@@ -424,7 +432,7 @@ def log_egress(sink: str, allow_host: Sequence[str], *, always: bool = False) ->
 async def cmd_status(args: argparse.Namespace) -> int:
     async with Outbox.open(args.db) as outbox:
         snapshot = await outbox.snapshot()
-        lines = await lines_view(outbox)
+        lines = await lines_view(outbox, args.lease_ttl)
     if args.json:
         print(json.dumps({**snapshot.to_dict(), **lines.to_dict()}))
         return EXIT_OK
@@ -446,15 +454,18 @@ async def cmd_status(args: argparse.Namespace) -> int:
             f"lane {lane.lane!r:<10} head {lane.id} BLOCKED since {when(lane.blocked_since)}, "
             f"{lane.attempts} attempts, last error: {lane.last_error}"
         )
-    _print_lines(lines)
+    _print_lines(lines, args.lease_ttl)
     return EXIT_OK
 
 
-def _print_lines(lines: LinesView) -> None:
+def _print_lines(lines: LinesView, ttl_s: float) -> None:
     """The workers and the lines they hold; lines released or expired without an
     owner are counted, not listed (there is one per SKU ever delivered)."""
     workers = ", ".join(lines.workers) or "none"
     print(f"workers      {len(lines.workers)} holding leases: {workers}")
+    for worker in lines.relay_workers:
+        described = describe_worker(worker, lines.lines_of(worker.worker), ttl_s)
+        print(f"worker {worker.worker!r:<8} {described}")
     shown = [lease for lease in lines.leases if lease.owner is not None]
     for lease in shown:
         print(f"line {lease.line!r:<10} {describe_lease(lease)}")

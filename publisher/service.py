@@ -41,7 +41,7 @@ from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S, Ordering, Relay, Rel
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox
 from publisher.transport import Transport
-from publisher.workers import WorkerSettings, lines_view
+from publisher.workers import WorkerSettings, lines_view, worker_id_for
 from shared import MAX_BATCH, MAX_BODY_BYTES, Conflict
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,10 @@ class ServiceSettings:
     pipeline: int = DEFAULT_DEPTH  # used once the sink says it enforces Outbox-After
     intake_token: str | None = None  # bearer token POST /orders needs, if set
     guard: HttpGuard = field(default_factory=HttpGuard)
-    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    # None: the ID `publisher serve` takes without --worker-id (workers.worker_id_for:
+    # on SQLite the host's stable relay-lock ID, so a relay restarted after a kill
+    # takes its lines back at once), with the default lease ttl.
+    worker: WorkerSettings | None = None
     console: ConsoleSettings | None = field(default_factory=ConsoleSettings)  # None: off
 
     def __post_init__(self) -> None:
@@ -83,8 +86,15 @@ class ServiceSettings:
             ordering=self.ordering,
             max_lanes=self.max_lanes,
             pipeline=self.pipeline,
-            worker=self.worker,
+            worker=self.worker_settings,
         )
+
+    @property
+    def worker_settings(self) -> WorkerSettings:
+        """This relay worker's ID and lease ttl."""
+        if self.worker is not None:
+            return self.worker
+        return WorkerSettings(worker_id_for(self.db, None))
 
 
 OUTBOX: Final = web.AppKey("outbox", Outbox)
@@ -201,9 +211,10 @@ async def post_order(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    outbox = request.app[OUTBOX]
+    outbox, ttl_s = request.app[OUTBOX], request.app[SETTINGS].worker_settings.lease_ttl_s
     snapshot = await outbox.snapshot()
-    return web.json_response({**snapshot.to_dict(), **(await lines_view(outbox)).to_dict()})
+    lines = await lines_view(outbox, ttl_s)
+    return web.json_response({**snapshot.to_dict(), **lines.to_dict()})
 
 
 async def get_metrics(request: web.Request) -> web.Response:

@@ -194,6 +194,29 @@ class LineLease:
         }
 
 
+@dataclass(frozen=True)
+class RelayWorker:
+    """One relay worker's heartbeat row (relay_workers) as the outbox holds it. Times
+    are the store's clock, seconds since the epoch; `seen_ago_s` is how long before
+    the read it last beat, and `live` whether that was within the ttl asked for."""
+
+    worker: str
+    started_at: float
+    seen_at: float
+    seen_ago_s: float
+    live: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """As plain JSON values (status --json)."""
+        return {
+            "worker": self.worker,
+            "live": self.live,
+            "started_at": self.started_at,
+            "seen_at": self.seen_at,
+            "seen_seconds_ago": round(max(self.seen_ago_s, 0.0), 3),
+        }
+
+
 def check_lease_request(line: str, ttl_s: float) -> None:
     """ValueError unless `line` is one an Outbox-Lease header can name (the global
     line or a SKU) and `ttl_s` a positive, finite number of seconds."""
@@ -366,6 +389,13 @@ class Outbox(StoreBase):
     @abstractmethod
     async def worker_gone(self, worker: str) -> None:
         """Forget `worker` (its clean shutdown): it no longer counts as live."""
+
+    @abstractmethod
+    async def workers(self, ttl_s: float) -> list[RelayWorker]:
+        """The relay workers the outbox remembers, in worker order: those seen
+        within WORKERS_KEPT_S (a worker that stopped cleanly is forgotten at once),
+        each `live` if seen within the last `ttl_s` seconds, as worker_seen counts
+        them (ValueError for a ttl that is not a positive number of seconds)."""
 
     @abstractmethod
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:

@@ -31,14 +31,14 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from plumbing.logs import REPEAT_INTERVAL_S, Throttled
 from plumbing.storage import parse_location
 from publisher.errors import FencedBySink, LeaseLost
-from publisher.store import LineLease, Outbox
+from publisher.store import LineLease, Outbox, RelayWorker
 from shared import GLOBAL_LINE, Lease
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ MIN_LEASE_TTL_S: Final = 0.1  # below this a renewal could not keep up with its 
 MAX_LEASE_TTL_S: Final = 3600.0  # a killed worker's lines would wait longer than this
 RENEWALS_PER_TTL: Final = 3
 MARGIN_SHARE: Final = 0.2  # of the ttl: the worker's view ends this much before the outbox's
+LINES_SHOWN: Final = 8  # of a worker's lines, named in its status line
 _WORKER_ID: Final = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 
 
@@ -168,6 +169,7 @@ class LeaseKeeper:
         self._clock = clock
         self._held: dict[str, Held] = {}
         self._owners: dict[str, str | None] = {}  # each line's owner as last read
+        self._expires: dict[str, float] = {}  # ... and when that lease ran out (monotonic)
         self.share = Share()
         self._log = Throttled(log, log_repeat_interval_s)
         self._heartbeat: asyncio.Task[None] | None = None
@@ -244,9 +246,13 @@ class LeaseKeeper:
     async def _other_owner(self, line: str) -> str | None:
         """The other worker whose lease of `line` a take now would take over (its
         lease ran out unreleased), or None. Read only for a line that another worker
-        held when the lines were last read, so a take costs one statement otherwise."""
+        held when the lines were last read and whose lease has run out since, so a
+        take costs one statement otherwise: a take of a lease that was still good
+        succeeds only if its owner released it (lanes that drain do, all the time)."""
         cached = self._owners.get(line)
         if cached is None or cached == self.worker:
+            return None
+        if self._clock() < self._expires.get(line, -math.inf):
             return None
         row = await self._outbox.lease_of(line)
         if row is None or row.owner is None or row.owner == self.worker:
@@ -364,8 +370,10 @@ class LeaseKeeper:
         return await self._outbox.worker_seen(self.worker, self.settings.lease_ttl_s)
 
     async def _read_share(self, live: int) -> None:
+        read_at = self._clock()  # before the read: no expiry noted is later than the outbox's
         rows = await self._outbox.leases()
         self._owners = {row.line: row.owner for row in rows}  # expired ones too: takeovers
+        self._expires = {row.line: read_at + row.expires_in_s for row in rows}
         others = sum(1 for row in rows if row.held and row.owner != self.worker)
         self.share = Share(others, live)
 
@@ -394,10 +402,12 @@ class LeaseKeeper:
 
 @dataclass(frozen=True)
 class LinesView:
-    """Who delivers what (status, list, trace, GET /status): every line's lease, and
-    the workers holding one now."""
+    """Who delivers what (status, list, trace, GET /status): every line's lease, the
+    workers holding one now, and (for status) every relay worker's heartbeat, the
+    standby ones included."""
 
     leases: list[LineLease]
+    relay_workers: list[RelayWorker] = field(default_factory=list)
 
     @property
     def held(self) -> list[LineLease]:
@@ -411,12 +421,39 @@ class LinesView:
     def of(self, line: str) -> LineLease | None:
         return next((lease for lease in self.leases if lease.line == line), None)
 
+    def lines_of(self, worker: str) -> list[str]:
+        """The lines whose unexpired lease `worker` holds, in line order."""
+        return [lease.line for lease in self.held if lease.owner == worker]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"lines": [lease.to_dict() for lease in self.leases], "workers": self.workers}
+        return {
+            "lines": [lease.to_dict() for lease in self.leases],
+            "workers": self.workers,
+            "relay_workers": [
+                {**w.to_dict(), "lines": self.lines_of(w.worker)} for w in self.relay_workers
+            ],
+        }
 
 
-async def lines_view(outbox: Outbox) -> LinesView:
-    return LinesView(await outbox.leases())
+async def lines_view(outbox: Outbox, workers_ttl_s: float | None = None) -> LinesView:
+    """The leases; with `workers_ttl_s`, the relay workers too, live when seen within
+    that many seconds (the workers' --lease-ttl)."""
+    leases = await outbox.leases()
+    if workers_ttl_s is None:
+        return LinesView(leases)
+    return LinesView(leases, await outbox.workers(workers_ttl_s))
+
+
+def describe_worker(worker: RelayWorker, lines: Sequence[str], ttl_s: float) -> str:
+    """One line for a person: whether a worker beats, since when, and what it holds."""
+    up_s = worker.seen_ago_s + worker.seen_at - worker.started_at
+    shown = ", ".join(lines[:LINES_SHOWN]) + (", ..." if len(lines) > LINES_SHOWN else "")
+    holding = f"holds {len(lines)} line(s): {shown}" if lines else "holds no line"
+    if worker.live:
+        standby = "" if lines else " (standing by)"
+        return f"live, up {up_s:.1f} s, seen {worker.seen_ago_s:.1f} s ago, {holding}{standby}"
+    # Not stopped cleanly (that forgets the worker): killed, paused or cut off.
+    return f"gone, not seen for {worker.seen_ago_s:.1f} s (ttl {ttl_s:g} s), {holding}"
 
 
 def describe_lease(lease: LineLease | None) -> str:

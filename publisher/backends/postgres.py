@@ -45,7 +45,13 @@ from pg_tx import (
 )
 from plumbing.storage import StorageError
 from publisher.backends import postgres_sql as sql
-from publisher.backends.rows import entry_of, fence_error, line_lease_of, quarantine_record_of
+from publisher.backends.rows import (
+    entry_of,
+    fence_error,
+    line_lease_of,
+    quarantine_record_of,
+    relay_worker_of,
+)
 from publisher.errors import InvalidTransition, LeaseLost, RelayAlreadyRunning, UnknownEntry
 from publisher.store import (
     DELIVERED_PAST_KEPT,
@@ -61,6 +67,7 @@ from publisher.store import (
     Outbox,
     Pending,
     QuarantineRecord,
+    RelayWorker,
     Snapshot,
     State,
     check_lease_request,
@@ -311,34 +318,44 @@ class PostgresOutbox(Outbox):
     async def worker_seen(self, worker: str, ttl_s: float) -> int:
         check_ttl(ttl_s)
         params = {"worker": worker, "ttl": ttl_s, "kept": WORKERS_KEPT_S}
-        async with self._db.transaction() as conn:
-            [(live,)] = await (await conn.execute(sql.WORKER_SEEN.encode(), params)).fetchall()
-        return int(live)
+        row = await self._lease_write(sql.WORKER_SEEN, params)
+        assert row is not None  # the statement counts this worker at least
+        return int(row[0])
 
     async def worker_gone(self, worker: str) -> None:
         async with self._db.transaction() as conn:
             await conn.execute(sql.WORKER_GONE.encode(), (worker,))
 
+    async def workers(self, ttl_s: float) -> list[RelayWorker]:
+        check_ttl(ttl_s)
+        params = {"ttl": ttl_s, "kept": WORKERS_KEPT_S}
+        return [relay_worker_of(row) for row in await self._db.query(sql.WORKERS, params)]
+
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
         check_lease_request(line, ttl_s)
         params = {"line": line, "worker": worker, "ttl": ttl_s}
-        async with self._db.transaction() as conn:
-            rows = await (await conn.execute(sql.TAKE_LEASE.encode(), params)).fetchall()
-        return int(rows[0][0]) if rows else None
+        row = await self._lease_write(sql.TAKE_LEASE, params)
+        return None if row is None else int(row[0])
 
     async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:
         check_ttl(ttl_s)
         if not held:
             return set()
         params = {**_held_params(worker, held), "ttl": ttl_s}
-        async with self._db.transaction() as conn:
-            rows = await (await conn.execute(sql.RENEW_LEASES.encode(), params)).fetchall()
-        return {line for (line,) in rows}
+        row = await self._lease_write(sql.RENEW_LEASES, params)
+        return set() if row is None else set(row[0])
 
     async def release_leases(self, worker: str, held: Mapping[str, int]) -> None:
         if held:
-            async with self._db.transaction() as conn:
-                await conn.execute(sql.RELEASE_LEASES.encode(), _held_params(worker, held))
+            await self._lease_write(sql.RELEASE_LEASES, _held_params(worker, held))
+
+    async def _lease_write(self, statement: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        """A lease statement in a durable transaction of its own, sent as one message
+        (pg_tx.in_one_round_trip): its first row. A worker makes one at every take,
+        release and renewal; BEGIN, the settings, the statement and COMMIT one round
+        trip each cost it (and the server) about as much as a request's mark."""
+        async with self._db.connection() as conn:
+            return await in_one_round_trip(conn, statement.encode(), params)
 
     async def leases(self) -> list[LineLease]:
         return [line_lease_of(row) for row in await self._db.query(sql.LEASES)]

@@ -362,6 +362,10 @@ WORKER_SEEN: Final = f"""
     WHERE relay_workers.worker <> %(worker)s AND relay_workers.seen_at >= seen.seen_at - %(ttl)s
 """
 WORKER_GONE: Final = "DELETE FROM relay_workers WHERE worker = %s"
+WORKERS: Final = f"""
+    SELECT worker, started_at, seen_at, clock.now - seen_at, seen_at >= clock.now - %(ttl)s
+    FROM relay_workers, {CLOCK} WHERE seen_at >= clock.now - %(kept)s ORDER BY worker COLLATE "C"
+"""
 
 # A take succeeds on a line never leased (epoch 1), released (no owner), expired, or
 # held by the same worker; it always raises the epoch. No row returned: refused.
@@ -378,7 +382,9 @@ TAKE_LEASE: Final = f"""
 """
 # Renewal and release lock the rows they change in line order, as fenced writes
 # take theirs (FENCES): two transactions never wait for each other in a cycle. Both
-# start from the held leases (lines and epochs) still this worker's, locked.
+# start from the held leases (lines and epochs) still this worker's, locked. Both
+# return rows (unread by a release): their transaction is one message
+# (pg_tx.in_one_round_trip), which reads a first row.
 _HELD_AND_LOCKED: Final = """
     WITH held AS (
         SELECT * FROM unnest(%(lines)s::text[], %(epochs)s::bigint[]) AS h(line, epoch)
@@ -388,13 +394,17 @@ _HELD_AND_LOCKED: Final = """
         ORDER BY l.line FOR UPDATE OF l
     )
 """
+# The lines renewed, as one array in one row (no row: none), so that the transaction
+# can be one message (pg_tx.in_one_round_trip returns its first row).
 RENEW_LEASES: Final = (
     _HELD_AND_LOCKED
-    + f"""
-    UPDATE line_leases AS l SET expires_at = clock.now + %(ttl)s, renewed_at = clock.now
-    FROM locked, {CLOCK}
-    WHERE l.line = locked.line
-    RETURNING l.line
+    + f""", renewed AS (
+        UPDATE line_leases AS l SET expires_at = clock.now + %(ttl)s, renewed_at = clock.now
+        FROM locked, {CLOCK}
+        WHERE l.line = locked.line
+        RETURNING l.line
+    )
+    SELECT array_agg(line) FROM renewed HAVING count(*) > 0
 """
 )
 RELEASE_LEASES: Final = (
@@ -402,6 +412,7 @@ RELEASE_LEASES: Final = (
     + """
     UPDATE line_leases AS l SET owner = NULL, expires_at = 0
     FROM locked WHERE l.line = locked.line
+    RETURNING l.line
 """
 )
 LEASE_COLUMNS: Final = (

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from publisher.errors import LeaseLost
-from publisher.store import Entry, LineLease, QuarantineRecord, State
+from publisher.store import Entry, LineLease, QuarantineRecord, RelayWorker, State
 from shared import Lease
 
 
@@ -59,6 +59,12 @@ def line_lease_of(row: tuple[Any, ...]) -> LineLease:
         taken_at=taken_at,
         renewed_at=renewed_at,
     )
+
+
+def relay_worker_of(row: tuple[Any, ...]) -> RelayWorker:
+    """A relay_workers row (the backend's WORKERS columns) as a RelayWorker."""
+    worker, started_at, seen_at, seen_ago_s, live = row
+    return RelayWorker(worker, float(started_at), float(seen_at), float(seen_ago_s), bool(live))
 
 
 def fence_error(lease: Lease, source: str, epoch_now: int | None) -> LeaseLost | None:

@@ -20,7 +20,13 @@ from typing import Any, Final, NamedTuple, Self
 from plumbing.storage import StorageError
 from publisher.backends import relay_lock
 from publisher.backends import sqlite_sql as sql
-from publisher.backends.rows import entry_of, fence_error, line_lease_of, quarantine_record_of
+from publisher.backends.rows import (
+    entry_of,
+    fence_error,
+    line_lease_of,
+    quarantine_record_of,
+    relay_worker_of,
+)
 from publisher.errors import InvalidTransition, LeaseLost, UnknownEntry
 from publisher.store import (
     DELIVERED_PAST_KEPT,
@@ -36,6 +42,7 @@ from publisher.store import (
     Outbox,
     Pending,
     QuarantineRecord,
+    RelayWorker,
     Snapshot,
     State,
     check_lease_request,
@@ -163,6 +170,12 @@ class SqliteOutbox(SqliteFile, Outbox):
 
     async def worker_gone(self, worker: str) -> None:
         await self._db.run(lambda conn: conn.execute(sql.WORKER_GONE, (worker,)))
+
+    async def workers(self, ttl_s: float) -> list[RelayWorker]:
+        check_ttl(ttl_s)
+        params = {"now": time.time(), "ttl": ttl_s, "kept": WORKERS_KEPT_S}
+        rows = await self._db.run(lambda conn: conn.execute(sql.WORKERS, params).fetchall())
+        return [relay_worker_of(row) for row in rows]
 
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
         check_lease_request(line, ttl_s)

@@ -238,6 +238,10 @@ WORKER_SEEN: Final = """
 FORGET_WORKERS: Final = "DELETE FROM relay_workers WHERE seen_at < :forgotten AND worker <> :worker"
 LIVE_WORKERS: Final = "SELECT count(*) FROM relay_workers WHERE seen_at >= :now - :ttl"
 WORKER_GONE: Final = "DELETE FROM relay_workers WHERE worker = ?"
+WORKERS: Final = """
+    SELECT worker, started_at, seen_at, :now - seen_at, seen_at >= :now - :ttl
+    FROM relay_workers WHERE seen_at >= :now - :kept ORDER BY worker
+"""
 
 # A take succeeds on a line never leased (epoch 1), released (no owner), expired, or
 # held by the same worker; it always raises the epoch. No row returned: refused.

@@ -1488,6 +1488,37 @@ async def test_worker_seen_counts_the_workers_seen_within_one_ttl(
     assert backend.query("SELECT worker FROM relay_workers ORDER BY worker") == [("w1",), ("w2",)]
 
 
+async def test_workers_lists_every_worker_remembered_live_or_gone(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.workers(TTL_S) == []
+    before = time.time()
+    for worker in ("w2", "w1", "w3"):
+        await outbox.worker_seen(worker, TTL_S)
+    listed = await outbox.workers(TTL_S)
+    assert [(w.worker, w.live) for w in listed] == [("w1", True), ("w2", True), ("w3", True)]
+    for w in listed:
+        assert before - 1 <= w.started_at <= w.seen_at <= time.time() + 1  # the store's clock
+        assert -1 < w.seen_ago_s < 5
+    # w2 stopped beating (killed, paused): still listed, not live; w3 stopped cleanly:
+    # forgotten; one not seen for longer than WORKERS_KEPT_S is not listed either.
+    backend.execute(f"UPDATE relay_workers SET seen_at = seen_at - {3 * TTL_S} WHERE worker = 'w2'")
+    await outbox.worker_gone("w3")
+    kept = publisher.store.WORKERS_KEPT_S + 60
+    backend.execute(
+        f"INSERT INTO relay_workers (worker, seen_at, started_at) SELECT 'w0', seen_at - {kept},"
+        f" started_at - {kept} FROM relay_workers WHERE worker = 'w1'"
+    )
+    w1, w2 = await outbox.workers(TTL_S)
+    assert (w1.worker, w1.live, w2.worker, w2.live) == ("w1", True, "w2", False)
+    assert 3 * TTL_S - 1 < w2.seen_ago_s < 3 * TTL_S + 5
+    assert w2.started_at == listed[1].started_at  # a beat moves seen_at only
+    # Live is judged against the ttl asked for, as worker_seen counts the live.
+    assert [w.live for w in await outbox.workers(4 * TTL_S)] == [True, True]
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        await outbox.workers(0)
+
+
 async def test_workers_not_seen_for_long_are_forgotten(outbox: Outbox, backend: Backend) -> None:
     for worker in ("w1", "w2", "w3"):
         await outbox.worker_seen(worker, TTL_S)

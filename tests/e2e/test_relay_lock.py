@@ -1,18 +1,26 @@
 """One relay per SQLite outbox, with real processes: a second `publisher serve` on the
 same file refuses to start, naming the first; a SIGKILLed relay never blocks its
-successor; the operators' commands work beside a running relay.
+successor, nor does one built in process through ServiceSettings; the operators'
+commands work beside a running relay.
 
 Outcomes are read from both database files through sqlite3 connections of our own.
 """
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from support import LOOPBACK, wait_until
+from support import LOOPBACK, listening, spawn, stop_process, wait_until
+
+from publisher.workers import DEFAULT_LEASE_TTL_S, worker_id_for
+from shared import GLOBAL_LINE
 
 if TYPE_CHECKING:
     from conftest import Query, RunCli, StartPublisher, StartSink
@@ -93,6 +101,72 @@ def test_after_a_sigkill_of_the_relay_a_new_one_starts_at_once_and_delivers(
     publisher_process(*serve_args(db, sink.url))  # fails unless it listens
     wait_until(lambda: unsent(db_rows, db) == 0)
     assert deliveries(db_rows, sink_db) == {"a": 1, "b": 1}
+
+
+# The service as a program embeds it: ServiceSettings with no worker given.
+IN_PROCESS_RELAY = """
+import asyncio, sys
+from aiohttp import web
+from publisher.service import ServiceSettings, create_app
+
+async def main() -> None:
+    settings = ServiceSettings(db=sys.argv[1], sink=sys.argv[2], poll_interval_s=0.2)
+    runner = web.AppRunner(create_app(settings))
+    await runner.setup()  # the relay starts with the app
+    print("relay started", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+_STARTED = re.compile("relay started")
+
+
+@pytest.fixture
+def in_process_relay(
+    tmp_path: Path, child_env: dict[str, str]
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes that build the relay in process (appended by the test); stopped at
+    teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        stop_process(proc)
+
+
+def test_an_in_process_relay_restarted_after_a_sigkill_takes_its_lines_back_at_once(
+    tmp_path: Path,
+    sink_process: StartSink,
+    run_cli: RunCli,
+    db_rows: Query,
+    child_env: dict[str, str],
+    in_process_relay: list[subprocess.Popen[bytes]],
+) -> None:
+    # Built through ServiceSettings, a relay takes the ID `publisher serve` takes on
+    # SQLite: the next one, in another process, takes the dead one's lease of the
+    # global line at once instead of waiting out its ttl (10 s).
+    db, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
+    sink = sink_process(sink_db)
+
+    def start(n: int) -> None:
+        log = tmp_path / f"in-process-{n}.log"
+        proc = spawn(["-c", IN_PROCESS_RELAY, str(db), sink.url], log, child_env, tmp_path)
+        in_process_relay.append(proc)
+        listening(proc, log, _STARTED, f"in-process relay {n}")
+
+    accept(run_cli, db, "a")
+    start(1)
+    wait_until(lambda: unsent(db_rows, db) == 0)
+    first = in_process_relay[0]
+    first.send_signal(signal.SIGKILL)  # no shutdown code: its lease stays, unreleased
+    first.wait(timeout=5)
+
+    accept(run_cli, db, "b")
+    start(2)
+    took_s = wait_until(lambda: unsent(db_rows, db) == 0, timeout_s=DEFAULT_LEASE_TTL_S * 0.8)
+    assert took_s < DEFAULT_LEASE_TTL_S * 0.8
+    assert deliveries(db_rows, sink_db) == {"a": 1, "b": 1}
+    lease = "SELECT owner, epoch FROM line_leases WHERE line = ?"
+    assert db_rows(db, lease, (GLOBAL_LINE,)) == [(worker_id_for(str(db), None), 2)]
 
 
 def test_operator_commands_work_beside_a_running_relay(

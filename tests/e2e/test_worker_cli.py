@@ -1,21 +1,22 @@
 """The relay worker options of `publisher serve` as real processes: --worker-id and
 --lease-ttl are checked before anything opens (one line, exit status 2), --sink may
-be repeated (a URL that cannot be reached is failed over), and status, list, trace
-and /metrics show the lines a worker holds."""
+be repeated (a URL that cannot be reached is failed over), status, list, trace and
+/metrics show the lines a worker holds, and status every worker, standby or gone."""
 
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import query
 from support import LOOPBACK, post_order, wait_until
 
 if TYPE_CHECKING:
-    from conftest import RunCli, StartPublisher, StartSink
+    from conftest import PublisherProcess, RunCli, StartPublisher, StartSink
 
 pytestmark = pytest.mark.e2e
 
@@ -131,3 +132,67 @@ def test_status_list_trace_and_metrics_show_the_lines_a_worker_holds(
         ("snack", None),
     ]
     assert query(db, "SELECT count(*) FROM relay_workers") == [(0,)]
+
+
+def test_status_lists_standby_and_gone_workers_with_the_lines_each_holds(
+    pg_database: str,
+    sink_process: StartSink,
+    publisher_process: StartPublisher,
+    run_cli: RunCli,
+    tmp_path: Path,
+) -> None:
+    # Global order on PostgreSQL: w1 delivers, w2 stands by holding nothing. Both are
+    # listed; once w2 is SIGKILLed it shows as gone, and w1 stopped with SIGTERM is
+    # forgotten at once.
+    sink = sink_process(tmp_path / "sink.db")
+
+    def start(worker: str) -> PublisherProcess:
+        return publisher_process(
+            "--db", pg_database, "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
+            "--worker-id", worker, "--lease-ttl", "1", "--poll-interval", "0.1",
+        )  # fmt: skip
+
+    def status(*extra: str) -> dict[str, Any]:  # status --json
+        done = run_cli("publisher", "status", "--db", pg_database, "--json", *extra)
+        assert done.returncode == 0, done.stderr
+        found: dict[str, Any] = json.loads(done.stdout)
+        return found
+
+    def listed(*extra: str) -> list[tuple[str, bool, list[str]]]:
+        return [(w["worker"], w["live"], w["lines"]) for w in status(*extra)["relay_workers"]]
+
+    def rows() -> list[tuple[Any, ...]]:  # each worker and how long ago it beat
+        return query(
+            pg_database,
+            "SELECT worker, extract(epoch FROM clock_timestamp()) - seen_at FROM relay_workers"
+            " ORDER BY worker",
+        )
+
+    w1 = start("w1")
+    wait_until(lambda: query(pg_database, "SELECT owner FROM line_leases") == [("w1",)])
+    w2 = start("w2")
+    wait_until(lambda: len(rows()) == 2)
+    figures = status()
+    assert figures["workers"] == ["w1"]  # as before: the workers holding a lease
+    assert [(w["worker"], w["live"], w["lines"]) for w in figures["relay_workers"]] == [
+        ("w1", True, ["*"]),
+        ("w2", True, []),
+    ]
+    with urllib.request.urlopen(f"http://{LOOPBACK}:{w1.port}/status", timeout=5) as reply:
+        served = json.load(reply)["relay_workers"]
+    assert [(w["worker"], w["lines"]) for w in served] == [("w1", ["*"]), ("w2", [])]
+
+    w2.kill()
+    wait_until(lambda: rows()[1][1] > 1.2)
+    assert listed("--lease-ttl", "1") == [("w1", True, ["*"]), ("w2", False, [])]
+    text = run_cli("publisher", "status", "--db", pg_database, "--lease-ttl", "1").stdout
+    assert re.search(r"^worker 'w1'\s+live, up [\d.]+ s, seen [\d.]+ s ago, holds 1 line\(s\): \*$",
+                     text, re.M), text  # fmt: skip
+    assert re.search(r"^worker 'w2'\s+gone, not seen for [\d.]+ s \(ttl 1 s\), holds no line$",
+                     text, re.M), text  # fmt: skip
+    w1.stop()
+    assert listed("--lease-ttl", "1") == [("w2", False, [])]
+
+    done = run_cli("publisher", "status", "--db", pg_database, "--lease-ttl", "0")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "argument --lease-ttl" in done.stderr

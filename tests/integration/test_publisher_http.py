@@ -18,7 +18,7 @@ from support import eventually
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app
 from publisher.store import Outbox
-from publisher.workers import WorkerSettings
+from publisher.workers import worker_id_for
 from shared import Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:
@@ -276,6 +276,7 @@ async def test_status_and_metrics_after_traffic(
     assert value(samples, intake, result="too_large") == 1
     status, figures = await get_json(client, f"{publisher}/status")
     lines = figures.pop("lines")
+    [worker] = figures.pop("relay_workers")  # its heartbeat row
     assert (status, figures) == (
         200,
         {
@@ -285,12 +286,18 @@ async def test_status_and_metrics_after_traffic(
             "head_blocked": False,
             "head": None,
             "blocked_lanes": [],
-            "workers": [WorkerSettings().worker_id],  # the relay holds the global line
+            "workers": [worker_id_for(str(db), None)],  # the relay holds the global line
         },
     )
     assert [(line["line"], line["owner"], line["epoch"]) for line in lines] == [
-        ("*", WorkerSettings().worker_id, 1)
+        ("*", worker_id_for(str(db), None), 1)
     ]
+    assert (worker["worker"], worker["live"], worker["lines"]) == (
+        worker_id_for(str(db), None),
+        True,
+        ["*"],
+    )
+    assert worker["started_at"] <= worker["seen_at"] and 0 <= worker["seen_seconds_ago"] < 30
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from publisher.dispatch import LineHeld, deliver_pending
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
 from publisher.relay import Relay, RelaySettings
-from publisher.store import Outbox
+from publisher.store import LineLease, Outbox
 from publisher.transport import Transport, request_options
 from publisher.workers import LeaseKeeper, WorkerSettings
 from shared import GLOBAL_LINE, Event, Lease
@@ -436,3 +436,36 @@ async def test_a_lease_not_renewed_in_time_is_not_sent_under_even_without_the_da
         # Taking a line held already does not raise its epoch (that would fence its
         # own requests in flight): the lease held is returned.
         assert await keeper.take(GLOBAL_LINE) == lease
+
+
+async def test_a_take_reads_the_previous_owner_only_once_its_lease_may_have_run_out(
+    tmp_path: Path,
+) -> None:
+    # A line another worker released (as drained lanes are, all the time) is taken in
+    # one statement and is no takeover; one whose lease has run out since it was
+    # read is read first, and taking it is a takeover.
+    now = [100.0]
+    async with Outbox.open(tmp_path / "source.db") as outbox:
+        reads: list[str] = []
+        lease_of = outbox.lease_of
+
+        async def counted(line: str) -> LineLease | None:
+            reads.append(line)
+            return await lease_of(line)
+
+        outbox.lease_of = counted  # type: ignore[method-assign]
+        one = LeaseKeeper(outbox, WorkerSettings("w1", 10.0))
+        two_metrics = Metrics()
+        two = LeaseKeeper(outbox, WorkerSettings("w2", 10.0), two_metrics, clock=lambda: now[0])
+        for line in ("snack", "tea"):
+            assert await one.take(line) is not None
+        await two.renew()  # reads the lines: both w1's, unexpired
+        await one.release("snack")
+        assert await two.take("snack") is not None
+        assert (reads, two_metrics.takeovers) == ([], 0)
+
+        # w1 dies holding "tea": its lease runs out, on the outbox and for w2's clock.
+        expire_leases(tmp_path / "source.db")
+        now[0] += 10.0
+        assert await two.take("tea") is not None
+        assert (reads, two_metrics.takeovers) == (["tea"], 1)

@@ -1,4 +1,4 @@
-"""Command-line conventions: durations, OUTBOX_* environment defaults, JSON log lines."""
+"""Command-line conventions: durations, OUTBOX_* environment defaults, log lines."""
 
 from __future__ import annotations
 
@@ -8,12 +8,22 @@ import io
 import json
 import logging
 import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from plumbing.cli import ArgumentParser, JsonFormatter, add_option, duration_s, env_name
+from plumbing.cli import (
+    ArgumentParser,
+    JsonFormatter,
+    TextFormatter,
+    add_option,
+    duration_s,
+    env_name,
+)
 from publisher.chaos import CHAOS_EXIT_STATUS, exit_after_ack
 from publisher.cli import build_parser, main
 from publisher.relay import DEFAULT_DEPTH
@@ -461,3 +471,59 @@ def test_exception_is_kept_in_the_line(json_log: tuple[logging.Logger, io.String
     [line] = lines(stream)
     assert line["level"] == "error"
     assert "RuntimeError: database gone" in str(line["exception"])
+
+
+# ---------------------------------------------------------------- text log lines
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def record_at(created: float) -> logging.LogRecord:
+    record = logging.LogRecord("publisher.relay", logging.INFO, "", 0, "delivery", None, None)
+    record.created, record.msecs = created, (created - int(created)) * 1000
+    return record
+
+
+def test_text_line_times_are_the_stock_formatters_across_seconds() -> None:
+    # The date and time part is kept per second: within a second, at the next one,
+    # and back to an earlier one (a clock step) it must read as logging's own.
+    ours, stock = TextFormatter(TEXT_FORMAT), logging.Formatter(TEXT_FORMAT)
+    base = 1_790_000_000.0
+    for created in (base + 0.001, base + 0.999, base + 1.5, base + 86_400.25, base + 0.5):
+        record = record_at(created)
+        assert ours.formatTime(record) == stock.formatTime(record)
+        assert ours.format(record) == stock.format(record)
+    assert ours.formatTime(record_at(base), "%H") == stock.formatTime(record_at(base), "%H")
+
+
+def test_service_log_lines_carry_every_field_in_both_formats() -> None:
+    # setup_logging turns off the thread, process and caller look-ups; a line still
+    # says all it said (run apart: it configures the whole process's logging).
+    script = (
+        "import logging, sys; from plumbing.cli import setup_logging; "
+        "setup_logging(sys.argv[1]); "
+        "logging.getLogger('publisher.relay').info("
+        "'delivery', extra={'event_id': 'order-1', 'seq': 3, 'outcome': 'delivered'})"
+    )
+    said = {}
+    for log_format in ("text", "json"):
+        done = subprocess.run(
+            [sys.executable, "-c", script, log_format], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+        said[log_format] = done.stderr.strip()
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO publisher\.relay: delivery"
+        r" event_id=order-1 seq=3 outcome=delivered",
+        said["text"],
+    ), said["text"]
+    line = json.loads(said["json"])
+    assert isinstance(line.pop("time"), float)
+    assert line == {
+        "level": "info",
+        "logger": "publisher.relay",
+        "message": "delivery",
+        "event_id": "order-1",
+        "seq": 3,
+        "outcome": "delivered",
+    }
