@@ -114,7 +114,7 @@ FULL: Final = Sizes(
     scale_repeats=300,
     scale_backlogs=(1_000, 10_000, 100_000),
     memory_backlogs=(1_000, 100_000),
-    workers_backlog=3_000,
+    workers_backlog=6_000,
     e2e_orders=5_000,
     e2e_latency_s=4.0,
 )
