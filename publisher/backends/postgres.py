@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import itertools
 import json
 import logging
 import os
@@ -67,7 +68,7 @@ from publisher.store import (
     check_limit,
     check_ttl,
 )
-from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json, validate_event
+from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json
 from shared.ack import ack_json
 
 T = TypeVar("T")
@@ -98,7 +99,9 @@ class PostgresOutbox(Outbox):
         self._marks: GroupCommit[_Marks, None] = GroupCommit(
             db, lambda conn, calls: _mark_groups(conn, calls, source)
         )
-        self._intake: GroupCommit[Event, Intake] = GroupCommit(db, self._accept_group)
+        self._intake: GroupCommit[list[Event], list[Intake | Conflict]] = GroupCommit(
+            db, self._accept_group
+        )
         self._accept_sql = sql.ACCEPT
 
     @classmethod
@@ -202,13 +205,14 @@ class PostgresOutbox(Outbox):
 
     # ------------------------------------------------------------------ intake
 
-    async def accept(self, event: object) -> Intake:
-        """Record the order and its outbox entry in one transaction: both or neither,
-        in one round trip. Intake asked for while another is being committed is
-        committed together in the next transaction (group commit): the commit-order
-        lock, held until commit, is then taken once for the group instead of once
-        per order."""
-        return await self._intake.submit(validate_event(event))
+    async def _queue(self, events: list[Event]) -> list[Intake | Conflict]:
+        """Record the orders and their outbox entries in one transaction, in one
+        round trip. Intake asked for while another is being committed is committed
+        together in the next transaction (group commit): the commit-order lock, held
+        until commit, is then taken once for the group instead of once per order,
+        and the relay hears one NOTIFY for the group (the server delivers a
+        transaction's identical notifications once)."""
+        return await self._intake.submit(events)
 
     # ------------------------------------------------------------------ the relay
 
@@ -429,20 +433,25 @@ class PostgresOutbox(Outbox):
 
     # ------------------------------------------------------------------ helpers
 
-    async def _accept_group(self, conn: Conn, events: list[Event]) -> list[Intake | Exception]:
+    async def _accept_group(
+        self, conn: Conn, calls: list[list[Event]]
+    ) -> list[list[Intake | Conflict] | Exception]:
         """Intake of several callers in one transaction, in one round trip; one
         outcome per call. Should the transaction fail, each call is tried again in a
-        transaction of its own, so that it fails alone."""
+        transaction of its own, so that it fails alone (in pipeline mode a failed
+        statement aborts everything after it up to the commit, so a savepoint per
+        call would not keep the others)."""
         query, now = self._accept_sql.encode(), time.time()
         try:
-            return await _accept_together(conn, query, events, now)
+            every = list(itertools.chain.from_iterable(calls))
+            return _per_call(calls, await _accept_together(conn, query, every, now))
         except psycopg.Error:
-            if len(events) == 1:
+            if len(calls) == 1:
                 raise
-        outcomes: list[Intake | Exception] = []
-        for event in events:
+        outcomes: list[list[Intake | Conflict] | Exception] = []
+        for events in calls:
             try:
-                outcomes += await _accept_together(conn, query, [event], now)
+                outcomes.append(await _accept_together(conn, query, events, now))
             except psycopg.Error as exc:
                 outcomes.append(StorageError(f"{self.location}: {describe(exc)}"))
         return outcomes
@@ -488,9 +497,17 @@ async def _find(conn: Conn, event_id: str) -> Entry:
     return entry_of(row)
 
 
+def _per_call(
+    calls: list[list[Event]], outcomes: list[Intake | Conflict]
+) -> list[list[Intake | Conflict] | Exception]:
+    """The outcomes of the calls' events, all in one list, cut back into one per call."""
+    ends = list(itertools.accumulate(len(events) for events in calls))
+    return [outcomes[end - len(events) : end] for events, end in zip(calls, ends, strict=True)]
+
+
 async def _accept_together(
     conn: Conn, query: bytes, events: list[Event], now: float
-) -> list[Intake | Exception]:
+) -> list[Intake | Conflict]:
     """Intake of `events` in one durable transaction, its statements pipelined."""
     async with durable(conn, pipeline=True):
         cursors = [
@@ -500,7 +517,7 @@ async def _accept_together(
             )
             for event in events
         ]
-    outcomes: list[Intake | Exception] = []
+    outcomes: list[Intake | Conflict] = []
     for event, (queued, known) in zip(events, cursors, strict=True):
         try:
             outcomes.append(intake_result(event, await queued.fetchone(), await known.fetchone()))

@@ -1,4 +1,4 @@
-"""Group commit: concurrent sink writes and concurrent publisher marks share transactions.
+"""Group commit: concurrent sink writes, publisher intake and marks share transactions.
 
 Real SQLite files, read back through independent sqlite3 connections; the sink is served
 by create_app, with the chaos stall, on loopback. Each store's Database is watched by
@@ -603,3 +603,114 @@ async def test_a_grouped_mark_whose_sql_fails_fails_alone(
     assert isinstance(got_b, StorageError)
     assert got_a is None
     assert outbox_rows(db_rows, source_db) == {**marked(["a0"]), **unmarked(["b0", "b1"])}
+
+
+# ---------------------------------------------------------------- intake, with the marks
+
+
+def order_ids(db_rows: Query, db: Path) -> tuple[list[str], list[str]]:
+    """The IDs of every order, and of every entry in seq order."""
+    return (
+        [r[0] for r in db_rows(db, "SELECT id FROM orders ORDER BY id")],
+        [r[0] for r in db_rows(db, "SELECT id FROM outbox ORDER BY seq")],
+    )
+
+
+async def test_intake_and_marks_asked_for_while_one_commits_share_the_next_transaction(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await accept(outbox, "a0", "b0")
+    trips = watch(outbox._db, monkeypatch)
+
+    with trips.hold() as gate:
+        first = asyncio.create_task(outbox.accept(event("n0")))
+        await until(gate.started)
+        later = [
+            asyncio.create_task(outbox.mark_sent_many(acked(["a0"]))),
+            *(asyncio.create_task(outbox.accept(event(f"n{n}"))) for n in range(1, 6)),
+            asyncio.create_task(outbox.accept_many([event("m0"), event("m1")])),
+            asyncio.create_task(outbox.mark_sent_many(acked(["b0"]))),
+        ]
+        try:
+            await asyncio.sleep(PENDING_S)
+            assert not any(t.done() for t in (first, *later))  # no reply before the commit
+        finally:
+            gate.release.set()
+            async with asyncio.timeout(WAIT_S):
+                await asyncio.wait([first, *later])
+            await settle(first, *later)
+
+    assert [t.result() for t in (first, *later)] == [
+        "accepted",
+        None,
+        *["accepted"] * 5,
+        ["accepted", "accepted"],
+        None,
+    ]
+    assert len(trips.worker) == 2  # the held one, then one for all eight calls
+    new = [f"n{n}" for n in range(6)]
+    assert order_ids(db_rows, source_db)[1] == ["a0", "b0", *new, "m0", "m1"]
+    assert outbox_rows(db_rows, source_db) == {
+        **marked(["a0", "b0"]),
+        **unmarked([*new, "m0", "m1"]),
+    }
+
+
+async def test_an_accept_alone_commits_at_once_in_one_transaction(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = watch(outbox._db, monkeypatch)
+    for n in range(3):
+        assert await asyncio.wait_for(outbox.accept(event(f"a{n}")), WAIT_S) == "accepted"
+        assert order_ids(db_rows, source_db)[1] == [f"a{k}" for k in range(n + 1)]
+    assert len(trips.worker) == 3
+
+
+async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await accept(outbox, "a0")
+    poison(source_db, "outbox", "INSERT", "bad")
+    trips = watch(outbox._db, monkeypatch)
+
+    results = await all_of(
+        outbox.accept(event("n0")),
+        outbox.accept_many([event("m0"), event("bad"), event("m1")]),
+        outbox.accept(event("bad")),
+        outbox.mark_sent_many(acked(["a0"])),
+        outbox.accept(event("n1")),
+    )
+
+    assert results[0] == "accepted" and results[3] is None and results[4] == "accepted"
+    assert isinstance(results[1], StorageError) and "poisoned row" in str(results[1])
+    assert isinstance(results[2], StorageError) and "poisoned row" in str(results[2])
+    assert len(trips.worker) == 1
+    # The order rows written before each failed entry insert are gone with it.
+    assert order_ids(db_rows, source_db) == (["a0", "n0", "n1"], ["a0", "n0", "n1"])
+    assert outbox_rows(db_rows, source_db)["a0"] == marked(["a0"])["a0"]
+
+
+async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_is_written(
+    outbox: Outbox, source_db: Path, db_rows: Query
+) -> None:
+    await accept(outbox, "a0")
+    conn = sqlite3.connect(source_db, isolation_level=None)
+    try:  # RAISE(ROLLBACK) ends the whole transaction, not only the statement
+        conn.execute(
+            "CREATE TRIGGER doom BEFORE INSERT ON outbox WHEN NEW.id = 'doom'"
+            " BEGIN SELECT RAISE(ROLLBACK, 'transaction lost'); END"
+        )
+    finally:
+        conn.close()
+
+    results = await all_of(
+        outbox.accept(event("n0")),
+        outbox.mark_sent_many(acked(["a0"])),
+        outbox.accept(event("doom")),
+        outbox.accept_many([event("m0"), event("m1")]),
+    )
+
+    assert all(isinstance(r, StorageError) for r in results), results
+    assert order_ids(db_rows, source_db) == (["a0"], ["a0"])
+    assert outbox_rows(db_rows, source_db) == unmarked(["a0"])
+    assert await outbox.accept(event("n0")) == "accepted"  # the next group commits
