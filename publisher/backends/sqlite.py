@@ -119,7 +119,7 @@ class SqliteOutbox(SqliteFile, Outbox):
     async def _queue(self, events: list[Event]) -> list[Intake | Conflict]:
         """Intake asked for while another write is being committed is committed with
         the marks and intake waiting with it, in the next transaction (group commit),
-        each call in a savepoint of its own; alone, at once."""
+        each call in a savepoint of its own; alone, at once (inline, see _commit)."""
         outcomes = await self._writes.submit(_Intake(events, time.time()))
         assert outcomes is not None
         return outcomes
