@@ -119,15 +119,21 @@ async def read_json(request: web.Request, max_body_bytes: int) -> object:
     body = await _read_body(request)
     if body is None or len(body) > max_body_bytes:
         raise BadRequest(413, "too_large", f"body is over {max_body_bytes} bytes")
+    return parse_json(body)
+
+
+def parse_json(text: bytes, what: str = "body") -> object:
+    """`text` parsed as strict JSON (loads_strict), or BadRequest 400 saying why not,
+    naming the text `what` (the body; a line of a file)."""
     try:
-        return loads_strict(body)
+        return loads_strict(text)
     except DuplicateKey as exc:
         raise BadRequest(400, "invalid", str(exc), field=exc.key) from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(400, "invalid", "body is not valid JSON", detail=str(exc)) from exc
+        raise BadRequest(400, "invalid", f"{what} is not valid JSON", detail=str(exc)) from exc
     except RecursionError as exc:
         raise BadRequest(
-            400, "invalid", "body is not valid JSON", detail="nested too deeply"
+            400, "invalid", f"{what} is not valid JSON", detail="nested too deeply"
         ) from exc
 
 

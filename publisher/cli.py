@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
@@ -42,10 +43,11 @@ from publisher.driver import MAX_DEPTH
 from publisher.errors import DeliveryError, LeaseLost, OutboxError, TargetNotAllowed
 from publisher.http import TIMEOUT_S, HttpSender
 from publisher.lanes import MAX_LANES
+from publisher.orders_file import feed, numbered_lines
 from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app
-from publisher.store import Entry, Outbox, QuarantineRecord, State
+from publisher.store import MAX_ACCEPT, Entry, Outbox, QuarantineRecord, State
 from publisher.trace import collect_trace, render_trace, when
 from publisher.transport import Transport
 from publisher.workers import (
@@ -126,10 +128,21 @@ def build_parser() -> ArgumentParser:
         )
         return sub
 
-    accept = command("accept", "record one order and its outbox entry")
-    add_option(accept, "--id", required=True, help="business ID of the order")
-    add_option(accept, "--sku", required=True, help="stock keeping unit")
-    add_option(accept, "--qty", required=True, type=strict_int, help="quantity, 1 to 1,000,000")
+    accept = command(
+        "accept",
+        "record orders and their outbox entries: one given by --id, --sku and --qty,"
+        " or one per line of a --file",
+    )
+    add_option(accept, "--id", help="business ID of the order")
+    add_option(accept, "--sku", help="stock keeping unit")
+    add_option(accept, "--qty", type=strict_int, help="quantity, 1 to 1,000,000")
+    add_option(
+        accept,
+        "--file",
+        metavar="PATH",
+        help="JSON Lines, one order (a JSON object) per line, - for stdin: recorded"
+        f" {MAX_ACCEPT} lines per transaction, a line that fails reported as PATH:LINE",
+    )
 
     send = command("dispatch", "deliver one batch of pending entries, in order")
     _sink_options(send, "sink URL, e.g. http://127.0.0.1:8080/events")
@@ -340,12 +353,46 @@ def _operator() -> str:
     return os.environ.get("USER") or "operator"
 
 
+def check_accept_args(parser: ArgumentParser, args: argparse.Namespace) -> None:
+    """Either --file or all of --id, --sku and --qty (a usage error otherwise)."""
+    given = [flag for flag in ("id", "sku", "qty") if getattr(args, flag) is not None]
+    if args.file is not None and given:
+        parser.error(f"--file and --{given[0]} do not go together")
+    missing = [f"--{flag}" for flag in ("id", "sku", "qty") if getattr(args, flag) is None]
+    if args.file is None and missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)} (or --file)")
+
+
 async def cmd_accept(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        return await accept_file(args.db, args.file)
     event = {"id": args.id, "sku": args.sku, "qty": args.qty}
     async with Outbox.open(args.db) as outbox:
         result = await outbox.accept(event)
     print(f"{result} {args.id}")
     return EXIT_OK
+
+
+async def accept_file(db: str, path: str) -> int:
+    """Every line's order (publisher.orders_file); the counts on stdout, each failed
+    line on stderr. Exit status 1 if a line failed, 2 if the file cannot be read."""
+    name = "stdin" if path == "-" else path
+    try:
+        stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    except OSError as exc:
+        return fail(PROG, f"cannot read {name}: {exc.strerror or exc}", EXIT_USAGE)
+    with stream:
+        async with Outbox.open(db) as outbox:
+            try:
+                tally = await feed(outbox, numbered_lines(stream), name, _say_failed)
+            except OSError as exc:
+                return fail(PROG, f"cannot read {name}: {exc.strerror or exc}", EXIT_USAGE)
+    print(tally.summary())
+    return EXIT_FAILED if tally.failed or tally.stopped else EXIT_OK
+
+
+def _say_failed(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 async def cmd_dispatch(args: argparse.Namespace) -> int:
@@ -583,6 +630,8 @@ COMMANDS: Final[dict[str, Command]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "accept":
+        check_accept_args(parser, args)
     if args.command == "serve" and args.retry_base > args.retry_cap:
         parser.error(
             f"--retry-base ({args.retry_base}) must not be above --retry-cap ({args.retry_cap})"

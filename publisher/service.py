@@ -30,11 +30,13 @@ from plumbing.web import (
     json_errors,
     metrics_response,
     read_event,
+    read_json,
     readiness,
 )
 from publisher.console import CONSOLE_PATH, ConsoleSettings, Source, add_console
 from publisher.driver import AfterDelivery
 from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
+from publisher.intake import MAX_BATCH_BODY_BYTES, RESULTS, batch_orders, batch_reply
 from publisher.lanes import MAX_LANES
 from publisher.metrics import PublisherMetrics
 from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S, Ordering, Relay, RelaySettings
@@ -58,6 +60,7 @@ class ServiceSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     send_timeout_s: float = TIMEOUT_S
     max_body_bytes: int = MAX_BODY_BYTES
+    max_batch_body_bytes: int = MAX_BATCH_BODY_BYTES  # POST /orders/batch
     batch_delivery: bool = True
     ordering: Ordering = "global"
     max_lanes: int = MAX_LANES
@@ -118,7 +121,7 @@ def create_app(
     if settings.console is not None:  # the console's page calls its own routes
         guard = dataclasses.replace(guard, own_page_paths=(f"{CONSOLE_PATH}/",))
     app = web.Application(
-        client_max_size=settings.max_body_bytes,
+        client_max_size=max(settings.max_body_bytes, settings.max_batch_body_bytes),
         middlewares=[json_errors, http_guard(guard)],
     )
     app[SETTINGS] = settings
@@ -130,6 +133,7 @@ def create_app(
     )
     app.cleanup_ctx.append(functools.partial(_run_relay, after_delivery=after_delivery))
     app.router.add_post("/orders", post_order)
+    app.router.add_post("/orders/batch", post_orders)
     app.router.add_get("/status", get_status)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", healthz)
@@ -183,16 +187,24 @@ def one_relay(outbox: Outbox, db: str) -> contextlib.AbstractAsyncContextManager
     return outbox.relay_lock("publisher serve")
 
 
+def unauthorized(request: web.Request) -> web.Response | None:
+    """401 if the service has an intake token and the request does not carry it."""
+    token = request.app[SETTINGS].intake_token
+    if token is None or bearer_matches(request.headers.get(hdrs.AUTHORIZATION), token):
+        return None
+    request.app[METRICS].intake.labels("unauthorized").inc()
+    reply = error(401, "missing or wrong bearer token")
+    reply.headers[hdrs.WWW_AUTHENTICATE] = "Bearer"
+    return reply
+
+
 async def post_order(request: web.Request) -> web.Response:
     """Record an order and its outbox entry; 201 accepted, 200 duplicate."""
     app = request.app
     intake = app[METRICS].intake
-    token = app[SETTINGS].intake_token
-    if token is not None and not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), token):
-        intake.labels("unauthorized").inc()
-        reply = error(401, "missing or wrong bearer token")
-        reply.headers[hdrs.WWW_AUTHENTICATE] = "Bearer"
-        return reply
+    refused = unauthorized(request)
+    if refused is not None:
+        return refused
     try:
         event = await read_event(request, app[SETTINGS].max_body_bytes)
         result = await app[OUTBOX].accept(event)
@@ -208,6 +220,30 @@ async def post_order(request: web.Request) -> web.Response:
     return web.json_response(
         {"id": event["id"], "result": result}, status=201 if result == "accepted" else 200
     )
+
+
+async def post_orders(request: web.Request) -> web.Response:
+    """Record 1 to 500 orders in one transaction; 200 with one result per order, in
+    the request's order, once they are durable. A body that is not a batch is
+    refused whole (400, 413), as is the batch when storage fails (503): nothing
+    of it is written then."""
+    app = request.app
+    intake = app[METRICS].intake
+    refused = unauthorized(request)
+    if refused is not None:
+        return refused
+    try:
+        items = batch_orders(await read_json(request, app[SETTINGS].max_batch_body_bytes))
+    except BadRequest as exc:
+        intake.labels(exc.kind).inc()
+        raise
+    reply = batch_reply(items, await app[OUTBOX].accept_many(items))
+    for result in RESULTS:
+        if reply[result]:
+            intake.labels(result).inc(reply[result])
+    if reply["accepted"]:
+        app[RELAY].wake()  # once for the batch
+    return web.json_response(reply)
 
 
 async def get_status(request: web.Request) -> web.Response:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, NamedTuple
 
 from plumbing.storage import Opening, StoreBase
-from shared import MAX_BATCH, Event, Lease
+from shared import MAX_BATCH, Conflict, Event, InvalidEvent, Lease, validate_event
 
 MAX_READ: Final = 256  # entries one pending read may return (a pipelined relay reads ahead)
 PRUNE_BATCH: Final = 500  # sent rows deleted per transaction by prune
@@ -28,8 +28,12 @@ DELIVERED_PAST_KEPT: Final = 100  # IDs kept in a quarantine record's delivered_
 WORKERS_KEPT_S: Final = 3600.0  # a relay worker not seen for this long is forgotten
 MAX_PAGE: Final = 1000  # entries one entries() page may return
 MAX_INTERVALS: Final = 1000  # spans one sent_per_interval() read may count
+MAX_ACCEPT: Final = 500  # orders one accept_many call (one POST /orders/batch) may hold
 
 Intake = Literal["accepted", "duplicate"]
+# One order's outcome in accept_many: what accept would have returned, or the
+# exception it would have raised for that order alone.
+IntakeOutcome = Intake | Conflict | InvalidEvent
 
 
 class State(StrEnum):
@@ -230,6 +234,14 @@ def check_ttl(ttl_s: float) -> None:
         raise ValueError(f"a lease lasts a positive number of seconds, not {ttl_s!r}")
 
 
+def _checked(event: object) -> Event | InvalidEvent:
+    """The validated event (a copy), or the InvalidEvent that says what is wrong."""
+    try:
+        return validate_event(event)
+    except InvalidEvent as exc:
+        return exc
+
+
 def check_limit(limit: object, most: int = MAX_BATCH) -> int:
     """Return `limit` if it is an int from 1 to `most`, else raise ValueError."""
     if type(limit) is not int or not 1 <= limit <= most:
@@ -312,11 +324,38 @@ class Outbox(StoreBase):
 
     # ------------------------------------------------------------------ intake
 
-    @abstractmethod
     async def accept(self, event: object) -> Intake:
         """Validate the event and record the order and its outbox entry in one
         transaction: both or neither. The same ID with the same payload again is
-        "duplicate" and changes nothing; with another payload, Conflict."""
+        "duplicate" and changes nothing; with another payload, Conflict. Returns once
+        the order is durable. Concurrent calls may share a transaction (group
+        commit); each still succeeds or fails on its own."""
+        [outcome] = await self.accept_many([event])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def accept_many(self, events: Sequence[object]) -> list[IntakeOutcome]:
+        """Validate and record up to MAX_ACCEPT orders (ValueError for more) in one
+        transaction, and return one outcome per order, in their order: "accepted",
+        "duplicate", or the Conflict or InvalidEvent that order alone failed with
+        (it changed nothing; the others are recorded). The same ID twice in the
+        list is judged as two calls one after the other would be. StorageError if
+        the database cannot take them: then nothing of them is written."""
+        if len(events) > MAX_ACCEPT:
+            raise ValueError(f"at most {MAX_ACCEPT} orders in one call, got {len(events)}")
+        checked = [_checked(event) for event in events]
+        valid = [event for event in checked if not isinstance(event, InvalidEvent)]
+        recorded = iter(await self._queue(valid) if valid else [])
+        return [
+            outcome if isinstance(outcome, InvalidEvent) else next(recorded) for outcome in checked
+        ]
+
+    @abstractmethod
+    async def _queue(self, events: list[Event]) -> list[Intake | Conflict]:
+        """Record validated orders and their outbox entries in one transaction (each
+        order all or nothing), durable before this returns; one outcome per order.
+        StorageError, nothing written, if the database cannot take them."""
 
     # ------------------------------------------------------------------ the relay
 

@@ -12,8 +12,9 @@ translation are pg_tx's. What PostgreSQL adds to the SQLite backend's behaviour:
 - The relay lock is a session-level advisory lock on a connection of its own: it
   goes when the process (hence its connection) does.
 - Transactions with several statements are sent in pipeline mode: one round trip.
-  A group of marks in the common case is one statement, its whole transaction one
-  simple query (pg_tx.in_one_round_trip).
+  A group of marks in the common case is one statement, and so is a group of
+  intake (every order of every call), each transaction one simple query
+  (pg_tx.in_one_round_trip).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import itertools
 import json
 import logging
 import os
@@ -77,7 +79,7 @@ from publisher.store import (
     interval_params,
     page_params,
 )
-from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json, validate_event
+from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json
 from shared.ack import ack_json
 
 T = TypeVar("T")
@@ -108,8 +110,9 @@ class PostgresOutbox(Outbox):
         self._marks: GroupCommit[_Marks, None] = GroupCommit(
             db, lambda conn, calls: _mark_groups(conn, calls, source)
         )
-        self._intake: GroupCommit[Event, Intake] = GroupCommit(db, self._accept_group)
-        self._accept_sql = sql.ACCEPT
+        self._intake: GroupCommit[list[Event], list[Intake | Conflict]] = GroupCommit(
+            db, self._accept_group
+        )
 
     @classmethod
     async def connect(cls, url: str) -> PostgresOutbox:
@@ -212,13 +215,14 @@ class PostgresOutbox(Outbox):
 
     # ------------------------------------------------------------------ intake
 
-    async def accept(self, event: object) -> Intake:
-        """Record the order and its outbox entry in one transaction: both or neither,
-        in one round trip. Intake asked for while another is being committed is
-        committed together in the next transaction (group commit): the commit-order
-        lock, held until commit, is then taken once for the group instead of once
-        per order."""
-        return await self._intake.submit(validate_event(event))
+    async def _queue(self, events: list[Event]) -> list[Intake | Conflict]:
+        """Record the orders and their outbox entries in one transaction, in one
+        round trip. Intake asked for while another is being committed is committed
+        together in the next transaction (group commit): the commit-order lock, held
+        until commit, is then taken once for the group instead of once per order,
+        and the relay hears one NOTIFY for the group (the server delivers a
+        transaction's identical notifications once)."""
+        return await self._intake.submit(events)
 
     # ------------------------------------------------------------------ the relay
 
@@ -458,20 +462,24 @@ class PostgresOutbox(Outbox):
 
     # ------------------------------------------------------------------ helpers
 
-    async def _accept_group(self, conn: Conn, events: list[Event]) -> list[Intake | Exception]:
-        """Intake of several callers in one transaction, in one round trip; one
-        outcome per call. Should the transaction fail, each call is tried again in a
-        transaction of its own, so that it fails alone."""
-        query, now = self._accept_sql.encode(), time.time()
+    async def _accept_group(
+        self, conn: Conn, calls: list[list[Event]]
+    ) -> list[list[Intake | Conflict] | Exception]:
+        """Intake of several callers in one transaction, one statement sent with its
+        BEGIN and COMMIT as one message; one outcome per call. Should the transaction
+        fail, each call is tried again in a transaction of its own, so that it fails
+        alone (a savepoint per call cannot keep the others of one statement)."""
+        now = time.time()
         try:
-            return await _accept_together(conn, query, events, now)
+            every = list(itertools.chain.from_iterable(calls))
+            return _per_call(calls, await _accept_together(conn, every, now))
         except psycopg.Error:
-            if len(events) == 1:
+            if len(calls) == 1:
                 raise
-        outcomes: list[Intake | Exception] = []
-        for event in events:
+        outcomes: list[list[Intake | Conflict] | Exception] = []
+        for events in calls:
             try:
-                outcomes += await _accept_together(conn, query, [event], now)
+                outcomes.append(await _accept_together(conn, events, now))
             except psycopg.Error as exc:
                 outcomes.append(StorageError(f"{self.location}: {describe(exc)}"))
         return outcomes
@@ -517,22 +525,54 @@ async def _find(conn: Conn, event_id: str) -> Entry:
     return entry_of(row)
 
 
-async def _accept_together(
-    conn: Conn, query: bytes, events: list[Event], now: float
-) -> list[Intake | Exception]:
-    """Intake of `events` in one durable transaction, its statements pipelined."""
-    async with durable(conn, pipeline=True):
-        cursors = [
-            (
-                await conn.execute(query, accept_params(event, now)),
-                await conn.execute(sql.FIND_ORDER.encode(), (event["id"],)),
-            )
-            for event in events
-        ]
-    outcomes: list[Intake | Exception] = []
-    for event, (queued, known) in zip(events, cursors, strict=True):
+def _per_call(
+    calls: list[list[Event]], outcomes: list[Intake | Conflict]
+) -> list[list[Intake | Conflict] | Exception]:
+    """The outcomes of the calls' events, all in one list, cut back into one per call."""
+    ends = list(itertools.accumulate(len(events) for events in calls))
+    return [outcomes[end - len(events) : end] for events, end in zip(calls, ends, strict=True)]
+
+
+async def _accept_together(conn: Conn, events: list[Event], now: float) -> list[Intake | Conflict]:
+    """Intake of `events` in one durable transaction, one message to the server
+    (ACCEPT_MANY): the first order of each ID goes in, and every order is judged
+    against what is then recorded for its ID, as calls one after another would be."""
+    firsts: dict[str, Event] = {}
+    for event in events:
+        firsts.setdefault(event["id"], event)
+    params = {
+        "ids": list(firsts),
+        "skus": [event["sku"] for event in firsts.values()],
+        "qtys": [event["qty"] for event in firsts.values()],
+        "payloads": [canonical_json(event) for event in firsts.values()],
+        "now": now,
+        "lock_ns": sql.INTAKE_LOCK_NS,
+        "channel": sql.CHANNEL,
+    }
+    row = await in_one_round_trip(conn, sql.ACCEPT_MANY.encode(), params)
+    assert row is not None, "an aggregate returns one row"
+    queued = {event_id for event_id, new in zip(firsts, row[0], strict=True) if new}
+    recorded = {
+        event_id: (sku, qty)
+        for event_id, sku, qty in zip(firsts, row[1], row[2], strict=True)
+        if sku is not None
+    }
+    raced = [i for i in firsts if i not in queued and i not in recorded]
+    if raced:  # committed by a concurrent intake while ours waited for it: read it now
+        cursor = await conn.execute(sql.FIND_ORDERS.encode(), (raced,))
+        recorded.update((i, (sku, qty)) for i, sku, qty in await cursor.fetchall())
+        await conn.rollback()
+    outcomes: list[Intake | Conflict] = []
+    for event in events:
+        if event is firsts[event["id"]] and event["id"] in queued:
+            outcomes.append("accepted")
+            continue
+        known = recorded.get(event["id"])
+        if event["id"] in queued:  # queued by its first order, earlier in `events`
+            first = firsts[event["id"]]
+            known = (first["sku"], first["qty"])
         try:
-            outcomes.append(intake_result(event, await queued.fetchone(), await known.fetchone()))
+            outcomes.append(intake_result(event, None, known))
         except Conflict as exc:
             outcomes.append(exc)
     return outcomes

@@ -142,6 +142,39 @@ ACCEPT_WITHOUT_COMMIT_ORDER: Final = """
 # Read after ACCEPT, in a statement of its own (it sees an order committed by a
 # concurrent intake of the same ID, which ON CONFLICT waited for).
 FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = %s"
+# A group's intake (every order of its calls, each ID once, in call order) in one
+# statement, as ACCEPT for each: the orders whose IDs are new, then the commit-order
+# lock, then their entries, whose seqs are taken in the orders' order (the identity
+# default is evaluated above the sort). One row of arrays in the orders' order:
+# whether each was queued, and the sku and qty of an order known before the
+# statement began (NULL for one queued now, or one a concurrent intake committed
+# meanwhile, which ON CONFLICT waited for: FIND_ORDERS reads those afterwards).
+ACCEPT_MANY: Final = """
+    WITH batch AS (
+        SELECT * FROM unnest(%(ids)s::text[], %(skus)s::text[], %(qtys)s::bigint[],
+                             %(payloads)s::text[])
+                      WITH ORDINALITY AS b(id, sku, qty, payload, n)
+    ), new_order AS (
+        INSERT INTO orders (id, sku, qty, accepted_at)
+        SELECT id, sku, qty, %(now)s FROM batch ORDER BY n
+        ON CONFLICT (id) DO NOTHING
+        RETURNING id
+    ), in_commit_order AS (
+        SELECT pg_advisory_xact_lock((%(lock_ns)s::bigint << 32) | 'outbox'::regclass::oid::bigint)
+        WHERE EXISTS (SELECT FROM new_order)
+    ), entry AS (
+        INSERT INTO outbox (id, payload, queued_at, lane)
+        SELECT batch.id, batch.payload, %(now)s, batch.sku
+        FROM batch JOIN new_order USING (id), in_commit_order
+        ORDER BY batch.n
+        RETURNING id, pg_notify(%(channel)s, '')
+    )
+    SELECT array_agg(entry.id IS NOT NULL ORDER BY batch.n),
+           array_agg(orders.sku ORDER BY batch.n),
+           array_agg(orders.qty ORDER BY batch.n)
+    FROM batch LEFT JOIN entry USING (id) LEFT JOIN orders USING (id)
+"""
+FIND_ORDERS: Final = "SELECT id, sku, qty FROM orders WHERE id = ANY(%s::text[])"
 
 PENDING: Final = (
     f"SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %s"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -214,6 +215,147 @@ async def test_accept_is_atomic_when_the_order_insert_fails(
     with backend.refusing_inserts("orders", "no orders"), pytest.raises(StorageError):
         await outbox.accept(order("a"))
     assert (count(backend, "orders"), count(backend, "outbox")) == (0, 0)
+
+
+# ---------------------------------------------------------------- many orders at once
+
+
+def accepted_rows(backend: Backend) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """(id, sku, qty) of every order, and (id, payload) of every entry in seq order."""
+    return (
+        backend.query("SELECT id, sku, qty FROM orders ORDER BY id"),
+        backend.query("SELECT id, payload FROM outbox ORDER BY seq"),
+    )
+
+
+async def test_accept_many_answers_each_order_in_its_order_and_records_only_the_good_ones(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "known")
+    outcomes = await outbox.accept_many(
+        [
+            order("a"),
+            {"id": "known", "sku": "snack", "qty": 1},  # as accepted before
+            {"id": "known", "sku": "snack", "qty": 2},  # another payload
+            {"id": "b", "sku": "snack", "qty": True},  # not an integer here
+            order("c", "tea", 3),
+            order("a"),  # again in the same call: as a second call would find it
+            order("c", "tea", 4),
+            ["not", "an", "object"],
+        ]
+    )
+    assert outcomes[:2] == ["accepted", "duplicate"]
+    assert isinstance(outcomes[2], Conflict) and outcomes[2].event_id == "known"
+    assert isinstance(outcomes[3], InvalidEvent) and outcomes[3].field == "qty"
+    assert outcomes[4:6] == ["accepted", "duplicate"]
+    assert isinstance(outcomes[6], Conflict) and outcomes[6].event_id == "c"
+    assert isinstance(outcomes[7], InvalidEvent) and outcomes[7].field == "event"
+    assert accepted_rows(backend) == (
+        [("a", "snack", 7), ("c", "tea", 3), ("known", "snack", 1)],
+        [
+            ("known", canonical_json(order("known", qty=1))),
+            ("a", canonical_json(order("a"))),
+            ("c", canonical_json(order("c", "tea", 3))),
+        ],
+    )
+
+
+async def test_accept_many_of_the_most_orders_keeps_their_order(
+    outbox: Outbox, backend: Backend
+) -> None:
+    ids = [f"o{n}" for n in range(publisher.store.MAX_ACCEPT)]
+    random_order = random.Random(16).sample(ids, len(ids))  # not the ID text order
+    outcomes = await outbox.accept_many([order(i, qty=1) for i in random_order])
+    assert outcomes == ["accepted"] * len(ids)
+    assert [row[0] for row in accepted_rows(backend)[1]] == random_order
+
+
+async def test_accept_many_of_nothing_writes_nothing(outbox: Outbox, backend: Backend) -> None:
+    assert await outbox.accept_many([]) == []
+    only_invalid = await outbox.accept_many([{"id": "a"}, 7])
+    assert [type(outcome) for outcome in only_invalid] == [InvalidEvent, InvalidEvent]
+    assert accepted_rows(backend) == ([], [])
+
+
+async def test_accept_many_refuses_more_than_the_most_and_writes_nothing(
+    outbox: Outbox, backend: Backend
+) -> None:
+    too_many = [order(f"o{n}") for n in range(publisher.store.MAX_ACCEPT + 1)]
+    with pytest.raises(ValueError, match="at most 500"):
+        await outbox.accept_many(too_many)
+    assert accepted_rows(backend) == ([], [])
+
+
+async def test_accept_many_writes_nothing_when_the_database_refuses_one_order(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "known")
+    before = contents(backend)
+    with backend.refusing_inserts("outbox", "boom"):
+        with pytest.raises(StorageError, match="boom"):
+            # Each order inserts its order row before its entry: none may be left.
+            await outbox.accept_many([order("a"), order("known", qty=1), order("b")])
+        assert contents(backend) == before
+    assert await outbox.accept_many([order("a"), order("b")]) == ["accepted", "accepted"]
+
+
+# ---------------------------------------------------------------- concurrent intake
+
+
+async def test_concurrent_accepts_fail_alone_and_the_others_are_durable(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "known")
+    calls: list[object] = [order(f"c{n}", qty=1) for n in range(24)]
+    calls[5] = {"id": "known", "sku": "snack", "qty": 2}  # a conflict
+    calls[11] = {"id": "bad", "sku": "snack", "qty": 0}  # invalid
+    calls[17] = order("known", qty=1)  # a duplicate
+    results = await asyncio.gather(*(outbox.accept(c) for c in calls), return_exceptions=True)
+    assert isinstance(results[5], Conflict) and results[5].event_id == "known"
+    assert isinstance(results[11], InvalidEvent) and results[11].field == "qty"
+    assert results[17] == "duplicate"
+    good = [n for n in range(len(calls)) if n not in (5, 11, 17)]
+    assert [results[n] for n in good] == ["accepted"] * len(good)
+    # Read by a connection of the test's own: each accepted order and its entry, in
+    # the order the calls were made.
+    entries = [row[0] for row in accepted_rows(backend)[1]]
+    assert entries == ["known", *(f"c{n}" for n in good)]
+    assert count(backend, "orders") == len(good) + 1
+
+
+async def test_concurrent_accepts_and_batches_all_fail_when_storage_fails_and_write_nothing(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "known")
+    before = contents(backend)
+    with backend.refusing_inserts("outbox", "boom"):
+        results = await asyncio.gather(
+            *(outbox.accept(order(f"c{n}")) for n in range(8)),
+            outbox.accept_many([order("m0"), order("m1")]),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, StorageError) and "boom" in str(r) for r in results), results
+        assert contents(backend) == before
+    results = await asyncio.gather(*(outbox.accept(order(f"c{n}")) for n in range(8)))
+    assert results == ["accepted"] * 8
+
+
+async def test_concurrent_calls_naming_one_new_id_accept_it_once(
+    outbox: Outbox, backend: Backend
+) -> None:
+    """Concurrent calls naming the same new ID: exactly one is accepted, the same
+    payload again is a duplicate, another payload a conflict."""
+    results = await asyncio.gather(
+        outbox.accept(order("a")),
+        outbox.accept(order("a")),
+        outbox.accept(order("a", qty=9)),
+        outbox.accept_many([order("a"), order("b")]),
+        return_exceptions=True,
+    )
+    assert results[:2] == ["accepted", "duplicate"]
+    assert isinstance(results[2], Conflict)
+    assert results[3] == ["duplicate", "accepted"]
+    assert accepted_rows(backend)[0] == [("a", "snack", 7), ("b", "snack", 7)]
 
 
 # ---------------------------------------------------------------- in the caller's transaction

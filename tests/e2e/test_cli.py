@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import selectors
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -349,3 +351,129 @@ def test_sink_stops_cleanly_on_sigterm_as_soon_as_it_is_listening(
             os.close(write_end)
 
     assert status == 0, (tmp_path / "sink.log").read_text()
+
+
+# ---------------------------------------------------------------- publisher accept --file
+
+
+def jsonl(*lines: object) -> str:
+    return "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+
+
+def test_accept_file_records_the_good_lines_and_reports_each_bad_one_by_its_number(
+    source: Path, tmp_path: Path, run_cli: RunCli, db_rows: Query
+) -> None:
+    orders = tmp_path / "orders.jsonl"
+    orders.write_text(
+        jsonl(
+            {"id": "a", "sku": "tea", "qty": 1},
+            "",  # blank lines are skipped
+            {"id": "b", "sku": "tea", "qty": 0},
+            '{"id": "c", "sku": "tea",',
+            {**ORDER, "qty": 8},  # known with another payload
+            ORDER,  # known as it is
+            {"id": "a", "sku": "tea", "qty": 1},  # again in the file
+            '{"id": "d", "id": "d", "sku": "tea", "qty": 1}',
+            "x" * (16 * 1024 + 1),
+            {"id": "e", "sku": "juice", "qty": 5},
+        )
+    )
+
+    result = accept(run_cli, source, "--file", str(orders))
+
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1
+    assert result.stdout == "accepted 2, duplicate 2, failed 5\n"
+    assert result.stderr.splitlines() == [
+        f"{orders}:3: invalid order: qty: must be between 1 and 1,000,000, got 0",
+        f"{orders}:4: line is not valid JSON: Expecting property name enclosed in double"
+        " quotes at column 26",
+        f"{orders}:5: conflict: event 'order-1' was already recorded with a different payload",
+        f"{orders}:8: duplicate key 'id' in a JSON object",
+        f"{orders}:9: line is over 16384 bytes",
+    ]
+    assert db_rows(source, "SELECT id, sku, qty FROM orders ORDER BY id") == [
+        ("a", "tea", 1),
+        ("e", "juice", 5),
+        ("order-1", "snack", 7),
+    ]
+    assert [r[0] for r in db_rows(source, "SELECT id FROM outbox ORDER BY seq")] == [
+        "order-1",
+        "a",
+        "e",
+    ]
+
+
+def test_accept_file_reads_stdin_and_feeds_many_batches_in_line_order(
+    tmp_path: Path, child_env: dict[str, str], db_rows: Query
+) -> None:
+    db = tmp_path / "source.db"
+    ids = [f"o{n:04d}" for n in range(1234)][::-1]  # line order, not ID order
+    result = subprocess.run(
+        [sys.executable, "-m", "publisher", "accept", "--db", str(db), "--file", "-"],
+        input=jsonl(*({"id": i, "sku": "tea", "qty": 1} for i in ids)),
+        capture_output=True,
+        text=True,
+        env=child_env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == "accepted 1234, duplicate 0, failed 0\n"
+    assert [r[0] for r in db_rows(db, "SELECT id FROM outbox ORDER BY seq")] == ids
+
+
+def test_accept_file_stops_at_a_batch_the_database_refuses_and_writes_none_of_it(
+    tmp_path: Path, run_cli: RunCli, db_rows: Query, accept_orders: AcceptOrders
+) -> None:
+    db = tmp_path / "source.db"
+    accept_orders(db, ORDER)
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON outbox WHEN NEW.id = 'o0550'"
+            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END"
+        )
+    finally:
+        conn.close()
+    orders = tmp_path / "orders.jsonl"
+    orders.write_text(jsonl(*({"id": f"o{n:04d}", "sku": "tea", "qty": 1} for n in range(1200))))
+
+    result = accept(run_cli, db, "--file", str(orders))
+
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1
+    assert result.stdout == "accepted 500, duplicate 0, failed 0\n"
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"{orders}:501-1000: not written (nor any line after it): ")
+    assert "disk trouble" in line
+    written = [r[0] for r in db_rows(db, "SELECT id FROM orders ORDER BY id")]
+    assert written == [*(f"o{n:04d}" for n in range(500)), "order-1"]
+
+
+@pytest.mark.parametrize("name", ["missing.jsonl", "a-directory"])
+def test_accept_file_that_cannot_be_read_exits_2_with_one_line_and_opens_nothing(
+    tmp_path: Path, run_cli: RunCli, name: str
+) -> None:
+    (tmp_path / "a-directory").mkdir()
+    db = tmp_path / "source.db"
+
+    result = accept(run_cli, db, "--file", str(tmp_path / name))
+
+    assert result.returncode == 2
+    assert_one_line_error(result)
+    assert result.stderr.startswith(f"publisher: cannot read {tmp_path / name}: ")
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    "args", [["--file", "orders.jsonl", "--id", "x"], ["--sku", "tea", "--qty", "1"]]
+)
+def test_accept_with_both_or_neither_of_file_and_order_is_a_usage_error(
+    source: Path, run_cli: RunCli, db_rows: Query, args: list[str]
+) -> None:
+    before = state(db_rows, source)
+    result = accept(run_cli, source, *args)
+    assert result.returncode == 2
+    assert_one_line_error(result)
+    assert state(db_rows, source) == before

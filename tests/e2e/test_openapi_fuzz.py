@@ -257,6 +257,14 @@ def test_publisher_conforms_and_only_accepted_orders_change_the_outbox(
 
     accepted: dict[str, tuple[str, int]] = {}
     for e in exchanges:
+        if e.method == "POST" and e.path == "/orders/batch" and e.status == 200:
+            assert isinstance(e.request, dict) and isinstance(e.reply, dict), e
+            for item, result in zip(e.request["orders"], e.reply["results"], strict=True):
+                if result["result"] == "accepted":
+                    assert item["id"] not in accepted, f"accepted twice: {e}"
+                    accepted[item["id"]] = (item["sku"], item["qty"])
+                elif result["result"] == "duplicate":
+                    assert accepted.get(item["id"]) == (item["sku"], item["qty"]), e
         if e.method == "POST" and e.path == "/orders" and e.status in (200, 201):
             assert isinstance(e.request, dict) and isinstance(e.reply, dict), e
             assert e.reply == {

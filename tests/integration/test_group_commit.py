@@ -1,4 +1,4 @@
-"""Group commit: concurrent sink writes and concurrent publisher marks share transactions.
+"""Group commit: concurrent sink writes, publisher intake and marks share transactions.
 
 Real SQLite files, read back through independent sqlite3 connections; the sink is served
 by create_app, with the chaos stall, on loopback. Each store's Database is watched by
@@ -503,30 +503,32 @@ def unmarked(ids: list[str]) -> dict[str, tuple[Any, ...]]:
 async def test_marks_asked_for_while_one_commits_are_committed_together_next(
     outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = [[f"{lane}{n}" for n in range(3)] for lane in "abcd"]
+    calls = [[f"{lane}{n}" for n in range(3)] for lane in "abcde"]
     await accept(outbox, *(i for call in calls for i in call))
     trips = watch(outbox._db, monkeypatch)
 
     with trips.hold() as gate:
-        first = asyncio.create_task(outbox.mark_sent_many(acked(calls[0])))
+        # Two calls at once: a group of two, which commits on the worker thread.
+        first = [asyncio.create_task(outbox.mark_sent_many(acked(c))) for c in calls[:2]]
         await until(gate.started)
         later = []
-        for call in calls[1:]:  # each call in its own turn of the loop
+        for call in calls[2:]:  # each call in its own turn of the loop
             later.append(asyncio.create_task(outbox.mark_sent_many(acked(call))))
             await asyncio.sleep(ARRIVAL_S)
         try:
             await asyncio.sleep(PENDING_S)
-            assert not any(t.done() for t in (first, *later))
+            assert not any(t.done() for t in (*first, *later))
             assert db_rows(source_db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(0,)]
         finally:
             gate.release.set()
             async with asyncio.timeout(WAIT_S):
-                await asyncio.wait([first, *later])
-            await settle(first, *later)
+                await asyncio.wait([*first, *later])
+            await settle(*first, *later)
 
-    assert [t.result() for t in (first, *later)] == [None] * 4
-    # The held transaction had the first call; the three that came meanwhile shared one.
-    assert len(trips.worker) == 2
+    assert [t.result() for t in (*first, *later)] == [None] * 5
+    # The held transaction had the first two calls; the three that came meanwhile
+    # shared one.
+    assert len(trips.worker) == 2 and trips.inline == []
     assert outbox_rows(db_rows, source_db) == marked([i for call in calls for i in call])
     for call in calls:  # each call's marks carry the one time it was asked at
         marks = ",".join("?" * len(call))
@@ -560,11 +562,12 @@ async def test_a_grouped_call_with_an_unknown_id_fails_alone_and_marks_none_of_i
 async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_work(
     outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await accept(outbox, "a0", "b0", "b1", "c0", "d0")
+    await accept(outbox, "a0", "a1", "b0", "b1", "c0", "d0")
     trips = watch(outbox._db, monkeypatch)
 
     with trips.hold() as gate:
         running = asyncio.create_task(outbox.mark_sent_many(acked(["a0"])))
+        beside = asyncio.create_task(outbox.mark_sent_many(acked(["a1"])))  # a group of two
         await until(gate.started)
         queued = asyncio.create_task(outbox.mark_sent_many(acked(["b0", "b1"])))
         waited = asyncio.create_task(outbox.mark_sent_many(acked(["c0"])))
@@ -574,20 +577,21 @@ async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_w
         finally:
             gate.release.set()
         try:
-            await asyncio.wait_for(waited, WAIT_S)
+            await asyncio.wait_for(asyncio.gather(beside, waited), WAIT_S)
         finally:
-            await settle(waited)
+            await settle(beside, waited)
 
     assert running.cancelled() and queued.cancelled()
     assert len(trips.worker) == 2
     assert outbox_rows(db_rows, source_db) == {
-        **marked(["a0", "b0", "b1", "c0"]),
+        **marked(["a0", "a1", "b0", "b1", "c0"]),
         **unmarked(["d0"]),
     }
-    # The marker was reset: a later mark starts a new one and is committed.
+    # The marker was reset: a later mark starts a new one and is committed (alone:
+    # inline, on the loop's thread).
     await asyncio.wait_for(outbox.mark_sent("d0", make_ack("d0", Receipt.APPLIED)), WAIT_S)
-    assert len(trips.worker) == 3
-    assert outbox_rows(db_rows, source_db) == marked(["a0", "b0", "b1", "c0", "d0"])
+    assert len(trips.worker) == 2 and trips.inline == [threading.get_ident()]
+    assert outbox_rows(db_rows, source_db) == marked(["a0", "a1", "b0", "b1", "c0", "d0"])
 
 
 async def test_a_grouped_mark_whose_sql_fails_fails_alone(
@@ -603,3 +607,118 @@ async def test_a_grouped_mark_whose_sql_fails_fails_alone(
     assert isinstance(got_b, StorageError)
     assert got_a is None
     assert outbox_rows(db_rows, source_db) == {**marked(["a0"]), **unmarked(["b0", "b1"])}
+
+
+# ---------------------------------------------------------------- intake, with the marks
+
+
+def order_ids(db_rows: Query, db: Path) -> tuple[list[str], list[str]]:
+    """The IDs of every order, and of every entry in seq order."""
+    return (
+        [r[0] for r in db_rows(db, "SELECT id FROM orders ORDER BY id")],
+        [r[0] for r in db_rows(db, "SELECT id FROM outbox ORDER BY seq")],
+    )
+
+
+async def test_intake_and_marks_asked_for_while_one_commits_share_the_next_transaction(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await accept(outbox, "a0", "b0")
+    trips = watch(outbox._db, monkeypatch)
+
+    with trips.hold() as gate:
+        first = asyncio.create_task(outbox.accept(event("n0")))
+        beside = asyncio.create_task(outbox.accept(event("n6")))  # a group of two
+        await until(gate.started)
+        later = [
+            asyncio.create_task(outbox.mark_sent_many(acked(["a0"]))),
+            *(asyncio.create_task(outbox.accept(event(f"n{n}"))) for n in range(1, 6)),
+            asyncio.create_task(outbox.accept_many([event("m0"), event("m1")])),
+            asyncio.create_task(outbox.mark_sent_many(acked(["b0"]))),
+        ]
+        try:
+            await asyncio.sleep(PENDING_S)
+            assert not any(t.done() for t in (first, beside, *later))  # no reply before commit
+        finally:
+            gate.release.set()
+            async with asyncio.timeout(WAIT_S):
+                await asyncio.wait([first, beside, *later])
+            await settle(first, beside, *later)
+
+    assert [t.result() for t in (first, beside, *later)] == [
+        "accepted",
+        "accepted",
+        None,
+        *["accepted"] * 5,
+        ["accepted", "accepted"],
+        None,
+    ]
+    assert len(trips.worker) == 2  # the held one, then one for all eight calls
+    new = [f"n{n}" for n in range(7)]
+    assert order_ids(db_rows, source_db)[1] == ["a0", "b0", "n0", "n6", *new[1:6], "m0", "m1"]
+    assert outbox_rows(db_rows, source_db) == {
+        **marked(["a0", "b0"]),
+        **unmarked([*new, "m0", "m1"]),
+    }
+
+
+async def test_an_accept_alone_commits_at_once_inline_and_a_group_on_the_worker_thread(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = watch(outbox._db, monkeypatch)
+    for n in range(3):
+        assert await asyncio.wait_for(outbox.accept(event(f"a{n}")), WAIT_S) == "accepted"
+        assert order_ids(db_rows, source_db)[1] == [f"a{k}" for k in range(n + 1)]
+    assert trips.inline == [threading.get_ident()] * 3 and trips.worker == []
+    assert await all_of(*(outbox.accept(event(f"b{n}")) for n in range(3))) == ["accepted"] * 3
+    assert len(trips.inline) == 3 and len(trips.worker) == 1
+
+
+async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await accept(outbox, "a0")
+    poison(source_db, "outbox", "INSERT", "bad")
+    trips = watch(outbox._db, monkeypatch)
+
+    results = await all_of(
+        outbox.accept(event("n0")),
+        outbox.accept_many([event("m0"), event("bad"), event("m1")]),
+        outbox.accept(event("bad")),
+        outbox.mark_sent_many(acked(["a0"])),
+        outbox.accept(event("n1")),
+    )
+
+    assert results[0] == "accepted" and results[3] is None and results[4] == "accepted"
+    assert isinstance(results[1], StorageError) and "poisoned row" in str(results[1])
+    assert isinstance(results[2], StorageError) and "poisoned row" in str(results[2])
+    assert len(trips.worker) == 1
+    # The order rows written before each failed entry insert are gone with it.
+    assert order_ids(db_rows, source_db) == (["a0", "n0", "n1"], ["a0", "n0", "n1"])
+    assert outbox_rows(db_rows, source_db)["a0"] == marked(["a0"])["a0"]
+
+
+async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_is_written(
+    outbox: Outbox, source_db: Path, db_rows: Query
+) -> None:
+    await accept(outbox, "a0")
+    conn = sqlite3.connect(source_db, isolation_level=None)
+    try:  # RAISE(ROLLBACK) ends the whole transaction, not only the statement
+        conn.execute(
+            "CREATE TRIGGER doom BEFORE INSERT ON outbox WHEN NEW.id = 'doom'"
+            " BEGIN SELECT RAISE(ROLLBACK, 'transaction lost'); END"
+        )
+    finally:
+        conn.close()
+
+    results = await all_of(
+        outbox.accept(event("n0")),
+        outbox.mark_sent_many(acked(["a0"])),
+        outbox.accept(event("doom")),
+        outbox.accept_many([event("m0"), event("m1")]),
+    )
+
+    assert all(isinstance(r, StorageError) for r in results), results
+    assert order_ids(db_rows, source_db) == (["a0"], ["a0"])
+    assert outbox_rows(db_rows, source_db) == unmarked(["a0"])
+    assert await outbox.accept(event("n0")) == "accepted"  # the next group commits

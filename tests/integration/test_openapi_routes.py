@@ -58,6 +58,7 @@ PINNED: dict[str, dict[tuple[str, str], set[int]]] = {
     },
     "publisher": {
         ("POST", "/orders"): {200, 201, 400, 401, 409} | POST | GUARD | STORAGE,
+        ("POST", "/orders/batch"): {200, 400, 401} | POST | GUARD | STORAGE,
         ("GET", "/status"): {200} | GUARD | STORAGE,
         ("GET", "/metrics"): {200} | GUARD | STORAGE,
         ("GET", "/healthz"): {200} | GUARD,

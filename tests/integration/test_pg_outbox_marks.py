@@ -108,6 +108,22 @@ async def test_concurrent_intake_shares_one_transaction(outbox: Outbox, pg_datab
     assert sorted(ids, key=seq.__getitem__) == ids  # in the order they were asked for
 
 
+async def test_a_batch_and_single_intake_share_one_transaction_and_one_notify(
+    outbox: Outbox, pg_database: str
+) -> None:
+    with psycopg.connect(pg_database, autocommit=True) as listener:
+        listener.execute(b"LISTEN outbox_intake")
+        results = await asyncio.gather(
+            *(outbox.accept({"id": f"i{n}", "sku": "snack", "qty": 1}) for n in range(4)),
+            outbox.accept_many([{"id": f"b{n}", "sku": "tea", "qty": 1} for n in range(3)]),
+        )
+        heard = list(listener.notifies(timeout=0.5, stop_after=3))
+    assert results == [*["accepted"] * 4, ["accepted"] * 3]
+    xmins = rows(pg_database, "SELECT DISTINCT xmin::text FROM outbox WHERE id !~ '^m'")
+    assert len(xmins) == 1
+    assert [n.channel for n in heard] == ["outbox_intake"]  # one wake-up for the group
+
+
 async def test_a_failing_intake_fails_alone(
     outbox: Outbox, pg_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -124,8 +140,12 @@ async def test_a_failing_intake_fails_alone(
     calls = [("first", 1), ("a", 1), ("bad", 1), ("m0", 2), ("c", 1), ("m1", 1), ("a", 1)]
     results = await asyncio.gather(
         *(outbox.accept({"id": i, "sku": "snack", "qty": q}) for i, q in calls),
+        outbox.accept_many([{"id": i, "sku": "tea", "qty": 1} for i in ("d", "bad", "e")]),
         return_exceptions=True,
     )
+    batch = results.pop()  # a call fails whole: none of its orders is written
+    assert isinstance(batch, StorageError) and "no bad orders" in str(batch)
+    assert rows(pg_database, "SELECT count(*) FROM orders WHERE id IN ('d', 'e')") == [(0,)]
     assert results[:2] == ["accepted", "accepted"]
     assert isinstance(results[2], StorageError) and "no bad orders" in str(results[2])
     assert isinstance(results[3], Conflict)

@@ -26,7 +26,7 @@ from publisher.backends import postgres_sql
 from publisher.backends.postgres import PostgresOutbox, accept_params
 from publisher.relay import Ordering
 from publisher.store import Outbox
-from shared import Event, Lease, Receipt, make_ack, validate_event
+from shared import Conflict, Event, Lease, Receipt, make_ack, validate_event
 
 HELD_S = 0.3  # how long an intake transaction is held open
 SKUS = ("snack", "juice", "tea")
@@ -69,6 +69,27 @@ async def test_an_intake_in_flight_holds_back_the_next_seq_until_it_commits(
     assert await pending_ids(outbox) == ["first", "second"]
     by_id = seqs(pg_database)
     assert by_id["first"] < by_id["second"]
+
+
+@pytest.mark.parametrize("qty", [1, 2])
+async def test_an_id_another_transaction_commits_while_intake_waits_is_judged_by_it(
+    outbox: Outbox, pg_database: str, qty: int
+) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_database) as conn:
+        async with conn.transaction():
+            assert await accept_in_async(conn, {**order("same"), "qty": 1}) == "accepted"
+            waiting = asyncio.create_task(
+                outbox.accept_many([order("before"), {**order("same"), "qty": qty}])
+            )
+            await asyncio.sleep(HELD_S)
+            assert not waiting.done()  # its insert of "same" waits for this transaction
+        outcomes = await asyncio.wait_for(waiting, 5)
+    assert outcomes[0] == "accepted"
+    if qty == 1:
+        assert outcomes[1] == "duplicate"
+    else:
+        assert isinstance(outcomes[1], Conflict) and outcomes[1].event_id == "same"
+    assert sorted(seqs(pg_database)) == ["before", "same"]
 
 
 async def test_without_the_lock_a_reader_sees_a_later_seq_before_an_earlier_one(

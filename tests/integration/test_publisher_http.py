@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -234,6 +235,171 @@ async def test_a_duplicate_post_does_not_send_again(
     await post(client, f"{publisher}/orders", EVENT)
     await asyncio.sleep(0.3)
     assert db_rows(sink_db, "SELECT deliveries FROM inbox") == [(1,)]
+
+
+# ---------------------------------------------------------------- bulk intake
+
+
+def batch(*orders: object) -> dict[str, Any]:
+    return {"orders": list(orders)}
+
+
+async def test_a_batch_is_answered_per_order_in_order_and_only_its_good_orders_are_written(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
+) -> None:
+    assert (await post(client, f"{publisher}/orders", EVENT))[0] == 201
+    body = batch(
+        {"id": "b1", "sku": "tea", "qty": 2},
+        EVENT,  # as accepted before
+        {**EVENT, "qty": 8},  # another payload
+        {"id": "b2", "sku": "tea", "qty": 0},
+        "not an order",
+        {"id": "b3", "sku": "juice", "qty": 1},
+    )
+    status, kind, reply = await post(client, f"{publisher}/orders/batch", body)
+
+    assert (status, kind) == (200, "application/json")
+    assert reply == {
+        "accepted": 2,
+        "duplicate": 1,
+        "conflict": 1,
+        "invalid": 2,
+        "results": [
+            {"index": 0, "id": "b1", "result": "accepted"},
+            {"index": 1, "id": "order-1", "result": "duplicate"},
+            {
+                "index": 2,
+                "id": "order-1",
+                "result": "conflict",
+                "error": "conflict",
+                "detail": "event 'order-1' was already recorded with a different payload",
+            },
+            {
+                "index": 3,
+                "id": "b2",
+                "result": "invalid",
+                "error": "invalid event",
+                "field": "qty",
+                "detail": reply["results"][3]["detail"],
+            },
+            {
+                "index": 4,
+                "id": None,
+                "result": "invalid",
+                "error": "invalid event",
+                "field": "event",
+                "detail": "must be a JSON object, not a string",
+            },
+            {"index": 5, "id": "b3", "result": "accepted"},
+        ],
+    }
+    assert "1" in reply["results"][3]["detail"]  # says the range qty must be in
+    assert order_rows(db_rows, db) == [
+        ("b1", "tea", 2),
+        ("b3", "juice", 1),
+        ("order-1", "snack", 7),
+    ]
+    assert [r[1] for r in outbox_rows(db_rows, db)] == ["order-1", "b1", "b3"]
+
+
+async def test_a_batch_is_delivered_and_counted_per_order(
+    client: aiohttp.ClientSession, publisher: str, db: Path, sink_db: Path, db_rows: Query
+) -> None:
+    orders = [{"id": f"b{n}", "sku": "tea", "qty": 1} for n in range(500)]
+    status, _, reply = await post(client, f"{publisher}/orders/batch", batch(*orders))
+    assert (status, reply["accepted"]) == (200, 500)
+    await eventually(
+        lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(500,)], 10.0
+    )
+    assert db_rows(sink_db, "SELECT qty FROM inventory") == [(500,)]
+    status, _, reply = await post(client, f"{publisher}/orders/batch", batch(orders[0], {}))
+    assert (reply["duplicate"], reply["invalid"]) == (1, 1)
+    samples = await scrape(client, f"{publisher}/metrics")
+    intake = "publisher_intake_total"
+    assert value(samples, intake, result="accepted") == 500
+    assert value(samples, intake, result="duplicate") == 1
+    assert value(samples, intake, result="invalid") == 1
+
+
+TOO_MANY = batch(*({"id": f"o{n}", "sku": "s", "qty": 1} for n in range(501)))
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ([EVENT], 'a batch is a JSON object {"orders": [...]}'),
+        (EVENT, 'a batch is a JSON object {"orders": [...]}'),
+        ({**batch(EVENT), "more": 1}, 'a batch is a JSON object {"orders": [...]}'),
+        (batch(), "orders must be a list of 1 to 500 orders"),
+        ({"orders": EVENT}, "orders must be a list of 1 to 500 orders"),
+        (TOO_MANY, "orders must be a list of 1 to 500 orders"),
+        (b"not json", "body is not valid JSON"),
+        (b'{"orders": [], "orders": []}', "duplicate key 'orders'"),
+    ],
+)
+async def test_a_body_that_is_not_a_batch_is_400_and_writes_nothing(
+    client: aiohttp.ClientSession,
+    publisher: str,
+    db: Path,
+    db_rows: Query,
+    body: object,
+    said: str,
+) -> None:
+    status, kind, reply = await post(client, f"{publisher}/orders/batch", body)
+    assert (status, kind) == (400, "application/json")
+    assert said in reply["error"]
+    assert order_rows(db_rows, db) == []
+
+
+async def test_a_batch_over_the_body_cap_is_413_and_one_of_500_long_orders_is_not(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
+) -> None:
+    longest = [
+        {"id": f"{n:03d}" + "i" * 125, "sku": "s" * 64, "qty": 1_000_000} for n in range(500)
+    ]
+    pretty = json.dumps(batch(*longest), indent=2).encode()  # whitespace too
+    assert len(pretty) < 500 * 1024
+    status, _, reply = await post(client, f"{publisher}/orders/batch", pretty)
+    assert (status, reply["accepted"]) == (200, 500)
+
+    over = json.dumps(batch(EVENT)).encode() + b" " * (500 * 1024)
+    status, kind, reply = await post(client, f"{publisher}/orders/batch", over)
+    assert (status, kind) == (413, "application/json")
+    assert "error" in reply
+    assert len(order_rows(db_rows, db)) == 500
+
+
+async def test_a_batch_that_is_not_plain_json_is_415(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
+) -> None:
+    data = json.dumps(batch(EVENT)).encode()
+    url = f"{publisher}/orders/batch"
+    async with client.post(url, data=data, headers={"Content-Type": "text/plain"}) as r:
+        assert (r.status, r.content_type) == (415, "application/json")
+        assert "error" in await r.json()
+    assert order_rows(db_rows, db) == []
+
+
+async def test_a_batch_the_database_cannot_take_is_503_and_nothing_of_it_is_written(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
+) -> None:
+    assert (await post(client, f"{publisher}/orders", EVENT))[0] == 201
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON outbox WHEN NEW.id = 'b2'"
+            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END"
+        )
+        body = batch(*({"id": f"b{n}", "sku": "tea", "qty": 1} for n in range(4)))
+        status, kind, reply = await post(client, f"{publisher}/orders/batch", body)
+        assert (status, kind) == (503, "application/json")
+        assert reply == {"error": "storage unavailable, try again"}
+        assert order_rows(db_rows, db) == [("order-1", "snack", 7)]  # b0, b1 undone too
+    finally:
+        conn.execute("DROP TRIGGER refuse")
+        conn.close()
+    status, _, reply = await post(client, f"{publisher}/orders/batch", body)
+    assert (status, reply["accepted"]) == (200, 4)
 
 
 # ---------------------------------------------------------------- status and metrics
