@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import platform
 import signal
@@ -735,9 +736,15 @@ def _describe(name: str, f: Figures, results: dict[str, Figures]) -> str:
         rates = ", ".join(
             f"{k} workers {f[f'events_per_s_{k}']:,.0f}" for k in workers.WORKER_COUNTS
         )
+        cpu = ", ".join(
+            f"{f.get(f'cpu_s_per_1k_workers_{k}', math.nan):.2f}"
+            f" + {f.get(f'cpu_s_per_1k_sink_{k}', math.nan):.2f}"
+            for k in workers.WORKER_COUNTS
+        )
         return (
             f"{rates} events/s (2 x {f['backlog_per_run']:,} each, {f['skus']} SKUs, 5 ms "
-            f"sink, one per request); {f['duplicates']} duplicates; failover "
+            f"sink, one per request); CPU s per 1,000 (workers + sink) {cpu}; "
+            f"{f['duplicates']} duplicates; failover "
             f"{f['failover_s']:.2f} s (lease TTL {f['lease_ttl_s']:g} s)"
         )
     if name == "relay_single":

@@ -9,7 +9,10 @@ commit until every entry is marked sent. Each K's rate is its entries over its t
 One event per request (`--delivery single`): the sink's 5 ms is paid per entry, and
 what more workers can add is requests in flight (each worker runs up to 8 lanes).
 Duplicates: deliveries the sink's inbox counts beyond the first, over all runs (no
-fault is injected: the target is 0).
+fault is injected: the target is 0). CPU: seconds per 1,000 entries of the workers
+(together) and of the sink, over each drain, so that a K's rate can be read against
+what each entry cost it (on a machine the drain saturates, the rate is the CPU it
+gets over that cost).
 
 Failover: two workers (each with lanes for every SKU) drain a backlog too big to
 finish; once the victim owns lanes
@@ -124,6 +127,9 @@ async def pg_workers(ctx: Context) -> Figures:
     for workers in WORKER_COUNTS:
         done = len(runs[workers])
         result[f"events_per_s_{workers}"] = done * backlog / elapsed[workers]
+        for side in ("workers", "sink"):
+            spent = [f["cpu_s_per_1k"][side] for f in runs[workers]]
+            result[f"cpu_s_per_1k_{side}_{workers}"] = sum(spent) / done
         result[f"runs_{workers}"] = runs[workers]
     return result
 
@@ -147,9 +153,13 @@ async def _drain(ctx: Context, name: str, workers: int, backlog: int) -> Figures
     sink = ctx.children.start(f"sink-{name}", "sink", "--db", str(sink_db), *chaos)
     started = await _start_workers(ctx, name, workers, source, sink)
     try:
+        cpu = _cpu_s(started, sink)
         began = time.perf_counter()
         await asyncio.to_thread(functools.partial(insert_entries, source, backlog, skus=SKUS))
         elapsed = await _until_sent(source, backlog, began, 30.0 + backlog * 0.02)
+        spent = {
+            side: (s - cpu[side]) * 1000 / backlog for side, s in _cpu_s(started, sink).items()
+        }
     finally:
         for child in [*started, sink]:
             ctx.children.stop(child)
@@ -163,7 +173,13 @@ async def _drain(ctx: Context, name: str, workers: int, backlog: int) -> Figures
         "duplicates": count_rows(sink_db, RESENDS),
         "applied_at_sink": count_rows(sink_db, "SELECT count(*) FROM inbox"),
         "delivered_by_worker": delivered,
+        "cpu_s_per_1k": spent,
     }
+
+
+def _cpu_s(workers: list[Child], sink: Child) -> dict[str, float]:
+    """CPU seconds used so far by the workers together and by the sink."""
+    return {"workers": sum(w.cpu_s() for w in workers), "sink": sink.cpu_s()}
 
 
 async def _until_sent(source: DbLocation, expected: int, began: float, timeout_s: float) -> float:

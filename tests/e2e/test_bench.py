@@ -229,6 +229,9 @@ def test_postgres_cases_run_on_a_throwaway_server_and_leave_nothing(
             assert sorted(r["delivered_by_worker"]) == [f"w{n}" for n in range(1, k + 1)], r
             assert sum(r["delivered_by_worker"].values()) >= workers["backlog_per_run"], r
         assert workers[f"events_per_s_{k}"] > 0
+        for side in ("workers", "sink"):  # what each entry cost, per process type
+            assert all(r["cpu_s_per_1k"][side] > 0 for r in runs), runs
+            assert workers[f"cpu_s_per_1k_{side}_{k}"] > 0
     assert workers["failover"]["victim_lanes"] >= 1
     assert 0 < workers["failover_s"] < 30
     # Only the targets whose cases ran, each measured and judged.
