@@ -429,7 +429,7 @@ async def test_many_blocked_lanes_do_not_starve_a_healthy_one(
 
     async with running_relay(outbox, url, "batch", ordering="sku", max_lanes=8) as relay:
         await eventually(
-            lambda: all(sent(db_rows, db)[f"snack-{n}"] for n in range(3)), timeout_s=4.0
+            lambda: all(sent(db_rows, db)[f"snack-{n}"] for n in range(3)), timeout_s=15.0
         )
         assert len(relay.blocked_lanes) >= 64
 
