@@ -96,6 +96,8 @@ def test_accept_conflict_exits_1_with_one_line_and_changes_nothing(
         ["--id=-x", "--sku", "snack", "--qty", "7"],
         ["--id", "order-2", "--sku", "bad sku", "--qty", "7"],
         ["--id", "order-2", "--sku", "snack"],
+        ["--file", "orders.jsonl", "--id", "x"],
+        ["--sku", "tea", "--qty", "1"],
     ],
     ids=[
         "qty-zero",
@@ -104,6 +106,8 @@ def test_accept_conflict_exits_1_with_one_line_and_changes_nothing(
         "id-dash-attached",
         "bad-sku",
         "missing-qty",
+        "file-and-order",
+        "neither-file-nor-order",
     ],
 )
 def test_accept_with_bad_input_exits_2_with_one_line_and_changes_nothing(
@@ -464,16 +468,3 @@ def test_accept_file_that_cannot_be_read_exits_2_with_one_line_and_opens_nothing
     assert_one_line_error(result)
     assert result.stderr.startswith(f"publisher: cannot read {tmp_path / name}: ")
     assert not db.exists()
-
-
-@pytest.mark.parametrize(
-    "args", [["--file", "orders.jsonl", "--id", "x"], ["--sku", "tea", "--qty", "1"]]
-)
-def test_accept_with_both_or_neither_of_file_and_order_is_a_usage_error(
-    source: Path, run_cli: RunCli, db_rows: Query, args: list[str]
-) -> None:
-    before = state(db_rows, source)
-    result = accept(run_cli, source, *args)
-    assert result.returncode == 2
-    assert_one_line_error(result)
-    assert state(db_rows, source) == before
