@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Generic, TypeVar
 
 C = TypeVar("C")
@@ -64,3 +65,27 @@ class GroupCommit(Generic[C, R]):
             for _, done in [*group, *self._queue]:
                 done.cancel()  # only when this task itself was cancelled
             self._queue = []
+
+
+class Arrivals:
+    """How many write requests are in progress: `with arrivals:` counts one from
+    entry to exit. Re-entrant, and cheap (it is entered on every write request).
+    A backend that can commit a lone call inline (on the event loop's thread) does
+    so only while this is at most one: with other requests in progress, an inline
+    commit would keep the loop from reading them while its fsync runs."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> None:
+        self.count += 1
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.count -= 1

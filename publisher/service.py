@@ -206,8 +206,9 @@ async def post_order(request: web.Request) -> web.Response:
     if refused is not None:
         return refused
     try:
-        event = await read_event(request, app[SETTINGS].max_body_bytes)
-        result = await app[OUTBOX].accept(event)
+        with app[OUTBOX].arriving():  # how it commits is the outbox's own choice
+            event = await read_event(request, app[SETTINGS].max_body_bytes)
+            result = await app[OUTBOX].accept(event)
     except BadRequest as exc:
         intake.labels(exc.kind).inc()
         raise
@@ -232,12 +233,13 @@ async def post_orders(request: web.Request) -> web.Response:
     refused = unauthorized(request)
     if refused is not None:
         return refused
-    try:
-        items = batch_orders(await read_json(request, app[SETTINGS].max_batch_body_bytes))
-    except BadRequest as exc:
-        intake.labels(exc.kind).inc()
-        raise
-    reply = batch_reply(items, await app[OUTBOX].accept_many(items))
+    with app[OUTBOX].arriving():
+        try:
+            items = batch_orders(await read_json(request, app[SETTINGS].max_batch_body_bytes))
+        except BadRequest as exc:
+            intake.labels(exc.kind).inc()
+            raise
+        reply = batch_reply(items, await app[OUTBOX].accept_many(items))
     for result in RESULTS:
         if reply[result]:
             intake.labels(result).inc(reply[result])

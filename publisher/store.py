@@ -324,6 +324,14 @@ class Outbox(StoreBase):
 
     # ------------------------------------------------------------------ intake
 
+    def arriving(self) -> contextlib.AbstractContextManager[None]:
+        """`with outbox.arriving():` held by the HTTP layer from an intake request's
+        arrival to its reply. A fact, not an instruction: a backend may use how many
+        intake requests are in progress to decide how it commits (the SQLite one
+        commits a lone call on the event loop's thread only while no other is in
+        progress); this default ignores it."""
+        return contextlib.nullcontext()
+
     async def accept(self, event: object) -> Intake:
         """Validate the event and record the order and its outbox entry in one
         transaction: both or neither. The same ID with the same payload again is

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Self
 
-from plumbing.group_commit import GroupCommit
+from plumbing.group_commit import Arrivals, GroupCommit
 from plumbing.storage import StorageError
 from publisher.backends import relay_lock
 from publisher.backends import sqlite_sql as sql
@@ -94,6 +94,7 @@ class SqliteOutbox(SqliteFile, Outbox):
         super().__init__(db)
         self._source = ""
         self._writes: GroupCommit[_Write, _Written] = GroupCommit(self._commit)
+        self._arrivals = Arrivals()
 
     @classmethod
     async def connect(cls, path: str | Path) -> Self:
@@ -110,14 +111,24 @@ class SqliteOutbox(SqliteFile, Outbox):
     def source(self) -> str:
         return self._source
 
+    @property
+    def intake_in_progress(self) -> int:
+        """Intake requests between arrival and reply, as reported through `arriving`."""
+        return self._arrivals.count
+
+    def arriving(self) -> Arrivals:
+        return self._arrivals
+
     async def _commit(self, calls: list[_Write]) -> list[_Written | Exception]:
-        """One group's transaction. A group of one call (nothing else was asked for
-        meanwhile) commits inline on the event loop's thread, saving the two thread
-        hand-offs (about as much as the fsync, see Database.run_inline); a larger
-        group on the database thread, so that the loop serves the requests that will
-        make up the next group while this one's fsync runs."""
+        """One group's transaction. A group of one call commits inline on the event
+        loop's thread, saving the two thread hand-offs (about as much as the fsync,
+        see Database.run_inline), when nothing else is under way: no other intake
+        request in progress (`arriving`). Otherwise, and for a larger group, on the
+        database thread, so that the loop reads and answers the requests that will
+        make up the next group while this one's fsync runs: inline, an fsync would
+        keep their bytes in the socket until it ends, and every reply waiting."""
         commit = functools.partial(_write_groups, calls=calls, source=self._source)
-        if len(calls) == 1:
+        if len(calls) == 1 and self._arrivals.count <= 1:
             return await self._db.run_inline(commit)
         return await self._db.run(commit)
 

@@ -24,8 +24,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import pytest
+from support import eventually
 
+from publisher.backends.sqlite import SqliteOutbox
 from publisher.errors import UnknownEntry
+from publisher.service import OUTBOX, ServiceSettings, create_app
 from publisher.store import Outbox
 from shared import Conflict, Event, Receipt, canonical_json, make_ack, payload_digest
 from sink.app import INBOX
@@ -33,9 +36,10 @@ from sink.backends.sqlite import SqliteInbox
 from sink.chaos import Chaos, chaos_app
 from sink.store import BatchReceipt
 from sqlite_tx import Database, StorageError
+from sqlite_tx.aiosqlite_internals import raw_connection
 
 if TYPE_CHECKING:
-    from conftest import Query, Serve
+    from conftest import Query, Serve, ServeSink
 
 T = TypeVar("T")
 
@@ -722,3 +726,121 @@ async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_
     assert order_ids(db_rows, source_db) == (["a0"], ["a0"])
     assert outbox_rows(db_rows, source_db) == unmarked(["a0"])
     assert await outbox.accept(event("n0")) == "accepted"  # the next group commits
+
+
+# ---------------------------------------------------------------- the publisher over HTTP
+
+
+@dataclass
+class IntakeCommits:
+    """The thread each intake transaction (one that inserted an order) committed on,
+    in order, as the outbox's own connection reports its statements (a trace callback
+    on the sqlite3 connection: it runs on whichever thread runs the statement)."""
+
+    threads: list[int] = field(default_factory=list)
+    _orders: bool = False
+
+    def statement(self, sql: str) -> None:
+        if sql.startswith("BEGIN"):
+            self._orders = False
+        elif sql.startswith("INSERT INTO orders"):
+            self._orders = True
+        elif sql == "COMMIT" and self._orders:
+            self.threads.append(threading.get_ident())
+
+
+@dataclass
+class Publisher:
+    base: str
+    commits: IntakeCommits
+    outbox: Outbox
+
+
+@pytest.fixture
+async def publisher(
+    serve: Serve,
+    serve_sink: ServeSink,
+    client: aiohttp.ClientSession,
+    sink_db: Path,
+    source_db: Path,
+    db_rows: Query,
+) -> Publisher:
+    """`publisher serve`'s application on loopback in front of a real sink, its
+    outbox's intake commits traced from after one order has been delivered and
+    marked: the relay then waits for the next wake (its poll is far off), so
+    nothing of its own runs on the database thread when a test's first order
+    commits."""
+    sink = await serve_sink(sink_db)
+    settings = ServiceSettings(db=str(source_db), sink=f"{sink}/events", poll_interval_s=30.0)
+    app = create_app(settings)
+    base = await serve(app)
+    assert await post(client, f"{base}/orders", event("warm")) == (
+        201,
+        {"id": "warm", "result": "accepted"},
+    )
+    await eventually(lambda: db_rows(source_db, "SELECT sent FROM outbox") == [(1,)])
+    await asyncio.sleep(PENDING_S)  # the relay's reads after the mark, done
+    outbox, commits = app[OUTBOX], IntakeCommits()
+    assert isinstance(outbox, SqliteOutbox)
+    raw_connection(outbox._db._connection).set_trace_callback(commits.statement)
+    return Publisher(base, commits, outbox)
+
+
+@contextlib.asynccontextmanager
+async def body_still_arriving(
+    base: str, order: Event
+) -> AsyncIterator[Callable[[], Awaitable[bytes]]]:
+    """A POST /orders whose headers are sent and whose body is not, all but its last
+    byte: in progress at the publisher until `finish()` sends the rest and returns
+    the reply's status line."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps(order).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = (
+        f"POST /orders HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + body[:-1])
+    await writer.drain()
+
+    async def finish() -> bytes:
+        writer.write(body[-1:])
+        async with asyncio.timeout(WAIT_S):
+            return await reader.readline()
+
+    try:
+        yield finish
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def test_concurrent_order_posts_share_commits_and_each_gets_its_own_reply(
+    publisher: Publisher, client: aiohttp.ClientSession, source_db: Path, db_rows: Query
+) -> None:
+    orders = [event(f"h{n}", f"sku{n % 3}", n + 1) for n in range(REQUESTS * 2)]
+
+    replies = await all_of(*(post(client, f"{publisher.base}/orders", o) for o in orders))
+
+    assert replies == [(201, {"id": o["id"], "result": "accepted"}) for o in orders]
+    assert order_ids(db_rows, source_db)[0] == sorted(["warm", *(o["id"] for o in orders)])
+    assert 1 <= len(publisher.commits.threads) < len(orders)
+
+
+async def test_an_order_posted_while_another_is_in_progress_commits_off_the_event_loop(
+    publisher: Publisher, client: aiohttp.ClientSession, source_db: Path, db_rows: Query
+) -> None:
+    loop_thread = threading.get_ident()
+    async with body_still_arriving(publisher.base, event("slow")) as finish:
+        assert await post(client, f"{publisher.base}/orders", event("quick")) == (
+            201,
+            {"id": "quick", "result": "accepted"},
+        )
+        # Inline, its fsync would have kept the loop from reading the other request.
+        assert len(publisher.commits.threads) == 1
+        assert publisher.commits.threads[0] != loop_thread
+        assert (await finish()).startswith(b"HTTP/1.1 201")
+    assert order_ids(db_rows, source_db)[0] == ["quick", "slow", "warm"]
+    assert len(publisher.commits.threads) == 2
+    assert publisher.outbox.intake_in_progress == 0
