@@ -353,7 +353,11 @@ async def test_per_sku_lanes_spread_over_three_workers_and_keep_seq_order_per_sk
     assert all(w.delivered > 0 for w in workers), [w.delivered for w in workers]
     # While two or three were live, none held far more than its share of the lanes.
     assert max(w.metrics.most_owned for w in (two, three)) <= math.ceil(len(skus) / 2) + 1
-    for counts in held:
+    # Judged while most lanes were still held: as the last lanes drain, each worker
+    # releases its own, and the few left may sit with one until its next renewal.
+    busy = [counts for counts in held if sum(counts) > len(skus) // 2]
+    assert busy, held
+    for counts in busy:
         assert max(counts) <= math.ceil(sum(counts) / 3) + 2, held
     # Every request went out under the lease of its own lane.
     for w in workers:
