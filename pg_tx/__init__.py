@@ -50,14 +50,19 @@ log = logging.getLogger("pg_tx")
 
 class _QuietAbortedPipeline(logging.Filter):
     """psycopg warns when leaving a pipeline fails while an exception already leaves
-    the block ("error ignored terminating <pipeline>: ..."): "pipeline aborted" after
-    a failed statement, or the server's own words and CONTEXT lines when it went away.
-    It logs that only while the block's own exception propagates, and that one is
-    raised and translated anyway, so the warning tells an operator nothing new and
-    would put driver text into the services' logs."""
+    the block: "error ignored terminating <pipeline>: ..." when the closing sync
+    fails ("pipeline aborted" after a failed statement, or the server's own words and
+    CONTEXT lines when it went away), and "error ignored exiting <pipeline>: ..."
+    when libpq cannot leave pipeline mode (the server ended the session while
+    results were still due: "cannot exit pipeline mode while busy"). It logs them
+    only while the block's own exception propagates, and that one is raised and
+    translated anyway, so the warnings tell an operator nothing new and would put
+    driver text into the services' logs."""
+
+    QUIET = frozenset({"error ignored terminating %r: %s", "error ignored exiting %r: %s"})
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != "error ignored terminating %r: %s"
+        return record.msg not in self.QUIET
 
 
 logging.getLogger("psycopg").addFilter(_QuietAbortedPipeline())
