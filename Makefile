@@ -29,29 +29,30 @@ test: lint typecheck postgres-binaries browser
 # programs (initdb, pg_ctl), from Debian's package when they are missing. No cluster
 # is created or started by the package; as root the tests run the server as the
 # `postgres` user the package creates.
-postgres-binaries: netns-tools
-	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+# $(call debian-package,CHECK,PACKAGE,WHEN MISSING[,FIRST]): nothing when the shell
+# test CHECK passes; as root, Debian's PACKAGE is installed (after the commands FIRST,
+# each ending in &&); otherwise the command WHEN MISSING runs.
+define debian-package
+	@if $(1); then \
 		exit 0; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		mkdir -p /etc/postgresql-common && \
-		echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.conf && \
-		apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+		$(4) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(2) >/dev/null; \
 	else \
-		echo "PostgreSQL's server programs are missing: install Debian's postgresql package" >&2; exit 1; \
+		$(3); \
 	fi
+endef
+
+postgres-binaries: netns-tools
+	$(call debian-package,command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1,postgresql,\
+		echo "PostgreSQL's server programs are missing: install Debian's postgresql package" >&2; exit 1,\
+		mkdir -p /etc/postgresql-common && echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.conf &&)
 
 # The console's browser tests drive Debian's Chromium through Playwright (its own
 # browser downloads are never used): the package is installed when it is missing.
 browser:
-	@if command -v chromium >/dev/null 2>&1; then \
-		exit 0; \
-	elif [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
-	else \
-		echo "chromium is missing: install Debian's chromium package (the browser tests will be skipped)" >&2; \
-	fi
+	$(call debian-package,command -v chromium >/dev/null 2>&1,chromium,\
+		echo "chromium is missing: install Debian's chromium package (the browser tests will be skipped)" >&2)
 
 # The README's pictures of the console, taken by its browser test against real services.
 screenshots: venv browser
@@ -59,14 +60,8 @@ screenshots: venv browser
 
 # The partition test makes test hosts in network namespaces with `ip` (iproute2).
 netns-tools:
-	@if command -v ip >/dev/null 2>&1; then \
-		exit 0; \
-	elif [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null; \
-	else \
-		echo "iproute2 is missing: the partition test will be skipped" >&2; \
-	fi
+	$(call debian-package,command -v ip >/dev/null 2>&1,iproute2,\
+		echo "iproute2 is missing: the partition test will be skipped" >&2)
 
 # SPEC's two checks as stories, with the evidence table before and after recovery.
 demo: venv
