@@ -28,6 +28,7 @@ pytestmark = pytest.mark.e2e
 
 CHAOS_EXIT = 73
 CRASH_TIMEOUT_S = 15.0
+SINK_STALL_S = 0.2  # each request held by the sink (see the pipelined-ACK test)
 DRAIN_TIMEOUT_S = 30.0
 SETTLE_S = 0.5  # longer than a request takes at the sink, stall included
 SETTLE_ROUNDS = 20
@@ -142,7 +143,11 @@ def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_t
     delivery: str,
 ) -> None:
     source, sink_db = databases.source, databases.sink
-    sink = sink_process(sink_db)
+    # The sink holds each request a moment before handling it, so that the requests
+    # behind the second one are surely sent before its ACK comes back (they open
+    # connections of their own; the second reuses the first's, and on a loaded
+    # machine its ACK could otherwise arrive before any of them was written).
+    sink = sink_process(sink_db, "--chaos", f"stall={SINK_STALL_S}")
     events = orders(24)
     ids = [e["id"] for e in events]
     size = 1 if delivery == "single" else 4
