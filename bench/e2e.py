@@ -41,7 +41,7 @@ from bench.cases import (
     percentile,
     wait_drained,
 )
-from bench.procs import BenchError, Child
+from bench.procs import BenchError, Child, tree_cpu_s
 from chaos.dbs import Backend, DbLocation, rows
 
 CLIENTS: Final = 8
@@ -159,17 +159,17 @@ class Pipeline:
     publisher: Child
     source: DbLocation
     sink_db: DbLocation
+    server_pid: int | None = None  # the PostgreSQL server the run started, if any
 
     @property
     def batch_url(self) -> str:
         return self.publisher.base_url + "/orders/batch"
 
     def cpu_s(self) -> dict[str, float]:
-        return {
-            "publisher": self.publisher.cpu_s(),
-            "sink": self.sink.cpu_s(),
-            "client": time.process_time(),  # this process: the 8 clients
-        }
+        used = {"publisher": self.publisher.cpu_s(), "sink": self.sink.cpu_s()}
+        if self.server_pid is not None:  # its backends serve both services
+            used["postgres"] = tree_cpu_s(self.server_pid)
+        return {**used, "client": time.process_time()}  # this process: the 8 clients
 
 
 @contextlib.asynccontextmanager
@@ -184,7 +184,8 @@ async def pipeline(ctx: Context, name: str, backend: Backend) -> AsyncIterator[P
             f"publisher-e2e-{name}", "publisher", "serve", "--db", str(source), "--sink", sink.url
         )
         started.append(publisher)
-        yield Pipeline(sink, publisher, source, sink_db)
+        server = ctx.postgres.server_pid() if backend == "postgres" and ctx.postgres else None
+        yield Pipeline(sink, publisher, source, sink_db, server)
     finally:
         if started:  # never leave a stopped sink behind
             with contextlib.suppress(ProcessLookupError):
@@ -265,11 +266,16 @@ async def ceiling(ctx: Context) -> Figures:
         for clients_count in (1, CLIENTS):
             async with sessions(clients_count) as clients:
                 await post_all(clients, server.url, orders_of("warm", clients_count), OK)
+                cpu = {"server": server.cpu_s(), "client": time.process_time()}
                 started = time.perf_counter()
                 await post_all(clients, server.url, orders_of("ceiling", count), OK)
                 elapsed = time.perf_counter() - started
+                cpu_after = {"server": server.cpu_s(), "client": time.process_time()}
             figures[f"round_trips_per_s_{clients_count}"] = count / elapsed
             figures[f"elapsed_s_{clients_count}"] = elapsed
+            used = _cpu(cpu, cpu_after, elapsed, count)
+            figures[f"cpu_share_{clients_count}"] = used["cpu_share"]
+            figures[f"cpu_ms_per_round_trip_{clients_count}"] = used["cpu_ms_per_order"]
     finally:
         ctx.children.stop(server)
     return figures
@@ -297,7 +303,7 @@ async def intake(ctx: Context, backend: Backend = "sqlite") -> Figures:
         "orders": count,
         "clients": CLIENTS,
         "elapsed_s": elapsed,
-        "cpu_share": _cpu_share(cpu, cpu_after, elapsed),
+        **_cpu(cpu, cpu_after, elapsed, count),
         "backend": backend,
         "sink": "stopped (SIGSTOP) after the warm-up: nothing delivered or marked meanwhile",
         "marked_sent": sent,
@@ -329,7 +335,7 @@ async def single(ctx: Context, backend: Backend = "sqlite") -> Figures:
         "elapsed_s": elapsed,
         "intake_s": intake_s,
         **checked,
-        "cpu_share": _cpu_share(cpu, cpu_after, elapsed),
+        **_cpu(cpu, cpu_after, elapsed, count),
         "latency_at_full_load": waits,
         "backend": backend,
     }
@@ -364,7 +370,7 @@ async def bulk(ctx: Context, backend: Backend = "sqlite") -> Figures:
         "elapsed_s": elapsed,
         "intake_s": intake_s,
         **checked,
-        "cpu_share": _cpu_share(cpu, cpu_after, elapsed),
+        **_cpu(cpu, cpu_after, elapsed, count),
         "backend": backend,
     }
 
@@ -421,9 +427,20 @@ async def _stop_for(sink: Child, after_s: float, stall_s: float) -> None:
         os.kill(sink.pid, signal.SIGCONT)
 
 
-def _cpu_share(before: dict[str, float], after: dict[str, float], elapsed: float) -> Figures:
-    """Each process's CPU seconds over the timed span / that span (1.0: one core busy)."""
-    return {name: (after[name] - before[name]) / elapsed for name in before}
+def _cpu(before: dict[str, float], after: dict[str, float], elapsed: float, count: int) -> Figures:
+    """Each process's CPU seconds over the timed span / that span (1.0: one core
+    busy); the CPU time all of them spent per order (or round trip), and the most
+    orders/s that cost allows with every CPU of this machine busy and nothing else
+    running: no arrangement of these processes gets further without costing less."""
+    used = {name: after[name] - before[name] for name in before}
+    per_order_s = sum(used.values()) / count
+    cpus = len(os.sched_getaffinity(0))
+    return {
+        "cpu_share": {name: seconds / elapsed for name, seconds in used.items()},
+        "cpu_ms_per_order": per_order_s * 1000,
+        "cpus": cpus,
+        "cpu_bound_per_s": cpus / per_order_s if per_order_s > 0 else math.inf,
+    }
 
 
 async def pg_intake(ctx: Context) -> Figures:

@@ -20,6 +20,8 @@ STOP_TIMEOUT_S: Final = 5.0
 PROXY_VARIABLES: Final = frozenset(
     {"HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"}
 )
+# Positions in /proc/PID/stat after the command name (proc(5), fields 4, 14 to 17).
+_PPID, _UTIME, _STIME, _CUTIME, _CSTIME = 1, 11, 12, 13, 14
 _LISTENING: Final = re.compile(r"listening on (http://127\.0\.0\.1:\d+)(/\S*)")
 
 
@@ -68,17 +70,47 @@ class Child:
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system, all threads) the process has used so far."""
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+        fields = _stat(self.pid)
+        if fields is None:
             return math.nan
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return (int(fields[_UTIME]) + int(fields[_STIME])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not end in time; close the pipe."""
         terminate(self.proc, STOP_TIMEOUT_S)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > _CSTIME else None
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and every process under it, including
+    the children each has waited for after they ended: a server's work for its
+    clients (a PostgreSQL server's backends) wherever it ran. NaN if it is gone."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        fields = _stat(entry.name) if entry.name.isdigit() else None
+        if fields is None:
+            continue
+        ticks[int(entry.name)] = sum(int(fields[i]) for i in (_UTIME, _STIME, _CUTIME, _CSTIME))
+        children.setdefault(int(fields[_PPID]), []).append(int(entry.name))
+    if pid not in ticks:
+        return math.nan
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += ticks.get(current, 0)
+        todo.extend(children.get(current, ()))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 class Children:

@@ -819,17 +819,31 @@ def _describe_e2e(name: str, f: Figures, results: dict[str, Figures]) -> str:
         return text + (f", {_x(rate, commits)} commit ceiling" if commits else "")
 
     def cpu() -> str:
-        shares = f["cpu_share"]
-        return "CPU " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items())
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in f["cpu_share"].items())
+        text = f"CPU {shares}; {f['cpu_ms_per_order']:.2f} ms CPU per order in all"
+        trip = _figure(results, "e2e_ceiling", "cpu_ms_per_round_trip_8")
+        if trip:  # at the ceiling's CPU use, the ratio to it can reach 1 / this at most
+            text += f" = {_x(f['cpu_ms_per_order'], trip)} an 8-client ceiling round trip's"
+        bound = f["cpu_bound_per_s"]
+        return text + (
+            f", at most {bound:,.0f}/s with all {f['cpus']} CPUs busy "
+            f"({_x(bound, ceilings[1])} 8-client ceiling)"
+        )
 
     def waits(w: Figures) -> str:
         return f"p50 {w['p50_ms']:.1f} / p99 {w['p99_ms']:.1f} / max {w['max_ms']:.1f} ms"
 
     case = name.removeprefix("pg_")
     if case == "e2e_ceiling":
+        used = [
+            f"{f[f'cpu_ms_per_round_trip_{k}']:.2f} ms ({sum(f[f'cpu_share_{k}'].values()):.2f} "
+            "CPUs)"
+            for k in (1, 8)
+        ]
         return (
             f"trivial handler: 1 client {f['round_trips_per_s_1']:,.0f}, 8 clients "
-            f"{f['round_trips_per_s_8']:,.0f} round trips/s ({f['requests']:,} each)"
+            f"{f['round_trips_per_s_8']:,.0f} round trips/s ({f['requests']:,} each); "
+            f"CPU per round trip, client and server: {used[0]} / {used[1]}"
         )
     if case == "e2e_intake":
         return (

@@ -165,6 +165,10 @@ class Place(Protocol):
 
     def describe(self) -> str: ...
 
+    def server_pid(self) -> int | None:
+        """The PostgreSQL server's postmaster when the run started it, else None."""
+        ...
+
 
 @dataclass
 class SqlitePlace:
@@ -180,6 +184,9 @@ class SqlitePlace:
 
     def describe(self) -> str:
         return "SQLite files"
+
+    def server_pid(self) -> int | None:
+        return None
 
 
 @dataclass
@@ -215,6 +222,10 @@ class ThrowawayPlace:
         return (
             f"a throwaway PostgreSQL server on 127.0.0.1:{self.server.port} in {self.server.root}"
         )
+
+    def server_pid(self) -> int | None:
+        pid: int | None = self.server.pid()
+        return pid
 
 
 @dataclass
@@ -259,6 +270,9 @@ class SchemaPlace:
     def describe(self) -> str:
         kept = "kept" if self.keep else "dropped at the end"
         return f"schemas {self.tag}_* in {redacted(self.url)} ({kept})"
+
+    def server_pid(self) -> int | None:
+        return None  # the operator's server: its other work would count too
 
     def _execute(self, statement: str) -> None:
         import psycopg

@@ -139,6 +139,13 @@ class ThrowawayServer:
         if self.running():
             self._run("pg_ctl", "stop", "-w", "-m", mode, "-D", str(self.data))
 
+    def pid(self) -> int | None:
+        """The postmaster's process ID while the server runs (None when it cannot be read)."""
+        try:
+            return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
+
     def running(self) -> bool:
         result = self._run("pg_ctl", "status", "-D", str(self.data), check=False)
         return result.returncode == 0

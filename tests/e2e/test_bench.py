@@ -273,6 +273,9 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
 
     assert ceiling["requests"] == QUICK_ORDERS
     assert ceiling["round_trips_per_s_1"] > 0 and ceiling["round_trips_per_s_8"] > 0
+    for k in (1, CLIENTS):
+        assert set(ceiling[f"cpu_share_{k}"]) == {"server", "client"}
+        assert ceiling[f"cpu_ms_per_round_trip_{k}"] > 0
     # The intake alone: every order in the outbox, and the stopped sink took no CPU.
     assert intake["orders"] == QUICK_ORDERS and intake["orders_per_s"] > 0
     assert intake["backend"] == single["backend"] == latency["backend"] == backend
@@ -285,6 +288,17 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
     assert single["warmup_orders"] == CLIENTS
     assert 0 < single["intake_s"] <= single["elapsed_s"]
     assert single["events_per_s"] == pytest.approx(QUICK_ORDERS / single["elapsed_s"])
+    # The CPU all processes spent per order (a PostgreSQL server's backends too), and
+    # the most orders/s it allows with every CPU busy.
+    processes = {"publisher", "sink", "client"} | ({"postgres"} if prefix else set())
+    for case in (intake, single, bulk):
+        assert set(case["cpu_share"]) == processes, case["cpu_share"]
+        assert case["cpus"] == len(os.sched_getaffinity(0))
+        in_all = sum(case["cpu_share"].values()) * case["elapsed_s"] / case["orders"]
+        assert case["cpu_ms_per_order"] == pytest.approx(in_all * 1000)
+        assert case["cpu_bound_per_s"] == pytest.approx(case["cpus"] / in_all)
+    if prefix:  # every order is written through the server, even with the sink stopped
+        assert intake["cpu_share"]["postgres"] > 0 and single["cpu_share"]["postgres"] > 0
     assert bulk["available"], bulk
     assert bulk["applied_at_sink"] == bulk["marked_sent"] == QUICK_ORDERS + CLIENTS
     assert bulk["requests"] == math.ceil(QUICK_ORDERS / bulk["batch"])
