@@ -118,6 +118,10 @@ class Target:
     # Measured against the same goal for comparison only: another setting than the
     # one the target is about. Never met or missed.
     reference: bool = False
+    # For a ratio: the most the CPU the measured processes spent per event allows with
+    # every CPU busy (cpu_bound_per_s against the same reference). A goal above it
+    # cannot be met on this machine by any arrangement of them, only by costing less.
+    reach: float | None = None
 
     @property
     def met(self) -> bool | None:
@@ -139,6 +143,7 @@ class Target:
             "reference": self.reference,
             "cases": list(self.cases),
             **({"not_measured": self.why_not} if self.why_not else {}),
+            **({"cpu_reach": self.reach} if self.reach is not None else {}),
         }
 
 
@@ -361,9 +366,12 @@ def compute_targets(results: dict[str, Figures], sizes: Sizes) -> list[Target]:
         cases_used: tuple[str, ...],
         unit: str = "x",
         reference: bool = False,
+        reach: float | None = None,
     ) -> Target:
         why = None if measured is not None else _why_not(results, *cases_used)
-        return Target(name, detail, measured, goal, comparison, unit, cases_used, why, reference)
+        return Target(
+            name, detail, measured, goal, comparison, unit, cases_used, why, reference, reach
+        )
 
     def lanes_ratio(delivery: str, suffix: str) -> float | None:
         return _ratio(
@@ -568,6 +576,7 @@ def e2e_targets(
     single, bulk, latency = f"{prefix}e2e_single", f"{prefix}e2e_bulk", f"{prefix}e2e_latency"
     ceilings = {k: _figure(results, "e2e_ceiling", f"round_trips_per_s_{k}") for k in (1, 8)}
     rate = _figure(results, single, "events_per_s")
+    reach = {c: _figure(results, c, "cpu_bound_per_s") for c in (single, bulk)}
     load = f"paced at {e2e.LOAD_SHARE:g}x the e2e maximum, healthy sink"
     return [
         target(
@@ -578,6 +587,7 @@ def e2e_targets(
             E2E_SINGLE_VS_8,
             ">=",
             (single, "e2e_ceiling"),
+            reach=_ratio(reach[single], ceilings[8]),
         ),
         target(
             f"{where}e2e, POST /orders vs 1-client ceiling",
@@ -586,6 +596,7 @@ def e2e_targets(
             E2E_SINGLE_VS_1,
             ">=",
             (single, "e2e_ceiling"),
+            reach=_ratio(reach[single], ceilings[1]),
         ),
         target(
             f"{where}e2e, bulk intake vs 8-client ceiling",
@@ -595,6 +606,7 @@ def e2e_targets(
             E2E_BULK_VS_8,
             ">=",
             (bulk, "e2e_ceiling"),
+            reach=_ratio(reach[bulk], ceilings[8]),
         ),
         target(
             f"{where}201 to applied at the sink, p99",
@@ -686,6 +698,8 @@ def render(report: dict[str, Any], targets: list[Target]) -> str:
         result = {True: "met", False: "missed", None: "not measured"}[t.met]
         if t.reference:
             result = "reference" if t.measured is not None else "not measured"
+        if t.met is False and t.reach is not None:
+            result += f" (its CPU per event allows at most {t.reach:.2f}{t.unit} here)"
         lines.append(f"{t.name:<52} {measured:>10} {goal:>10}  {result}")
         lines.append(f"    {t.detail}" + (f" ({t.why_not})" if t.why_not else ""))
     return "\n".join(lines)

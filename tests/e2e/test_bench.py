@@ -321,5 +321,14 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
         assert isinstance(t["met"], bool), t
     ratio = targets[f"{where}e2e, POST /orders vs 8-client ceiling"]["measured"]
     assert ratio == pytest.approx(single["events_per_s"] / ceiling["round_trips_per_s_8"])
+    # How far the CPU spent per event lets each ratio go with every CPU busy.
+    for name, case, k in (
+        ("e2e, POST /orders vs 8-client ceiling", single, 8),
+        ("e2e, POST /orders vs 1-client ceiling", single, 1),
+        ("e2e, bulk intake vs 8-client ceiling", bulk, 8),
+    ):
+        reach = case["cpu_bound_per_s"] / ceiling[f"round_trips_per_s_{k}"]
+        assert targets[where + name]["cpu_reach"] == pytest.approx(reach)
+    assert not any("cpu_reach" in t for t in targets.values() if t["unit"] == "ms")
     p99 = targets[f"{where}201 to applied at the sink, p99"]["measured"]
     assert p99 == latency["idle"]["p99_ms"]
