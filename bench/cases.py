@@ -130,6 +130,7 @@ class Context:
     workdir: Path
     sizes: Sizes
     postgres: Place | None = None  # where the pg_* cases make their databases
+    profile_dir: Path | None = None  # --profile: py-spy on the end-to-end cases' processes
     # The end-to-end rate each backend reached in this run (the latency cases offer half).
     e2e_max: dict[Backend, float] = field(default_factory=dict)
 

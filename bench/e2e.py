@@ -42,6 +42,7 @@ from bench.cases import (
     wait_drained,
 )
 from bench.procs import BenchError, Child, tree_cpu_s
+from bench.profile import sampled
 from chaos.dbs import Backend, DbLocation, rows
 
 CLIENTS: Final = 8
@@ -287,11 +288,12 @@ async def intake(ctx: Context, backend: Backend = "sqlite") -> Figures:
     async with pipeline(ctx, "intake", backend) as pipe, sessions() as clients:
         warm = await warm_up(pipe, clients)
         os.kill(pipe.sink.pid, signal.SIGSTOP)  # the relay's next send waits: no marks
-        cpu = pipe.cpu_s()
-        started = time.perf_counter()
-        await post_all(clients, pipe.publisher.url, orders_of("intake", count), ACCEPTED)
-        elapsed = time.perf_counter() - started
-        cpu_after = pipe.cpu_s()
+        async with profiled(ctx, "e2e_intake", backend, pipe, sink=False) as profile:
+            cpu = pipe.cpu_s()
+            started = time.perf_counter()
+            await post_all(clients, pipe.publisher.url, orders_of("intake", count), ACCEPTED)
+            elapsed = time.perf_counter() - started
+            cpu_after = pipe.cpu_s()
         accepted = count_rows(pipe.source, "SELECT count(*) FROM orders")
         sent = count_rows(pipe.source, SOURCE_SENT)
     if accepted != count + warm or sent != warm:
@@ -307,6 +309,7 @@ async def intake(ctx: Context, backend: Backend = "sqlite") -> Figures:
         "backend": backend,
         "sink": "stopped (SIGSTOP) after the warm-up: nothing delivered or marked meanwhile",
         "marked_sent": sent,
+        **profile,
     }
 
 
@@ -316,13 +319,17 @@ async def single(ctx: Context, backend: Backend = "sqlite") -> Figures:
     ids = _ids("e2e", count)
     async with pipeline(ctx, "single", backend) as pipe, sessions() as clients:
         warm = await warm_up(pipe, clients)
-        cpu = pipe.cpu_s()
-        started = time.perf_counter()
-        answered = await post_all(clients, pipe.publisher.url, orders_of("e2e", count), ACCEPTED)
-        intake_s = time.perf_counter() - started
-        timeout = drain_timeout_s(count)
-        elapsed = await wait_drained(pipe.publisher, timeout, poll_s=DRAIN_POLL_S, started=started)
-        cpu_after = pipe.cpu_s()
+        async with profiled(ctx, "e2e_single", backend, pipe) as profile:
+            cpu = pipe.cpu_s()
+            started = time.perf_counter()
+            url = pipe.publisher.url
+            answered = await post_all(clients, url, orders_of("e2e", count), ACCEPTED)
+            intake_s = time.perf_counter() - started
+            timeout = drain_timeout_s(count)
+            elapsed = await wait_drained(
+                pipe.publisher, timeout, poll_s=DRAIN_POLL_S, started=started
+            )
+            cpu_after = pipe.cpu_s()
         checked = _checked(pipe, count + warm)
         waits = latencies(pipe, ids, answered)
     ctx.e2e_max[backend] = count / elapsed
@@ -338,6 +345,7 @@ async def single(ctx: Context, backend: Backend = "sqlite") -> Figures:
         **_cpu(cpu, cpu_after, elapsed, count),
         "latency_at_full_load": waits,
         "backend": backend,
+        **profile,
     }
 
 
@@ -351,13 +359,16 @@ async def bulk(ctx: Context, backend: Backend = "sqlite") -> Figures:
     ]
     async with pipeline(ctx, "bulk", backend) as pipe, sessions() as clients:
         warm = await warm_up(pipe, clients, bulk=True)
-        cpu = pipe.cpu_s()
-        started = time.perf_counter()
-        await post_all(clients, pipe.batch_url, bodies, BULK_ANSWERED)
-        intake_s = time.perf_counter() - started
-        timeout = drain_timeout_s(count)
-        elapsed = await wait_drained(pipe.publisher, timeout, poll_s=DRAIN_POLL_S, started=started)
-        cpu_after = pipe.cpu_s()
+        async with profiled(ctx, "e2e_bulk", backend, pipe) as profile:
+            cpu = pipe.cpu_s()
+            started = time.perf_counter()
+            await post_all(clients, pipe.batch_url, bodies, BULK_ANSWERED)
+            intake_s = time.perf_counter() - started
+            timeout = drain_timeout_s(count)
+            elapsed = await wait_drained(
+                pipe.publisher, timeout, poll_s=DRAIN_POLL_S, started=started
+            )
+            cpu_after = pipe.cpu_s()
         checked = _checked(pipe, count + warm)
     return {
         "events_per_s": count / elapsed,
@@ -372,6 +383,7 @@ async def bulk(ctx: Context, backend: Backend = "sqlite") -> Figures:
         **checked,
         **_cpu(cpu, cpu_after, elapsed, count),
         "backend": backend,
+        **profile,
     }
 
 
@@ -425,6 +437,26 @@ async def _stop_for(sink: Child, after_s: float, stall_s: float) -> None:
         await asyncio.sleep(stall_s)
     finally:
         os.kill(sink.pid, signal.SIGCONT)
+
+
+@contextlib.asynccontextmanager
+async def profiled(
+    ctx: Context, case: str, backend: Backend, pipe: Pipeline, *, sink: bool = True
+) -> AsyncIterator[Figures]:
+    """With --profile, py-spy on the publisher, the sink (unless it is stopped) and the
+    clients for the body's span; the dict yielded holds {"profile": their summaries}
+    once it is over."""
+    if ctx.profile_dir is None:
+        yield {}
+        return
+    name = f"pg_{case}" if backend == "postgres" else case
+    pids = {"publisher": pipe.publisher.pid, "client": os.getpid()}
+    if sink:
+        pids["sink"] = pipe.sink.pid
+    figures: Figures = {}
+    async with sampled(ctx.profile_dir, name, pids) as summary:
+        yield figures
+    figures["profile"] = summary
 
 
 def _cpu(before: dict[str, float], after: dict[str, float], elapsed: float, count: int) -> Figures:

@@ -39,6 +39,7 @@ import aiohttp
 from bench import cases, e2e, workers
 from bench.cases import FULL, QUICK, Context, Figures, NotAvailable, Sizes
 from bench.procs import REPO_ROOT, Children
+from bench.profile import py_spy
 from chaos.dbs import BACKENDS, Place, open_place
 from chaos.procs import ChaosError
 from plumbing.cli import TextFormatter
@@ -164,7 +165,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default: a throwaway server of the run's own); no password in it",
     )
     parser.add_argument("--cases", type=_names, help="only these cases, comma-separated")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="py-spy on every process of the e2e_intake, e2e_single and e2e_bulk cases "
+        "while they are timed: stacks written to DIR, a summary in each case's figures "
+        "(sampling costs CPU: the rates of such a run are not comparable)",
+    )
     args = parser.parse_args(argv)
+    if args.profile is not None and py_spy() is None:
+        parser.error("--profile needs py-spy (pip install py-spy)")
     mode = "quick" if args.quick else "full"
     selected = _selected(parser, args)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so every finally runs: no child left
@@ -174,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
         children = stack.enter_context(Children(tmp))
         place = _postgres(parser, args, stack) if args.backend == "postgres" else None
-        ctx = Context(children, tmp, QUICK if args.quick else FULL, place)
+        ctx = Context(children, tmp, QUICK if args.quick else FULL, place, args.profile)
         with log_like_the_service(tmp / "bench.log"):
             try:
                 results = asyncio.run(_until_terminated(run_cases(ctx, selected)))
@@ -192,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     report = {
         "mode": mode,
+        "profiled": args.profile is not None,
         "backend": args.backend,
         "machine": machine,
         "duration_s": round(time.monotonic() - started, 1),
@@ -676,7 +688,9 @@ def render(report: dict[str, Any], targets: list[Target]) -> str:
     machine = report["machine"]
     postgresql = f", PostgreSQL {machine['postgresql']}" if machine.get("postgresql") else ""
     lines = [
-        f"outbox relay benchmark, {report['mode']} mode, {report['duration_s']:.0f}s: "
+        f"outbox relay benchmark, {report['mode']} mode"
+        f"{' (profiled: rates not comparable)' if report.get('profiled') else ''}, "
+        f"{report['duration_s']:.0f}s: "
         f"{machine['cpus_usable']} CPUs, Python {machine['python']}, SQLite {machine['sqlite']}"
         f"{postgresql}, "
         f"load {machine['load_average_start'][0]:.2f} -> {machine['load_average_end'][0]:.2f}",
@@ -691,6 +705,9 @@ def render(report: dict[str, Any], targets: list[Target]) -> str:
         else:
             text = _describe(name, figures, results)
         lines.append(f"{name:<22} {text}")
+        for process, seen in figures.get("profile", {}).items():
+            areas = ", ".join(f"{a} {share:.0%}" for a, share in list(seen["areas"].items())[:8])
+            lines.append(f"{'':<22}   py-spy {process} ({seen['samples']:,} samples): {areas}")
     lines += ["", f"{'target':<52} {'measured':>10} {'target':>10}  result"]
     for t in targets:
         measured = "-" if t.measured is None else f"{t.measured:.2f}{t.unit}"

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.profile import summarise
+
 pytestmark = pytest.mark.e2e
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -332,3 +334,33 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
     assert not any("cpu_reach" in t for t in targets.values() if t["unit"] == "ms")
     p99 = targets[f"{where}201 to applied at the sink, p99"]["measured"]
     assert p99 == latency["idle"]["p99_ms"]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
+def test_profile_samples_every_process_of_the_end_to_end_cases(
+    child_env: dict[str, str], tmp_path: Path
+) -> None:
+    out, profile = tmp_path / "results.json", tmp_path / "profile"
+    command = ["--quick", "--cases", "e2e_intake,e2e_single", "--profile", str(profile)]
+    run, leftovers = run_bench(child_env, *command, "--out", str(out))
+    assert leftovers == [], "processes of the run (py-spy's too) are still alive"
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["profiled"] is True
+    assert "(profiled: rates not comparable)" in run.stdout.splitlines()[0]
+    intake, single = report["cases"]["e2e_intake"], report["cases"]["e2e_single"]
+    assert set(intake["profile"]) == {"publisher", "client"}  # its sink is stopped
+    assert set(single["profile"]) == {"publisher", "sink", "client"}
+    for case, name in ((intake, "e2e_intake"), (single, "e2e_single")):
+        for process, seen in case["profile"].items():
+            stacks = profile / f"{name}-{process}.txt"
+            assert seen["file"] == str(stacks)
+            assert seen == {"file": str(stacks), **summarise(stacks.read_text().splitlines())}
+            assert seen["samples"] > 0, (name, process)
+            assert sum(seen["areas"].values()) == pytest.approx(1.0)
+            assert f"py-spy {process} ({seen['samples']:,} samples)" in run.stdout
+    # Each process's own code, or the HTTP server and loop it runs, is where it was seen.
+    for process, own in (("publisher", "publisher"), ("sink", "sink"), ("client", "bench")):
+        areas = set(single["profile"][process]["areas"])
+        assert areas & {own, "aiohttp", "asyncio", "selectors"}, (process, areas)

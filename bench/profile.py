@@ -1,0 +1,159 @@
+"""`python -m bench --profile DIR`: py-spy on every process of an end-to-end case.
+
+While an `e2e_intake`, `e2e_single` or `e2e_bulk` case (and its `pg_` form) is timed,
+py-spy samples each of its processes: the publisher, the sink and this one (the
+clients). The collapsed stacks are written to `DIR/<case>-<process>.txt` (py-spy's
+raw format, which flame graph tools read), and the case's figures carry a summary
+of each: the samples taken, their share by area (the package of the innermost
+frame: aiohttp, asyncio, publisher, ...) and the functions with the most samples of
+their own. py-spy needs to be allowed to trace the processes (root, or
+kernel.yama.ptrace_scope 0); one that cannot attach fails the case with its words.
+
+Sampling takes CPU of its own, so the rates of a profiled run are not comparable
+with those of a run without `--profile`; the shares are what it is for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import re
+import shutil
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from bench.procs import REPO_ROOT, BenchError
+
+RATE_HZ: Final = 250
+TOP_FUNCTIONS: Final = 12
+START_TIMEOUT_S: Final = 15.0
+STOP_TIMEOUT_S: Final = 30.0
+_FRAME: Final = re.compile(r"^(?P<function>.*) \((?P<file>.+?)(?::\d+)?\)$")
+_STDLIB: Final = re.compile(r"/lib/python3\.\d+/")
+
+
+def py_spy() -> str | None:
+    """The py-spy next to this Python (a virtualenv's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else shutil.which("py-spy")
+
+
+@contextlib.asynccontextmanager
+async def sampled(
+    directory: Path, case: str, pids: Mapping[str, int]
+) -> AsyncIterator[dict[str, Any]]:
+    """py-spy on each of `pids` (by process name) for the body's span; the dict yielded
+    is filled with each process's summary once the samplers have stopped."""
+    program = py_spy()
+    if program is None:
+        raise BenchError("--profile needs py-spy (pip install py-spy)")
+    directory.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {}
+    samplers: dict[str, tuple[asyncio.subprocess.Process, Path]] = {}
+    try:
+        for name, pid in pids.items():
+            out = directory / f"{case}-{name}.txt"
+            samplers[name] = await _start(program, name, pid, out), out
+        yield summary
+    finally:
+        for name, (sampler, _) in samplers.items():
+            await _stop(name, sampler)
+    for name, (_, out) in samplers.items():
+        summary[name] = {"file": str(out), **summarise(_read(out))}
+
+
+async def _start(program: str, name: str, pid: int, out: Path) -> asyncio.subprocess.Process:
+    command = [program, "record", "-p", str(pid), "-o", str(out), "-f", "raw"]
+    sampler = await asyncio.create_subprocess_exec(
+        *command,
+        "-r",
+        str(RATE_HZ),
+        "--nonblocking",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,  # it says "Sampling process ..." there once it is
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert sampler.stdout is not None
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            line = (await sampler.stdout.readline()).decode(errors="replace").strip()
+    except TimeoutError:
+        line = f"no word from py-spy in {START_TIMEOUT_S:g} s"
+    if "Sampling process" not in line:
+        with contextlib.suppress(ProcessLookupError):
+            sampler.kill()
+        rest = await sampler.stdout.read()
+        await sampler.wait()
+        words = " ".join(f"{line} {rest.decode(errors='replace')}".split())
+        raise BenchError(f"py-spy could not sample the {name} (pid {pid}): {words}")
+    return sampler
+
+
+async def _stop(name: str, sampler: asyncio.subprocess.Process) -> None:
+    """Ctrl-C, as py-spy expects: it writes what it sampled and exits."""
+    if sampler.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            sampler.send_signal(signal.SIGINT)
+    try:
+        async with asyncio.timeout(STOP_TIMEOUT_S):
+            assert sampler.stdout is not None
+            await sampler.stdout.read()
+            await sampler.wait()
+    except TimeoutError:
+        sampler.kill()
+        await sampler.wait()
+        raise BenchError(f"py-spy on the {name} did not stop in {STOP_TIMEOUT_S:g} s") from None
+
+
+def _read(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        raise BenchError(f"py-spy wrote no profile to {path}: {exc.strerror}") from None
+
+
+def summarise(lines: Iterable[str]) -> dict[str, Any]:
+    """From raw collapsed stacks (`frame;frame;... count`, the innermost frame last):
+    the samples, each area's share of them, and the top functions by own samples."""
+    total = 0
+    areas: collections.Counter[str] = collections.Counter()
+    functions: collections.Counter[str] = collections.Counter()
+    for line in lines:
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        samples = int(count)
+        function, area = _where(stack.rpartition(";")[2])
+        total += samples
+        areas[area] += samples
+        functions[function] += samples
+    if total == 0:
+        return {"samples": 0, "areas": {}, "top_functions": []}
+    return {
+        "samples": total,
+        "areas": {area: n / total for area, n in areas.most_common()},
+        "top_functions": [
+            {"function": f, "share": n / total} for f, n in functions.most_common(TOP_FUNCTIONS)
+        ],
+    }
+
+
+def _where(frame: str) -> tuple[str, str]:
+    """`function (path)` and its area: the package under site-packages, the standard
+    library module, or this project's top-level package."""
+    match = _FRAME.match(frame)
+    if match is None:
+        return frame, "other"
+    inner = match["file"]  # py-spy shortens it to the part under sys.path, mostly
+    if "site-packages/" in inner:
+        inner = inner.rsplit("site-packages/", 1)[1]
+    elif _STDLIB.search(inner):
+        inner = _STDLIB.split(inner, maxsplit=1)[1]
+    elif inner.startswith(f"{REPO_ROOT}/"):
+        inner = inner.removeprefix(f"{REPO_ROOT}/")
+    area = inner.split("/", 1)[0].removesuffix(".py")
+    return f"{match['function']} ({inner})", area or "other"
