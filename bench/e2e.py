@@ -42,7 +42,7 @@ from bench.cases import (
     wait_drained,
 )
 from bench.procs import BenchError, Child, tree_cpu_s
-from bench.profile import sampled
+from bench.profile import sampled, statements
 from chaos.dbs import Backend, DbLocation, rows
 
 CLIENTS: Final = 8
@@ -185,8 +185,8 @@ async def pipeline(ctx: Context, name: str, backend: Backend) -> AsyncIterator[P
             f"publisher-e2e-{name}", "publisher", "serve", "--db", str(source), "--sink", sink.url
         )
         started.append(publisher)
-        server = ctx.postgres.server_pid() if backend == "postgres" and ctx.postgres else None
-        yield Pipeline(sink, publisher, source, sink_db, server)
+        server = ctx.postgres.own_server() if backend == "postgres" and ctx.postgres else None
+        yield Pipeline(sink, publisher, source, sink_db, None if server is None else server.pid())
     finally:
         if started:  # never leave a stopped sink behind
             with contextlib.suppress(ProcessLookupError):
@@ -453,10 +453,16 @@ async def profiled(
     pids = {"publisher": pipe.publisher.pid, "client": os.getpid()}
     if sink:
         pids["sink"] = pipe.sink.pid
+    server = ctx.postgres.own_server() if backend == "postgres" and ctx.postgres else None
     figures: Figures = {}
-    async with sampled(ctx.profile_dir, name, pids) as summary:
+    async with contextlib.AsyncExitStack() as stack:
+        if server is not None:
+            queries = await stack.enter_async_context(statements(server.url()))
+        summary = await stack.enter_async_context(sampled(ctx.profile_dir, name, pids))
         yield figures
     figures["profile"] = summary
+    if server is not None:
+        summary["postgres"] = queries
 
 
 def _cpu(before: dict[str, float], after: dict[str, float], elapsed: float, count: int) -> Figures:

@@ -9,6 +9,11 @@ frame: aiohttp, asyncio, publisher, ...) and the functions with the most samples
 their own. py-spy needs to be allowed to trace the processes (root, or
 kernel.yama.ptrace_scope 0); one that cannot attach fails the case with its words.
 
+On PostgreSQL (`--backend postgres` on the run's own server, which then loads
+pg_stat_statements) the case also carries the server's side: the time it spent in
+the statements of the run's databases over the same span, and the statements that
+took most of it.
+
 Sampling takes CPU of its own, so the rates of a profiled run are not comparable
 with those of a run without `--profile`; the shares are what it is for.
 """
@@ -107,6 +112,63 @@ async def _stop(name: str, sampler: asyncio.subprocess.Process) -> None:
         sampler.kill()
         await sampler.wait()
         raise BenchError(f"py-spy on the {name} did not stop in {STOP_TIMEOUT_S:g} s") from None
+
+
+# The PostgreSQL server's side (`--backend postgres`, on the run's own server, which
+# then loads pg_stat_statements): the statements of its databases over the span.
+SERVER_SETTINGS: Final = {
+    "shared_preload_libraries": "pg_stat_statements",
+    "pg_stat_statements.track": "top",
+    "pg_stat_statements.track_planning": "on",
+}
+TOP_STATEMENTS: Final = 8
+_OURS: Final = "d.datname <> 'postgres'"
+_TOTALS: Final = f"""
+    SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time + total_plan_time), 0)
+    FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE {_OURS}
+"""
+_TOP: Final = rf"""
+    SELECT d.datname, calls, total_exec_time, total_plan_time, rows,
+           left(regexp_replace(query, '\s+', ' ', 'g'), 160)
+    FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE {_OURS}
+    ORDER BY total_exec_time + total_plan_time DESC LIMIT {TOP_STATEMENTS}
+"""
+
+
+@contextlib.asynccontextmanager
+async def statements(url: str) -> AsyncIterator[dict[str, Any]]:
+    """pg_stat_statements over the body's span: the time the server spent executing
+    and planning statements, and the statements that took most of it; the dict
+    yielded is filled once the body is over."""
+    await asyncio.to_thread(_server, url, "SELECT pg_stat_statements_reset()")
+    figures: dict[str, Any] = {}
+    yield figures
+    (totals,) = await asyncio.to_thread(_server, url, _TOTALS)
+    top = await asyncio.to_thread(_server, url, _TOP)
+    figures["calls"], figures["statement_ms"] = int(totals[0]), float(totals[1])
+    figures["top_statements"] = [
+        {
+            "database": database.rpartition("_")[2],  # source or sink (bench/e2e)
+            "calls": calls,
+            "exec_ms": exec_ms,
+            "plan_ms": plan_ms,
+            "rows": rows,
+            "query": query,
+        }
+        for database, calls, exec_ms, plan_ms, rows, query in top
+    ]
+
+
+def _server(url: str, statement: str) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            if statement.startswith("SELECT pg_stat_statements_reset"):
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            return conn.execute(statement.encode()).fetchall()
+    except psycopg.Error as exc:
+        raise BenchError(f"pg_stat_statements: {str(exc).strip().splitlines()[0]}") from None
 
 
 def _read(path: Path) -> list[str]:

@@ -39,7 +39,7 @@ import aiohttp
 from bench import cases, e2e, workers
 from bench.cases import FULL, QUICK, Context, Figures, NotAvailable, Sizes
 from bench.procs import REPO_ROOT, Children
-from bench.profile import py_spy
+from bench.profile import SERVER_SETTINGS, py_spy
 from chaos.dbs import BACKENDS, Place, open_place
 from chaos.procs import ChaosError
 from plumbing.cli import TextFormatter
@@ -244,7 +244,8 @@ def _postgres(
 ) -> Place:
     """Where the pg_* cases make their databases; removed when the run ends."""
     try:
-        place = open_place("postgres", args.db_url)
+        settings = SERVER_SETTINGS if args.profile is not None else None
+        place = open_place("postgres", args.db_url, server_settings=settings)
     except ChaosError as exc:
         parser.exit(2, f"python -m bench: {exc}\n")
     stack.callback(place.close)
@@ -706,8 +707,7 @@ def render(report: dict[str, Any], targets: list[Target]) -> str:
             text = _describe(name, figures, results)
         lines.append(f"{name:<22} {text}")
         for process, seen in figures.get("profile", {}).items():
-            areas = ", ".join(f"{a} {share:.0%}" for a, share in list(seen["areas"].items())[:8])
-            lines.append(f"{'':<22}   py-spy {process} ({seen['samples']:,} samples): {areas}")
+            lines.append(f"{'':<22}   {_profiled(process, seen, figures)}")
     lines += ["", f"{'target':<52} {'measured':>10} {'target':>10}  result"]
     for t in targets:
         measured = "-" if t.measured is None else f"{t.measured:.2f}{t.unit}"
@@ -720,6 +720,24 @@ def render(report: dict[str, Any], targets: list[Target]) -> str:
         lines.append(f"{t.name:<52} {measured:>10} {goal:>10}  {result}")
         lines.append(f"    {t.detail}" + (f" ({t.why_not})" if t.why_not else ""))
     return "\n".join(lines)
+
+
+def _profiled(process: str, seen: Figures, figures: Figures) -> str:
+    """One line of a --profile summary: a process's areas, or the server's statements."""
+    if process != "postgres":
+        areas = ", ".join(f"{a} {share:.0%}" for a, share in list(seen["areas"].items())[:8])
+        return f"py-spy {process} ({seen['samples']:,} samples): {areas}"
+    total = seen["statement_ms"]
+    top = ", ".join(
+        f"{q['database']} {(q['exec_ms'] + q['plan_ms']) / total:.0%} "
+        f"(plan {q['plan_ms'] / (q['exec_ms'] + q['plan_ms']):.0%}) {q['query'][:40]}..."
+        for q in seen["top_statements"][:3]
+        if total > 0
+    )
+    return (
+        f"pg_stat_statements: {total / figures['orders']:.3f} ms in statements per order "
+        f"({seen['calls']:,} calls); {top}"
+    )
 
 
 def _x(a: float | None, b: float | None) -> str:

@@ -19,14 +19,17 @@ import os
 import re
 import secrets
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from chaos.procs import ChaosError
 from plumbing.storage import POSTGRES_SCHEMES, redacted
+
+if TYPE_CHECKING:
+    from plumbing.pgserver import ThrowawayServer
 
 Backend = Literal["sqlite", "postgres"]
 BACKENDS: Final[tuple[Backend, ...]] = ("sqlite", "postgres")
@@ -165,8 +168,8 @@ class Place(Protocol):
 
     def describe(self) -> str: ...
 
-    def server_pid(self) -> int | None:
-        """The PostgreSQL server's postmaster when the run started it, else None."""
+    def own_server(self) -> ThrowawayServer | None:
+        """The PostgreSQL server this place started for the run, if it did."""
         ...
 
 
@@ -185,7 +188,7 @@ class SqlitePlace:
     def describe(self) -> str:
         return "SQLite files"
 
-    def server_pid(self) -> int | None:
+    def own_server(self) -> ThrowawayServer | None:
         return None
 
 
@@ -196,12 +199,13 @@ class ThrowawayPlace:
     backend: Backend = "postgres"
     server: Any = None
     made: int = 0
+    settings: Mapping[str, str] | None = None  # postgresql.conf lines of its own
 
     def __post_init__(self) -> None:
         from plumbing.pgserver import ServerUnavailable, ThrowawayServer
 
         try:
-            self.server = ThrowawayServer()
+            self.server = ThrowawayServer(self.settings)
             self.server.start()
         except ServerUnavailable as exc:
             if self.server is not None:
@@ -223,9 +227,9 @@ class ThrowawayPlace:
             f"a throwaway PostgreSQL server on 127.0.0.1:{self.server.port} in {self.server.root}"
         )
 
-    def server_pid(self) -> int | None:
-        pid: int | None = self.server.pid()
-        return pid
+    def own_server(self) -> ThrowawayServer | None:
+        server: ThrowawayServer = self.server
+        return server
 
 
 @dataclass
@@ -271,8 +275,8 @@ class SchemaPlace:
         kept = "kept" if self.keep else "dropped at the end"
         return f"schemas {self.tag}_* in {redacted(self.url)} ({kept})"
 
-    def server_pid(self) -> int | None:
-        return None  # the operator's server: its other work would count too
+    def own_server(self) -> ThrowawayServer | None:
+        return None  # the operator's: its other work is not the run's
 
     def _execute(self, statement: str) -> None:
         import psycopg
@@ -301,15 +305,22 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def open_place(backend: Backend, db_url: str | None, *, keep: bool = False) -> Place:
+def open_place(
+    backend: Backend,
+    db_url: str | None,
+    *,
+    keep: bool = False,
+    server_settings: Mapping[str, str] | None = None,
+) -> Place:
     """Where the run's databases go: SQLite files, the operator's PostgreSQL database
-    (`db_url`), or a throwaway PostgreSQL server started for the run."""
+    (`db_url`), or a throwaway PostgreSQL server started for the run (with
+    `server_settings` in its configuration)."""
     if backend == "sqlite":
         if db_url is not None:
             raise ChaosError("--db-url is for --backend postgres")
         return SqlitePlace()
     if db_url is None:
-        return ThrowawayPlace()
+        return ThrowawayPlace(settings=server_settings)
     if not db_url.startswith(POSTGRES_SCHEMES):
         raise ChaosError("--db-url must be a postgresql:// URI")
     return SchemaPlace(db_url, keep=keep)

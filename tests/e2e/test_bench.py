@@ -338,21 +338,34 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_profile_samples_every_process_of_the_end_to_end_cases(
-    child_env: dict[str, str], tmp_path: Path
+    child_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest, backend: str
 ) -> None:
+    prefix = "pg_" if backend == "postgres" else ""
+    if prefix:
+        request.getfixturevalue("pg_server")  # no PostgreSQL here: a skip, or a CI failure
     out, profile = tmp_path / "results.json", tmp_path / "profile"
-    command = ["--quick", "--cases", "e2e_intake,e2e_single", "--profile", str(profile)]
-    run, leftovers = run_bench(child_env, *command, "--out", str(out))
+    names = [f"{prefix}e2e_intake", f"{prefix}e2e_single"]
+    command = ["--quick", "--backend", backend, "--cases", ",".join(names)]
+    run, leftovers = run_bench(child_env, *command, "--profile", str(profile), "--out", str(out))
     assert leftovers == [], "processes of the run (py-spy's too) are still alive"
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["profiled"] is True
     assert "(profiled: rates not comparable)" in run.stdout.splitlines()[0]
-    intake, single = report["cases"]["e2e_intake"], report["cases"]["e2e_single"]
-    assert set(intake["profile"]) == {"publisher", "client"}  # its sink is stopped
-    assert set(single["profile"]) == {"publisher", "sink", "client"}
-    for case, name in ((intake, "e2e_intake"), (single, "e2e_single")):
+    intake, single = (report["cases"][name] for name in names)
+    server = {"postgres"} if prefix else set()
+    assert set(intake["profile"]) == {"publisher", "client"} | server  # its sink is stopped
+    assert set(single["profile"]) == {"publisher", "sink", "client"} | server
+    if prefix:  # the server's statements: the sink's database only once the sink runs
+        for case, databases in ((intake, {"source"}), (single, {"source", "sink"})):
+            seen = case["profile"].pop("postgres")
+            assert seen["calls"] > 0 and seen["statement_ms"] > 0, seen
+            assert {q["database"] for q in seen["top_statements"]} == databases, seen
+            assert sum(q["calls"] for q in seen["top_statements"]) <= seen["calls"]
+        assert "pg_stat_statements: " in run.stdout
+    for case, name in zip((intake, single), names, strict=True):
         for process, seen in case["profile"].items():
             stacks = profile / f"{name}-{process}.txt"
             assert seen["file"] == str(stacks)
