@@ -21,10 +21,13 @@ import pytest
 
 from bench.profile import summarise
 
-pytestmark = pytest.mark.e2e
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 180  # a quick run took over 110 s on 2 cores at load 8
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(RUN_TIMEOUT_S + 30),
+    pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc"),
+]
 MARKER_VARIABLE = "BENCH_TEST_RUN"
 CASES = {
     "ceiling",
@@ -83,8 +86,6 @@ def run_bench(
     return run, leftovers
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
 def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
     child_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -135,8 +136,6 @@ STARTED_CASES = 4  # SIGTERM once this many cases have started: in the middle of
 SIGTERM_EXIT_S = 30
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
 def test_sigterm_stops_the_run_at_once_and_leaves_no_process(
     child_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -192,8 +191,6 @@ PG_TARGETS = {
 WORKER_COUNTS = (1, 2, 4)
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
 @pytest.mark.usefixtures("pg_server")  # no PostgreSQL here: a skip, or a failure under CI
 def test_postgres_cases_run_on_a_throwaway_server_and_leave_nothing(
     child_env: dict[str, str], tmp_path: Path
@@ -254,18 +251,23 @@ CLIENTS = 8
 STALL_MS = 1000.0
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
-    child_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest, backend: str
-) -> None:
-    prefix = "pg_" if backend == "postgres" else ""
-    if prefix:
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """Each backend in turn, and the prefix of its case names; PostgreSQL only where
+    a server can be started."""
+    if request.param == "postgres":
         request.getfixturevalue("pg_server")  # no PostgreSQL here: a skip, or a CI failure
+        return "postgres", "pg_"
+    return "sqlite", ""
+
+
+def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
+    child_env: dict[str, str], tmp_path: Path, backend: tuple[str, str]
+) -> None:
+    backend_name, prefix = backend
     names = [name if name == "e2e_ceiling" else prefix + name for name in E2E_CASES]
     out = tmp_path / "results.json"
-    command = ["--quick", "--backend", backend, "--cases", ",".join(names)]
+    command = ["--quick", "--backend", backend_name, "--cases", ",".join(names)]
     run, leftovers = run_bench(child_env, *command, "--out", str(out))
     assert leftovers == [], "processes of the run are still alive"
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -280,7 +282,7 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
         assert ceiling[f"cpu_ms_per_round_trip_{k}"] > 0
     # The intake alone: every order in the outbox, and the stopped sink took no CPU.
     assert intake["orders"] == QUICK_ORDERS and intake["orders_per_s"] > 0
-    assert intake["backend"] == single["backend"] == latency["backend"] == backend
+    assert intake["backend"] == single["backend"] == latency["backend"] == backend_name
     assert intake["cpu_share"]["sink"] == 0.0
     assert intake["marked_sent"] == CLIENTS  # the warm-ups only
     assert intake["cpu_share"]["publisher"] > 0
@@ -336,18 +338,13 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
     assert p99 == latency["idle"]["p99_ms"]
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through /proc")
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_profile_samples_every_process_of_the_end_to_end_cases(
-    child_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest, backend: str
+    child_env: dict[str, str], tmp_path: Path, backend: tuple[str, str]
 ) -> None:
-    prefix = "pg_" if backend == "postgres" else ""
-    if prefix:
-        request.getfixturevalue("pg_server")  # no PostgreSQL here: a skip, or a CI failure
+    backend_name, prefix = backend
     out, profile = tmp_path / "results.json", tmp_path / "profile"
     names = [f"{prefix}e2e_intake", f"{prefix}e2e_single"]
-    command = ["--quick", "--backend", backend, "--cases", ",".join(names)]
+    command = ["--quick", "--backend", backend_name, "--cases", ",".join(names)]
     run, leftovers = run_bench(child_env, *command, "--profile", str(profile), "--out", str(out))
     assert leftovers == [], "processes of the run (py-spy's too) are still alive"
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
