@@ -9,7 +9,7 @@ import contextlib
 import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from publisher.driver import AfterDelivery
 from publisher.http import HttpSender
@@ -56,6 +56,29 @@ def relay_of(
         after_delivery=after_delivery,
         rand=rand,
     )
+
+
+class Sender(Protocol):
+    """HttpSender, or a test's wrapper of it."""
+
+    @property
+    def deliver(self) -> Deliver: ...
+
+    @property
+    def deliver_batch(self) -> DeliverBatch: ...
+
+
+def relay_for(outbox: Outbox, sender: Sender, mode: Mode, **options: Any) -> Relay:
+    """A relay sending through `sender`, one event per request or (`mode` batch) in
+    requests of BATCH_LIMIT, with the fast retry and poll settings unless `options`
+    (RelaySettings and relay_of's) say otherwise."""
+    options.setdefault("policy", FAST)
+    options.setdefault("poll_interval_s", POLL_INTERVAL_S)
+    options.setdefault("rand", random.Random(7).random)
+    if mode == "batch":
+        options.setdefault("limit", BATCH_LIMIT)
+    batch = sender.deliver_batch if mode == "batch" else None
+    return relay_of(outbox, sender.deliver, deliver_batch=batch, **options)
 
 
 @contextlib.asynccontextmanager

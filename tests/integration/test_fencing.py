@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,19 +27,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from recorded_sink import Recorder, Seen, WrappedSender, assert_applied_in_order, start_sink
 from relay_lines import (
     BATCH_LIMIT,
-    FAST,
     MODES,
     ORDERINGS,
-    POLL_INTERVAL_S,
     Line,
     Mode,
     accept,
     lines,
     orders,
-    relay_of,
+    relay_for,
     running,
     sender_for,
     sent_ids,
@@ -48,9 +45,8 @@ from relay_lines import (
 from support import eventually
 
 import publisher.http as publisher_http
-from plumbing.web import Handler
 from publisher.errors import NotAcknowledged, Rejected
-from publisher.http import BatchResult, HttpSender
+from publisher.http import HttpSender
 from publisher.relay import DEFAULT_DEPTH, Ordering, Relay
 from publisher.store import Outbox
 from shared import (
@@ -58,13 +54,11 @@ from shared import (
     FENCING_ENFORCED,
     FENCING_HEADER,
     Event,
-    Lease,
     Receipt,
     make_ack,
     payload_digest,
 )
 from sink import create_app
-from sink.chaos import Chaos, chaos_app
 
 if TYPE_CHECKING:
     from conftest import Query, Serve
@@ -80,90 +74,6 @@ T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- what the sink saw
-
-
-@dataclass
-class Seen:
-    """One POST as a sink received it."""
-
-    index: int  # arrival order
-    ids: list[str]
-    after: str | None  # its Outbox-After header
-    line: Line  # None in global order, else the SKU
-    arrived: float
-    in_flight: int  # requests of its line being handled when it arrived, itself included
-    overlapped: bool = False  # another request of its line was handled at the same time
-    status: int = 0  # 0 while it is being handled
-
-
-@dataclass
-class Recorder:
-    """Every POST in arrival order, and which requests of a line were handled at once."""
-
-    by_sku: bool = False
-    requests: list[Seen] = field(default_factory=list)
-    handling: dict[Line, list[Seen]] = field(default_factory=dict)
-
-    def arrive(self, events: list[Any], after: str | None) -> Seen:
-        line = events[0]["sku"] if self.by_sku else None
-        current = self.handling.setdefault(line, [])
-        seen = Seen(
-            len(self.requests),
-            [e["id"] for e in events],
-            after,
-            line,
-            time.monotonic(),
-            len(current) + 1,
-        )
-        for other in current:
-            other.overlapped = seen.overlapped = True
-        current.append(seen)
-        self.requests.append(seen)
-        return seen
-
-    def leave(self, seen: Seen) -> None:
-        self.handling[seen.line].remove(seen)
-
-    def by_line(self, requests: Sequence[Seen] | None = None) -> dict[Line, list[Seen]]:
-        keyed: dict[Line, list[Seen]] = {}
-        for seen in self.requests if requests is None else requests:
-            keyed.setdefault(seen.line, []).append(seen)
-        return keyed
-
-    def max_in_flight(self, requests: Sequence[Seen] | None = None) -> dict[Line, int]:
-        return {
-            line: max(s.in_flight for s in seen) for line, seen in self.by_line(requests).items()
-        }
-
-
-def posted_events(request: web.Request, body: Any) -> list[Any]:
-    return list(body["events"]) if request.path.endswith("/batch") else [body]
-
-
-def recording(recorder: Recorder) -> Middleware:
-    """In front of the real sink: records each POST from its arrival to its reply."""
-
-    @web.middleware
-    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method != "POST":
-            return await handler(request)
-        body = json.loads(await request.read())  # kept by aiohttp for the handler
-        seen = recorder.arrive(posted_events(request, body), request.headers.get(FENCE_HEADER))
-        try:
-            response = await handler(request)
-            seen.status = response.status
-            return response
-        finally:
-            recorder.leave(seen)
-
-    return record
-
-
-async def start_sink(serve: Serve, sink_db: Path, recorder: Recorder, **settings: Any) -> str:
-    """The real sink with the recorder in front; returns the /events URL."""
-    app = chaos_app(sink_db, Chaos(**settings))
-    app.middlewares.insert(0, recording(recorder))
-    return f"{await serve(app)}/events"
 
 
 @dataclass
@@ -247,7 +157,7 @@ class Call:
 
 
 @dataclass
-class Watched:
+class Watched(WrappedSender):
     """HttpSender as the relay uses it (deliver, deliver_batch), and the relay's
     after-delivery hook, recorded in the order the relay calls them: one event loop,
     so the order is exact.
@@ -259,7 +169,6 @@ class Watched:
     then, and how many of the others were still in flight.
     """
 
-    sender: HttpSender
     calls: list[Call] = field(default_factory=list)
     hooked: set[str] = field(default_factory=set)
     replied_without: bool = False  # a reply without the header came back
@@ -275,19 +184,7 @@ class Watched:
         if self.replied_without and self.downgrade is None:
             self.downgrade = (len(self.calls), self.untaken(but=event_id))
 
-    async def deliver(
-        self, event: Event, after: str | None = None, lease: Lease | None = None
-    ) -> dict[str, object]:
-        return await self._call([event], after, lambda: self.sender.deliver(event, after, lease))
-
-    async def deliver_batch(
-        self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
-    ) -> list[BatchResult]:
-        return await self._call(
-            events, after, lambda: self.sender.deliver_batch(events, after, lease)
-        )
-
-    async def _call(
+    async def _request(
         self, events: Sequence[Event], after: str | None, send: Callable[[], Awaitable[T]]
     ) -> T:
         unanswered = sum(not call.done for call in self.calls)
@@ -303,16 +200,10 @@ class Watched:
 
 def make_relay(outbox: Outbox, sender: HttpSender | Watched, mode: Mode, **options: Any) -> Relay:
     """The relay as `publisher serve` makes it: pipelined, told about the sink's fencing."""
-    options.setdefault("policy", FAST)
-    options.setdefault("poll_interval_s", POLL_INTERVAL_S)
-    options.setdefault("rand", random.Random(7).random)
     options.setdefault("pipeline", DEPTH)
     if isinstance(sender, HttpSender):
         options.setdefault("fencing", sender.fenced_reply)
-    if mode == "batch":
-        options.setdefault("limit", BATCH_LIMIT)
-    batch = sender.deliver_batch if mode == "batch" else None
-    return relay_of(outbox, sender.deliver, deliver_batch=batch, **options)
+    return relay_for(outbox, sender, mode, **options)
 
 
 # ---------------------------------------------------------------- data and disk
@@ -328,20 +219,12 @@ def assert_all_sent_once(db_rows: Query, db: Path, ids: list[str]) -> None:
 def assert_applied_once_in_order(
     db_rows: Query, db: Path, sink_db: Path, events: list[Event], ordering: Ordering
 ) -> None:
-    """Every entry marked sent, applied once by the real sink, each line in seq order,
-    the inventory totals right."""
+    """Every entry marked sent after one attempt, applied once by the real sink, each
+    line in seq order, the inventory totals right."""
     ids = [e["id"] for e in events]
     assert_all_sent_once(db_rows, db, ids)
-    applied = [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
-    assert sorted(applied) == sorted(ids)
-    for line in lines(events, ordering).values():
-        members = set(line)
-        assert [i for i in applied if i in members] == line
+    assert_applied_in_order(db_rows, db, sink_db, events, ordering)
     assert dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox")) == dict.fromkeys(ids, 1)
-    totals: dict[str, int] = {}
-    for e in events:
-        totals[e["sku"]] = totals.get(e["sku"], 0) + e["qty"]
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == totals
 
 
 def assert_runs_start_alone_then_overlap(

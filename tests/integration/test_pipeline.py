@@ -1,8 +1,8 @@
 """Pipelined delivery: up to N fenced requests of a line in flight, results taken in order.
 
 The sink is the real application (sink.create_app) over a real inbox file, served on
-loopback, with a recording middleware in front of it that sees each request as it
-arrives: its events, its Outbox-After header and the status it got. Failures are
+loopback, with a recording middleware in front of it (recorded_sink) that sees each
+request as it arrives: its events, its Outbox-After header and the status it got. Failures are
 injected by the sink's own chaos settings (reject_skus, stall_s, drop_after_commit)
 or by a wrapper around HttpSender on the relay side. Both databases are read through
 independent sqlite3 connections.
@@ -11,44 +11,36 @@ independent sqlite3 connections.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import pytest
-from aiohttp import web
-from aiohttp.typedefs import Middleware
+from recorded_sink import Recorder, WrappedSender, assert_applied_in_order, start_sink
 from relay_lines import (
     BATCH_LIMIT,
-    FAST,
     MODES,
     ORDERINGS,
-    POLL_INTERVAL_S,
     STOP_TIMEOUT_S,
     Mode,
     accept,
     lines,
     orders,
+    relay_for,
     relay_of,
     running,
     sender_for,
     sent_ids,
 )
-from support import ASYNC_POLL_S, WAIT_S, eventually
+from support import eventually
 
-from plumbing.web import Handler
 from publisher.errors import DeliveryError
-from publisher.http import BatchResult, HttpSender
-from publisher.relay import Ordering, Relay
+from publisher.relay import Ordering
 from publisher.store import Outbox
-from publisher.transport import Deliver, DeliverBatch
-from shared import FENCE_HEADER, Event, Lease
-from sink.app import INBOX
-from sink.chaos import Chaos, chaos_app
+from shared import Event
 
 if TYPE_CHECKING:
     from conftest import Query, Serve
@@ -56,83 +48,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-# ---------------------------------------------------------------- the sink, recorded
-
-
-@dataclass
-class Seen:
-    """One request as the sink received it."""
-
-    ids: list[str]
-    after: str | None
-    status: int = 0  # 0 while it is being handled
-
-
-@dataclass
-class SinkLog:
-    """Every POST in arrival order, and how many of each line were handled at once.
-
-    With `refuse_fenced`, that many fenced requests are answered 412 without being
-    applied, once the event they name is in the inbox (a sink that gave up waiting).
-    """
-
-    by_sku: bool = False
-    refuse_fenced: int = 0
-    requests: list[Seen] = field(default_factory=list)
-    in_flight: dict[str | None, int] = field(default_factory=dict)
-    max_in_flight: dict[str | None, int] = field(default_factory=dict)
-
-    def handling(self) -> int:
-        return sum(self.in_flight.values())
-
-
-def recording(log: SinkLog) -> Middleware:
-    @web.middleware
-    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method != "POST":
-            return await handler(request)
-        body = json.loads(await request.read())  # kept by aiohttp for the handler
-        events = body["events"] if request.path.endswith("/batch") else [body]
-        seen = Seen([e["id"] for e in events], request.headers.get(FENCE_HEADER))
-        log.requests.append(seen)
-        line = events[0]["sku"] if log.by_sku else None
-        log.in_flight[line] = log.in_flight.get(line, 0) + 1
-        log.max_in_flight[line] = max(log.max_in_flight.get(line, 0), log.in_flight[line])
-        try:
-            if seen.after is not None and log.refuse_fenced > 0:
-                log.refuse_fenced -= 1
-                response: web.StreamResponse = await refuse(request, seen.after)
-            else:
-                response = await handler(request)
-            seen.status = response.status
-            return response
-        finally:
-            log.in_flight[line] -= 1
-
-    return record
-
-
-async def refuse(request: web.Request, after: str) -> web.Response:
-    """412 for a request whose predecessor is in the inbox (bounded wait for it)."""
-    deadline = time.monotonic() + WAIT_S
-    while not await request.app[INBOX].knows(after):
-        assert time.monotonic() < deadline, f"{after} never reached the inbox"
-        await asyncio.sleep(ASYNC_POLL_S)
-    return web.json_response({"error": "gave up waiting", "after": after}, status=412)
-
-
-async def start_sink(serve: Serve, sink_db: Path, log: SinkLog, **settings: Any) -> str:
-    """The real sink app with `settings`, the recorder in front; returns the /events URL."""
-    app = chaos_app(sink_db, Chaos(**settings))
-    app.middlewares.insert(0, recording(log))
-    return f"{await serve(app)}/events"
-
-
 # ---------------------------------------------------------------- the relay side
 
 
 @dataclass
-class Flaky:
+class Flaky(WrappedSender):
     """HttpSender's deliver and deliver_batch as the relay calls them, with chaos.
 
     Each request draws once: below fail_rate/2 it fails before it is sent, below
@@ -141,7 +61,6 @@ class Flaky:
     `jitter_s`, so requests finish out of order.
     """
 
-    sender: HttpSender
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     fail_rate: float = 0.0
     jitter_s: float = 0.0
@@ -150,18 +69,6 @@ class Flaky:
     finished: list[list[str]] = field(default_factory=list)
     cancelled: list[list[str]] = field(default_factory=list)
     failed: dict[str, int] = field(default_factory=lambda: {"before": 0, "lost": 0})
-
-    async def deliver(
-        self, event: Event, after: str | None = None, lease: Lease | None = None
-    ) -> dict[str, object]:
-        return await self._request([event], after, lambda: self.sender.deliver(event, after, lease))
-
-    async def deliver_batch(
-        self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
-    ) -> list[BatchResult]:
-        return await self._request(
-            events, after, lambda: self.sender.deliver_batch(events, after, lease)
-        )
 
     async def _request(
         self, events: Sequence[Event], after: str | None, send: Callable[[], Awaitable[T]]
@@ -188,18 +95,6 @@ class Flaky:
             raise
 
 
-def make_relay(
-    outbox: Outbox, deliver: Deliver, deliver_batch: DeliverBatch, mode: Mode, **options: Any
-) -> Relay:
-    options.setdefault("policy", FAST)
-    options.setdefault("poll_interval_s", POLL_INTERVAL_S)
-    options.setdefault("rand", random.Random(7).random)
-    if mode == "batch":
-        options.setdefault("limit", BATCH_LIMIT)
-    batch = deliver_batch if mode == "batch" else None
-    return relay_of(outbox, deliver, deliver_batch=batch, **options)
-
-
 # ---------------------------------------------------------------- data and disk
 
 
@@ -217,34 +112,15 @@ def deliveries(db_rows: Query, sink_db: Path) -> dict[str, int]:
     return dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox"))
 
 
-def assert_applied_once_in_order(
-    db_rows: Query, db: Path, sink_db: Path, events: list[Event], ordering: Ordering
-) -> None:
-    """Every entry marked sent with its ACK, applied once, each line in seq order."""
-    ids = [e["id"] for e in events]
-    rows = db_rows(db, "SELECT id, sent, ack FROM outbox ORDER BY seq")
-    assert [(i, s) for i, s, _ in rows] == [(i, 1) for i in ids]
-    assert [json.loads(ack)["ack"] for _, _, ack in rows] == ids
-    applied = inbox_ids(db_rows, sink_db)
-    assert sorted(applied) == ids
-    for line in lines(events, ordering).values():
-        members = set(line)
-        assert [i for i in applied if i in members] == line
-    totals: dict[str, int] = {}
-    for e in events:
-        totals[e["sku"]] = totals.get(e["sku"], 0) + e["qty"]
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == totals
-
-
 def assert_fenced_runs(
-    log: SinkLog, events: list[Event], ordering: Ordering, *, one_run: bool
+    recorder: Recorder, events: list[Event], ordering: Ordering, *, one_run: bool
 ) -> None:
     """Every request holds consecutive entries of one line and names, in Outbox-After,
     the entry just before its first. A request without a fence starts a run: with
     `one_run`, only the one at the head of each line."""
     for line in lines(events, ordering).values():
         position = {event_id: n for n, event_id in enumerate(line)}
-        for seen in (r for r in log.requests if r.ids[0] in position):
+        for seen in (r for r in recorder.requests if r.ids[0] in position):
             start = position[seen.ids[0]]
             assert seen.ids == line[start : start + len(seen.ids)], seen
             before = line[start - 1] if start else None
@@ -267,49 +143,47 @@ async def test_a_backlog_drains_in_order_with_fenced_requests_overlapping(
     ordering: Ordering,
     depth: int,
 ) -> None:
-    log = SinkLog(by_sku=ordering == "sku")
+    recorder = Recorder(by_sku=ordering == "sku")
     # Each request waits at the sink, so a pipeline shows as requests handled at once.
-    url = await start_sink(serve, sink_db, log, stall_s=0.02)
+    url = await start_sink(serve, sink_db, recorder, stall_s=0.02)
     events = orders(48)
     ids = await accept(outbox, events)
 
     async with sender_for(url) as sender:
-        relay = make_relay(
-            outbox, sender.deliver, sender.deliver_batch, mode, ordering=ordering, pipeline=depth
-        )
+        relay = relay_for(outbox, sender, mode, ordering=ordering, pipeline=depth)
         async with running(relay):
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
             assert relay.blocked is None
 
-    assert_applied_once_in_order(db_rows, db, sink_db, events, ordering)
+    assert_applied_in_order(db_rows, db, sink_db, events, ordering)
     assert deliveries(db_rows, sink_db) == dict.fromkeys(ids, 1)
     assert outbox_state(db_rows, db) == dict.fromkeys(ids, (1, 1))
     # One request per entry (single) or per BATCH_LIMIT entries, each sent once.
     size = 1 if mode == "single" else BATCH_LIMIT
-    assert sorted(i for r in log.requests for i in r.ids) == ids
-    assert all(len(r.ids) == size and r.status == 200 for r in log.requests), log.requests
-    assert_fenced_runs(log, events, ordering, one_run=True)
+    assert sorted(i for r in recorder.requests for i in r.ids) == ids
+    assert all(len(r.ids) == size and r.status == 200 for r in recorder.requests), recorder.requests
+    assert_fenced_runs(recorder, events, ordering, one_run=True)
     for line in lines(events, ordering):
-        assert 1 < log.max_in_flight[line] <= depth, (line, log.max_in_flight)
+        assert 1 < recorder.max_in_flight()[line] <= depth, (line, recorder.max_in_flight())
 
 
 async def test_without_pipelining_requests_carry_no_fence_and_never_overlap(
     serve: Serve, outbox: Outbox, db: Path, sink_db: Path, db_rows: Query
 ) -> None:
     # The control for the test above: pipeline=1 is the old path, one request at a time.
-    log = SinkLog()
-    url = await start_sink(serve, sink_db, log, stall_s=0.02)
+    recorder = Recorder()
+    url = await start_sink(serve, sink_db, recorder, stall_s=0.02)
     events = orders(12)
     await accept(outbox, events)
 
     async with sender_for(url) as sender:
-        relay = make_relay(outbox, sender.deliver, sender.deliver_batch, "single")
+        relay = relay_for(outbox, sender, "single")
         async with running(relay):
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(events))
 
-    assert_applied_once_in_order(db_rows, db, sink_db, events, "global")
-    assert [r.after for r in log.requests] == [None] * len(events)
-    assert log.max_in_flight == {None: 1}
+    assert_applied_in_order(db_rows, db, sink_db, events, "global")
+    assert [r.after for r in recorder.requests] == [None] * len(events)
+    assert recorder.max_in_flight() == {None: 1}
 
 
 # ================================================================ a rejected entry
@@ -326,8 +200,8 @@ async def test_a_rejected_entry_stops_the_global_line_and_nothing_after_it_is_ap
     mode: Mode,
     depth: int,
 ) -> None:
-    log = SinkLog()
-    url = await start_sink(serve, sink_db, log, reject_skus=frozenset({"bad"}))
+    recorder = Recorder()
+    url = await start_sink(serve, sink_db, recorder, reject_skus=frozenset({"bad"}))
     events = orders(30, skus=("snack",))
     gap = 9  # batch mode: the second item of the third request of 4
     events[gap] = {"id": events[gap]["id"], "sku": "bad", "qty": 1}
@@ -335,7 +209,7 @@ async def test_a_rejected_entry_stops_the_global_line_and_nothing_after_it_is_ap
     bad = ids[gap]
 
     async with sender_for(url) as sender:
-        relay = make_relay(outbox, sender.deliver, sender.deliver_batch, mode, pipeline=depth)
+        relay = relay_for(outbox, sender, mode, pipeline=depth)
         async with running(relay):
             # Two failed attempts: the line stayed stopped across a retry.
             await eventually(lambda: outbox_state(db_rows, db)[bad][1] >= 2)
@@ -351,7 +225,7 @@ async def test_a_rejected_entry_stops_the_global_line_and_nothing_after_it_is_ap
     assert {i: state[i] for i in ids[:gap]} == dict.fromkeys(ids[:gap], (1, 1))
     # Each request that reached the rejected entry counted one failed attempt against
     # it, and only against it.
-    assert state[bad] == (0, sum(bad in r.ids for r in log.requests))
+    assert state[bad] == (0, sum(bad in r.ids for r in recorder.requests))
     assert {i: state[i] for i in ids[gap + 1 :]} == dict.fromkeys(ids[gap + 1 :], (0, 0))
     [(last_error,)] = db_rows(db, "SELECT last_error FROM outbox WHERE id = ?", (bad,))
     assert bad in last_error and "400" in last_error
@@ -359,9 +233,9 @@ async def test_a_rejected_entry_stops_the_global_line_and_nothing_after_it_is_ap
     # reached it while the rejected one was in flight. (One that arrives after the
     # rejection may still be waiting for it there: status 0.)
     assert inbox_ids(db_rows, sink_db) == ids[:gap]
-    after_gap = [r for r in log.requests if r.ids[0] in set(ids[gap + 1 :])]
-    assert after_gap and {r.status for r in after_gap} <= {0, 412}, log.requests
-    assert_fenced_runs(log, events, "global", one_run=False)
+    after_gap = [r for r in recorder.requests if r.ids[0] in set(ids[gap + 1 :])]
+    assert after_gap and {r.status for r in after_gap} <= {0, 412}, recorder.requests
+    assert_fenced_runs(recorder, events, "global", one_run=False)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -373,17 +247,15 @@ async def test_with_lanes_a_rejected_sku_blocks_only_its_own_lane(
     db_rows: Query,
     mode: Mode,
 ) -> None:
-    log = SinkLog(by_sku=True)
-    url = await start_sink(serve, sink_db, log, reject_skus=frozenset({"bad"}))
+    recorder = Recorder(by_sku=True)
+    url = await start_sink(serve, sink_db, recorder, reject_skus=frozenset({"bad"}))
     events = orders(36, skus=("bad", "snack", "juice"))
     ids = await accept(outbox, events)
     keyed = lines(events, "sku")
     good = keyed["snack"] + keyed["juice"]
 
     async with sender_for(url) as sender:
-        relay = make_relay(
-            outbox, sender.deliver, sender.deliver_batch, mode, ordering="sku", pipeline=8
-        )
+        relay = relay_for(outbox, sender, mode, ordering="sku", pipeline=8)
         async with running(relay):
             await eventually(lambda: set(good) <= set(sent_ids(db_rows, db)))
             await eventually(lambda: outbox_state(db_rows, db)[keyed["bad"][0]][1] >= 2)
@@ -414,9 +286,9 @@ async def test_random_failures_end_with_every_entry_applied_once_and_in_order(
     mode: Mode,
     ordering: Ordering,
 ) -> None:
-    log = SinkLog(by_sku=ordering == "sku")
+    recorder = Recorder(by_sku=ordering == "sku")
     # The sink also drops the connection after its first three commits.
-    url = await start_sink(serve, sink_db, log, drop_after_commit=3)
+    url = await start_sink(serve, sink_db, recorder, drop_after_commit=3)
     events = orders(60)
     ids = await accept(outbox, events)
     # Requests start at multiples of their size within a line (failures are whole
@@ -428,25 +300,23 @@ async def test_random_failures_end_with_every_entry_applied_once_and_in_order(
 
     async with sender_for(url) as sender:
         flaky = Flaky(sender, random.Random(2024), 0.2, 0.005, script)
-        relay = make_relay(
-            outbox, flaky.deliver, flaky.deliver_batch, mode, ordering=ordering, pipeline=8
-        )
+        relay = relay_for(outbox, flaky, mode, ordering=ordering, pipeline=8)
         async with running(relay):
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids), timeout_s=30.0)
 
     assert flaky.failed["before"] > 0 and flaky.failed["lost"] > 0, flaky.failed
     assert flaky.cancelled, "no failure had requests behind it in flight"
-    assert_applied_once_in_order(db_rows, db, sink_db, events, ordering)
+    assert_applied_in_order(db_rows, db, sink_db, events, ordering)
     assert max(deliveries(db_rows, sink_db).values()) > 1, "no resend was absorbed"
-    assert_fenced_runs(log, events, ordering, one_run=False)
+    assert_fenced_runs(recorder, events, ordering, one_run=False)
 
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_failed_request_cancels_the_requests_behind_it_at_once(
     serve: Serve, outbox: Outbox, db: Path, sink_db: Path, db_rows: Query, mode: Mode
 ) -> None:
-    log = SinkLog()
-    url = await start_sink(serve, sink_db, log)
+    recorder = Recorder()
+    url = await start_sink(serve, sink_db, recorder)
     events = orders(40)
     ids = await accept(outbox, events)
     # The request starting here fails before it is sent: the sink never sees it, so the
@@ -456,7 +326,7 @@ async def test_a_failed_request_cancels_the_requests_behind_it_at_once(
 
     async with sender_for(url) as sender:
         flaky = Flaky(sender, script={failing: "before"})
-        relay = make_relay(outbox, flaky.deliver, flaky.deliver_batch, mode, pipeline=8)
+        relay = relay_for(outbox, flaky, mode, pipeline=8)
         started = time.monotonic()
         async with running(relay):
             await eventually(lambda: outbox_state(db_rows, db)[failing][1] == 1)
@@ -466,7 +336,7 @@ async def test_a_failed_request_cancels_the_requests_behind_it_at_once(
     assert recorded_s < 1.5, f"the failure was recorded after {recorded_s:.2f}s"
     assert any(request[0] == behind for request in flaky.cancelled), flaky.cancelled
     assert next(after for request, after in flaky.calls if request[0] == behind) is not None
-    assert_applied_once_in_order(db_rows, db, sink_db, events, "global")
+    assert_applied_in_order(db_rows, db, sink_db, events, "global")
     state = outbox_state(db_rows, db)
     assert state[failing] == (1, 2)
     assert {i: n for i, (_, n) in state.items() if i != failing} == dict.fromkeys(
@@ -478,23 +348,23 @@ async def test_a_failed_request_cancels_the_requests_behind_it_at_once(
 async def test_a_412_although_the_predecessor_was_applied_is_resent_without_a_fence(
     serve: Serve, outbox: Outbox, db: Path, sink_db: Path, db_rows: Query, mode: Mode
 ) -> None:
-    log = SinkLog(refuse_fenced=1)
-    url = await start_sink(serve, sink_db, log)
+    recorder = Recorder(refuse_fenced=1)
+    url = await start_sink(serve, sink_db, recorder)
     events = orders(24)
     ids = await accept(outbox, events)
 
     async with sender_for(url) as sender:
-        relay = make_relay(outbox, sender.deliver, sender.deliver_batch, mode, pipeline=8)
+        relay = relay_for(outbox, sender, mode, pipeline=8)
         async with running(relay):
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
             assert relay.blocked is None
 
-    [refused] = [r for r in log.requests if r.status == 412]
+    [refused] = [r for r in recorder.requests if r.status == 412]
     size = 1 if mode == "single" else BATCH_LIMIT
     assert (refused.ids, refused.after) == (ids[size : 2 * size], ids[size - 1])
-    again = [r for r in log.requests if r.ids == refused.ids]
+    again = [r for r in recorder.requests if r.ids == refused.ids]
     assert [(r.after, r.status) for r in again] == [(ids[size - 1], 412), (None, 200)]
-    assert_applied_once_in_order(db_rows, db, sink_db, events, "global")
+    assert_applied_in_order(db_rows, db, sink_db, events, "global")
     assert deliveries(db_rows, sink_db) == dict.fromkeys(ids, 1)
     # A plain resend, not a failure: nothing recorded, no second attempt.
     assert outbox_state(db_rows, db) == dict.fromkeys(ids, (1, 1))
@@ -515,8 +385,8 @@ async def test_the_hook_runs_in_order_before_the_mark_for_every_verified_entry(
     mode: Mode,
     ordering: Ordering,
 ) -> None:
-    log = SinkLog()
-    url = await start_sink(serve, sink_db, log)
+    recorder = Recorder()
+    url = await start_sink(serve, sink_db, recorder)
     events = orders(48)
     ids = await accept(outbox, events)
     hooked: list[tuple[str, int]] = []
@@ -528,10 +398,9 @@ async def test_the_hook_runs_in_order_before_the_mark_for_every_verified_entry(
     async with sender_for(url) as sender:
         # Replies held at random: later requests often finish before earlier ones.
         flaky = Flaky(sender, random.Random(5), jitter_s=0.02)
-        relay = make_relay(
+        relay = relay_for(
             outbox,
-            flaky.deliver,
-            flaky.deliver_batch,
+            flaky,
             mode,
             ordering=ordering,
             pipeline=8,
@@ -546,7 +415,7 @@ async def test_the_hook_runs_in_order_before_the_mark_for_every_verified_entry(
     for line in lines(events, ordering).values():
         members = set(line)
         assert [i for i in order if i in members] == line
-    assert_applied_once_in_order(db_rows, db, sink_db, events, ordering)
+    assert_applied_in_order(db_rows, db, sink_db, events, ordering)
 
 
 @pytest.mark.parametrize("ordering", ORDERINGS)
@@ -561,20 +430,20 @@ async def test_stop_with_requests_in_flight_returns_promptly_and_loses_nothing(
     ordering: Ordering,
 ) -> None:
     stall_s = 0.1
-    log = SinkLog(by_sku=ordering == "sku")
-    url = await start_sink(serve, sink_db, log, stall_s=stall_s)
+    recorder = Recorder(by_sku=ordering == "sku")
+    url = await start_sink(serve, sink_db, recorder, stall_s=stall_s)
     # Several rounds of 8 requests per line, so the stop comes with more to send.
     events = orders(96 if mode == "single" else 240)
     ids = await accept(outbox, events)
 
     async with sender_for(url) as sender:
-        relay = make_relay(
-            outbox, sender.deliver, sender.deliver_batch, mode, ordering=ordering, pipeline=8
-        )
+        relay = relay_for(outbox, sender, mode, ordering=ordering, pipeline=8)
         task = asyncio.create_task(relay.run())
         try:
-            await eventually(lambda: len(sent_ids(db_rows, db)) >= 16 and log.handling() >= 2)
-            in_flight = log.handling()
+            await eventually(
+                lambda: len(sent_ids(db_rows, db)) >= 16 and recorder.in_progress() >= 2
+            )
+            in_flight = recorder.in_progress()
             started = time.monotonic()
             relay.stop()
             await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT_S)
@@ -600,13 +469,11 @@ async def test_stop_with_requests_in_flight_returns_promptly_and_loses_nothing(
 
     # A new relay picks up where this one stopped; nothing is applied twice.
     async with sender_for(url) as sender:
-        relay = make_relay(
-            outbox, sender.deliver, sender.deliver_batch, mode, ordering=ordering, pipeline=8
-        )
+        relay = relay_for(outbox, sender, mode, ordering=ordering, pipeline=8)
         async with running(relay):
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
 
-    assert_applied_once_in_order(db_rows, db, sink_db, events, ordering)
+    assert_applied_in_order(db_rows, db, sink_db, events, ordering)
     assert outbox_state(db_rows, db) == dict.fromkeys(ids, (1, 1))
 
 
