@@ -728,11 +728,11 @@ def _profiled(process: str, seen: Figures, figures: Figures) -> str:
         areas = ", ".join(f"{a} {share:.0%}" for a, share in list(seen["areas"].items())[:8])
         return f"py-spy {process} ({seen['samples']:,} samples): {areas}"
     total = seen["statement_ms"]
+    timed = [(q, q["exec_ms"] + q["plan_ms"]) for q in seen["top_statements"][:3]]
     top = ", ".join(
-        f"{q['database']} {(q['exec_ms'] + q['plan_ms']) / total:.0%} "
-        f"(plan {q['plan_ms'] / (q['exec_ms'] + q['plan_ms']):.0%}) {q['query'][:40]}..."
-        for q in seen["top_statements"][:3]
-        if total > 0
+        f"{q['database']} {ms / total:.0%} (plan {q['plan_ms'] / ms:.0%}) {q['query'][:40]}..."
+        for q, ms in timed
+        if ms > 0
     )
     return (
         f"pg_stat_statements: {total / figures['orders']:.3f} ms in statements per order "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench.procs import REPO_ROOT
@@ -43,3 +45,26 @@ def test_shares_by_area_of_the_innermost_frame_and_top_functions() -> None:
 
 def test_nothing_sampled_is_zero_samples_not_a_division_by_zero() -> None:
     assert summarise([]) == {"samples": 0, "areas": {}, "top_functions": []}
+
+
+def test_the_servers_line_leaves_out_statements_that_took_no_measurable_time() -> None:
+    from bench.runner import _profiled
+
+    def statement(database: str, exec_ms: float, plan_ms: float, query: str) -> dict[str, Any]:
+        return {"database": database, "exec_ms": exec_ms, "plan_ms": plan_ms, "query": query}
+
+    seen = {
+        "statement_ms": 5.0,
+        "calls": 3,
+        "top_statements": [
+            statement("source", 4.0, 1.0, "WITH x"),
+            statement("sink", 0, 0, "BEGIN"),
+        ],
+    }
+    line = _profiled("postgres", seen, {"orders": 10})
+    assert line == (
+        "pg_stat_statements: 0.500 ms in statements per order (3 calls); "
+        "source 100% (plan 20%) WITH x..."
+    )
+    nothing = {"statement_ms": 0.0, "calls": 1, "top_statements": [statement("sink", 0, 0, "B")]}
+    assert _profiled("postgres", nothing, {"orders": 10}).endswith("(1 calls); ")
