@@ -26,7 +26,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import aiohttp
 
@@ -44,6 +44,9 @@ from bench.cases import (
 from bench.procs import BenchError, Child, tree_cpu_s
 from bench.profile import sampled, statements
 from chaos.dbs import Backend, DbLocation, rows
+
+if TYPE_CHECKING:
+    from plumbing.pgserver import ThrowawayServer
 
 CLIENTS: Final = 8
 BULK_BATCH: Final = 250  # orders per POST /orders/batch (the route takes up to 500)
@@ -160,7 +163,8 @@ class Pipeline:
     publisher: Child
     source: DbLocation
     sink_db: DbLocation
-    server_pid: int | None = None  # the PostgreSQL server the run started, if any
+    server: ThrowawayServer | None = None  # the PostgreSQL server the run started, if any
+    server_pid: int | None = None  # its postmaster
 
     @property
     def batch_url(self) -> str:
@@ -186,7 +190,10 @@ async def pipeline(ctx: Context, name: str, backend: Backend) -> AsyncIterator[P
         )
         started.append(publisher)
         server = ctx.postgres.own_server() if backend == "postgres" and ctx.postgres else None
-        yield Pipeline(sink, publisher, source, sink_db, None if server is None else server.pid())
+        pid = None if server is None else server.pid()
+        if server is not None and pid is None:
+            raise BenchError(f"the PostgreSQL server in {server.root} has no postmaster.pid")
+        yield Pipeline(sink, publisher, source, sink_db, server, pid)
     finally:
         if started:  # never leave a stopped sink behind
             with contextlib.suppress(ProcessLookupError):
@@ -453,7 +460,7 @@ async def profiled(
     pids = {"publisher": pipe.publisher.pid, "client": os.getpid()}
     if sink:
         pids["sink"] = pipe.sink.pid
-    server = ctx.postgres.own_server() if backend == "postgres" and ctx.postgres else None
+    server = pipe.server
     figures: Figures = {}
     async with contextlib.AsyncExitStack() as stack:
         if server is not None:
@@ -471,6 +478,9 @@ def _cpu(before: dict[str, float], after: dict[str, float], elapsed: float, coun
     orders/s that cost allows with every CPU of this machine busy and nothing else
     running: no arrangement of these processes gets further without costing less."""
     used = {name: after[name] - before[name] for name in before}
+    unread = [name for name, seconds in used.items() if math.isnan(seconds)]
+    if unread:  # a process gone before its figures were taken: the case says nothing
+        raise BenchError(f"the CPU time of the {unread[0]} could not be read (/proc)")
     per_order_s = sum(used.values()) / count
     cpus = len(os.sched_getaffinity(0))
     return {

@@ -36,6 +36,7 @@ from bench.procs import REPO_ROOT, BenchError
 RATE_HZ: Final = 250
 TOP_FUNCTIONS: Final = 12
 START_TIMEOUT_S: Final = 15.0
+START_POLL_S: Final = 0.02
 STOP_TIMEOUT_S: Final = 30.0
 _FRAME: Final = re.compile(r"^(?P<function>.*) \((?P<file>.+?)(?::\d+)?\)$")
 _STDLIB: Final = re.compile(r"/lib/python3\.\d+/")
@@ -52,66 +53,83 @@ async def sampled(
     directory: Path, case: str, pids: Mapping[str, int]
 ) -> AsyncIterator[dict[str, Any]]:
     """py-spy on each of `pids` (by process name) for the body's span; the dict yielded
-    is filled with each process's summary once the samplers have stopped."""
+    is filled with each process's summary once the samplers have stopped. Every
+    sampler started is stopped, whatever happens; a sampler that fails is reported
+    unless the body already failed."""
     program = py_spy()
     if program is None:
         raise BenchError("--profile needs py-spy (pip install py-spy)")
     directory.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
     samplers: dict[str, tuple[asyncio.subprocess.Process, Path]] = {}
+    body_failed = False
     try:
         for name, pid in pids.items():
-            out = directory / f"{case}-{name}.txt"
-            samplers[name] = await _start(program, name, pid, out), out
+            stacks, log = directory / f"{case}-{name}.txt", directory / f"{case}-{name}.log"
+            samplers[name] = await _start(program, name, pid, stacks, log), stacks
         yield summary
+    except BaseException:
+        body_failed = True
+        raise
     finally:
-        for name, (sampler, _) in samplers.items():
-            await _stop(name, sampler)
-    for name, (_, out) in samplers.items():
-        summary[name] = {"file": str(out), **summarise(_read(out))}
+        failures = [await _stop(name, sampler) for name, (sampler, _) in samplers.items()]
+        failure = next((f for f in failures if f is not None), None)
+        if failure is not None and not body_failed:
+            raise failure
+    for name, (_, stacks) in samplers.items():
+        summary[name] = {"file": str(stacks), **summarise(_read(stacks))}
 
 
-async def _start(program: str, name: str, pid: int, out: Path) -> asyncio.subprocess.Process:
-    command = [program, "record", "-p", str(pid), "-o", str(out), "-f", "raw"]
-    sampler = await asyncio.create_subprocess_exec(
-        *command,
-        "-r",
-        str(RATE_HZ),
-        "--nonblocking",
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,  # it says "Sampling process ..." there once it is
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    assert sampler.stdout is not None
+async def _start(
+    program: str, name: str, pid: int, stacks: Path, log: Path
+) -> asyncio.subprocess.Process:
+    """py-spy recording `pid` into `stacks`, once it says it is sampling (in `log`,
+    a file: a pipe nobody reads while it samples could fill and stall it)."""
+    command = [program, "record", "-p", str(pid), "-o", str(stacks), "-f", "raw"]
+    with log.open("wb") as out:
+        sampler = await asyncio.create_subprocess_exec(
+            *command,
+            "-r",
+            str(RATE_HZ),
+            "--nonblocking",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+        )
     try:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            line = (await sampler.stdout.readline()).decode(errors="replace").strip()
-    except TimeoutError:
-        line = f"no word from py-spy in {START_TIMEOUT_S:g} s"
-    if "Sampling process" not in line:
-        with contextlib.suppress(ProcessLookupError):
-            sampler.kill()
-        rest = await sampler.stdout.read()
-        await sampler.wait()
-        words = " ".join(f"{line} {rest.decode(errors='replace')}".split())
-        raise BenchError(f"py-spy could not sample the {name} (pid {pid}): {words}")
-    return sampler
+        for _ in range(int(START_TIMEOUT_S / START_POLL_S)):
+            words = log.read_text(errors="replace")
+            if "Sampling process" in words:
+                return sampler
+            if sampler.returncode is not None:
+                break
+            await asyncio.sleep(START_POLL_S)
+        else:
+            words = f"no word from py-spy in {START_TIMEOUT_S:g} s"
+    except BaseException:  # cancelled (SIGTERM): leave nothing behind
+        await _stop(name, sampler)
+        raise
+    await _stop(name, sampler)
+    said = " ".join(words.partition("Stack backtrace:")[0].split())  # its words, not its stack
+    said = said or f"it ended with status {sampler.returncode}"
+    raise BenchError(f"py-spy could not sample the {name} (pid {pid}): {said}")
 
 
-async def _stop(name: str, sampler: asyncio.subprocess.Process) -> None:
-    """Ctrl-C, as py-spy expects: it writes what it sampled and exits."""
+async def _stop(name: str, sampler: asyncio.subprocess.Process) -> BenchError | None:
+    """Ctrl-C, as py-spy expects: it writes what it sampled and exits. Killed if it
+    does not within STOP_TIMEOUT_S, and then the error is returned."""
     if sampler.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             sampler.send_signal(signal.SIGINT)
     try:
         async with asyncio.timeout(STOP_TIMEOUT_S):
-            assert sampler.stdout is not None
-            await sampler.stdout.read()
             await sampler.wait()
     except TimeoutError:
-        sampler.kill()
+        with contextlib.suppress(ProcessLookupError):
+            sampler.kill()
         await sampler.wait()
-        raise BenchError(f"py-spy on the {name} did not stop in {STOP_TIMEOUT_S:g} s") from None
+        return BenchError(f"py-spy on the {name} did not stop in {STOP_TIMEOUT_S:g} s")
+    return None
 
 
 # The PostgreSQL server's side (`--backend postgres`, on the run's own server, which
@@ -140,7 +158,7 @@ async def statements(url: str) -> AsyncIterator[dict[str, Any]]:
     """pg_stat_statements over the body's span: the time the server spent executing
     and planning statements, and the statements that took most of it; the dict
     yielded is filled once the body is over."""
-    await asyncio.to_thread(_server, url, "SELECT pg_stat_statements_reset()")
+    await asyncio.to_thread(_reset, url)
     figures: dict[str, Any] = {}
     yield figures
     (totals,) = await asyncio.to_thread(_server, url, _TOTALS)
@@ -159,14 +177,19 @@ async def statements(url: str) -> AsyncIterator[dict[str, Any]]:
     ]
 
 
+def _reset(url: str) -> None:
+    """The view in the server's maintenance database (once), and its counts at zero."""
+    _server(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    _server(url, "SELECT pg_stat_statements_reset()")
+
+
 def _server(url: str, statement: str) -> list[tuple[Any, ...]]:
     import psycopg
 
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            if statement.startswith("SELECT pg_stat_statements_reset"):
-                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            return conn.execute(statement.encode()).fetchall()
+            cursor = conn.execute(statement.encode())
+            return cursor.fetchall() if cursor.description is not None else []
     except psycopg.Error as exc:
         raise BenchError(f"pg_stat_statements: {str(exc).strip().splitlines()[0]}") from None
 

@@ -121,7 +121,8 @@ class Target:
     reference: bool = False
     # For a ratio: the most the CPU the measured processes spent per event allows with
     # every CPU busy (cpu_bound_per_s against the same reference). A goal above it
-    # cannot be met on this machine by any arrangement of them, only by costing less.
+    # cannot be met on this machine by any arrangement of them, only by costing less;
+    # a miss below it says so.
     reach: float | None = None
 
     @property
@@ -715,8 +716,8 @@ def render(report: dict[str, Any], targets: list[Target]) -> str:
         result = {True: "met", False: "missed", None: "not measured"}[t.met]
         if t.reference:
             result = "reference" if t.measured is not None else "not measured"
-        if t.met is False and t.reach is not None:
-            result += f" (its CPU per event allows at most {t.reach:.2f}{t.unit} here)"
+        if t.met is False and t.reach is not None and t.reach < t.target:
+            result += f": out of reach, its CPU per event allows {t.reach:.2f}{t.unit} here"
         lines.append(f"{t.name:<52} {measured:>10} {goal:>10}  {result}")
         lines.append(f"    {t.detail}" + (f" ({t.why_not})" if t.why_not else ""))
     return "\n".join(lines)
@@ -736,7 +737,7 @@ def _profiled(process: str, seen: Figures, figures: Figures) -> str:
     )
     return (
         f"pg_stat_statements: {total / figures['orders']:.3f} ms in statements per order "
-        f"({seen['calls']:,} calls); {top}"
+        f"({seen['calls']:,} calls)" + (f"; {top}" if top else "")
     )
 
 
@@ -885,14 +886,14 @@ def _describe_e2e(name: str, f: Figures, results: dict[str, Figures]) -> str:
     case = name.removeprefix("pg_")
     if case == "e2e_ceiling":
         used = [
-            f"{f[f'cpu_ms_per_round_trip_{k}']:.2f} ms ({sum(f[f'cpu_share_{k}'].values()):.2f} "
-            "CPUs)"
+            f"{k} client{'s' if k > 1 else ''} {f[f'cpu_ms_per_round_trip_{k}']:.2f} ms "
+            f"({sum(f[f'cpu_share_{k}'].values()):.2f} CPUs busy)"
             for k in (1, 8)
         ]
         return (
             f"trivial handler: 1 client {f['round_trips_per_s_1']:,.0f}, 8 clients "
             f"{f['round_trips_per_s_8']:,.0f} round trips/s ({f['requests']:,} each); "
-            f"CPU per round trip, client and server: {used[0]} / {used[1]}"
+            f"CPU per round trip, clients and server together: {used[0]}, {used[1]}"
         )
     if case == "e2e_intake":
         return (

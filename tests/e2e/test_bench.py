@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.profile import summarise
+from bench.procs import BenchError
+from bench.profile import sampled, summarise
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 180  # a quick run took over 110 s on 2 cores at load 8
@@ -338,6 +339,14 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
     assert p99 == latency["idle"]["p99_ms"]
 
 
+def may_trace_others() -> bool:
+    """Whether py-spy may read processes that are not its children here: as root, or
+    with Yama's ptrace restriction off (CI runs as root)."""
+    scope = Path("/proc/sys/kernel/yama/ptrace_scope")
+    return os.geteuid() == 0 or not scope.exists() or scope.read_text().strip() == "0"
+
+
+@pytest.mark.skipif(not may_trace_others(), reason="py-spy may not trace other processes here")
 def test_profile_samples_every_process_of_the_end_to_end_cases(
     child_env: dict[str, str], tmp_path: Path, backend: tuple[str, str]
 ) -> None:
@@ -366,6 +375,7 @@ def test_profile_samples_every_process_of_the_end_to_end_cases(
         for process, seen in case["profile"].items():
             stacks = profile / f"{name}-{process}.txt"
             assert seen["file"] == str(stacks)
+            assert "Sampling process" in (profile / f"{name}-{process}.log").read_text()
             assert seen == {"file": str(stacks), **summarise(stacks.read_text().splitlines())}
             assert seen["samples"] > 0, (name, process)
             assert sum(seen["areas"].values()) == pytest.approx(1.0)
@@ -374,3 +384,24 @@ def test_profile_samples_every_process_of_the_end_to_end_cases(
     for process, own in (("publisher", "publisher"), ("sink", "sink"), ("client", "bench")):
         areas = set(single["profile"][process]["areas"])
         assert areas & {own, "aiohttp", "asyncio", "selectors"}, (process, areas)
+
+
+@pytest.mark.skipif(not may_trace_others(), reason="py-spy may not trace other processes here")
+async def test_a_process_py_spy_cannot_sample_fails_the_profile_and_leaves_no_sampler(
+    tmp_path: Path,
+) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with pytest.raises(BenchError, match=rf"could not sample the gone \(pid {gone.pid}\): \S"):
+        async with sampled(tmp_path, "case", {"me": os.getpid(), "gone": gone.pid}):
+            pytest.fail("the body ran without every sampler")
+    # The sampler started first was running, and was stopped.
+    assert "Sampling process" in (tmp_path / "case-me.log").read_text()
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if str(tmp_path).encode() in (entry / "cmdline").read_bytes():
+                left.append(entry.name)
+        except OSError:
+            continue
+    assert left == [], "a py-spy of the profile is still running"

@@ -67,4 +67,4 @@ def test_the_servers_line_leaves_out_statements_that_took_no_measurable_time() -
         "source 100% (plan 20%) WITH x..."
     )
     nothing = {"statement_ms": 0.0, "calls": 1, "top_statements": [statement("sink", 0, 0, "B")]}
-    assert _profiled("postgres", nothing, {"orders": 10}).endswith("(1 calls); ")
+    assert _profiled("postgres", nothing, {"orders": 10}).endswith("(1 calls)")
