@@ -90,6 +90,23 @@ def loopback_only() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def root_logging_restored() -> Iterator[None]:
+    """A CLI `main()` run in-process (tests/unit/test_sink_cli.py, say) sets up the
+    service's logging: a handler on the sys.stderr of that moment, which is pytest's
+    capture of that one test. Each test leaves the root logger as it found it, so no
+    later test logs into a closed stream."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 # ---------------------------------------------------------------- independent reads
 
 
