@@ -355,8 +355,12 @@ async def test_per_sku_lanes_spread_over_three_workers_and_keep_seq_order_per_sk
                     )
     workers = (one, two, three)
     assert all(w.delivered > 0 for w in workers), [w.delivered for w in workers]
-    # While two or three were live, none held far more than its share of the lanes.
-    assert max(w.metrics.most_owned for w in (two, three)) <= math.ceil(len(skus) / 2) + 1
+    # While two or three were live, none held far more than its share of the lanes;
+    # unless a lease lapsed (the three share this test's event loop: a stall of it
+    # past TTL_S on a loaded machine lapses them all, and the first to run takes the
+    # lanes over, as it should). The samples below are judged either way.
+    if all(w.metrics.takeovers == 0 for w in workers):
+        assert max(w.metrics.most_owned for w in (two, three)) <= math.ceil(len(skus) / 2) + 1
     # Judged while most lanes were still held: as the last lanes drain, each worker
     # releases its own, and the few left may sit with one until its next renewal.
     busy = [counts for counts in held if sum(counts) > len(skus) // 2]
