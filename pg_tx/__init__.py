@@ -374,24 +374,27 @@ async def _close_quietly(conn: Conn) -> None:
 
 
 @contextlib.asynccontextmanager
-async def durable(conn: Conn, *, pipeline: bool = False) -> AsyncIterator[Conn]:
+async def durable(conn: Conn, *, pipeline: bool = False, flush: bool = True) -> AsyncIterator[Conn]:
     """A durable transaction (see PgDatabase.transaction) on a connection the caller
-    holds; in pipeline mode with `pipeline`. Driver errors are the caller's to
+    holds; in pipeline mode with `pipeline`; with `flush` False, one whose COMMIT does
+    not wait for the WAL flush (UNFLUSHED). Driver errors are the caller's to
     translate."""
+    settings = DURABLE if flush else UNFLUSHED
     if pipeline:
         async with conn.pipeline(), conn.transaction():
-            await conn.execute(DURABLE)
+            await conn.execute(settings)
             yield conn
     else:
         async with conn.transaction():
-            await conn.execute(DURABLE)
+            await conn.execute(settings)
             yield conn
 
 
 async def in_one_round_trip(
-    conn: Conn, statement: bytes, params: dict[str, Any]
+    conn: Conn, statement: bytes, params: dict[str, Any], *, flush: bool = True
 ) -> tuple[Any, ...] | None:
-    """`statement` in a durable transaction of its own, and its first row: BEGIN,
+    """`statement` in a durable transaction of its own (with `flush` False, one whose
+    COMMIT does not wait for the WAL flush: UNFLUSHED), and its first row: BEGIN,
     the settings (DURABLE), the statement and COMMIT as one simple query, so one
     message each way (in pipeline mode psycopg sends each statement and the sync as
     messages of their own, and a row must be fetched before the COMMIT can be sent:
@@ -404,7 +407,8 @@ async def in_one_round_trip(
     try:
         cursor = psycopg.AsyncClientCursor(conn)
         bound = {k: array_literal(v) if isinstance(v, list) else v for k, v in params.items()}
-        await cursor.execute(b"BEGIN;" + DURABLE + b";" + statement + b";COMMIT", bound)
+        settings = DURABLE if flush else UNFLUSHED
+        await cursor.execute(b"BEGIN;" + settings + b";" + statement + b";COMMIT", bound)
         cursor.nextset()  # past BEGIN's and the settings' results
         cursor.nextset()
         row: tuple[Any, ...] | None = await cursor.fetchone()
@@ -449,6 +453,16 @@ async def _back_to_transactions(conn: Conn) -> None:
 # at most LOCK_WAIT_MS (the busy timeout's analogue) instead of forever.
 DURABLE: Final = (
     "SELECT set_config('synchronous_commit', 'on', true),"
+    f" set_config('lock_timeout', '{LOCK_WAIT_MS}', true)"
+).encode()
+# For a transaction whose loss in a crash of the server costs no more than making it
+# again (the publisher's marks: an entry whose mark is lost is sent again, and the
+# sink answers with a duplicate ACK): its COMMIT returns before the WAL is flushed.
+# The WAL writer flushes it within three wal_writer_delay (200 ms by default), and
+# any durable commit after it flushes it too, as the WAL is flushed in order; a crash
+# of the client loses nothing, the server has the commit.
+UNFLUSHED: Final = (
+    "SELECT set_config('synchronous_commit', 'off', true),"
     f" set_config('lock_timeout', '{LOCK_WAIT_MS}', true)"
 ).encode()
 SNAPSHOT: Final = b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"

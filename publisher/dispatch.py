@@ -94,7 +94,7 @@ async def dispatch(
     then the entry is marked. Stops at the first failure: an exception from `send`
     propagates as the same object, any other result raises NotAcknowledged. Entries
     marked before the failure stay marked; the failed one and all after it stay
-    pending. The mark of an entry overlaps the send of the next one, and is on disk
+    pending. The mark of an entry overlaps the send of the next one, and is committed
     before dispatch returns or raises.
     """
     check_limit(limit)

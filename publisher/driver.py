@@ -14,7 +14,7 @@ or one lane per SKU) all run a `Driver`:
   entries out of order, whatever order the requests arrive in.
 - Results are taken in the order the requests were sent. The verified prefix of each
   is handed to the after-delivery hook, then marked sent with its ACKs. Marks of
-  requests taken one after another share a commit; every mark is on disk before
+  requests taken one after another share a commit; every mark is committed before
   `run` returns or raises.
 - At the first failure nothing more is sent, the requests behind it are cancelled
   (their entries stay pending and are sent again later), and the failure is raised
@@ -208,7 +208,7 @@ class Driver:
     async def run(self, lease: Lease | None = None) -> int:
         """Deliver until the line has nothing pending (or, with `once`, the entries of
         one read are done), `may_send` says no, or a request fails. Returns how many
-        entries were marked sent, all on disk by then; raises the first failure.
+        entries were marked sent, all committed by then; raises the first failure.
         With `lease`, every request carries it and every mark is fenced by it."""
         trusted = self._options.depth > 1 and self._fenced is None
         run = _Run(trusted, collections.deque(), collections.deque())
@@ -362,7 +362,7 @@ class Driver:
             self.held.pop(event_id, None)
 
     def _marked(self, mark: asyncio.Future[None]) -> None:
-        """A mark on disk is forgotten; a failed one is kept, and stops the run."""
+        """A committed mark is forgotten; a failed one is kept, and stops the run."""
         if mark.cancelled() or mark.exception() is None:
             self._marks.pop(mark, None)
         elif self._mark_failed is None:

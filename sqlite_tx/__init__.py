@@ -39,7 +39,8 @@ THREAD_JOIN_TIMEOUT_S = 5.0
 
 # WAL lets readers work while one writer commits. synchronous=FULL syncs the WAL on
 # every commit: an ACK the sink sends after COMMIT then survives a power loss, not
-# only a crash of the process (NORMAL would only promise the latter).
+# only a crash of the process (NORMAL would only promise the latter; `unsynced` asks
+# for it around the writes that may be lost that way).
 PRAGMAS = (
     "PRAGMA journal_mode = WAL",
     "PRAGMA synchronous = FULL",
@@ -230,6 +231,22 @@ def _group(
     commit: GroupFn[C_in, R_out], calls: list[C_in], conn: sqlite3.Connection
 ) -> list[R_out | Exception]:
     return commit(conn, calls)
+
+
+@contextmanager
+def unsynced(conn: sqlite3.Connection) -> Iterator[None]:
+    """The transactions inside commit without syncing the WAL (synchronous=NORMAL),
+    then FULL again. Such a commit survives the end of the process, as any commit in
+    WAL mode does (its frames are in the file before COMMIT returns), but a power
+    loss or an OS crash may undo it, with every later commit that did not sync
+    either: the WAL is replayed in order up to its last frame on disk, so the next
+    synced commit makes every commit before it durable too. Only for writes whose
+    loss costs no more than making them again."""
+    conn.execute("PRAGMA synchronous = NORMAL")
+    try:
+        yield
+    finally:
+        conn.execute("PRAGMA synchronous = FULL")
 
 
 @contextmanager

@@ -289,9 +289,14 @@ class PostgresOutbox(Outbox):
     async def mark_sent_many(self, marks: Sequence[Mark], lease: Lease | None = None) -> None:
         """Marks asked for while another group is being committed are committed
         together in the next transaction (group commit): with several lanes in
-        flight, one transaction and one WAL flush serve them all. The common case
-        (every entry pending) is one statement for the whole group, sent with its
-        BEGIN, settings and COMMIT as one message: one round trip."""
+        flight, one transaction serves them all. The common case (every entry
+        pending) is one statement for the whole group, sent with its BEGIN, settings
+        and COMMIT as one message: one round trip.
+
+        Their COMMIT does not wait for the WAL flush (pg_tx.UNFLUSHED): a crash of
+        the server may undo the last marks, and an entry whose mark is undone is
+        pending again, sent again with the same ID, and answered by the sink with a
+        duplicate ACK: one more request per entry, never a lost or doubled event."""
         now = time.time()
         params = [
             {"id": event_id, "now": now, "ack": None if ack is None else ack_json(ack)}
@@ -612,7 +617,7 @@ async def _mark_all(conn: Conn, calls: list[_Marks]) -> bool:
             return False  # one line under two epochs: one of them is lost
         statement = sql.MARK_ALL_PENDING_SENT_FENCED
         params |= {"lines": list(fences), "epochs": list(fences.values())}
-    row = await in_one_round_trip(conn, statement, params)
+    row = await in_one_round_trip(conn, statement, params, flush=False)
     marked = 0 if row is None else int(row[0])
     # The rows are locked before any is marked: all of them or none.
     assert marked in (0, len(every)), f"{marked} of {len(every)} marks made"
@@ -623,7 +628,7 @@ async def _mark_each(conn: Conn, calls: list[_Marks], source: str) -> list[Excep
     """Each call's marks in a savepoint of its own, in one transaction, so that a
     call fails alone and all of it; a call whose lease is lost fails with LeaseLost
     and writes nothing. The lease rows are locked first, all together."""
-    async with conn.pipeline(), durable(conn):
+    async with conn.pipeline(), durable(conn, flush=False):
         refused = await _fenced(conn, [c.lease for c in calls], source)
         return [
             why if why is not None else await _mark_call(conn, call.params)

@@ -58,7 +58,7 @@ from publisher.store import (
 )
 from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json
 from shared.ack import ack_json
-from sqlite_tx import Database, SqliteFile, transaction
+from sqlite_tx import Database, SqliteFile, transaction, unsynced
 
 LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
 
@@ -174,7 +174,14 @@ class SqliteOutbox(SqliteFile, Outbox):
     async def mark_sent_many(self, marks: Sequence[Mark], lease: Lease | None = None) -> None:
         """Marks asked for while another write is being committed are committed
         together in the next transaction (group commit), with the intake waiting then:
-        with several lanes in flight and orders coming in, one fsync serves them all."""
+        with several lanes in flight and orders coming in, one fsync serves them all.
+
+        A transaction of marks alone does not sync the WAL (sqlite_tx.unsynced): the
+        marks survive the end of this process, but a power loss or an OS crash may
+        undo the last of them. An entry whose mark is undone is pending again and is
+        sent again, with the same ID, and the sink answers it with a duplicate ACK:
+        the cost of the loss is one more request per entry, never a lost or doubled
+        event."""
         now = time.time()
         params = [
             {"id": event_id, "now": now, "ack": None if ack is None else ack_json(ack)}
@@ -373,6 +380,11 @@ def _write_groups(
     Each call fails alone (its savepoint rolled back); should the transaction
     itself fail (its COMMIT, say), every call fails with it (plumbing.group_commit)."""
     marks = [n for n, call in enumerate(calls) if isinstance(call, _Marks)]
+    if len(marks) == len(calls):
+        # Marks alone do not sync the WAL (see mark_sent_many); with intake they
+        # share its sync.
+        with unsynced(conn), transaction(conn):
+            return list(_mark_groups(conn, [c for c in calls if isinstance(c, _Marks)], source))
     with transaction(conn):
         outcomes = [
             _intake_call(conn, call) if isinstance(call, _Intake) else None for call in calls

@@ -695,6 +695,43 @@ async def test_mark_sent_of_an_unknown_id_is_unknown_entry(
     assert contents(backend) == before
 
 
+_MARK_AND_EXIT = """
+import asyncio, os, sys
+from publisher.store import Outbox
+
+async def main():
+    async with Outbox.open(sys.argv[1]) as outbox:
+        await outbox.mark_sent_many([("a", {"ack": "a", "status": "applied"}), ("b", None)])
+        os._exit(0)  # no close, no checkpoint: as a crash right after the mark
+
+asyncio.run(main())
+"""
+
+
+async def test_marks_survive_the_end_of_the_process_that_made_them(
+    outbox: Outbox, backend: Backend
+) -> None:
+    """A mark need not survive a power loss (a lost mark only sends the entry again),
+    but it must survive the end of its process: on SQLite the marks alone commit
+    without a sync, and a process that dies after them must still leave them."""
+    await accept(outbox, "a", "b", "c")
+    child = subprocess.run(
+        [sys.executable, "-c", _MARK_AND_EXIT, backend.location],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    assert backend.query("SELECT id, sent FROM outbox ORDER BY seq") == [
+        ("a", 1),
+        ("b", 1),
+        ("c", 0),
+    ]
+    assert [event["id"] for event in await outbox.pending()] == ["c"]
+
+
 async def test_mark_sent_does_not_touch_the_order(outbox: Outbox, backend: Backend) -> None:
     await outbox.accept(order("a"))
     before = backend.query("SELECT * FROM orders")

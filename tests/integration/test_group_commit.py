@@ -702,6 +702,75 @@ async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
     assert outbox_rows(db_rows, source_db)["a0"] == marked(["a0"])["a0"]
 
 
+@dataclass
+class SyncLevels:
+    """What each transaction on the outbox's own connection wrote ("intake",
+    "marks") and the synchronous level it committed under, as the connection reports
+    its statements (a trace callback)."""
+
+    commits: list[tuple[str, str]] = field(default_factory=list)
+    _level: str = "FULL"  # what the connection is opened with (sqlite_tx.PRAGMAS)
+    _wrote: set[str] = field(default_factory=set)
+
+    def statement(self, sql: str) -> None:
+        if sql.startswith("PRAGMA synchronous = "):
+            self._level = sql.removeprefix("PRAGMA synchronous = ")
+        elif sql.startswith("BEGIN"):
+            self._wrote = set()
+        elif sql.startswith("INSERT INTO orders"):
+            self._wrote.add("intake")
+        elif sql.lstrip().startswith("UPDATE outbox SET sent = 1"):
+            self._wrote.add("marks")
+        elif sql == "COMMIT" and self._wrote:
+            self.commits.append(("+".join(sorted(self._wrote)), self._level))
+
+
+async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_intake_syncs(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost mark only sends its entry again (the sink answers with a duplicate ACK):
+    a transaction of marks alone commits at synchronous=NORMAL (one whose call fails
+    too), and the connection is FULL again for the next one. An order must be on disk
+    before its reply: every transaction with intake syncs, marks among it or not."""
+    await accept(outbox, "a0", "b0", "c0")
+    levels = SyncLevels()
+    raw_connection(outbox._db._connection).set_trace_callback(levels.statement)
+    trips = watch(outbox._db, monkeypatch)
+
+    await outbox.mark_sent_many(acked(["a0"]))  # alone: inline
+    await all_of(outbox.mark_sent_many(acked(["b0"])), outbox.accept(event("d0")))
+    with pytest.raises(UnknownEntry):
+        await outbox.mark_sent_many(acked(["nope"]))
+    await outbox.accept(event("e0"))
+    with trips.hold() as gate:
+        held = asyncio.create_task(outbox.accept(event("f0")))
+        beside = asyncio.create_task(outbox.accept(event("f1")))  # a group of two
+        await until(gate.started)
+        later = [asyncio.create_task(outbox.mark_sent_many(acked(i))) for i in (["c0"], ["d0"])]
+        await asyncio.sleep(PENDING_S)
+        gate.release.set()
+        async with asyncio.timeout(WAIT_S):
+            await asyncio.wait([held, beside, *later])
+        await settle(held, beside, *later)
+
+    assert levels.commits == [
+        ("marks", "NORMAL"),
+        ("intake+marks", "FULL"),
+        ("marks", "NORMAL"),  # the unknown ID's: it commits nothing, and fails alone
+        ("intake", "FULL"),
+        ("intake", "FULL"),
+        ("marks", "NORMAL"),  # the two marks that waited for the held group
+    ]
+    level = await outbox._db.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
+    assert level == (2,)  # FULL
+    assert db_rows(source_db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq") == [
+        ("a0",),
+        ("b0",),
+        ("c0",),
+        ("d0",),
+    ]
+
+
 async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_is_written(
     outbox: Outbox, source_db: Path, db_rows: Query
 ) -> None:
