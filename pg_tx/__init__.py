@@ -374,19 +374,17 @@ async def _close_quietly(conn: Conn) -> None:
 
 
 @contextlib.asynccontextmanager
-async def durable(conn: Conn, *, pipeline: bool = False, flush: bool = True) -> AsyncIterator[Conn]:
+async def durable(conn: Conn, *, pipeline: bool = False) -> AsyncIterator[Conn]:
     """A durable transaction (see PgDatabase.transaction) on a connection the caller
-    holds; in pipeline mode with `pipeline`; with `flush` False, one whose COMMIT does
-    not wait for the WAL flush (UNFLUSHED). Driver errors are the caller's to
+    holds; in pipeline mode with `pipeline`. Driver errors are the caller's to
     translate."""
-    settings = DURABLE if flush else UNFLUSHED
     if pipeline:
         async with conn.pipeline(), conn.transaction():
-            await conn.execute(settings)
+            await conn.execute(DURABLE)
             yield conn
     else:
         async with conn.transaction():
-            await conn.execute(settings)
+            await conn.execute(DURABLE)
             yield conn
 
 
@@ -456,8 +454,9 @@ DURABLE: Final = (
     f" set_config('lock_timeout', '{LOCK_WAIT_MS}', true)"
 ).encode()
 # For a transaction whose loss in a crash of the server costs no more than making it
-# again (the publisher's marks: an entry whose mark is lost is sent again, and the
-# sink answers with a duplicate ACK): its COMMIT returns before the WAL is flushed.
+# again (the publisher's marks of pending entries: an entry whose mark is lost is
+# pending again, sent again, and the sink answers with a duplicate ACK): its COMMIT
+# returns before the WAL is flushed.
 # The WAL writer flushes it within three wal_writer_delay (200 ms by default), and
 # any durable commit after it flushes it too, as the WAL is flushed in order; a crash
 # of the client loses nothing, the server has the commit.

@@ -1,8 +1,8 @@
 """The evidence trace: how far one event got, stage by stage, and nothing guessed.
 
-Each stage is proven (the evidence is on disk or in the sink's reply), not proven
-(the place where the evidence would be was read and it is not there) or unknown
-(that place could not be read).
+Each stage is proven (the evidence is committed in a database, or in the sink's
+reply), not proven (the place where the evidence would be was read and it is not
+there) or unknown (that place could not be read).
 """
 
 from __future__ import annotations

@@ -293,10 +293,11 @@ class PostgresOutbox(Outbox):
         pending) is one statement for the whole group, sent with its BEGIN, settings
         and COMMIT as one message: one round trip.
 
-        Their COMMIT does not wait for the WAL flush (pg_tx.UNFLUSHED): a crash of
-        the server may undo the last marks, and an entry whose mark is undone is
-        pending again, sent again with the same ID, and answered by the sink with a
-        duplicate ACK: one more request per entry, never a lost or doubled event."""
+        That common case's COMMIT does not wait for the WAL flush (pg_tx.UNFLUSHED):
+        a crash of the server may undo the last marks, and an entry whose mark is
+        undone is pending again, sent again with the same ID, and answered by the
+        sink with a duplicate ACK: one more request per entry, never a lost or
+        doubled event. The other case waits for it (`_mark_each`)."""
         now = time.time()
         params = [
             {"id": event_id, "now": now, "ack": None if ack is None else ack_json(ack)}
@@ -628,7 +629,9 @@ async def _mark_each(conn: Conn, calls: list[_Marks], source: str) -> list[Excep
     """Each call's marks in a savepoint of its own, in one transaction, so that a
     call fails alone and all of it; a call whose lease is lost fails with LeaseLost
     and writes nothing. The lease rows are locked first, all together."""
-    async with conn.pipeline(), durable(conn, flush=False):
+    # Waits for its flush: a mark here may close a quarantine (_mark_one), and one a
+    # crash undid would leave the entry quarantined, not pending again.
+    async with conn.pipeline(), durable(conn):
         refused = await _fenced(conn, [c.lease for c in calls], source)
         return [
             why if why is not None else await _mark_call(conn, call.params)

@@ -176,12 +176,13 @@ class SqliteOutbox(SqliteFile, Outbox):
         together in the next transaction (group commit), with the intake waiting then:
         with several lanes in flight and orders coming in, one fsync serves them all.
 
-        A transaction of marks alone does not sync the WAL (sqlite_tx.unsynced): the
-        marks survive the end of this process, but a power loss or an OS crash may
-        undo the last of them. An entry whose mark is undone is pending again and is
-        sent again, with the same ID, and the sink answers it with a duplicate ACK:
-        the cost of the loss is one more request per entry, never a lost or doubled
-        event."""
+        A transaction of marks alone, every entry pending (the common case), does
+        not sync the WAL (sqlite_tx.unsynced): the marks survive the end of this
+        process, but a power loss or an OS crash may undo the last of them, up to
+        the next synced commit. An entry whose mark is undone is pending again and
+        is sent again, with the same ID, and the sink answers it with a duplicate
+        ACK: the cost of the loss is one more request per entry, never a lost or
+        doubled event. A mark that closes a quarantine syncs (see _marks_alone)."""
         now = time.time()
         params = [
             {"id": event_id, "now": now, "ack": None if ack is None else ack_json(ack)}
@@ -381,10 +382,9 @@ def _write_groups(
     itself fail (its COMMIT, say), every call fails with it (plumbing.group_commit)."""
     marks = [n for n, call in enumerate(calls) if isinstance(call, _Marks)]
     if len(marks) == len(calls):
-        # Marks alone do not sync the WAL (see mark_sent_many); with intake they
-        # share its sync.
-        with unsynced(conn), transaction(conn):
-            return list(_mark_groups(conn, [c for c in calls if isinstance(c, _Marks)], source))
+        quick = _marks_alone(conn, [call for call in calls if isinstance(call, _Marks)], source)
+        if quick is not None:
+            return list(quick)
     with transaction(conn):
         outcomes = [
             _intake_call(conn, call) if isinstance(call, _Intake) else None for call in calls
@@ -418,6 +418,28 @@ def _queue_or_conflict(conn: sqlite3.Connection, event: Event, now: float) -> In
         return exc
 
 
+def _marks_alone(
+    conn: sqlite3.Connection, calls: list[_Marks], source: str
+) -> list[Exception | None] | None:
+    """A group of marks alone in the common case (every entry pending and unquarantined;
+    each call fenced as in _mark_groups), committed without a sync (see
+    SqliteOutbox.mark_sent_many): one error (or None) per call. None, with nothing
+    written, in any other case, for the caller to commit with a sync: there a mark
+    may close a quarantine (the ACK came after the entry was quarantined), and one
+    undone by a power loss would leave the entry quarantined, not pending again."""
+    with unsynced(conn), transaction(conn):
+        outcomes: list[Exception | None] = [_fenced(conn, c.lease, source) for c in calls]
+        free = [
+            one
+            for call, why in zip(calls, outcomes, strict=True)
+            if why is None
+            for one in call.params
+        ]
+        if _mark_all_pending(conn, free):
+            return outcomes
+    return None
+
+
 def _mark_groups(
     conn: sqlite3.Connection, calls: list[_Marks], source: str
 ) -> list[Exception | None]:
@@ -437,19 +459,27 @@ def _mark_unfenced(
     """Marks of several calls, in the caller's transaction; one error (or None) per call."""
     if not calls:
         return []
-    # Every entry pending and unquarantined (the common case): one statement.
+    if _mark_all_pending(conn, [one for params in calls for one in params]):
+        return [None] * len(calls)
+    return [_mark_call(conn, params) for params in calls]
+
+
+def _mark_all_pending(conn: sqlite3.Connection, every: list[dict[str, Any]]) -> bool:
+    """The common case, in one statement: every entry pending and unquarantined, and
+    marked (True); else none of them is (False), and each call finds out on its own."""
+    if not every:
+        return True
     conn.execute("SAVEPOINT all_pending")
-    every = [one for params in calls for one in params]
     try:
         all_pending = conn.executemany(sql.MARK_PENDING_SENT, every).rowcount == len(every)
     except sqlite3.Error:
-        all_pending = False  # one call's entry, maybe: each call on its own finds out
+        all_pending = False  # one call's entry, maybe
     if all_pending:
         conn.execute("RELEASE all_pending")
-        return [None] * len(calls)
+        return True
     conn.execute("ROLLBACK TO all_pending")
     conn.execute("RELEASE all_pending")
-    return [_mark_call(conn, params) for params in calls]
+    return False
 
 
 def _fenced(conn: sqlite3.Connection, lease: Lease | None, source: str) -> LeaseLost | None:

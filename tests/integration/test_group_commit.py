@@ -721,6 +721,8 @@ class SyncLevels:
             self._wrote.add("intake")
         elif sql.lstrip().startswith("UPDATE outbox SET sent = 1"):
             self._wrote.add("marks")
+        elif sql == "ROLLBACK TO all_pending":  # not every entry pending: none marked
+            self._wrote.discard("marks")
         elif sql == "COMMIT" and self._wrote:
             self.commits.append(("+".join(sorted(self._wrote)), self._level))
 
@@ -729,10 +731,13 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
     outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lost mark only sends its entry again (the sink answers with a duplicate ACK):
-    a transaction of marks alone commits at synchronous=NORMAL (one whose call fails
-    too), and the connection is FULL again for the next one. An order must be on disk
-    before its reply: every transaction with intake syncs, marks among it or not."""
-    await accept(outbox, "a0", "b0", "c0")
+    a transaction of marks alone, every entry pending, commits at synchronous=NORMAL,
+    and the connection is FULL again for the next one. Any other marks sync: an
+    undone mark of a quarantined entry would leave it quarantined, not pending. An
+    order must be on disk before its reply: every transaction with intake syncs,
+    marks among it or not."""
+    await accept(outbox, "a0", "b0", "c0", "q0")
+    await outbox.quarantine("q0", "looked stuck", "op")
     levels = SyncLevels()
     raw_connection(outbox._db._connection).set_trace_callback(levels.statement)
     trips = watch(outbox._db, monkeypatch)
@@ -741,6 +746,7 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
     await all_of(outbox.mark_sent_many(acked(["b0"])), outbox.accept(event("d0")))
     with pytest.raises(UnknownEntry):
         await outbox.mark_sent_many(acked(["nope"]))
+    await outbox.mark_sent_many(acked(["q0"]))  # its ACK wins over the quarantine
     await outbox.accept(event("e0"))
     with trips.hold() as gate:
         held = asyncio.create_task(outbox.accept(event("f0")))
@@ -756,7 +762,8 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
     assert levels.commits == [
         ("marks", "NORMAL"),
         ("intake+marks", "FULL"),
-        ("marks", "NORMAL"),  # the unknown ID's: it commits nothing, and fails alone
+        ("marks", "FULL"),  # the unknown ID's: it writes nothing, and fails alone
+        ("marks", "FULL"),  # the quarantined entry's, with its record closed
         ("intake", "FULL"),
         ("intake", "FULL"),
         ("marks", "NORMAL"),  # the two marks that waited for the held group
@@ -767,8 +774,10 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
         ("a0",),
         ("b0",),
         ("c0",),
+        ("q0",),
         ("d0",),
     ]
+    assert db_rows(source_db, "SELECT id, released_as FROM quarantines") == [("q0", "delivered")]
 
 
 async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_is_written(

@@ -1,15 +1,17 @@
 """The publisher's marks on PostgreSQL do not wait for the WAL flush: a crash of the
 server may undo them, and then each entry is sent again, answered by the sink with a
-duplicate ACK, and applied once.
+duplicate ACK, and applied once. A mark that closes a quarantine does wait for it.
 
 A throwaway server of the test's own whose WAL writer sleeps 10 s between flushes
 (its default synchronous_commit stays on): a commit that does not wait for the flush
 is only in the server's memory until then. Orders are accepted (each intake commit
-waits for its flush), delivered over HTTP to the real sink app and marked; then the
-server is stopped with `immediate` (no checkpoint, no flush: as a crash) and started
-again. The orders are all there and the marks are not; a second delivery sends every
-entry again, the sink (on its own SQLite file) answers each as a duplicate, and the
-inventory holds each order once.
+waits for its flush); one is sent and acknowledged, then quarantined, and its ACK
+then marks it (the ACK wins, the quarantine record says "delivered"); the others are
+delivered over HTTP to the real sink app and marked. Then the server is stopped with
+`immediate` (no checkpoint, no flush: as a crash) and started again. The orders are
+all there, the quarantined entry's mark is, the others' marks are not; a second
+delivery sends each of them again, the sink (on its own SQLite file) answers each as
+a duplicate, and the inventory holds each order once.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ if TYPE_CHECKING:
     from conftest import Query, ServeSink
 
 LAZY_WAL = {"wal_writer_delay": "10000ms"}  # the WAL writer's longest sleep
+LATE = {"id": "late", "sku": "snack", "qty": 100}  # quarantined while its ACK was on the way
 ORDERS = [{"id": f"order-{n}", "sku": "snack", "qty": n} for n in range(1, 6)]
 IDS = [order["id"] for order in ORDERS]
+UNFLUSHED = "SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()"
 
 
 async def deliver(outbox: Outbox, sink: str) -> list[str]:
@@ -61,24 +65,40 @@ async def test_marks_undone_by_a_crash_of_the_server_are_sent_again_and_applied_
         url = server.create_database("source")
         source = PgAccess(url, "outbox_health")
         async with Outbox.open(url) as outbox:
-            assert await outbox.accept_many(ORDERS) == ["accepted"] * len(ORDERS)
+            assert await outbox.accept_many([LATE, *ORDERS]) == ["accepted"] * (1 + len(ORDERS))
+            async with HttpSender(f"{sink}/events") as sender:
+                ack = await sender.deliver(LATE)
+            assert ack["ack"] == "late" and ack["status"] == Receipt.APPLIED
+            await outbox.quarantine("late", "looked stuck", "op")
+            await outbox.mark_sent_many([("late", ack)])
             assert await deliver(outbox, sink) == IDS
-        assert source.query("SELECT count(*) FROM outbox WHERE sent = 1") == [(len(IDS),)]
+        assert source.query("SELECT count(*) FROM outbox WHERE sent = 1") == [(1 + len(IDS),)]
+        assert source.query(UNFLUSHED) == [(True,)], "the marks were flushed before the crash"
 
         await asyncio.to_thread(server.stop, "immediate")
         await asyncio.to_thread(server.start)
 
-        # Intake waited for its flush; the marks did not, and are undone.
-        assert source.query("SELECT id FROM orders ORDER BY id") == [(i,) for i in IDS]
-        assert source.query("SELECT id, sent FROM outbox ORDER BY seq") == [(i, 0) for i in IDS]
+        # Intake and the mark that closed the quarantine waited for their flush; the
+        # other marks did not, and are undone.
+        assert source.query("SELECT id FROM orders ORDER BY id") == sorted(
+            [("late",)] + [(i,) for i in IDS]
+        )
+        assert source.query("SELECT id, sent FROM outbox ORDER BY seq") == [
+            ("late", 1),
+            *((i, 0) for i in IDS),
+        ]
+        assert source.query("SELECT id, released_as FROM quarantines") == [("late", "delivered")]
         assert await duplicates_answered(sink) == 0
 
         async with Outbox.open(url) as outbox:
             assert await deliver(outbox, sink) == IDS
             assert await outbox.pending() == []
-        statuses = source.query("SELECT ack::json->>'status' FROM outbox ORDER BY seq")
-        assert statuses == [(Receipt.DUPLICATE.value,)] * len(IDS)
+        statuses = source.query("SELECT id, ack::json->>'status' FROM outbox ORDER BY seq")
+        assert statuses == [("late", "applied"), *((i, "duplicate") for i in IDS)]
 
     assert await duplicates_answered(sink) == len(IDS)
-    assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY applied_seq") == [(i,) for i in IDS]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", sum(range(1, 6)))]
+    assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY applied_seq") == [
+        ("late",),
+        *((i,) for i in IDS),
+    ]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 100 + sum(range(1, 6)))]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sqlite_tx import Database, StorageError, transaction
+from sqlite_tx import Database, StorageError, transaction, unsynced
 
 SCHEMA = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",)
 
@@ -227,6 +227,78 @@ async def test_transaction_rolls_back_on_a_failing_statement(db: Database, path:
 
     assert rows(path, "SELECT * FROM items") == []
     try_write_lock(path)
+
+
+# A constraint checked at COMMIT: the COMMIT fails, and SQLite keeps the transaction.
+DEFERRED = (
+    "CREATE TABLE parents (id INTEGER PRIMARY KEY)",
+    "CREATE TABLE children (id INTEGER PRIMARY KEY, parent INTEGER NOT NULL"
+    " REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)",
+)
+
+
+def orphan(conn: sqlite3.Connection) -> None:
+    with transaction(conn):
+        conn.execute("INSERT INTO children (id, parent) VALUES (1, 99)")
+
+
+def synchronous(conn: sqlite3.Connection) -> int:
+    level: int = conn.execute("PRAGMA synchronous").fetchone()[0]
+    return level
+
+
+async def test_a_failed_commit_is_rolled_back_and_leaves_no_transaction(path: Path) -> None:
+    db = await Database.open(path, DEFERRED)
+    try:
+        with pytest.raises(StorageError, match="FOREIGN KEY constraint failed"):
+            await db.run(orphan)
+        assert await db.run(lambda conn: conn.in_transaction) is False
+        assert rows(path, "SELECT * FROM children") == []
+        try_write_lock(path)  # no lock left held either
+    finally:
+        await db.close()
+
+
+async def test_unsynced_commits_at_normal_and_leaves_full_even_when_its_commit_fails(
+    path: Path,
+) -> None:
+    """Only `transaction` rolling a failed COMMIT back lets the level go back to FULL:
+    SQLite refuses to change it inside a transaction."""
+    db = await Database.open(path, DEFERRED)
+
+    def levels(conn: sqlite3.Connection) -> list[int]:
+        seen = [synchronous(conn)]
+        with unsynced(conn):
+            seen.append(synchronous(conn))
+            with transaction(conn):
+                conn.execute("INSERT INTO parents (id) VALUES (1)")
+        seen.append(synchronous(conn))
+        with unsynced(conn):
+            try:
+                orphan(conn)
+            except sqlite3.IntegrityError:
+                seen.append(-1)  # the COMMIT's own error, not one of the PRAGMA's
+        seen.append(synchronous(conn))
+        return seen
+
+    try:
+        assert await db.run(levels) == [2, 1, 2, -1, 2]  # FULL, NORMAL, FULL, ..., FULL
+        assert rows(path, "SELECT id FROM parents") == [(1,)]
+    finally:
+        await db.close()
+
+
+def test_unsynced_changes_nothing_outside_wal_mode() -> None:
+    conn = sqlite3.connect(":memory:", isolation_level=None)  # journal_mode "memory"
+    try:
+        conn.execute("PRAGMA synchronous = FULL")
+        with unsynced(conn):
+            assert synchronous(conn) == 2
+            with transaction(conn):
+                conn.execute("CREATE TABLE t (n INTEGER)")
+        assert synchronous(conn) == 2
+    finally:
+        conn.close()
 
 
 async def test_immediate_transaction_holds_the_write_lock(db: Database, path: Path) -> None:
