@@ -286,13 +286,17 @@ async def _connect(path: str | Path) -> aiosqlite.Connection:
     # check_same_thread=False: run_inline uses the connection on the event loop's
     # thread, never while a call is running on the worker thread.
     connection = aiosqlite.connect(str(path), isolation_level=None, check_same_thread=False)
+    # aiosqlite stops its worker thread after a failed or cancelled connect but does
+    # not wait for it; unwaited, the thread may report to an event loop already
+    # closed (a cancelled open is still opening the file on that thread).
     try:
         await connection
     except sqlite3.Error as exc:
-        # aiosqlite stops its worker thread after a failed connect but does not wait
-        # for it; unwaited, the thread may report to an event loop already closed.
         await join_worker(connection, THREAD_JOIN_TIMEOUT_S)
         raise StorageError(f"cannot open {path}: {exc}") from exc
+    except BaseException:
+        await join_worker(connection, THREAD_JOIN_TIMEOUT_S)
+        raise
     return connection
 
 
@@ -356,4 +360,5 @@ __all__ = [
     "SqliteFile",
     "StorageError",
     "transaction",
+    "unsynced",
 ]

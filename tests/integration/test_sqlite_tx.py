@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -98,6 +101,32 @@ async def test_reopening_applies_only_the_new_migrations(path: Path) -> None:
     assert user_version(path) == 2
     assert {"items", "more", "most"} <= tables(path)
     assert rows(path, "SELECT name FROM items") == [("kept",)]
+
+
+async def test_an_open_cancelled_while_the_file_opens_waits_for_its_thread(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled (a SIGTERM, say) while aiosqlite's thread opens the file: the open
+    ends only once that thread has, so nothing reports to a loop that may be closed
+    by then ("Event loop is closed" from the thread). The open is slowed down to
+    make the moment wide."""
+    real_connect, opening = sqlite3.connect, threading.Event()
+
+    def slow_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        opening.set()
+        time.sleep(0.3)
+        return real_connect(*args, **kwargs)
+
+    before = set(threading.enumerate())
+    monkeypatch.setattr(sqlite3, "connect", slow_connect)
+    task = asyncio.create_task(Database.open(path, SCHEMA))
+    assert await asyncio.to_thread(opening.wait, 5.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    started = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    # The loop's executor threads (asyncio_N) stay for later calls; no other may.
+    assert [t for t in started if not t.name.startswith("asyncio_")] == []
 
 
 async def test_a_failing_migration_changes_nothing(path: Path) -> None:
