@@ -381,15 +381,16 @@ def _write_groups(
     Each call fails alone (its savepoint rolled back); should the transaction
     itself fail (its COMMIT, say), every call fails with it (plumbing.group_commit)."""
     marks = [n for n, call in enumerate(calls) if isinstance(call, _Marks)]
-    if len(marks) == len(calls):
-        quick = _marks_alone(conn, [call for call in calls if isinstance(call, _Marks)], source)
+    mark_calls = [call for call in calls if isinstance(call, _Marks)]
+    if len(mark_calls) == len(calls):
+        quick = _marks_alone(conn, mark_calls, source)
         if quick is not None:
             return list(quick)
     with transaction(conn):
         outcomes = [
             _intake_call(conn, call) if isinstance(call, _Intake) else None for call in calls
         ]
-        marked = _mark_groups(conn, [call for call in calls if isinstance(call, _Marks)], source)
+        marked = _mark_groups(conn, mark_calls, source)
         for n, outcome in zip(marks, marked, strict=True):
             outcomes[n] = outcome
         return outcomes
@@ -428,14 +429,8 @@ def _marks_alone(
     may close a quarantine (the ACK came after the entry was quarantined), and one
     undone by a power loss would leave the entry quarantined, not pending again."""
     with unsynced(conn), transaction(conn):
-        outcomes: list[Exception | None] = [_fenced(conn, c.lease, source) for c in calls]
-        free = [
-            one
-            for call, why in zip(calls, outcomes, strict=True)
-            if why is None
-            for one in call.params
-        ]
-        if _mark_all_pending(conn, free):
+        outcomes, free = _fence_calls(conn, calls, source)
+        if _mark_all_pending(conn, [one for n in free for one in calls[n].params]):
             return outcomes
     return None
 
@@ -446,11 +441,19 @@ def _mark_groups(
     """Marks of several calls, in the caller's transaction; one error (or None) per
     call. A call whose lease no longer holds fails alone (LeaseLost), before
     anything is written."""
-    outcomes: list[Exception | None] = [_fenced(conn, c.lease, source) for c in calls]
-    free = [n for n, outcome in enumerate(outcomes) if outcome is None]
+    outcomes, free = _fence_calls(conn, calls, source)
     for n, outcome in zip(free, _mark_unfenced(conn, [calls[n].params for n in free]), strict=True):
         outcomes[n] = outcome
     return outcomes
+
+
+def _fence_calls(
+    conn: sqlite3.Connection, calls: list[_Marks], source: str
+) -> tuple[list[Exception | None], list[int]]:
+    """Each call's refusal (LeaseLost, or None: it may be made), and the positions of
+    the calls that may be made."""
+    outcomes: list[Exception | None] = [_fenced(conn, c.lease, source) for c in calls]
+    return outcomes, [n for n, outcome in enumerate(outcomes) if outcome is None]
 
 
 def _mark_unfenced(
