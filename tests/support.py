@@ -17,6 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
 from chaos.procs import ChaosError, read_first_line, terminate
 
 if TYPE_CHECKING:
@@ -144,3 +147,24 @@ def json_of_python(code: str, timeout_s: float = 30.0) -> Any:
     )
     assert found.returncode == 0, found.stderr
     return json.loads(found.stdout)
+
+
+Samples = dict[tuple[str, tuple[Any, ...]], float]
+
+
+async def scrape(client: aiohttp.ClientSession, url: str) -> Samples:
+    """GET /metrics, parsed with prometheus_client's own parser: (sample name, sorted
+    labels) -> value."""
+    async with client.get(url) as response:
+        assert response.status == 200
+        assert response.content_type == "text/plain"
+        text = await response.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]

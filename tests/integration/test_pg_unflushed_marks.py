@@ -17,12 +17,12 @@ a duplicate, and the inventory holds each order once.
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
 from pg_faults import PgAccess
+from support import scrape, value
 
 from plumbing.pgserver import ThrowawayServer, throwaway_server
 from publisher.dispatch import deliver_pending
@@ -48,11 +48,9 @@ async def deliver(outbox: Outbox, sink: str) -> list[str]:
 
 
 async def duplicates_answered(sink: str) -> float:
-    async with aiohttp.ClientSession() as client, client.get(f"{sink}/metrics") as response:
-        text = await response.text()
-    found = re.search(r'^sink_inbox_received_total\{result="duplicate"\} (\S+)$', text, re.M)
-    assert found is not None, text
-    return float(found[1])
+    async with aiohttp.ClientSession() as client:
+        samples = await scrape(client, f"{sink}/metrics")
+    return value(samples, "sink_inbox_received_total", result="duplicate")
 
 
 async def test_marks_undone_by_a_crash_of_the_server_are_sent_again_and_applied_once(

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
-from support import eventually
+from support import eventually, scrape, value
 
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app
@@ -87,25 +86,6 @@ async def get_json(client: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
     async with client.get(url) as response:
         assert response.content_type == "application/json"
         return response.status, await response.json()
-
-
-async def scrape(
-    client: aiohttp.ClientSession, url: str
-) -> dict[tuple[str, tuple[Any, ...]], float]:
-    """GET /metrics, parsed: (sample name, sorted labels) -> value."""
-    async with client.get(url) as response:
-        assert response.status == 200
-        assert response.content_type == "text/plain"
-        text = await response.text()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: dict[tuple[str, tuple[Any, ...]], float], name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
 
 
 def outbox_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:

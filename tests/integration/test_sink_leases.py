@@ -10,13 +10,13 @@ own. The transaction rules themselves are the inbox behaviour suite's.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from support import scrape, value
 
 from shared import GLOBAL_LINE, LEASE_HEADER, Event, Lease
 from sink import create_app
@@ -79,11 +79,7 @@ def rows(db_rows: Query, location: str) -> Callable[[str], list[tuple[Any, ...]]
 
 
 async def metric(client: aiohttp.ClientSession, base: str, fence: str) -> float:
-    async with client.get(f"{base}/metrics") as response:
-        text = await response.text()
-    found = re.search(rf'^sink_fenced_requests_total\{{fence="{fence}"\}} (\S+)$', text, re.M)
-    assert found is not None, text
-    return float(found[1])
+    return value(await scrape(client, f"{base}/metrics"), "sink_fenced_requests_total", fence=fence)
 
 
 Rows = Callable[[str], list[tuple[Any, ...]]]
