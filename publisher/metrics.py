@@ -52,6 +52,12 @@ class PublisherMetrics:
             "Lines (the global line, or SKU lanes) whose lease this worker holds.",
             registry=r,
         )
+        self.live_workers = Gauge(
+            "publisher_relay_workers_live",
+            "Relay workers (this one included) whose heartbeat this worker saw within"
+            " the lease ttl at its last renewal: the count its fair share divides by.",
+            registry=r,
+        )
         self.takeovers = Counter(
             "publisher_lease_takeovers",
             "Leases this worker took over from another worker whose lease had expired.",
@@ -85,6 +91,9 @@ class PublisherMetrics:
 
     def lines_owned(self, count: int) -> None:
         self.owned.set(count)
+
+    def workers_live(self, count: int) -> None:
+        self.live_workers.set(count)
 
     def takeover(self) -> None:
         self.takeovers.inc()

@@ -115,6 +115,8 @@ class LeaseObserver(Protocol):
 
     def lines_owned(self, count: int) -> None: ...
 
+    def workers_live(self, count: int) -> None: ...
+
     def takeover(self) -> None: ...
 
     def fenced_write(self) -> None: ...
@@ -299,11 +301,12 @@ class LeaseKeeper:
     # ------------------------------------------------------------ the heartbeat
 
     async def start(self) -> None:
-        """Note this worker as live and start the heartbeat. A database that cannot
-        be reached is not fatal: the heartbeat keeps trying, nothing is sent
-        meanwhile (no lease is held)."""
+        """Note this worker as live, read the lines and the live workers (so that
+        its first takes stay within its fair share and a takeover is known as one),
+        and start the heartbeat. A database that cannot be reached is not fatal: the
+        heartbeat keeps trying, nothing is sent meanwhile (no lease is held)."""
         try:
-            await self._seen()
+            await self._read_share(await self._seen())
         except Exception as exc:
             self._log.error(("could not note the worker", str(exc)), "worker: %s", exc)
         self._heartbeat = asyncio.create_task(self._beat(), name="lease heartbeat")
@@ -376,6 +379,8 @@ class LeaseKeeper:
         self._expires = {row.line: read_at + row.expires_in_s for row in rows}
         others = sum(1 for row in rows if row.held and row.owner != self.worker)
         self.share = Share(others, live)
+        if self._observer is not None:
+            self._observer.workers_live(live)
 
     def _give_up_excess(self) -> None:
         """Beyond the fair share: the lanes given up first are those not marked

@@ -99,6 +99,7 @@ def test_status_list_trace_and_metrics_show_the_lines_a_worker_holds(
         assert status == 201
     wait_until(lambda: sent(db).get("s1") == 1)
     wait_until(lambda: metrics(serve.port)["publisher_lines_owned"] == 1)
+    assert metrics(serve.port)["publisher_relay_workers_live"] == 1
 
     done = run_cli("publisher", "status", "--db", str(db), "--json")
     assert done.returncode == 0, done.stderr

@@ -452,6 +452,9 @@ def test_a_worker_started_mid_run_takes_a_share(cluster: Cluster) -> None:
         wait_for(lambda: owned_by(leases(cluster.source), "w3"), what="w3 holding a line")
         took = time.monotonic() - started
         wait_for(lambda: late.metrics().get("publisher_lines_owned", 0) >= 1, what="w3's gauge")
+        wait_for(
+            lambda: late.metrics().get("publisher_relay_workers_live") == 3, what="w3 sees three"
+        )
         wait_for(lambda: len(feeder.accepted) > 200, what="more orders")
     finally:
         feeder.stop()
