@@ -21,11 +21,18 @@ import pytest
 from shared import Event, Receipt
 from sink.backends.sqlite import SqliteInbox
 from sqlite_tx import BUSY_TIMEOUT_MS, Database, StorageError, transaction
+from sqlite_tx.aiosqlite_internals import raw_connection
 
 if TYPE_CHECKING:
     from conftest import Query, ServeSink
 
 SCHEMA = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",)
+# A constraint checked at COMMIT: the COMMIT fails, and SQLite keeps the transaction.
+DEFERRED = (
+    "CREATE TABLE parents (id INTEGER PRIMARY KEY)",
+    "CREATE TABLE children (id INTEGER PRIMARY KEY, parent INTEGER NOT NULL"
+    " REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)",
+)
 EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
 WAIT_S = 2.0
 PENDING_S = 0.3  # long enough for a call that is not waiting for the lock to finish
@@ -386,3 +393,182 @@ async def test_a_batch_that_waited_for_the_write_lock_applies_every_event(
     assert receipt.conflict is None
     assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid") == [("e0",), ("e1",), ("e2",)]
     assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {"snack": 5, "juice": 2}
+
+
+# ---------------------------------------------------------------- Database.write
+
+
+@dataclass
+class Statements:
+    """Each statement the connection ran, with the thread it ran on (a trace callback,
+    called on that thread as the statement starts); `hold_commit` holds the next
+    COMMIT there until `go` is set."""
+
+    ran: list[tuple[str, int]] = field(default_factory=list)
+    hold_commit: bool = False
+    held: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, statement: str) -> None:
+        self.ran.append((statement, threading.get_ident()))
+        if statement == "COMMIT" and self.hold_commit:
+            self.hold_commit = False
+            self.held.set()
+            self.go.wait(WAIT_S)
+
+    def threads(self, *prefixes: str) -> list[int]:
+        """The thread of each statement starting with one of `prefixes`, in order."""
+        return [thread for sql, thread in self.ran if sql.startswith(prefixes)]
+
+    def of(self, thread: int) -> list[str]:
+        return [sql for sql, ran_on in self.ran if ran_on == thread]
+
+
+def traced(db: Database) -> Statements:
+    statements = Statements()
+    raw_connection(db._connection).set_trace_callback(statements)
+    return statements
+
+
+def insert(name: str) -> Callable[[sqlite3.Connection], int]:
+    def body(conn: sqlite3.Connection) -> int:
+        rowid = conn.execute("INSERT INTO items (name) VALUES (?)", (name,)).lastrowid
+        assert rowid is not None
+        return rowid
+
+    return body
+
+
+async def test_write_runs_its_statements_on_the_loop_thread_and_its_commit_on_the_worker(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    statements = traced(db)
+
+    rowid = await db.write(insert("a"))
+
+    loop_thread = threading.get_ident()
+    assert statements.of(loop_thread) == [
+        "PRAGMA busy_timeout = 0",  # BEGIN IMMEDIATE never waits on the loop's thread
+        "BEGIN IMMEDIATE",
+        f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
+        "INSERT INTO items (name) VALUES ('a')",
+    ]
+    (commit_thread,) = statements.threads("COMMIT")
+    assert commit_thread != loop_thread
+    # Committed when it returns: another connection reads the row.
+    assert db_rows(path, "SELECT id, name FROM items") == [(rowid, "a")]
+    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+    try_write_lock(path)
+
+
+async def test_a_write_made_while_a_commit_is_on_the_worker_runs_whole_there_after_it(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    # While the first write's COMMIT waits on the worker thread its transaction is
+    # open: the second must not begin one on the loop's thread beside it.
+    statements = traced(db)
+    statements.hold_commit = True
+    first = asyncio.create_task(db.write(insert("first")))
+    await until(statements.held)
+    second = asyncio.create_task(db.write(insert("second")))
+    try:
+        await asyncio.sleep(PENDING_S)
+        assert not second.done() and names(db_rows, path) == []
+        statements.go.set()
+        async with asyncio.timeout(WAIT_S):
+            await asyncio.gather(first, second)
+    finally:
+        statements.go.set()
+        await cancel(first)
+        await cancel(second)
+
+    loop_thread = threading.get_ident()
+    begins = statements.threads("BEGIN")
+    assert begins[0] == loop_thread != begins[1]  # the second's BEGIN on the worker
+    assert [sql for sql, _ in statements.ran if sql in ("BEGIN IMMEDIATE", "COMMIT")] == [
+        "BEGIN IMMEDIATE",
+        "COMMIT",
+        "BEGIN IMMEDIATE",
+        "COMMIT",
+    ]
+    assert names(db_rows, path) == ["first", "second"]
+
+
+async def test_a_write_with_the_lock_held_elsewhere_waits_on_the_worker_not_on_the_loop(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    statements = traced(db)
+    with write_lock(path) as lock:
+        async with ticking() as ticker:
+            call = asyncio.create_task(db.write(insert("waited")))
+            try:
+                await asyncio.sleep(PENDING_S)
+                assert not call.done(), "write finished while the lock was held"
+                lock.execute("ROLLBACK")
+                rowid = await asyncio.wait_for(call, WAIT_S)
+            finally:
+                await cancel(call)
+        assert ticker.longest_gap_s < MAX_STALL_S
+
+    loop_thread = threading.get_ident()
+    # BEGIN IMMEDIATE refused at once on the loop's thread, then all of it on the worker.
+    begins = statements.threads("BEGIN")
+    assert len(begins) == 2 and begins[0] == loop_thread != begins[1]
+    assert statements.threads("INSERT", "COMMIT") == [begins[1]] * 2
+    assert db_rows(path, "SELECT id, name FROM items") == [(rowid, "waited")]
+    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+
+
+async def test_a_write_whose_statements_fail_rolls_back_where_they_ran_and_commits_nothing(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    await db.write(insert("known"))
+    statements = traced(db)
+    error = Boom("after the write")
+
+    def fails(conn: sqlite3.Connection) -> None:
+        insert("lost")(conn)
+        raise error
+
+    with pytest.raises(Boom) as excinfo:
+        await db.write(fails)
+    assert excinfo.value is error
+    with pytest.raises(StorageError, match="UNIQUE constraint failed") as failed:
+        await db.write(insert("known"))
+    assert type(failed.value.__cause__) is sqlite3.IntegrityError
+
+    # Each rolled back on the loop's thread: nothing went to the worker thread.
+    assert set(statements.threads("")) == {threading.get_ident()}
+    assert statements.threads("ROLLBACK") and not statements.threads("COMMIT")
+    assert names(db_rows, path) == ["known"]
+    assert await db.run(lambda conn: conn.in_transaction) is False
+    try_write_lock(path)
+
+
+async def test_an_unsynced_write_commits_at_normal_and_leaves_full_even_when_its_commit_fails(
+    path: Path, db_rows: Query
+) -> None:
+    db = await Database.open(path, DEFERRED)
+    try:
+        statements = traced(db)
+        await db.write(
+            lambda conn: conn.execute("INSERT INTO parents (id) VALUES (1)"), synced=False
+        )
+        with pytest.raises(StorageError, match="FOREIGN KEY constraint failed"):
+            await db.write(
+                lambda conn: conn.execute("INSERT INTO children (id, parent) VALUES (1, 99)"),
+                synced=False,
+            )
+        levels = [
+            sql.removeprefix("PRAGMA synchronous = ")
+            for sql, _ in statements.ran
+            if sql.startswith(("PRAGMA synchronous", "COMMIT", "ROLLBACK"))
+        ]
+        # The failed COMMIT is rolled back on the worker, then the level is FULL again.
+        assert levels == ["NORMAL", "COMMIT", "FULL", "NORMAL", "COMMIT", "ROLLBACK", "FULL"]
+        assert await db.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone()) == (2,)
+        assert await db.run(lambda conn: conn.in_transaction) is False
+        assert db_rows(path, "SELECT id FROM parents") == [(1,)]
+        assert db_rows(path, "SELECT id FROM children") == []
+    finally:
+        await db.close()
