@@ -143,43 +143,6 @@ class Database:
                 raise StorageError(f"{self.path}: {exc}") from exc
         return await self.run(fn)  # the worker sets the busy timeout back first
 
-    async def write(self, body: Callable[[sqlite3.Connection], T], *, synced: bool = True) -> T:
-        """`body(connection)` in a write transaction (BEGIN IMMEDIATE ... COMMIT;
-        under `unsynced` when not `synced`), and its result once committed.
-
-        With no call running on the worker thread, BEGIN and `body` run on the event
-        loop's thread and only the COMMIT, with its fsync, on the worker thread, so
-        the loop goes on while the disk syncs. A transaction run on the worker thread
-        whole takes the GIL back after every statement, and while the loop runs
-        Python each take waits for the loop to let it go: that wait, not SQLite,
-        made most of such a transaction's time. The calls handed to the worker run
-        in order, so the COMMIT runs before any call made after this one, and
-        nothing else uses the connection while the transaction is open. As in
-        `run_inline`, the lock is never waited for on the loop: if another
-        connection holds it (or a call is still running on the worker thread), the
-        whole transaction runs on the worker thread.
-        """
-        if self._submitted == self._finished:
-            conn = raw_connection(self._connection)
-            try:
-                with contextlib.ExitStack() as open_now:
-                    if not synced:
-                        open_now.enter_context(unsynced(conn))
-                    self._set_busy_timeout(conn, 0)  # BEGIN IMMEDIATE: never wait here
-                    open_now.enter_context(transaction(conn))
-                    self._set_busy_timeout(conn, BUSY_TIMEOUT_MS)  # as the worker has it
-                    result = body(conn)
-                    to_end = open_now.pop_all()  # the COMMIT (and sync level): the worker's
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # BUSY_* included
-                    raise StorageError(f"{self.path}: {exc}") from exc
-            except sqlite3.Error as exc:
-                raise StorageError(f"{self.path}: {exc}") from exc
-            else:
-                await self.run(lambda _conn: to_end.close())
-                return result
-        return await self.run(functools.partial(_whole, body, synced))
-
     async def check_writable(self) -> None:
         """Return if the database can take a write now; StorageError saying why not.
 
@@ -250,28 +213,18 @@ GroupFn = Callable[[sqlite3.Connection, list[C_in]], list[R_out | Exception]]
 
 
 class GroupCommit(plumbing.group_commit.GroupCommit[C_in, R_out]):
-    """Group commit: calls submitted while a transaction commits wait, and are then
-    run together in the next one, so they share one fsync.
+    """Group commit on the database thread: calls submitted while a transaction runs
+    wait, and are then run together in the next one, so they share one fsync.
 
-    `commit(conn, calls)` runs inside the group's transaction (Database.write: on
-    the event loop's thread, the COMMIT on the database thread) and returns one
-    outcome per call (see plumbing.group_commit).
+    `commit(conn, calls)` runs on the database thread, makes one transaction of all
+    the calls, and returns one outcome per call (see plumbing.group_commit).
     """
 
     def __init__(self, db: Database, commit: GroupFn[C_in, R_out]) -> None:
         async def run(calls: list[C_in]) -> list[R_out | Exception]:
-            return await db.write(functools.partial(_group, commit, calls))
+            return await db.run(functools.partial(_group, commit, calls))
 
         super().__init__(run)
-
-
-def _whole(body: Callable[[sqlite3.Connection], T], synced: bool, conn: sqlite3.Connection) -> T:
-    """`body` in a write transaction, all of it on the thread it is called on."""
-    with contextlib.ExitStack() as levels:
-        if not synced:
-            levels.enter_context(unsynced(conn))
-        with transaction(conn):
-            return body(conn)
 
 
 def _group(

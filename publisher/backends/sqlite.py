@@ -123,20 +123,14 @@ class SqliteOutbox(SqliteFile, Outbox):
         """One group's transaction. A group of one call commits inline on the event
         loop's thread, saving the two thread hand-offs (about as much as the fsync,
         see Database.run_inline), when nothing else is under way: no other intake
-        request in progress (`arriving`). Otherwise, and for a larger group, its
-        COMMIT runs on the database thread (Database.write), so that the loop reads
-        and answers the requests that will make up the next group while this one's
-        fsync runs: inline, an fsync would keep their bytes in the socket until it
-        ends, and every reply waiting."""
+        request in progress (`arriving`). Otherwise, and for a larger group, on the
+        database thread, so that the loop reads and answers the requests that will
+        make up the next group while this one's fsync runs: inline, an fsync would
+        keep their bytes in the socket until it ends, and every reply waiting."""
+        commit = functools.partial(_write_groups, calls=calls, source=self._source)
         if len(calls) == 1 and self._arrivals.count <= 1:
-            commit = functools.partial(_write_groups, calls=calls, source=self._source)
             return await self._db.run_inline(commit)
-        marks = [call for call in calls if isinstance(call, _Marks)]
-        if len(marks) == len(calls):
-            alone = functools.partial(_marks_alone, calls=marks, source=self._source)
-            with contextlib.suppress(_MustSync):
-                return list(await self._db.write(alone, synced=False))
-        return await self._db.write(functools.partial(_write_all, calls=calls, source=self._source))
+        return await self._db.run(commit)
 
     def relay_lock(self, owner: str) -> contextlib.AbstractAsyncContextManager[None]:
         """An exclusive flock on `<db>.relay-lock`, held until the block ends or the
@@ -386,26 +380,20 @@ def _write_groups(
     """Intake and marks of several calls in one transaction; one outcome per call.
     Each call fails alone (its savepoint rolled back); should the transaction
     itself fail (its COMMIT, say), every call fails with it (plumbing.group_commit)."""
-    mark_calls = [call for call in calls if isinstance(call, _Marks)]
-    if len(mark_calls) == len(calls):
-        with contextlib.suppress(_MustSync), unsynced(conn), transaction(conn):
-            return list(_marks_alone(conn, mark_calls, source))
-    with transaction(conn):
-        return _write_all(conn, calls, source)
-
-
-def _write_all(
-    conn: sqlite3.Connection, calls: list[_Write], source: str
-) -> list[_Written | Exception]:
-    """Intake and marks of several calls, in the caller's transaction: one outcome
-    per call, each call in a savepoint of its own."""
     marks = [n for n, call in enumerate(calls) if isinstance(call, _Marks)]
     mark_calls = [call for call in calls if isinstance(call, _Marks)]
-    outcomes = [_intake_call(conn, call) if isinstance(call, _Intake) else None for call in calls]
-    marked = _mark_groups(conn, mark_calls, source)
-    for n, outcome in zip(marks, marked, strict=True):
-        outcomes[n] = outcome
-    return outcomes
+    if len(mark_calls) == len(calls):
+        quick = _marks_alone(conn, mark_calls, source)
+        if quick is not None:
+            return list(quick)
+    with transaction(conn):
+        outcomes = [
+            _intake_call(conn, call) if isinstance(call, _Intake) else None for call in calls
+        ]
+        marked = _mark_groups(conn, mark_calls, source)
+        for n, outcome in zip(marks, marked, strict=True):
+            outcomes[n] = outcome
+        return outcomes
 
 
 def _intake_call(conn: sqlite3.Connection, call: _Intake) -> list[Intake | Conflict] | Exception:
@@ -431,24 +419,20 @@ def _queue_or_conflict(conn: sqlite3.Connection, event: Event, now: float) -> In
         return exc
 
 
-class _MustSync(Exception):
-    """Marks that cannot commit without a sync (see _marks_alone)."""
-
-
 def _marks_alone(
     conn: sqlite3.Connection, calls: list[_Marks], source: str
-) -> list[Exception | None]:
+) -> list[Exception | None] | None:
     """A group of marks alone in the common case (every entry pending and unquarantined;
-    each call fenced as in _mark_groups), in the caller's transaction, to be committed
-    without a sync (`unsynced`, see SqliteOutbox.mark_sent_many): one error (or None)
-    per call. _MustSync, with nothing written, in any other case, for the caller to
-    roll back and commit the marks with a sync: there a mark may close a quarantine
-    (the ACK came after the entry was quarantined), and one undone by a power loss
-    would leave the entry quarantined, not pending again."""
-    outcomes, free = _fence_calls(conn, calls, source)
-    if _mark_all_pending(conn, [one for n in free for one in calls[n].params]):
-        return outcomes
-    raise _MustSync
+    each call fenced as in _mark_groups), committed without a sync (see
+    SqliteOutbox.mark_sent_many): one error (or None) per call. None, with nothing
+    written, in any other case, for the caller to commit with a sync: there a mark
+    may close a quarantine (the ACK came after the entry was quarantined), and one
+    undone by a power loss would leave the entry quarantined, not pending again."""
+    with unsynced(conn), transaction(conn):
+        outcomes, free = _fence_calls(conn, calls, source)
+        if _mark_all_pending(conn, [one for n in free for one in calls[n].params]):
+            return outcomes
+    return None
 
 
 def _mark_groups(

@@ -37,10 +37,9 @@ class SqliteInbox(SqliteFile, Inbox):
     off to the worker thread): the request cannot answer before its commit anyway.
     While other write requests are in progress (or a group is being committed), or
     when the write is fenced, it joins a group commit instead: each call in its own
-    savepoint, all in one transaction whose COMMIT runs on the worker thread
-    (Database.write), so concurrent requests share one fsync and the event loop
-    keeps serving while it runs. A fenced write always goes there, so a pipeline's
-    requests share fsyncs too.
+    savepoint, all in one transaction on the worker thread, so concurrent requests
+    share one fsync and the event loop keeps serving while it runs. A fenced write
+    always goes there, so a pipeline's requests share fsyncs too.
     """
 
     MIGRATIONS = sql.MIGRATIONS
@@ -104,22 +103,23 @@ def _receive_batch(conn: sqlite3.Connection, call: Call, now: float) -> BatchRec
 
 
 def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchReceipt | Exception]:
-    """Several calls' batches in the group's transaction, each in a savepoint of its
-    own: a call that fails leaves nothing of itself and does not fail the others."""
+    """Several calls' batches in one transaction, each in a savepoint of its own: a
+    call that fails leaves nothing of itself and does not fail the others."""
     outcomes: list[BatchReceipt | Exception] = []
     now = time.time()
-    for call in calls:
-        conn.execute("SAVEPOINT one_call")
-        try:
-            outcomes.append(_receive_in(conn, call, now))
-        except (FenceNotMet, StaleLease) as exc:  # raised before the call wrote events
-            outcomes.append(exc)
-        except sqlite3.Error as exc:
-            conn.execute("ROLLBACK TO one_call")
-            failed = StorageError(f"applying a batch failed: {exc}")
-            failed.__cause__ = exc
-            outcomes.append(failed)
-        conn.execute("RELEASE one_call")
+    with transaction(conn):
+        for call in calls:
+            conn.execute("SAVEPOINT one_call")
+            try:
+                outcomes.append(_receive_in(conn, call, now))
+            except (FenceNotMet, StaleLease) as exc:  # raised before the call wrote events
+                outcomes.append(exc)
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK TO one_call")
+                failed = StorageError(f"applying a batch failed: {exc}")
+                failed.__cause__ = exc
+                outcomes.append(failed)
+            conn.execute("RELEASE one_call")
     return outcomes
 
 

@@ -4,9 +4,8 @@ Real SQLite files, read back through independent sqlite3 connections; the sink i
 by create_app, with the chaos stall, on loopback. Each store's Database is watched by
 wrappers on the instance that call the real `run` and `run_inline`: they note the
 thread every transaction ran on (so grouped calls show as fewer worker-thread
-transactions than calls), and can hold the next trip to the worker thread, so that
-calls pile up behind it. A group's trip there is its COMMIT (Database.write runs
-the statements before it on the loop's thread): held, the group is not committed. A sink write shares its commit when more than
+transactions than calls), and can hold the next worker-thread transaction before it
+begins, so that calls pile up behind it. A sink write shares its commit when more than
 one write request is in progress: the tests report that as the sink does, through
 `arriving`.
 """
@@ -57,7 +56,7 @@ REQUESTS = 6
 
 @dataclass
 class Gate:
-    """Holds one trip to the worker thread (a group's COMMIT) until released."""
+    """Holds one worker-thread transaction before it begins, until released."""
 
     started: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)

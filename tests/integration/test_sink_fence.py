@@ -305,7 +305,7 @@ async def test_a_successor_sent_before_its_predecessor_waits_and_is_applied_afte
 
 @dataclass
 class Gate:
-    """Holds the next trip to the database thread (a group's COMMIT) until released."""
+    """Holds the next transaction on the database thread until released."""
 
     started: threading.Event
     release: threading.Event
