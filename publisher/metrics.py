@@ -55,7 +55,8 @@ class PublisherMetrics:
         self.live_workers = Gauge(
             "publisher_relay_workers_live",
             "Relay workers (this one included) whose heartbeat this worker saw within"
-            " the lease ttl at its last renewal: the count its fair share divides by.",
+            " the lease ttl at its start or last renewal: the count its fair share"
+            " divides by.",
             registry=r,
         )
         self.takeovers = Counter(

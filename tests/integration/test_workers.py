@@ -466,13 +466,13 @@ async def test_a_worker_that_starts_takes_only_its_share_before_its_first_renewa
     async with Outbox.open(tmp_path / "source.db") as outbox:
         one_metrics, two_metrics = Metrics(), Metrics()
         one = LeaseKeeper(outbox, WorkerSettings("w1", 10.0), one_metrics)
-        await one.start()
-        assert (one.room(12), one_metrics.live) == (12, 1)  # alone: any number
-        for line in ("a", "b", "c", "d"):
-            assert await one.take(line) is not None
         two = LeaseKeeper(outbox, WorkerSettings("w2", 10.0), two_metrics)
-        await two.start()
+        await one.start()
         try:
+            assert (one.room(12), one_metrics.live) == (12, 1)  # alone: any number
+            for line in ("a", "b", "c", "d"):
+                assert await one.take(line) is not None
+            await two.start()
             # Read at its start, before any renewal: two live, w1 holding four. w2 may
             # hold n lines while n <= ceil((4 + n) / 2) + 1: seven of twelve wanted.
             assert (two.share, two_metrics.live) == (Share(others=4, live=2), 2)
