@@ -92,6 +92,20 @@ IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = ?"
 INSERT_ORDER: Final = "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)"
 INSERT_ENTRY: Final = "INSERT INTO outbox (id, payload, queued_at, lane) VALUES (?, ?, ?, ?)"
+# A group's new orders in one statement each: a JSON array of [id, sku, qty, now,
+# payload] rows, inserted in array order (the entries' seq order). One statement
+# for many rows: on the database thread each statement waits to take the GIL back.
+ANY_ORDER_KNOWN: Final = (
+    "SELECT EXISTS (SELECT 1 FROM orders WHERE id IN (SELECT value FROM json_each(?)))"
+)
+INSERT_ORDERS: Final = """
+INSERT INTO orders (id, sku, qty, accepted_at)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?) ORDER BY key
+"""
+INSERT_ENTRIES: Final = """
+INSERT INTO outbox (id, payload, queued_at, lane)
+SELECT value ->> 0, value ->> 4, value ->> 3, value ->> 1 FROM json_each(?) ORDER BY key
+"""
 
 PENDING: Final = (
     f"SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
