@@ -98,14 +98,18 @@ INSERT_ENTRY: Final = "INSERT INTO outbox (id, payload, queued_at, lane) VALUES 
 ANY_ORDER_KNOWN: Final = (
     "SELECT EXISTS (SELECT 1 FROM orders WHERE id IN (SELECT value FROM json_each(?)))"
 )
-INSERT_ORDERS: Final = """
-INSERT INTO orders (id, sku, qty, accepted_at)
-SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?) ORDER BY key
-"""
-INSERT_ENTRIES: Final = """
-INSERT INTO outbox (id, payload, queued_at, lane)
-SELECT value ->> 0, value ->> 4, value ->> 3, value ->> 1 FROM json_each(?) ORDER BY key
-"""
+INSERT_ORDERS: Final = (
+    "INSERT INTO orders (id, sku, qty, accepted_at)"
+    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
+    " json_extract(value, '$[2]'), json_extract(value, '$[3]')"
+    " FROM json_each(?) ORDER BY key"
+)
+INSERT_ENTRIES: Final = (
+    "INSERT INTO outbox (id, payload, queued_at, lane)"
+    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[4]'),"
+    " json_extract(value, '$[3]'), json_extract(value, '$[1]')"
+    " FROM json_each(?) ORDER BY key"
+)
 
 PENDING: Final = (
     f"SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
