@@ -447,12 +447,17 @@ async def _back_to_transactions(conn: Conn) -> None:
         await conn.close()
 
 
-# For one transaction: its commit waits for the WAL flush, and a lock is waited for
-# at most LOCK_WAIT_MS (the busy timeout's analogue) instead of forever.
-DURABLE: Final = (
-    "SELECT set_config('synchronous_commit', 'on', true),"
-    f" set_config('lock_timeout', '{LOCK_WAIT_MS}', true)"
-).encode()
+def _transaction_settings(synchronous_commit: str) -> bytes:
+    """One transaction's settings: whether its COMMIT waits for the WAL flush, and
+    a lock waited for at most LOCK_WAIT_MS (the busy timeout's analogue), not forever."""
+    return (
+        f"SELECT set_config('synchronous_commit', '{synchronous_commit}', true),"
+        f" set_config('lock_timeout', '{LOCK_WAIT_MS}', true)"
+    ).encode()
+
+
+# For one transaction: its commit waits for the WAL flush.
+DURABLE: Final = _transaction_settings("on")
 # For a transaction whose loss in a crash of the server costs no more than making it
 # again (the publisher's marks of pending entries: an entry whose mark is lost is
 # pending again, sent again, and the sink answers with a duplicate ACK): its COMMIT
@@ -460,10 +465,7 @@ DURABLE: Final = (
 # The WAL writer flushes it within three wal_writer_delay (200 ms by default), and
 # any durable commit after it flushes it too, as the WAL is flushed in order; a crash
 # of the client loses nothing, the server has the commit.
-UNFLUSHED: Final = (
-    "SELECT set_config('synchronous_commit', 'off', true),"
-    f" set_config('lock_timeout', '{LOCK_WAIT_MS}', true)"
-).encode()
+UNFLUSHED: Final = _transaction_settings("off")
 SNAPSHOT: Final = b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
 

@@ -291,11 +291,10 @@ async def _connect(path: str | Path) -> aiosqlite.Connection:
     # closed (a cancelled open is still opening the file on that thread).
     try:
         await connection
-    except sqlite3.Error as exc:
+    except BaseException as exc:
         await join_worker(connection, THREAD_JOIN_TIMEOUT_S)
-        raise StorageError(f"cannot open {path}: {exc}") from exc
-    except BaseException:
-        await join_worker(connection, THREAD_JOIN_TIMEOUT_S)
+        if isinstance(exc, sqlite3.Error):
+            raise StorageError(f"cannot open {path}: {exc}") from exc
         raise
     return connection
 
