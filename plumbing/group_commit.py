@@ -7,6 +7,11 @@ returning one outcome per call (its result, or the exception it alone failed wit
 each call in a savepoint of its own, say). If `commit` raises, every call of that
 group fails with the error. A caller that stops waiting does not take its call
 back: what commits stays committed.
+
+A backend whose commit blocks the event loop while it runs (SQLite's inline commit)
+asks for `gather_passes`: before a group is taken, the loop runs that many passes,
+each of which reads the sockets that are ready, so that requests already arriving
+join the group instead of waiting behind it.
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ Commit = Callable[[list[C]], Awaitable[list[R | Exception]]]
 class GroupCommit(Generic[C, R]):
     """`await group.submit(call)`: the call's outcome once its group has committed."""
 
-    def __init__(self, commit: Commit[C, R]) -> None:
+    def __init__(self, commit: Commit[C, R], *, gather_passes: int = 0) -> None:
+        if gather_passes < 0:
+            raise ValueError(f"gather_passes must be 0 or more, not {gather_passes}")
         self._commit = commit
+        self._gather_passes = gather_passes
         self._queue: list[tuple[C, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -46,6 +54,8 @@ class GroupCommit(Generic[C, R]):
         group: list[tuple[C, asyncio.Future[R]]] = []
         try:
             while self._queue:
+                for _ in range(self._gather_passes):
+                    await asyncio.sleep(0)  # one pass of the loop: ready sockets are read
                 group, self._queue = self._queue, []
                 outcomes: list[R | Exception]
                 try:

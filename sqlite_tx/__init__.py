@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import os
 import sqlite3
 import time
@@ -36,6 +37,10 @@ T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5_000
 THREAD_JOIN_TIMEOUT_S = 5.0
+# An inline commit longer than this holds the event loop too long: the writes of the
+# next INLINE_BACKOFF_S seconds go to the database thread (see InlineWrites).
+INLINE_SLOW_S = 0.005
+INLINE_BACKOFF_S = 1.0
 
 # WAL lets readers work while one writer commits. synchronous=FULL syncs the WAL on
 # every commit: an ACK the sink sends after COMMIT then survives a power loss, not
@@ -198,6 +203,52 @@ class Database:
         await self._connection.close()
 
 
+class InlineWrites:
+    """Whether a write may commit inline now (Database.run_inline), judged by how long
+    the last ones took: `allowed`, and `timed(fn)` to run a write so that it counts.
+
+    Inline, a commit saves the two hand-offs to the database thread, and on a quick
+    disk they cost more than the commit: on the thread each statement gives the GIL
+    up, and while the loop runs Python it waits to take it back. But an inline commit
+    holds the loop for as long as it runs. One that takes longer than `slow_s` (a slow
+    disk, a WAL checkpoint, a write lock held by another process) sends the writes of
+    the next `backoff_s` seconds to the database thread; the first write after that
+    tries inline again. `timed` may run on either thread: the time it keeps is one
+    float, written whole.
+    """
+
+    def __init__(
+        self,
+        slow_s: float = INLINE_SLOW_S,
+        backoff_s: float = INLINE_BACKOFF_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._slow_s = slow_s
+        self._backoff_s = backoff_s
+        self._clock = clock
+        self._thread_until = -math.inf
+
+    @property
+    def allowed(self) -> bool:
+        """False while backing off after a slow write."""
+        return self._clock() >= self._thread_until
+
+    def timed(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+        """`fn`, timed where it runs: if it took longer than slow_s (its failure
+        included), writes go to the database thread for backoff_s from its end."""
+
+        def run(conn: sqlite3.Connection) -> T:
+            started = self._clock()
+            try:
+                return fn(conn)
+            finally:
+                ended = self._clock()
+                if ended - started > self._slow_s:
+                    self._thread_until = ended + self._backoff_s
+
+        return run
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """The device and inode of the file at `path`, None if there is none."""
     try:
@@ -356,6 +407,7 @@ __all__ = [
     "PROBE_WRITE",
     "AiosqliteChanged",
     "Database",
+    "InlineWrites",
     "SqliteFile",
     "StorageError",
     "transaction",

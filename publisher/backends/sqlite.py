@@ -58,9 +58,14 @@ from publisher.store import (
 )
 from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json
 from shared.ack import ack_json
-from sqlite_tx import Database, SqliteFile, transaction, unsynced
+from sqlite_tx import Database, InlineWrites, SqliteFile, transaction, unsynced
 
 LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
+# Passes of the event loop before a group is taken (plumbing.group_commit): a request
+# whose bytes are in its socket when the group starts needs three to reach the queue
+# (the read and parse, the handler's task starting, its submit); one more for bytes
+# that land during those. Measured in `e2e_single`: 2 passes gave no gain, 3 to 6 did.
+GATHER_PASSES: Final = 4
 
 
 class _Marks(NamedTuple):
@@ -93,8 +98,11 @@ class SqliteOutbox(SqliteFile, Outbox):
     def __init__(self, db: Database) -> None:
         super().__init__(db)
         self._source = ""
-        self._writes: GroupCommit[_Write, _Written] = GroupCommit(self._commit)
+        self._writes: GroupCommit[_Write, _Written] = GroupCommit(
+            self._commit, gather_passes=GATHER_PASSES
+        )
         self._arrivals = Arrivals()
+        self._inline = InlineWrites()
 
     @classmethod
     async def connect(cls, path: str | Path) -> Self:
@@ -120,16 +128,23 @@ class SqliteOutbox(SqliteFile, Outbox):
         return self._arrivals
 
     async def _commit(self, calls: list[_Write]) -> list[_Written | Exception]:
-        """One group's transaction. A group of one call commits inline on the event
-        loop's thread, saving the two thread hand-offs (about as much as the fsync,
-        see Database.run_inline), when nothing else is under way: no other intake
-        request in progress (`arriving`). Otherwise, and for a larger group, on the
-        database thread, so that the loop reads and answers the requests that will
-        make up the next group while this one's fsync runs: inline, an fsync would
-        keep their bytes in the socket until it ends, and every reply waiting."""
+        """One group's transaction, inline on the event loop's thread while the
+        writes have been quick (sqlite_tx.InlineWrites), else on the database thread.
+
+        Inline saves the two hand-offs to the thread, which on a quick disk take
+        longer than the commit itself (the thread waits for the GIL after each
+        statement while the loop runs Python); the loop reads nothing during an
+        inline commit, so the group is taken only after a few passes of the loop
+        (GATHER_PASSES), and the requests that arrive during it make the next one.
+        After a slow write (a slow disk, a checkpoint, the write lock held by
+        another process) groups go to the database thread for a while, where the
+        loop reads and answers the next group's requests while this one's fsync
+        runs; a call alone with no other intake request in progress (`arriving`)
+        still commits inline then, as nobody waits behind it. Inline also falls back
+        to the thread while a call runs there (Database.run_inline)."""
         commit = functools.partial(_write_groups, calls=calls, source=self._source)
-        if len(calls) == 1 and self._arrivals.count <= 1:
-            return await self._db.run_inline(commit)
+        if self._inline.allowed or (len(calls) == 1 and self._arrivals.count <= 1):
+            return await self._db.run_inline(self._inline.timed(commit))
         return await self._db.run(commit)
 
     def relay_lock(self, owner: str) -> contextlib.AbstractAsyncContextManager[None]:

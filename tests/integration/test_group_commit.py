@@ -8,6 +8,12 @@ transactions than calls), and can hold the next worker-thread transaction before
 begins, so that calls pile up behind it. A sink write shares its commit when more than
 one write request is in progress: the tests report that as the sink does, through
 `arriving`.
+
+The publisher's SQLite outbox commits a group inline while its writes are quick
+(sqlite_tx.InlineWrites), and on the worker thread after a slow one. The tests that
+hold a group's transaction on the worker thread, for calls to pile up behind it,
+put the outbox in that state (`groups_on_the_thread`); the grouping is the same
+on either thread. The tactic itself has tests of its own below.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from sink.app import INBOX
 from sink.backends.sqlite import SqliteInbox
 from sink.chaos import Chaos, chaos_app
 from sink.store import BatchReceipt
-from sqlite_tx import Database, StorageError
+from sqlite_tx import Database, InlineWrites, StorageError
 from sqlite_tx.aiosqlite_internals import raw_connection
 
 if TYPE_CHECKING:
@@ -536,6 +542,21 @@ async def outbox(source_db: Path) -> AsyncIterator[Outbox]:
         yield opened
 
 
+class OnTheThread(InlineWrites):
+    """The tactic as it is while backing off after a slow write, for as long as a
+    test runs: groups go to the worker thread (a call alone with no intake request
+    in progress still commits inline)."""
+
+    @property
+    def allowed(self) -> bool:
+        return False
+
+
+def groups_on_the_thread(outbox: Outbox) -> None:
+    assert isinstance(outbox, SqliteOutbox)
+    outbox._inline = OnTheThread()
+
+
 async def accept(outbox: Outbox, *ids: str) -> None:
     for event_id in ids:
         assert await outbox.accept(event(event_id, f"lane-{event_id[0]}")) == "accepted"
@@ -564,6 +585,7 @@ async def test_marks_asked_for_while_one_commits_are_committed_together_next(
 ) -> None:
     calls = [[f"{lane}{n}" for n in range(3)] for lane in "abcde"]
     await accept(outbox, *(i for call in calls for i in call))
+    groups_on_the_thread(outbox)
     trips = watch(outbox._db, monkeypatch)
 
     with trips.hold() as gate:
@@ -612,7 +634,7 @@ async def test_a_grouped_call_with_an_unknown_id_fails_alone_and_marks_none_of_i
     assert (got_a, got_c) == (None, None)
     assert isinstance(got_b, UnknownEntry) and got_b.event_id == "ghost"
     assert isinstance(got_single, UnknownEntry) and got_single.event_id == "phantom"
-    assert len(trips.worker) == 1  # all four calls in one transaction
+    assert (len(trips.inline), trips.worker) == (1, [])  # the four calls in one, inline
     assert outbox_rows(db_rows, source_db) == {**marked(a), **unmarked(b), **marked(c)}
     await outbox.mark_sent_many(acked(b))  # without the unknown ID, b is marked
     assert outbox_rows(db_rows, source_db) == marked([*a, *b, *c])
@@ -622,6 +644,7 @@ async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_w
     outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await accept(outbox, "a0", "a1", "b0", "b1", "c0", "d0")
+    groups_on_the_thread(outbox)
     trips = watch(outbox._db, monkeypatch)
 
     with trips.hold() as gate:
@@ -683,6 +706,7 @@ async def test_intake_and_marks_asked_for_while_one_commits_share_the_next_trans
     outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await accept(outbox, "a0", "b0")
+    groups_on_the_thread(outbox)
     trips = watch(outbox._db, monkeypatch)
 
     with trips.hold() as gate:
@@ -721,16 +745,59 @@ async def test_intake_and_marks_asked_for_while_one_commits_share_the_next_trans
     }
 
 
-async def test_an_accept_alone_commits_at_once_inline_and_a_group_on_the_worker_thread(
+async def test_an_accept_alone_and_a_group_commit_inline_while_writes_are_quick(
     outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trips = watch(outbox._db, monkeypatch)
+    loop_thread = threading.get_ident()
     for n in range(3):
         assert await asyncio.wait_for(outbox.accept(event(f"a{n}")), WAIT_S) == "accepted"
         assert order_ids(db_rows, source_db)[1] == [f"a{k}" for k in range(n + 1)]
-    assert trips.inline == [threading.get_ident()] * 3 and trips.worker == []
+    assert trips.inline == [loop_thread] * 3 and trips.worker == []
     assert await all_of(*(outbox.accept(event(f"b{n}")) for n in range(3))) == ["accepted"] * 3
-    assert len(trips.inline) == 3 and len(trips.worker) == 1
+    assert trips.inline == [loop_thread] * 4 and trips.worker == []  # the three in one
+    assert order_ids(db_rows, source_db)[1] == [*(f"a{n}" for n in range(3)), "b0", "b1", "b2"]
+
+
+def slow_inserts(outbox: Outbox, prefix: str, seconds: float) -> None:
+    """Make every insert of an order whose ID starts with `prefix` take `seconds` on
+    the outbox's own connection: a temporary trigger calling a function that sleeps."""
+    assert isinstance(outbox, SqliteOutbox)
+    conn = raw_connection(outbox._db._connection)
+    conn.create_function("pause", 0, lambda: time.sleep(seconds))
+    conn.execute(
+        "CREATE TEMP TRIGGER slow_insert AFTER INSERT ON orders"
+        f" WHEN NEW.id LIKE '{prefix}%' BEGIN SELECT pause(); END"
+    )
+
+
+async def test_after_a_slow_write_groups_commit_on_the_worker_thread_and_later_inline_again(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that held the loop longer than slow_s sends the next groups to the
+    worker thread for backoff_s; then a group commits inline again. The first
+    write is alone (inline, then timed), the groups are of three."""
+    backoff_s = 0.5
+    assert isinstance(outbox, SqliteOutbox)
+    outbox._inline = InlineWrites(slow_s=0.005, backoff_s=backoff_s)
+    slow_inserts(outbox, "slow", 0.02)
+    trips = watch(outbox._db, monkeypatch)
+    loop_thread = threading.get_ident()
+
+    assert await asyncio.wait_for(outbox.accept(event("slow0")), WAIT_S) == "accepted"
+    slowed = time.monotonic()
+    assert await all_of(*(outbox.accept(event(f"b{n}")) for n in range(3))) == ["accepted"] * 3
+    assert time.monotonic() - slowed < backoff_s  # the group came within the backoff
+    assert trips.inline == [loop_thread] and len(trips.worker) == 1
+    assert trips.worker[0] != loop_thread
+    await asyncio.sleep(backoff_s - (time.monotonic() - slowed) + PENDING_S)
+    assert await all_of(*(outbox.accept(event(f"c{n}")) for n in range(3))) == ["accepted"] * 3
+    assert trips.inline == [loop_thread] * 2 and len(trips.worker) == 1
+    assert order_ids(db_rows, source_db)[1] == [
+        "slow0",
+        *(f"b{n}" for n in range(3)),
+        *(f"c{n}" for n in range(3)),
+    ]
 
 
 async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
@@ -751,7 +818,7 @@ async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
     assert results[0] == "accepted" and results[3] is None and results[4] == "accepted"
     assert isinstance(results[1], StorageError) and "poisoned row" in str(results[1])
     assert isinstance(results[2], StorageError) and "poisoned row" in str(results[2])
-    assert len(trips.worker) == 1
+    assert (len(trips.inline), trips.worker) == (1, [])  # the five calls in one, inline
     # The order rows written before each failed entry insert are gone with it.
     assert order_ids(db_rows, source_db) == (["a0", "n0", "n1"], ["a0", "n0", "n1"])
     assert outbox_rows(db_rows, source_db)["a0"] == marked(["a0"])["a0"]
@@ -793,6 +860,7 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
     marks among it or not."""
     await accept(outbox, "a0", "b0", "c0", "q0")
     await outbox.quarantine("q0", "looked stuck", "op")
+    groups_on_the_thread(outbox)
     levels = SyncLevels()
     raw_connection(outbox._db._connection).set_trace_callback(levels.statement)
     trips = watch(outbox._db, monkeypatch)
@@ -961,7 +1029,7 @@ async def test_concurrent_order_posts_share_commits_and_each_gets_its_own_reply(
     assert 1 <= len(publisher.commits.threads) < len(orders)
 
 
-async def test_an_order_posted_while_another_is_in_progress_commits_off_the_event_loop(
+async def test_an_order_posted_while_another_is_in_progress_commits_inline_while_writes_are_quick(
     publisher: Publisher, client: aiohttp.ClientSession, source_db: Path, db_rows: Query
 ) -> None:
     loop_thread = threading.get_ident()
@@ -970,10 +1038,41 @@ async def test_an_order_posted_while_another_is_in_progress_commits_off_the_even
             201,
             {"id": "quick", "result": "accepted"},
         )
-        # Inline, its fsync would have kept the loop from reading the other request.
-        assert len(publisher.commits.threads) == 1
-        assert publisher.commits.threads[0] != loop_thread
+        assert publisher.commits.threads == [loop_thread]
         assert (await finish()).startswith(b"HTTP/1.1 201")
     assert order_ids(db_rows, source_db)[0] == ["quick", "slow", "warm"]
+    # The second on whichever thread: the relay, woken by the first, may be reading.
     assert len(publisher.commits.threads) == 2
+    assert publisher.outbox.intake_in_progress == 0
+
+
+async def test_after_a_slow_write_an_order_posted_while_another_is_in_progress_commits_off_the_loop(
+    publisher: Publisher, client: aiohttp.ClientSession, source_db: Path, db_rows: Query
+) -> None:
+    """Inline after a slow write, the next commit could hold the loop as long again
+    while the other request's bytes wait in its socket: it goes to the worker thread."""
+    loop_thread = threading.get_ident()
+    publisher.outbox._inline = InlineWrites(slow_s=0.005, backoff_s=WAIT_S * 6)
+    slow_inserts(publisher.outbox, "pause", 0.02)
+    assert await post(client, f"{publisher.base}/orders", event("pause0")) == (
+        201,
+        {"id": "pause0", "result": "accepted"},
+    )
+    assert publisher.commits.threads == [loop_thread]  # alone: inline, and slow
+    # Its delivery and mark done, and the relay's reads after them: the worker
+    # thread is idle again, so only the backoff keeps the next commit off the loop.
+    await eventually(
+        lambda: db_rows(source_db, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+    )
+    await asyncio.sleep(PENDING_S)
+    async with body_still_arriving(publisher.base, event("slow")) as finish:
+        assert await post(client, f"{publisher.base}/orders", event("quick")) == (
+            201,
+            {"id": "quick", "result": "accepted"},
+        )
+        assert len(publisher.commits.threads) == 2
+        assert publisher.commits.threads[1] != loop_thread
+        assert (await finish()).startswith(b"HTTP/1.1 201")
+    assert order_ids(db_rows, source_db)[0] == ["pause0", "quick", "slow", "warm"]
+    assert len(publisher.commits.threads) == 3
     assert publisher.outbox.intake_in_progress == 0

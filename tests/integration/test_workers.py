@@ -313,6 +313,9 @@ async def test_a_request_the_sink_fences_is_counted_and_stops_the_line(
         async with worker(outbox, url, "w1") as (one, recording):
             recording.hold = {"o0001"}
             await asyncio.wait_for(recording.held.wait(), 5.0)
+            # o0000's mark, asked for on its ACK, may still be forming its group.
+            sent = "SELECT sent FROM outbox WHERE id = 'o0000'"
+            await eventually(lambda: db_rows(databases.source, sent) == [(1,)])
             expire_leases(databases.source)
             epoch = await outbox.take_lease(GLOBAL_LINE, "intruder", 60.0)
             assert epoch == 2

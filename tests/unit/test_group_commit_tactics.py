@@ -1,0 +1,146 @@
+"""Group commit's gather passes, and when a SQLite write may commit inline.
+
+The passes run on a real event loop: asyncio runs the callbacks that are ready in
+the order they were scheduled, one pass at a time, so a call that submits after k
+passes of its own lands in a known group. InlineWrites is judged with a clock the
+test moves by hand (the writes "take" what the test says), and a real SQLite
+connection for it to write to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+
+import pytest
+
+from plumbing.group_commit import GroupCommit
+from sqlite_tx import InlineWrites
+
+SLOW_S = 0.005
+BACKOFF_S = 1.0
+
+
+async def groups_with_a_late_call(passes: int, late_by: int) -> list[list[str]]:
+    """The groups committed when "a" is submitted and, in the same pass, a task
+    starts that submits "b" after `late_by` passes of the loop."""
+    groups: list[list[str]] = []
+
+    async def commit(calls: list[str]) -> list[str | Exception]:
+        groups.append(list(calls))
+        return list(calls)
+
+    group = GroupCommit(commit, gather_passes=passes)
+
+    async def late() -> str:
+        for _ in range(late_by):
+            await asyncio.sleep(0)
+        return await group.submit("b")
+
+    first = asyncio.create_task(group.submit("a"))
+    second = asyncio.create_task(late())
+    async with asyncio.timeout(5):
+        assert await asyncio.gather(first, second) == ["a", "b"]
+    return groups
+
+
+@pytest.mark.parametrize("passes", [1, 4])
+async def test_a_call_that_comes_within_the_gather_passes_joins_the_group(passes: int) -> None:
+    assert await groups_with_a_late_call(passes, late_by=passes) == [["a", "b"]]
+
+
+@pytest.mark.parametrize("passes", [0, 1, 4])
+async def test_a_call_that_comes_after_the_gather_passes_waits_for_the_next_group(
+    passes: int,
+) -> None:
+    assert await groups_with_a_late_call(passes, late_by=passes + 1) == [["a"], ["b"]]
+
+
+def test_gather_passes_cannot_be_negative() -> None:
+    async def commit(calls: list[str]) -> list[str | Exception]:
+        return list(calls)
+
+    with pytest.raises(ValueError, match="gather_passes must be 0 or more"):
+        GroupCommit(commit, gather_passes=-1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def conn() -> sqlite3.Connection:
+    connection = sqlite3.connect(":memory:", isolation_level=None)
+    connection.execute("CREATE TABLE t (n INTEGER)")
+    return connection
+
+
+def write_taking(
+    clock: Clock, seconds: float, n: int = 1, fail: bool = False
+) -> Callable[[sqlite3.Connection], int]:
+    """A write that inserts `n` and takes `seconds` by the clock, failing if asked."""
+
+    def write(conn: sqlite3.Connection) -> int:
+        conn.execute("INSERT INTO t VALUES (?)", (n,))
+        clock.now += seconds
+        if fail:
+            raise sqlite3.OperationalError("disk I/O error")
+        return n
+
+    return write
+
+
+def test_quick_writes_keep_inline_allowed_and_return_what_the_write_returns(
+    conn: sqlite3.Connection,
+) -> None:
+    clock = Clock()
+    inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
+    assert inline.allowed
+    for n in range(3):
+        assert inline.timed(write_taking(clock, SLOW_S, n))(conn) == n  # at the limit: quick
+        assert inline.allowed
+    assert conn.execute("SELECT n FROM t").fetchall() == [(0,), (1,), (2,)]
+
+
+def test_a_slow_write_sends_writes_to_the_thread_for_the_backoff_then_inline_again(
+    conn: sqlite3.Connection,
+) -> None:
+    clock = Clock()
+    inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
+    inline.timed(write_taking(clock, 0.02))(conn)
+    ended = clock.now
+    assert not inline.allowed
+    clock.now = ended + BACKOFF_S - 0.001
+    assert not inline.allowed
+    clock.now = ended + BACKOFF_S
+    assert inline.allowed
+
+
+def test_a_slow_write_that_fails_backs_off_too_and_its_error_passes_through(
+    conn: sqlite3.Connection,
+) -> None:
+    clock = Clock()
+    inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        inline.timed(write_taking(clock, 0.02, fail=True))(conn)
+    assert not inline.allowed
+
+
+def test_a_slow_write_during_the_backoff_extends_it_from_its_own_end(
+    conn: sqlite3.Connection,
+) -> None:
+    clock = Clock()
+    inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
+    inline.timed(write_taking(clock, 0.02))(conn)
+    clock.now += BACKOFF_S / 2
+    inline.timed(write_taking(clock, 0.02))(conn)  # a call alone still commits inline
+    ended = clock.now
+    clock.now = ended + BACKOFF_S - 0.001
+    assert not inline.allowed
+    clock.now = ended + BACKOFF_S
+    assert inline.allowed
