@@ -80,9 +80,10 @@ class GroupCommit(Generic[C, R]):
 class Arrivals:
     """How many write requests are in progress: `with arrivals:` counts one from
     entry to exit. Re-entrant, and cheap (it is entered on every write request).
-    A backend that can commit a lone call inline (on the event loop's thread) does
+    A backend that can commit a lone call inline (on the event loop's thread) may do
     so only while this is at most one: with other requests in progress, an inline
-    commit would keep the loop from reading them while its fsync runs."""
+    commit keeps the loop from reading them while its fsync runs (the SQLite outbox
+    accepts that while its commits are quick, and gathers them first instead)."""
 
     __slots__ = ("count",)
 

@@ -327,9 +327,9 @@ class Outbox(StoreBase):
     def arriving(self) -> contextlib.AbstractContextManager[None]:
         """`with outbox.arriving():` held by the HTTP layer from an intake request's
         arrival to its reply. A fact, not an instruction: a backend may use how many
-        intake requests are in progress to decide how it commits (the SQLite one
-        commits a lone call on the event loop's thread only while no other is in
-        progress); this default ignores it."""
+        intake requests are in progress to decide how it commits (the SQLite one,
+        while backing off after a slow write, commits a lone call on the event loop's
+        thread only while no other is in progress); this default ignores it."""
         return contextlib.nullcontext()
 
     async def accept(self, event: object) -> Intake:

@@ -14,6 +14,7 @@ import functools
 import math
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -37,8 +38,9 @@ T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5_000
 THREAD_JOIN_TIMEOUT_S = 5.0
-# An inline commit longer than this holds the event loop too long: the writes of the
-# next INLINE_BACKOFF_S seconds go to the database thread (see InlineWrites).
+# A write run inline that takes longer than this (or finds the write lock held
+# elsewhere) sends the writes of the next INLINE_BACKOFF_S seconds to the database
+# thread (see InlineWrites).
 INLINE_SLOW_S = 0.005
 INLINE_BACKOFF_S = 1.0
 
@@ -127,14 +129,16 @@ class Database:
             self._busy_timeout_ms = ms
 
     async def run_inline(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run a short transaction `fn(connection)` on the calling (event loop) thread.
+        """Run a transaction `fn(connection)` on the calling (event loop) thread.
 
-        For a request that cannot answer before its commit anyway: it saves the two
-        thread hand-offs, which cost about as much as the commit's fsync. The lock is
-        never waited for here: `fn` must begin with BEGIN IMMEDIATE, and if another
-        connection holds the write lock (or a call is still running on the worker
-        thread) the whole call goes to the worker thread, which waits for the lock
-        up to the busy timeout without stalling the loop.
+        For writes whose callers cannot answer before their commit anyway: it saves
+        the two thread hand-offs, which on a quick disk cost more than the commit
+        (see InlineWrites, which also says when a write should not run here). The
+        lock is never waited for here: `fn` must begin with BEGIN IMMEDIATE, and if
+        another connection holds the write lock (or a call is still running on the
+        worker thread, or the connection is closing) the whole call goes to the
+        worker thread, which waits for the lock up to the busy timeout without
+        stalling the loop.
         """
         if self._submitted == self._finished:
             conn = raw_connection(self._connection)
@@ -199,7 +203,10 @@ class Database:
                 raise StorageError(f"{path}: the file is read-only")
 
     async def close(self) -> None:
-        """Close the connection and stop its thread."""
+        """Close the connection and stop its thread. Counted as a call that never
+        finishes, so that no later run_inline uses the connection while the worker
+        closes it (a group commit may still be forming when its service stops)."""
+        self._submitted += 1
         await self._connection.close()
 
 
@@ -211,9 +218,11 @@ class InlineWrites:
     disk they cost more than the commit: on the thread each statement gives the GIL
     up, and while the loop runs Python it waits to take it back. But an inline commit
     holds the loop for as long as it runs. One that takes longer than `slow_s` (a slow
-    disk, a WAL checkpoint, a write lock held by another process) sends the writes of
-    the next `backoff_s` seconds to the database thread; the first write after that
-    tries inline again. `timed` may run on either thread: the time it keeps is one
+    disk, a WAL checkpoint), or that finds the write lock held by another connection,
+    sends the writes of the next `backoff_s` seconds to the database thread; the first
+    write after that tries inline again. Only a run on the thread that wrapped it (the
+    loop's) counts: where run_inline hands the write to the database thread instead,
+    its time there includes waits for the GIL that held nobody up. The time kept is one
     float, written whole.
     """
 
@@ -234,16 +243,24 @@ class InlineWrites:
         return self._clock() >= self._thread_until
 
     def timed(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
-        """`fn`, timed where it runs: if it took longer than slow_s (its failure
-        included), writes go to the database thread for backoff_s from its end."""
+        """`fn`, timed if it runs on this thread: if it took longer than slow_s (its
+        failure included) or failed with SQLITE_BUSY, writes go to the database thread
+        for backoff_s from its end. Called on the event loop's thread."""
+        here = threading.get_ident()
 
         def run(conn: sqlite3.Connection) -> T:
+            if threading.get_ident() != here:
+                return fn(conn)
             started = self._clock()
+            busy = False
             try:
                 return fn(conn)
+            except sqlite3.OperationalError as exc:
+                busy = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+                raise
             finally:
                 ended = self._clock()
-                if ended - started > self._slow_s:
+                if busy or ended - started > self._slow_s:
                     self._thread_until = ended + self._backoff_s
 
         return run

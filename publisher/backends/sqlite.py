@@ -1,10 +1,10 @@
 """The SQLite outbox: orders and their pending deliveries in one SQLite file.
 
 The interface, rows and limits are in `publisher.store`; the SQL is in
-`publisher.backends.sqlite_sql`. Transactions run on the connection's thread in one
-call each (sqlite_tx). Intake and marks of concurrent callers share one commit (group
-commit): SQLite has one writer at a time, so their transactions would otherwise wait
-for one another's fsync in turn.
+`publisher.backends.sqlite_sql`. Transactions run in one call each, on the
+connection's thread or inline on the event loop's (sqlite_tx). Intake and marks of
+concurrent callers share one commit (group commit): SQLite has one writer at a
+time, so their transactions would otherwise wait for one another's fsync in turn.
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ class SqliteOutbox(SqliteFile, Outbox):
     async def _queue(self, events: list[Event]) -> list[Intake | Conflict]:
         """Intake asked for while another write is being committed is committed with
         the marks and intake waiting with it, in the next transaction (group commit),
-        each call in a savepoint of its own; alone, at once (inline, see _commit)."""
+        each call in a savepoint of its own; a group is taken after GATHER_PASSES
+        passes of the loop and committed as _commit says."""
         outcomes = await self._writes.submit(_Intake(events, time.time()))
         assert outcomes is not None
         return outcomes

@@ -13,7 +13,9 @@ The publisher's SQLite outbox commits a group inline while its writes are quick
 (sqlite_tx.InlineWrites), and on the worker thread after a slow one. The tests that
 hold a group's transaction on the worker thread, for calls to pile up behind it,
 put the outbox in that state (`groups_on_the_thread`); the grouping is the same
-on either thread. The tactic itself has tests of its own below.
+on either thread. The tests that count inline transactions make every write count
+as quick (`groups_inline`), so that a slow disk does not send a group elsewhere.
+The tactic itself has tests of its own below.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -33,16 +36,16 @@ import aiohttp
 import pytest
 from support import eventually
 
-from publisher.backends.sqlite import SqliteOutbox
+from publisher.backends.sqlite import GATHER_PASSES, SqliteOutbox
 from publisher.errors import UnknownEntry
 from publisher.service import OUTBOX, ServiceSettings, create_app
-from publisher.store import Outbox
+from publisher.store import Intake, Outbox
 from shared import Conflict, Event, Receipt, canonical_json, make_ack, payload_digest
 from sink.app import INBOX
 from sink.backends.sqlite import SqliteInbox
 from sink.chaos import Chaos, chaos_app
 from sink.store import BatchReceipt
-from sqlite_tx import Database, InlineWrites, StorageError
+from sqlite_tx import INLINE_BACKOFF_S, Database, InlineWrites, StorageError
 from sqlite_tx.aiosqlite_internals import raw_connection
 
 if TYPE_CHECKING:
@@ -557,6 +560,13 @@ def groups_on_the_thread(outbox: Outbox) -> None:
     outbox._inline = OnTheThread()
 
 
+def groups_inline(outbox: Outbox, clock: Callable[[], float] = time.monotonic) -> InlineWrites:
+    """Every write counts as quick, however long it took (SQLITE_BUSY still backs off)."""
+    assert isinstance(outbox, SqliteOutbox)
+    outbox._inline = InlineWrites(slow_s=math.inf, clock=clock)
+    return outbox._inline
+
+
 async def accept(outbox: Outbox, *ids: str) -> None:
     for event_id in ids:
         assert await outbox.accept(event(event_id, f"lane-{event_id[0]}")) == "accepted"
@@ -622,6 +632,7 @@ async def test_a_grouped_call_with_an_unknown_id_fails_alone_and_marks_none_of_i
 ) -> None:
     a, b, c = ["a0", "a1"], ["b0", "b1"], ["c0"]
     await accept(outbox, *a, *b, *c)
+    groups_inline(outbox)
     trips = watch(outbox._db, monkeypatch)
 
     got_a, got_b, got_single, got_c = await all_of(
@@ -748,6 +759,7 @@ async def test_intake_and_marks_asked_for_while_one_commits_share_the_next_trans
 async def test_an_accept_alone_and_a_group_commit_inline_while_writes_are_quick(
     outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    groups_inline(outbox)
     trips = watch(outbox._db, monkeypatch)
     loop_thread = threading.get_ident()
     for n in range(3):
@@ -759,16 +771,29 @@ async def test_an_accept_alone_and_a_group_commit_inline_while_writes_are_quick(
     assert order_ids(db_rows, source_db)[1] == [*(f"a{n}" for n in range(3)), "b0", "b1", "b2"]
 
 
-def slow_inserts(outbox: Outbox, prefix: str, seconds: float) -> None:
-    """Make every insert of an order whose ID starts with `prefix` take `seconds` on
-    the outbox's own connection: a temporary trigger calling a function that sleeps."""
+def slow_inserts(outbox: Outbox, prefix: str, pause: Callable[[], object]) -> None:
+    """Make every insert of an order whose ID starts with `prefix` call `pause` on the
+    outbox's own connection, inside its transaction: a temporary trigger."""
     assert isinstance(outbox, SqliteOutbox)
     conn = raw_connection(outbox._db._connection)
-    conn.create_function("pause", 0, lambda: time.sleep(seconds))
+    conn.create_function("pause", 0, pause)
     conn.execute(
         "CREATE TEMP TRIGGER slow_insert AFTER INSERT ON orders"
         f" WHEN NEW.id LIKE '{prefix}%' BEGIN SELECT pause(); END"
     )
+
+
+class Clock:
+    """A monotonic clock the test moves: a write "takes" what a trigger adds."""
+
+    def __init__(self) -> None:
+        self.now = 64.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 async def test_after_a_slow_write_groups_commit_on_the_worker_thread_and_later_inline_again(
@@ -777,26 +802,86 @@ async def test_after_a_slow_write_groups_commit_on_the_worker_thread_and_later_i
     """A write that held the loop longer than slow_s sends the next groups to the
     worker thread for backoff_s; then a group commits inline again. The first
     write is alone (inline, then timed), the groups are of three."""
-    backoff_s = 0.5
+    clock = Clock()
     assert isinstance(outbox, SqliteOutbox)
-    outbox._inline = InlineWrites(slow_s=0.005, backoff_s=backoff_s)
-    slow_inserts(outbox, "slow", 0.02)
+    outbox._inline = InlineWrites(slow_s=0.005, backoff_s=1.0, clock=clock)
+    slow_inserts(outbox, "slow", lambda: clock.advance(0.02))
     trips = watch(outbox._db, monkeypatch)
     loop_thread = threading.get_ident()
 
     assert await asyncio.wait_for(outbox.accept(event("slow0")), WAIT_S) == "accepted"
-    slowed = time.monotonic()
     assert await all_of(*(outbox.accept(event(f"b{n}")) for n in range(3))) == ["accepted"] * 3
-    assert time.monotonic() - slowed < backoff_s  # the group came within the backoff
     assert trips.inline == [loop_thread] and len(trips.worker) == 1
     assert trips.worker[0] != loop_thread
-    await asyncio.sleep(backoff_s - (time.monotonic() - slowed) + PENDING_S)
+    clock.advance(0.999)
     assert await all_of(*(outbox.accept(event(f"c{n}")) for n in range(3))) == ["accepted"] * 3
-    assert trips.inline == [loop_thread] * 2 and len(trips.worker) == 1
+    assert trips.inline == [loop_thread] and len(trips.worker) == 2  # still backing off
+    clock.advance(0.001)
+    assert await all_of(*(outbox.accept(event(f"d{n}")) for n in range(3))) == ["accepted"] * 3
+    assert trips.inline == [loop_thread] * 2 and len(trips.worker) == 2
     assert order_ids(db_rows, source_db)[1] == [
         "slow0",
-        *(f"b{n}" for n in range(3)),
-        *(f"c{n}" for n in range(3)),
+        *(f"{group}{n}" for group in "bcd" for n in range(3)),
+    ]
+
+
+async def test_a_write_lock_held_elsewhere_sends_the_groups_to_the_worker_thread_for_a_while(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another connection holds the write lock: the inline try fails at once with
+    SQLITE_BUSY and the group waits for the lock on the worker thread; however short
+    that was, the next groups go there too for backoff_s (the other writer may be
+    back), and inline again after it."""
+    clock = Clock()
+    inline = groups_inline(outbox, clock)  # quick, whatever they take: BUSY alone counts
+    trips = watch(outbox._db, monkeypatch)
+    loop_thread = threading.get_ident()
+    other = sqlite3.connect(source_db, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        group = asyncio.ensure_future(all_of(*(outbox.accept(event(f"b{n}")) for n in range(2))))
+        await eventually(lambda: len(trips.worker) == 1)  # tried inline, then handed over
+        assert not group.done() and not inline.allowed
+        other.execute("ROLLBACK")
+        assert await group == ["accepted"] * 2
+    finally:
+        other.close()
+    # The try that found the lock held, then the same call handed to the worker.
+    tried = [loop_thread, trips.worker[0]]
+    assert trips.inline == tried and trips.worker[0] != loop_thread
+    assert await all_of(*(outbox.accept(event(f"c{n}")) for n in range(2))) == ["accepted"] * 2
+    assert trips.inline == tried and len(trips.worker) == 2
+    clock.advance(INLINE_BACKOFF_S)
+    assert await all_of(*(outbox.accept(event(f"d{n}")) for n in range(2))) == ["accepted"] * 2
+    assert trips.inline == [*tried, loop_thread] and len(trips.worker) == 2
+    assert order_ids(db_rows, source_db)[1] == [f"{g}{n}" for g in "bcd" for n in range(2)]
+
+
+async def test_an_accept_within_the_outboxs_gather_passes_joins_the_group(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outbox takes a group GATHER_PASSES passes of the loop after its first call:
+    an accept that starts with the first and submits that many passes later shares
+    its transaction, one pass later it makes the next."""
+    groups_inline(outbox)
+    trips = watch(outbox._db, monkeypatch)
+
+    async def accept_after(passes: int, event_id: str) -> Intake:
+        for _ in range(passes):
+            await asyncio.sleep(0)
+        return await outbox.accept(event(event_id))
+
+    for late_by, transactions in ((GATHER_PASSES, 1), (GATHER_PASSES + 1, 2)):
+        trips.inline.clear()
+        first = asyncio.create_task(outbox.accept(event(f"first{late_by}")))
+        late = asyncio.create_task(accept_after(late_by, f"late{late_by}"))
+        assert await all_of(first, late) == ["accepted", "accepted"]
+        assert (len(trips.inline), trips.worker) == (transactions, [])
+    assert order_ids(db_rows, source_db)[1] == [
+        f"first{GATHER_PASSES}",
+        f"late{GATHER_PASSES}",
+        f"first{GATHER_PASSES + 1}",
+        f"late{GATHER_PASSES + 1}",
     ]
 
 
@@ -805,6 +890,7 @@ async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
 ) -> None:
     await accept(outbox, "a0")
     poison(source_db, "outbox", "INSERT", "bad")
+    groups_inline(outbox)
     trips = watch(outbox._db, monkeypatch)
 
     results = await all_of(
@@ -1033,6 +1119,7 @@ async def test_an_order_posted_while_another_is_in_progress_commits_inline_while
     publisher: Publisher, client: aiohttp.ClientSession, source_db: Path, db_rows: Query
 ) -> None:
     loop_thread = threading.get_ident()
+    groups_inline(publisher.outbox)
     async with body_still_arriving(publisher.base, event("slow")) as finish:
         assert await post(client, f"{publisher.base}/orders", event("quick")) == (
             201,
@@ -1053,7 +1140,7 @@ async def test_after_a_slow_write_an_order_posted_while_another_is_in_progress_c
     while the other request's bytes wait in its socket: it goes to the worker thread."""
     loop_thread = threading.get_ident()
     publisher.outbox._inline = InlineWrites(slow_s=0.005, backoff_s=WAIT_S * 6)
-    slow_inserts(publisher.outbox, "pause", 0.02)
+    slow_inserts(publisher.outbox, "pause", lambda: time.sleep(0.02))
     assert await post(client, f"{publisher.base}/orders", event("pause0")) == (
         201,
         {"id": "pause0", "result": "accepted"},

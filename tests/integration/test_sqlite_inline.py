@@ -337,6 +337,23 @@ async def test_a_cancelled_call_still_on_the_worker_thread_keeps_run_inline_off_
     assert names(db_rows, path) == ["slow", "quick"]
 
 
+async def test_run_inline_once_close_has_begun_leaves_the_connection_to_the_worker(
+    db: Database, path: Path, db_rows: Query
+) -> None:
+    """A group commit still forming when its service stops may run after close
+    began: it must not use the connection on the loop while the worker closes it."""
+    closing = asyncio.create_task(db.close())
+    await asyncio.sleep(0)  # close handed to the worker thread, not yet done
+    writer = Writer("late")
+    # Inline, the write would race the worker's close of the same sqlite3 connection
+    # (the interpreter crashed when that was tried).
+    with pytest.raises(StorageError, match="closed database"):
+        await asyncio.wait_for(db.run_inline(writer), WAIT_S)
+    await asyncio.wait_for(closing, WAIT_S)
+    assert threading.get_ident() not in writer.threads  # never on the loop
+    assert names(db_rows, path) == []
+
+
 # ---------------------------------------------------------------- the sink
 
 

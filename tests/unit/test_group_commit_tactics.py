@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from plumbing.group_commit import GroupCommit
 from sqlite_tx import InlineWrites
 
-SLOW_S = 0.005
+# Binary fractions, so that the clock's sums are exact and "at the limit" is the limit.
+SLOW_S = 0.0078125
 BACKOFF_S = 1.0
+MS = 0.0009765625  # a step below any limit here
 
 
 async def groups_with_a_late_call(passes: int, late_by: int) -> list[list[str]]:
@@ -67,7 +71,7 @@ def test_gather_passes_cannot_be_negative() -> None:
 
 class Clock:
     def __init__(self) -> None:
-        self.now = 100.0
+        self.now = 64.0
 
     def __call__(self) -> float:
         return self.now
@@ -75,7 +79,7 @@ class Clock:
 
 @pytest.fixture
 def conn() -> sqlite3.Connection:
-    connection = sqlite3.connect(":memory:", isolation_level=None)
+    connection = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
     connection.execute("CREATE TABLE t (n INTEGER)")
     return connection
 
@@ -83,13 +87,14 @@ def conn() -> sqlite3.Connection:
 def write_taking(
     clock: Clock, seconds: float, n: int = 1, fail: bool = False
 ) -> Callable[[sqlite3.Connection], int]:
-    """A write that inserts `n` and takes `seconds` by the clock, failing if asked."""
+    """A write that inserts `n` and takes `seconds` by the clock, failing if asked
+    (with an error that is not SQLITE_BUSY: a real failed statement)."""
 
     def write(conn: sqlite3.Connection) -> int:
         conn.execute("INSERT INTO t VALUES (?)", (n,))
         clock.now += seconds
         if fail:
-            raise sqlite3.OperationalError("disk I/O error")
+            conn.execute("INSERT INTO no_such_table VALUES (1)")
         return n
 
     return write
@@ -112,10 +117,10 @@ def test_a_slow_write_sends_writes_to_the_thread_for_the_backoff_then_inline_aga
 ) -> None:
     clock = Clock()
     inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
-    inline.timed(write_taking(clock, 0.02))(conn)
+    inline.timed(write_taking(clock, SLOW_S + MS))(conn)  # just over the limit
     ended = clock.now
     assert not inline.allowed
-    clock.now = ended + BACKOFF_S - 0.001
+    clock.now = ended + BACKOFF_S - MS
     assert not inline.allowed
     clock.now = ended + BACKOFF_S
     assert inline.allowed
@@ -126,7 +131,7 @@ def test_a_slow_write_that_fails_backs_off_too_and_its_error_passes_through(
 ) -> None:
     clock = Clock()
     inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
-    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
         inline.timed(write_taking(clock, 0.02, fail=True))(conn)
     assert not inline.allowed
 
@@ -140,7 +145,47 @@ def test_a_slow_write_during_the_backoff_extends_it_from_its_own_end(
     clock.now += BACKOFF_S / 2
     inline.timed(write_taking(clock, 0.02))(conn)  # a call alone still commits inline
     ended = clock.now
-    clock.now = ended + BACKOFF_S - 0.001
+    clock.now = ended + BACKOFF_S - MS
     assert not inline.allowed
     clock.now = ended + BACKOFF_S
     assert inline.allowed
+
+
+def test_a_write_that_finds_the_lock_held_elsewhere_backs_off_however_quick(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
+    db = tmp_path / "locked.db"
+    holder = sqlite3.connect(db, isolation_level=None)
+    writer = sqlite3.connect(db, isolation_level=None, timeout=0)
+    try:
+        holder.execute("CREATE TABLE t (n INTEGER)")
+        holder.execute("BEGIN IMMEDIATE")
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            inline.timed(write)(writer)
+        assert not inline.allowed
+        clock.now += BACKOFF_S
+        assert inline.allowed
+    finally:
+        holder.close()
+        writer.close()
+
+
+def test_a_write_handed_to_another_thread_is_not_timed(conn: sqlite3.Connection) -> None:
+    """run_inline gives the database thread what it cannot run inline: that run's
+    time includes waits for the GIL that held up nobody, and does not count."""
+    clock = Clock()
+    inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
+    write = inline.timed(write_taking(clock, 0.25))  # wrapped here, on the loop's thread
+    results: list[int] = []
+    worker = threading.Thread(target=lambda: results.append(write(conn)))
+    worker.start()
+    worker.join(5)
+    assert results == [1] and inline.allowed
+    write(conn)  # the same, run where it was wrapped
+    assert not inline.allowed
