@@ -72,6 +72,7 @@ class Database:
         # only the worker can say when the connection is free again.
         self._submitted = 0
         self._finished = 0
+        self._closing = False  # set by close(): no call may start after it
         # The busy timeout the connection has now: 0 while used inline (never wait on
         # the loop), BUSY_TIMEOUT_MS on the worker thread. Switched only when the side
         # changes, so back-to-back calls on one side run no PRAGMA at all.
@@ -104,7 +105,10 @@ class Database:
         return db
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn(connection)` on the database thread and return its result."""
+        """Run `fn(connection)` on the database thread and return its result;
+        StorageError once close() has begun."""
+        if self._closing:
+            raise StorageError(f"{self.path}: the database is closed")
         self._submitted += 1
         try:
             # aiosqlite's private queue (see aiosqlite_internals): the only way to run
@@ -140,13 +144,13 @@ class Database:
         worker thread, which waits for the lock up to the busy timeout without
         stalling the loop.
         """
-        if self._submitted == self._finished:
+        if self._submitted == self._finished and not self._closing:
             conn = raw_connection(self._connection)
             try:
                 self._set_busy_timeout(conn, 0)
                 return fn(conn)
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # BUSY_* included
+                if not _is_busy(exc):
                     raise StorageError(f"{self.path}: {exc}") from exc
             except sqlite3.Error as exc:
                 raise StorageError(f"{self.path}: {exc}") from exc
@@ -203,10 +207,10 @@ class Database:
                 raise StorageError(f"{path}: the file is read-only")
 
     async def close(self) -> None:
-        """Close the connection and stop its thread. Counted as a call that never
-        finishes, so that no later run_inline uses the connection while the worker
-        closes it (a group commit may still be forming when its service stops)."""
-        self._submitted += 1
+        """Close the connection and stop its thread. A call made once this has begun
+        (a group commit may still be forming when its service stops) raises
+        StorageError, and never runs inline while the worker closes the connection."""
+        self._closing = True
         await self._connection.close()
 
 
@@ -256,7 +260,7 @@ class InlineWrites:
             try:
                 return fn(conn)
             except sqlite3.OperationalError as exc:
-                busy = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+                busy = _is_busy(exc)
                 raise
             finally:
                 ended = self._clock()
@@ -264,6 +268,12 @@ class InlineWrites:
                     self._thread_until = ended + self._backoff_s
 
         return run
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY or one of its extended codes (some errors the sqlite3 module raises
+    itself carry no code at all)."""
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -805,7 +805,7 @@ async def test_after_a_slow_write_groups_commit_on_the_worker_thread_and_later_i
     clock = Clock()
     assert isinstance(outbox, SqliteOutbox)
     outbox._inline = InlineWrites(slow_s=0.005, backoff_s=1.0, clock=clock)
-    slow_inserts(outbox, "slow", lambda: clock.advance(0.02))
+    slow_inserts(outbox, "slow", lambda: clock.advance(1 / 64))  # over 0.005 s
     trips = watch(outbox._db, monkeypatch)
     loop_thread = threading.get_ident()
 
@@ -813,10 +813,10 @@ async def test_after_a_slow_write_groups_commit_on_the_worker_thread_and_later_i
     assert await all_of(*(outbox.accept(event(f"b{n}")) for n in range(3))) == ["accepted"] * 3
     assert trips.inline == [loop_thread] and len(trips.worker) == 1
     assert trips.worker[0] != loop_thread
-    clock.advance(0.999)
+    clock.advance(1 - 1 / 1024)  # binary fractions: the sums are exact
     assert await all_of(*(outbox.accept(event(f"c{n}")) for n in range(3))) == ["accepted"] * 3
     assert trips.inline == [loop_thread] and len(trips.worker) == 2  # still backing off
-    clock.advance(0.001)
+    clock.advance(1 / 1024)
     assert await all_of(*(outbox.accept(event(f"d{n}")) for n in range(3))) == ["accepted"] * 3
     assert trips.inline == [loop_thread] * 2 and len(trips.worker) == 2
     assert order_ids(db_rows, source_db)[1] == [

@@ -337,20 +337,22 @@ async def test_a_cancelled_call_still_on_the_worker_thread_keeps_run_inline_off_
     assert names(db_rows, path) == ["slow", "quick"]
 
 
-async def test_run_inline_once_close_has_begun_leaves_the_connection_to_the_worker(
+async def test_a_call_once_close_has_begun_is_refused_and_never_runs_inline(
     db: Database, path: Path, db_rows: Query
 ) -> None:
-    """A group commit still forming when its service stops may run after close
-    began: it must not use the connection on the loop while the worker closes it."""
+    """A group commit still forming when its service stops may be handed over after
+    close began: it is refused with a StorageError and never touches the connection
+    (inline, it raced the worker's close of the same sqlite3 connection, and the
+    interpreter crashed when that was tried)."""
     closing = asyncio.create_task(db.close())
     await asyncio.sleep(0)  # close handed to the worker thread, not yet done
-    writer = Writer("late")
-    # Inline, the write would race the worker's close of the same sqlite3 connection
-    # (the interpreter crashed when that was tried).
-    with pytest.raises(StorageError, match="closed database"):
-        await asyncio.wait_for(db.run_inline(writer), WAIT_S)
+    inline, worker = Writer("inline"), Writer("worker")
+    with pytest.raises(StorageError, match="the database is closed"):
+        await asyncio.wait_for(db.run_inline(inline), WAIT_S)
+    with pytest.raises(StorageError, match="the database is closed"):
+        await asyncio.wait_for(db.run(worker), WAIT_S)
     await asyncio.wait_for(closing, WAIT_S)
-    assert threading.get_ident() not in writer.threads  # never on the loop
+    assert inline.threads == [] and worker.threads == []
     assert names(db_rows, path) == []
 
 
