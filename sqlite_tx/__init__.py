@@ -140,9 +140,9 @@ class Database:
         (see InlineWrites, which also says when a write should not run here). The
         lock is never waited for here: `fn` must begin with BEGIN IMMEDIATE, and if
         another connection holds the write lock (or a call is still running on the
-        worker thread, or the connection is closing) the whole call goes to the
-        worker thread, which waits for the lock up to the busy timeout without
-        stalling the loop.
+        worker thread) the whole call goes to the worker thread, which waits for the
+        lock up to the busy timeout without stalling the loop. Once close() has
+        begun, the call is refused there (StorageError) and never runs here.
         """
         if self._submitted == self._finished and not self._closing:
             conn = raw_connection(self._connection)

@@ -136,8 +136,8 @@ class SqliteOutbox(SqliteFile, Outbox):
         statement while the loop runs Python); the loop reads nothing during an
         inline commit, so the group is taken only after a few passes of the loop
         (GATHER_PASSES), and the requests that arrive during it make the next one.
-        After a slow write (a slow disk, a checkpoint, the write lock held by
-        another process) groups go to the database thread for a while, where the
+        After a slow write (a slow disk, a checkpoint) or one that found the write
+        lock held by another connection, groups go to the database thread for a while, where the
         loop reads and answers the next group's requests while this one's fsync
         runs; a call alone with no other intake request in progress (`arriving`)
         still commits inline then, as nobody waits behind it. Inline also falls back
