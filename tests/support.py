@@ -168,3 +168,16 @@ async def scrape(client: aiohttp.ClientSession, url: str) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
+
+
+class ManualClock:
+    """A clock the test moves by hand (`now`, `advance`), for code that takes a clock."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

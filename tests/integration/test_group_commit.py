@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import pytest
-from support import eventually
+from support import ManualClock, eventually
 
 from publisher.backends.sqlite import GATHER_PASSES, SqliteOutbox
 from publisher.errors import UnknownEntry
@@ -783,26 +783,13 @@ def slow_inserts(outbox: Outbox, prefix: str, pause: Callable[[], object]) -> No
     )
 
 
-class Clock:
-    """A monotonic clock the test moves: a write "takes" what a trigger adds."""
-
-    def __init__(self) -> None:
-        self.now = 64.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 async def test_after_a_slow_write_groups_commit_on_the_worker_thread_and_later_inline_again(
     outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write that held the loop longer than slow_s sends the next groups to the
     worker thread for backoff_s; then a group commits inline again. The first
     write is alone (inline, then timed), the groups are of three."""
-    clock = Clock()
+    clock = ManualClock(64.0)
     assert isinstance(outbox, SqliteOutbox)
     outbox._inline = InlineWrites(slow_s=0.005, backoff_s=1.0, clock=clock)
     slow_inserts(outbox, "slow", lambda: clock.advance(1 / 64))  # over 0.005 s
@@ -832,7 +819,7 @@ async def test_a_write_lock_held_elsewhere_sends_the_groups_to_the_worker_thread
     SQLITE_BUSY and the group waits for the lock on the worker thread; however short
     that was, the next groups go there too for backoff_s (the other writer may be
     back), and inline again after it."""
-    clock = Clock()
+    clock = ManualClock(64.0)
     inline = groups_inline(outbox, clock)  # quick, whatever they take: BUSY alone counts
     trips = watch(outbox._db, monkeypatch)
     loop_thread = threading.get_ident()

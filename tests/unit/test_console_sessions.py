@@ -4,6 +4,7 @@ sessions kept, the CSRF check and the operator names a record may carry."""
 from __future__ import annotations
 
 import pytest
+from support import ManualClock
 
 from publisher.console.sessions import (
     MAX_SESSIONS,
@@ -17,16 +18,8 @@ from publisher.console.sessions import (
 TOKEN = "operator-token-0123456789"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_session_is_found_until_it_expires() -> None:
-    clock = Clock()
+    clock = ManualClock()
     sessions = Sessions(TOKEN, ttl_s=60.0, clock=clock)
     session = sessions.sign_in(TOKEN, "alice")
     assert sessions.find(session.id) == session and session.operator == "alice"

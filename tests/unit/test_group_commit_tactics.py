@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import ManualClock
 
 from plumbing.group_commit import GroupCommit
 from sqlite_tx import InlineWrites
@@ -69,14 +70,6 @@ def test_gather_passes_cannot_be_negative() -> None:
         GroupCommit(commit, gather_passes=-1)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 64.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def conn() -> sqlite3.Connection:
     connection = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
@@ -85,7 +78,7 @@ def conn() -> sqlite3.Connection:
 
 
 def write_taking(
-    clock: Clock, seconds: float, n: int = 1, fail: bool = False
+    clock: ManualClock, seconds: float, n: int = 1, fail: bool = False
 ) -> Callable[[sqlite3.Connection], int]:
     """A write that inserts `n` and takes `seconds` by the clock, failing if asked
     (with an error that is not SQLITE_BUSY: a real failed statement)."""
@@ -103,7 +96,7 @@ def write_taking(
 def test_quick_writes_keep_inline_allowed_and_return_what_the_write_returns(
     conn: sqlite3.Connection,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(64.0)
     inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
     assert inline.allowed
     for n in range(3):
@@ -115,7 +108,7 @@ def test_quick_writes_keep_inline_allowed_and_return_what_the_write_returns(
 def test_a_slow_write_sends_writes_to_the_thread_for_the_backoff_then_inline_again(
     conn: sqlite3.Connection,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(64.0)
     inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
     inline.timed(write_taking(clock, SLOW_S + MS))(conn)  # just over the limit
     ended = clock.now
@@ -129,7 +122,7 @@ def test_a_slow_write_sends_writes_to_the_thread_for_the_backoff_then_inline_aga
 def test_a_slow_write_that_fails_backs_off_too_and_its_error_passes_through(
     conn: sqlite3.Connection,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(64.0)
     inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
         inline.timed(write_taking(clock, 0.02, fail=True))(conn)
@@ -139,7 +132,7 @@ def test_a_slow_write_that_fails_backs_off_too_and_its_error_passes_through(
 def test_a_slow_write_during_the_backoff_extends_it_from_its_own_end(
     conn: sqlite3.Connection,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(64.0)
     inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
     inline.timed(write_taking(clock, 0.02))(conn)
     clock.now += BACKOFF_S / 2
@@ -154,7 +147,7 @@ def test_a_slow_write_during_the_backoff_extends_it_from_its_own_end(
 def test_a_write_that_finds_the_lock_held_elsewhere_backs_off_however_quick(
     tmp_path: Path,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(64.0)
     inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
     db = tmp_path / "locked.db"
     holder = sqlite3.connect(db, isolation_level=None)
@@ -179,7 +172,7 @@ def test_a_write_that_finds_the_lock_held_elsewhere_backs_off_however_quick(
 def test_a_write_handed_to_another_thread_is_not_timed(conn: sqlite3.Connection) -> None:
     """run_inline gives the database thread what it cannot run inline: that run's
     time includes waits for the GIL that held up nobody, and does not count."""
-    clock = Clock()
+    clock = ManualClock(64.0)
     inline = InlineWrites(SLOW_S, BACKOFF_S, clock)
     write = inline.timed(write_taking(clock, 0.25))  # wrapped here, on the loop's thread
     results: list[int] = []

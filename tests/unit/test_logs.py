@@ -5,23 +5,16 @@ from __future__ import annotations
 import logging
 
 import pytest
+from support import ManualClock
 
 from plumbing.logs import Throttled
 
 LOGGER = logging.getLogger("tests.throttled")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 def records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -29,7 +22,7 @@ def records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 
 def test_the_first_occurrence_is_logged_at_once_with_its_traceback(
-    clock: Clock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     throttled = Throttled(LOGGER, 10.0, clock=clock)
     try:
@@ -43,7 +36,7 @@ def test_the_first_occurrence_is_logged_at_once_with_its_traceback(
 
 
 def test_repeats_within_the_interval_are_counted_and_the_next_line_says_how_many(
-    clock: Clock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     throttled = Throttled(LOGGER, 10.0, clock=clock)
     for _ in range(363):
@@ -67,7 +60,7 @@ def test_repeats_within_the_interval_are_counted_and_the_next_line_says_how_many
 
 
 def test_the_interval_is_exact_and_a_quiet_key_is_logged_afresh_with_its_traceback(
-    clock: Clock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     throttled = Throttled(LOGGER, 10.0, clock=clock)
     assert throttled.warning("k", "one")
@@ -86,7 +79,9 @@ def test_the_interval_is_exact_and_a_quiet_key_is_logged_afresh_with_its_traceba
     assert [r.levelno for r in lines] == [logging.WARNING] * 3
 
 
-def test_distinct_keys_are_throttled_apart(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+def test_distinct_keys_are_throttled_apart(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
     throttled = Throttled(LOGGER, 10.0, clock=clock)
     for _ in range(5):
         throttled.error("a", "a failed")
@@ -96,7 +91,7 @@ def test_distinct_keys_are_throttled_apart(clock: Clock, caplog: pytest.LogCaptu
 
 
 def test_memory_is_bounded_the_oldest_key_is_forgotten(
-    clock: Clock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     throttled = Throttled(LOGGER, 10.0, max_keys=3, clock=clock)
     for n in range(1000):
@@ -110,7 +105,7 @@ def test_memory_is_bounded_the_oldest_key_is_forgotten(
 
 
 def test_extra_fields_reach_the_record_and_the_interval_is_a_setting(
-    clock: Clock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     throttled = Throttled(LOGGER, 0.5, clock=clock)
     throttled.error("k", "x", extra={"event_id": "a"})
@@ -130,7 +125,7 @@ def test_bad_settings_are_refused() -> None:
 
 
 def test_resolved_writes_the_summary_now_and_a_new_occurrence_is_logged_at_once(
-    clock: Clock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     throttled = Throttled(LOGGER, 10.0, clock=clock)
     throttled.error("k", "step failed: %s", "disk full", exc_info=True, extra={"lane": "x"})
@@ -150,7 +145,7 @@ def test_resolved_writes_the_summary_now_and_a_new_occurrence_is_logged_at_once(
 
 
 def test_resolved_after_a_single_occurrence_writes_nothing(
-    clock: Clock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     throttled = Throttled(LOGGER, 10.0, clock=clock)
     throttled.warning("k", "once")
