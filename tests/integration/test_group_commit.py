@@ -976,6 +976,32 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
     assert db_rows(source_db, "SELECT id, released_as FROM quarantines") == [("q0", "delivered")]
 
 
+async def test_an_inline_group_of_intake_and_marks_syncs_and_an_inline_group_of_marks_does_not(
+    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same levels when groups commit inline on the loop's thread, as they do while
+    writes are quick: a group with intake in it commits at FULL, marks among it or
+    not, and a group of marks alone at NORMAL; the connection is FULL after each."""
+    await accept(outbox, "a0", "b0", "c0")
+    groups_inline(outbox)
+    levels = SyncLevels()
+    raw_connection(outbox._db._connection).set_trace_callback(levels.statement)
+    trips = watch(outbox._db, monkeypatch)
+
+    first = await all_of(outbox.mark_sent_many(acked(["a0"])), outbox.accept(event("d0")))
+    second = await all_of(
+        outbox.mark_sent_many(acked(["b0"])), outbox.mark_sent_many(acked(["c0"]))
+    )
+
+    assert first == [None, "accepted"] and second == [None, None]
+    assert levels.commits == [("intake+marks", "FULL"), ("marks", "NORMAL")]
+    assert (trips.inline, trips.worker) == ([threading.get_ident()] * 2, [])
+    level = await outbox._db.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
+    assert level == (2,)  # FULL
+    sent = db_rows(source_db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")
+    assert sent == [("a0",), ("b0",), ("c0",)]
+
+
 async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_is_written(
     outbox: Outbox, source_db: Path, db_rows: Query
 ) -> None:
