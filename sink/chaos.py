@@ -137,6 +137,7 @@ def faults(chaos: Chaos) -> Middleware:
         if request.method != hdrs.METH_POST or request.path not in WRITE_PATHS:
             return await handler(request)
         if chaos.stall_s > 0:
+            await take_in(request)
             await asyncio.sleep(chaos.stall_s)
         response = await handler(request)
         committed = acknowledged(response)
@@ -145,6 +146,16 @@ def faults(chaos: Chaos) -> Middleware:
         return response
 
     return inject
+
+
+async def take_in(request: web.Request) -> None:
+    """Read a body that has already arrived whole, as a slow sink has read the request
+    it is busy with: the handler gets it from aiohttp's cache after the stall, even if
+    the sender is gone by then (an unread body is lost with its connection). A body
+    still arriving, chunked, or over the size cap is left to the handler's own checks."""
+    length = request.content_length
+    if request.content.is_eof() and length is not None and length <= request.client_max_size:
+        await request.read()
 
 
 def acknowledged(response: web.StreamResponse) -> str | None:

@@ -177,7 +177,10 @@ def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_t
     # publisher had sent may still finish on the server just after its exit.
     marked_before = sent_ids(db_rows, source)
     assert marked_before in ([], ids[:size])
-    assert len(applied) > 2 * size, "no request was in flight behind the crashed one"
+    assert len(applied) > 2 * size, (
+        f"no request was in flight behind the crashed one: applied {applied}; "
+        f"{crashing.log.read_text()}"
+    )
     assert applied[: size + 1] == ids[: size + 1]
     assert_prefix_of_each_line(applied, events, by_sku=False)
     assert inbox_record(sink.base, crashed)["deliveries"] == 1

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from support import LOOPBACK
+from support import LOOPBACK, wait_until
 
 if TYPE_CHECKING:
     from conftest import Query, StartSink
@@ -38,3 +40,27 @@ def test_a_configured_host_name_is_allowed_and_others_are_not(
     assert post_with_host(port, "evil.example", event) == 421
     assert post_with_host(port, f"sink.internal:{port}", event) == 200
     assert db_rows(sink_db, "SELECT id FROM inbox") == [("order-1",)]
+
+
+def test_a_stalled_request_whose_sender_is_gone_is_still_applied_once_its_body_is_in(
+    tmp_path: Path, sink_process: StartSink, db_rows: Query
+) -> None:
+    # A slow sink has read the request it is busy with: the sender's death during the
+    # stall does not take the event away (aiohttp loses a body still unread with its
+    # connection). The pipelined-crash tests rely on this to see the requests that were
+    # in flight behind the crashed one.
+    sink_db = tmp_path / "sink.db"
+    sink = sink_process(sink_db, "--chaos", "stall=0.5")
+    port = int(sink.url.rsplit(":", 1)[1].split("/")[0])
+    body = json.dumps({"id": "order-1", "sku": "snack", "qty": 2}).encode()
+    head = (
+        f"POST /events HTTP/1.1\r\nHost: {LOOPBACK}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((LOOPBACK, port), timeout=5.0) as sock:
+        sock.sendall(head + body)
+        time.sleep(0.1)  # inside the stall
+    # The connection is closed now, before the stall ends.
+
+    wait_until(lambda: db_rows(sink_db, "SELECT id FROM inbox") == [("order-1",)], 5.0)
+    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(2,)]
