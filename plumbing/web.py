@@ -16,7 +16,7 @@ import signal
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
@@ -24,6 +24,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_request import BaseRequest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
+from plumbing import event_loop
 from plumbing.cli import add_option, positive_int, positive_s
 from plumbing.logs import Throttled
 from plumbing.net import is_loopback
@@ -466,7 +467,8 @@ class _Refused(asyncio.Protocol):
     lingering = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport (uvloop's is one without subclassing asyncio.Transport).
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         transport.write(_REFUSED)
         if _Refused.lingering >= MAX_LINGERING or not transport.can_write_eof():
@@ -627,6 +629,7 @@ async def serve_app(
                 "max_connections": connection_cap(limits),
                 "idle_timeout_s": limits.idle_timeout_s,
                 "body_timeout_s": limits.body_timeout_s,
+                "event_loop": event_loop.loop_name(loop),
             },
         )
         for address in runner.addresses:
@@ -645,6 +648,14 @@ async def serve_app(
 def add_http_options(parser: argparse.ArgumentParser) -> None:
     """The options both services take for their HTTP side (each also OUTBOX_<FLAG>)."""
     defaults = HttpLimits()
+    add_option(
+        parser,
+        "--event-loop",
+        choices=event_loop.CHOICES,
+        default=event_loop.default_loop(),
+        help="the event loop to serve on: uvloop (the default where it is installed) or "
+        "asyncio's own",
+    )
     add_option(
         parser,
         "--allow-host-header",

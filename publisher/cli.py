@@ -7,7 +7,6 @@ Every option also reads an OUTBOX_* environment variable (shown in --help).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from plumbing import event_loop
 from plumbing.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -637,7 +637,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--retry-base ({args.retry_base}) must not be above --retry-cap ({args.retry_cap})"
         )
     try:
-        return asyncio.run(COMMANDS[args.command](args))
+        # Only `serve` takes --event-loop; the one-shot commands run on the same default.
+        loop = getattr(args, "event_loop", None) or event_loop.default_loop()
+        return event_loop.run(COMMANDS[args.command](args), loop)
+    except event_loop.LoopUnavailable as exc:
+        return fail(PROG, exc, EXIT_USAGE)
     except InvalidEvent as exc:
         return fail(PROG, f"invalid order: {exc}", EXIT_USAGE)
     except TargetNotAllowed as exc:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
 from aiohttp import web
 
+from plumbing import event_loop
 from plumbing.cli import EXIT_USAGE, ArgumentParser, add_option, fail, port, setup_logging
 from plumbing.net import TOKEN_ENV, TokenError, is_loopback, load_token
 from plumbing.storage import BadLocation, StorageError
@@ -77,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         serving = serve_app(
             app, args.host, args.port, PROG, "/events", args.access_log, http_limits_of(args)
         )
-        asyncio.run(serving)
+        event_loop.run(serving, args.event_loop)
+    except event_loop.LoopUnavailable as exc:
+        return fail(PROG, exc, EXIT_USAGE)
     except StorageError as exc:
         return fail(PROG, exc)
     except OSError as exc:
