@@ -340,9 +340,13 @@ async def readiness(check_writable: Callable[[], Awaitable[None]], gauge: Gauge)
 # ---------------------------------------------------------------- serving
 
 # Descriptors kept free under the process limit for the database files, logs and
-# pipes. Besides, twice the backlog: asyncio accepts up to `backlog` connections per
-# loop turn before any of them reaches the cap check, and the idle connections
-# closed to make room for them release their descriptors only a turn later.
+# pipes. Besides, twice the backlog: asyncio's loop accepts up to `backlog`
+# connections per turn before any of them reaches the cap check (uvloop, as many as
+# are waiting), and the idle connections closed to make room for them release their
+# descriptors only a turn later. Out of descriptors all the same, asyncio's loop
+# leaves new connections waiting in the backlog and retries a second later (logged
+# by quiet_accept_errors); uvloop (libuv) accepts and closes each at once, and logs
+# nothing. Either way the service serves again once descriptors are free.
 RESERVED_FDS: Final = 64
 _REFUSED_BODY: Final = b'{"error": "too many open connections, try again"}'
 _REFUSED: Final = (
@@ -379,8 +383,9 @@ def connection_cap(limits: HttpLimits) -> int:
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
-    """asyncio logs a traceback for every failed accept() (out of descriptors, say):
-    log those once per interval instead; anything else as asyncio would."""
+    """asyncio's loop logs a traceback for every failed accept() (out of descriptors,
+    say): log those once per interval instead; anything else as asyncio would.
+    (uvloop reports no failed accept: see RESERVED_FDS.)"""
 
     def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         message = str(context.get("message", ""))

@@ -637,8 +637,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--retry-base ({args.retry_base}) must not be above --retry-cap ({args.retry_cap})"
         )
     try:
-        # Only `serve` takes --event-loop; the one-shot commands run on the same default.
-        loop = getattr(args, "event_loop", None) or event_loop.default_loop()
+        # `serve` takes --event-loop; the one-shot commands run on asyncio's own loop.
+        loop = args.event_loop if args.command == "serve" else event_loop.ASYNCIO
         return event_loop.run(COMMANDS[args.command](args), loop)
     except event_loop.LoopUnavailable as exc:
         return fail(PROG, exc, EXIT_USAGE)

@@ -7,6 +7,7 @@ the option, so a service that ignored the option would fail here.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import subprocess
@@ -22,12 +23,12 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.e2e
 
-SINK_LISTENING = re.compile(r"sink listening on http://127\.0\.0\.1:\d+/events")
+SINK_LISTENING = re.compile(r"sink listening on http://127\.0\.0\.1:(\d+)/events")
 
-# Runs the sink's command line in an interpreter where `import uvloop` fails, as on a
-# platform uvloop is not built for.
+# Runs a service's command line (`-c WITHOUT_UVLOOP sink ...`) in an interpreter where
+# `import uvloop` fails, as on a platform uvloop is not built for.
 WITHOUT_UVLOOP = """
-import sys
+import runpy, sys
 
 class NoUvloop:
     def find_spec(self, name, path=None, target=None):
@@ -36,13 +37,48 @@ class NoUvloop:
         return None
 
 sys.meta_path.insert(0, NoUvloop())
-from sink.cli import main
-sys.exit(main(sys.argv[1:]))
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+# Runs a sink (`-c OUT_OF_DESCRIPTORS DIR sink-args...`) whose process takes every free
+# descriptor once DIR/hog exists, and gives them back once DIR/release exists; each
+# step is marked on stderr (checking for a file takes no descriptor, writing to an open
+# one neither).
+OUT_OF_DESCRIPTORS = """
+import os, pathlib, resource, runpy, sys, threading, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))  # a connection cap of 192
+control = pathlib.Path(sys.argv[1])
+
+def wait_for(name):
+    for _ in range(3000):
+        if (control / name).exists():
+            return
+        time.sleep(0.01)
+    os._exit(99)
+
+def hog():
+    wait_for("hog")
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    os.write(2, b"test: out of descriptors\\n")  # stderr is open: no descriptor needed
+    wait_for("release")
+    for fd in held:
+        os.close(fd)
+    os.write(2, b"test: descriptors back\\n")
+
+threading.Thread(target=hog, daemon=True).start()
+sys.argv = ["sink", *sys.argv[2:]]
+runpy.run_module("sink", run_name="__main__", alter_sys=True)
 """
 
 
 def listening_record(log: Path) -> dict[str, Any]:
-    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    lines = log.read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
     found = [r for r in records if r.get("message") == "listening"]
     assert len(found) == 1, records
     return found[0]
@@ -89,32 +125,133 @@ def test_each_service_runs_on_the_loop_it_is_given_and_an_order_gets_through(
         assert (sink_loop, publisher_loop) == (expected, expected)
 
 
-def test_without_uvloop_the_default_is_asyncio_and_asking_for_uvloop_is_a_usage_error(
-    tmp_path: Path, child_env: dict[str, str]
-) -> None:
-    db = tmp_path / "sink.db"
-    log = tmp_path / "sink.log"
-    args = ["--db", str(db), "--host", LOOPBACK, "--port", "0", "--log-format", "json"]
+SERVE_ARGS = {
+    "sink": ("sink",),
+    "publisher": ("publisher", "serve", "--sink", "http://127.0.0.1:9/events"),
+}
 
-    refused = subprocess.run(
-        [sys.executable, "-c", WITHOUT_UVLOOP, *args, "--event-loop", "uvloop"],
+
+def run_to_completion(
+    args: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
         capture_output=True,
         text=True,
-        env=child_env,
-        cwd=tmp_path,
+        env=env,
+        cwd=cwd,
         timeout=30,
         check=False,
     )
-    assert refused.returncode == 2, refused
-    assert refused.stdout == ""
-    assert refused.stderr.startswith("sink: uvloop cannot be imported here"), refused.stderr
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], starts: str) -> None:
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    assert result.stderr.startswith(starts), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("module", ["sink", "publisher"])
+def test_asking_for_uvloop_where_it_cannot_be_imported_is_a_usage_error(
+    tmp_path: Path, child_env: dict[str, str], module: str
+) -> None:
+    db = tmp_path / "service.db"
+    args = [*SERVE_ARGS[module], "--db", str(db), "--port", "0", "--event-loop", "uvloop"]
+
+    refused = run_to_completion(["-c", WITHOUT_UVLOOP, *args], child_env, tmp_path)
+
+    assert_usage_error(refused, f"{module}: uvloop cannot be imported here")
     assert "--event-loop asyncio" in refused.stderr
-    assert len(refused.stderr.splitlines()) == 1, refused.stderr
     assert not db.exists(), "nothing may be created before the loop is settled"
 
-    proc = spawn(["-c", WITHOUT_UVLOOP, *args], log, child_env, tmp_path)
+
+@pytest.mark.parametrize("module", ["sink", "publisher"])
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_an_unknown_event_loop_is_a_usage_error(
+    tmp_path: Path, child_env: dict[str, str], module: str, how: str
+) -> None:
+    db = tmp_path / "service.db"
+    args = ["-m", *SERVE_ARGS[module], "--db", str(db), "--port", "0"]
+    env = dict(child_env)
+    if how == "flag":
+        args += ["--event-loop", "trio"]
+    else:
+        env["OUTBOX_EVENT_LOOP"] = "trio"
+
+    refused = run_to_completion(args, env, tmp_path)
+
+    prog = "sink" if module == "sink" else "publisher serve"
+    assert_usage_error(refused, f"{prog}: error: argument --event-loop")
+    assert "trio" in refused.stderr
+    assert not db.exists()
+
+
+def test_without_uvloop_the_default_is_asyncio(tmp_path: Path, child_env: dict[str, str]) -> None:
+    log = tmp_path / "sink.log"
+    args = ["--db", str(tmp_path / "sink.db"), "--host", LOOPBACK, "--port", "0"]
+    proc = spawn(
+        ["-c", WITHOUT_UVLOOP, "sink", *args, "--log-format", "json"], log, child_env, tmp_path
+    )
     try:
         listening(proc, log, SINK_LISTENING, "sink")
         assert listening_record(log)["event_loop"] == "asyncio"
     finally:
         assert stop_process(proc) == 0
+
+
+def health(port: int, timeout_s: float) -> int | str:
+    """GET /healthz on a new connection: the status, or what went wrong."""
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status
+    except (OSError, http.client.HTTPException) as exc:
+        return type(exc).__name__
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_sink_out_of_descriptors_serves_again_once_they_are_back(
+    tmp_path: Path, child_env: dict[str, str], db_rows: Query, loop: str
+) -> None:
+    control = tmp_path / "control"
+    control.mkdir()
+    db, log = tmp_path / "sink.db", tmp_path / "sink.log"
+    args = ["--db", str(db), "--host", LOOPBACK, "--port", "0", "--event-loop", loop]
+    proc = spawn(["-c", OUT_OF_DESCRIPTORS, str(control), *args], log, child_env, tmp_path)
+    try:
+        port = int(listening(proc, log, SINK_LISTENING, "sink")[1])
+        assert health(port, 5.0) == 200
+        (control / "hog").touch()
+        wait_until(lambda: "test: out of descriptors" in log.read_text())
+
+        # No descriptor for a new connection: asyncio's loop leaves it waiting in the
+        # backlog, uvloop accepts and closes it at once. Neither answers.
+        during = [health(port, 0.5) for _ in range(3)]
+        (control / "release").touch()
+        wait_until(lambda: "test: descriptors back" in log.read_text())
+
+        assert 200 not in during, during
+        assert health(port, 5.0) == 200
+        event = {"id": "order-1", "sku": "snack", "qty": 4}
+        assert post_event(port, event) == 200
+        assert db_rows(db, "SELECT id FROM inbox") == [("order-1",)]
+        assert proc.poll() is None, "the sink died"
+        text = log.read_text()
+        assert "Traceback" not in text, text[-2000:]
+        if loop == "asyncio":  # reported once per interval, not once per attempt
+            assert 1 <= text.count("out of system resource") <= 3, text[-2000:]
+    finally:
+        assert stop_process(proc) == 0
+
+
+def post_event(port: int, event: dict[str, Any]) -> int:
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=5.0)
+    try:
+        conn.request("POST", "/events", json.dumps(event), {"Content-Type": "application/json"})
+        return conn.getresponse().status
+    finally:
+        conn.close()

@@ -50,7 +50,7 @@ def test_a_stalled_request_whose_sender_is_gone_is_still_applied_once_its_body_i
     # connection). The pipelined-crash tests rely on this to see the requests that were
     # in flight behind the crashed one.
     sink_db = tmp_path / "sink.db"
-    sink = sink_process(sink_db, "--chaos", "stall=0.5")
+    sink = sink_process(sink_db, "--chaos", "stall=2")
     port = int(sink.url.rsplit(":", 1)[1].split("/")[0])
     body = json.dumps({"id": "order-1", "sku": "snack", "qty": 2}).encode()
     head = (
@@ -62,5 +62,5 @@ def test_a_stalled_request_whose_sender_is_gone_is_still_applied_once_its_body_i
         time.sleep(0.1)  # inside the stall
     # The connection is closed now, before the stall ends.
 
-    wait_until(lambda: db_rows(sink_db, "SELECT id FROM inbox") == [("order-1",)], 5.0)
+    wait_until(lambda: db_rows(sink_db, "SELECT id FROM inbox") == [("order-1",)], 8.0)
     assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(2,)]
