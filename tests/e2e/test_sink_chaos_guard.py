@@ -8,7 +8,7 @@ import json
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from support import LOOPBACK, wait_until
@@ -64,3 +64,47 @@ def test_a_stalled_request_whose_sender_is_gone_is_still_applied_once_its_body_i
 
     wait_until(lambda: db_rows(sink_db, "SELECT id FROM inbox") == [("order-1",)], 8.0)
     assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(2,)]
+
+
+def raw_reply(port: int, head: bytes, body: bytes, timeout_s: float = 10.0) -> tuple[int, Any]:
+    """Send one request as given (the body may be short of its Content-Length); the
+    status and the JSON body of the reply."""
+    with socket.create_connection((LOOPBACK, port), timeout=timeout_s) as sock:
+        sock.sendall(head + body)
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def request_head(port: int, length: int) -> bytes:
+    return (
+        f"POST /events HTTP/1.1\r\nHost: {LOOPBACK}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+@pytest.mark.parametrize("chaos", [[], ["--chaos", "stall=0.2"]], ids=["plain", "stall"])
+def test_a_stall_leaves_the_size_and_time_checks_as_they_are(
+    tmp_path: Path, sink_process: StartSink, db_rows: Query, chaos: list[str]
+) -> None:
+    sink_db = tmp_path / "sink.db"
+    sink = sink_process(sink_db, "--body-timeout", "1", *chaos)
+    port = int(sink.url.rsplit(":", 1)[1].split("/")[0])
+    over_event = b'{"id": "order-1", "pad": "' + b"x" * 20_000 + b'"}'  # over one event's cap
+    over_any = b'{"id": "order-2", "pad": "' + b"x" * 70_000 + b'"}'  # over any request's
+
+    for body in (over_event, over_any):
+        status, reply = raw_reply(port, request_head(port, len(body)), body)
+        assert status == 413, reply
+        assert "error" in reply
+    started = time.monotonic()
+    status, reply = raw_reply(port, request_head(port, 100), b'{"id": "order-3"')
+    assert status == 408, reply
+    assert "did not arrive" in reply["error"]
+    assert time.monotonic() - started < 5.0
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(0,)]
