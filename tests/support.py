@@ -85,6 +85,16 @@ def post_order(port: int, order: dict[str, Any], timeout_s: float = 5.0) -> tupl
         conn.close()
 
 
+def post_event(port: int, event: dict[str, Any], timeout_s: float = 5.0) -> int:
+    """POST one event straight to a sink on loopback; the status."""
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout_s)
+    try:
+        conn.request("POST", "/events", json.dumps(event), {"Content-Type": "application/json"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
 def wait_until(check: Callable[[], bool], timeout_s: float = WAIT_S) -> float:
     """Poll `check` until it holds; the seconds that took. Fails after `timeout_s`."""
     started = time.monotonic()

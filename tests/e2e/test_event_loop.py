@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import LOOPBACK, listening, post_order, spawn, stop_process, wait_until
+from support import (
+    LOOPBACK,
+    listening,
+    post_event,
+    post_order,
+    spawn,
+    stop_process,
+    wait_until,
+)
 
 if TYPE_CHECKING:
     from conftest import Query, StartPublisher, StartSink
@@ -246,12 +254,3 @@ def test_a_sink_out_of_descriptors_serves_again_once_they_are_back(
             assert 1 <= text.count("out of system resource") <= 3, text[-2000:]
     finally:
         assert stop_process(proc) == 0
-
-
-def post_event(port: int, event: dict[str, Any]) -> int:
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=5.0)
-    try:
-        conn.request("POST", "/events", json.dumps(event), {"Content-Type": "application/json"})
-        return conn.getresponse().status
-    finally:
-        conn.close()

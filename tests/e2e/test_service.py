@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import LOOPBACK, STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, post_order, wait_until
+from support import (
+    LOOPBACK,
+    STARTUP_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    post_event,
+    post_order,
+    wait_until,
+)
 
 from publisher.store import Outbox
 from shared import payload_digest
@@ -483,15 +490,9 @@ def order_args(event: dict[str, Any]) -> tuple[str, ...]:
     return ("--id", event["id"], "--sku", event["sku"], "--qty", str(event["qty"]))
 
 
-def post_event(sink_url: str, event: dict[str, Any]) -> int:
+def post_to_sink(sink_url: str, event: dict[str, Any]) -> int:
     """POST one event straight to a sink on loopback; the status."""
-    port = int(sink_url.rsplit(":", 1)[1].split("/")[0])
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=5.0)
-    try:
-        conn.request("POST", "/events", json.dumps(event), {"Content-Type": "application/json"})
-        return conn.getresponse().status
-    finally:
-        conn.close()
+    return post_event(int(sink_url.rsplit(":", 1)[1].split("/")[0]), event)
 
 
 @pytest.mark.parametrize("ordering", ["global", "sku"])
@@ -512,7 +513,7 @@ def test_an_operator_unblocking_the_head_takes_effect_within_a_poll_interval(
     # head has left the line (quarantine), or that an entry before it is back (redrive).
     db = tmp_path / "source.db"
     sink = sink_process(tmp_path / "sink.db")
-    assert post_event(sink.url, order(2, qty=99)) == 200
+    assert post_to_sink(sink.url, order(2, qty=99)) == 200
     first = "order-001"
     for n in (1, 2, 3):
         accepted = run_cli("publisher", "accept", "--db", str(db), *order_args(order(n)))
