@@ -329,7 +329,8 @@ async def test_a_failed_request_cancels_the_requests_behind_it_at_once(
         relay = relay_for(outbox, flaky, mode, pipeline=8)
         started = time.monotonic()
         async with running(relay):
-            await eventually(lambda: outbox_state(db_rows, db)[failing][1] == 1)
+            # Recorded: one attempt, or already two if the retry came between two polls.
+            await eventually(lambda: outbox_state(db_rows, db)[failing][1] >= 1)
             recorded_s = time.monotonic() - started
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
 

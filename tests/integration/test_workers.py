@@ -353,7 +353,8 @@ async def test_per_sku_lanes_spread_over_three_workers_and_keep_seq_order_per_sk
             async with worker(outbox, url, "w2", **sku) as (two, _):
                 async with worker(outbox, url, "w3", **sku) as (three, _):
                     await eventually(lambda: two.keeper.lines and three.keeper.lines, 15.0)
-                    await accept(outbox, orders(120, skus, start=480))
+                    # Enough that most lanes are still busy when sampled below.
+                    await accept(outbox, orders(480, skus, start=480))
                     await asyncio.sleep(3 * TTL_S / 3)  # three renewals: shares settle
                     held = []
                     for _ in range(5):
