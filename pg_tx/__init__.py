@@ -526,6 +526,9 @@ def describe(exc: BaseException) -> str:
         return "locked by another transaction beyond the lock timeout"
     if isinstance(exc, psycopg.errors.DiskFull):
         return "the database server's disk is full"
+    if isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("40"):
+        # Class 40, transaction rollback: a deadlock, a serialization failure.
+        return f"the server rolled the transaction back: {_first_line(exc)}"
     if isinstance(exc, psycopg.OperationalError):
         return f"the database server cannot be used: {_first_line(exc)}"
     return _first_line(exc)

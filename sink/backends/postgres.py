@@ -386,9 +386,11 @@ class Raced(Exception):
 
 
 def _connection_lost(exc: psycopg.Error) -> bool:
-    """Whether the error is of the connection (or the server), not of a statement."""
+    """Whether the error is of the connection (or the server), not of a statement.
+    A transaction the server rolled back (a deadlock, a lost race) is of the
+    statement: the connection is fine, and the calls can still go the long way."""
     return isinstance(exc, psycopg.OperationalError) and not isinstance(
-        exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled
+        exc, (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled, *_RETRYABLE)
     )
 
 

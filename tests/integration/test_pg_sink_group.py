@@ -160,6 +160,58 @@ async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
     assert dict(database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 1}
 
 
+# How many times in a row the server rolls back the first INSERT statements into the
+# inbox, as it does for a lost race (serialization_failure) or a deadlock: a sequence,
+# as its values are not rolled back with the transaction.
+ROLLED_BACK = """
+CREATE SEQUENCE rolled_back;
+CREATE FUNCTION roll_back_first() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('rolled_back') <= {times} THEN
+        RAISE EXCEPTION 'rolled back on purpose' USING ERRCODE = '{code}';
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER roll_back_first BEFORE INSERT ON inbox
+    FOR EACH STATEMENT EXECUTE FUNCTION roll_back_first();
+"""
+
+
+@pytest.mark.parametrize("code", ["serialization_failure", "deadlock_detected"])
+async def test_a_batch_whose_one_statement_keeps_being_rolled_back_goes_in_the_long_way(
+    inbox: Inbox, database: PgAccess, code: str
+) -> None:
+    # Another sink racing on the same IDs can make the one-statement insert lose
+    # every attempt (each retry starts before the other's transaction commits): the
+    # batch then goes in the long way, which waits for the other and counts its
+    # duplicates, instead of failing the request.
+    database.execute(ROLLED_BACK.format(times=3, code=code))
+
+    got = await inbox.receive_batch([event("a"), event("b", "tea", 2)])
+
+    assert [r.receipt for r in got.received] == [Receipt.APPLIED, Receipt.APPLIED]
+    assert database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
+    assert dict(database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 2}
+    assert await inbox.count() == 2
+    # The three attempts of the one statement, then the long way's statements.
+    assert database.query("SELECT last_value > 3 FROM rolled_back") == [(True,)]
+
+
+async def test_a_batch_rolled_back_on_every_attempt_fails_and_writes_nothing(
+    inbox: Inbox, database: PgAccess
+) -> None:
+    database.execute(ROLLED_BACK.format(times=1000, code="serialization_failure"))
+
+    with pytest.raises(
+        StorageError, match="the server rolled the transaction back: rolled back on"
+    ):
+        await inbox.receive_batch([event("a"), event("b", "tea", 2)])
+
+    assert database.query("SELECT count(*) FROM inbox") == [(0,)]
+    assert database.query("SELECT count(*) FROM inventory") == [(0,)]
+    assert await inbox.count() == 0
+
+
 @pytest.mark.parametrize("requests", [1, 2], ids=["alone", "shared"])
 @pytest.mark.parametrize("order", ["same", "reversed"])
 async def test_two_connections_racing_on_one_batch_apply_each_event_once(
