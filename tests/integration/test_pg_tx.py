@@ -119,13 +119,13 @@ def test_the_log_filter_drops_both_warnings_psycopg_logs_on_leaving_a_failed_pip
 
     from psycopg import _pipeline_async, _pipeline_base
 
-    from pg_tx import _QuietAbortedPipeline
+    from pg_tx.driver_log import QuietAbortedPipeline
 
     logged = {
         "error ignored terminating %r: %s": Path(_pipeline_async.__file__).read_text(),
         "error ignored exiting %r: %s": Path(_pipeline_base.__file__).read_text(),
     }
-    quiet = _QuietAbortedPipeline()
+    quiet = QuietAbortedPipeline()
     for message, source in logged.items():
         assert f'"{message}"' in source, message
         record = logging.LogRecord("psycopg", logging.WARNING, "", 0, message, ("p", "e"), None)

@@ -1,0 +1,167 @@
+"""The database handle of one store: PgDatabase, what a PostgreSQL backend holds.
+
+It ties the other modules together for a side: opens the pool on a URI with the
+side's schema up to date, lends connections and durable transactions with driver
+errors translated, probes writability, and listens for wake-ups (LISTEN/NOTIFY).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+import psycopg
+
+from plumbing.storage import StorageError
+
+from .errors import first_line, translated
+from .migrations import migrate
+from .pool import Conn, Pool, close_quietly
+from .settings import Settings, connection_kwargs, parse
+from .transactions import SNAPSHOT, durable
+
+T = TypeVar("T")
+
+PROBE_LOCK_WAIT_MS: Final = 1_000
+
+
+class PgDatabase:
+    """A connection pool on one database, its schema brought up to date for one side."""
+
+    def __init__(self, pool: Pool, settings: Settings, side: str) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.side = side
+
+    @property
+    def location(self) -> str:
+        return self.settings.display
+
+    @classmethod
+    async def open(
+        cls, url: str, *, side: str, migrations: Sequence[str], probe_table: str
+    ) -> PgDatabase:
+        """Connect, bring `side`'s schema to the newest of `migrations` (each applied
+        once, in a transaction of its own, under an advisory lock so that processes
+        starting together migrate once), and open the pool. StorageError if the
+        server cannot be reached or its schema is newer than `migrations` knows."""
+        settings = parse(url)
+        kwargs = connection_kwargs(settings, side)
+        try:
+            first = await psycopg.AsyncConnection.connect(settings.conninfo, **kwargs)
+        except psycopg.Error as exc:
+            raise StorageError(f"{settings.display}: cannot connect: {first_line(exc)}") from exc
+        try:
+            async with translated(settings.display):
+                await migrate(first, side, migrations)
+        except BaseException:
+            await close_quietly(first)
+            raise
+        pool = Pool(settings, kwargs)
+        pool.adopt(first)  # the pool's first connection
+        db = cls(pool, settings, side)
+        db._probe_table = probe_table
+        return db
+
+    _probe_table = ""
+
+    # ------------------------------------------------------------------ transactions
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A connection of the pool, outside any transaction (autocommit off: the
+        first statement begins one), with driver errors translated."""
+        async with translated(self.location), self.pool.connection() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, *, pipeline: bool = False) -> AsyncIterator[Conn]:
+        """A transaction that commits on the way out (rolls back on an error), with
+        every commit durable before it returns: synchronous_commit is set on for the
+        transaction, whatever the server's or the role's default, and a lock is waited
+        for at most LOCK_WAIT_MS.
+
+        With `pipeline`, in psycopg's pipeline mode: BEGIN, the statements and COMMIT
+        go to the server without waiting for each reply, in one round trip unless a
+        result is fetched inside (which waits for the replies so far)."""
+        async with self.connection() as conn, durable(conn, pipeline=pipeline):
+            yield conn
+
+    async def dedicated(self, application_name: str) -> Conn:
+        """A connection of its own, outside the pool, in autocommit, for a session
+        that must last (a session-level lock); the caller closes it. Its
+        `application_name` is what pg_stat_activity shows for it."""
+        kwargs = {**connection_kwargs(self.settings, self.side), "autocommit": True}
+        kwargs["application_name"] = application_name
+        async with translated(self.location):
+            return await psycopg.AsyncConnection.connect(self.settings.conninfo, **kwargs)
+
+    async def query(
+        self, statement: bytes | str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """The rows of one statement run on its own (autocommit: one round trip, no
+        BEGIN or COMMIT). For a read that needs no other read to agree with it."""
+        query = statement.encode() if isinstance(statement, str) else statement
+        async with self.connection() as conn:
+            await conn.set_autocommit(True)
+            try:
+                cursor = await conn.execute(query, params)
+                return await cursor.fetchall() if cursor.description is not None else []
+            finally:
+                await conn.set_autocommit(False)
+
+    async def run(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """`await fn(conn)` inside one durable transaction; its result."""
+        async with self.transaction() as conn:
+            return await fn(conn)
+
+    async def read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """`await fn(conn)` in one read-only snapshot (REPEATABLE READ): several reads
+        that must agree see one state."""
+        async with self.connection() as conn, conn.transaction():
+            await conn.execute(SNAPSHOT)
+            return await fn(conn)
+
+    async def check_writable(self) -> None:
+        """Return when a durable write commits now, else StorageError with a short
+        reason: a real update of the side's probe row, waiting at most
+        PROBE_LOCK_WAIT_MS for its lock, committed and flushed (a rolled-back write
+        would prove nothing of disk space)."""
+        table = self._probe_table
+        async with self.transaction() as conn:
+            await conn.execute(f"SET LOCAL lock_timeout = {PROBE_LOCK_WAIT_MS}".encode())
+            await conn.execute(f"UPDATE {table} SET at = %s WHERE id = 1".encode(), (time.time(),))
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    # ------------------------------------------------------------------ wake-ups
+
+    async def notifications(self, channel: str) -> AsyncIterator[None]:
+        """Yield once per NOTIFY on `channel` received (several close together may be
+        one), from a connection of its own that is opened again whenever it is lost.
+        Only a signal: what changed is read from the tables. Behind a pooler that
+        does not pass NOTIFY on, nothing arrives and polling carries on alone."""
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.settings.conninfo,
+                    autocommit=True,
+                    **connection_kwargs(self.settings, self.side),
+                )
+            except psycopg.Error:
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                await conn.execute(f"LISTEN {channel}".encode())
+                yield None  # listening now: whatever was notified before is read anyway
+                async for _ in conn.notifies():
+                    yield None
+            except psycopg.Error:
+                await asyncio.sleep(1.0)  # the server went away: listen again when back
+            finally:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()

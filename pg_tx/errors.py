@@ -1,0 +1,63 @@
+"""The one place where driver errors become StorageError.
+
+The services only know StorageError (plumbing.storage): psycopg's errors and the
+pool's are translated here, at the boundary, each into one line that is fit for an
+HTTP reply or a CLI message and tells an operator what went wrong, not how the
+driver put it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import psycopg.errors
+
+from plumbing.storage import StorageError
+
+from .pool import POOL_WAIT_S, PoolTimeout
+
+
+@contextlib.asynccontextmanager
+async def translated(where: str) -> AsyncIterator[None]:
+    """psycopg's and the pool's errors as StorageError, with a short reason."""
+    try:
+        yield
+    except PoolTimeout as exc:
+        raise StorageError(f"{where}: no free database connection in {POOL_WAIT_S:g} s") from exc
+    except psycopg.Error as exc:
+        raise StorageError(f"{where}: {describe(exc)}") from exc
+
+
+def describe(exc: BaseException) -> str:
+    """One line saying what went wrong, fit for an HTTP reply or a CLI message."""
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return "the database is read-only"
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return "locked by another transaction beyond the lock timeout"
+    if isinstance(exc, psycopg.errors.DiskFull):
+        return "the database server's disk is full"
+    if isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("40"):
+        # Class 40, transaction rollback: a deadlock, a serialization failure.
+        return f"the server rolled the transaction back: {first_line(exc)}"
+    if isinstance(exc, psycopg.OperationalError):
+        return f"the database server cannot be used: {first_line(exc)}"
+    return first_line(exc)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (the driver's may go on with DETAIL and
+    CONTEXT lines), or its type's name if it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def translated_sync(where: str) -> Iterator[None]:
+    """The same translation for synchronous psycopg code (the caller's own
+    connection, in the embedding API)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise StorageError(f"{where}: {describe(exc)}") from exc
