@@ -1,0 +1,196 @@
+"""The database handle of one file: Database, one connection and its worker thread.
+
+aiosqlite hops to its worker thread for every awaited call, so a transaction written
+as one await per statement pays for BEGIN, each statement and COMMIT separately.
+Here a whole transaction is a plain function that runs on that thread in one go
+(`run`), or on the event loop's thread when that is quicker and safe (`run_inline`);
+the connection's busy timeout follows the thread it runs on. The writability probe
+is here too: it needs the connection and the file it was opened on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import aiosqlite
+
+from plumbing.storage import StorageError
+
+from .aiosqlite_internals import AiosqliteChanged, check_internals, raw_connection, run_on_worker
+from .connect import BUSY_TIMEOUT_MS, connect, prepare
+from .transactions import is_busy, transaction
+
+T = TypeVar("T")
+
+# The writability probe: one row, updated in place by a committed transaction. Each
+# side's migrations create `health` with that row.
+PROBE_WRITE = "UPDATE health SET at = ? WHERE id = 1"
+
+
+class Database:
+    """One SQLite connection, owned by aiosqlite's worker thread."""
+
+    def __init__(self, connection: aiosqlite.Connection, path: str) -> None:
+        self._connection = connection
+        self.path = path
+        # Calls handed to the worker thread, and calls it has finished: each counter is
+        # written by one thread only. A cancelled await does not stop the worker, so
+        # only the worker can say when the connection is free again.
+        self._submitted = 0
+        self._finished = 0
+        self._closing = False  # set by close(): no call may start after it
+        # The busy timeout the connection has now: 0 while used inline (never wait on
+        # the loop), BUSY_TIMEOUT_MS on the worker thread. Switched only when the side
+        # changes, so back-to-back calls on one side run no PRAGMA at all.
+        self._busy_timeout_ms = BUSY_TIMEOUT_MS
+        self._file = _identity(self.path)  # the file opened, to tell if it goes away
+        self._probing: asyncio.Future[None] | None = None  # the probe in progress
+
+    @classmethod
+    async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
+        """Open (or create) the file, set the pragmas and bring the schema up to date.
+
+        Raises StorageError; its subclass AiosqliteChanged if the installed aiosqlite
+        lacks the internals this module runs on (see aiosqlite_internals).
+        """
+        connection = await connect(path)
+        try:
+            await check_internals(connection)
+        except AiosqliteChanged:
+            # With its internals changed, aiosqlite's own close() may fail too; the
+            # error worth reporting is the one that says what changed.
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise
+        db = cls(connection, str(path))
+        try:
+            await db.run(lambda conn: prepare(conn, migrations))
+        except BaseException:
+            await connection.close()
+            raise
+        return db
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(connection)` on the database thread and return its result;
+        StorageError once close() has begun."""
+        if self._closing:
+            raise StorageError(f"{self.path}: the database is closed")
+        self._submitted += 1
+        try:
+            # aiosqlite's private queue (see aiosqlite_internals): the only way to run
+            # a whole transaction on its thread without a hop per statement.
+            result = await run_on_worker(self._connection, self._call, fn)
+        except sqlite3.Error as exc:
+            raise StorageError(f"{self.path}: {exc}") from exc
+        return result
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """On the worker thread."""
+        try:
+            conn = raw_connection(self._connection)
+            self._set_busy_timeout(conn, BUSY_TIMEOUT_MS)
+            return fn(conn)
+        finally:
+            self._finished += 1
+
+    def _set_busy_timeout(self, conn: sqlite3.Connection, ms: int) -> None:
+        if self._busy_timeout_ms != ms:
+            conn.execute(f"PRAGMA busy_timeout = {ms}")
+            self._busy_timeout_ms = ms
+
+    async def run_inline(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a transaction `fn(connection)` on the calling (event loop) thread.
+
+        For writes whose callers cannot answer before their commit anyway: it saves
+        the two thread hand-offs, which on a quick disk cost more than the commit
+        (see InlineWrites, which also says when a write should not run here). The
+        lock is never waited for here: `fn` must begin with BEGIN IMMEDIATE, and if
+        another connection holds the write lock (or a call is still running on the
+        worker thread) the whole call goes to the worker thread, which waits for the
+        lock up to the busy timeout without stalling the loop. Once close() has
+        begun, the call is refused there (StorageError) and never runs here.
+        """
+        if self._submitted == self._finished and not self._closing:
+            conn = raw_connection(self._connection)
+            try:
+                self._set_busy_timeout(conn, 0)
+                return fn(conn)
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc):
+                    raise StorageError(f"{self.path}: {exc}") from exc
+            except sqlite3.Error as exc:
+                raise StorageError(f"{self.path}: {exc}") from exc
+        return await self.run(fn)  # the worker sets the busy timeout back first
+
+    async def check_writable(self) -> None:
+        """Return if the database can take a write now; StorageError saying why not.
+
+        Why this is enough: a write that is rolled back proves nothing (in WAL mode
+        SQLite keeps the pages in memory and never touches the disk), so this commits
+        one: the health row updated in place, on the worker thread like every write,
+        with the same busy timeout and synchronous=FULL. The commit appends a frame
+        to the WAL and syncs it, so a full disk (no block for the frame), a read-only
+        or immutable WAL, a file system gone read-only or an I/O error fail it as they
+        would fail an order; a write lock held elsewhere beyond the busy timeout fails
+        it as "database is locked". What a commit cannot see is checked beside it:
+        the main file made read-only or immutable (the WAL still takes commits until
+        a checkpoint fails, and a new connection, `publisher accept` say, cannot write
+        at all), and the file removed or replaced (the connection would go on writing
+        to an unlinked inode, lost on close). One small fsync'ed commit: cheap enough
+        to run every second.
+
+        Callers while a probe is in progress share it: with the lock held elsewhere a
+        probe takes the busy timeout, and a probe a second must not queue up on the
+        database thread in front of real work.
+        """
+        if self._probing is None:
+            self._probing = asyncio.ensure_future(self.run(self._probe))
+            self._probing.add_done_callback(self._probed)
+        await asyncio.shield(self._probing)
+
+    def _probed(self, probe: asyncio.Future[None]) -> None:
+        self._probing = None
+        if not probe.cancelled():
+            probe.exception()  # retrieved: its callers may all have stopped waiting
+
+    def _probe(self, conn: sqlite3.Connection) -> None:
+        """On the worker thread."""
+        self._check_file()
+        with transaction(conn):
+            if conn.execute(PROBE_WRITE, (time.time(),)).rowcount != 1:
+                raise StorageError(f"{self.path}: the health row is missing")
+
+    def _check_file(self) -> None:
+        if self._file is None:
+            return  # not a file (an in-memory database)
+        now = _identity(self.path)
+        if now is None:
+            raise StorageError(f"{self.path}: the database file is gone")
+        if now != self._file:
+            raise StorageError(f"{self.path}: the database file was replaced")
+        for path in (self.path, f"{self.path}-wal"):
+            if os.path.exists(path) and not os.access(path, os.W_OK):
+                raise StorageError(f"{path}: the file is read-only")
+
+    async def close(self) -> None:
+        """Close the connection and stop its thread. A call made once this has begun
+        (a group commit may still be forming when its service stops) raises
+        StorageError, and never runs inline while the worker closes the connection."""
+        self._closing = True
+        await self._connection.close()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at `path`, None if there is none."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
