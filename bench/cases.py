@@ -20,7 +20,7 @@ import math
 import sqlite3
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -40,10 +40,10 @@ from bench.backlog import (
 from bench.procs import BenchError, Child, Children
 from chaos.dbs import Backend, DbLocation, Place
 from publisher import HttpSender, Outbox
-from publisher.errors import DeliveryError
+from publisher.driver import Result, Verified
 from publisher.metrics import PublisherMetrics
-from publisher.relay import DEFAULT_DEPTH, Relay, RelaySettings
-from publisher.transport import Deliver, DeliverBatch, Transport
+from publisher.relay import Relay
+from publisher.settings import DEFAULT_DEPTH, RelaySettings
 from shared import Event, Lease
 from sqlite_tx import PRAGMAS, Database, transaction
 
@@ -270,36 +270,34 @@ class DeliveryCounter:
 
 @dataclass
 class RequestClock:
-    """Wraps the sender's calls to add up the time spent in requests (sink included)."""
+    """The relay's sender, adding up the time spent in requests (sink included)."""
 
+    sender: HttpSender
     seconds: float = 0.0
     requests: int = 0
 
-    def single(self, send: Deliver) -> Deliver:
-        async def timed(
-            event: Event, after: str | None = None, lease: Lease | None = None
-        ) -> Mapping[str, object]:
-            started = time.perf_counter()
-            try:
-                return await send(event, after=after, lease=lease)
-            finally:
-                self.seconds += time.perf_counter() - started
-                self.requests += 1
+    async def deliver(
+        self, event: Event, /, *, after: str | None = None, lease: Lease | None = None
+    ) -> Verified:
+        started = time.perf_counter()
+        try:
+            return await self.sender.deliver(event, after=after, lease=lease)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.requests += 1
 
-        return timed
+    async def deliver_batch(
+        self, events: Sequence[Event], /, *, after: str | None = None, lease: Lease | None = None
+    ) -> Sequence[Result]:
+        started = time.perf_counter()
+        try:
+            return await self.sender.deliver_batch(events, after=after, lease=lease)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.requests += 1
 
-    def batch(self, send: DeliverBatch) -> DeliverBatch:
-        async def timed(
-            events: Sequence[Event], after: str | None = None, lease: Lease | None = None
-        ) -> Sequence[Mapping[str, object] | DeliveryError]:
-            started = time.perf_counter()
-            try:
-                return await send(events, after=after, lease=lease)
-            finally:
-                self.seconds += time.perf_counter() - started
-                self.requests += 1
-
-        return timed
+    def predecessor_checked(self, event_id: str | None) -> bool:
+        return self.sender.predecessor_checked(event_id)
 
 
 async def relay_drain(
@@ -329,14 +327,14 @@ async def relay_drain(
     sink = ctx.children.start(f"sink-{name}", "sink", "--db", str(sink_db), *chaos)
     try:
         async with Outbox.open(source) as outbox, HttpSender(sink.url) as sender:
-            counter, clock = DeliveryCounter(backlog), RequestClock()
-            deliver = clock.single(sender.deliver)
-            deliver_batch = clock.batch(sender.deliver_batch) if batch else None
-            transport = Transport(deliver, deliver_batch, fenced=sender.fenced_reply)
+            counter, clock = DeliveryCounter(backlog), RequestClock(sender)
             settings = RelaySettings(
-                ordering="sku" if lanes else "global", max_lanes=LANES, pipeline=pipeline
+                batch=batch,
+                ordering="sku" if lanes else "global",
+                max_lanes=LANES,
+                pipeline=pipeline,
             )
-            relay = Relay(outbox, transport, settings, observer=counter)
+            relay = Relay(outbox, clock, settings, observer=counter)
             await sender.lookup("warm-up")  # opens the keep-alive connection before timing
             elapsed = await _drain(outbox, relay, counter, drain_timeout_s(backlog))
         applied, sent = count_rows(sink_db, SINK_APPLIED), count_rows(source, SOURCE_SENT)

@@ -39,28 +39,26 @@ from plumbing.web import add_http_options, http_guard_of, http_limits_of, serve_
 from publisher.chaos import exit_after_ack
 from publisher.console import ConsoleSettings
 from publisher.dispatch import deliver_pending
-from publisher.driver import MAX_DEPTH
 from publisher.errors import DeliveryError, LeaseLost, OutboxError, TargetNotAllowed
 from publisher.http import TIMEOUT_S, HttpSender
-from publisher.lanes import MAX_LANES
+from publisher.lines_view import LinesView, describe_lease, describe_worker, lines_view
 from publisher.orders_file import feed, numbered_lines
-from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app
-from publisher.store import MAX_ACCEPT, Entry, Outbox, QuarantineRecord, State
-from publisher.trace import collect_trace, render_trace, when
-from publisher.transport import Transport
-from publisher.workers import (
+from publisher.settings import (
+    DEFAULT_DEPTH,
     DEFAULT_LEASE_TTL_S,
-    LinesView,
+    MAX_DEPTH,
+    MAX_LANES,
+    POLL_INTERVAL_S,
+    RelaySettings,
     WorkerSettings,
     check_lease_ttl,
     check_worker_id,
-    describe_lease,
-    describe_worker,
-    lines_view,
     worker_id_for,
 )
+from publisher.store import MAX_ACCEPT, Entry, Outbox, QuarantineRecord, State
+from publisher.trace import collect_trace, render_trace, when
 from shared import GLOBAL_LINE, MAX_BATCH, Conflict, InvalidEvent, validate_event_id
 
 PROG: Final = "publisher"
@@ -406,16 +404,16 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
 
     sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=load_token(args.token_file))
     log_egress(args.sink, args.allow_host)
-    batch = sender.deliver_batch if args.delivery == "batch" else None
     # A one-shot relay: it delivers, so it takes the relay lock like publisher serve
     # (on SQLite that refuses it beside one), and the leases of the lines it delivers
     # (LineHeld, nothing sent, while a relay worker holds one).
     worker = WorkerSettings(worker_id_for(args.db, None, dispatch=True))
+    settings = RelaySettings(
+        limit=args.limit, batch=args.delivery == "batch", pipeline=1, worker=worker
+    )
     async with sender, Outbox.open(args.db) as outbox, outbox.relay_lock("publisher dispatch"):
         try:
-            marked = await deliver_pending(
-                outbox, Transport(sender.deliver, batch), args.limit, after_delivery, worker
-            )
+            marked = await deliver_pending(outbox, sender, settings, after_delivery)
         except (DeliveryError, LeaseLost) as exc:
             done = f"{len(delivered)} delivered ({', '.join(delivered) or 'none'}), then"
             return fail(PROG, f"dispatch stopped: {done} {exc}")
@@ -440,17 +438,19 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         sink=tuple(args.sink),
         allowed_hosts=tuple(args.allow_host),
         token=load_token(args.token_file),
-        limit=args.limit,
-        poll_interval_s=args.poll_interval,
-        retry=RetryPolicy(args.retry_base, args.retry_cap, args.quarantine_after),
         send_timeout_s=args.send_timeout,
-        batch_delivery=args.delivery == "batch",
-        ordering=args.ordering,
-        max_lanes=args.lanes,
-        pipeline=args.pipeline,
         intake_token=intake_token,
         guard=http_guard_of(args),
-        worker=WorkerSettings(worker_id_for(args.db, args.worker_id), args.lease_ttl),
+        relay=RelaySettings(
+            limit=args.limit,
+            batch=args.delivery == "batch",
+            pipeline=args.pipeline,
+            ordering=args.ordering,
+            max_lanes=args.lanes,
+            poll_interval_s=args.poll_interval,
+            retry=RetryPolicy(args.retry_base, args.retry_cap, args.quarantine_after),
+            worker=WorkerSettings(worker_id_for(args.db, args.worker_id), args.lease_ttl),
+        ),
         console=None if args.no_console else ConsoleSettings(token=console_token),
     )
     hook = exit_after_ack(args.chaos) if args.chaos else None

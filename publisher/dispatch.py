@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from publisher.driver import AfterDelivery, Driver, LineOptions, OutboxLine, Result, SendUnit
+from publisher.driver import AfterDelivery, Driver, OutboxLine, Result, Sender, Verified
 from publisher.errors import LeaseLost, NotAcknowledged, OutboxError
+from publisher.leases import LeaseKeeper
+from publisher.settings import RelaySettings
 from publisher.store import Mark, Outbox, Pending, check_limit
-from publisher.transport import Transport
-from publisher.workers import LeaseKeeper, WorkerSettings
 from shared import GLOBAL_LINE, MAX_BATCH, Event, Lease
 
 Send = Callable[[Event], Awaitable[object]]
@@ -81,6 +81,36 @@ def _collect(marked: list[str]) -> Callable[..., None]:
     return report
 
 
+@dataclass(frozen=True)
+class _Callbacks:
+    """A Sender over the library's plain callbacks: `send(event)` for one event per
+    request, `send_batch(events)` for one request. They know nothing of predecessors
+    or leases, and a dispatch names neither."""
+
+    send: Send | None = None
+    send_batch: SendBatch | None = None
+
+    async def deliver(
+        self, event: Event, /, *, after: str | None = None, lease: Lease | None = None
+    ) -> Verified:
+        assert self.send is not None
+        event_id = event["id"]  # before the callback can change its copy
+        result = await self.send(event)
+        if result is not True:
+            raise NotAcknowledged(f"send returned {result!r} for {event_id!r}, not True")
+        return None
+
+    async def deliver_batch(
+        self, events: Sequence[Event], /, *, after: str | None = None, lease: Lease | None = None
+    ) -> Sequence[Result]:
+        assert self.send_batch is not None
+        ids = [event["id"] for event in events]
+        return _batch_results(ids, await self.send_batch(list(events)))
+
+    def predecessor_checked(self, event_id: str | None) -> bool:
+        return False
+
+
 async def dispatch(
     outbox: PendingStore,
     send: Send,
@@ -97,19 +127,9 @@ async def dispatch(
     pending. The mark of an entry overlaps the send of the next one, and is committed
     before dispatch returns or raises.
     """
-    check_limit(limit)
-
-    async def one(
-        events: list[Event], after: str | None, lease: Lease | None = None
-    ) -> Sequence[Result]:
-        event_id = events[0]["id"]  # before the callback can change its copy
-        result = await send(events[0])
-        if result is not True:
-            raise NotAcknowledged(f"send returned {result!r} for {event_id!r}, not True")
-        return [None]
-
+    settings = _once(limit, batch=False)
     line = _PlainLine(outbox.pending, _marking_each(outbox))
-    return await _run_once(line, one, LineOptions(read_limit=limit, once=True), after_delivery)
+    return await _run_once(line, _Callbacks(send=send), settings, after_delivery)
 
 
 async def dispatch_batch(
@@ -127,17 +147,15 @@ async def dispatch_batch(
     exception from `send_batch` itself propagates as the same object. The prefix is
     hooked, then marked in one transaction, before any failure is raised.
     """
-    check_limit(limit)
-
-    async def batch(
-        events: list[Event], after: str | None, lease: Lease | None = None
-    ) -> Sequence[Result]:
-        ids = [event["id"] for event in events]
-        return _batch_results(ids, await send_batch(events))
-
-    options = LineOptions(per_request=limit, read_limit=limit, once=True)
+    settings = _once(limit, batch=True)
     line = _PlainLine(outbox.pending, outbox.mark_sent_many)
-    return await _run_once(line, batch, options, after_delivery)
+    return await _run_once(line, _Callbacks(send_batch=send_batch), settings, after_delivery)
+
+
+def _once(limit: int, *, batch: bool) -> RelaySettings:
+    """The settings of one read delivered once: no pipeline, no leases (ValueError
+    for a `limit` outside 1 to 16)."""
+    return RelaySettings(limit=check_limit(limit), batch=batch, pipeline=1, worker=None)
 
 
 def _batch_results(ids: list[str], results: Sequence[object]) -> list[Result]:
@@ -161,12 +179,13 @@ def _batch_results(ids: list[str], results: Sequence[object]) -> list[Result]:
 
 async def _run_once(
     line: _PlainLine,
-    send: SendUnit,
-    options: LineOptions,
+    sender: _Callbacks,
+    settings: RelaySettings,
     after_delivery: AfterDelivery | None,
 ) -> list[str]:
     marked: list[str] = []
-    driver = Driver(line, send, options, after_delivery=after_delivery, report=_collect(marked))
+    report = _collect(marked)
+    driver = Driver(line, sender, settings, once=True, after_delivery=after_delivery, report=report)
     await driver.run()
     return marked
 
@@ -189,28 +208,27 @@ TAKE_ROUNDS: Final = 3  # reads of the batch while taking its lanes' leases
 
 async def deliver_pending(
     outbox: Outbox,
-    transport: Transport,
-    limit: int = MAX_BATCH,
+    sender: Sender,
+    settings: RelaySettings,
     after_delivery: AfterDelivery | None = None,
-    worker: WorkerSettings | None = None,
 ) -> list[str]:
-    """One batch of the Outbox delivered over `transport` (`publisher dispatch`): one
-    request per entry, or one for the batch; each verified ACK is kept with its mark.
+    """One batch of the Outbox delivered through `sender` (`publisher dispatch`): one
+    request per entry, or one for the batch (`settings.batch`), up to
+    `settings.limit` entries; each verified ACK is kept with its mark.
     On a failure about an entry, the attempt is recorded on it before the failure is
     raised.
 
-    With `worker`, the batch is delivered under leases, as a relay worker would: the
+    With `settings.worker`, the batch is delivered under leases, as a relay worker would: the
     global line's (carried by every request and fencing every write) and that of
     each lane (SKU) in the batch, all taken before anything is sent and released at
     the end; LineHeld, nothing sent, if another worker holds any of them."""
-    check_limit(limit)
-    if worker is None:
-        return await _deliver(outbox, transport, limit, after_delivery, None)
-    keeper = LeaseKeeper(outbox, worker)
+    if settings.worker is None:
+        return await _deliver(outbox, sender, settings, after_delivery, None)
+    keeper = LeaseKeeper(outbox, settings.worker)
     await keeper.start()
     try:
-        lease = await _take_lines(outbox, keeper, limit)
-        return await _deliver(outbox, transport, limit, after_delivery, lease, keeper)
+        lease = await _take_lines(outbox, keeper, settings.limit)
+        return await _deliver(outbox, sender, settings, after_delivery, lease, keeper)
     finally:
         await keeper.stop()
 
@@ -240,19 +258,18 @@ async def _take(outbox: Outbox, keeper: LeaseKeeper, line: str) -> Lease:
 
 async def _deliver(
     outbox: Outbox,
-    transport: Transport,
-    limit: int,
+    sender: Sender,
+    settings: RelaySettings,
     after_delivery: AfterDelivery | None,
     lease: Lease | None,
     keeper: LeaseKeeper | None = None,
 ) -> list[str]:
-    per_request = limit if transport.batches else 1
-    options = LineOptions(per_request=per_request, read_limit=limit, once=True)
     marked: list[str] = []
     driver = Driver(
         OutboxLine(outbox),
-        transport.send,
-        options,
+        sender,
+        settings,
+        once=True,
         after_delivery=after_delivery,
         may_send=lambda: keeper is None or keeper.holds(lease),
         report=_collect(marked),

@@ -8,10 +8,11 @@ or one lane per SKU) all run a `Driver`:
 - Entries are read in seq order, and sent as copies: a callback that mutates its
   argument cannot redirect the mark. A read has finished, and holds no lock, before
   anything it returned is sent.
-- Requests go out in order. Up to `depth` may be in flight; each but the first names
-  the last event of the one before (`after`, the Outbox-After header), and the sink
-  applies nothing of it unless that event is in its inbox. So the sink never applies
-  entries out of order, whatever order the requests arrive in.
+- Requests go out in order. Up to `pipeline` may be in flight; each but the first
+  names the last event of the one before (`after`, the Outbox-After header), and the
+  sink's predecessor check applies nothing of it unless that event is in its inbox.
+  So the sink never applies entries out of order, whatever order the requests arrive
+  in.
 - Results are taken in the order the requests were sent. The verified prefix of each
   is handed to the after-delivery hook, then marked sent with its ACKs. Marks of
   requests taken one after another share a commit; every mark is committed before
@@ -21,16 +22,21 @@ or one lane per SKU) all run a `Driver`:
   as the same object. Nothing after a failure is marked, and the sink holds nothing
   after a gap.
 
-Under a lease (a relay worker's line, see publisher.workers), every request carries
+Under a lease (a relay worker's line, see publisher.leases), every request carries
 it and every mark is fenced by it: `run(lease)`. A refusal under it (LeaseLost from
 a mark, FencedBySink from a request) ends the run like any failure, and the caller
 stops the line. `may_send` is asked before every send: once the worker no longer
 holds the lease nothing more is sent, and the requests in flight are settled.
 
-With `fenced` (HttpSender.fenced_reply), the sink is trusted to enforce Outbox-After
-only once it has said so: a run sends one request at a time, unfenced (the one before
-is verified by then), until the reply of the request just taken said it enforces
-the header, and goes back to one whenever such a reply has not.
+The sink is trusted to enforce the predecessor check only once it has said so
+(`Sender.predecessor_checked`): a run sends one request at a time, naming no
+predecessor (the one before is verified by then), until the reply of the request
+just taken said the sink enforces the check, and goes back to one whenever such a
+reply has not.
+
+Requests go through a `Sender`: `HttpSender` itself, with no adapter between, or
+anything with its three methods (the library's `dispatch` wraps its plain callbacks
+in one).
 """
 
 from __future__ import annotations
@@ -46,13 +52,13 @@ from typing import Any, Final, NamedTuple, Protocol
 
 from plumbing.logs import Throttled
 from publisher.errors import NotAcknowledged
+from publisher.settings import RelaySettings
 from publisher.store import MAX_READ, Mark, Outbox, Pending
-from shared import MAX_BATCH, Event, Lease
+from shared import Event, Lease
 
 log = logging.getLogger(__name__)
 
-FENCE_NOT_MET: Final = 412  # the sink's answer to a request whose predecessor it lacks
-MAX_DEPTH: Final = 16
+PREDECESSOR_MISSING: Final = 412  # the sink's answer to a request whose predecessor it lacks
 
 # What a request says of one event: the verified ACK (None when the sender verified
 # it without an ACK body to keep), or the failure that ends the verified prefix.
@@ -61,15 +67,31 @@ Result = Verified | BaseException
 AfterDelivery = Callable[[str], object]
 
 
-class SendUnit(Protocol):
-    """Sends one request: copies of the events in order, fenced on `after` (None: not
-    fenced), under `lease` (passed only when there is one). Returns one result per
-    event for a verified prefix, then at most one failure; or raises, and the whole
-    request failed."""
+class Sender(Protocol):
+    """What a line's requests go through: HttpSender, or anything with these methods.
 
-    def __call__(
-        self, events: list[Event], after: str | None, lease: Lease | None = None
-    ) -> Awaitable[Sequence[Result]]: ...
+    `after` names the event sent just before (None: no predecessor check), `lease`
+    the line's lease (None: not leased). A request that fails as a whole raises.
+    """
+
+    def deliver(
+        self, event: Event, /, *, after: str | None = None, lease: Lease | None = None
+    ) -> Awaitable[Verified]:
+        """One event in one request: its verified ACK (None when there is no ACK
+        body to keep), else raise."""
+        ...
+
+    def deliver_batch(
+        self, events: Sequence[Event], /, *, after: str | None = None, lease: Lease | None = None
+    ) -> Awaitable[Sequence[Result]]:
+        """Events in one request: one result per event for a verified prefix, then at
+        most one failure."""
+        ...
+
+    def predecessor_checked(self, event_id: str | None) -> bool:
+        """Whether the sink is known to enforce the predecessor check: as its reply to
+        the request that began with `event_id` said, or (None) before any request."""
+        ...
 
 
 class LineStore(Protocol):
@@ -113,27 +135,12 @@ class OutboxLine:
             await self.outbox.mark_sent_many(marks, lease)
 
 
-@dataclass(frozen=True)
-class LineOptions:
-    """How a line is delivered."""
-
-    per_request: int = 1  # events in one request (1: POST /events, more: a batch)
-    depth: int = 1  # requests in flight at once (above 1: fenced, see the module doc)
-    read_limit: int = MAX_BATCH  # entries per read, at least
-    once: bool = False  # read once and deliver that (dispatch), or until drained (relay)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.depth <= MAX_DEPTH:
-            raise ValueError(f"pipeline depth {self.depth} is not between 1 and {MAX_DEPTH}")
-        if not 1 <= self.per_request <= self.read_limit <= MAX_READ:
-            raise ValueError(f"bad request size {self.per_request} or read {self.read_limit}")
-
-    @property
-    def read_size(self) -> int:
-        """One read serves every request in flight at once (not one read per request)."""
-        if self.once:
-            return self.read_limit
-        return min(max(self.read_limit, self.depth * self.per_request), MAX_READ)
+def read_size(settings: RelaySettings, once: bool) -> int:
+    """Entries per read: `limit` for a single read (dispatch); otherwise enough for
+    every request in flight at once (not one read per request). Pure."""
+    if once:
+        return settings.limit
+    return min(max(settings.limit, settings.pipeline * settings.per_request), MAX_READ)
 
 
 class Prefix(NamedTuple):
@@ -151,14 +158,14 @@ class Request(NamedTuple):
     rows: list[Pending]
     task: asyncio.Task[Sequence[Result]]
     started: float
-    fenced: bool  # sent with `after`
+    checked: bool  # sent naming its predecessor (`after`)
 
 
 @dataclass
 class _Run:
     """The state of one `run`."""
 
-    trusted: bool  # several requests in flight, each fenced
+    trusted: bool  # several requests in flight, each naming its predecessor
     queue: collections.deque[Pending]
     in_flight: collections.deque[Request]
     reading: asyncio.Task[list[Pending]] | None = None
@@ -181,24 +188,26 @@ class Driver:
     def __init__(
         self,
         line: LineStore,
-        send: SendUnit,
-        options: LineOptions = LineOptions(),
+        sender: Sender,
+        settings: RelaySettings,
         *,
+        once: bool = False,
         after_delivery: AfterDelivery | None = None,
         may_send: Callable[[], bool] = _always,
         report: Reporter | None = None,
-        fenced: Callable[[str], bool] | None = None,
         log: Throttled | None = None,
     ) -> None:
+        """`once`: read once and deliver that (dispatch), else until drained (relay)."""
         self._line = line
         # Repeated failures are logged once per interval with a count (plumbing.logs).
         self._log = Throttled(logging.getLogger(__name__)) if log is None else log
-        self._send = send
-        self._options = options
+        self._sender = sender
+        self._settings = settings
+        self._once = once
+        self._read_size = read_size(settings, once)
         self._after_delivery = after_delivery
         self._may_send = may_send
         self._report = report
-        self._fenced = fenced if options.depth > 1 else None
         self._marks: dict[asyncio.Future[None], list[str]] = {}
         self._mark_failed: BaseException | None = None
         self.held: dict[str, Pending] = {}
@@ -210,7 +219,8 @@ class Driver:
         one read are done), `may_send` says no, or a request fails. Returns how many
         entries were marked sent, all committed by then; raises the first failure.
         With `lease`, every request carries it and every mark is fenced by it."""
-        trusted = self._options.depth > 1 and self._fenced is None
+        pipelined = self._settings.pipeline > 1
+        trusted = pipelined and self._sender.predecessor_checked(None)
         run = _Run(trusted, collections.deque(), collections.deque())
         self.held, self.failed_entry, self._lease = {}, None, lease
         try:
@@ -224,8 +234,8 @@ class Driver:
 
     async def _drive(self, run: _Run) -> int:
         marked = 0
-        if self._options.once:
-            self._queue(run, await self._line.read(self._options.read_size, ()))
+        if self._once:
+            self._queue(run, await self._line.read(self._read_size, ()))
             run.drained = True
         while True:
             self._raise_mark_failure()
@@ -241,8 +251,8 @@ class Driver:
                 continue  # send more before taking a result
             request = run.in_flight.popleft()
             marked += await self._take(request)
-            if self._fenced is not None:
-                run.trusted = self._fenced(request.rows[0].event["id"])
+            if self._settings.pipeline > 1:
+                run.trusted = self._sender.predecessor_checked(request.rows[0].event["id"])
 
     def _raise_mark_failure(self) -> None:
         if self._mark_failed is not None:
@@ -252,7 +262,7 @@ class Driver:
     def _collect_read(self, run: _Run) -> None:
         if run.reading is not None and run.reading.done():
             rows, run.reading = run.reading.result(), None
-            run.drained = len(rows) < self._options.read_size
+            run.drained = len(rows) < self._read_size
             self._queue(run, rows)
 
     def _read_ahead(self, run: _Run) -> None:
@@ -260,7 +270,8 @@ class Driver:
         slot, so it runs while requests are in flight (with one request of one event
         in flight: while the last entry read is sent). Reading is then never on the
         path from one result to the next send."""
-        low_water = min(self._options.per_request * self._options.depth, self._options.read_size)
+        settings = self._settings
+        low_water = min(settings.per_request * settings.pipeline, self._read_size)
         if run.reading is None and not run.drained and len(run.queue) < low_water:
             run.reading = asyncio.ensure_future(self._read())
 
@@ -272,13 +283,13 @@ class Driver:
     async def _read(self) -> list[Pending]:
         """The next entries of the line, leaving out those held here or being marked."""
         skip = {*self.held, *(i for ids in self._marks.values() for i in ids)}
-        return await self._line.read(self._options.read_size, skip)
+        return await self._line.read(self._read_size, skip)
 
     def _send_ready(self, run: _Run) -> None:
         """Send while a slot is free: a short request only once the line has no more."""
-        size = self._options.per_request
+        size = self._settings.per_request
         while (
-            len(run.in_flight) < (self._options.depth if run.trusted else 1)
+            len(run.in_flight) < (self._settings.pipeline if run.trusted else 1)
             and (len(run.queue) >= size or (run.queue and run.drained))
             and self._may_send()
         ):
@@ -292,7 +303,7 @@ class Driver:
     async def _read_came_first(self, run: _Run) -> bool:
         """With a read under way and a slot free, wait for whichever comes first."""
         head = run.in_flight[0].task
-        if run.reading is None or len(run.in_flight) >= self._options.depth:
+        if run.reading is None or len(run.in_flight) >= self._settings.pipeline:
             return False
         await asyncio.wait([head, run.reading], return_when=asyncio.FIRST_COMPLETED)
         return not head.done()
@@ -304,11 +315,11 @@ class Driver:
         try:
             results = await request.task
         except Exception as exc:
-            if not (request.fenced and _fence_not_met(exc)):
+            if not (request.checked and _predecessor_missing(exc)):
                 self._told([], first, exc, request.started)
                 raise
-            # Refused for its fence although the request before it was verified (the
-            # sink gave up waiting, say): send it again without one.
+            # Refused by the predecessor check although the request before it was
+            # verified (the sink gave up waiting, say): send it again naming none.
             results = await self._resend(request)
         verified, acks, failure = _verified_prefix(request.rows, results)
         failed = request.rows[len(verified)] if failure is not None else None
@@ -320,10 +331,11 @@ class Driver:
         self.failed_entry = None
         return len(verified)
 
-    def _request(self, events: list[Event], after: str | None) -> Awaitable[Sequence[Result]]:
-        if self._lease is None:  # a plain SendUnit need not know of leases
-            return self._send(events, after)
-        return self._send(events, after, self._lease)
+    async def _request(self, events: list[Event], after: str | None) -> Sequence[Result]:
+        """One request of the line: the batch, or its one event."""
+        if self._settings.batch:
+            return await self._sender.deliver_batch(events, after=after, lease=self._lease)
+        return [await self._sender.deliver(events[0], after=after, lease=self._lease)]
 
     async def _resend(self, request: Request) -> Sequence[Result]:
         try:
@@ -398,8 +410,8 @@ class Driver:
                 self._log.error(key, "marking delivered entries failed too: %s", failure)
 
 
-def _fence_not_met(exc: Exception) -> bool:
-    return isinstance(exc, NotAcknowledged) and exc.status == FENCE_NOT_MET
+def _predecessor_missing(exc: Exception) -> bool:
+    return isinstance(exc, NotAcknowledged) and exc.status == PREDECESSOR_MISSING
 
 
 def _verified_prefix(rows: list[Pending], results: Sequence[Result]) -> Prefix:
@@ -426,13 +438,12 @@ async def _settle(dropped: Sequence[asyncio.Future[Any]]) -> None:
 
 
 __all__ = [
-    "FENCE_NOT_MET",
-    "MAX_DEPTH",
+    "PREDECESSOR_MISSING",
     "Driver",
-    "LineOptions",
     "LineStore",
     "OutboxLine",
     "Reporter",
     "Result",
-    "SendUnit",
+    "Sender",
+    "read_size",
 ]

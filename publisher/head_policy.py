@@ -17,8 +17,8 @@ from typing import Final, TypeVar
 
 from plumbing.logs import Throttled
 from plumbing.storage import StorageError
+from publisher.delivery_log import RELAY_LOG
 from publisher.errors import DeliveryError, InvalidTransition
-from publisher.outcomes import RELAY_LOG
 from publisher.retry import Random, RetryPolicy, is_permanent, retry_delay_s, should_quarantine
 from publisher.store import Outbox, Pending
 from shared import Lease

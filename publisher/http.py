@@ -35,7 +35,7 @@ from shared import (
 from shared.ack import check_ack, parse_reply
 
 MAX_REPLY_BYTES: Final = 4096
-FENCED_REPLIES_KEPT: Final = 4096  # requests whose reply's fencing header is remembered
+CHECKED_REPLIES_KEPT: Final = 4096  # requests whose reply's predecessor check is remembered
 CONNECT_TIMEOUT_S: Final = 3.0
 TIMEOUT_S: Final = 10.0
 # The sink refused the event itself: resending it unchanged cannot succeed.
@@ -107,34 +107,35 @@ class HttpSender:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._max_reply_bytes = max_reply_bytes
         self._session: aiohttp.ClientSession | None = None
-        self._fencing = False
-        # First event ID of a request -> whether its reply said the sink enforces
-        # Outbox-After; the most recent FENCED_REPLIES_KEPT requests.
-        self._fenced_replies: collections.OrderedDict[str, bool] = collections.OrderedDict()
+        self._enforced = False
+        # First event ID of a request -> whether its reply said the sink enforces the
+        # predecessor check; the most recent CHECKED_REPLIES_KEPT requests.
+        self._checked_replies: collections.OrderedDict[str, bool] = collections.OrderedDict()
 
     @property
     def url(self) -> URL:
         """The URL the next request goes to first: the one that answered last."""
         return self.urls[self._preferred]
 
-    def fencing(self) -> bool:
-        """Whether the sink's last reply, to any request, said it enforces
-        Outbox-After (False before any reply)."""
-        return self._fencing
+    def enforces_predecessor_check(self) -> bool:
+        """Whether the sink's last reply, to any request, said it enforces the
+        predecessor check (False before any reply)."""
+        return self._enforced
 
-    def fenced_reply(self, event_id: str) -> bool:
+    def predecessor_checked(self, event_id: str | None) -> bool:
         """Whether the reply to the latest request that began with `event_id` said the
-        sink enforces Outbox-After; False when no such reply came. A relay pipelines a
-        line only while the reply of the request it has just taken said so: replies to
-        other requests (other lanes, a process being replaced) do not count."""
-        return self._fenced_replies.get(event_id, False)
+        sink enforces the predecessor check; False when no such reply came, and before
+        any request (None). A relay pipelines a line only while the reply of the
+        request it has just taken said so: replies to other requests (other lanes, a
+        process being replaced) do not count."""
+        return event_id is not None and self._checked_replies.get(event_id, False)
 
-    def _note_reply(self, event_id: str, fenced: bool) -> None:
-        self._fencing = fenced
-        self._fenced_replies[event_id] = fenced
-        self._fenced_replies.move_to_end(event_id)
-        if len(self._fenced_replies) > FENCED_REPLIES_KEPT:
-            self._fenced_replies.popitem(last=False)
+    def _note_reply(self, event_id: str, enforced: bool) -> None:
+        self._enforced = enforced
+        self._checked_replies[event_id] = enforced
+        self._checked_replies.move_to_end(event_id)
+        if len(self._checked_replies) > CHECKED_REPLIES_KEPT:
+            self._checked_replies.popitem(last=False)
 
     async def __aenter__(self) -> Self:
         self._session = aiohttp.ClientSession(
@@ -170,7 +171,8 @@ class HttpSender:
         """Send one event and return the verified ACK, else raise DeliveryError.
 
         With `after` (pipelining: the event sent just before, whose ACK may not be back
-        yet), the sink applies it only once `after` is in its inbox, else answers 412.
+        yet), the sink's predecessor check applies it only once `after` is in its
+        inbox, else answers 412.
         With `lease` (the line's lease this worker holds), the request carries
         `Outbox-Lease`; a sink that has seen a later epoch for the line applies nothing
         and answers 409, raised as FencedBySink.

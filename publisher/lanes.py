@@ -20,11 +20,10 @@ import time
 from typing import Final
 
 from publisher.head_policy import Blocked, HeadPolicy
+from publisher.leases import LeaseKeeper
 from publisher.line import Line, LineRunner, Signals
 from publisher.store import Outbox
-from publisher.workers import LeaseKeeper
 
-MAX_LANES: Final = 8
 LANE_CANDIDATES: Final = 64  # lanes listed per query of pending lanes
 
 

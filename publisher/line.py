@@ -5,7 +5,7 @@ A line is the global order (key None: every pending entry) or one SKU's lane. Ea
 step runs the driver until the line is drained, the relay stops, or a request
 fails, and says how long the line waits before the next step.
 
-A line is delivered under its lease (publisher.workers): each request carries it,
+A line is delivered under its lease (publisher.leases): each request carries it,
 each write for the line is fenced by it, and the driver sends nothing more once
 the worker no longer holds it. A refusal under it (LeaseLost: the outbox refused a
 write, FencedBySink: the sink a request) is not a delivery failure: nothing is
@@ -19,15 +19,15 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from plumbing.logs import REPEAT_INTERVAL_S, Throttled
-from publisher.driver import AfterDelivery, Driver, LineOptions, OutboxLine
+from plumbing.logs import Throttled
+from publisher.delivery_log import DeliveryLog
+from publisher.driver import AfterDelivery, Driver, OutboxLine, Sender
 from publisher.driver import log as driver_log
 from publisher.errors import LeaseLost
 from publisher.head_policy import HeadPolicy, HeadState
-from publisher.outcomes import DeliveryLog
+from publisher.leases import LeaseKeeper
+from publisher.settings import RelaySettings
 from publisher.store import Outbox
-from publisher.transport import Transport
-from publisher.workers import LeaseKeeper
 from shared import GLOBAL_LINE, Lease
 
 
@@ -93,24 +93,14 @@ class Signals:
                 waiter.cancel()
 
 
-@dataclass(frozen=True)
-class LineSettings:
-    """What every line of a relay shares."""
-
-    limit: int  # entries per request in batch mode, and per read at least
-    depth: int  # requests in flight per line
-    poll_interval_s: float
-    log_repeat_interval_s: float = REPEAT_INTERVAL_S  # a repeated failure: one line per
-
-
 class LineRunner:
     """Makes the lines of one relay and runs their steps."""
 
     def __init__(
         self,
         outbox: Outbox,
-        transport: Transport,
-        settings: LineSettings,
+        sender: Sender,
+        settings: RelaySettings,
         policy: HeadPolicy,
         report: DeliveryLog,
         signals: Signals,
@@ -119,14 +109,12 @@ class LineRunner:
     ) -> None:
         self._outbox = outbox
         self.keeper = keeper
-        self._transport = transport
+        self._sender = sender
         self._settings = settings
         self._policy = policy
         self._report = report
         self._signals = signals
         self._after_delivery = after_delivery
-        per_request = settings.limit if transport.batches else 1
-        self._options = LineOptions(per_request, settings.depth, settings.limit)
         self._log = policy.log
         self._driver_log = Throttled(driver_log, settings.log_repeat_interval_s)
 
@@ -141,12 +129,11 @@ class LineRunner:
 
         driver = Driver(
             OutboxLine(self._outbox, key),
-            self._transport.send,
-            self._options,
+            self._sender,
+            self._settings,
             after_delivery=self._after_delivery,
             may_send=may_send,
             report=self._report,
-            fenced=self._transport.fenced,
             log=self._driver_log,
         )
         line = Line(key, driver)

@@ -88,7 +88,7 @@ class PublisherMetrics:
     def delivery(self, outcome: str) -> None:
         self.attempts.labels(outcome).inc()
 
-    # A LeaseObserver (publisher.workers):
+    # A LeaseObserver (publisher.leases):
 
     def lines_owned(self, count: int) -> None:
         self.owned.set(count)

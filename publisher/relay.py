@@ -3,8 +3,9 @@
 The parts, each in a module of its own: the delivery driver (`driver`, the
 send-verify-hook-mark contract), the line runner (`line`, one ordering line), the
 head-failure policy (`head_policy`), the lanes supervisor (`lanes`, per-SKU order),
-the lease keeper (`workers`: which lines this worker may deliver) and the delivery
-log (`outcomes`). `Relay` puts them together from its settings.
+the lease keeper (`leases`: which lines this worker may deliver) and the delivery
+log (`delivery_log`). `Relay` puts them together from one `RelaySettings`
+(`settings`), which it passes down as it is.
 
 Several relays (workers) may run on one outbox: each line is delivered only under
 its lease. In global order one worker holds the global line and the others stand
@@ -18,68 +19,19 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Final, Literal
 
-from plumbing.logs import REPEAT_INTERVAL_S, Throttled
-from publisher.driver import MAX_DEPTH, AfterDelivery
+from plumbing.logs import Throttled
+from publisher.delivery_log import RELAY_LOG, DeliveryLog, Observer
+from publisher.driver import AfterDelivery, Sender
 from publisher.head_policy import Blocked, HeadPolicy
-from publisher.lanes import MAX_LANES, LanesSupervisor
-from publisher.line import LineRunner, LineSettings, Signals
-from publisher.outcomes import RELAY_LOG, DeliveryLog, Observer
-from publisher.retry import Random, RetryPolicy
-from publisher.store import Outbox, check_limit
-from publisher.transport import Transport
-from publisher.workers import LeaseKeeper, LeaseObserver, WorkerSettings
-from shared import MAX_BATCH
+from publisher.lanes import LanesSupervisor
+from publisher.leases import LeaseKeeper, LeaseObserver
+from publisher.line import LineRunner, Signals
+from publisher.retry import Random
+from publisher.settings import RelaySettings
+from publisher.store import Outbox
 
 log = logging.getLogger(__name__)
-
-POLL_INTERVAL_S: Final = 1.0
-DEFAULT_DEPTH: Final = 8  # `publisher serve`: pipelined once the sink says it enforces fences
-
-Ordering = Literal["global", "sku"]
-
-
-@dataclass(frozen=True)
-class RelaySettings:
-    """How the relay delivers.
-
-    `limit`: entries per batch (1 to 16). `ordering`: one line for every entry, or
-    one lane per SKU with up to `max_lanes` in flight. `pipeline`: requests in flight
-    per line (1 to 16); above 1 each is fenced on the one before, for a sink that
-    enforces Outbox-After (with the transport's `fenced`, only once it says so).
-    `policy`: retry waits and the opt-in quarantine after N permanent failures.
-    `poll_interval_s`: how often to look for entries written by other processes
-    (at once instead where the outbox signals intake: PostgreSQL's NOTIFY), and
-    for a blocked head that an operator took out of the line.
-    `log_repeat_interval_s`: a failure that repeats (a broken database, a sink that
-    keeps failing) is logged once per this interval, with a count of the repeats.
-    `worker`: this worker's ID and lease ttl; None delivers without leases, only
-    for an outbox that this relay is known to deliver alone.
-    """
-
-    limit: int = MAX_BATCH
-    poll_interval_s: float = POLL_INTERVAL_S
-    policy: RetryPolicy = field(default_factory=RetryPolicy)
-    ordering: Ordering = "global"
-    max_lanes: int = MAX_LANES
-    pipeline: int = 1
-    log_repeat_interval_s: float = REPEAT_INTERVAL_S
-    worker: WorkerSettings | None = field(default_factory=WorkerSettings)
-
-    def __post_init__(self) -> None:
-        check_limit(self.limit)
-        if self.ordering not in ("global", "sku") or self.max_lanes < 1:
-            raise ValueError(f"bad ordering {self.ordering!r} or max_lanes {self.max_lanes}")
-        if not 1 <= self.pipeline <= MAX_DEPTH:
-            raise ValueError(f"pipeline depth {self.pipeline} is not between 1 and {MAX_DEPTH}")
-        if not self.poll_interval_s > 0:
-            raise ValueError(f"poll_interval_s must be above 0, got {self.poll_interval_s}")
-        if not self.log_repeat_interval_s >= 0:
-            raise ValueError(
-                f"log_repeat_interval_s must be 0 or more, got {self.log_repeat_interval_s}"
-            )
 
 
 class Relay:
@@ -87,21 +39,23 @@ class Relay:
 
     Global order (the default): one line, stop-on-first-failure across all entries.
     Per-SKU order: stop-on-first-failure inside each SKU's lane, lanes in parallel.
-    With the transport's `deliver_batch`, each request carries a batch; without it,
-    one event.
+    Requests go through `sender` (HttpSender), one batch or one event each as the
+    settings say.
     """
 
     def __init__(
         self,
         outbox: Outbox,
-        transport: Transport,
-        settings: RelaySettings = RelaySettings(),
+        sender: Sender,
+        settings: RelaySettings | None = None,
         *,
         observer: Observer | None = None,
         after_delivery: AfterDelivery | None = None,
         rand: Random = random.random,
         lease_observer: LeaseObserver | None = None,
     ) -> None:
+        """`settings` None: those of `publisher serve` (RelaySettings())."""
+        settings = RelaySettings() if settings is None else settings
         self._settings = settings
         self._outbox = outbox
         self._signals = Signals()
@@ -113,14 +67,14 @@ class Relay:
                 outbox, settings.worker, lease_observer, log_repeat_interval_s=repeat_s
             )
         )
-        policy = HeadPolicy(outbox, settings.policy, rand, log=Throttled(RELAY_LOG, repeat_s))
+        policy = HeadPolicy(outbox, settings.retry, rand, log=Throttled(RELAY_LOG, repeat_s))
         self._log = policy.log
         self._runner = LineRunner(
             outbox,
-            transport,
-            LineSettings(settings.limit, settings.pipeline, settings.poll_interval_s, repeat_s),
+            sender,
+            settings,
             policy,
-            DeliveryLog(observer, transport.batches),
+            DeliveryLog(observer, settings.batch),
             self._signals,
             self.keeper,
             after_delivery,

@@ -1,7 +1,7 @@
 """`publisher serve`: the intake API and the relay loop in one process.
 
 On PostgreSQL any number of these processes may share one outbox: each is a relay
-worker (publisher.workers) delivering the lines whose leases it holds. On SQLite
+worker (publisher.leases) delivering the lines whose leases it holds. On SQLite
 one process delivers from an outbox (its relay lock refuses a second one)."""
 
 from __future__ import annotations
@@ -37,67 +37,42 @@ from publisher.console import CONSOLE_PATH, ConsoleSettings, Source, add_console
 from publisher.driver import AfterDelivery
 from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
 from publisher.intake import MAX_BATCH_BODY_BYTES, RESULTS, batch_orders, batch_reply
-from publisher.lanes import MAX_LANES
+from publisher.lines_view import lines_view
 from publisher.metrics import PublisherMetrics
-from publisher.relay import DEFAULT_DEPTH, POLL_INTERVAL_S, Ordering, Relay, RelaySettings
-from publisher.retry import RetryPolicy
+from publisher.relay import Relay
+from publisher.settings import DEFAULT_LEASE_TTL_S, RelaySettings, for_location
 from publisher.store import Outbox
-from publisher.transport import Transport
-from publisher.workers import WorkerSettings, lines_view, worker_id_for
-from shared import MAX_BATCH, MAX_BODY_BYTES, Conflict
+from shared import MAX_BODY_BYTES, Conflict
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ServiceSettings:
+    """How `publisher serve` runs: where it reads and sends, what its intake takes,
+    and how its relay delivers (`relay`, passed to the relay as it is; its worker ID,
+    if not given, is the one `publisher serve` takes on this database)."""
+
     db: str
     sink: str | Sequence[str]  # one URL, or the nodes of one sink cluster in order
     allowed_hosts: tuple[str, ...] = ()
     token: str | None = None
-    limit: int = MAX_BATCH
-    poll_interval_s: float = POLL_INTERVAL_S
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
     send_timeout_s: float = TIMEOUT_S
     max_body_bytes: int = MAX_BODY_BYTES
     max_batch_body_bytes: int = MAX_BATCH_BODY_BYTES  # POST /orders/batch
-    batch_delivery: bool = True
-    ordering: Ordering = "global"
-    max_lanes: int = MAX_LANES
-    pipeline: int = DEFAULT_DEPTH  # used once the sink says it enforces Outbox-After
     intake_token: str | None = None  # bearer token POST /orders needs, if set
     guard: HttpGuard = field(default_factory=HttpGuard)
-    # None: the ID `publisher serve` takes without --worker-id (workers.worker_id_for:
-    # on SQLite the host's stable relay-lock ID, so a relay restarted after a kill
-    # takes its lines back at once), with the default lease ttl.
-    worker: WorkerSettings | None = None
+    relay: RelaySettings = field(default_factory=RelaySettings)
     console: ConsoleSettings | None = field(default_factory=ConsoleSettings)  # None: off
-
-    def __post_init__(self) -> None:
-        self.relay  # noqa: B018  (refuse bad relay settings now, before anything opens)
 
     @property
     def sinks(self) -> tuple[str, ...]:
         return (self.sink,) if isinstance(self.sink, str) else tuple(self.sink)
 
     @property
-    def relay(self) -> RelaySettings:
-        return RelaySettings(
-            limit=self.limit,
-            poll_interval_s=self.poll_interval_s,
-            policy=self.retry,
-            ordering=self.ordering,
-            max_lanes=self.max_lanes,
-            pipeline=self.pipeline,
-            worker=self.worker_settings,
-        )
-
-    @property
-    def worker_settings(self) -> WorkerSettings:
-        """This relay worker's ID and lease ttl."""
-        if self.worker is not None:
-            return self.worker
-        return WorkerSettings(worker_id_for(self.db, None))
+    def lease_ttl_s(self) -> float:
+        worker = self.relay.worker
+        return DEFAULT_LEASE_TTL_S if worker is None else worker.lease_ttl_s
 
 
 OUTBOX: Final = web.AppKey("outbox", Outbox)
@@ -157,15 +132,10 @@ async def _run_relay(
         on_failover=metrics.failover,
     )
     async with Outbox.open(settings.db) as outbox, one_relay(outbox, settings.db), sender:
-        transport = Transport(
-            sender.deliver,
-            sender.deliver_batch if settings.batch_delivery else None,
-            fenced=sender.fenced_reply,
-        )
         relay = Relay(
             outbox,
-            transport,
-            settings.relay,
+            sender,
+            for_location(settings.relay, settings.db),
             observer=metrics,
             after_delivery=after_delivery,
             lease_observer=metrics,
@@ -249,7 +219,7 @@ async def post_orders(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    outbox, ttl_s = request.app[OUTBOX], request.app[SETTINGS].worker_settings.lease_ttl_s
+    outbox, ttl_s = request.app[OUTBOX], request.app[SETTINGS].lease_ttl_s
     snapshot = await outbox.snapshot()
     lines = await lines_view(outbox, ttl_s)
     return web.json_response({**snapshot.to_dict(), **lines.to_dict()})

@@ -15,8 +15,8 @@ from typing import Any
 
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
+from publisher.lines_view import LinesView, describe_lease, lines_view
 from publisher.store import Entry, LineLease, Order, Outbox, QuarantineRecord, Snapshot, State
-from publisher.workers import LinesView, describe_lease, lines_view
 from shared import GLOBAL_LINE, payload_digest
 
 

@@ -191,3 +191,36 @@ class ManualClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class Callables:
+    """A Sender (publisher.driver) over a test's own functions: `one(event)` for one
+    event per request and, for batch delivery, `many(events)`. `after` and `lease` are
+    passed on only when a request has them, so a function that takes neither serves a
+    line that needs neither. `checked(event_id)` says whether the sink is known to
+    enforce the predecessor check (as HttpSender.predecessor_checked); without it the
+    sink is trusted to from the start, so a pipelined line pipelines at once."""
+
+    def __init__(
+        self,
+        one: Callable[..., Any],
+        many: Callable[..., Any] | None = None,
+        checked: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.one, self.many, self.checked = one, many, checked
+
+    async def deliver(self, event: Any, /, *, after: Any = None, lease: Any = None) -> Any:
+        return await self.one(event, **_given(after=after, lease=lease))
+
+    async def deliver_batch(self, events: Any, /, *, after: Any = None, lease: Any = None) -> Any:
+        assert self.many is not None, "this sender delivers one event per request"
+        return await self.many(events, **_given(after=after, lease=lease))
+
+    def predecessor_checked(self, event_id: str | None) -> bool:
+        if self.checked is None:
+            return True
+        return event_id is not None and self.checked(event_id)
+
+
+def _given(**options: Any) -> dict[str, Any]:
+    return {name: value for name, value in options.items() if value is not None}

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from publisher.lines_view import lines_view
 from publisher.store import Outbox
-from publisher.workers import lines_view
 
 RATE_INTERVAL_S: Final = 10.0
 RATE_INTERVALS: Final = 30  # the chart shows the last 5 minutes

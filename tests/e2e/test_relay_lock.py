@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 from support import LOOPBACK, listening, spawn, stop_process, wait_until
 
-from publisher.workers import DEFAULT_LEASE_TTL_S, worker_id_for
+from publisher.settings import DEFAULT_LEASE_TTL_S, worker_id_for
 from shared import GLOBAL_LINE
 
 if TYPE_CHECKING:
@@ -108,9 +108,11 @@ IN_PROCESS_RELAY = """
 import asyncio, sys
 from aiohttp import web
 from publisher.service import ServiceSettings, create_app
+from publisher.settings import RelaySettings
 
 async def main() -> None:
-    settings = ServiceSettings(db=sys.argv[1], sink=sys.argv[2], poll_interval_s=0.2)
+    relay = RelaySettings(poll_interval_s=0.2)
+    settings = ServiceSettings(db=sys.argv[1], sink=sys.argv[2], relay=relay)
     runner = web.AppRunner(create_app(settings))
     await runner.setup()  # the relay starts with the app
     print("relay started", flush=True)

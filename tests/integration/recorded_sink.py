@@ -21,7 +21,7 @@ from support import ASYNC_POLL_S, WAIT_S
 
 from plumbing.web import Handler
 from publisher.http import BatchResult, HttpSender
-from publisher.relay import Ordering
+from publisher.settings import Ordering
 from shared import FENCE_HEADER, Event, Lease
 from sink.app import INBOX
 from sink.chaos import Chaos, chaos_app

@@ -11,13 +11,15 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from support import Callables
+
+from publisher.delivery_log import Observer
 from publisher.driver import AfterDelivery
 from publisher.http import HttpSender
-from publisher.outcomes import Observer
-from publisher.relay import Ordering, Relay, RelaySettings
+from publisher.relay import Relay
 from publisher.retry import RetryPolicy
+from publisher.settings import Ordering, RelaySettings
 from publisher.store import Outbox
-from publisher.transport import Deliver, DeliverBatch, Transport
 from shared import Event
 
 if TYPE_CHECKING:
@@ -37,21 +39,23 @@ Line = str | None
 
 def relay_of(
     outbox: Outbox,
-    deliver: Deliver,
+    deliver: Callable[..., Any],
     *,
-    deliver_batch: DeliverBatch | None = None,
+    deliver_batch: Callable[..., Any] | None = None,
     fencing: Callable[[str], bool] | None = None,
     observer: Observer | None = None,
     after_delivery: AfterDelivery | None = None,
     rand: Callable[[], float] = random.random,
     **settings: Any,
 ) -> Relay:
-    """A Relay over these callables, with RelaySettings from `settings`."""
-    transport = Transport(deliver, deliver_batch, fencing)
+    """A Relay over these callables (support.Callables), with RelaySettings from
+    `settings`: batch delivery when `deliver_batch` is given, one request in flight
+    per line unless `pipeline` says otherwise."""
+    settings.setdefault("pipeline", 1)
     return Relay(
         outbox,
-        transport,
-        RelaySettings(**settings),
+        Callables(deliver, deliver_batch, fencing),
+        RelaySettings(batch=deliver_batch is not None, **settings),
         observer=observer,
         after_delivery=after_delivery,
         rand=rand,
@@ -62,17 +66,17 @@ class Sender(Protocol):
     """HttpSender, or a test's wrapper of it."""
 
     @property
-    def deliver(self) -> Deliver: ...
+    def deliver(self) -> Callable[..., Any]: ...
 
     @property
-    def deliver_batch(self) -> DeliverBatch: ...
+    def deliver_batch(self) -> Callable[..., Any]: ...
 
 
 def relay_for(outbox: Outbox, sender: Sender, mode: Mode, **options: Any) -> Relay:
     """A relay sending through `sender`, one event per request or (`mode` batch) in
     requests of BATCH_LIMIT, with the fast retry and poll settings unless `options`
     (RelaySettings and relay_of's) say otherwise."""
-    options.setdefault("policy", FAST)
+    options.setdefault("retry", FAST)
     options.setdefault("poll_interval_s", POLL_INTERVAL_S)
     options.setdefault("rand", random.Random(7).random)
     if mode == "batch":

@@ -20,15 +20,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import eventually
+from support import Callables, eventually
 
 from publisher.dispatch import deliver_pending, dispatch_batch
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.http import HttpSender
 from publisher.relay import Relay
 from publisher.retry import RetryPolicy
+from publisher.settings import RelaySettings
 from publisher.store import Outbox
-from publisher.transport import Transport
 from shared import Event, Lease, Receipt, canonical_json, make_ack, payload_digest
 from sink import create_app
 from sqlite_tx import StorageError
@@ -566,7 +566,8 @@ async def test_publisher_dispatch_keeps_each_verified_ack_with_its_mark(
         return [applied(batch[0]), applied(batch[1]), failure]
 
     with pytest.raises(Rejected) as excinfo:
-        await deliver_pending(outbox, Transport(deliver, deliver_batch))
+        settings = RelaySettings(batch=True, pipeline=1, worker=None)
+        await deliver_pending(outbox, Callables(deliver, deliver_batch), settings)
 
     assert excinfo.value is failure
     # The attempt is recorded on the entry the failure is about, and only there.
@@ -773,7 +774,7 @@ async def batch_relay(
     outbox: Outbox, url: str, **options: Any
 ) -> AsyncIterator[tuple[Relay, list[int]]]:
     """A running relay in batch mode; yields it and the sizes of the batches it sent."""
-    options.setdefault("policy", FAST)
+    options.setdefault("retry", FAST)
     options.setdefault("poll_interval_s", 0.05)
     sizes: list[int] = []
     async with await sender_for(url) as sender:
@@ -835,7 +836,7 @@ async def test_relay_in_batch_mode_marks_the_prefix_and_blocks_at_a_rejected_ite
     for n, event_id in enumerate(ids):
         assert await outbox.accept(event(event_id, "mystery" if n == k else "snack")) == "accepted"
 
-    async with batch_relay(outbox, url, policy=RetryPolicy(0.05, 0.3)) as (relay, sizes):
+    async with batch_relay(outbox, url, retry=RetryPolicy(0.05, 0.3)) as (relay, sizes):
         await eventually(lambda: relay.blocked is not None and len(sizes) >= 3)
         blocked = relay.blocked
 

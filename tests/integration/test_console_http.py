@@ -20,6 +20,7 @@ from publisher.console import ConsoleSettings
 from publisher.console.app import SECURITY_HEADERS, STREAMS
 from publisher.console.stream import MAX_STREAMS
 from publisher.service import ServiceSettings, create_app
+from publisher.settings import RelaySettings
 
 if TYPE_CHECKING:
     from conftest import Query, Serve
@@ -34,7 +35,7 @@ def console_app(db: Path, token: str | None = TOKEN, **console: Any) -> web.Appl
     settings = ServiceSettings(
         db=str(db),
         sink=UNREACHABLE,
-        poll_interval_s=0.05,
+        relay=RelaySettings(poll_interval_s=0.05),
         console=ConsoleSettings(token=token, **console),
     )
     return create_app(settings)

@@ -1,8 +1,8 @@
 """Fencing negotiation: the relay pipelines only while the sink says it enforces
 Outbox-After.
 
-Every reply of the real sink carries `Outbox-Fencing: enforced`; HttpSender.fencing()
-says whether the last reply it got did. A relay given `fencing` starts each run of a
+Every reply of the real sink carries `Outbox-Fencing: enforced`;
+HttpSender.enforces_predecessor_check() says whether the last reply it got did. A relay given `fencing` starts each run of a
 line with one request in flight and no fence, opens up to its depth only after a
 reply that carried the header, and goes back to one at a time after one that did not.
 
@@ -47,7 +47,8 @@ from support import eventually
 import publisher.http as publisher_http
 from publisher.errors import NotAcknowledged, Rejected
 from publisher.http import HttpSender
-from publisher.relay import DEFAULT_DEPTH, Ordering, Relay
+from publisher.relay import Relay
+from publisher.settings import DEFAULT_DEPTH, Ordering
 from publisher.store import Outbox
 from shared import (
     FENCE_HEADER,
@@ -195,14 +196,14 @@ class Watched(WrappedSender):
         finally:
             call.done = True
             # What the last reply said: once one lacks the header here, all later do.
-            self.replied_without |= not self.sender.fenced_reply(call.ids[0])
+            self.replied_without |= not self.sender.predecessor_checked(call.ids[0])
 
 
 def make_relay(outbox: Outbox, sender: HttpSender | Watched, mode: Mode, **options: Any) -> Relay:
     """The relay as `publisher serve` makes it: pipelined, told about the sink's fencing."""
     options.setdefault("pipeline", DEPTH)
     if isinstance(sender, HttpSender):
-        options.setdefault("fencing", sender.fenced_reply)
+        options.setdefault("fencing", sender.predecessor_checked)
     return relay_for(outbox, sender, mode, **options)
 
 
@@ -396,7 +397,7 @@ async def test_the_sink_says_so_on_401_and_on_its_open_paths_with_a_token(
     assert db_rows(sink_db, "SELECT id FROM inbox") == [("e1",)]
 
 
-# ================================================================ HttpSender.fencing
+# ======================================================= HttpSender.enforces_predecessor_check
 
 
 async def test_sender_fencing_is_false_until_a_reply_of_the_real_sink_says_so(
@@ -406,18 +407,18 @@ async def test_sender_fencing_is_false_until_a_reply_of_the_real_sink_says_so(
     event: Event = {"id": "e1", "sku": "tea", "qty": 5}
 
     async with sender_for(url) as sender:
-        assert sender.fencing() is False  # before any request
-        assert sender.fencing() is False  # asking does not change it
+        assert sender.enforces_predecessor_check() is False  # before any request
+        assert sender.enforces_predecessor_check() is False  # asking does not change it
         await sender.deliver(event)
-        assert sender.fencing() is True
+        assert sender.enforces_predecessor_check() is True
         # Any reply of the sink says so, refusals and lookups included.
         with pytest.raises(Rejected):
             await sender.deliver({**event, "qty": 6})
-        assert sender.fencing() is True
+        assert sender.enforces_predecessor_check() is True
         assert await sender.lookup("never-sent") is None
-        assert sender.fencing() is True
+        assert sender.enforces_predecessor_check() is True
         async with sender_for(url) as other:
-            assert other.fencing() is False  # each sender by its own replies
+            assert other.enforces_predecessor_check() is False  # each sender by its own replies
 
     assert db_rows(sink_db, "SELECT id FROM inbox") == [("e1",)]
 
@@ -437,16 +438,16 @@ async def test_sender_fencing_follows_the_last_reply(serve: Serve) -> None:
         ):
             legacy.fencing = header
             await sender.deliver(event)
-            said.append((header, sender.fencing()))
+            said.append((header, sender.enforces_predecessor_check()))
         # A reply that is no ACK counts too: the sink's last word on fencing.
         legacy.fencing, legacy.fail_next = None, 1
         with pytest.raises(NotAcknowledged):
             await sender.deliver(events[-1])
-        said.append((None, sender.fencing()))
+        said.append((None, sender.enforces_predecessor_check()))
         # So does a batch reply.
         legacy.fencing = FENCING_ENFORCED
         await sender.deliver_batch(events[-1:])
-        said.append((FENCING_ENFORCED, sender.fencing()))
+        said.append((FENCING_ENFORCED, sender.enforces_predecessor_check()))
 
     assert said == [
         (None, False),
@@ -494,7 +495,7 @@ async def test_sender_fencing_flips_between_a_legacy_sink_and_the_real_one(
             for n, name in enumerate(["real", "legacy", "real", "legacy", "real"]):
                 target["url"] = real_url if name == "real" else legacy_url
                 await sender.deliver({"id": f"e{n}", "sku": "tea", "qty": 1})
-                said.append((name, sender.fencing()))
+                said.append((name, sender.enforces_predecessor_check()))
 
     assert said == [
         ("real", True),
@@ -523,7 +524,7 @@ async def test_against_a_legacy_sink_each_line_sends_one_request_at_a_time_unfen
         async with running(relay):
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
             assert relay.blocked is None
-        assert sender.fencing() is False
+        assert sender.enforces_predecessor_check() is False
 
     assert_all_sent_once(db_rows, db, ids)
     requests = legacy.recorder.requests
@@ -574,30 +575,33 @@ async def test_a_lane_pipelines_only_on_its_own_replies_not_another_lanes(
 async def test_sender_remembers_what_each_requests_reply_said(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(publisher_http, "FENCED_REPLIES_KEPT", 3)
+    monkeypatch.setattr(publisher_http, "CHECKED_REPLIES_KEPT", 3)
     legacy = LegacySink(fencing=FENCING_ENFORCED, fencing_skus=frozenset({"juice"}))
     url = await start_legacy(serve, legacy)
     juice: list[Event] = [{"id": f"j{n}", "sku": "juice", "qty": 1} for n in range(4)]
     snack: Event = {"id": "s0", "sku": "snack", "qty": 1}
 
     async with sender_for(url) as sender:
-        assert sender.fenced_reply("j0") is False  # no reply yet
+        assert sender.predecessor_checked("j0") is False  # no reply yet
         await sender.deliver(juice[0])
         await sender.deliver_batch([snack, juice[1]])
-        assert (sender.fenced_reply("j0"), sender.fenced_reply("s0")) == (True, False)
-        assert sender.fenced_reply("j1") is False  # not the first of its request
-        assert sender.fencing() is False  # the last reply, whoever it was for
+        assert (sender.predecessor_checked("j0"), sender.predecessor_checked("s0")) == (True, False)
+        assert sender.predecessor_checked("j1") is False  # not the first of its request
+        assert sender.enforces_predecessor_check() is False  # the last reply, whoever it was for
         await sender.deliver(juice[1])
-        assert (sender.fenced_reply("j1"), sender.fencing()) == (True, True)
+        assert (sender.predecessor_checked("j1"), sender.enforces_predecessor_check()) == (
+            True,
+            True,
+        )
         await sender.deliver_batch(juice[2:])
         # Three requests are remembered: the oldest one, j0's, is forgotten.
-        assert [sender.fenced_reply(i) for i in ("j0", "s0", "j1", "j2")] == [
+        assert [sender.predecessor_checked(i) for i in ("j0", "s0", "j1", "j2")] == [
             False,
             False,
             True,
             True,
         ]
-        assert sender.fenced_reply("j3") is False
+        assert sender.predecessor_checked("j3") is False
 
 
 # ================================================================ the real sink
@@ -652,7 +656,7 @@ async def test_each_new_run_starts_alone_again(
         async with running(relay):
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(first))
             await eventually(lambda: not any(recorder.handling.values()))
-            assert sender.fencing() is True  # the sink's last reply said so
+            assert sender.enforces_predecessor_check() is True  # the sink's last reply said so
             # Lanes that end wake the relay for a last look: let it go idle first, so
             # it does not start a run on the first few of the entries accepted next.
             await asyncio.sleep(SETTLE_S)
@@ -687,7 +691,7 @@ async def test_a_reply_without_the_header_mid_run_goes_back_to_one_at_a_time(
             outbox,
             watched,
             mode,
-            fencing=sender.fenced_reply,
+            fencing=sender.predecessor_checked,
             after_delivery=watched.after_delivery,
         )
         async with running(relay):

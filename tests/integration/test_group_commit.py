@@ -39,6 +39,7 @@ from support import ManualClock, eventually
 from publisher.backends.sqlite import GATHER_PASSES, SqliteOutbox
 from publisher.errors import UnknownEntry
 from publisher.service import OUTBOX, ServiceSettings, create_app
+from publisher.settings import RelaySettings
 from publisher.store import Intake, Outbox
 from shared import Conflict, Event, Receipt, canonical_json, make_ack, payload_digest
 from sink.app import INBOX
@@ -1071,7 +1072,9 @@ async def publisher(
     nothing of its own runs on the database thread when a test's first order
     commits."""
     sink = await serve_sink(sink_db)
-    settings = ServiceSettings(db=str(source_db), sink=f"{sink}/events", poll_interval_s=30.0)
+    settings = ServiceSettings(
+        db=str(source_db), sink=f"{sink}/events", relay=RelaySettings(poll_interval_s=30.0)
+    )
     app = create_app(settings)
     base = await serve(app)
     assert await post(client, f"{base}/orders", event("warm")) == (

@@ -34,6 +34,7 @@ from plumbing.web import (
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings
 from publisher.service import create_app as create_publisher
+from publisher.settings import RelaySettings
 from sink import create_app as create_sink
 
 if TYPE_CHECKING:
@@ -100,10 +101,9 @@ StartPublisher = Callable[..., Awaitable[str]]
 @pytest.fixture
 def start_publisher(serve_hardened: ServeHardened, source_db: Path, sink: str) -> StartPublisher:
     async def start(**settings: Any) -> str:
-        settings.setdefault("poll_interval_s", 0.1)
-        settings.setdefault("retry", RetryPolicy(base_s=0.05, cap_s=0.3))
+        relay = RelaySettings(poll_interval_s=0.1, retry=RetryPolicy(base_s=0.05, cap_s=0.3))
         app = create_publisher(
-            ServiceSettings(db=str(source_db), sink=f"{sink}/events", **settings)
+            ServiceSettings(db=str(source_db), sink=f"{sink}/events", relay=relay, **settings)
         )
         return await serve_hardened(app)
 

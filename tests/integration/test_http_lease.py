@@ -5,7 +5,7 @@ one, and the real sink (which checks the epochs)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,9 +13,11 @@ import pytest
 from aiohttp import web
 from stub_sink import StubSink
 
-from publisher import HttpSender, NotAcknowledged, Rejected
+from publisher import HttpSender, NotAcknowledged, Rejected, dispatch
+from publisher.driver import Driver
 from publisher.errors import FencedBySink, LeaseLost
-from publisher.transport import Transport
+from publisher.settings import RelaySettings
+from publisher.store import Mark, Pending
 from shared import GLOBAL_LINE, Event, Lease, make_ack, payload_digest
 from shared.ack import Receipt
 
@@ -82,39 +84,60 @@ async def test_a_request_without_a_lease_carries_no_lease_header(
     async with HttpSender(url) as sender:
         await sender.deliver(event(1))
         await sender.deliver_batch([event(2)], after="order-1")
-        transport = Transport(sender.deliver)
-        await transport.send([event(3)], None)
+        await sender.deliver(event(3), after=None, lease=None)
 
     assert seen.leases == [None, None, None]
 
 
+class Entries:
+    """A line's store in memory: the given entries pending, the marks kept in order."""
+
+    def __init__(self, *events: Event) -> None:
+        self.rows = [Pending(seq, e, 0) for seq, e in enumerate(events, start=1)]
+        self.marks: list[Mark] = []
+
+    async def read(self, limit: int, skip: Collection[str]) -> list[Pending]:
+        done = {*skip, *(mark.event_id for mark in self.marks)}
+        return [row for row in self.rows if row.event["id"] not in done][:limit]
+
+    async def mark(self, marks: list[Mark], lease: Lease | None) -> None:
+        self.marks.extend(marks)
+
+
 @pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
-async def test_the_transport_hands_the_lease_to_the_sender(
+async def test_the_driver_hands_the_lease_to_the_sender(
     recorder: tuple[StubSink, str], batch: bool
 ) -> None:
     seen, url = recorder
+    entries = Entries(event(1), event(2))
+    settings = RelaySettings(limit=2, batch=batch, pipeline=1, worker=None)
 
     async with HttpSender(url) as sender:
-        transport = Transport(sender.deliver, sender.deliver_batch if batch else None)
-        results = await transport.send([event(1), event(2)], "order-0", LANE)
+        assert await Driver(entries, sender, settings).run(LANE) == 2
 
-    assert len(results) == (2 if batch else 1)
-    assert seen.leases == [LANE.header()]
-    assert seen.paths == ["/events/batch" if batch else "/events"]
+    assert [mark.event_id for mark in entries.marks] == ["order-1", "order-2"]
+    assert seen.leases == [LANE.header()] * (1 if batch else 2)
+    assert seen.paths == ["/events/batch"] if batch else ["/events", "/events"]
 
 
-async def test_a_plain_sender_that_takes_no_lease_still_works_without_one() -> None:
+async def test_a_plain_send_callback_that_takes_no_lease_still_works_without_one() -> None:
     calls: list[tuple[Event, ...]] = []
+    marked: list[str] = []
 
-    async def plain(sent: Event) -> Mapping[str, object]:
+    class Store:
+        async def pending(self, limit: int = 16) -> list[Event]:
+            return [event(1)][: 0 if marked else 1]
+
+        async def mark_sent(self, event_id: str) -> None:
+            marked.append(event_id)
+
+    async def plain(sent: Event) -> bool:
         calls.append((sent,))
-        return make_ack(sent["id"], Receipt.APPLIED)
+        return True
 
-    results = await Transport(plain).send([event(1)], None, None)
+    assert await dispatch(Store(), plain) == ["order-1"]
 
-    assert [dict(r) for r in results if isinstance(r, Mapping)] == [
-        {"ack": "order-1", "status": "applied"}
-    ]
+    assert marked == ["order-1"]
     assert calls == [(event(1),)]
 
 

@@ -133,7 +133,7 @@ async def running_relay(
     outbox: Outbox, url: str, mode: Mode, **options: Any
 ) -> AsyncIterator[Relay]:
     """A running relay, batch or single; stopped (bounded) on exit."""
-    options.setdefault("policy", RetryPolicy(base_s=0.05, cap_s=0.3))
+    options.setdefault("retry", RetryPolicy(base_s=0.05, cap_s=0.3))
     options.setdefault("poll_interval_s", 0.05)
     options.setdefault("rand", random.Random(7).random)
     async with sender_for(url) as sender:
@@ -265,7 +265,7 @@ async def test_order_within_each_lane_holds_under_random_failures(
         assert await outbox.accept({"id": event_id, "sku": sku, "qty": n + 1}) == "accepted"
     policy = RetryPolicy(base_s=0.01, cap_s=0.05)
 
-    async with running_relay(outbox, url, mode, ordering="sku", policy=policy, limit=3):
+    async with running_relay(outbox, url, mode, ordering="sku", retry=policy, limit=3):
         await eventually(lambda: set(sent(db_rows, db).values()) == {1}, timeout_s=20.0)
 
     # The injected failures did happen, both kinds.
@@ -527,7 +527,7 @@ async def test_a_lane_whose_backoff_ends_goes_before_younger_listed_lanes(
         ordering="sku",
         max_lanes=1,
         poll_interval_s=30.0,
-        policy=RetryPolicy(base_s=0.04, cap_s=0.04),
+        retry=RetryPolicy(base_s=0.04, cap_s=0.04),
         rand=lambda: 0.999,
     ):
         await eventually(lambda: sent(db_rows, db)["old-0"] == 1, timeout_s=10.0)
@@ -571,7 +571,7 @@ async def test_a_lane_that_failed_outside_delivery_waits_its_backoff_before_it_s
         ordering="sku",
         max_lanes=2,
         poll_interval_s=30.0,
-        policy=RetryPolicy(base_s=backoff_s, cap_s=backoff_s),
+        retry=RetryPolicy(base_s=backoff_s, cap_s=backoff_s),
         rand=lambda: 0.999,
     ):
         await eventually(lambda: all(sent(db_rows, db).values()), timeout_s=10.0)

@@ -59,7 +59,7 @@ async def test_a_full_disk_is_logged_once_per_interval_and_delivery_resumes_when
                 relay = relay_of(
                     outbox,
                     sender.deliver,
-                    policy=FAST,
+                    retry=FAST,
                     poll_interval_s=POLL_INTERVAL_S,
                     log_repeat_interval_s=REPEAT_S,
                     worker=None,
@@ -127,7 +127,7 @@ async def test_a_sink_that_keeps_failing_blocks_the_head_with_one_line_per_inter
             relay = relay_of(
                 outbox,
                 sender.deliver,
-                policy=FAST,
+                retry=FAST,
                 poll_interval_s=POLL_INTERVAL_S,
                 log_repeat_interval_s=REPEAT_S,
             )

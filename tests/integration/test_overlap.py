@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from support import Callables
 
 from publisher import Outbox
-from publisher.driver import Driver, LineOptions, OutboxLine
-from publisher.transport import Transport
+from publisher.driver import Driver, OutboxLine
+from publisher.settings import RelaySettings
 from shared import Event, Receipt, make_ack, payload_digest
 from sqlite_tx import StorageError
 
@@ -33,8 +34,8 @@ class Recorder:
 
 
 def batch_driver(outbox: Outbox, sink: Recorder) -> Driver:
-    transport = Transport(sink.deliver, sink.deliver_batch)
-    return Driver(OutboxLine(outbox), transport.send, LineOptions(per_request=16, read_limit=16))
+    settings = RelaySettings(limit=16, batch=True, pipeline=1, worker=None)
+    return Driver(OutboxLine(outbox), Callables(sink.deliver, sink.deliver_batch), settings)
 
 
 def sent_ids(db: Path) -> list[str]:

@@ -24,7 +24,7 @@ from support import eventually
 from publisher import accept_in_async
 from publisher.backends import postgres_sql
 from publisher.backends.postgres import PostgresOutbox, accept_params
-from publisher.relay import Ordering
+from publisher.settings import Ordering
 from publisher.store import Outbox
 from shared import Conflict, Event, Lease, Receipt, make_ack, validate_event
 

@@ -27,8 +27,8 @@ from support import scrape, value
 from plumbing.pgserver import ThrowawayServer, throwaway_server
 from publisher.dispatch import deliver_pending
 from publisher.http import HttpSender
+from publisher.settings import RelaySettings
 from publisher.store import Outbox
-from publisher.transport import Transport
 from shared import Receipt
 
 if TYPE_CHECKING:
@@ -44,7 +44,8 @@ UNFLUSHED = "SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()"
 async def deliver(outbox: Outbox, sink: str) -> list[str]:
     """One batch request for every pending entry, and the marks of its ACKs."""
     async with HttpSender(f"{sink}/events") as sender:
-        return await deliver_pending(outbox, Transport(sender.deliver, sender.deliver_batch))
+        settings = RelaySettings(batch=True, pipeline=1, worker=None)
+        return await deliver_pending(outbox, sender, settings)
 
 
 async def duplicates_answered(sink: str) -> float:

@@ -38,7 +38,7 @@ from relay_lines import (
 from support import eventually
 
 from publisher.errors import DeliveryError
-from publisher.relay import Ordering
+from publisher.settings import Ordering
 from publisher.store import Outbox
 from shared import Event
 

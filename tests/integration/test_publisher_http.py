@@ -17,8 +17,8 @@ from support import eventually, scrape, value
 
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings, create_app
+from publisher.settings import RelaySettings, worker_id_for
 from publisher.store import Outbox
-from publisher.workers import worker_id_for
 from shared import Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:
@@ -58,13 +58,15 @@ StartPublisher = Callable[..., Awaitable[str]]
 
 @pytest.fixture
 def start_publisher(serve: Serve, db: Path) -> StartPublisher:
-    async def start(sink_url: str, **settings: Any) -> str:
-        settings.setdefault("poll_interval_s", 0.1)
-        settings.setdefault("retry", RetryPolicy(base_s=0.05, cap_s=0.3))
-        settings.setdefault("send_timeout_s", 2.0)
+    async def start(sink_url: str, send_timeout_s: float = 2.0, **relay: Any) -> str:
+        relay.setdefault("poll_interval_s", 0.1)
+        relay.setdefault("retry", RetryPolicy(base_s=0.05, cap_s=0.3))
         # The misbehaving sinks here speak POST /events only: one request per entry.
-        settings.setdefault("batch_delivery", False)
-        return await serve(create_app(ServiceSettings(db=str(db), sink=sink_url, **settings)))
+        relay.setdefault("batch", False)
+        settings = ServiceSettings(
+            db=str(db), sink=sink_url, send_timeout_s=send_timeout_s, relay=RelaySettings(**relay)
+        )
+        return await serve(create_app(settings))
 
     return start
 

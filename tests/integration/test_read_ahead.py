@@ -24,13 +24,13 @@ from aiohttp import web
 from relay_lines import relay_of
 
 from publisher.dispatch import deliver_pending
-from publisher.driver import Driver, LineOptions, OutboxLine
+from publisher.driver import Driver, OutboxLine
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
 from publisher.relay import Relay
 from publisher.retry import RetryPolicy
+from publisher.settings import RelaySettings
 from publisher.store import Outbox, State
-from publisher.transport import Transport
 from shared import MAX_BATCH, Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ async def relay_for(
 ) -> AsyncIterator[Relay]:
     """A running relay, in batch mode or one request per entry; stopped (bounded) on exit,
     and a crash of its loop is raised."""
-    options.setdefault("policy", FAST)
+    options.setdefault("retry", FAST)
     options.setdefault("poll_interval_s", POLL_INTERVAL_S)
     async with HttpSender(url, timeout_s=1.0, connect_timeout_s=0.5) as sender:
         deliver_batch = sender.deliver_batch if batch else None
@@ -358,9 +358,12 @@ async def test_a_batch_failing_partway_drops_the_read_ahead_and_the_retry_starts
 def batch_driver(outbox: Outbox, sender: HttpSender, batch: bool = True) -> Driver:
     """The relay's driver of the global line: batches of 16 (or one event) per request,
     one request in flight, reading on until the line is drained."""
-    transport = Transport(sender.deliver, sender.deliver_batch if batch else None)
-    options = LineOptions(per_request=16 if batch else 1, read_limit=16)
-    return Driver(OutboxLine(outbox), transport.send, options)
+    return Driver(OutboxLine(outbox), sender, once_through(batch))
+
+
+def once_through(batch: bool = True) -> RelaySettings:
+    """Reads of 16, one request in flight, no leases."""
+    return RelaySettings(limit=16, batch=batch, pipeline=1, worker=None)
 
 
 @pytest.mark.parametrize("how", ["kept", "next-run"])
@@ -378,14 +381,13 @@ async def test_a_read_ahead_serves_its_own_run_only(
             await outbox.quarantine(ids[16], "looked stuck", "alice")
 
     async with HttpSender(sink_url, timeout_s=1.0, connect_timeout_s=0.5) as sender:
-        transport = Transport(sender.deliver, sender.deliver_batch)
         if how == "kept":
             sink.on_request = quarantine_after_the_read_ahead
             assert await batch_driver(outbox, sender).run() == 20
         else:
-            assert await deliver_pending(outbox, transport, 16) == ids[:16]
+            assert await deliver_pending(outbox, sender, once_through()) == ids[:16]
             await outbox.quarantine(ids[16], "looked stuck", "alice")
-            assert await deliver_pending(outbox, transport, 16) == ids[17:]
+            assert await deliver_pending(outbox, sender, once_through()) == ids[17:]
 
     expected = ids[16:] if how == "kept" else ids[17:]
     assert sink.requests == [ids[:16], expected]

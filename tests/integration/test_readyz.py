@@ -19,6 +19,7 @@ from sqlite_faults import unwritable
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings
 from publisher.service import create_app as create_publisher
+from publisher.settings import RelaySettings
 from sink import create_app as create_sink
 
 if TYPE_CHECKING:
@@ -82,8 +83,7 @@ async def test_publisher_readyz_follows_the_database(
     settings = ServiceSettings(
         db=str(db),
         sink=f"{sink}/events",
-        poll_interval_s=0.1,
-        retry=RetryPolicy(base_s=0.05, cap_s=0.3),
+        relay=RelaySettings(poll_interval_s=0.1, retry=RetryPolicy(base_s=0.05, cap_s=0.3)),
     )
     base = await serve(create_publisher(settings))
     await check_readiness(client, base, db, "publisher_ready")

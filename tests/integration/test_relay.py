@@ -108,7 +108,7 @@ async def relay_for(
     **options: Any,
 ) -> AsyncIterator[tuple[Relay, asyncio.Task[None]]]:
     """A running relay; stopped (bounded) on exit."""
-    options.setdefault("policy", FAST)
+    options.setdefault("retry", FAST)
     options.setdefault("poll_interval_s", 0.05)
     async with HttpSender(url, timeout_s=timeout_s, connect_timeout_s=1.0) as sender:
         relay = relay_of(outbox, sender.deliver, **options)
@@ -229,7 +229,7 @@ async def test_transient_failures_back_off_instead_of_hammering(
     fake.fail_first = 10_000
     await accept(outbox, "a", "b")
 
-    async with relay_for(outbox, fake_url, policy=RetryPolicy(0.05, 0.3)) as (relay, _):
+    async with relay_for(outbox, fake_url, retry=RetryPolicy(0.05, 0.3)) as (relay, _):
         await asyncio.sleep(1.2)
         assert relay.blocked is not None
         assert (relay.blocked.event_id, relay.blocked.permanent) == ("a", False)
@@ -253,7 +253,7 @@ async def test_permanent_rejection_is_not_hot_looped_and_blocks_the_line(
     started = time.time()
 
     async with relay_for(
-        outbox, fake_url, policy=RetryPolicy(base_s=0.05, cap_s=0.5), observer=outcomes
+        outbox, fake_url, retry=RetryPolicy(base_s=0.05, cap_s=0.5), observer=outcomes
     ) as (relay, task):
         await asyncio.sleep(1.2)
         blocked = relay.blocked
@@ -288,7 +288,7 @@ async def test_quarantine_after_moves_the_head_aside_and_later_entries_flow(
     await accept(outbox, "a", "b", "c")
     policy = RetryPolicy(base_s=0.05, cap_s=0.2, quarantine_after=2)
 
-    async with relay_for(outbox, fake_url, policy=policy) as (relay, _):
+    async with relay_for(outbox, fake_url, retry=policy) as (relay, _):
         await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"})
         assert relay.blocked is None
 
@@ -311,7 +311,7 @@ async def test_redrive_puts_it_back_at_its_seq_and_it_goes_next(
     fake.reject = {"a"}
     await accept(outbox, "a", "b", "c")
     policy = RetryPolicy(base_s=0.05, cap_s=0.2, quarantine_after=2)
-    async with relay_for(outbox, fake_url, policy=policy):
+    async with relay_for(outbox, fake_url, retry=policy):
         await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"})
     await accept(outbox, "d", "e")
     fake.reject.clear()  # the sink has been fixed
@@ -321,7 +321,7 @@ async def test_redrive_puts_it_back_at_its_seq_and_it_goes_next(
 
     assert record.delivered_past == ["b", "c"]
     assert (record.released_as, record.released_by) == ("redriven", "alice")
-    async with relay_for(outbox, fake_url, policy=policy):
+    async with relay_for(outbox, fake_url, retry=policy):
         await eventually(lambda: sent_ids(db_rows, db) == {"a", "b", "c", "d", "e"})
     assert fake.received == ["a", "d", "e"]
     a = row(db_rows, db, "a")
@@ -344,7 +344,7 @@ async def test_relay_survives_an_operator_quarantining_the_head_while_it_is_in_f
     await accept(outbox, "a", "b")
     policy = RetryPolicy(base_s=0.05, cap_s=0.2, quarantine_after=2)
     try:
-        async with relay_for(outbox, fake_url, policy=policy) as (_, task):
+        async with relay_for(outbox, fake_url, retry=policy) as (_, task):
             await eventually(lambda: fake.count("a") == 2)
             await accept(outbox, "c")
             await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"} or task.done(), 3.0)
@@ -420,7 +420,7 @@ async def test_stop_lets_the_send_in_flight_finish_and_starts_no_other(
     await accept(outbox, "a", "b")
 
     async with HttpSender(fake_url, timeout_s=5.0) as sender:
-        relay = relay_of(outbox, sender.deliver, policy=FAST, poll_interval_s=0.05)
+        relay = relay_of(outbox, sender.deliver, retry=FAST, poll_interval_s=0.05)
         task = asyncio.create_task(relay.run())
         await asyncio.wait_for(fake.started.wait(), WAIT_S)
         stopping = time.monotonic()
@@ -444,7 +444,7 @@ async def test_stop_waits_for_a_hanging_send_only_until_its_timeout(
     await accept(outbox, "a")
 
     async with HttpSender(fake_url, timeout_s=0.5, connect_timeout_s=0.5) as sender:
-        relay = relay_of(outbox, sender.deliver, policy=FAST, poll_interval_s=0.05)
+        relay = relay_of(outbox, sender.deliver, retry=FAST, poll_interval_s=0.05)
         task = asyncio.create_task(relay.run())
         await asyncio.wait_for(fake.started.wait(), WAIT_S)
         stopping = time.monotonic()
@@ -466,7 +466,7 @@ async def test_stop_during_a_backoff_returns_at_once(
     await accept(outbox, "a")
 
     async with HttpSender(fake_url, timeout_s=5.0) as sender:
-        relay = relay_of(outbox, sender.deliver, policy=RetryPolicy(1.0, 30.0))
+        relay = relay_of(outbox, sender.deliver, retry=RetryPolicy(1.0, 30.0))
         task = asyncio.create_task(relay.run())
         await asyncio.wait_for(fake.started.wait(), WAIT_S)
         await asyncio.sleep(0.2)  # rejected: now waiting 15-30 s before the next try

@@ -25,10 +25,10 @@ from support import eventually
 from publisher.dispatch import LineHeld, deliver_pending
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
-from publisher.relay import Relay, RelaySettings
+from publisher.leases import LeaseKeeper, Share
+from publisher.relay import Relay
+from publisher.settings import RelaySettings, WorkerSettings
 from publisher.store import LineLease, Outbox
-from publisher.transport import Transport, request_options
-from publisher.workers import LeaseKeeper, Share, WorkerSettings
 from shared import GLOBAL_LINE, Event, Lease
 
 if TYPE_CHECKING:
@@ -122,13 +122,16 @@ class Recording:
         self, event: Event, after: str | None = None, lease: Lease | None = None
     ) -> Mapping[str, object]:
         await self._note([event], lease)
-        return await self.sender.deliver(event, **request_options(after, lease))
+        return await self.sender.deliver(event, after=after, lease=lease)
 
     async def deliver_batch(
         self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
     ) -> Sequence[Mapping[str, object] | DeliveryError]:
         await self._note(events, lease)
-        return await self.sender.deliver_batch(events, **request_options(after, lease))
+        return await self.sender.deliver_batch(events, after=after, lease=lease)
+
+    def predecessor_checked(self, event_id: str | None) -> bool:
+        return self.sender.predecessor_checked(event_id)
 
     async def _note(self, events: Sequence[Event], lease: Lease | None) -> None:
         self.sent.append(Sent([e["id"] for e in events], {e["sku"] for e in events}, lease))
@@ -142,19 +145,17 @@ async def worker(
     outbox: Outbox, url: str, name: str, *, batch: bool = False, **settings: Any
 ) -> AsyncIterator[tuple[Worker, Recording]]:
     """A relay worker named `name`, running until the block ends (then stopped)."""
-    settings.setdefault("policy", FAST)
+    settings.setdefault("retry", FAST)
     settings.setdefault("poll_interval_s", POLL_S)
     settings.setdefault("worker", WorkerSettings(name, TTL_S))
+    settings.setdefault("pipeline", 1)
     metrics, sent = Metrics(), []
     async with sender_for(url) as sender:
         recording = Recording(sender, sent)
-        transport = Transport(
-            recording.deliver, recording.deliver_batch if batch else None, sender.fenced_reply
-        )
         relay = Relay(
             outbox,
-            transport,
-            RelaySettings(**settings),
+            recording,
+            RelaySettings(batch=batch, **settings),
             observer=metrics,
             lease_observer=metrics,
             rand=random.Random(7).random,
@@ -423,16 +424,15 @@ async def test_dispatch_refuses_a_line_a_worker_holds_and_delivers_one_it_can_ta
     async with Outbox.open(databases.source) as outbox, sender_for(url) as sender:
         await accept(outbox, orders(4, ("snack", "juice")))
         recording = Recording(sender, sent)
-        transport = Transport(recording.deliver)
-        me = WorkerSettings("dispatch-test", TTL_S)
+        me = RelaySettings(batch=False, pipeline=1, worker=WorkerSettings("dispatch-test", TTL_S))
         assert await outbox.take_lease("juice", "w1", 60.0) == 1
         with pytest.raises(LineHeld, match="'juice' is being delivered by relay worker w1"):
-            await deliver_pending(outbox, transport, worker=me)
+            await deliver_pending(outbox, recording, me)
         assert sent == [] and pending(db_rows, databases.source) == 4
         # The global line was taken and given back: free again, under a later epoch.
         assert await owner_of(outbox, GLOBAL_LINE) == (None, 1)
         await outbox.release_leases("w1", {"juice": 1})
-        assert await deliver_pending(outbox, transport, worker=me) == [
+        assert await deliver_pending(outbox, recording, me) == [
             "o0000",
             "o0001",
             "o0002",

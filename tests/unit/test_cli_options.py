@@ -26,8 +26,8 @@ from plumbing.cli import (
 )
 from publisher.chaos import CHAOS_EXIT_STATUS, exit_after_ack
 from publisher.cli import build_parser, main
-from publisher.relay import DEFAULT_DEPTH
 from publisher.service import ServiceSettings
+from publisher.settings import DEFAULT_DEPTH
 
 
 def parser_with(*options: tuple[str, dict[str, object]]) -> ArgumentParser:
@@ -239,7 +239,7 @@ def test_publisher_serve_pipeline_defaults_to_the_default_depth() -> None:
     args = build_parser().parse_args(SERVE)
     assert args.pipeline == DEFAULT_DEPTH
     assert type(args.pipeline) is int
-    assert ServiceSettings(db="source.db", sink="http://127.0.0.1:9/events").pipeline == 8
+    assert ServiceSettings(db="source.db", sink="http://127.0.0.1:9/events").relay.pipeline == 8
 
 
 @pytest.mark.parametrize("text", ["1", "2", "16"])

@@ -1,9 +1,9 @@
-"""The status lines of relay workers (publisher.workers.describe_worker): pure."""
+"""The status lines of relay workers (publisher.lines_view.describe_worker): pure."""
 
 from __future__ import annotations
 
+from publisher.lines_view import LINES_SHOWN, describe_worker
 from publisher.store import RelayWorker
-from publisher.workers import LINES_SHOWN, describe_worker
 
 
 def worker(live: bool, seen_ago_s: float = 0.25) -> RelayWorker:

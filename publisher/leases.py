@@ -13,7 +13,7 @@ database cannot be reached to say whether the lease still holds; the outbox's
 expiry is later (it counts from when the statement ran), so no other worker can
 have taken the line while this one still thinks it holds it. Whatever slips past
 that (a pause longer than the lease between the check and the send) is stopped by
-the fences: the outbox refuses the writes of an old epoch, the sink its requests.
+fencing: the outbox refuses the writes of an old epoch, the sink its requests.
 
 Fair share: at each renewal a worker that holds more than ceil(leased lines / live
 workers) + 1 lines gives up the excess (it stops sending on them at once, and
@@ -27,87 +27,18 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import re
-import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 from plumbing.logs import REPEAT_INTERVAL_S, Throttled
-from plumbing.storage import parse_location
 from publisher.errors import FencedBySink, LeaseLost
-from publisher.store import LineLease, Outbox, RelayWorker
+from publisher.settings import WorkerSettings
+from publisher.store import Outbox
 from shared import GLOBAL_LINE, Lease
 
 log = logging.getLogger(__name__)
-
-DEFAULT_LEASE_TTL_S: Final = 10.0
-MIN_LEASE_TTL_S: Final = 0.1  # below this a renewal could not keep up with its ttl
-MAX_LEASE_TTL_S: Final = 3600.0  # a killed worker's lines would wait longer than this
-RENEWALS_PER_TTL: Final = 3
-MARGIN_SHARE: Final = 0.2  # of the ttl: the worker's view ends this much before the outbox's
-LINES_SHOWN: Final = 8  # of a worker's lines, named in its status line
-_WORKER_ID: Final = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
-
-
-def default_worker_id() -> str:
-    """HOST:PID, with any character a worker ID may not hold replaced by '-'."""
-    host = re.sub(r"[^A-Za-z0-9._:@-]", "-", socket.gethostname())[:100] or "host"
-    return f"{host}:{os.getpid()}"
-
-
-def worker_id_for(location: str, given: str | None, *, dispatch: bool = False) -> str:
-    """The worker ID to use on the outbox at `location` when --worker-id gave `given`
-    (None: not given). Where a relay lock lets one process deliver at a time, every
-    such process takes the same ID, so that one started after another was killed
-    takes that one's leases at once (a take by the same ID) instead of waiting out
-    the ttl: on SQLite every relay of the host (serve and dispatch), on PostgreSQL
-    every `publisher dispatch` (they take the database's relay lock). A PostgreSQL
-    worker is HOST:PID."""
-    if given is not None:
-        return given
-    if parse_location(location).backend != "postgres":
-        return f"{default_worker_id().rpartition(':')[0]}:relay-lock"
-    return "dispatch:relay-lock" if dispatch else default_worker_id()
-
-
-def check_worker_id(worker_id: str) -> str:
-    """`worker_id` if it is 1-128 of A-Z a-z 0-9 . _ : @ -, else ValueError."""
-    if not _WORKER_ID.fullmatch(worker_id):
-        raise ValueError(f"worker ID {worker_id[:40]!r} is not 1-128 of A-Z a-z 0-9 . _ : @ -")
-    return worker_id
-
-
-def check_lease_ttl(ttl_s: float) -> float:
-    """`ttl_s` if it is between MIN_LEASE_TTL_S and MAX_LEASE_TTL_S, else ValueError."""
-    if not MIN_LEASE_TTL_S <= ttl_s <= MAX_LEASE_TTL_S:
-        raise ValueError(
-            f"lease ttl must be from {MIN_LEASE_TTL_S} to {MAX_LEASE_TTL_S:.0f} s, got {ttl_s}"
-        )
-    return ttl_s
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    """Who this worker is and how long its leases last."""
-
-    worker_id: str = field(default_factory=default_worker_id)
-    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
-
-    def __post_init__(self) -> None:
-        check_worker_id(self.worker_id)
-        check_lease_ttl(self.lease_ttl_s)
-
-    @property
-    def renew_interval_s(self) -> float:
-        return self.lease_ttl_s / RENEWALS_PER_TTL
-
-    @property
-    def good_for_s(self) -> float:
-        """How long after a renewal starts the worker trusts the lease."""
-        return self.lease_ttl_s * (1 - MARGIN_SHARE)
 
 
 class LeaseObserver(Protocol):
@@ -166,7 +97,7 @@ class LeaseKeeper:
     ) -> None:
         self._outbox = outbox
         self.settings = settings
-        self.worker = settings.worker_id
+        self.worker = settings.name
         self._observer = observer
         self._clock = clock
         self._held: dict[str, Held] = {}
@@ -403,73 +334,3 @@ class LeaseKeeper:
     def _owned(self) -> None:
         if self._observer is not None:
             self._observer.lines_owned(len(self._held))
-
-
-@dataclass(frozen=True)
-class LinesView:
-    """Who delivers what (status, list, trace, GET /status): every line's lease, the
-    workers holding one now, and (for status) every relay worker's heartbeat, the
-    standby ones included."""
-
-    leases: list[LineLease]
-    relay_workers: list[RelayWorker] = field(default_factory=list)
-
-    @property
-    def held(self) -> list[LineLease]:
-        return [lease for lease in self.leases if lease.held]
-
-    @property
-    def workers(self) -> list[str]:
-        """Workers holding at least one unexpired lease (a standby worker holds none)."""
-        return sorted({lease.owner for lease in self.held if lease.owner is not None})
-
-    def of(self, line: str) -> LineLease | None:
-        return next((lease for lease in self.leases if lease.line == line), None)
-
-    def lines_of(self, worker: str) -> list[str]:
-        """The lines whose unexpired lease `worker` holds, in line order."""
-        return [lease.line for lease in self.held if lease.owner == worker]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "lines": [lease.to_dict() for lease in self.leases],
-            "workers": self.workers,
-            "relay_workers": [
-                {**w.to_dict(), "lines": self.lines_of(w.worker)} for w in self.relay_workers
-            ],
-        }
-
-
-async def lines_view(outbox: Outbox, workers_ttl_s: float | None = None) -> LinesView:
-    """The leases; with `workers_ttl_s`, the relay workers too, live when seen within
-    that many seconds (the workers' --lease-ttl)."""
-    leases = await outbox.leases()
-    if workers_ttl_s is None:
-        return LinesView(leases)
-    return LinesView(leases, await outbox.workers(workers_ttl_s))
-
-
-def describe_worker(worker: RelayWorker, lines: Sequence[str], ttl_s: float) -> str:
-    """One line for a person: whether a worker beats, since when, and what it holds."""
-    up_s = worker.seen_ago_s + worker.seen_at - worker.started_at
-    shown = ", ".join(lines[:LINES_SHOWN]) + (", ..." if len(lines) > LINES_SHOWN else "")
-    holding = f"holds {len(lines)} line(s): {shown}" if lines else "holds no line"
-    if worker.live:
-        standby = "" if lines else " (standing by)"
-        return f"live, up {up_s:.1f} s, seen {worker.seen_ago_s:.1f} s ago, {holding}{standby}"
-    # Not stopped cleanly (that forgets the worker): killed, paused or cut off.
-    return f"gone, not seen for {worker.seen_ago_s:.1f} s (ttl {ttl_s:g} s), {holding}"
-
-
-def describe_lease(lease: LineLease | None) -> str:
-    """One line for a person: who holds the line, under which epoch, for how long."""
-    if lease is None:
-        return "never leased"
-    if lease.owner is None:
-        return f"free (released), epoch {lease.epoch}"
-    if lease.expires_in_s < 0:
-        return (
-            f"expired {-lease.expires_in_s:.1f} s ago, was {lease.owner}, epoch {lease.epoch}"
-            " (any worker may take it over)"
-        )
-    return f"held by {lease.owner}, epoch {lease.epoch}, expires in {lease.expires_in_s:.1f} s"
