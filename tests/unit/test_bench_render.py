@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.runner import Target, render
+from bench.report import render
+from bench.targets import Target
 
 MACHINE = {
     "cpus_usable": 2,

@@ -48,7 +48,7 @@ def test_nothing_sampled_is_zero_samples_not_a_division_by_zero() -> None:
 
 
 def test_the_servers_line_leaves_out_statements_that_took_no_measurable_time() -> None:
-    from bench.runner import _profiled
+    from bench.report import _profiled
 
     def statement(database: str, exec_ms: float, plan_ms: float, query: str) -> dict[str, Any]:
         return {"database": database, "exec_ms": exec_ms, "plan_ms": plan_ms, "query": query}
