@@ -22,10 +22,10 @@ from publisher.errors import (
 )
 from publisher.targets import check_target
 from shared import (
-    FENCE_HEADER,
-    FENCING_ENFORCED,
-    FENCING_HEADER,
     LEASE_HEADER,
+    PREDECESSOR_CHECK_ENFORCED,
+    PREDECESSOR_CHECK_HEADER,
+    PREDECESSOR_HEADER,
     Event,
     InvalidAck,
     Lease,
@@ -292,7 +292,8 @@ class HttpSender:
     async def _read(
         self, response: aiohttp.ClientResponse, event_id: str, cap: int
     ) -> tuple[int, bytes]:
-        self._note_reply(event_id, response.headers.get(FENCING_HEADER) == FENCING_ENFORCED)
+        said = response.headers.get(PREDECESSOR_CHECK_HEADER)
+        self._note_reply(event_id, said == PREDECESSOR_CHECK_ENFORCED)
         if (response.content_length or 0) > cap:
             response.close()
             raise NotAcknowledged(
@@ -324,7 +325,7 @@ def request_headers(has_body: bool, after: str | None, lease: Lease | None) -> d
     """The headers of one request beyond the session's. Pure."""
     headers = {"Content-Type": "application/json"} if has_body else {}
     if after is not None:
-        headers[FENCE_HEADER] = after
+        headers[PREDECESSOR_HEADER] = after
     if lease is not None:
         headers[LEASE_HEADER] = lease.header()
     return headers

@@ -24,9 +24,10 @@ class Conflict(ContractError):
         self.event_id = event_id
 
 
-class FenceNotMet(ContractError):
-    """A pipelined request named a predecessor the sink has not applied: nothing of the
-    request was applied, so the sink never applies events out of the sender's order."""
+class PredecessorMissing(ContractError):
+    """The predecessor check failed: a pipelined request named a predecessor the sink
+    has not applied, so nothing of the request was applied (the sink never applies
+    events out of the sender's order)."""
 
     def __init__(self, after: str) -> None:
         super().__init__(f"event {after!r}, named as the one before, is not in the inbox")

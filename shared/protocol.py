@@ -1,5 +1,6 @@
-"""The protocol between publisher and sink beyond the event itself: the routes' limits
-and the headers that pipelined delivery relies on."""
+"""The protocol between publisher and sink beyond the event itself: the routes' limits,
+the headers of the predecessor check that pipelined delivery relies on, and the
+lease a request of a leased line carries (fencing by epoch)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ MAX_BATCH: Final = 16
 MAX_BODY_BYTES: Final = 16 * 1024  # one event (or one order at intake)
 MAX_BATCH_BODY_BYTES: Final = 64 * 1024  # one batch request
 
-# A pipelined request names the last event of the request sent just before it; the
-# sink applies nothing of it unless that event is in its inbox (else 412).
-FENCE_HEADER: Final = "Outbox-After"
-# Every reply of a sink that enforces FENCE_HEADER says so; a publisher keeps several
+# The predecessor check: a pipelined request names the last event of the request
+# sent just before it, and the sink applies nothing of it unless that event is in its
+# inbox (else 412).
+PREDECESSOR_HEADER: Final = "Outbox-After"
+# Every reply of a sink that enforces the predecessor check says so in this header
+# (its name on the wire predates the name of the check); a publisher keeps several
 # requests in flight only after such a reply (a sink that ignores the header could
 # apply a request whose predecessor failed).
-FENCING_HEADER: Final = "Outbox-Fencing"
-FENCING_ENFORCED: Final = "enforced"
+PREDECESSOR_CHECK_HEADER: Final = "Outbox-Fencing"
+PREDECESSOR_CHECK_ENFORCED: Final = "enforced"
 
 # Several relay workers on one outbox: each line (the one global line, or one SKU's
 # lane) is delivered only by the worker holding its lease, and every takeover raises

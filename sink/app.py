@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import hdrs, web
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from plumbing.logs import Throttled
 from plumbing.net import bearer_matches
@@ -30,18 +29,18 @@ from plumbing.web import (
     readiness,
 )
 from shared import (
-    FENCE_HEADER,
-    FENCING_ENFORCED,
-    FENCING_HEADER,
     LEASE_HEADER,
     MAX_BATCH,
     MAX_BATCH_BODY_BYTES,
     MAX_BODY_BYTES,
+    PREDECESSOR_CHECK_ENFORCED,
+    PREDECESSOR_CHECK_HEADER,
+    PREDECESSOR_HEADER,
     Conflict,
     Event,
-    FenceNotMet,
     InvalidEvent,
     Lease,
+    PredecessorMissing,
     StaleLease,
     make_ack,
     parse_lease,
@@ -49,49 +48,11 @@ from shared import (
     validate_event_id,
     validate_sku,
 )
-from sink.fence import Fences
+from sink.metrics import SinkMetrics
+from sink.predecessor import PredecessorWaits
 from sink.store import Inbox
 
 log = logging.getLogger(__name__)
-
-RESULTS: Final = ("applied", "duplicate", "conflict", "invalid")
-FENCES_BY: Final = ("after", "lease")  # the labels of sink_fenced_requests_total
-
-
-class SinkMetrics:
-    """The sink's Prometheus metrics, in a registry of its own."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.received = Counter(
-            "sink_inbox_received",
-            "Events received, by result.",
-            ["result"],
-            registry=self.registry,
-        )
-        for result in RESULTS:
-            self.received.labels(result)  # every series exists from the start, at 0
-        self.unauthorized = Counter(
-            "sink_unauthorized_requests",
-            "Requests refused for a missing or wrong bearer token.",
-            registry=self.registry,
-        )
-        self.events = Gauge("sink_inbox_events", "Events in the inbox.", registry=self.registry)
-        self.ready = Gauge(
-            "sink_ready",
-            "1 while the inbox database takes a write (as GET /readyz says), else 0.",
-            registry=self.registry,
-        )
-        self.fenced = Counter(
-            "sink_fenced_requests",
-            f"Requests refused by a fence, nothing applied: fence=after, 412, the event"
-            f" named in {FENCE_HEADER} was not in the inbox; fence=lease, 409, the epoch"
-            f" in {LEASE_HEADER} was below one seen for its source and line.",
-            ["fence"],
-            registry=self.registry,
-        )
-        for fence in FENCES_BY:
-            self.fenced.labels(fence)
 
 
 @dataclass(frozen=True)
@@ -120,7 +81,7 @@ class SinkSettings:
 
 INBOX: Final = web.AppKey("inbox", Inbox)
 SETTINGS: Final = web.AppKey("settings", SinkSettings)
-FENCES: Final = web.AppKey("fences", Fences)
+PREDECESSORS: Final = web.AppKey("predecessors", PredecessorWaits)
 METRICS: Final = web.AppKey("metrics", SinkMetrics)
 # A stale worker keeps sending until it learns it lost the line: one log line per
 # source and line per interval, with a count.
@@ -154,7 +115,7 @@ def create_app(
         middlewares=[json_errors, http_guard(guard or HttpGuard()), require_token, report_writes],
     )
     app[SETTINGS] = SinkSettings(token=token, max_body_bytes=max_body_bytes, admit=admit)
-    app[FENCES] = Fences()
+    app[PREDECESSORS] = PredecessorWaits()
     app[METRICS] = SinkMetrics()
     app[STALE_LOG] = Throttled(log)
 
@@ -164,7 +125,7 @@ def create_app(
             yield
 
     app.cleanup_ctx.append(inbox_ctx)
-    app.on_response_prepare.append(say_fencing)
+    app.on_response_prepare.append(say_predecessor_check)
     app.router.add_post("/events", post_event)
     app.router.add_post("/events/batch", post_batch)
     app.router.add_get("/events/{id}", get_event)
@@ -176,10 +137,10 @@ def create_app(
     return app
 
 
-async def say_fencing(request: web.Request, response: web.StreamResponse) -> None:
-    """Every reply says that this sink enforces Outbox-After: a publisher pipelines
-    requests only after it has read this."""
-    response.headers[FENCING_HEADER] = FENCING_ENFORCED
+async def say_predecessor_check(request: web.Request, response: web.StreamResponse) -> None:
+    """Every reply says that this sink enforces the predecessor check (Outbox-After):
+    a publisher pipelines requests only after it has read this."""
+    response.headers[PREDECESSOR_CHECK_HEADER] = PREDECESSOR_CHECK_ENFORCED
 
 
 @web.middleware
@@ -209,19 +170,19 @@ async def report_writes(request: web.Request, handler: Handler) -> web.StreamRes
 async def post_event(request: web.Request) -> web.StreamResponse:
     """Apply one event; the ACK is sent only once it is committed."""
     received = request.app[METRICS].received
-    settings, fences, inbox = request.app[SETTINGS], request.app[FENCES], request.app[INBOX]
+    settings, waits, inbox = request.app[SETTINGS], request.app[PREDECESSORS], request.app[INBOX]
     try:
-        after = read_fence(request)
+        after = read_predecessor(request)
         lease = read_lease(request)
         body = await read_json(request, settings.max_body_bytes)
         # Whatever becomes of this event, a request waiting for it is woken at the end.
-        with fences.waking(item_ids([body])):
+        with waits.waking(item_ids([body])):
             event = checked_event(body)
             check_admitted(settings.admit, event)
-            check_fence_names_other(after, [event["id"]])
+            check_predecessor_outside(after, [event["id"]])
             if after is not None:
-                await fences.wait(after, inbox.knows)
-            fences.handed([event["id"]])
+                await waits.wait(after, inbox.knows)
+            waits.handed([event["id"]])
             result = await inbox.receive_with_digest(event, after=after, lease=lease)
     except BadRequest as exc:
         received.labels("invalid").inc()
@@ -229,8 +190,8 @@ async def post_event(request: web.Request) -> web.StreamResponse:
     except Conflict as exc:
         received.labels("conflict").inc()
         raise conflict(exc) from exc
-    except FenceNotMet as exc:
-        return fence_not_met(request, exc)
+    except PredecessorMissing as exc:
+        return predecessor_missing(request, exc)
     except StaleLease as exc:
         return stale_lease(request, exc)
     received.labels(result.receipt.value).inc()
@@ -245,24 +206,24 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
     nothing, and `rejected` says which and why.
     """
     received = request.app[METRICS].received
-    settings, fences, inbox = request.app[SETTINGS], request.app[FENCES], request.app[INBOX]
+    settings, waits, inbox = request.app[SETTINGS], request.app[PREDECESSORS], request.app[INBOX]
     try:
-        after = read_fence(request)
+        after = read_predecessor(request)
         lease = read_lease(request)
         items = batch_items(await read_json(request, settings.max_batch_body_bytes))
-        check_fence_names_other(after, item_ids(items))
+        check_predecessor_outside(after, item_ids(items))
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
     events, rejected = valid_prefix(settings.admit, items)
     try:
-        with fences.waking(item_ids(items)):
+        with waits.waking(item_ids(items)):
             if after is not None and events:
-                await fences.wait(after, inbox.knows)
-            fences.handed(event["id"] for event in events)
+                await waits.wait(after, inbox.knows)
+            waits.handed(event["id"] for event in events)
             receipt = await inbox.receive_batch(events, after=after, lease=lease)
-    except FenceNotMet as exc:
-        return fence_not_met(request, exc)
+    except PredecessorMissing as exc:
+        return predecessor_missing(request, exc)
     except StaleLease as exc:
         return stale_lease(request, exc)
     for kind, count in collections.Counter(done.receipt.value for done in receipt.received).items():
@@ -279,11 +240,11 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
     return web.json_response({"acks": acks, "rejected": rejected})
 
 
-def read_fence(request: web.Request) -> str | None:
-    """The event ID in the Outbox-After header, None without one; BadRequest 400 if
-    it is not a well-formed ID."""
-    after = request.headers.get(FENCE_HEADER)
-    return None if after is None else _checked(validate_event_id, after, FENCE_HEADER)
+def read_predecessor(request: web.Request) -> str | None:
+    """The event ID in the Outbox-After header (the predecessor to check), None
+    without one; BadRequest 400 if it is not a well-formed ID."""
+    after = request.headers.get(PREDECESSOR_HEADER)
+    return None if after is None else _checked(validate_event_id, after, PREDECESSOR_HEADER)
 
 
 def read_lease(request: web.Request) -> Lease | None:
@@ -300,26 +261,27 @@ def read_lease(request: web.Request) -> Lease | None:
         ) from exc
 
 
-def check_fence_names_other(after: str | None, event_ids: list[str]) -> None:
+def check_predecessor_outside(after: str | None, event_ids: list[str]) -> None:
     """BadRequest 400 if Outbox-After names an event of the request itself: it can
     never be in the inbox before the request is applied, so waiting is pointless."""
     if after is not None and after in event_ids:
         raise BadRequest(
             400,
             "invalid",
-            f"{FENCE_HEADER} names an event of this request: it must name the one before",
-            field=FENCE_HEADER,
+            f"{PREDECESSOR_HEADER} names an event of this request: it must name the one before",
+            field=PREDECESSOR_HEADER,
             after=after,
         )
 
 
-def fence_not_met(request: web.Request, exc: FenceNotMet) -> web.Response:
-    """412: the event the request names as its predecessor is not in the inbox, so
-    nothing of the request was applied. The sender resends it after that event."""
-    request.app[METRICS].fenced.labels("after").inc()
+def predecessor_missing(request: web.Request, exc: PredecessorMissing) -> web.Response:
+    """412: the predecessor check failed (the event the request names as its
+    predecessor is not in the inbox), so nothing of the request was applied. The
+    sender resends it after that event."""
+    request.app[METRICS].predecessor_missing.inc()
     return error(
         412,
-        f"the event named in {FENCE_HEADER} is not in the inbox: nothing was applied",
+        f"the event named in {PREDECESSOR_HEADER} is not in the inbox: nothing was applied",
         after=exc.after,
     )
 
@@ -327,7 +289,7 @@ def fence_not_met(request: web.Request, exc: FenceNotMet) -> web.Response:
 def stale_lease(request: web.Request, exc: StaleLease) -> web.Response:
     """409: the request's lease epoch is below one seen for its line, so its sender
     lost the line; nothing of the request was applied, a duplicate not even counted."""
-    request.app[METRICS].fenced.labels("lease").inc()
+    request.app[METRICS].fenced.inc()
     fenced = {"source": exc.source, "line": exc.line, "epoch": exc.epoch, "seen": exc.seen}
     request.app[STALE_LOG].log(
         logging.WARNING,

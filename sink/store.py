@@ -58,7 +58,7 @@ class Inbox(StoreBase):
     receive that returns has committed both: an ACK sent afterwards is evidence.
 
     Errors: StorageError (plumbing.storage) when the database cannot be used,
-    Conflict, InvalidEvent, FenceNotMet and StaleLease (shared) as the methods say.
+    Conflict, InvalidEvent, PredecessorMissing and StaleLease (shared) as the methods say.
     Driver errors never leave a backend untranslated.
     """
 
@@ -97,8 +97,8 @@ class Inbox(StoreBase):
         self, event: object, *, after: str | None = None, lease: Lease | None = None
     ) -> Received:
         """Like `receive`, also returning the SHA-256 of the stored payload (for a
-        duplicate, of the payload stored first); with `after` and `lease`, fenced as
-        in `receive_batch`."""
+        duplicate, of the payload stored first); with `after` (the predecessor check)
+        and `lease` (fencing), as in `receive_batch`."""
         receipt = await self.receive_batch([validate_event(event)], after=after, lease=lease)
         if receipt.conflict is not None:
             raise receipt.conflict
@@ -115,20 +115,20 @@ class Inbox(StoreBase):
         repeated within the batch included) and committed; the conflicting event and
         those after it change nothing, and `conflict` says which it was. With `after`
         (the event the sender delivered just before these), nothing at all is applied
-        unless that event is in the inbox: FenceNotMet, checked in the same
+        unless that event is in the inbox: PredecessorMissing, checked in the same
         transaction. With `lease` (the sender's source, line and epoch), nothing at
         all is applied if a higher epoch of that source and line has been seen:
         StaleLease, even for events already applied (a stale sender gets no ACK, not
         even a duplicate's); otherwise the epoch becomes the highest seen, in the same
-        transaction. A stale lease is refused before an unmet fence is. An empty
-        batch changes nothing and checks no fence.
+        transaction. A stale lease is refused before a missing predecessor is. An
+        empty batch changes nothing and checks no predecessor.
         """
 
     # ------------------------------------------------------------------ reads
 
     @abstractmethod
     async def knows(self, event_id: str) -> bool:
-        """Whether the inbox holds `event_id` (cheap: the fence wait polls it)."""
+        """Whether the inbox holds `event_id` (cheap: the predecessor wait polls it)."""
 
     @abstractmethod
     async def inventory(self, sku: str) -> int:

@@ -4,9 +4,9 @@ The interface and rows are in `sink.store`; the SQL is in `sink.backends.postgre
 the pool, migrations, durable commits and error translation are pg_tx's.
 
 The common case is one statement and one round trip: the calls of a group commit
-(or a write alone) whose IDs are distinct and new and whose fences are met, a
-pipeline's chain of fenced requests included (a fence naming an event of an earlier
-call of the group is met by it), go in with INSERT_CALLS, sent with BEGIN, the
+(or a write alone) whose IDs are distinct and new and whose predecessors are in the
+inbox, a pipeline's chain of requests included (a predecessor that is an event of an
+earlier call of the group passes the check by it), go in with INSERT_CALLS, sent with BEGIN, the
 durable-commit settings and COMMIT as one simple query. It takes the calls up to the
 first that cannot go in that way; that call and those after it then run in a second
 transaction, each tried as all new and else event by event (a redelivery, a
@@ -19,7 +19,7 @@ A leased call (Outbox-Lease) is checked in the same transaction: its line's epoc
 raised by an upsert on the line's `lease_fences` row (RAISE_LEASE, or in INSERT_CALLS
 the group's highest epoch of each line), which waits for that row's lock and judges
 its newest version, so two sinks applying one line's requests serialise there; a
-stale call stops INSERT_CALLS like an unmet fence, and is refused the long way.
+stale call stops INSERT_CALLS like a missing predecessor, and is refused the long way.
 
 How a write commits is decided here from the facts the HTTP layer reports
 (`arriving`), as in the SQLite inbox: alone, in a transaction of its own; while
@@ -42,8 +42,8 @@ from plumbing.storage import StorageError
 from shared import (
     Conflict,
     Event,
-    FenceNotMet,
     Lease,
+    PredecessorMissing,
     Receipt,
     StaleLease,
     canonical_json,
@@ -117,8 +117,8 @@ class PostgresInbox(Inbox):
         First the common case: the leading calls whose IDs are distinct across them,
         in one statement (INSERT_CALLS), its transaction sent in one round trip. It
         takes the calls up to the first that cannot go in that way (a known ID, a
-        fence not met, a stale lease); that one and those after it then go the long way, in a
-        transaction after it (`_long_way`)."""
+        missing predecessor, a stale lease); that one and those after it then go the
+        long way, in a transaction after it (`_long_way`)."""
         now = time.time()
         done: list[BatchReceipt | Exception] = []
         fast = _distinct_prefix(calls)
@@ -173,7 +173,7 @@ class PostgresInbox(Inbox):
         try:
             async with conn.transaction():
                 return await _receive_in(conn, call, now)
-        except (FenceNotMet, StaleLease) as exc:
+        except (PredecessorMissing, StaleLease) as exc:
             return exc
         except psycopg.Error as exc:
             if isinstance(exc, _RETRYABLE) or _connection_lost(exc):
@@ -217,10 +217,10 @@ async def _receive_calls(
 ) -> list[BatchReceipt | Exception]:
     """Inside a transaction: several calls' batches. First every call that can be
     is tried as all new, the statements of all of them sent at once (one round
-    trip); those that were not (a known ID, a fence not met yet, an ID twice) then
+    trip); those that were not (a known ID, a predecessor missing yet, an ID twice) then
     run one after the other, in their order. A call that writes nothing in the
     first pass is as if it came after those that did: a valid order for requests
-    that were in progress together, and a fence that named an event of another
+    that were in progress together, and a predecessor that is an event of another
     call of the group is checked again after it."""
     outcomes: list[BatchReceipt | Exception | None] = [None] * len(calls)
     tried = [
@@ -234,7 +234,7 @@ async def _receive_calls(
         if outcomes[index] is None:
             try:
                 outcomes[index] = await _receive_in(conn, call, now)
-            except (FenceNotMet, StaleLease) as exc:  # raised before the call wrote events
+            except (PredecessorMissing, StaleLease) as exc:  # raised before the call wrote events
                 outcomes[index] = exc
     return [outcome for outcome in outcomes if outcome is not None]
 
@@ -254,7 +254,7 @@ async def _try_all_new(
 
 async def _all_new_outcome(cursor: psycopg.AsyncCursor[Any], call: Call) -> BatchReceipt | None:
     """What INSERT_IF_ALL_NEW did: the receipt when every event was applied, None
-    when it wrote nothing (a known ID, or the fence not met). Raced when another
+    when it wrote nothing (a known ID, or the predecessor missing). Raced when another
     transaction committed one of the IDs meanwhile (some rows went in: the whole
     transaction runs again)."""
     row = await cursor.fetchone()
@@ -268,7 +268,7 @@ async def _all_new_outcome(cursor: psycopg.AsyncCursor[Any], call: Call) -> Batc
 
 
 async def _receive_in(conn: Conn, call: Call, now: float) -> BatchReceipt:
-    """Inside a transaction: check the lease and the fence, then apply in order,
+    """Inside a transaction: check the lease and the predecessor, then apply in order,
     stopping at the first conflict. No event is written before both are known to
     hold."""
     events, after, lease = call
@@ -280,7 +280,7 @@ async def _receive_in(conn: Conn, call: Call, now: float) -> BatchReceipt:
         if applied is not None:
             return applied
     if after is not None and await (await conn.execute(sql.FIND, (after,))).fetchone() is None:
-        raise FenceNotMet(after)
+        raise PredecessorMissing(after)
     payloads = [canonical_json(event) for event in events]
     return await _one_by_one(conn, events, payloads, now)
 
@@ -307,7 +307,7 @@ def _distinct_prefix(calls: list[Call]) -> int:
 
 def _calls_columns(calls: list[Call], now: float) -> tuple[dict[str, Any], list[list[str]]]:
     """Calls as the arrays INSERT_CALLS unnests (each event with its call's number,
-    from 1; each call's fence, and whether it names an event of an earlier call),
+    from 1; each call's predecessor, and whether it is an event of an earlier call),
     and each call's payloads."""
     ids: list[str] = []
     skus: list[str] = []

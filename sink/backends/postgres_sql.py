@@ -76,25 +76,25 @@ RETURNING epoch
 # After RAISE_LEASE refused, in the same transaction: the row is locked by it, and
 # this statement's snapshot is newer than the version that refused.
 LEASE_SEEN: Final = b"SELECT epoch FROM lease_fences WHERE source = %s AND line = %s"
-# The common case of a batch in one statement: if its fence is met (no `after`, or
-# that event in the inbox) and none of its events (IDs distinct within it) is known,
+# The common case of a batch in one statement: if it passes the predecessor check (no
+# `after`, or that event in the inbox) and none of its events (IDs distinct within it) is known,
 # they are recorded in their order, each taking the next applied_seq, and the
 # inventory they add is summed per SKU (in SKU order, so that two transactions lock
 # inventory rows in the same order); otherwise nothing is written. Returns whether
-# the fence was met, whether any ID was known, and how many rows went in: fewer
+# the predecessor check passed, whether any ID was known, and how many rows went in: fewer
 # than the batch when another transaction committed one of its IDs meanwhile.
 INSERT_IF_ALL_NEW: Final = b"""
 WITH batch AS (
     SELECT * FROM unnest(%(ids)s::text[], %(payloads)s::text[], %(skus)s::text[],
                          %(qtys)s::bigint[]) WITH ORDINALITY AS b(id, payload, sku, qty, n)
-), fence AS (
+), predecessor AS (
     SELECT %(after)s::text IS NULL OR EXISTS (SELECT FROM inbox WHERE id = %(after)s) AS met
 ), known AS (
     SELECT EXISTS (SELECT FROM inbox WHERE id = ANY (%(ids)s::text[])) AS found
 ), new AS (
     INSERT INTO inbox (id, payload, received_at, last_delivery_at)
     SELECT id, payload, %(now)s, %(now)s FROM batch
-    WHERE (SELECT met FROM fence) AND NOT (SELECT found FROM known)
+    WHERE (SELECT met FROM predecessor) AND NOT (SELECT found FROM known)
     ORDER BY n
     ON CONFLICT (id) DO NOTHING
     RETURNING id
@@ -107,20 +107,20 @@ WITH batch AS (
     SELECT mod(pg_backend_pid(), %(slots)s), count(*) FROM new HAVING count(*) > 0
     ON CONFLICT (slot) DO UPDATE SET events = inbox_tally.events + excluded.events
 )
-SELECT (SELECT met FROM fence), (SELECT found FROM known), (SELECT count(*) FROM new)
+SELECT (SELECT met FROM predecessor), (SELECT found FROM known), (SELECT count(*) FROM new)
 """
 # The common case of a whole group (the calls of concurrent requests, IDs distinct
 # across the group) in one statement, so that a transaction is BEGIN, the settings,
-# this and COMMIT, sent together. A call goes in if none of its IDs is known and its
-# fence is met: no `after`, that event in the inbox, or (`inside`) an event of an
+# this and COMMIT, sent together. A call goes in if none of its IDs is known and it
+# passes the predecessor check: no `after`, that event in the inbox, or (`inside`) an event of an
 # earlier call of the group; and its lease, if it has one, is not stale. Each line's
 # highest epoch in the group is raised first (RAISE_LEASE's upsert, so the group
 # waits for the line's row as RAISE_LEASE does); a call of a lower epoch than that
 # stops the group there and is judged the long way, against the epoch raised: as if
 # the request of the higher epoch, in progress at the same time, had come first (an
 # epoch exists only once every lower one has lost the line). Only a prefix of the
-# calls goes in: those before the first call that cannot (a fence inside the group
-# then always names an event that went in before it). Returns how many calls went
+# calls goes in: those before the first call that cannot (a predecessor inside the
+# group is then always an event that went in before it). Returns how many calls went
 # in; raises serialization_failure (the transaction runs again) when fewer rows went
 # in than the prefix holds, because another transaction committed one of its IDs
 # meanwhile.
@@ -129,7 +129,7 @@ WITH batch AS (
     SELECT * FROM unnest(%(ids)s::text[], %(payloads)s::text[], %(skus)s::text[],
                          %(qtys)s::bigint[], %(calls)s::bigint[])
                   WITH ORDINALITY AS b(id, payload, sku, qty, c, n)
-), fences AS (
+), predecessors AS (
     SELECT * FROM unnest(%(afters)s::text[], %(inside)s::boolean[])
                   WITH ORDINALITY AS f(after, inside, c)
 ), known AS (
@@ -148,7 +148,7 @@ WITH batch AS (
     SELECT l.c FROM leases l WHERE NOT EXISTS (
         SELECT FROM raised r WHERE (r.source, r.line, r.epoch) = (l.source, l.line, l.epoch))
 ), stop AS (
-    SELECT coalesce(min(f.c), cardinality(%(afters)s::text[]) + 1) AS c FROM fences f
+    SELECT coalesce(min(f.c), cardinality(%(afters)s::text[]) + 1) AS c FROM predecessors f
     WHERE f.c IN (SELECT c FROM known)
        OR f.c IN (SELECT c FROM stale)
        OR NOT (f.inside OR f.after IS NULL OR EXISTS (SELECT FROM inbox WHERE id = f.after))

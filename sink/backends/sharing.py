@@ -14,5 +14,5 @@ class Call(NamedTuple):
     """One receive_batch call waiting for a group commit."""
 
     events: list[Event]
-    after: str | None  # the fence: the event the sender delivered before these
+    after: str | None  # the predecessor: the event the sender delivered before these
     lease: Lease | None = None  # the sender's line and epoch, checked before anything

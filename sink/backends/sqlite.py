@@ -17,8 +17,8 @@ from plumbing.storage import StorageError
 from shared import (
     Conflict,
     Event,
-    FenceNotMet,
     Lease,
+    PredecessorMissing,
     Receipt,
     StaleLease,
     canonical_json,
@@ -36,10 +36,11 @@ class SqliteInbox(SqliteFile, Inbox):
     A write that has the database to itself commits on the calling thread (no hand-
     off to the worker thread): the request cannot answer before its commit anyway.
     While other write requests are in progress (or a group is being committed), or
-    when the write is fenced, it joins a group commit instead: each call in its own
-    savepoint, all in one transaction on the worker thread, so concurrent requests
-    share one fsync and the event loop keeps serving while it runs. A fenced write
-    always goes there, so a pipeline's requests share fsyncs too.
+    when the write names a predecessor, it joins a group commit instead: each call in
+    its own savepoint, all in one transaction on the worker thread, so concurrent
+    requests share one fsync and the event loop keeps serving while it runs. A write
+    that names a predecessor always goes there, so a pipeline's requests share fsyncs
+    too.
     """
 
     MIGRATIONS = sql.MIGRATIONS
@@ -70,12 +71,12 @@ class SqliteInbox(SqliteFile, Inbox):
 
     def _commits_inline(self, after: str | None) -> bool:
         """The tactic: inline when this write is the only one in progress, no group is
-        being committed (writes commit in the order they are handed over) and it is
-        not fenced; otherwise in the next group commit."""
+        being committed (writes commit in the order they are handed over) and it
+        names no predecessor; otherwise in the next group commit."""
         return after is None and self._arrivals.count <= 1 and not self._groups.busy
 
     async def knows(self, event_id: str) -> bool:
-        """A read of one row, inline: the fence wait asks it while a request waits."""
+        """A read of one row, inline: the predecessor wait asks it while a request waits."""
         row = await self._db.run_inline(lambda conn: conn.execute(sql.FIND, (event_id,)).fetchone())
         return row is not None
 
@@ -112,7 +113,7 @@ def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchRe
             conn.execute("SAVEPOINT one_call")
             try:
                 outcomes.append(_receive_in(conn, call, now))
-            except (FenceNotMet, StaleLease) as exc:  # raised before the call wrote events
+            except (PredecessorMissing, StaleLease) as exc:  # raised before the call wrote events
                 outcomes.append(exc)
             except sqlite3.Error as exc:
                 conn.execute("ROLLBACK TO one_call")
@@ -124,13 +125,13 @@ def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchRe
 
 
 def _receive_in(conn: sqlite3.Connection, call: Call, now: float) -> BatchReceipt:
-    """Inside a transaction: check the lease and the fence, then apply in order,
+    """Inside a transaction: check the lease and the predecessor, then apply in order,
     stopping at the first conflict."""
     events, after, lease = call
     if lease is not None:
         _check_lease(conn, lease)
     if after is not None and conn.execute(sql.FIND, (after,)).fetchone() is None:
-        raise FenceNotMet(after)
+        raise PredecessorMissing(after)
     payloads = [canonical_json(event) for event in events]
     ids = [event["id"] for event in events]
     if len(set(ids)) == len(ids) and not _known(conn, ids):

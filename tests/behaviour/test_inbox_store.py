@@ -34,9 +34,9 @@ from shared import (
     GLOBAL_LINE,
     Conflict,
     Event,
-    FenceNotMet,
     InvalidEvent,
     Lease,
+    PredecessorMissing,
     Receipt,
     StaleLease,
     canonical_json,
@@ -380,12 +380,12 @@ async def test_a_batch_fenced_on_an_unknown_event_raises_and_changes_nothing(
     before = snapshot(backend)
 
     with in_progress(inbox, requests):
-        with pytest.raises(FenceNotMet) as raised:
+        with pytest.raises(PredecessorMissing) as raised:
             await inbox.receive_batch(
                 [event("n1", "tea", 1), known, event("n2", "corn", 2)], after="ghost"
             )
         assert raised.value.after == "ghost"
-        with pytest.raises(FenceNotMet):
+        with pytest.raises(PredecessorMissing):
             await inbox.receive_with_digest(event("n3"), after="ghost")
 
         assert snapshot(backend) == before  # not even the duplicate was counted
@@ -495,7 +495,7 @@ async def test_a_stale_lease_is_refused_before_an_unmet_fence(
     with in_progress(inbox, requests):
         with pytest.raises(StaleLease):
             await inbox.receive_batch([event("e2")], after="ghost", lease=lease(1))
-        with pytest.raises(FenceNotMet):
+        with pytest.raises(PredecessorMissing):
             await inbox.receive_batch([event("e2")], after="ghost", lease=lease(2))
         receipt = await inbox.receive_batch([event("e2")], after="e1", lease=lease(2))
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED]

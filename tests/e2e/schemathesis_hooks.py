@@ -28,7 +28,7 @@ from typing import Any
 
 import schemathesis
 
-from shared import FENCE_HEADER, LEASE_HEADER, InvalidEvent, parse_lease, validate_event_id
+from shared import LEASE_HEADER, PREDECESSOR_HEADER, InvalidEvent, parse_lease, validate_event_id
 
 DROPPED_ENV = "OPENAPI_FUZZ_DROPPED"
 FENCES_ENV = "OPENAPI_FUZZ_FENCES"
@@ -107,7 +107,7 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     lease = next((key for key in headers if key.lower() == LEASE_HEADER.lower()), None)
     if lease is not None and positive(case) and not parsable(headers[lease]):
         headers[lease] = "fuzz * 1"
-    name = next((key for key in headers if key.lower() == FENCE_HEADER.lower()), None)
+    name = next((key for key in headers if key.lower() == PREDECESSOR_HEADER.lower()), None)
     if name is None or not well_formed(headers[name]):
         return
     fences = os.environ[FENCES_ENV].split(",")

@@ -59,7 +59,7 @@ WORKER_FLAGS = (
     *("--lanes", str(len(SKUS))),  # room for another's lines whenever they are free
     *("--retry-base", "0.02", "--retry-cap", "0.3", "--log-format", "json"),
 )
-LEASE_FENCED = 'sink_fenced_requests_total{fence="lease"}'
+LEASE_FENCED = "sink_fenced_requests_total"
 
 
 def direct(fn: Callable[[], T]) -> T:

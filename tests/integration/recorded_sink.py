@@ -22,7 +22,7 @@ from support import ASYNC_POLL_S, WAIT_S
 from plumbing.web import Handler
 from publisher.http import BatchResult, HttpSender
 from publisher.settings import Ordering
-from shared import FENCE_HEADER, Event, Lease
+from shared import PREDECESSOR_HEADER, Event, Lease
 from sink.app import INBOX
 from sink.chaos import Chaos, chaos_app
 
@@ -107,7 +107,9 @@ def recording(recorder: Recorder) -> Middleware:
         if request.method != "POST":
             return await handler(request)
         body = json.loads(await request.read())  # kept by aiohttp for the handler
-        seen = recorder.arrive(posted_events(request, body), request.headers.get(FENCE_HEADER))
+        seen = recorder.arrive(
+            posted_events(request, body), request.headers.get(PREDECESSOR_HEADER)
+        )
         try:
             if seen.after is not None and recorder.refuse_fenced > 0:
                 recorder.refuse_fenced -= 1

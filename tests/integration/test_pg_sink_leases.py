@@ -19,7 +19,7 @@ import pytest
 from pg_faults import PgAccess
 from test_pg_sink_group import event, in_progress
 
-from shared import FENCE_HEADER, LEASE_HEADER, Event, Lease, Receipt, StaleLease
+from shared import LEASE_HEADER, PREDECESSOR_HEADER, Event, Lease, Receipt, StaleLease
 from sink import Inbox
 from sink.store import BatchReceipt
 
@@ -181,7 +181,7 @@ async def test_a_request_fenced_on_an_event_another_sink_is_applying_goes_on_aft
             lease = {LEASE_HEADER: Lease(SOURCE, "held", 1).header()}
             a = asyncio.create_task(post(client, first.url, event("A", "held"), **lease))
             await waiting_for_a_lock(pg_database)
-            headers = {FENCE_HEADER: "A", **lease}
+            headers = {PREDECESSOR_HEADER: "A", **lease}
             b = asyncio.create_task(post(client, second.url, event("B", "held"), **headers))
             await asyncio.sleep(0.3)
             assert not b.done() and not a.done()  # B waits for A (and A for the row)

@@ -78,8 +78,14 @@ def rows(db_rows: Query, location: str) -> Callable[[str], list[tuple[Any, ...]]
     return lambda sql: db_rows(location, sql)
 
 
-async def metric(client: aiohttp.ClientSession, base: str, fence: str) -> float:
-    return value(await scrape(client, f"{base}/metrics"), "sink_fenced_requests_total", fence=fence)
+REFUSED_BY = {
+    "lease": "sink_fenced_requests_total",  # fencing: a stale lease epoch, 409
+    "predecessor": "sink_predecessor_missing_requests_total",  # the predecessor check, 412
+}
+
+
+async def metric(client: aiohttp.ClientSession, base: str, refused_by: str) -> float:
+    return value(await scrape(client, f"{base}/metrics"), REFUSED_BY[refused_by])
 
 
 Rows = Callable[[str], list[tuple[Any, ...]]]
@@ -126,7 +132,7 @@ async def test_a_stale_lease_is_409_with_the_fenced_lease_and_applies_nothing(
         rows("SELECT sku, qty FROM inventory"),
     ) == before
     assert await metric(client, sink, "lease") == 1
-    assert await metric(client, sink, "after") == 0
+    assert await metric(client, sink, "predecessor") == 0
 
 
 @ROUTES

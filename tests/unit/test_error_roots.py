@@ -14,7 +14,7 @@ from publisher.errors import (
     TargetNotAllowed,
     UnknownEntry,
 )
-from shared import Conflict, ContractError, FenceNotMet, InvalidAck, InvalidEvent
+from shared import Conflict, ContractError, InvalidAck, InvalidEvent, PredecessorMissing
 from sqlite_tx.aiosqlite_internals import AiosqliteChanged
 
 
@@ -23,7 +23,7 @@ from sqlite_tx.aiosqlite_internals import AiosqliteChanged
     [
         (InvalidEvent, ContractError),
         (Conflict, ContractError),
-        (FenceNotMet, ContractError),
+        (PredecessorMissing, ContractError),
         (InvalidAck, ContractError),
         (NotAcknowledged, DeliveryError),
         (Rejected, DeliveryError),

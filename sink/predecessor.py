@@ -1,9 +1,9 @@
-"""Pipelined requests: a request may name the event sent just before it (the fence).
+"""The predecessor check's wait: a pipelined request names the event sent just before it.
 
 The publisher may send the next request before the ACK of the previous one is back.
 Both arrive on different connections, in either order. The inbox applies a request
 only if the event it names is there (checked in the same transaction), so order at
-the sink never depends on arrival. `Fences` keeps an early request from failing for
+the sink never depends on arrival. `PredecessorWaits` keeps an early request from failing for
 nothing: it waits, bounded, until a request in progress in this process has
 committed (or given up on) the event it names, or until the inbox knows that event:
 several sink processes may share one inbox (PostgreSQL), and the predecessor may be
@@ -20,13 +20,13 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Final
 
-FENCE_WAIT_S: Final = 5.0
+PREDECESSOR_WAIT_S: Final = 5.0
 POLL_FIRST_S: Final = 0.005  # the first look at the inbox after the one on arrival
 POLL_MAX_S: Final = 0.05  # the longest pause between two looks
 RECENT: Final = 4096  # IDs whose request is done or under way: a late request needs no wait
 
 
-class Fences:
+class PredecessorWaits:
     """Which events were just handed to the inbox here, and who waits for which."""
 
     def __init__(self, recent: int = RECENT) -> None:
@@ -42,13 +42,13 @@ class Fences:
         self,
         after: str,
         known: Callable[[str], Awaitable[bool]],
-        timeout_s: float = FENCE_WAIT_S,
+        timeout_s: float = PREDECESSOR_WAIT_S,
     ) -> None:
         """Return once `after` was handed to the inbox here, is `known` to it (asked
         on arrival, then every POLL_FIRST_S to POLL_MAX_S: another process may apply
         it), or its request ended without it, or when `timeout_s` has passed.
 
-        Says nothing about the outcome: the transaction checks the fence itself. Writes
+        Says nothing about the outcome: the transaction makes the check itself. Writes
         are committed in the order they are handed over, so a request that goes on as
         soon as its predecessor was handed over finds it applied, or finds it missing
         because its transaction failed.
@@ -103,7 +103,7 @@ class Fences:
 
     @contextmanager
     def waking(self, event_ids: Iterable[str]) -> Iterator[None]:
-        """`with fences.waking(ids):` wakes the waiters of these IDs on the way out,
+        """`with waits.waking(ids):` wakes the waiters of these IDs on the way out,
         however the block is left."""
         try:
             yield

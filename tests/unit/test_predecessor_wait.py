@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sink.fence import POLL_FIRST_S, POLL_MAX_S, Fences
+from sink.predecessor import POLL_FIRST_S, POLL_MAX_S, PredecessorWaits
 
 LONG_S = 5.0  # a wait that must be ended by something else than its timeout
 TINY_S = 0.05  # a wait that is meant to time out
@@ -37,7 +37,7 @@ async def must_not_ask(event_id: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def waiting(
-    fences: Fences, *afters: str, timeout_s: float = LONG_S
+    fences: PredecessorWaits, *afters: str, timeout_s: float = LONG_S
 ) -> AsyncIterator[list[asyncio.Task[None]]]:
     """One task waiting for each ID, registered before the block runs; cancelled and
     awaited on the way out, so no task outlives its test."""
@@ -72,7 +72,7 @@ async def returns(wait: Coroutine[Any, Any, None]) -> None:
 
 
 async def test_a_recently_handed_id_returns_at_once_without_asking_the_inbox() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     fences.handed(["e1", "e2"])
 
     await returns(fences.wait("e1", must_not_ask))
@@ -81,7 +81,7 @@ async def test_a_recently_handed_id_returns_at_once_without_asking_the_inbox() -
 
 
 async def test_a_wait_ends_when_that_id_is_handed_and_not_before() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     async with waiting(fences, "e1") as (task,):
         assert await still_waiting(task)
         fences.handed(["other"])
@@ -95,7 +95,7 @@ async def test_a_wait_ends_when_that_id_is_handed_and_not_before() -> None:
 
 
 async def test_a_wait_ends_when_that_ids_request_wakes_it() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     async with waiting(fences, "e1") as (task,):
         fences.wake(["other"])
         assert await still_waiting(task)
@@ -109,7 +109,7 @@ async def test_a_wait_ends_when_that_ids_request_wakes_it() -> None:
 async def test_a_request_naming_a_settled_id_later_does_not_wait() -> None:
     # Its request is over (refused, say): a request naming it that arrives afterwards
     # goes straight to the transaction, which decides, instead of waiting 5 s.
-    fences = Fences()
+    fences = PredecessorWaits()
     async with waiting(fences, "e1") as (task,):
         fences.wake(["e1"])
         assert await finished(task)
@@ -127,7 +127,7 @@ async def test_a_request_naming_a_settled_id_later_does_not_wait() -> None:
 
 
 async def test_a_wait_returns_at_once_when_the_inbox_knows_the_id() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     asked: list[str] = []
 
     async def known(event_id: str) -> bool:
@@ -140,7 +140,7 @@ async def test_a_wait_returns_at_once_when_the_inbox_knows_the_id() -> None:
 
 
 async def test_an_id_handed_while_the_inbox_is_read_ends_the_wait() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
 
     async def read_meanwhile_handed(event_id: str) -> bool:
         fences.handed([event_id])  # another request hands it over during the read
@@ -152,7 +152,7 @@ async def test_an_id_handed_while_the_inbox_is_read_ends_the_wait() -> None:
 
 
 async def test_a_wait_times_out_quietly_and_removes_its_waiter() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     loop = asyncio.get_running_loop()
     started = loop.time()
     async with waiting(fences, "e1", timeout_s=TINY_S) as (task,):
@@ -165,7 +165,7 @@ async def test_a_wait_times_out_quietly_and_removes_its_waiter() -> None:
 
 
 async def test_a_timed_out_waiter_leaves_the_others_of_that_id_waiting() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     async with waiting(fences, "e1") as (patient,):
         async with waiting(fences, "e1", timeout_s=TINY_S) as (hasty,):
             assert await finished(hasty)
@@ -179,7 +179,7 @@ async def test_a_timed_out_waiter_leaves_the_others_of_that_id_waiting() -> None
 
 
 async def test_the_recent_memory_forgets_the_oldest_ids_first() -> None:
-    fences = Fences(recent=2)
+    fences = PredecessorWaits(recent=2)
     fences.handed(["e1", "e2"])
     fences.handed(["e3"])
     asked: list[str] = []
@@ -197,7 +197,7 @@ async def test_the_recent_memory_forgets_the_oldest_ids_first() -> None:
 
 async def test_a_wait_polls_the_inbox_with_a_growing_pause_until_it_knows_the_event() -> None:
     # Another sink process may apply the predecessor: nothing here wakes the wait.
-    fences = Fences()
+    fences = PredecessorWaits()
     loop = asyncio.get_running_loop()
     asked: list[float] = []
     known_at = loop.time() + 0.3
@@ -218,7 +218,7 @@ async def test_a_wait_polls_the_inbox_with_a_growing_pause_until_it_knows_the_ev
 
 
 async def test_a_poll_ends_at_the_wait_limit() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     asked: list[str] = []
 
     async def unknown(event_id: str) -> bool:
@@ -233,7 +233,7 @@ async def test_a_poll_ends_at_the_wait_limit() -> None:
 
 
 async def test_waking_wakes_the_waiters_when_the_block_raises() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     async with waiting(fences, "e1", "e2", "e3") as (one, two, three):
         with pytest.raises(RuntimeError, match="request failed"):
             with fences.waking(["e1", "e2"]):
@@ -246,7 +246,7 @@ async def test_waking_wakes_the_waiters_when_the_block_raises() -> None:
 
 
 async def test_waking_wakes_the_waiters_when_the_block_ends() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     async with waiting(fences, "e1") as (task,):
         with fences.waking(["e1"]):
             assert await still_waiting(task)
@@ -256,7 +256,7 @@ async def test_waking_wakes_the_waiters_when_the_block_ends() -> None:
 
 
 async def test_a_handed_id_wakes_every_waiter_of_it_and_only_those() -> None:
-    fences = Fences()
+    fences = PredecessorWaits()
     async with waiting(fences, "e1", "e1", "e1", "e2") as tasks:
         fences.handed(["e1"])
 
@@ -268,7 +268,7 @@ async def test_a_handed_id_wakes_every_waiter_of_it_and_only_those() -> None:
 
 async def test_ids_handed_as_a_generator_wake_their_waiters() -> None:
     # post_batch hands over `event["id"] for event in events`: one pass only.
-    fences = Fences()
+    fences = PredecessorWaits()
     async with waiting(fences, "e2") as (task,):
         fences.handed(event_id for event_id in ["e1", "e2"])
 

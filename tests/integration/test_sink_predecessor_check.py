@@ -21,11 +21,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from shared import FENCE_HEADER, Event, FenceNotMet, Receipt, make_ack, payload_digest
+from shared import PREDECESSOR_HEADER, Event, PredecessorMissing, Receipt, make_ack, payload_digest
 from sink import Inbox, create_app
-from sink.app import FENCES, INBOX
+from sink.app import INBOX, PREDECESSORS
 from sink.backends.sqlite import SqliteInbox
-from sink.fence import FENCE_WAIT_S, Fences
+from sink.predecessor import PREDECESSOR_WAIT_S, PredecessorWaits
 from sink.store import BatchReceipt
 
 T = TypeVar("T")
@@ -34,7 +34,7 @@ Serve = Callable[..., Awaitable[str]]
 
 LOOPBACK = "127.0.0.1"
 QUICK_WAIT_S = 0.2  # the fence wait of a sink whose 412s are checked, not its waiting
-PROMPT_S = 2.0  # well under FENCE_WAIT_S: the wait was ended, it did not time out
+PROMPT_S = 2.0  # well under PREDECESSOR_WAIT_S: the wait was ended, it did not time out
 BOUND_S = 10.0  # every request and wait in here ends well within this
 POLL_S = 0.005
 SHORTLY_S = 0.1  # between the successor's arrival and its predecessor's
@@ -42,9 +42,9 @@ SHORTLY_S = 0.1  # between the successor's arrival and its predecessor's
 Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
 
 
-class QuickFences(Fences):
+class QuickWaits(PredecessorWaits):
     """Fences that give up after QUICK_WAIT_S: a 412 for an unknown predecessor
-    comes without the FENCE_WAIT_S wait."""
+    comes without the PREDECESSOR_WAIT_S wait."""
 
     async def wait(
         self,
@@ -102,8 +102,8 @@ class Sink:
     app: web.Application
 
     @property
-    def fences(self) -> Fences:
-        return self.app[FENCES]
+    def waits(self) -> PredecessorWaits:
+        return self.app[PREDECESSORS]
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.fixture
 async def sink(serve: Serve, sink_db: Path) -> Sink:
-    """The real sink, with the real fence wait (FENCE_WAIT_S)."""
+    """The real sink, with the real fence wait (PREDECESSOR_WAIT_S)."""
     app = create_app(sink_db)
     return Sink(await serve(app), app)
 
@@ -123,7 +123,7 @@ async def sink(serve: Serve, sink_db: Path) -> Sink:
 async def quick_sink(serve: Serve, sink_db: Path) -> Sink:
     """The real sink whose fence wait gives up after QUICK_WAIT_S."""
     app = create_app(sink_db)
-    app[FENCES] = QuickFences()
+    app[PREDECESSORS] = QuickWaits()
     return Sink(await serve(app), app)
 
 
@@ -143,7 +143,7 @@ async def running(app: web.Application) -> AsyncIterator[str]:
 async def post(
     client: aiohttp.ClientSession, url: str, body: object, after: str | None = None
 ) -> tuple[int, Any]:
-    headers = {} if after is None else {FENCE_HEADER: after}
+    headers = {} if after is None else {PREDECESSOR_HEADER: after}
     async with client.post(url, json=body, headers=headers) as response:
         assert response.content_type == "application/json"
         return response.status, await response.json()
@@ -166,11 +166,11 @@ def applied_reply(route: str, events: list[Event]) -> Any:
     return {"acks": [ack(e) for e in events], "rejected": None}
 
 
-async def fenced_total(client: aiohttp.ClientSession, base: str) -> float:
+async def missing_total(client: aiohttp.ClientSession, base: str) -> float:
     async with client.get(f"{base}/metrics") as response:
         assert response.status == 200
         text = await response.text()
-    found = re.search(r'^sink_fenced_requests_total\{fence="after"\} (\S+)$', text, re.MULTILINE)
+    found = re.search(r"^sink_predecessor_missing_requests_total (\S+)$", text, re.MULTILINE)
     assert found is not None, text
     return float(found[1])
 
@@ -198,10 +198,10 @@ async def test_an_event_fenced_on_an_unknown_event_waits_then_is_412_and_applies
     assert status == 412
     assert body["error"] and body["after"] == "ghost"
     # Nobody in this process could hand "ghost" over: it waited the whole bounded time.
-    assert FENCE_WAIT_S - 0.1 <= took_s < FENCE_WAIT_S + PROMPT_S
+    assert PREDECESSOR_WAIT_S - 0.1 <= took_s < PREDECESSOR_WAIT_S + PROMPT_S
     assert snapshot(db_rows, sink_db) == before
-    assert await fenced_total(client, sink.base) == 1
-    assert len(sink.fences) == 0
+    assert await missing_total(client, sink.base) == 1
+    assert len(sink.waits) == 0
 
 
 async def test_a_batch_fenced_on_an_unknown_event_is_412_and_applies_nothing(
@@ -210,7 +210,7 @@ async def test_a_batch_fenced_on_an_unknown_event_is_412_and_applies_nothing(
     known = event("e0", "tea", 5)
     await send(client, quick_sink.base, "event", [known], None)
     before = snapshot(db_rows, sink_db)
-    assert await fenced_total(client, quick_sink.base) == 0
+    assert await missing_total(client, quick_sink.base) == 0
 
     status, body = await send(
         client, quick_sink.base, "batch", [event("b1", "tea", 7), known, event("b2")], "ghost"
@@ -220,10 +220,10 @@ async def test_a_batch_fenced_on_an_unknown_event_is_412_and_applies_nothing(
     assert body["error"] and body["after"] == "ghost"
     assert "acks" not in body
     assert snapshot(db_rows, sink_db) == before  # not even the duplicate was counted
-    assert await fenced_total(client, quick_sink.base) == 1
+    assert await missing_total(client, quick_sink.base) == 1
     status, _ = await send(client, quick_sink.base, "event", [event("e2")], "ghost")
     assert status == 412
-    assert await fenced_total(client, quick_sink.base) == 2
+    assert await missing_total(client, quick_sink.base) == 2
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -243,7 +243,7 @@ async def test_a_request_fenced_on_an_event_in_the_inbox_is_applied_at_once(
     assert took_s < PROMPT_S
     assert inbox_ids(db_rows, sink_db) == ["e0", "e1", *(e["id"] for e in later)]
     assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'tea'") == [(5,)]
-    assert await fenced_total(client, sink.base) == 0
+    assert await missing_total(client, sink.base) == 0
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -258,10 +258,10 @@ async def test_a_predecessor_applied_before_a_restart_is_found_in_the_inbox(
     restarted = create_app(sink_db)
     async with running(restarted) as base:
         reply, took_s = await timed(send(client, base, route, later, "e1"))
-        assert len(restarted[FENCES]) == 0
+        assert len(restarted[PREDECESSORS]) == 0
 
     assert reply == (200, applied_reply(route, later))
-    assert took_s < PROMPT_S  # the inbox knew it: no FENCE_WAIT_S wait for a handover
+    assert took_s < PROMPT_S  # the inbox knew it: no PREDECESSOR_WAIT_S wait for a handover
     assert inbox_ids(db_rows, sink_db) == ["e1", *(e["id"] for e in later)]
 
 
@@ -282,7 +282,7 @@ async def test_a_successor_sent_before_its_predecessor_waits_and_is_applied_afte
 
     waiting = asyncio.create_task(send(client, sink.base, successor_route, successor, "p1"))
     try:
-        await until(lambda: len(sink.fences) == 1, "the successor waits for p1")
+        await until(lambda: len(sink.waits) == 1, "the successor waits for p1")
         await asyncio.sleep(SHORTLY_S)
         assert not waiting.done()
         assert inbox_ids(db_rows, sink_db) == []
@@ -299,8 +299,8 @@ async def test_a_successor_sent_before_its_predecessor_waits_and_is_applied_afte
         *(e["id"] for e in successor),
     ]
     assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'tea'") == [(5,)]
-    assert await fenced_total(client, sink.base) == 0
-    assert len(sink.fences) == 0
+    assert await missing_total(client, sink.base) == 0
+    assert len(sink.waits) == 0
 
 
 @dataclass
@@ -351,10 +351,10 @@ async def test_a_waiting_successor_goes_on_once_its_predecessor_is_handed_over(
     waiting = asyncio.create_task(send(client, sink.base, "event", [event("s1")], "p1"))
     first = None
     try:
-        await until(lambda: len(sink.fences) == 1, "the successor waits for p1")
+        await until(lambda: len(sink.waits) == 1, "the successor waits for p1")
         first = asyncio.create_task(send(client, sink.base, route, earlier, None))
         await until(gate.started.is_set, "the predecessor's commit begins")
-        await until(lambda: len(sink.fences) == 0, "the successor leaves the fence")
+        await until(lambda: len(sink.waits) == 0, "the successor leaves the fence")
         assert not first.done() and not waiting.done()
         gate.release.set()
         replies = list(await asyncio.wait_for(asyncio.gather(first, waiting), BOUND_S))
@@ -397,7 +397,7 @@ async def test_a_successor_whose_named_event_is_refused_gets_412_promptly(
     started = asyncio.get_running_loop().time()
     waiting = asyncio.create_task(send(client, sink.base, "event", [successor], "p3"))
     try:
-        await until(lambda: len(sink.fences) == 1, "the successor waits for p3")
+        await until(lambda: len(sink.waits) == 1, "the successor waits for p3")
         first = await asyncio.wait_for(send(client, sink.base, route, earlier, None), BOUND_S)
         later = await asyncio.wait_for(waiting, BOUND_S)
     finally:
@@ -413,8 +413,8 @@ async def test_a_successor_whose_named_event_is_refused_gets_412_promptly(
     assert later[0] == 412 and later[1]["after"] == "p3"
     assert took_s < PROMPT_S  # woken when the predecessor's request gave up on p3
     assert inbox_ids(db_rows, sink_db) == [*before, *applied]
-    assert await fenced_total(client, sink.base) == 1
-    assert len(sink.fences) == 0
+    assert await missing_total(client, sink.base) == 1
+    assert len(sink.waits) == 0
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -437,10 +437,10 @@ async def test_a_malformed_fence_is_400_naming_the_header_and_applies_nothing(
     )
 
     assert status == 400
-    assert body["field"] == FENCE_HEADER and FENCE_HEADER in body["error"]
+    assert body["field"] == PREDECESSOR_HEADER and PREDECESSOR_HEADER in body["error"]
     assert took_s < PROMPT_S  # refused before any wait for a predecessor
     assert snapshot(db_rows, sink_db) == before
-    assert await fenced_total(client, sink.base) == 0
+    assert await missing_total(client, sink.base) == 0
 
 
 # ---------------------------------------------------------------- the SQLite inbox
@@ -478,14 +478,14 @@ async def test_in_one_group_commit_fences_see_the_calls_before_them_and_fail_alo
     assert len(transactions) == 1  # all six calls in one transaction
     for (events, _), outcome in zip(calls, outcomes, strict=True):
         if events[0]["id"] in ("f1", "c1"):
-            assert isinstance(outcome, FenceNotMet), outcome
+            assert isinstance(outcome, PredecessorMissing), outcome
         else:
             assert isinstance(outcome, BatchReceipt), outcome
             assert outcome.conflict is None
             assert [(r.receipt, r.digest) for r in outcome.received] == [
                 (Receipt.APPLIED, payload_digest(e)) for e in events
             ]
-    assert [o.after for o in outcomes if isinstance(o, FenceNotMet)] == ["g1", "ghost"]
+    assert [o.after for o in outcomes if isinstance(o, PredecessorMissing)] == ["g1", "ghost"]
     assert inbox_ids(db_rows, sink_db) == ["k0", "a1", "a2", "b1", "d1", "g1"]
     assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {
         "tea": 5,

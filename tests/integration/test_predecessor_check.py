@@ -1,9 +1,10 @@
-"""Fencing negotiation: the relay pipelines only while the sink says it enforces
-Outbox-After.
+"""Predecessor check negotiation: the relay pipelines only while the sink says it
+enforces the predecessor check (Outbox-After).
 
 Every reply of the real sink carries `Outbox-Fencing: enforced`;
-HttpSender.enforces_predecessor_check() says whether the last reply it got did. A relay given `fencing` starts each run of a
-line with one request in flight and no fence, opens up to its depth only after a
+HttpSender.enforces_predecessor_check() says whether the last reply it got did. A
+relay whose sender reports it (predecessor_checked) starts each run of a line with
+one request in flight naming no predecessor, opens up to its depth only after a
 reply that carried the header, and goes back to one at a time after one that did not.
 
 The real sink (sink.create_app) runs on loopback over a SQLite file, with a recording
@@ -51,9 +52,9 @@ from publisher.relay import Relay
 from publisher.settings import DEFAULT_DEPTH, Ordering
 from publisher.store import Outbox
 from shared import (
-    FENCE_HEADER,
-    FENCING_ENFORCED,
-    FENCING_HEADER,
+    PREDECESSOR_CHECK_ENFORCED,
+    PREDECESSOR_CHECK_HEADER,
+    PREDECESSOR_HEADER,
     Event,
     Receipt,
     make_ack,
@@ -112,7 +113,7 @@ class LegacySink:
     async def _handle(self, request: web.Request, *, batch: bool) -> web.Response:
         body = json.loads(await request.read())
         events: list[Event] = body["events"] if batch else [body]
-        seen = self.recorder.arrive(events, request.headers.get(FENCE_HEADER))
+        seen = self.recorder.arrive(events, request.headers.get(PREDECESSOR_HEADER))
         if seen.index == self.off_at:
             self.fencing, self.off_time = None, time.monotonic()
         try:
@@ -129,7 +130,7 @@ class LegacySink:
             self.recorder.leave(seen)
         says = self.fencing_skus is None or events[0]["sku"] in self.fencing_skus
         if self.fencing is not None and says:
-            response.headers[FENCING_HEADER] = self.fencing
+            response.headers[PREDECESSOR_CHECK_HEADER] = self.fencing
         return response
 
     def _apply(self, event: Event) -> dict[str, str]:
@@ -283,7 +284,7 @@ async def call(
         method, url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
     ) as response:
         await response.read()
-        return response.status, response.headers.get(FENCING_HEADER)
+        return response.status, response.headers.get(PREDECESSOR_CHECK_HEADER)
 
 
 async def test_every_reply_of_the_sink_says_it_enforces_fences(
@@ -307,17 +308,21 @@ async def test_every_reply_of_the_sink_says_it_enforces_fences(
         "POST",
         f"{base}/events",
         {"id": "e2", "sku": "tea", "qty": 1},
-        {FENCE_HEADER: "ghost"},
+        {PREDECESSOR_HEADER: "ghost"},
     )
     replies["bad fence"] = await call(
         client,
         "POST",
         f"{base}/events",
         {"id": "e2", "sku": "tea", "qty": 1},
-        {FENCE_HEADER: "a b"},
+        {PREDECESSOR_HEADER: "a b"},
     )
     replies["fenced, met"] = await call(
-        client, "POST", f"{base}/events", {"id": "e2", "sku": "tea", "qty": 1}, {FENCE_HEADER: "e1"}
+        client,
+        "POST",
+        f"{base}/events",
+        {"id": "e2", "sku": "tea", "qty": 1},
+        {PREDECESSOR_HEADER: "e1"},
     )
     replies["too large"] = await call(client, "POST", f"{base}/events", b" " * (17 * 1024))
     batch = {"events": [{"id": "e3", "sku": "tea", "qty": 1}, {"id": "e4", "sku": "tea", "qty": 1}]}
@@ -328,7 +333,7 @@ async def test_every_reply_of_the_sink_says_it_enforces_fences(
         "POST",
         f"{base}/events/batch",
         {"events": [{"id": "e5", "sku": "tea", "qty": 1}]},
-        {FENCE_HEADER: "ghost"},
+        {PREDECESSOR_HEADER: "ghost"},
     )
     replies["lookup"] = await call(client, "GET", f"{base}/events/e1")
     replies["lookup unknown"] = await call(client, "GET", f"{base}/events/never-sent")
@@ -360,7 +365,7 @@ async def test_every_reply_of_the_sink_says_it_enforces_fences(
         "wrong method": 405,
     }
     assert {name: said for name, (_, said) in replies.items()} == dict.fromkeys(
-        replies, FENCING_ENFORCED
+        replies, PREDECESSOR_CHECK_ENFORCED
     )
     # The refused requests changed nothing: e1, e2 (fenced on e1), e3 and e4 only.
     ids = [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
@@ -386,13 +391,13 @@ async def test_the_sink_says_so_on_401_and_on_its_open_paths_with_a_token(
     }
 
     assert replies == {
-        "missing": (401, FENCING_ENFORCED),
-        "wrong": (401, FENCING_ENFORCED),
-        "batch missing": (401, FENCING_ENFORCED),
-        "lookup missing": (401, FENCING_ENFORCED),
-        "healthz": (200, FENCING_ENFORCED),
-        "metrics": (200, FENCING_ENFORCED),
-        "with token": (200, FENCING_ENFORCED),
+        "missing": (401, PREDECESSOR_CHECK_ENFORCED),
+        "wrong": (401, PREDECESSOR_CHECK_ENFORCED),
+        "batch missing": (401, PREDECESSOR_CHECK_ENFORCED),
+        "lookup missing": (401, PREDECESSOR_CHECK_ENFORCED),
+        "healthz": (200, PREDECESSOR_CHECK_ENFORCED),
+        "metrics": (200, PREDECESSOR_CHECK_ENFORCED),
+        "with token": (200, PREDECESSOR_CHECK_ENFORCED),
     }
     assert db_rows(sink_db, "SELECT id FROM inbox") == [("e1",)]
 
@@ -433,7 +438,15 @@ async def test_sender_fencing_follows_the_last_reply(serve: Serve) -> None:
         # Each reply is a verified ACK; only its Outbox-Fencing header changes.
         for event, header in zip(
             events,
-            [None, FENCING_ENFORCED, None, FENCING_ENFORCED, "off", FENCING_ENFORCED, ""],
+            [
+                None,
+                PREDECESSOR_CHECK_ENFORCED,
+                None,
+                PREDECESSOR_CHECK_ENFORCED,
+                "off",
+                PREDECESSOR_CHECK_ENFORCED,
+                "",
+            ],
             strict=False,
         ):
             legacy.fencing = header
@@ -445,20 +458,20 @@ async def test_sender_fencing_follows_the_last_reply(serve: Serve) -> None:
             await sender.deliver(events[-1])
         said.append((None, sender.enforces_predecessor_check()))
         # So does a batch reply.
-        legacy.fencing = FENCING_ENFORCED
+        legacy.fencing = PREDECESSOR_CHECK_ENFORCED
         await sender.deliver_batch(events[-1:])
-        said.append((FENCING_ENFORCED, sender.enforces_predecessor_check()))
+        said.append((PREDECESSOR_CHECK_ENFORCED, sender.enforces_predecessor_check()))
 
     assert said == [
         (None, False),
-        (FENCING_ENFORCED, True),
+        (PREDECESSOR_CHECK_ENFORCED, True),
         (None, False),
-        (FENCING_ENFORCED, True),
+        (PREDECESSOR_CHECK_ENFORCED, True),
         ("off", False),
-        (FENCING_ENFORCED, True),
+        (PREDECESSOR_CHECK_ENFORCED, True),
         ("", False),
         (None, False),
-        (FENCING_ENFORCED, True),
+        (PREDECESSOR_CHECK_ENFORCED, True),
     ]
 
 
@@ -479,7 +492,7 @@ async def test_sender_fencing_flips_between_a_legacy_sink_and_the_real_one(
             async with upstream.request(
                 request.method, url, data=await request.read(), headers=headers
             ) as reply:
-                said = {k: v for k, v in reply.headers.items() if k == FENCING_HEADER}
+                said = {k: v for k, v in reply.headers.items() if k == PREDECESSOR_CHECK_HEADER}
                 return web.Response(
                     status=reply.status,
                     body=await reply.read(),
@@ -550,7 +563,7 @@ async def test_a_lane_pipelines_only_on_its_own_replies_not_another_lanes(
     legacy = LegacySink(
         Recorder(by_sku=True),
         stall_s=LEGACY_STALL_S,
-        fencing=FENCING_ENFORCED,
+        fencing=PREDECESSOR_CHECK_ENFORCED,
         fencing_skus=frozenset({"juice"}),
     )
     url = await start_legacy(serve, legacy)
@@ -576,7 +589,7 @@ async def test_sender_remembers_what_each_requests_reply_said(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(publisher_http, "CHECKED_REPLIES_KEPT", 3)
-    legacy = LegacySink(fencing=FENCING_ENFORCED, fencing_skus=frozenset({"juice"}))
+    legacy = LegacySink(fencing=PREDECESSOR_CHECK_ENFORCED, fencing_skus=frozenset({"juice"}))
     url = await start_legacy(serve, legacy)
     juice: list[Event] = [{"id": f"j{n}", "sku": "juice", "qty": 1} for n in range(4)]
     snack: Event = {"id": "s0", "sku": "snack", "qty": 1}
@@ -680,7 +693,7 @@ async def test_a_reply_without_the_header_mid_run_goes_back_to_one_at_a_time(
     serve: Serve, outbox: Outbox, db: Path, db_rows: Query, mode: Mode
 ) -> None:
     off_at = 12  # the request (by arrival) from which the sink's replies stop saying so
-    legacy = LegacySink(stall_s=LEGACY_STALL_S, fencing=FENCING_ENFORCED, off_at=off_at)
+    legacy = LegacySink(stall_s=LEGACY_STALL_S, fencing=PREDECESSOR_CHECK_ENFORCED, off_at=off_at)
     url = await start_legacy(serve, legacy)
     events = orders(48 if mode == "single" else 48 * BATCH_LIMIT)
     ids = await accept(outbox, events)

@@ -1,0 +1,49 @@
+"""The sink's Prometheus metrics, in a registry of its own."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from shared import LEASE_HEADER, PREDECESSOR_HEADER
+
+RESULTS: Final = ("applied", "duplicate", "conflict", "invalid")
+
+
+class SinkMetrics:
+    """The sink's Prometheus metrics, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.received = Counter(
+            "sink_inbox_received",
+            "Events received, by result.",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in RESULTS:
+            self.received.labels(result)  # every series exists from the start, at 0
+        self.unauthorized = Counter(
+            "sink_unauthorized_requests",
+            "Requests refused for a missing or wrong bearer token.",
+            registry=self.registry,
+        )
+        self.events = Gauge("sink_inbox_events", "Events in the inbox.", registry=self.registry)
+        self.ready = Gauge(
+            "sink_ready",
+            "1 while the inbox database takes a write (as GET /readyz says), else 0.",
+            registry=self.registry,
+        )
+        self.fenced = Counter(
+            "sink_fenced_requests",
+            f"Requests refused by fencing (409), nothing applied: the lease epoch in"
+            f" {LEASE_HEADER} was below one seen for its source and line.",
+            registry=self.registry,
+        )
+        self.predecessor_missing = Counter(
+            "sink_predecessor_missing_requests",
+            f"Requests refused by the predecessor check (412), nothing applied: the event"
+            f" named in {PREDECESSOR_HEADER} was not in the inbox.",
+            registry=self.registry,
+        )
