@@ -1,0 +1,670 @@
+"""The benchmark's target table and case lines, judged on a recorded run: no process.
+
+RESULTS is a run of every case on a 2-CPU machine (`--quick --backend postgres`),
+trimmed to the figures the report reads and rounded. Each target below is written out
+as its figures (numerator / denominator, from RESULTS) and its goal as the report
+prints it, so a row that swapped its figures or changed its goal fails here.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from bench import workers
+from bench.cases import FULL, QUICK, Figures
+from bench.report import DESCRIBE, describe, render
+from bench.runner import CASES, PG_CASES
+from bench.targets import TABLE, Target, evaluate
+
+RESULTS: dict[str, Figures] = {
+    "ceiling": {"round_trips_per_s": 1430.0, "requests": 1000, "batch_events_per_s": 17800.0},
+    "commit_ceiling": {"commits_per_s": 268.0, "commits": 1000},
+    "naive_peer": {"events_per_s": 56.0, "backlog": 1000},
+    "relay_single": {"events_per_s": 389.0, "backlog": 1000, "pipeline": 8},
+    "relay_batch": {"events_per_s": 2750.0, "backlog": 1000, "pipeline": 8},
+    "relay_single_serial": {
+        "events_per_s": 160.0,
+        "backlog": 1000,
+        "pipeline": 1,
+        "ms_per_event": 6.27,
+        "ms_per_event_in_requests": 5.77,
+        "ms_per_event_elsewhere": 0.497,
+    },
+    "relay_batch_serial": {
+        "events_per_s": 1650.0,
+        "backlog": 1000,
+        "pipeline": 1,
+        "ms_per_event": 0.606,
+        "ms_per_event_in_requests": 0.535,
+        "ms_per_event_elsewhere": 0.0711,
+    },
+    "relay_lanes": {
+        "backlog_per_run": 200,
+        "single_global_events_per_s": 67.0,
+        "single_global_pipelined_events_per_s": 352.0,
+        "single_lanes_events_per_s": 251.0,
+        "single_lanes_pipelined_events_per_s": 534.0,
+        "batch_global_events_per_s": 829.0,
+        "batch_global_pipelined_events_per_s": 1860.0,
+        "batch_lanes_events_per_s": 1170.0,
+        "batch_lanes_pipelined_events_per_s": 1190.0,
+    },
+    "intake_latency": {
+        "requests": 50,
+        "idle": {"p50_ms": 4.84, "p99_ms": 20.2, "max_ms": 20.2},
+        "stalled": {"p50_ms": 7.42, "p99_ms": 17.5, "max_ms": 17.5},
+    },
+    "e2e_ceiling": {
+        "requests": 200,
+        "round_trips_per_s_1": 1290.0,
+        "round_trips_per_s_8": 1650.0,
+        "cpu_ms_per_round_trip_1": 0.445,
+        "cpu_ms_per_round_trip_8": 0.319,
+        "cpu_share_1": {"server": 0.257, "client": 0.315},
+        "cpu_share_8": {"server": 0.248, "client": 0.28},
+    },
+    "scaling": {
+        "sent_rows": [1000, 100000],
+        "backlogs": [500, 2000, 5000],
+        "pending16_ms": [0.098, 0.0977],
+        "scrape_ms": [0.289, 0.29],
+        "events_per_s": [4530.0, 6350.0, 4740.0],
+        "lanes_backlog": 800,
+        "lanes_skus": [8, 2000],
+        "lanes_events_per_s_8_skus": 2810.0,
+        "lanes_events_per_s_2000_skus": 328.0,
+    },
+    "memory": {"backlogs": [1000, 10000], "peak_rss_mib": [46.7, 48.9]},
+    "pg_commit_ceiling": {
+        "commits_per_s": 1720.0,
+        "commits": 1000,
+        "settings": {"fsync": "on", "synchronous_commit": "on", "wal_sync_method": "fdatasync"},
+    },
+    "pg_workers": {
+        "skus": 64,
+        "backlog_per_run": 600,
+        "duplicates": 0,
+        "failover_s": 3.51,
+        "failover_bound_s": 4.0,
+        "lease_ttl_s": 2.0,
+        "events_per_s_1": 387.0,
+        "events_per_s_2": 307.0,
+        "events_per_s_4": 305.0,
+        "cpu_s_per_1k_workers_1": 0.558,
+        "cpu_s_per_1k_workers_2": 0.833,
+        "cpu_s_per_1k_workers_4": 1.01,
+        "cpu_s_per_1k_sink_1": 0.392,
+        "cpu_s_per_1k_sink_2": 0.525,
+        "cpu_s_per_1k_sink_4": 0.45,
+    },
+    "e2e_intake": {
+        "orders_per_s": 642.0,
+        "orders": 200,
+        "cpu_share": {"publisher": 0.225, "sink": 0.0, "client": 0.165},
+        "cpu_ms_per_order": 0.607,
+        "cpus": 2,
+        "cpu_bound_per_s": 3290.0,
+    },
+    "e2e_single": {
+        "events_per_s": 723.0,
+        "intake_orders_per_s": 780.0,
+        "orders": 200,
+        "cpu_share": {"publisher": 0.362, "sink": 0.0723, "client": 0.185},
+        "cpu_ms_per_order": 0.855,
+        "cpus": 2,
+        "cpu_bound_per_s": 2340.0,
+        "latency_at_full_load": {"p50_ms": 6.99, "p99_ms": 26.7, "max_ms": 32.6},
+    },
+    "e2e_bulk": {
+        "events_per_s": 4400.0,
+        "intake_orders_per_s": 25700.0,
+        "orders": 200,
+        "batch": 250,
+        "cpu_share": {"publisher": 0.22, "sink": 0.22, "client": 0.0715},
+        "cpu_ms_per_order": 0.116,
+        "cpus": 2,
+        "cpu_bound_per_s": 17200.0,
+    },
+    "e2e_latency": {
+        "offered_per_s": 362.0,
+        "orders": 435,
+        "stall_s": 1.0,
+        "idle": {"p50_ms": 2.53, "p99_ms": 16.5, "max_ms": 27.3},
+        "stalled": {"p50_ms": 436.0, "p99_ms": 996.0, "max_ms": 1010.0},
+    },
+    "pg_e2e_intake": {
+        "orders_per_s": 405.0,
+        "orders": 200,
+        "cpu_share": {"publisher": 0.182, "sink": 0.0, "postgres": 0.081, "client": 0.12},
+        "cpu_ms_per_order": 0.947,
+        "cpus": 2,
+        "cpu_bound_per_s": 2110.0,
+    },
+    "pg_e2e_single": {
+        "events_per_s": 338.0,
+        "intake_orders_per_s": 370.0,
+        "orders": 200,
+        "cpu_share": {"publisher": 0.219, "sink": 0.0675, "postgres": 0.186, "client": 0.0984},
+        "cpu_ms_per_order": 1.69,
+        "cpus": 2,
+        "cpu_bound_per_s": 1180.0,
+        "latency_at_full_load": {"p50_ms": 15.6, "p99_ms": 44.5, "max_ms": 48.7},
+    },
+    "pg_e2e_bulk": {
+        "events_per_s": 679.0,
+        "intake_orders_per_s": 8560.0,
+        "orders": 200,
+        "batch": 250,
+        "cpu_share": {"publisher": 0.136, "sink": 0.102, "postgres": 0.204, "client": 0.0415},
+        "cpu_ms_per_order": 0.711,
+        "cpus": 2,
+        "cpu_bound_per_s": 2810.0,
+    },
+    "pg_e2e_latency": {
+        "offered_per_s": 169.0,
+        "orders": 203,
+        "stall_s": 1.0,
+        "idle": {"p50_ms": 16.3, "p99_ms": 55.8, "max_ms": 58.2},
+        "stalled": {"p50_ms": 594.0, "p99_ms": 1030.0, "max_ms": 1040.0},
+    },
+    "pg_relay_single": {"events_per_s": 509.0, "backlog": 1000, "pipeline": 8},
+    "pg_relay_batch": {"events_per_s": 3950.0, "backlog": 1000, "pipeline": 8},
+    "pg_relay_single_serial": {
+        "events_per_s": 102.0,
+        "backlog": 1000,
+        "pipeline": 1,
+        "ms_per_event": 9.83,
+        "ms_per_event_in_requests": 9.51,
+        "ms_per_event_elsewhere": 0.322,
+    },
+    "pg_relay_batch_serial": {
+        "events_per_s": 1830.0,
+        "backlog": 1000,
+        "pipeline": 1,
+        "ms_per_event": 0.546,
+        "ms_per_event_in_requests": 0.501,
+        "ms_per_event_elsewhere": 0.0451,
+    },
+}
+
+# name: (measured, goal as printed, verdict, cases)
+EXPECTED: dict[str, tuple[float, str, str, tuple[str, ...]]] = {
+    "one event per request vs ceiling": (
+        389 / 1430,
+        ">= 0.5x",
+        "missed",
+        ("relay_single", "ceiling"),
+    ),
+    "  one event per request vs ceiling, --pipeline 1": (
+        160 / 1430,
+        ">= 0.5x",
+        "reference",
+        ("relay_single_serial", "ceiling"),
+    ),
+    "one event per request vs naive peer": (
+        389 / 56,
+        ">= 1.5x",
+        "met",
+        ("relay_single", "naive_peer"),
+    ),
+    "batches vs ceiling": (2750 / 1430, ">= 5x", "missed", ("relay_batch", "ceiling")),
+    "  batches vs ceiling, --pipeline 1": (
+        1650 / 1430,
+        ">= 5x",
+        "reference",
+        ("relay_batch_serial", "ceiling"),
+    ),
+    "lanes vs global, slow sink, one event per request": (
+        251 / 67,
+        ">= 5x",
+        "missed",
+        ("relay_lanes",),
+    ),
+    "  lanes vs global, one per request, pipeline 8": (
+        534 / 352,
+        ">= 5x",
+        "reference",
+        ("relay_lanes",),
+    ),
+    "lanes vs global, slow sink, batches": (1170 / 829, ">= 5x", "missed", ("relay_lanes",)),
+    "  lanes vs global, batches, pipeline 8": (1190 / 1860, ">= 5x", "reference", ("relay_lanes",)),
+    "intake p99, sink stalled vs idle": (17.5 / 20.2, "<= 2x", "met", ("intake_latency",)),
+    "pending(16), big vs small outbox": (0.0977 / 0.098, "<= 1.5x", "met", ("scaling",)),
+    "metrics scrape, big vs small outbox": (0.29 / 0.289, "<= 1.5x", "met", ("scaling",)),
+    "throughput, big vs small backlog": (4740 / 4530, ">= 0.8x", "met", ("scaling",)),
+    "peak RSS, big vs small backlog": (48.9 - 46.7, "<= 20MiB", "met", ("memory",)),
+    "PostgreSQL: batches vs its commit ceiling": (
+        3950 / 1720,
+        ">= 2x",
+        "met",
+        ("pg_relay_batch", "pg_commit_ceiling"),
+    ),
+    "  PostgreSQL: batches vs commit ceiling, --pipeline 1": (
+        1830 / 1720,
+        ">= 2x",
+        "reference",
+        ("pg_relay_batch_serial", "pg_commit_ceiling"),
+    ),
+    "PostgreSQL: one event per request vs ceiling": (
+        509 / 1430,
+        ">= 0.5x",
+        "missed",
+        ("pg_relay_single", "ceiling"),
+    ),
+    "  PostgreSQL: one per request vs ceiling, --pipeline 1": (
+        102 / 1430,
+        ">= 0.5x",
+        "reference",
+        ("pg_relay_single_serial", "ceiling"),
+    ),
+    "PostgreSQL workers: 4 vs 1, SKU order": (305 / 387, ">= 0.9x", "missed", ("pg_workers",)),
+    "PostgreSQL workers: duplicate deliveries, no faults": (0, "<= 0", "met", ("pg_workers",)),
+    "PostgreSQL workers: failover after a SIGKILL": (3.51, "<= 4s", "met", ("pg_workers",)),
+    "e2e, POST /orders vs 8-client ceiling": (
+        723 / 1650,
+        ">= 0.35x",
+        "met",
+        ("e2e_single", "e2e_ceiling"),
+    ),
+    "e2e, POST /orders vs 1-client ceiling": (
+        723 / 1290,
+        ">= 1x",
+        "missed",
+        ("e2e_single", "e2e_ceiling"),
+    ),
+    "e2e, bulk intake vs 8-client ceiling": (
+        4400 / 1650,
+        ">= 1x",
+        "met",
+        ("e2e_bulk", "e2e_ceiling"),
+    ),
+    "201 to applied at the sink, p99": (16.5, "<= 50ms", "met", ("e2e_latency",)),
+    "201 to applied at the sink, p50": (2.53, "<= 10ms", "met", ("e2e_latency",)),
+    "PostgreSQL: e2e, POST /orders vs 8-client ceiling": (
+        338 / 1650,
+        ">= 0.35x",
+        "missed",
+        ("pg_e2e_single", "e2e_ceiling"),
+    ),
+    "PostgreSQL: e2e, POST /orders vs 1-client ceiling": (
+        338 / 1290,
+        ">= 1x",
+        "missed",
+        ("pg_e2e_single", "e2e_ceiling"),
+    ),
+    "PostgreSQL: e2e, bulk intake vs 8-client ceiling": (
+        679 / 1650,
+        ">= 1x",
+        "missed",
+        ("pg_e2e_bulk", "e2e_ceiling"),
+    ),
+    "PostgreSQL: 201 to applied at the sink, p99": (55.8, "<= 50ms", "missed", ("pg_e2e_latency",)),
+    "PostgreSQL: 201 to applied at the sink, p50": (16.3, "<= 10ms", "missed", ("pg_e2e_latency",)),
+}
+# Each target's second line in the report, at the --quick sizes.
+DETAILS = {
+    "one event per request vs ceiling": (
+        "relay_single events/s / ceiling round trips/s (default: up to 8 in flight)"
+    ),
+    "  one event per request vs ceiling, --pipeline 1": (
+        "relay_single_serial events/s / ceiling round trips/s"
+    ),
+    "one event per request vs naive peer": "relay_single events/s / naive_peer events/s",
+    "batches vs ceiling": (
+        "relay_batch events/s / ceiling round trips/s (default: up to 8 in flight)"
+    ),
+    "  batches vs ceiling, --pipeline 1": "relay_batch_serial events/s / ceiling round trips/s",
+    "lanes vs global, slow sink, one event per request": (
+        "per-SKU lanes events/s / global order events/s, one in flight per line, sink stall 5 ms"
+    ),
+    "  lanes vs global, one per request, pipeline 8": (
+        "per-SKU lanes events/s / global order events/s, default pipelining, sink stall 5 ms"
+    ),
+    "lanes vs global, slow sink, batches": (
+        "per-SKU lanes events/s / global order events/s, one in flight per line, sink stall 5 ms"
+    ),
+    "  lanes vs global, batches, pipeline 8": (
+        "per-SKU lanes events/s / global order events/s, default pipelining, sink stall 5 ms"
+    ),
+    "intake p99, sink stalled vs idle": (
+        "POST /orders p99 while the sink stalls 2 s / p99 while idle"
+    ),
+    "pending(16), big vs small outbox": "median time at 100,000 sent rows / at 1,000",
+    "metrics scrape, big vs small outbox": "median time at 100,000 sent rows / at 1,000",
+    "throughput, big vs small backlog": "events/s from a backlog of 5,000 / from 500",
+    "peak RSS, big vs small backlog": "MiB above: draining 10,000 minus draining 1,000",
+    "PostgreSQL: batches vs its commit ceiling": (
+        "pg_relay_batch events/s / pg_commit_ceiling commits/s (up to 8 in flight)"
+    ),
+    "  PostgreSQL: batches vs commit ceiling, --pipeline 1": (
+        "pg_relay_batch_serial events/s / pg_commit_ceiling commits/s"
+    ),
+    "PostgreSQL: one event per request vs ceiling": (
+        "pg_relay_single events/s / ceiling round trips/s (up to 8 in flight)"
+    ),
+    "  PostgreSQL: one per request vs ceiling, --pipeline 1": (
+        "pg_relay_single_serial events/s / ceiling round trips/s"
+    ),
+    "PostgreSQL workers: 4 vs 1, SKU order": (
+        "pg_workers events/s with 4 workers / with 1 (64 SKUs, sink stall 5 ms, one event"
+        " per request); 'not slower', less 10% for run-to-run noise"
+    ),
+    "PostgreSQL workers: duplicate deliveries, no faults": (
+        "inbox deliveries beyond the first, all six pg_workers drains"
+    ),
+    "PostgreSQL workers: failover after a SIGKILL": (
+        "SIGKILL of a worker -> first ACK of its lanes by another (bound: lease TTL 2 s + 2 s)"
+    ),
+    "e2e, POST /orders vs 8-client ceiling": (
+        "e2e_single events/s (8 clients, until applied and marked) / e2e_ceiling 8-client"
+        " round trips/s"
+    ),
+    "e2e, POST /orders vs 1-client ceiling": (
+        "e2e_single events/s / e2e_ceiling 1-client round trips/s"
+    ),
+    "e2e, bulk intake vs 8-client ceiling": (
+        "e2e_bulk events/s (POST /orders/batch of 250) / e2e_ceiling 8-client round trips/s"
+    ),
+    "201 to applied at the sink, p99": "e2e_latency: paced at 0.5x the e2e maximum, healthy sink",
+    "201 to applied at the sink, p50": "e2e_latency: paced at 0.5x the e2e maximum, healthy sink",
+    "PostgreSQL: e2e, POST /orders vs 8-client ceiling": (
+        "pg_e2e_single events/s (8 clients, until applied and marked) / e2e_ceiling "
+        "8-client round trips/s"
+    ),
+    "PostgreSQL: e2e, POST /orders vs 1-client ceiling": (
+        "pg_e2e_single events/s / e2e_ceiling 1-client round trips/s"
+    ),
+    "PostgreSQL: e2e, bulk intake vs 8-client ceiling": (
+        "pg_e2e_bulk events/s (POST /orders/batch of 250) / e2e_ceiling 8-client round trips/s"
+    ),
+    "PostgreSQL: 201 to applied at the sink, p99": (
+        "pg_e2e_latency: paced at 0.5x the e2e maximum, healthy sink"
+    ),
+    "PostgreSQL: 201 to applied at the sink, p50": (
+        "pg_e2e_latency: paced at 0.5x the e2e maximum, healthy sink"
+    ),
+}
+# The most each end-to-end ratio can reach with every CPU busy: the numerator case's
+# cpu_bound_per_s over the same denominator.
+REACH = {
+    "e2e, POST /orders vs 8-client ceiling": 2340 / 1650,
+    "e2e, POST /orders vs 1-client ceiling": 2340 / 1290,
+    "e2e, bulk intake vs 8-client ceiling": 17200 / 1650,
+    "PostgreSQL: e2e, POST /orders vs 8-client ceiling": 1180 / 1650,
+    "PostgreSQL: e2e, POST /orders vs 1-client ceiling": 1180 / 1290,
+    "PostgreSQL: e2e, bulk intake vs 8-client ceiling": 2810 / 1650,
+}
+# Each case's line in the report, as printed for RESULTS.
+LINES = {
+    "ceiling": (
+        "1,430 round trips/s (1,000 sequential); batches of 16 to the same server: 17,800 events/s"
+    ),
+    "commit_ceiling": "268 durable commits/s (1,000)",
+    "naive_peer": "56 events/s (backlog 1,000)",
+    "relay_single": (
+        "389 events/s (backlog 1,000, up to 8 in flight) = 0.27x ceiling, 6.95x naive peer"
+    ),
+    "relay_batch": "2,750 events/s (backlog 1,000, up to 8 in flight) = 1.92x ceiling",
+    "relay_single_serial": (
+        "160 events/s (backlog 1,000, one request in flight) = 0.11x ceiling; per event "
+        "6.270 ms = 5.770 in requests + 0.497 elsewhere"
+    ),
+    "relay_batch_serial": (
+        "1,650 events/s (backlog 1,000, one request in flight) = 1.15x ceiling; per event"
+        " 0.606 ms = 0.535 in requests + 0.071 elsewhere"
+    ),
+    "relay_lanes": (
+        "2 x 200 per mode, 5 ms sink, 8 SKUs; one/request, one in flight: global 67, "
+        "lanes 251 events/s = 3.75x; one/request, pipelined: global 352, lanes 534 "
+        "events/s = 1.52x; batches, one in flight: global 829, lanes 1,170 events/s = "
+        "1.41x; batches, pipelined: global 1,860, lanes 1,190 events/s = 0.64x"
+    ),
+    "intake_latency": (
+        "healthy sink p50 4.8 / p99 20.2 ms; sink stalled p50 7.4 / p99 17.5 ms = 0.87x "
+        "(50 requests each)"
+    ),
+    "e2e_ceiling": (
+        "trivial handler: 1 client 1,290, 8 clients 1,650 round trips/s (200 each); CPU "
+        "per round trip, clients and server together: 1 client 0.45 ms (0.57 CPUs busy), "
+        "8 clients 0.32 ms (0.53 CPUs busy)"
+    ),
+    "scaling": (
+        "pending(16) 0.098 -> 0.098 ms (1.00x), scrape 0.289 -> 0.290 ms (1.00x) at 1,000"
+        " -> 100,000 sent rows; throughput from 500/2,000/5,000: 4,530 / 6,350 / 4,740 "
+        "events/s (1.05x); lanes draining 800 over 8 / 2,000 SKUs: 2,810 / 328 events/s"
+    ),
+    "memory": "peak RSS 46.7 MiB draining 1,000, 48.9 MiB draining 10,000 (+2.2 MiB)",
+    "pg_commit_ceiling": (
+        "1,720 durable commits/s (1,000; fsync on, synchronous_commit on, fdatasync)"
+    ),
+    "pg_workers": (
+        "1 workers 387, 2 workers 307, 4 workers 305 events/s (2 x 600 each, 64 SKUs, 5 "
+        "ms sink, one per request); CPU s per 1,000 (workers + sink) 0.56 + 0.39, 0.83 + "
+        "0.53, 1.01 + 0.45; 0 duplicates; failover 3.51 s (lease TTL 2 s)"
+    ),
+    "e2e_intake": (
+        "POST /orders alone, sink stopped: 642 orders/s (200, 8 clients) = 0.50x "
+        "1-client, 0.39x 8-client ceiling, 2.40x commit ceiling; CPU publisher 22%, sink "
+        "0%, client 16%; 0.61 ms CPU per order in all = 1.90x an 8-client ceiling round "
+        "trip's, at most 3,290/s with all 2 CPUs busy (1.99x 8-client ceiling)"
+    ),
+    "e2e_single": (
+        "723 events/s until applied and marked (200 orders, POST /orders, 8 clients; the "
+        "answers at 780/s) = 0.56x 1-client, 0.44x 8-client ceiling, 2.70x commit "
+        "ceiling; CPU publisher 36%, sink 7%, client 18%; 0.85 ms CPU per order in all = "
+        "2.68x an 8-client ceiling round trip's, at most 2,340/s with all 2 CPUs busy "
+        "(1.42x 8-client ceiling); 201 to applied at this load p50 7.0 / p99 26.7 / max "
+        "32.6 ms"
+    ),
+    "e2e_bulk": (
+        "4,400 events/s until applied and marked (200 orders, POST /orders/batch of 250, "
+        "8 clients; the answers at 25,700/s) = 3.41x 1-client, 2.67x 8-client ceiling, "
+        "16.42x commit ceiling; CPU publisher 22%, sink 22%, client 7%; 0.12 ms CPU per "
+        "order in all = 0.36x an 8-client ceiling round trip's, at most 17,200/s with all"
+        " 2 CPUs busy (10.42x 8-client ceiling)"
+    ),
+    "e2e_latency": (
+        "at 362 orders/s offered (435): healthy sink p50 2.5 / p99 16.5 / max 27.3 ms; "
+        "sink stopped 1 s: p50 436.0 / p99 996.0 / max 1010.0 ms"
+    ),
+    "pg_e2e_intake": (
+        "POST /orders alone, sink stopped: 405 orders/s (200, 8 clients) = 0.31x "
+        "1-client, 0.25x 8-client ceiling, 0.24x commit ceiling; CPU publisher 18%, sink "
+        "0%, postgres 8%, client 12%; 0.95 ms CPU per order in all = 2.97x an 8-client "
+        "ceiling round trip's, at most 2,110/s with all 2 CPUs busy (1.28x 8-client "
+        "ceiling)"
+    ),
+    "pg_e2e_single": (
+        "338 events/s until applied and marked (200 orders, POST /orders, 8 clients; the "
+        "answers at 370/s) = 0.26x 1-client, 0.20x 8-client ceiling, 0.20x commit "
+        "ceiling; CPU publisher 22%, sink 7%, postgres 19%, client 10%; 1.69 ms CPU per "
+        "order in all = 5.30x an 8-client ceiling round trip's, at most 1,180/s with all "
+        "2 CPUs busy (0.72x 8-client ceiling); 201 to applied at this load p50 15.6 / p99"
+        " 44.5 / max 48.7 ms"
+    ),
+    "pg_e2e_bulk": (
+        "679 events/s until applied and marked (200 orders, POST /orders/batch of 250, 8 "
+        "clients; the answers at 8,560/s) = 0.53x 1-client, 0.41x 8-client ceiling, 0.39x"
+        " commit ceiling; CPU publisher 14%, sink 10%, postgres 20%, client 4%; 0.71 ms "
+        "CPU per order in all = 2.23x an 8-client ceiling round trip's, at most 2,810/s "
+        "with all 2 CPUs busy (1.70x 8-client ceiling)"
+    ),
+    "pg_e2e_latency": (
+        "at 169 orders/s offered (203): healthy sink p50 16.3 / p99 55.8 / max 58.2 ms; "
+        "sink stopped 1 s: p50 594.0 / p99 1030.0 / max 1040.0 ms"
+    ),
+    "pg_relay_single": (
+        "509 events/s (backlog 1,000, up to 8 in flight) = 0.36x ceiling, 0.30x "
+        "PostgreSQL commit ceiling, 1.31x SQLite"
+    ),
+    "pg_relay_batch": (
+        "3,950 events/s (backlog 1,000, up to 8 in flight) = 2.76x ceiling, 2.30x "
+        "PostgreSQL commit ceiling, 1.44x SQLite"
+    ),
+    "pg_relay_single_serial": (
+        "102 events/s (backlog 1,000, one in flight) = 0.07x ceiling, 0.06x PostgreSQL "
+        "commit ceiling, 0.64x SQLite; per event 9.830 ms = 9.510 in requests + 0.322 "
+        "elsewhere"
+    ),
+    "pg_relay_batch_serial": (
+        "1,830 events/s (backlog 1,000, one in flight) = 1.28x ceiling, 1.06x PostgreSQL "
+        "commit ceiling, 1.11x SQLite; per event 0.546 ms = 0.501 in requests + 0.045 "
+        "elsewhere"
+    ),
+}
+
+
+def verdict(t: Target) -> str:
+    if t.reference:
+        return "reference"
+    return {True: "met", False: "missed", None: "not measured"}[t.met]
+
+
+def goal(t: Target) -> str:
+    return f"{t.comparison} {t.target:g}{t.unit}"
+
+
+def judged(results: dict[str, Figures]) -> dict[str, Target]:
+    return {t.name: t for t in evaluate(results, QUICK)}
+
+
+def test_every_target_takes_its_own_figures_and_goal_in_the_tables_order() -> None:
+    targets = evaluate(RESULTS, QUICK)
+    assert [t.name for t in targets] == list(EXPECTED)
+    for t in targets:
+        measured, printed, result, cases = EXPECTED[t.name]
+        assert (t.measured, goal(t), verdict(t), t.cases) == (measured, printed, result, cases)
+        assert (t.detail, t.why_not) == (DETAILS[t.name], None)
+        assert t.reach == REACH.get(t.name), t.name
+
+
+def test_a_run_of_some_cases_has_only_the_targets_of_those_cases() -> None:
+    sqlite = {"ceiling", "commit_ceiling", "naive_peer", "relay_single", "relay_batch"}
+    sqlite |= {"relay_single_serial", "relay_batch_serial", "relay_lanes", "intake_latency"}
+    sqlite |= {"scaling", "memory"}
+    targets = evaluate({name: RESULTS[name] for name in sqlite}, QUICK)
+    assert len(targets) == 14 and sum(t.reference for t in targets) == 4
+    postgres = ("ceiling", "pg_commit_ceiling", "pg_relay_single", "pg_relay_batch", "pg_workers")
+    assert [t.name for t in evaluate({n: RESULTS[n] for n in postgres}, QUICK)] == [
+        "PostgreSQL: batches vs its commit ceiling",
+        "PostgreSQL: one event per request vs ceiling",
+        "PostgreSQL workers: 4 vs 1, SKU order",
+        "PostgreSQL workers: duplicate deliveries, no faults",
+        "PostgreSQL workers: failover after a SIGKILL",
+    ]
+    assert evaluate({}, QUICK) == []
+
+
+@pytest.mark.parametrize("case", sorted({c for _, _, _, cases in EXPECTED.values() for c in cases}))
+def test_a_case_not_run_failed_or_not_available_leaves_its_targets_unmeasured(case: str) -> None:
+    mine = {name for name, (_, _, _, cases) in EXPECTED.items() if case in cases}
+    without = dict(RESULTS)
+    del without[case]
+    assert set(judged(without)) == set(EXPECTED) - mine
+    for figures, why in (
+        ({"available": False, "reason": "no such route"}, f"{case} not available: no such route"),
+        ({"available": True, "error": "BenchError: stuck"}, f"{case} failed: BenchError: stuck"),
+    ):
+        targets = judged({**RESULTS, case: figures})
+        assert set(targets) == set(EXPECTED)
+        for name, t in targets.items():
+            if name in mine:
+                assert (t.measured, t.met, t.why_not, t.reach) == (None, None, why, None), name
+            else:
+                assert t.measured == EXPECTED[name][0], name
+
+
+def test_a_figure_missing_or_a_zero_reference_is_not_measured() -> None:
+    broken = copy.deepcopy(RESULTS)
+    broken["ceiling"]["round_trips_per_s"] = 0
+    del broken["memory"]["peak_rss_mib"][1]
+    targets = judged(broken)
+    for name in ("one event per request vs ceiling", "peak RSS, big vs small backlog"):
+        assert (targets[name].measured, targets[name].why_not) == (None, "figure missing")
+
+
+def test_the_failover_bound_is_the_one_the_case_recorded_else_the_lease_ttl_and_2_s() -> None:
+    name = "PostgreSQL workers: failover after a SIGKILL"
+    recorded = copy.deepcopy(RESULTS)
+    recorded["pg_workers"]["failover_bound_s"] = 6.5
+    assert judged(recorded)[name].target == 6.5
+    del recorded["pg_workers"]["failover_bound_s"]
+    assert judged(recorded)[name].target == workers.LEASE_TTL_S + 2.0
+
+
+def test_details_name_the_runs_sizes() -> None:
+    quick, full = ({t.name: t.detail for t in evaluate(RESULTS, s)} for s in (QUICK, FULL))
+    scrape = "metrics scrape, big vs small outbox"
+    assert quick[scrape] == "median time at 100,000 sent rows / at 1,000"
+    assert full[scrape] == "median time at 1,000,000 sent rows / at 1,000"
+    assert full["throughput, big vs small backlog"] == (
+        "events/s from a backlog of 100,000 / from 1,000"
+    )
+    assert full["peak RSS, big vs small backlog"] == (
+        "MiB above: draining 100,000 minus draining 1,000"
+    )
+
+
+def test_a_target_as_the_json_reports_it() -> None:
+    targets = judged({**RESULTS, "pg_workers": {"available": False, "reason": "no server"}})
+    assert targets["e2e, bulk intake vs 8-client ceiling"].to_dict() == {
+        "name": "e2e, bulk intake vs 8-client ceiling",
+        "detail": "e2e_bulk events/s (POST /orders/batch of 250) / e2e_ceiling 8-client "
+        "round trips/s",
+        "measured": 4400 / 1650,
+        "target": 1.0,
+        "comparison": ">=",
+        "unit": "x",
+        "met": True,
+        "reference": False,
+        "cases": ["e2e_bulk", "e2e_ceiling"],
+        "cpu_reach": 17200 / 1650,
+    }
+    assert targets["PostgreSQL workers: duplicate deliveries, no faults"].to_dict() == {
+        "name": "PostgreSQL workers: duplicate deliveries, no faults",
+        "detail": "inbox deliveries beyond the first, all six pg_workers drains",
+        "measured": None,
+        "target": 0.0,
+        "comparison": "<=",
+        "unit": "",
+        "met": None,
+        "reference": False,
+        "cases": ["pg_workers"],
+        "not_measured": "pg_workers not available: no server",
+    }
+
+
+def test_every_case_the_runner_runs_has_its_line() -> None:
+    assert set(DESCRIBE) == {name for name, _ in (*CASES, *PG_CASES)} == set(RESULTS)
+    for name, figures in RESULTS.items():
+        assert describe(name, figures, RESULTS) == LINES[name], name
+    assert describe("mystery", {"a": 1}, RESULTS) == '{"a": 1}'
+
+
+def test_the_report_has_a_line_per_case_and_two_per_target() -> None:
+    machine = {"cpus_usable": 2, "python": "3.11.7", "sqlite": "3.40.1", "postgresql": "16.2"}
+    machine |= {"load_average_start": [0.5], "load_average_end": [1.25]}
+    cases = {**RESULTS, "memory": {"available": True, "error": "BenchError: no /proc"}}
+    targets = evaluate(cases, QUICK)
+    report = {"mode": "quick", "duration_s": 61.4, "machine": machine, "cases": cases}
+    lines = render(report, targets).splitlines()
+    assert lines[0] == (
+        "outbox relay benchmark, quick mode, 61s: 2 CPUs, Python 3.11.7, SQLite 3.40.1, "
+        "PostgreSQL 16.2, load 0.50 -> 1.25"
+    )
+    listed = lines[3 : 3 + len(cases)]
+    assert [line.split()[0] for line in listed] == list(cases)
+    assert listed[0] == f"{'ceiling':<22} {LINES['ceiling']}"
+    assert f"{'memory':<22} FAILED: BenchError: no /proc" in listed
+    rows = lines[3 + len(cases) + 2 :]
+    assert len(rows) == 2 * len(TABLE)
+    assert rows[:2] == [
+        f"{'one event per request vs ceiling':<52} {'0.27x':>10} {'>= 0.5x':>10}  missed",
+        "    relay_single events/s / ceiling round trips/s (default: up to 8 in flight)",
+    ]
+    assert rows[26:28] == [
+        f"{'peak RSS, big vs small backlog':<52} {'-':>10} {'<= 20MiB':>10}  not measured",
+        "    MiB above: draining 10,000 minus draining 1,000 (memory failed: BenchError: no /proc)",
+    ]
