@@ -91,15 +91,16 @@ class Inbox(StoreBase):
         delivery counted); with a different payload it raises Conflict and changes
         nothing. An invalid event raises InvalidEvent and changes nothing.
         """
-        return (await self.receive_with_digest(event)).receipt
+        return (await self.receive_with_digest(validate_event(event))).receipt
 
     async def receive_with_digest(
-        self, event: object, *, after: str | None = None, lease: Lease | None = None
+        self, event: Event, *, after: str | None = None, lease: Lease | None = None
     ) -> Received:
-        """Like `receive`, also returning the SHA-256 of the stored payload (for a
+        """Like `receive`, for an event validated already (the HTTP layer validates
+        each request's once), also returning the SHA-256 of the stored payload (for a
         duplicate, of the payload stored first); with `after` (the predecessor check)
         and `lease` (fencing), as in `receive_batch`."""
-        receipt = await self.receive_batch([validate_event(event)], after=after, lease=lease)
+        receipt = await self.receive_batch([event], after=after, lease=lease)
         if receipt.conflict is not None:
             raise receipt.conflict
         return receipt.received[0]

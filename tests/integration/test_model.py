@@ -39,7 +39,7 @@ from hypothesis.stateful import (
 from publisher import MAX_BATCH, NotAcknowledged, Outbox, dispatch
 from publisher.errors import InvalidTransition, UnknownEntry
 from publisher.store import State
-from shared import Conflict, Event, InvalidEvent, Receipt, payload_digest
+from shared import Conflict, Event, InvalidEvent, Receipt, payload_digest, validate_event
 from sink import Inbox
 
 T = TypeVar("T")
@@ -266,7 +266,7 @@ class OutboxRelayMachine(RuleBasedStateMachine):
         """Hand the event to the real sink and check its receipt against the model."""
         event_id = event["id"]
         first = event_id not in self.applied
-        received = await inbox.receive_with_digest(dict(event))
+        received = await inbox.receive_with_digest(validate_event(dict(event)))
         assert received.receipt is (Receipt.APPLIED if first else Receipt.DUPLICATE)
         assert received.digest == payload_digest(self.orders[event_id].event)
         if first:
@@ -478,7 +478,7 @@ class OutboxRelayMachine(RuleBasedStateMachine):
         with pytest.raises(InvalidEvent) as at_intake:
             self.run(self.ob.accept(bad))
         with pytest.raises(InvalidEvent) as at_sink:
-            self.run(self.ib.receive_with_digest(bad))
+            self.run(self.ib.receive(bad))
         assert at_intake.value.field == named
         assert at_sink.value.field == named
         assert self.dump() == before, "invalid input changed the databases"
