@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from plumbing import event_loop
-from plumbing.web import serve_app
+from plumbing.serving import serve_app
 from shared import Receipt, make_ack, payload_digest
 
 

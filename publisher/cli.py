@@ -33,9 +33,10 @@ from plumbing.cli import (
     setup_logging,
     strict_int,
 )
+from plumbing.http_options import add_http_options, http_guard_of, http_limits_of
 from plumbing.net import INTAKE_TOKEN_ENV, TOKEN_ENV, TokenError, is_loopback, load_token
+from plumbing.serving import serve_app
 from plumbing.storage import BadLocation, StorageError, redacted
-from plumbing.web import add_http_options, http_guard_of, http_limits_of, serve_app
 from publisher.chaos import exit_after_ack
 from publisher.console import ConsoleSettings
 from publisher.dispatch import deliver_pending

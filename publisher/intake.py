@@ -13,7 +13,7 @@ import collections
 from collections.abc import Sequence
 from typing import Any, Final
 
-from plumbing.web import BadRequest, invalid_event
+from plumbing.http_errors import BadRequest, invalid_event
 from publisher.store import MAX_ACCEPT, IntakeOutcome
 from shared import MAX_BODY_BYTES, Conflict, InvalidEvent
 

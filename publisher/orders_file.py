@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
+from plumbing.bodies import parse_json
+from plumbing.http_errors import BadRequest
 from plumbing.storage import StorageError
-from plumbing.web import BadRequest, parse_json
 from publisher.store import MAX_ACCEPT, IntakeOutcome, Outbox
 from shared import MAX_BODY_BYTES, Conflict, InvalidEvent
 

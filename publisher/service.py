@@ -18,21 +18,13 @@ from typing import Final
 from aiohttp import hdrs, web
 from prometheus_client import Gauge
 
+from plumbing.bodies import read_event, read_json
+from plumbing.host_guard import HttpGuard, http_guard
+from plumbing.http_errors import BadRequest, error, json_errors
 from plumbing.net import bearer_matches
 from plumbing.openapi import add_openapi_route
+from plumbing.probes import healthz, metrics_response, readiness
 from plumbing.storage import parse_location
-from plumbing.web import (
-    BadRequest,
-    HttpGuard,
-    error,
-    healthz,
-    http_guard,
-    json_errors,
-    metrics_response,
-    read_event,
-    read_json,
-    readiness,
-)
 from publisher.console import CONSOLE_PATH, ConsoleSettings, Source, add_console
 from publisher.driver import AfterDelivery
 from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender

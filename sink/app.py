@@ -11,23 +11,13 @@ from typing import Any, Final
 
 from aiohttp import hdrs, web
 
+from plumbing.bodies import checked_event, read_json
+from plumbing.host_guard import HttpGuard, http_guard
+from plumbing.http_errors import BadRequest, Handler, error, invalid_event, json_errors
 from plumbing.logs import Throttled
 from plumbing.net import bearer_matches
 from plumbing.openapi import add_openapi_route
-from plumbing.web import (
-    BadRequest,
-    Handler,
-    HttpGuard,
-    checked_event,
-    error,
-    healthz,
-    http_guard,
-    invalid_event,
-    json_errors,
-    metrics_response,
-    read_json,
-    readiness,
-)
+from plumbing.probes import healthz, metrics_response, readiness
 from shared import (
     LEASE_HEADER,
     MAX_BATCH,

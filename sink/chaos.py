@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Final
 
 from aiohttp import hdrs, web
-from aiohttp.typedefs import Middleware
 
-from plumbing.web import Handler, HttpGuard
+from plumbing.host_guard import HttpGuard
+from plumbing.http_errors import Handler, Middleware
 from shared import MAX_BODY_BYTES, Event, validate_sku
 from sink.app import WRITE_PATHS, Admit, Refusal, create_app
 

@@ -10,15 +10,11 @@ from aiohttp import web
 
 from plumbing import event_loop
 from plumbing.cli import EXIT_USAGE, ArgumentParser, add_option, fail, port, setup_logging
+from plumbing.host_guard import HttpGuard
+from plumbing.http_options import add_http_options, http_guard_of, http_limits_of
 from plumbing.net import TOKEN_ENV, TokenError, is_loopback, load_token
+from plumbing.serving import serve_app
 from plumbing.storage import BadLocation, StorageError
-from plumbing.web import (
-    HttpGuard,
-    add_http_options,
-    http_guard_of,
-    http_limits_of,
-    serve_app,
-)
 from sink.app import create_app
 from sink.chaos import CHAOS_HELP, Chaos, chaos_app, parse_chaos
 

@@ -13,7 +13,8 @@ from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
-from plumbing.web import BadRequest, error, read_json
+from plumbing.bodies import read_json
+from plumbing.http_errors import BadRequest, error
 from publisher.console.overview import read_overview
 from publisher.console.sessions import (
     BadOperator,

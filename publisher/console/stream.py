@@ -20,8 +20,8 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from plumbing.http_errors import error
 from plumbing.storage import StorageError
-from plumbing.web import error
 
 log = logging.getLogger(__name__)
 

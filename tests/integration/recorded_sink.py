@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 from relay_lines import Line, lines
 from support import ASYNC_POLL_S, WAIT_S
 
-from plumbing.web import Handler
+from plumbing.http_errors import Handler, Middleware
 from publisher.http import BatchResult, HttpSender
 from publisher.settings import Ordering
 from shared import PREDECESSOR_HEADER, Event, Lease

@@ -23,14 +23,11 @@ import yarl
 from aiohttp import web
 from support import LOOPBACK
 
+from plumbing.host_guard import HttpGuard
+from plumbing.http_errors import json_errors
+from plumbing.http_limits import HttpLimits
+from plumbing.serving import handler_options, start_site
 from plumbing.storage import StorageError
-from plumbing.web import (
-    HttpGuard,
-    HttpLimits,
-    handler_options,
-    json_errors,
-    start_site,
-)
 from publisher.retry import RetryPolicy
 from publisher.service import ServiceSettings
 from publisher.service import create_app as create_publisher

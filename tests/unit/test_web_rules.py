@@ -6,16 +6,10 @@ import resource
 
 import pytest
 
-from plumbing.web import (
-    DuplicateKey,
-    HttpGuard,
-    HttpLimits,
-    _host_name,
-    _local_host_values,
-    connection_cap,
-    loads_strict,
-    parser_detail,
-)
+from plumbing.bodies import DuplicateKey, loads_strict
+from plumbing.host_guard import HttpGuard, _host_name, _local_host_values
+from plumbing.http_limits import HttpLimits, connection_cap
+from plumbing.protocol_errors import parser_detail
 from shared.event import BigInteger
 
 

@@ -1,0 +1,106 @@
+"""Request bodies read strictly: JSON with no repeated key and no huge integer, within
+a size cap and a time limit, and the event a body carries, validated.
+
+Each refusal is a BadRequest that says what was wrong: 400, 408 or 413.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Final
+
+from aiohttp import web
+
+from plumbing.http_errors import BadRequest, invalid_event
+from plumbing.http_limits import BODY_TIMEOUT_S, LIMITS, HttpLimits
+from shared.errors import InvalidEvent
+from shared.event import BigInteger, Event, validate_event
+
+# No field of a body is an integer this long; anything longer is kept as a marker
+# instead of converted (Python refuses over 4,300 digits with a plain ValueError).
+MAX_INT_DIGITS: Final = 100
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names the same key twice: which value was meant is unknowable."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r} in a JSON object")
+        self.key = key
+
+
+def _parse_int(text: str) -> int | BigInteger:
+    return int(text) if len(text) <= MAX_INT_DIGITS else BigInteger(len(text.lstrip("-")))
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+_DECODER: Final = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_int=_parse_int)
+
+
+def loads_strict(body: bytes) -> object:
+    """`json.loads`, but a repeated key is DuplicateKey and an integer of more than
+    MAX_INT_DIGITS digits becomes a BigInteger marker that no field accepts."""
+    return _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+
+
+async def read_json(request: web.Request, max_body_bytes: int) -> object:
+    """The parsed JSON body, or BadRequest: 413 over `max_body_bytes`, 400 if not JSON
+    (or a key repeated in an object), 408 if the body does not arrive in time."""
+    body = await _read_body(request)
+    if body is None or len(body) > max_body_bytes:
+        raise BadRequest(413, "too_large", f"body is over {max_body_bytes} bytes")
+    return parse_json(body)
+
+
+def parse_json(text: bytes, what: str = "body") -> object:
+    """`text` parsed as strict JSON (loads_strict), or BadRequest 400 saying why not,
+    naming the text `what` (the body; a line of a file)."""
+    try:
+        return loads_strict(text)
+    except DuplicateKey as exc:
+        raise BadRequest(400, "invalid", str(exc), field=exc.key) from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(400, "invalid", f"{what} is not valid JSON", detail=str(exc)) from exc
+    except RecursionError as exc:
+        raise BadRequest(
+            400, "invalid", f"{what} is not valid JSON", detail="nested too deeply"
+        ) from exc
+
+
+async def _read_body(request: web.Request) -> bytes | None:
+    """The body, None if it is over the app's cap; BadRequest 408 if it is too slow."""
+    timeout_s = BODY_TIMEOUT_S
+    try:
+        if request.content.is_eof():  # all here already (the usual case): no timer
+            return await request.read()
+        timeout_s = request.app.get(LIMITS, HttpLimits()).body_timeout_s
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return None
+    except TimeoutError as exc:
+        raise BadRequest(408, "timeout", f"the body did not arrive within {timeout_s:g} s") from exc
+
+
+async def read_event(request: web.Request, max_body_bytes: int) -> Event:
+    """The validated event in the request body, or BadRequest (400, 408, 413)."""
+    return checked_event(await read_json(request, max_body_bytes))
+
+
+def checked_event(parsed: object) -> Event:
+    """The validated event, or BadRequest 400 naming the field."""
+    try:
+        return validate_event(parsed)
+    except InvalidEvent as exc:
+        raise invalid_event(exc) from exc
