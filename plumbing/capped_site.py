@@ -13,6 +13,7 @@ from typing import Any, Final, cast
 
 from aiohttp import web
 
+from plumbing.aiohttp_internals import attach_listener, close_if_idle
 from plumbing.logs import Throttled
 from plumbing.protocol_errors import JsonErrorHandler
 
@@ -120,16 +121,14 @@ class _Connections:
                 "cap", "connection cap of %d reached, all busy: refused with 503", self._cap
             )
             return _Refused()
-        handler = _CountedHandler(server, loop=self._loop, **self._options)
+        handler = _CountedHandler.for_connection(server, self._loop, self._options)
         handler._pool = self
         self.open += 1
         return handler
 
     def _close_idle(self) -> bool:
         for handler in self._server.connections:  # oldest first
-            # aiohttp keeps no public flag for "a request is under way".
-            if handler.transport is not None and not handler._request_in_progress:
-                handler.force_close()
+            if close_if_idle(handler):
                 _connection_log.warning(
                     "idle", "connection cap of %d reached: closed the oldest idle", self._cap
                 )
@@ -140,7 +139,7 @@ class _Connections:
 class CappedSite(web.BaseSite):
     """A TCP site whose connections are JsonErrorHandlers, at most `cap` at once."""
 
-    __slots__ = ("_cap", "_host", "_options", "_port")
+    __slots__ = ("_cap", "_host", "_listen_backlog", "_options", "_port", "_web_server")
 
     def __init__(
         self,
@@ -152,8 +151,11 @@ class CappedSite(web.BaseSite):
         cap: int,
         backlog: int,
     ) -> None:
-        super().__init__(runner, backlog=backlog)
+        super().__init__(runner)  # raises unless the runner is set up
+        assert runner.server is not None
+        self._web_server = runner.server
         self._host, self._port, self._options, self._cap = host, port, options, cap
+        self._listen_backlog = backlog
 
     @property
     def name(self) -> str:
@@ -161,12 +163,11 @@ class CappedSite(web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
-        server = self._runner.server
-        assert server is not None
-        self._server = await asyncio.get_running_loop().create_server(
-            _Connections(server, self._options, self._cap),
+        listener = await asyncio.get_running_loop().create_server(
+            _Connections(self._web_server, self._options, self._cap),
             self._host,
             self._port,
-            backlog=self._backlog,
+            backlog=self._listen_backlog,
             reuse_address=True,
         )
+        attach_listener(self, listener)

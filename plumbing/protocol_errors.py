@@ -9,22 +9,12 @@ import re
 from typing import Any, Final
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
-from aiohttp.web_request import BaseRequest
 
+from plumbing.aiohttp_internals import PARSER_ERRORS, HookedHandler, is_payload_error
 from plumbing.logs import Throttled
 
 log = logging.getLogger(__name__)
 
-_PARSE_ERRORS: Final = {
-    "BadHttpMethod": "unknown HTTP method",
-    "LineTooLong": "request line or header too long",
-    "InvalidHeader": "invalid header",
-    "BadStatusLine": "malformed request line",
-    "ContentEncodingError": "Content-Encoding is not accepted: send the body unencoded",
-    "TransferEncodingError": "malformed chunked body",
-    "ContentLengthError": "body does not match Content-Length",
-}
 _parse_log: Final = Throttled(log)
 
 _DETAIL_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9 '\-]{2,80}")
@@ -37,29 +27,23 @@ def parser_detail(message: str | None) -> str | None:
     return phrase if _DETAIL_RE.fullmatch(phrase) else None
 
 
-class JsonErrorHandler(web.RequestHandler):
+class JsonErrorHandler(HookedHandler):
     """aiohttp's connection handler, with its own error replies (a request its parser
     refused: bad Content-Length, header too long, NUL in a header, unknown method) as
     JSON instead of text echoing the request, and logged once per interval."""
 
     __slots__ = ()
 
-    def handle_error(
-        self,
-        request: BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
+    def error_reply(
+        self, status: int, exc: BaseException | None, message: str | None
     ) -> web.StreamResponse:
-        if request.writer.output_size > 0:
-            raise ConnectionError("a reply was already under way: nothing more can be sent")
         kind = type(exc).__name__ if exc is not None else "none"
         if status >= 500:
             _parse_log.error(("handler", kind), "unexpected error on a request", exc_info=True)
             text = "internal error"
         else:
             _parse_log.log(logging.INFO, ("parse", kind), "refused a malformed request: %s", kind)
-            text = _PARSE_ERRORS.get(kind, "malformed HTTP request")
+            text = PARSER_ERRORS.get(kind, "malformed HTTP request")
         body = {"error": text}
         detail = parser_detail(message)
         if detail and detail.lower() != text.lower():
@@ -68,13 +52,12 @@ class JsonErrorHandler(web.RequestHandler):
         reply.force_close()
         return reply
 
-    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+    def log_error(self, args: tuple[Any, ...], exc: object) -> None:
         """aiohttp's own error lines, once per interval; the unread rest of a body
         that could not be decoded (after its request was already answered) without
         a traceback."""
-        exc = kwargs.get("exc_info")
         kind = type(exc).__name__
-        if isinstance(exc, RequestPayloadError):
+        if is_payload_error(exc):
             _parse_log.log(logging.INFO, ("payload", kind), "dropped an undecodable body: %s", exc)
         else:
             _parse_log.error(("aiohttp", kind), *args, exc_info=bool(exc))

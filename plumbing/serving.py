@@ -11,6 +11,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from plumbing import event_loop
+from plumbing.aiohttp_internals import check_internals
 from plumbing.capped_site import CappedSite, quiet_accept_errors
 from plumbing.http_limits import LIMITS, HttpLimits, connection_cap
 
@@ -37,7 +38,15 @@ def handler_options(limits: HttpLimits, access_log: bool) -> dict[str, Any]:
 async def start_site(
     runner: web.AppRunner, host: str, port: int, limits: HttpLimits, options: dict[str, Any]
 ) -> CappedSite:
-    """Listen on host:port with the connection cap and JSON parser errors."""
+    """Listen on host:port with the connection cap and JSON parser errors;
+    AiohttpChanged, before listening, if the installed aiohttp cannot serve them."""
+    await check_internals(options)
+    return await _listen(runner, host, port, limits, options)
+
+
+async def _listen(
+    runner: web.AppRunner, host: str, port: int, limits: HttpLimits, options: dict[str, Any]
+) -> CappedSite:
     site = CappedSite(
         runner, host, port, options=options, cap=connection_cap(limits), backlog=limits.backlog
     )
@@ -59,9 +68,12 @@ async def serve_app(
     Prints `<name> listening on http://host:port<path>` on stdout once bound (with
     port 0 the OS picks a free port: scripts read it from this line). With
     `access_log`, one line per request is logged. `limits` bound connection times
-    and counts (HttpLimits() by default).
+    and counts (HttpLimits() by default). AiohttpChanged if the installed aiohttp
+    cannot serve with them, before the app starts or anything listens.
     """
     limits = limits or HttpLimits()
+    options = handler_options(limits, access_log)
+    await check_internals(options)
     app[LIMITS] = limits
     # Handlers first: a SIGTERM that arrives as soon as the line below is read must
     # already mean an orderly stop, not the default instant death.
@@ -70,11 +82,10 @@ async def serve_app(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     quiet_accept_errors(loop)
-    options = handler_options(limits, access_log)
     runner = web.AppRunner(app, handle_signals=False, **options)
     await runner.setup()  # runs the startup contexts: a bad database fails before listening
     try:
-        await start_site(runner, host, port, limits, options)
+        await _listen(runner, host, port, limits, options)
         log.info(
             "listening",
             extra={

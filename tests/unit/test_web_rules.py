@@ -1,4 +1,4 @@
-"""The pure rules of plumbing.web: strict JSON, Host values, parser phrases, the cap."""
+"""The pure rules of the HTTP side: strict JSON, Host values, parser phrases, the cap."""
 
 from __future__ import annotations
 
