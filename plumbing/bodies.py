@@ -93,11 +93,6 @@ async def _read_body(request: web.Request) -> bytes | None:
         raise BadRequest(408, "timeout", f"the body did not arrive within {timeout_s:g} s") from exc
 
 
-async def read_event(request: web.Request, max_body_bytes: int) -> Event:
-    """The validated event in the request body, or BadRequest (400, 408, 413)."""
-    return checked_event(await read_json(request, max_body_bytes))
-
-
 def checked_event(parsed: object) -> Event:
     """The validated event, or BadRequest 400 naming the field."""
     try:

@@ -1,12 +1,10 @@
-"""One batch delivered in order: the library's `dispatch` and `dispatch_batch`, and
-`publisher dispatch`. Each is one run of the delivery driver over a single read.
+"""The library's one-batch delivery: `dispatch` and `dispatch_batch`, each one run
+of the delivery driver over a single read.
 
-`dispatch` and `dispatch_batch` take any store with `pending(limit)` and
-`mark_sent(event_id)` (or `mark_sent_many(event_ids)`), so a caller can wrap or
-replace the Outbox; `deliver_pending` is what the CLI runs on an Outbox, keeping
-each verified ACK with its mark. Beside relay workers it delivers under leases:
-those of the global line and of every lane in its batch, taken first and released
-at the end, or LineHeld when another worker holds one.
+They take any store with `pending(limit)` and `mark_sent(event_id)` (or
+`mark_sent_many(event_ids)`), so a caller can wrap or replace the Outbox, and plain
+callbacks that return True for a verified delivery. (`publisher dispatch`, which
+delivers an Outbox over HTTP under leases, is publisher.cli.dispatch.)
 """
 
 from __future__ import annotations
@@ -14,14 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Protocol
 
-from publisher.driver import AfterDelivery, Driver, OutboxLine, Result, Sender, Verified
-from publisher.errors import LeaseLost, NotAcknowledged, OutboxError
-from publisher.leases import LeaseKeeper
+from publisher.driver import AfterDelivery, Driver, Result, Verified
+from publisher.errors import NotAcknowledged
 from publisher.settings import RelaySettings
-from publisher.store import Mark, Outbox, Pending, check_limit
-from shared import GLOBAL_LINE, MAX_BATCH, Event, Lease
+from publisher.store import Mark, Pending, check_limit
+from shared import MAX_BATCH, Event, Lease
 
 Send = Callable[[Event], Awaitable[object]]
 SendBatch = Callable[[list[Event]], Awaitable[Sequence[object]]]
@@ -72,8 +69,9 @@ def _marking_each(store: PendingStore) -> Callable[[list[str]], Awaitable[None]]
     return mark_each
 
 
-def _collect(marked: list[str]) -> Callable[..., None]:
-    """A Reporter that keeps the delivered IDs: all marked once `run` returns."""
+def collect_delivered(marked: list[str]) -> Callable[..., None]:
+    """A Reporter that keeps the delivered IDs in `marked`: all marked once the
+    driver's `run` returns."""
 
     def report(delivered: list[Pending], *_: object) -> None:
         marked.extend(row.event["id"] for row in delivered)
@@ -184,100 +182,7 @@ async def _run_once(
     after_delivery: AfterDelivery | None,
 ) -> list[str]:
     marked: list[str] = []
-    report = _collect(marked)
+    report = collect_delivered(marked)
     driver = Driver(line, sender, settings, once=True, after_delivery=after_delivery, report=report)
     await driver.run()
-    return marked
-
-
-class LineHeld(OutboxError):
-    """Another worker holds the lease of a line this dispatch would deliver."""
-
-    def __init__(self, line: str, owner: str | None, expires_in_s: float | None) -> None:
-        left = "" if expires_in_s is None else f" for {max(expires_in_s, 0.0):.1f} s more"
-        super().__init__(
-            f"line {line!r} is being delivered by relay worker {owner or 'another worker'}"
-            f"{left}: dispatch delivers nothing beside it"
-        )
-        self.line = line
-        self.owner = owner
-
-
-TAKE_ROUNDS: Final = 3  # reads of the batch while taking its lanes' leases
-
-
-async def deliver_pending(
-    outbox: Outbox,
-    sender: Sender,
-    settings: RelaySettings,
-    after_delivery: AfterDelivery | None = None,
-) -> list[str]:
-    """One batch of the Outbox delivered through `sender` (`publisher dispatch`): one
-    request per entry, or one for the batch (`settings.batch`), up to
-    `settings.limit` entries; each verified ACK is kept with its mark.
-    On a failure about an entry, the attempt is recorded on it before the failure is
-    raised.
-
-    With `settings.worker`, the batch is delivered under leases, as a relay worker would: the
-    global line's (carried by every request and fencing every write) and that of
-    each lane (SKU) in the batch, all taken before anything is sent and released at
-    the end; LineHeld, nothing sent, if another worker holds any of them."""
-    if settings.worker is None:
-        return await _deliver(outbox, sender, settings, after_delivery, None)
-    keeper = LeaseKeeper(outbox, settings.worker)
-    await keeper.start()
-    try:
-        lease = await _take_lines(outbox, keeper, settings.limit)
-        return await _deliver(outbox, sender, settings, after_delivery, lease, keeper)
-    finally:
-        await keeper.stop()
-
-
-async def _take_lines(outbox: Outbox, keeper: LeaseKeeper, limit: int) -> Lease:
-    """The global line's lease, and those of the lanes of the next batch (read again
-    until every lane in it is held, a few times at most)."""
-    lease = await _take(outbox, keeper, GLOBAL_LINE)
-    for _ in range(TAKE_ROUNDS):
-        lanes = {row.event["sku"] for row in await outbox.pending_batch(limit)}
-        if all(keeper.held(lane) for lane in lanes):
-            return lease
-        for lane in sorted(lanes):
-            await _take(outbox, keeper, lane)
-    raise LineHeld(GLOBAL_LINE, None, None)  # lanes kept changing under it: try again
-
-
-async def _take(outbox: Outbox, keeper: LeaseKeeper, line: str) -> Lease:
-    lease = await keeper.take(line)
-    if lease is None:
-        held = await outbox.lease_of(line)
-        if held is None:
-            raise LineHeld(line, None, None)
-        raise LineHeld(line, held.owner, held.expires_in_s)
-    return lease
-
-
-async def _deliver(
-    outbox: Outbox,
-    sender: Sender,
-    settings: RelaySettings,
-    after_delivery: AfterDelivery | None,
-    lease: Lease | None,
-    keeper: LeaseKeeper | None = None,
-) -> list[str]:
-    marked: list[str] = []
-    driver = Driver(
-        OutboxLine(outbox),
-        sender,
-        settings,
-        once=True,
-        after_delivery=after_delivery,
-        may_send=lambda: keeper is None or keeper.holds(lease),
-        report=_collect(marked),
-    )
-    try:
-        await driver.run(lease)
-    except Exception as exc:
-        if driver.failed_entry is not None and not isinstance(exc, LeaseLost):
-            await outbox.record_failure(driver.failed_entry.event["id"], str(exc), lease)
-        raise
     return marked

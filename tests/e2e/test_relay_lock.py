@@ -107,7 +107,7 @@ def test_after_a_sigkill_of_the_relay_a_new_one_starts_at_once_and_delivers(
 IN_PROCESS_RELAY = """
 import asyncio, sys
 from aiohttp import web
-from publisher.service import ServiceSettings, create_app
+from publisher.app import ServiceSettings, create_app
 from publisher.settings import RelaySettings
 
 async def main() -> None:

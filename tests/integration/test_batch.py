@@ -22,7 +22,8 @@ from aiohttp import web
 from relay_lines import relay_of
 from support import Callables, eventually
 
-from publisher.dispatch import deliver_pending, dispatch_batch
+from publisher.cli.dispatch import deliver_pending
+from publisher.dispatch import dispatch_batch
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.http import HttpSender
 from publisher.relay import Relay

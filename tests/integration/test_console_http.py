@@ -16,10 +16,10 @@ import pytest
 from aiohttp import web
 from support import LOOPBACK, eventually
 
+from publisher.app import ServiceSettings, create_app
 from publisher.console import ConsoleSettings
 from publisher.console.app import SECURITY_HEADERS, STREAMS
 from publisher.console.stream import MAX_STREAMS
-from publisher.service import ServiceSettings, create_app
 from publisher.settings import RelaySettings
 
 if TYPE_CHECKING:

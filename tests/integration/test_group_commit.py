@@ -36,9 +36,9 @@ import aiohttp
 import pytest
 from support import ManualClock, eventually
 
+from publisher.app import OUTBOX, ServiceSettings, create_app
 from publisher.backends.sqlite import GATHER_PASSES, SqliteOutbox
 from publisher.errors import UnknownEntry
-from publisher.service import OUTBOX, ServiceSettings, create_app
 from publisher.settings import RelaySettings
 from publisher.store import Intake, Outbox
 from shared import Conflict, Event, Receipt, canonical_json, make_ack, payload_digest

@@ -28,9 +28,9 @@ from plumbing.http_errors import json_errors
 from plumbing.http_limits import HttpLimits
 from plumbing.serving import handler_options, start_site
 from plumbing.storage import StorageError
+from publisher.app import ServiceSettings
+from publisher.app import create_app as create_publisher
 from publisher.retry import RetryPolicy
-from publisher.service import ServiceSettings
-from publisher.service import create_app as create_publisher
 from publisher.settings import RelaySettings
 from sink import create_app as create_sink
 

@@ -27,8 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plumbing.openapi import OPENAPI_PATH, document_bytes, load_document
-from publisher.service import ServiceSettings
-from publisher.service import create_app as create_publisher
+from publisher.app import ServiceSettings
+from publisher.app import create_app as create_publisher
 from shared import MAX_BATCH, InvalidEvent, validate_event, validate_event_id, validate_sku
 from shared.event import FIELDS, ID_MAX_CHARS, QTY_MAX, QTY_MIN, SKU_MAX_CHARS
 from sink import create_app as create_sink

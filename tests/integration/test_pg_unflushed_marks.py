@@ -25,7 +25,7 @@ from pg_faults import PgAccess
 from support import scrape, value
 
 from plumbing.pgserver import ThrowawayServer, throwaway_server
-from publisher.dispatch import deliver_pending
+from publisher.cli.dispatch import deliver_pending
 from publisher.http import HttpSender
 from publisher.settings import RelaySettings
 from publisher.store import Outbox

@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 from support import eventually, scrape, value
 
+from publisher.app import ServiceSettings, create_app
 from publisher.retry import RetryPolicy
-from publisher.service import ServiceSettings, create_app
 from publisher.settings import RelaySettings, worker_id_for
 from publisher.store import Outbox
 from shared import Event, Receipt, make_ack, payload_digest

@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from relay_lines import relay_of
 
-from publisher.dispatch import deliver_pending
+from publisher.cli.dispatch import deliver_pending
 from publisher.driver import Driver, OutboxLine
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender

@@ -16,9 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlite_faults import unwritable
 
+from publisher.app import ServiceSettings
+from publisher.app import create_app as create_publisher
 from publisher.retry import RetryPolicy
-from publisher.service import ServiceSettings
-from publisher.service import create_app as create_publisher
 from publisher.settings import RelaySettings
 from sink import create_app as create_sink
 

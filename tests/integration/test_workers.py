@@ -22,7 +22,7 @@ import pytest
 from relay_lines import FAST, STOP_TIMEOUT_S, sender_for
 from support import eventually
 
-from publisher.dispatch import LineHeld, deliver_pending
+from publisher.cli.dispatch import LineHeld, deliver_pending
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
 from publisher.leases import LeaseKeeper, Share

@@ -24,9 +24,9 @@ from plumbing.cli import (
     duration_s,
     env_name,
 )
+from publisher.app import ServiceSettings
 from publisher.chaos import CHAOS_EXIT_STATUS, exit_after_ack
 from publisher.cli import build_parser, main
-from publisher.service import ServiceSettings
 from publisher.settings import DEFAULT_DEPTH
 
 

@@ -12,10 +12,10 @@ from bench.profile import summarise
 LINES = [
     # innermost frame last; the count after the last space
     "run (asyncio/runners.py:190);Application._handle (aiohttp/web_app.py:563) 6",
-    "run (asyncio/runners.py:190);post_order (publisher/service.py:221) 3",
+    "run (asyncio/runners.py:190);post_order (publisher/app.py:221) 3",
     "main (/usr/lib/python3.11/selectors.py:468) 2",
     f"x (/venv/lib/python3.11/site-packages/aiosqlite/core.py:63);y ({REPO_ROOT}/sink/app.py:9) 4",
-    "Handle._run (asyncio/events.py:80);post_order (publisher/service.py:230) 1",
+    "Handle._run (asyncio/events.py:80);post_order (publisher/app.py:230) 1",
     "<native> 1",
     "",
     "not a sample line",
@@ -37,7 +37,7 @@ def test_shares_by_area_of_the_innermost_frame_and_top_functions() -> None:
     assert next(iter(summary["areas"])) == "aiohttp"  # most samples first
     top = {row["function"]: row["share"] for row in summary["top_functions"]}
     # one function wherever in it the sample was (the line is not part of it)
-    assert top["post_order (publisher/service.py)"] == pytest.approx(4 / 17)
+    assert top["post_order (publisher/app.py)"] == pytest.approx(4 / 17)
     assert top["y (sink/app.py)"] == pytest.approx(4 / 17)
     assert top["main (selectors.py)"] == pytest.approx(2 / 17)
     assert summary["top_functions"][0]["function"] == "Application._handle (aiohttp/web_app.py)"

@@ -1,4 +1,5 @@
-"""`publisher serve`: the intake API and the relay loop in one process.
+"""The publisher service (`publisher serve`): the intake API, the status, metrics and
+probe routes, the console, and the relay, in one aiohttp application.
 
 On PostgreSQL any number of these processes may share one outbox: each is a relay
 worker (publisher.leases) delivering the lines whose leases it holds. On SQLite
@@ -18,9 +19,9 @@ from typing import Final
 from aiohttp import hdrs, web
 from prometheus_client import Gauge
 
-from plumbing.bodies import read_event, read_json
+from plumbing.bodies import read_json
 from plumbing.host_guard import HttpGuard, http_guard
-from plumbing.http_errors import BadRequest, error, json_errors
+from plumbing.http_errors import BadRequest, error, invalid_event, json_errors
 from plumbing.net import bearer_matches
 from plumbing.openapi import add_openapi_route
 from plumbing.probes import healthz, metrics_response, readiness
@@ -34,7 +35,7 @@ from publisher.metrics import PublisherMetrics
 from publisher.relay import Relay
 from publisher.settings import DEFAULT_LEASE_TTL_S, RelaySettings, for_location
 from publisher.store import Outbox
-from shared import MAX_BODY_BYTES, Conflict
+from shared import MAX_BODY_BYTES, Conflict, InvalidEvent
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,8 @@ def unauthorized(request: web.Request) -> web.Response | None:
 
 
 async def post_order(request: web.Request) -> web.Response:
-    """Record an order and its outbox entry; 201 accepted, 200 duplicate."""
+    """Record an order and its outbox entry; 201 accepted, 200 duplicate. The outbox
+    validates the order (once: the body goes to it as parsed)."""
     app = request.app
     intake = app[METRICS].intake
     refused = unauthorized(request)
@@ -169,19 +171,23 @@ async def post_order(request: web.Request) -> web.Response:
         return refused
     try:
         with app[OUTBOX].arriving():  # how it commits is the outbox's own choice
-            event = await read_event(request, app[SETTINGS].max_body_bytes)
-            result = await app[OUTBOX].accept(event)
+            body = await read_json(request, app[SETTINGS].max_body_bytes)
+            result = await app[OUTBOX].accept(body)
     except BadRequest as exc:
         intake.labels(exc.kind).inc()
         raise
+    except InvalidEvent as exc:
+        intake.labels("invalid").inc()
+        raise invalid_event(exc) from exc
     except Conflict as exc:
         intake.labels("conflict").inc()
         raise BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc)) from exc
     intake.labels(result).inc()
     if result == "accepted":
         app[RELAY].wake()
+    assert isinstance(body, dict)  # accepted as an event: an object with an ID
     return web.json_response(
-        {"id": event["id"], "result": result}, status=201 if result == "accepted" else 200
+        {"id": body["id"], "result": result}, status=201 if result == "accepted" else 200
     )
 
 

@@ -1,0 +1,87 @@
+"""`publisher accept`: record orders and their outbox entries, one from the options
+or one per line of a file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Final
+
+from plumbing.cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ArgumentParser,
+    add_option,
+    fail,
+    strict_int,
+)
+from publisher.cli.options import PROG, AddCommand, Check, Command
+from publisher.orders_file import feed, numbered_lines
+from publisher.store import MAX_ACCEPT, Outbox
+
+FIELDS: Final = ("id", "sku", "qty")
+
+
+def add_parsers(command: AddCommand) -> None:
+    accept = command(
+        "accept",
+        "record orders and their outbox entries: one given by --id, --sku and --qty,"
+        " or one per line of a --file",
+    )
+    add_option(accept, "--id", help="business ID of the order")
+    add_option(accept, "--sku", help="stock keeping unit")
+    add_option(accept, "--qty", type=strict_int, help="quantity, 1 to 1,000,000")
+    add_option(
+        accept,
+        "--file",
+        metavar="PATH",
+        help="JSON Lines, one order (a JSON object) per line, - for stdin: recorded"
+        f" {MAX_ACCEPT} lines per transaction, a line that fails reported as PATH:LINE",
+    )
+
+
+def check_args(parser: ArgumentParser, args: argparse.Namespace) -> None:
+    """Either --file or all of --id, --sku and --qty (a usage error otherwise)."""
+    given = [flag for flag in FIELDS if getattr(args, flag) is not None]
+    if args.file is not None and given:
+        parser.error(f"--file and --{given[0]} do not go together")
+    missing = [f"--{flag}" for flag in FIELDS if getattr(args, flag) is None]
+    if args.file is None and missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)} (or --file)")
+
+
+async def cmd_accept(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        return await accept_file(args.db, args.file)
+    event = {"id": args.id, "sku": args.sku, "qty": args.qty}
+    async with Outbox.open(args.db) as outbox:
+        result = await outbox.accept(event)
+    print(f"{result} {args.id}")
+    return EXIT_OK
+
+
+async def accept_file(db: str, path: str) -> int:
+    """Every line's order (publisher.orders_file); the counts on stdout, each failed
+    line on stderr. Exit status 1 if a line failed, 2 if the file cannot be read."""
+    name = "stdin" if path == "-" else path
+    try:
+        stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    except OSError as exc:
+        return fail(PROG, f"cannot read {name}: {exc.strerror or exc}", EXIT_USAGE)
+    with stream:
+        async with Outbox.open(db) as outbox:
+            try:
+                tally = await feed(outbox, numbered_lines(stream), name, _say_failed)
+            except OSError as exc:
+                return fail(PROG, f"cannot read {name}: {exc.strerror or exc}", EXIT_USAGE)
+    print(tally.summary())
+    return EXIT_FAILED if tally.failed or tally.stopped else EXIT_OK
+
+
+def _say_failed(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+COMMANDS: Final[dict[str, Command]] = {"accept": cmd_accept}
+CHECKS: Final[dict[str, Check]] = {"accept": check_args}
