@@ -25,6 +25,7 @@ from typing import Any, Final, Literal, Protocol
 from chaos.dbs import DbLocation, Pair, reading
 from chaos.procs import ChaosError, Service, counters, free_port, http_json, resume
 from chaos.verdict import LineOrder, Ordering, Verdict, line_orders, read_verdict
+from plumbing.cli import CHAOS_EXIT_STATUS
 from shared import Event
 
 Target = Literal["publisher", "sink", "both"]
@@ -51,7 +52,6 @@ UNAVAILABLE: Final = 503
 OUTAGE_S: Final = (0.3, 1.5)
 OUTAGE_POSTS: Final = 20_000
 PG_STOP_MODES: Final = ("fast", "immediate")
-CHAOS_EXIT_STATUS: Final = 73
 # Fast retries so a run drains in seconds; the relay's own defaults are for production.
 PUBLISHER_FLAGS: Final = (
     "--poll-interval",

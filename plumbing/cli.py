@@ -19,6 +19,9 @@ from typing import Any, Final, NoReturn
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+# A chaos option ended the process on purpose (publisher --chaos exit-after-ack, sink
+# --chaos exit-after-commit): the chaos runner tells it from a crash by this status.
+CHAOS_EXIT_STATUS: Final = 73
 ENV_PREFIX: Final = "OUTBOX_"
 TRUE_WORDS: Final = frozenset({"1", "true", "yes", "on"})
 _DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)([smhd])")

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Final
 
-CHAOS_EXIT_STATUS: Final = 73
+from plumbing.cli import CHAOS_EXIT_STATUS
 
 
 def exit_after_ack(count: int = 1) -> Callable[[str], None]:
@@ -24,7 +23,8 @@ def exit_after_ack(count: int = 1) -> Callable[[str], None]:
         if seen < count:
             return
         print(
-            f"chaos: ACK verified for {event_id}, exiting with status 73 before the mark",
+            f"chaos: ACK verified for {event_id}, exiting with status {CHAOS_EXIT_STATUS}"
+            " before the mark",
             file=sys.stderr,
             flush=True,
         )

@@ -21,6 +21,7 @@ from typing import Final
 
 from aiohttp import hdrs, web
 
+from plumbing.cli import CHAOS_EXIT_STATUS
 from plumbing.host_guard import HttpGuard
 from plumbing.http_errors import Handler, Middleware
 from shared import MAX_BODY_BYTES, Event, validate_sku
@@ -28,7 +29,6 @@ from sink.app import WRITE_PATHS, Admit, Refusal, create_app
 
 log = logging.getLogger(__name__)
 
-CHAOS_EXIT_STATUS: Final = 73
 CHAOS_COUNTS: Final = ("drop-after-commit", "exit-after-commit")
 CHAOS_HELP: Final = (
     "comma-separated: drop-after-commit=N closes the connection with no reply after each "

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from plumbing.cli import (
+    CHAOS_EXIT_STATUS,
     ArgumentParser,
     JsonFormatter,
     TextFormatter,
@@ -25,7 +26,7 @@ from plumbing.cli import (
     env_name,
 )
 from publisher.app import ServiceSettings
-from publisher.chaos import CHAOS_EXIT_STATUS, exit_after_ack
+from publisher.chaos import exit_after_ack
 from publisher.cli import build_parser, main
 from publisher.settings import DEFAULT_DEPTH
 
