@@ -1,9 +1,10 @@
 # Quick start: `make demo` and `make test`. Both build the virtualenv from scratch.
+# `make check` is the fast tier for iterating (no end-to-end tests).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test lint typecheck demo chaos bench bench-quick clean postgres-binaries netns-tools
+.PHONY: venv test check lint typecheck demo chaos bench bench-quick clean postgres-binaries netns-tools
 .PHONY: soak soak-workers demo-postgres browser screenshots
 
 venv: $(VENV)/.installed
@@ -21,9 +22,19 @@ typecheck: venv
 	$(BIN)/mypy
 
 # Two test processes (pytest-xdist): the tests mostly wait on processes, sockets and
-# fsync, and each process has its own throwaway PostgreSQL server.
+# fsync, and each process has its own throwaway PostgreSQL server. A process that runs
+# out of tests takes some of the other's (worksteal): the end-to-end tests are few and
+# long, and with a fixed share one process would run them all while the other idles.
+PYTEST := $(BIN)/pytest -n 2 --dist worksteal
+
+# Everything, as CI runs it.
 test: lint typecheck postgres-binaries browser
-	$(BIN)/pytest -n 2
+	$(PYTEST)
+
+# The fast tier, for iterating: lint, types, and the unit, behaviour (both backends)
+# and integration tests; no end-to-end test (they start real processes and a browser).
+check: lint typecheck postgres-binaries
+	$(PYTEST) tests/unit tests/behaviour tests/integration
 
 # The tests start throwaway PostgreSQL servers of their own: they need the server
 # programs (initdb, pg_ctl), from Debian's package when they are missing. No cluster
