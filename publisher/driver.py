@@ -296,7 +296,7 @@ class Driver:
             rows = [run.queue.popleft() for _ in range(min(size, len(run.queue)))]
             after = run.after if run.trusted else None
             copies = [row.event.copy() for row in rows]  # events hold only str and int
-            task = asyncio.ensure_future(self._request(copies, after))
+            task = asyncio.ensure_future(self._send(copies, after))
             run.in_flight.append(Request(rows, task, time.perf_counter(), after is not None))
             run.after = rows[-1].event["id"]
 
@@ -331,7 +331,7 @@ class Driver:
         self.failed_entry = None
         return len(verified)
 
-    async def _request(self, events: list[Event], after: str | None) -> Sequence[Result]:
+    async def _send(self, events: list[Event], after: str | None) -> Sequence[Result]:
         """One request of the line: the batch, or its one event."""
         if self._settings.batch:
             return await self._sender.deliver_batch(events, after=after, lease=self._lease)
@@ -339,7 +339,7 @@ class Driver:
 
     async def _resend(self, request: Request) -> Sequence[Result]:
         try:
-            return await self._request([row.event.copy() for row in request.rows], None)
+            return await self._send([row.event.copy() for row in request.rows], None)
         except Exception as exc:
             self._told([], request.rows[0], exc, request.started)
             raise
