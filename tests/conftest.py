@@ -12,11 +12,14 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote, urlsplit
 
+import psycopg
 import pytest
 from aiohttp import web
 from support import LOOPBACK, STOP_TIMEOUT_S, listening, run_module, spawn, stop_process
@@ -290,19 +293,14 @@ class Databases:
 @pytest.fixture(params=["sqlite", "postgres"])
 def databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Databases]:
     """Two fresh, separate databases for one test, on each backend in turn: two SQLite
-    files in tmp_path, or two databases on the session's PostgreSQL server."""
+    files in tmp_path, or two schemas (pg_schemas) in the process's database on the
+    session's PostgreSQL server."""
     if request.param == "sqlite":
         yield Databases("sqlite", tmp_path / "source.db", tmp_path / "sink.db")
         return
     source: str = request.getfixturevalue("pg_database")
-    server: ThrowawayServer = request.getfixturevalue("pg_server")
-    name = f"{source.rpartition('/')[2]}_sink"
-    sink = server.create_database(name)
-    try:
-        yield Databases("postgres", source, sink)
-    finally:
-        if server.running():
-            server.sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    schemas: PgSchemas = request.getfixturevalue("pg_schemas")
+    yield Databases("postgres", source, schemas.new())
 
 
 # ---------------------------------------------------------------- loopback servers
@@ -466,17 +464,221 @@ def pg_server() -> Iterator[ThrowawayServer]:
         server.remove()
 
 
-_databases = itertools.count(1)
+# A test that asks for PostgreSQL gets schemas of its own (`pg_schemas`, `pg_database`)
+# in the one database of its process (`pg_test_database`): CREATE SCHEMA and DROP
+# SCHEMA take a few milliseconds where CREATE and DROP DATABASE took half a second.
+# Before each test and after it the database is put back as a fresh one would be: no
+# session of a previous test (so none of its LISTENs or advisory locks), no
+# database-wide setting (ALTER DATABASE ... SET, ALLOW_CONNECTIONS), no schema but an
+# empty public. Advisory locks and NOTIFY are database-wide, so this is what keeps one
+# test's sessions from reaching another's: tests of one process run one at a time, and
+# each worker process has its own server. Within a test, two schemas (`databases`)
+# do not meet either: the outbox's intake and relay lock keys carry the OID of its
+# table, the sink neither listens nor takes an advisory lock of its own, and the one lock
+# that is the database's (migrations) only makes two sides starting together take turns.
+# A test that needs a database or a server to itself (a server it stops or crashes)
+# makes its own, and says why.
+TEST_DATABASE = "tests"
+CLEANUP_DEADLINE_S = 15.0  # for the tests' sessions to end and their schemas to go
+CLEANUP_LOCK_TIMEOUT_MS = 1_000  # a DROP waits no longer, then sessions are ended again
+CLEANUP_STATEMENT_TIMEOUT_MS = 10_000
+CLEANUP_POLL_S = 0.02
+
+_SCHEMA_NUMBERS = itertools.count(1)
+_OTHER_SESSIONS = """
+    SELECT pid, application_name FROM pg_stat_activity
+    WHERE datname = current_database() AND backend_type = 'client backend'
+        AND pid <> pg_backend_pid()
+"""
+_STATE = """
+    SELECT
+        ARRAY(SELECT nspname::text FROM pg_namespace
+              WHERE nspname <> 'public' AND nspname <> 'information_schema'
+                  AND nspname NOT LIKE 'pg\\_%'),
+        to_regnamespace('public') IS NULL
+            OR EXISTS (SELECT FROM pg_class WHERE relnamespace = to_regnamespace('public'))
+            OR EXISTS (SELECT FROM pg_proc WHERE pronamespace = to_regnamespace('public'))
+            OR EXISTS (SELECT FROM pg_type WHERE typnamespace = to_regnamespace('public')),
+        EXISTS (SELECT FROM pg_db_role_setting WHERE setdatabase = d.oid AND setrole = 0),
+        NOT d.datallowconn OR d.datconnlimit <> -1,
+        EXISTS (SELECT FROM pg_stat_activity
+                WHERE datname = d.datname AND backend_type = 'client backend'
+                    AND pid <> pg_backend_pid())
+    FROM pg_database AS d WHERE d.datname = current_database()
+"""
+
+
+def in_schema(url: str, schema: str) -> str:
+    """`url` with `schema` as its search_path (libpq's `options`, URL-encoded as
+    chaos/dbs.py writes it): both backends make and read their tables there."""
+    joiner = "&" if urlsplit(url).query else "?"
+    return f"{url}{joiner}options={quote(f'-csearch_path={schema}', safe='')}"
+
+
+class PgTestDatabase:
+    """The one database of this test process on the session's server, and the way
+    back to the state of a fresh one (`clean`), bounded in time: RuntimeError past
+    CLEANUP_DEADLINE_S, never a hang."""
+
+    def __init__(self, server: ThrowawayServer, name: str) -> None:
+        self.server = server
+        self.name = name
+        self.url = server.create_database(name)
+
+    def new_schema(self) -> str:
+        """A fresh, empty schema: its URI."""
+        with self._session() as conn:
+            return self._create_schema(conn)
+
+    def clean(self) -> None:
+        """End every other session on the database, undo its database-wide settings,
+        and drop every schema but public (emptied too, if anything is in it)."""
+        with self._session() as conn:
+            self._clean(conn, time.monotonic() + CLEANUP_DEADLINE_S)
+
+    def clean_and_new_schema(self) -> str:
+        """`clean`, then `new_schema`, on one connection."""
+        with self._session() as conn:
+            self._clean(conn, time.monotonic() + CLEANUP_DEADLINE_S)
+            return self._create_schema(conn)
+
+    def _create_schema(self, conn: psycopg.Connection[Any]) -> str:
+        name = f"t{next(_SCHEMA_NUMBERS)}"
+        conn.execute(f'CREATE SCHEMA "{name}"'.encode())
+        return in_schema(self.url, name)
+
+    def _clean(self, conn: psycopg.Connection[Any], deadline: float) -> None:
+        [(schemas, public_used, settings, limits, sessions)] = conn.execute(
+            _STATE.encode()
+        ).fetchall()
+        if settings:
+            conn.execute(f'ALTER DATABASE "{self.name}" RESET ALL'.encode())
+        if limits:
+            conn.execute(
+                f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS true CONNECTION LIMIT -1'.encode()
+            )
+        if not (schemas or public_used or sessions):
+            return
+        while True:
+            self._end_sessions(conn, deadline)
+            try:
+                self._drop(conn, schemas, public_used)
+            except psycopg.errors.LockNotAvailable:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"PostgreSQL test database {self.name}: schemas {schemas} still"
+                        f" locked after {CLEANUP_DEADLINE_S} s"
+                    ) from None
+                continue  # a session came back meanwhile and took a lock: end it again
+            break
+        self._end_sessions(conn, deadline)  # any that came while the schemas went
+
+    def _drop(self, conn: psycopg.Connection[Any], schemas: list[str], public: bool) -> None:
+        statements = []
+        if schemas:
+            names = ", ".join(f'"{schema}"' for schema in schemas)
+            statements.append(f"DROP SCHEMA {names} CASCADE")
+        if public:  # as initdb makes it (PostgreSQL 15 and later)
+            statements += [
+                "DROP SCHEMA IF EXISTS public CASCADE",
+                "CREATE SCHEMA public AUTHORIZATION pg_database_owner",
+                "GRANT USAGE ON SCHEMA public TO PUBLIC",
+            ]
+        with conn.transaction():
+            for statement in statements:
+                conn.execute(statement.encode())
+
+    @staticmethod
+    def _end_sessions(conn: psycopg.Connection[Any], deadline: float) -> None:
+        """End every other client session on the database and wait until each is gone."""
+        while True:
+            left = conn.execute(_OTHER_SESSIONS.encode()).fetchall()
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"PostgreSQL test database: sessions {left} still there after"
+                    f" {CLEANUP_DEADLINE_S} s"
+                )
+            conn.execute(
+                b"SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid",
+                ([pid for pid, _ in left],),
+            )
+            time.sleep(CLEANUP_POLL_S)
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of our own to the database, in autocommit, writable and bounded
+        whatever the database's settings; a database left refusing connections
+        (ALLOW_CONNECTIONS false, a connection limit) is opened again first."""
+        # Its own commits need not wait for a flush: the schemas are throwaway, and
+        # the tests' commits, which do, flush these too.
+        options = (
+            "-c default_transaction_read_only=off -c synchronous_commit=off"
+            f" -c lock_timeout={CLEANUP_LOCK_TIMEOUT_MS}"
+            f" -c statement_timeout={CLEANUP_STATEMENT_TIMEOUT_MS}"
+        )
+        try:
+            conn = self._connect(self.url, options)
+        except psycopg.OperationalError:
+            with self._connect(self.server.url(), options) as maintenance:
+                maintenance.execute(
+                    f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS true'
+                    " CONNECTION LIMIT -1".encode()
+                )
+            conn = self._connect(self.url, options)
+        with conn:
+            yield conn
+
+    @staticmethod
+    def _connect(url: str, options: str) -> psycopg.Connection[Any]:
+        return psycopg.connect(url, autocommit=True, connect_timeout=5, options=options)
+
+
+@pytest.fixture(scope="session")
+def pg_test_database(pg_server: ThrowawayServer) -> PgTestDatabase:
+    """This process's database on the session's server, made once (gone with the server)."""
+    return PgTestDatabase(pg_server, TEST_DATABASE)
+
+
+@dataclass
+class PgSchemas:
+    """This test's schemas in its process's database: `first` made with the fixture,
+    `new()` for more."""
+
+    database: PgTestDatabase
+    first: str
+
+    @property
+    def database_url(self) -> str:
+        """The database's URI without a search_path (as an operator gives one to a tool
+        that makes schemas of its own: chaos --db-url)."""
+        return self.database.url
+
+    def new(self) -> str:
+        """A fresh, empty schema of this test: its URI (search_path set to it)."""
+        return self.database.new_schema()
 
 
 @pytest.fixture
-def pg_database(pg_server: ThrowawayServer) -> Iterator[str]:
-    """A fresh, empty database on the session's server: its libpq URI. Dropped after
-    the test, whatever connections are still open to it."""
-    name = f"t{os.getpid()}_{next(_databases)}"
-    url = pg_server.create_database(name)
+def pg_schemas(pg_test_database: PgTestDatabase) -> Iterator[PgSchemas]:
+    """Schemas for one test in a database found as a fresh one would be; after the
+    test, whatever connections are still open to it are ended and they are dropped."""
+    # Cleaned first too: a previous test's leftovers, should its teardown have failed.
+    first = pg_test_database.clean_and_new_schema()
     try:
-        yield url
+        yield PgSchemas(pg_test_database, first)
     finally:
-        if pg_server.running():
-            pg_server.sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        try:
+            pg_test_database.clean()
+        except psycopg.OperationalError:
+            if pg_test_database.server.running():  # else nothing is left to clean
+                raise
+
+
+@pytest.fixture
+def pg_database(pg_schemas: PgSchemas) -> str:
+    """A fresh, empty schema on the session's server, alone in its database: its libpq
+    URI (search_path set to it). Dropped after the test, whatever connections are
+    still open to it."""
+    return pg_schemas.first

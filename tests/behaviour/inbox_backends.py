@@ -68,7 +68,9 @@ class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
 
 
 class PostgresBackend(pg_faults.PgAccess, Backend):
-    """A fresh database on the run's throwaway PostgreSQL server, read with psycopg."""
+    """A fresh schema, alone in its process's database on the run's throwaway
+    PostgreSQL server (pg_database), read with psycopg. The faults that take the
+    database (read-only, gone) take that whole database, as they would an operator's."""
 
     def ids_in_arrival_order(self) -> list[str]:
         return [row[0] for row in self.query("SELECT id FROM inbox ORDER BY applied_seq")]

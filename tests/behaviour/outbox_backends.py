@@ -91,8 +91,9 @@ class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
 
 
 class PostgresBackend(pg_faults.PgAccess, Backend):
-    """A fresh database on the session's throwaway PostgreSQL server (pg_database),
-    read with psycopg."""
+    """A fresh schema, alone in its process's database on the session's throwaway
+    PostgreSQL server (pg_database), read with psycopg. The faults that take the
+    database (read-only, gone) take that whole database, as they would an operator's."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url, "outbox_health")

@@ -2,7 +2,7 @@
 
 Every run keeps its files under the test's own directory (--workdir), so the test
 can read them back and can look for processes still using them afterwards. On
-PostgreSQL (`--backend postgres --db-url` of the test's own database) the run makes
+PostgreSQL (`--backend postgres --db-url` of the test process's database) the run makes
 two schemas there, kept with --workdir, and the test reads them through the URIs
 the report names.
 """
@@ -124,11 +124,13 @@ def assert_clean_verdict(figures: dict[str, Any], events: int, kills: int) -> No
 
 
 def backend_args(backend: str, request: pytest.FixtureRequest) -> list[str]:
-    """The chaos options for a backend: SQLite files, or schemas in a database of the
-    session's PostgreSQL server (the pg_database fixture)."""
+    """The chaos options for a backend: SQLite files, or schemas in the process's
+    database on the session's PostgreSQL server (the pg_schemas fixture: chaos takes
+    a URI without a search_path and makes its own schemas; they are dropped with the
+    test's)."""
     if backend == "sqlite":
         return []
-    return ["--backend", "postgres", "--db-url", request.getfixturevalue("pg_database")]
+    return ["--backend", "postgres", "--db-url", request.getfixturevalue("pg_schemas").database_url]
 
 
 def located(figures: dict[str, Any]) -> tuple[Path | str, Path | str]:

@@ -11,7 +11,7 @@ import pytest
 from support import run_module
 
 if TYPE_CHECKING:
-    from conftest import Query
+    from conftest import PgSchemas, Query
 
 pytestmark = pytest.mark.e2e
 
@@ -81,21 +81,20 @@ def test_bench_refuses_a_password_in_the_url(tmp_path: Path, child_env: dict[str
 
 @pytest.mark.timeout(120)
 def test_a_run_in_an_operators_database_drops_its_schemas(
-    tmp_path: Path, child_env: dict[str, str], pg_database: str, db_rows: Query
+    tmp_path: Path, child_env: dict[str, str], pg_schemas: PgSchemas, db_rows: Query
 ) -> None:
     args = ["--events", "20", "--kills", "2", "--seed", "2", "--json"]
+    database = pg_schemas.database_url  # the operator's: no search_path of the test's
 
     done = run_module(
-        "chaos", "run", *args, "--backend", "postgres", "--db-url", pg_database,
+        "chaos", "run", *args, "--backend", "postgres", "--db-url", database,
         env=child_env, cwd=tmp_path, timeout=100,
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr
     schemas = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'chaos%'"
-    assert db_rows(pg_database, schemas) == []  # made for the run, dropped at its end
-    assert db_rows(pg_database, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [
-        (0,)
-    ]
+    assert db_rows(database, schemas) == []  # made for the run, dropped at its end
+    assert db_rows(database, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
 
 
 def test_make_demo_postgres_runs_the_two_spec_scenarios_and_a_chaos_run_on_postgres() -> None:

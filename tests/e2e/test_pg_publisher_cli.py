@@ -93,7 +93,7 @@ def test_serve_delivers_intake_from_another_process_woken_or_by_polling(
     tmp_path: Path,
 ) -> None:
     sink = sink_process(tmp_path / "sink.db")
-    url = f"{pg_database}?prepare={prepare}"
+    url = f"{pg_database}&prepare={prepare}"  # after the search_path pg_database sets
     # prepare=off (a transaction pooler): no LISTEN, so a short poll interval instead.
     poll = LONG_POLL if prepare == "on" else ("--poll-interval", "0.5")
     publisher_process("--db", url, "--sink", sink.url, "--host", LOOPBACK, "--port", "0", *poll)

@@ -6,6 +6,7 @@ throwaway server; rows read through connections of the test's own."""
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import pytest
 from pg_faults import PgAccess
@@ -14,6 +15,9 @@ from plumbing.storage import StorageError
 from shared import Receipt
 from sink import Inbox
 from sink.backends import postgres_sql
+
+if TYPE_CHECKING:
+    from conftest import PgSchemas
 
 EVENT = {"id": "order-1", "sku": "snack", "qty": 7}
 
@@ -69,10 +73,12 @@ async def test_the_probe_commits_a_write_that_another_connection_sees(
 
 
 async def test_a_search_path_in_the_uri_puts_the_tables_in_that_schema(
-    pg_database: str, database: PgAccess
+    pg_schemas: PgSchemas, database: PgAccess
 ) -> None:
+    # The database's own URI (pg_database's sets a search_path of its own); the
+    # schema is dropped with the test's.
     database.execute("CREATE SCHEMA warehouse")
-    location = f"{pg_database}?options=-csearch_path%3Dwarehouse"
+    location = f"{pg_schemas.database_url}?options=-csearch_path%3Dwarehouse"
 
     async with Inbox.open(location) as inbox:
         assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
