@@ -14,7 +14,6 @@ test_partition.py, whose processes run on network-namespace hosts.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import itertools
 import json
@@ -37,7 +36,7 @@ from chaos.procs import counters
 from chaos.verdict import Verdict, line_orders, read_verdict
 
 if TYPE_CHECKING:
-    from plumbing.pgserver import ThrowawayServer
+    from conftest import PgSchemas
 
 pytestmark = pytest.mark.e2e
 
@@ -324,20 +323,14 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(
-    tmp_path: Path, child_env: dict[str, str], pg_server: ThrowawayServer
-) -> Iterator[Cluster]:
-    names = [f"w{tmp_path.name[-20:]}_{kind}".lower() for kind in ("source", "sink")]
-    names = [re.sub(r"[^a-z0-9_]", "_", name) for name in names]
-    urls = [pg_server.create_database(name) for name in names]
+def cluster(tmp_path: Path, child_env: dict[str, str], pg_schemas: PgSchemas) -> Iterator[Cluster]:
+    """The source and the sink: two schemas (pg_schemas drops them after the processes
+    are stopped)."""
     procs = Processes(tmp_path, child_env)
     try:
-        yield Cluster(procs, urls[0], urls[1])
+        yield Cluster(procs, pg_schemas.first, pg_schemas.new())
     finally:
         procs.stop_all()
-        for name in names:
-            with contextlib.suppress(Exception):
-                pg_server.sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def running(cluster: Cluster, workers: int = 3) -> Feeder:
