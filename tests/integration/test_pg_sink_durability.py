@@ -33,6 +33,8 @@ async def test_acked_events_survive_a_crash_of_a_server_that_does_not_flush_comm
     serve: Serve, pg_server: ThrowawayServer
 ) -> None:
     # pg_server: skips (or fails under CI) where there is no PostgreSQL, as elsewhere.
+    # A server of its own, not a schema on pg_server: it runs with settings of its
+    # own and the test crashes it.
     with throwaway_server(LAZY_SERVER) as server:
         url = server.create_database("sink")
         database = PgAccess(url, "inbox_health")

@@ -43,6 +43,7 @@ async def test_a_stopped_server_is_503_and_the_sink_recovers_when_it_is_back(
     serve: Serve, pg_server: ThrowawayServer
 ) -> None:
     # pg_server: skips (or fails under CI) where there is no PostgreSQL, as elsewhere.
+    # A server of its own, not a schema on pg_server: the test stops it.
     first = {"id": "order-1", "sku": "snack", "qty": 2}
     second = {"id": "order-2", "sku": "snack", "qty": 3}
     with throwaway_server() as server:

@@ -58,6 +58,8 @@ async def test_marks_undone_by_a_crash_of_the_server_are_sent_again_and_applied_
     serve_sink: ServeSink, tmp_path: Path, db_rows: Query, pg_server: ThrowawayServer
 ) -> None:
     # pg_server: skips (or fails under CI) where there is no PostgreSQL, as elsewhere.
+    # A server of its own, not a schema on pg_server: it runs with settings of its
+    # own and the test crashes it.
     sink_db = tmp_path / "sink.db"
     sink = await serve_sink(sink_db)
     with throwaway_server(LAZY_WAL) as server:
