@@ -43,11 +43,14 @@ class State(StrEnum):
 
 
 class Pending(NamedTuple):
-    """One pending entry as the relay reads it."""
+    """One pending entry as the relay reads it. `lane` is its line in per-SKU order,
+    as the outbox stored it (every backend fills it; a row built by hand, by a store
+    that knows no lanes, may leave it empty)."""
 
     seq: int
     event: Event
     attempts: int  # failed or successful attempts so far
+    lane: str = ""
 
 
 class Mark(NamedTuple):
@@ -60,10 +63,12 @@ class Mark(NamedTuple):
 
 @dataclass(frozen=True)
 class Entry:
-    """One outbox row as an operator sees it."""
+    """One outbox row as an operator sees it; `lane` is its line in per-SKU order,
+    as the outbox stored it."""
 
     seq: int
     event: Event
+    lane: str
     state: State
     queued_at: float
     sent_at: float | None

@@ -76,9 +76,9 @@ def build_trace(
     """The five stages of SPEC's evidence table for one event. Pure.
 
     With a `snapshot`, a pending entry also says which failing heads it waits behind:
-    the global head (global order) and the head of its own SKU lane (per-SKU order).
-    With `leases`, the trace names who holds the event's lines: its SKU's lane and
-    the global line, those that were ever leased.
+    the global head (global order) and the head of its own lane (per-SKU order).
+    With `leases`, the trace names who holds the event's lines: its lane and the
+    global line, those that were ever leased.
     """
     stages = [
         _accepted(order),
@@ -95,8 +95,10 @@ def build_trace(
 
 
 def _lines_of(order: Order | None, entry: Entry | None, leases: LinesView) -> list[LineLease]:
-    sku = entry.event["sku"] if entry is not None else None if order is None else order.sku
-    names = [GLOBAL_LINE] if sku is None else [sku, GLOBAL_LINE]
+    # The entry's lane as the outbox stored it; once the entry is pruned, its order's
+    # SKU (the lane it had).
+    lane = entry.lane if entry is not None else None if order is None else order.sku
+    names = [GLOBAL_LINE] if lane is None else [lane, GLOBAL_LINE]
     return [lease for name in names if (lease := leases.of(name)) is not None]
 
 
@@ -110,7 +112,7 @@ def _waiting_behind(entry: Entry, snapshot: Snapshot) -> list[str]:
             f"global order: behind head {head.id}, blocked since {when(head.blocked_since)}"
         )
     for lane in snapshot.blocked_lanes:
-        if lane.lane == entry.event["sku"] and lane.id != entry.id:
+        if lane.lane == entry.lane and lane.id != entry.id:
             lines.append(
                 f"per-SKU order: behind lane {lane.lane} head {lane.id}, "
                 f"blocked since {when(lane.blocked_since)}"

@@ -51,6 +51,7 @@ from publisher.backends.rows import (
     entry_of,
     fence_error,
     line_lease_of,
+    pending_of,
     quarantine_record_of,
     relay_worker_of,
 )
@@ -241,7 +242,7 @@ class PostgresOutbox(Outbox):
                 (sql.PENDING, (limit,)) if lane is None else (sql.PENDING_IN_LANE, (lane, limit))
             )
         rows = await self._db.query(query, params)
-        return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
+        return [pending_of(row) for row in rows]
 
     async def pending_lanes(
         self, limit: int, skip: Iterable[str] = (), worker: str | None = None

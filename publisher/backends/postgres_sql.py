@@ -177,19 +177,19 @@ ACCEPT_MANY: Final = """
 FIND_ORDERS: Final = "SELECT id, sku, qty FROM orders WHERE id = ANY(%s::text[])"
 
 PENDING: Final = (
-    f"SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %s"
+    f"SELECT seq, payload, attempts, lane FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %s"
 )
 PENDING_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts FROM outbox
+    SELECT seq, payload, attempts, lane FROM outbox
     WHERE {IS_PENDING} AND id <> ALL (%(skip)s::text[])
     ORDER BY seq LIMIT %(limit)s
 """
 PENDING_IN_LANE: Final = f"""
-    SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} AND lane = %s
+    SELECT seq, payload, attempts, lane FROM outbox WHERE {IS_PENDING} AND lane = %s
     ORDER BY seq LIMIT %s
 """
 PENDING_IN_LANE_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts FROM outbox
+    SELECT seq, payload, attempts, lane FROM outbox
     WHERE {IS_PENDING} AND lane = %(lane)s AND id <> ALL (%(skip)s::text[])
     ORDER BY seq LIMIT %(limit)s
 """
@@ -297,8 +297,10 @@ RECORD_FAILURE: Final = """
     WHERE id = %(id)s AND sent = 0
 """
 
+# The entry's lane from its own column: an entry's line is what the outbox stored,
+# never read again from its payload.
 ENTRY_COLUMNS: Final = (
-    "seq, id, payload, queued_at, sent, sent_at, ack, attempts, last_error,"
+    "seq, lane, payload, queued_at, sent, sent_at, ack, attempts, last_error,"
     " last_attempt_at, first_failure_at, quarantined"
 )
 ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = %s"

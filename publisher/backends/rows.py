@@ -10,17 +10,25 @@ import json
 from typing import Any
 
 from publisher.errors import LeaseLost
-from publisher.store import Entry, LineLease, QuarantineRecord, RelayWorker, State
+from publisher.store import Entry, LineLease, Pending, QuarantineRecord, RelayWorker, State
 from shared import Lease
+
+
+def pending_of(row: tuple[Any, ...]) -> Pending:
+    """A pending read's row (the backend's PENDING columns: seq, payload, attempts,
+    lane) as a Pending."""
+    seq, payload, attempts, lane = row
+    return Pending(seq, json.loads(payload), attempts, lane)
 
 
 def entry_of(row: tuple[Any, ...]) -> Entry:
     """An outbox row (the backend's ENTRY_COLUMNS) as an Entry."""
-    seq, _, payload, queued_at, sent, sent_at, ack, attempts, error, last_at, first_fail, q = row
+    seq, lane, payload, queued_at, sent, sent_at, ack, attempts, error, last_at, first_fail, q = row
     state = State.SENT if sent else State.QUARANTINED if q else State.PENDING
     return Entry(
         seq=seq,
         event=json.loads(payload),
+        lane=lane,
         state=state,
         queued_at=queued_at,
         sent_at=sent_at,

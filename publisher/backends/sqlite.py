@@ -28,6 +28,7 @@ from publisher.backends.rows import (
     entry_of,
     fence_error,
     line_lease_of,
+    pending_of,
     quarantine_record_of,
     relay_worker_of,
 )
@@ -170,12 +171,12 @@ class SqliteOutbox(SqliteFile, Outbox):
             marking = {"lane": lane, "skip": json.dumps(sorted(skip)), "limit": limit}
             query = sql.PENDING_SKIPPING if lane is None else sql.PENDING_IN_LANE_SKIPPING
             rows = await self._db.run(lambda conn: conn.execute(query, marking).fetchall())
-            return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
+            return [pending_of(row) for row in rows]
         query, params = (
             (sql.PENDING, (limit,)) if lane is None else (sql.PENDING_IN_LANE, (lane, limit))
         )
         rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
-        return [Pending(seq, json.loads(payload), attempts) for seq, payload, attempts in rows]
+        return [pending_of(row) for row in rows]
 
     async def pending_lanes(
         self, limit: int, skip: Iterable[str] = (), worker: str | None = None

@@ -112,24 +112,24 @@ INSERT_ENTRIES: Final = (
 )
 
 PENDING: Final = (
-    f"SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
+    f"SELECT seq, payload, attempts, lane FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
 )
 # Leaving out entries whose mark is still being committed (the relay overlaps the
 # mark of one batch with the send of the next).
 PENDING_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts FROM outbox
+    SELECT seq, payload, attempts, lane FROM outbox
     WHERE {IS_PENDING} AND id NOT IN (SELECT value FROM json_each(:skip))
     ORDER BY seq LIMIT :limit
 """
 # The same for one lane, on the lane's own index: it reads that lane's entries only,
 # however many entries of other lanes are pending before them.
 PENDING_IN_LANE_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts FROM outbox
+    SELECT seq, payload, attempts, lane FROM outbox
     WHERE {IS_PENDING} AND lane = :lane AND id NOT IN (SELECT value FROM json_each(:skip))
     ORDER BY seq LIMIT :limit
 """
 PENDING_IN_LANE: Final = f"""
-    SELECT seq, payload, attempts FROM outbox WHERE {IS_PENDING} AND lane = ?
+    SELECT seq, payload, attempts, lane FROM outbox WHERE {IS_PENDING} AND lane = ?
     ORDER BY seq LIMIT ?
 """
 HEAD_ID: Final = f"SELECT id FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1"
@@ -172,8 +172,10 @@ RECORD_FAILURE: Final = """
     WHERE id = :id AND sent = 0
 """
 
+# The entry's lane from its own column: an entry's line is what the outbox stored,
+# never read again from its payload.
 ENTRY_COLUMNS: Final = (
-    "seq, id, payload, queued_at, sent, sent_at, ack, attempts, last_error,"
+    "seq, lane, payload, queued_at, sent, sent_at, ack, attempts, last_error,"
     " last_attempt_at, first_failure_at, quarantined"
 )
 ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = ?"

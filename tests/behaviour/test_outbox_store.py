@@ -550,7 +550,40 @@ async def test_a_global_read_that_skips_ids_returns_every_lane_in_seq_order(
     second = await accept_lane(outbox, "b", 10, 0)
     third = await accept_lane(outbox, "a", 10, 10)
     rows = await outbox.pending_batch(16, None, [*first[2:], "no-such-id"])
-    assert [event["id"] for _, event, _ in rows] == first[:2] + second + third[:4]
+    assert [row.event["id"] for row in rows] == first[:2] + second + third[:4]
+
+
+async def test_pending_rows_and_entries_carry_the_lane_the_outbox_stored(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await outbox.accept(order("a", "snack"))
+    assert await outbox.accept_many([order("b", "tea"), order("c", "tea")]) == ["accepted"] * 2
+    await outbox.accept(order("d", "juice"))
+    with backend.user_connection() as conn:
+        assert accept_in(conn, order("e", "tea")) == "accepted"
+        conn.commit()
+    # Written by hand: d's lane is not its payload's SKU. The lane column says.
+    backend.execute("UPDATE outbox SET lane = 'moved' WHERE id = 'd'")
+    lanes = {"a": "snack", "b": "tea", "c": "tea", "d": "moved", "e": "tea"}
+
+    rows = await outbox.pending_batch(16)
+    assert [(row.event["id"], row.lane) for row in rows] == list(lanes.items())
+    assert rows[3].event == order("d", "juice")
+    skipping = await outbox.pending_batch(16, None, ["a"])
+    assert [(row.event["id"], row.lane) for row in skipping] == list(lanes.items())[1:]
+    assert [(r.event["id"], r.lane) for r in await outbox.pending_batch(16, "moved")] == [
+        ("d", "moved")
+    ]
+    assert [(r.event["id"], r.lane) for r in await outbox.pending_batch(16, "tea", ["b"])] == [
+        ("c", "tea"),
+        ("e", "tea"),
+    ]
+    await outbox.mark_sent("b", ACK)
+    await outbox.quarantine("c", "x", "alice")
+    listed = {e.id: e.lane for state in State for e in await outbox.entries(state)}
+    assert listed == lanes
+    entry = await outbox.entry("d")
+    assert entry is not None and (entry.lane, entry.event) == ("moved", order("d", "juice"))
 
 
 async def test_pending_lanes_orders_by_the_oldest_pending_head_and_honours_limit_and_skip(
@@ -889,7 +922,8 @@ async def test_mark_sent_of_an_entry_quarantined_in_flight_closes_it_as_delivere
 ) -> None:
     # The relay read "a" and is sending it; an operator quarantines it; the ACK arrives.
     await accept(outbox, "a", "b")
-    [(seq, _, _)] = await outbox.pending_batch(1)
+    [read] = await outbox.pending_batch(1)
+    seq = read.seq
     await outbox.quarantine("a", "looked stuck", "alice")
     await asyncio.sleep(TICK_S)
     await outbox.mark_sent("b", ACK)

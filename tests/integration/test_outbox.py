@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from plumbing.storage import BadLocation, StorageError
+from publisher.backends import sqlite_sql as outbox_sql
 from publisher.backends.sqlite import SqliteOutbox
-from publisher.store import Outbox
+from publisher.store import Outbox, State
+from shared import Conflict, canonical_json
 
 
 def rows(path: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
@@ -237,3 +239,49 @@ async def test_pending_leaves_no_lock_or_snapshot_behind(outbox: Outbox, path: P
     finally:
         conn.close()
     assert busy == 0
+
+
+# ---------------------------------------------------------------- a file written before lanes
+
+OLD_ROWS = [("old-1", "snack", 2, 1), ("old-2", "juice", 3, 0), ("old-3", "snack", 5, 0)]
+
+
+def write_before_lanes(path: Path) -> None:
+    """A file as the release before lanes left it: migration 1 only, no lane column,
+    old-1 sent and pruned since (its order row kept)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.executescript(outbox_sql.MIGRATIONS[0])
+        conn.execute("PRAGMA user_version = 1")
+        for event_id, sku, qty, sent in OLD_ROWS:
+            conn.execute("INSERT INTO orders VALUES (?, ?, ?, 1.0)", (event_id, sku, qty))
+            conn.execute(
+                "INSERT INTO outbox (id, payload, queued_at, sent) VALUES (?, ?, 1.0, ?)",
+                (event_id, canonical_json({"id": event_id, "sku": sku, "qty": qty}), sent),
+            )
+        conn.execute("DELETE FROM outbox WHERE sent = 1")
+    finally:
+        conn.close()
+
+
+async def test_entries_written_before_lanes_come_back_with_their_lane_and_are_judged_as_new_ones(
+    path: Path,
+) -> None:
+    write_before_lanes(path)
+    async with Outbox.open(path) as outbox:
+        assert rows(path, "PRAGMA user_version") == [(len(outbox_sql.MIGRATIONS),)]
+        pending = await outbox.pending_batch(16)
+        assert [(row.event["id"], row.lane) for row in pending] == [
+            ("old-2", "juice"),
+            ("old-3", "snack"),
+        ]
+        assert [row.lane for row in await outbox.pending_batch(16, "snack")] == ["snack"]
+        listed = await outbox.entries(State.PENDING)
+        assert [(e.id, e.lane) for e in listed] == [("old-2", "juice"), ("old-3", "snack")]
+        # Their duplicates and conflicts, old-1's too though its entry was pruned.
+        assert await outbox.accept(order("old-3", "snack", 5)) == "duplicate"
+        assert await outbox.accept(order("old-1", "snack", 2)) == "duplicate"
+        for changed in (order("old-3", "snack", 6), order("old-1", "tea", 2)):
+            with pytest.raises(Conflict):
+                await outbox.accept(changed)
+    assert count(path, "outbox") == 2

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from publisher.store import Entry, Head, Order, QuarantineRecord, Snapshot, State
+from publisher.lines_view import LinesView
+from publisher.store import Entry, Head, LineLease, Order, QuarantineRecord, Snapshot, State
 from publisher.trace import PRUNED, Proof, SinkView, Trace, build_trace, render_trace
-from shared import Event, payload_digest
+from shared import GLOBAL_LINE, Event, payload_digest
 
 EVENT: Event = {"id": "order-1", "sku": "snack", "qty": 7}
 DIGEST = payload_digest(EVENT)
@@ -28,11 +29,13 @@ def entry(
     attempts: int = 0,
     last_error: str | None = None,
     event: Event = EVENT,
+    lane: str = "snack",
 ) -> Entry:
     sent = state is State.SENT
     return Entry(
         seq=42,
         event=event,
+        lane=lane,
         state=state,
         queued_at=ACCEPTED_AT,
         sent_at=ACCEPTED_AT + 2 if sent else None,
@@ -297,3 +300,32 @@ def test_an_entry_does_not_wait_behind_itself_or_other_lanes_or_when_sent() -> N
     assert build_trace("order-1", ORDER, entry(), [], NOT_IN_INBOX, other_lane).waiting_behind == []
     sent = entry(State.SENT, ack=ACK)
     assert build_trace("order-1", ORDER, sent, [], inbox(), own).waiting_behind == []
+
+
+def test_an_entry_waits_behind_the_head_of_the_lane_the_outbox_stored_not_of_its_sku() -> None:
+    blocked = Snapshot(ACCEPTED_AT, 2, 0, None, [blocked_head("x-1", "elsewhere")])
+    moved = entry(lane="elsewhere")  # its event's SKU is still "snack"
+
+    [waiting] = build_trace("order-1", ORDER, moved, [], NOT_IN_INBOX, blocked).waiting_behind
+    assert waiting.startswith("per-SKU order: behind lane elsewhere head x-1")
+    of_its_sku = Snapshot(ACCEPTED_AT, 2, 0, None, [blocked_head("x-1", "snack")])
+    assert build_trace("order-1", ORDER, moved, [], NOT_IN_INBOX, of_its_sku).waiting_behind == []
+
+
+def lease(line: str, owner: str | None = "w1") -> LineLease:
+    return LineLease(line, owner, 3, ACCEPTED_AT + 9, 9.0, ACCEPTED_AT, ACCEPTED_AT)
+
+
+def test_the_lines_named_are_the_stored_lane_and_the_global_line() -> None:
+    leases = LinesView([lease(GLOBAL_LINE), lease("elsewhere"), lease("snack", "w2")])
+
+    moved = build_trace("order-1", ORDER, entry(lane="elsewhere"), [], NOT_IN_INBOX, None, leases)
+    assert [(held.line, held.owner) for held in moved.lines] == [
+        ("elsewhere", "w1"),
+        (GLOBAL_LINE, "w1"),
+    ]
+    # Pruned: the order's SKU is the lane the entry had.
+    pruned = build_trace("order-1", ORDER, None, [], NOT_IN_INBOX, None, leases)
+    assert [held.line for held in pruned.lines] == ["snack", GLOBAL_LINE]
+    unknown = build_trace("order-9", None, None, [], NOT_IN_INBOX, None, leases)
+    assert [held.line for held in unknown.lines] == [GLOBAL_LINE]
