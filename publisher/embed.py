@@ -72,10 +72,11 @@ async def accept_in_async(conn: Any, event: object) -> Intake:
             postgres_sql.ACCEPT.encode(), postgres.accept_params(valid, time.time())
         )
         entry = await queued.fetchone()
-        known = await (
-            await conn.execute(postgres_sql.FIND_ORDER.encode(), (valid["id"],))
-        ).fetchone()
-    return postgres.intake_result(valid, entry, known)
+        known = None
+        if entry is None:  # the ID is known: what was stored for it
+            stored = await conn.execute(postgres_sql.STORED_PAYLOAD.encode(), (valid["id"],))
+            known = await stored.fetchone()
+    return postgres.intake_result(valid, entry, None if known is None else known[0])
 
 
 def _accept_psycopg(conn: Any, event: Event) -> Intake:
@@ -86,8 +87,11 @@ def _accept_psycopg(conn: Any, event: Event) -> Intake:
     with pg_tx.translated_sync(_pg_where(conn)):
         params = postgres.accept_params(event, time.time())
         entry = conn.execute(postgres_sql.ACCEPT.encode(), params).fetchone()
-        known = conn.execute(postgres_sql.FIND_ORDER.encode(), (event["id"],)).fetchone()
-    return postgres.intake_result(event, entry, known)
+        known = None
+        if entry is None:  # the ID is known: what was stored for it
+            stored = conn.execute(postgres_sql.STORED_PAYLOAD.encode(), (event["id"],))
+            known = stored.fetchone()
+    return postgres.intake_result(event, entry, None if known is None else known[0])
 
 
 def _check_psycopg_transaction(conn: Any) -> None:

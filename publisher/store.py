@@ -536,4 +536,5 @@ class Outbox(StoreBase):
     @abstractmethod
     async def prune(self, older_than_s: float, batch: int = PRUNE_BATCH) -> int:
         """Delete sent entries older than `older_than_s`, `batch` rows per transaction
-        (intake waits at most one batch); return how many were deleted."""
+        (intake waits at most one batch); return how many were deleted. Their orders
+        stay: the same ID again is still a duplicate or a Conflict, never accepted."""

@@ -50,6 +50,7 @@ from publisher.backends import postgres_sql as sql
 from publisher.backends.rows import (
     entry_of,
     fence_error,
+    judged_again,
     line_lease_of,
     pending_of,
     quarantine_record_of,
@@ -513,14 +514,13 @@ def accept_params(event: Event, now: float) -> dict[str, Any]:
     }
 
 
-def intake_result(event: Event, queued: object, known: Sequence[Any] | None) -> Intake:
-    """ "accepted" if ACCEPT queued the entry; else the order was there already:
-    "duplicate" if it is the same, Conflict if not."""
+def intake_result(event: Event, queued: object, stored: str | None) -> Intake:
+    """ "accepted" if ACCEPT queued the entry; else the order was there already, and
+    `stored` is what the outbox holds for its ID (STORED_PAYLOAD, None if nothing):
+    "duplicate" if it is the same payload, Conflict if not (rows.judged_again)."""
     if queued is not None:
         return "accepted"
-    if known is None or (known[0], known[1]) != (event["sku"], event["qty"]):
-        raise Conflict(event["id"])
-    return "duplicate"
+    return judged_again(event, stored)
 
 
 async def _find(conn: Conn, event_id: str) -> Entry:
@@ -543,15 +543,16 @@ def _per_call(
 async def _accept_together(conn: Conn, events: list[Event], now: float) -> list[Intake | Conflict]:
     """Intake of `events` in one durable transaction, one message to the server
     (ACCEPT_MANY): the first order of each ID goes in, and every order is judged
-    against what is then recorded for its ID, as calls one after another would be."""
+    against the payload then stored for its ID, as calls one after another would be."""
     firsts: dict[str, Event] = {}
     for event in events:
         firsts.setdefault(event["id"], event)
+    payloads = [canonical_json(event) for event in firsts.values()]
     params = {
         "ids": list(firsts),
         "skus": [event["sku"] for event in firsts.values()],
         "qtys": [event["qty"] for event in firsts.values()],
-        "payloads": [canonical_json(event) for event in firsts.values()],
+        "payloads": payloads,
         "now": now,
         "lock_ns": sql.INTAKE_LOCK_NS,
         "channel": sql.CHANNEL,
@@ -559,27 +560,25 @@ async def _accept_together(conn: Conn, events: list[Event], now: float) -> list[
     row = await in_one_round_trip(conn, sql.ACCEPT_MANY.encode(), params)
     assert row is not None, "an aggregate returns one row"
     queued = {event_id for event_id, new in zip(firsts, row[0], strict=True) if new}
-    recorded = {
-        event_id: (sku, qty)
-        for event_id, sku, qty in zip(firsts, row[1], row[2], strict=True)
-        if sku is not None
+    stored: dict[str, str] = {
+        event_id: payload
+        for event_id, payload in zip(firsts, row[1], strict=True)
+        if payload is not None
     }
-    raced = [i for i in firsts if i not in queued and i not in recorded]
+    # Queued by its first order: a later one in `events` is judged against that.
+    stored.update((i, payload) for i, payload in zip(firsts, payloads, strict=True) if i in queued)
+    raced = [i for i in firsts if i not in stored]
     if raced:  # committed by a concurrent intake while ours waited for it: read it now
-        cursor = await conn.execute(sql.FIND_ORDERS.encode(), (raced,))
-        recorded.update((i, (sku, qty)) for i, sku, qty in await cursor.fetchall())
+        cursor = await conn.execute(sql.STORED_PAYLOADS.encode(), (raced,))
+        stored.update(await cursor.fetchall())
         await conn.rollback()
     outcomes: list[Intake | Conflict] = []
     for event in events:
         if event is firsts[event["id"]] and event["id"] in queued:
             outcomes.append("accepted")
             continue
-        known = recorded.get(event["id"])
-        if event["id"] in queued:  # queued by its first order, earlier in `events`
-            first = firsts[event["id"]]
-            known = (first["sku"], first["qty"])
         try:
-            outcomes.append(intake_result(event, None, known))
+            outcomes.append(judged_again(event, stored.get(event["id"])))
         except Conflict as exc:
             outcomes.append(exc)
     return outcomes

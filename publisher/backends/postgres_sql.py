@@ -139,17 +139,31 @@ ACCEPT_WITHOUT_COMMIT_ORDER: Final = """
     )
     SELECT seq, pg_notify(%(channel)s, '') FROM entry
 """
-# Read after ACCEPT, in a statement of its own (it sees an order committed by a
-# concurrent intake of the same ID, which ON CONFLICT waited for).
 FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = %s"
+# What an order whose ID is known is judged against (rows.judged_again): the payload
+# the outbox stored for that ID. Once its entry is pruned (sent, then deleted), the
+# order row stands in: today an event is exactly its order's fields, so that row's
+# JSON is the payload it had (judged_again makes it canonical).
+_STORED: Final = (
+    "coalesce(stored.payload,"
+    " json_build_object('id', orders.id, 'qty', orders.qty, 'sku', orders.sku)::text)"
+)
+# Read after ACCEPT when it queued nothing, in a statement of its own (it sees an
+# order committed by a concurrent intake of the same ID, which ON CONFLICT waited for).
+STORED_PAYLOAD: Final = f"""
+    SELECT {_STORED} FROM orders LEFT JOIN outbox AS stored ON stored.id = orders.id
+    WHERE orders.id = %s
+"""
 # A group's intake (every order of its calls, each ID once, in call order) in one
 # statement, as ACCEPT for each: the orders whose IDs are new, then the commit-order
 # lock, then their entries, whose seqs are taken in the orders' order (the identity
 # default is evaluated above the sort). One row of arrays in the orders' order:
-# whether each was queued, and the sku and qty of an order known before the
-# statement began (NULL for one queued now, or one a concurrent intake committed
-# meanwhile, which ON CONFLICT waited for: FIND_ORDERS reads those afterwards).
-ACCEPT_MANY: Final = """
+# whether each was queued, and the payload stored for an order known before the
+# statement began (_STORED; NULL for one queued now, or one a concurrent intake
+# committed meanwhile, which ON CONFLICT waited for: STORED_PAYLOADS reads those
+# afterwards). The stored entry is looked up by the ID of a known order: for a new
+# order that ID is NULL, which the outbox's ID index answers without a read.
+ACCEPT_MANY: Final = f"""
     WITH batch AS (
         SELECT * FROM unnest(%(ids)s::text[], %(skus)s::text[], %(qtys)s::bigint[],
                              %(payloads)s::text[])
@@ -170,11 +184,15 @@ ACCEPT_MANY: Final = """
         RETURNING id, pg_notify(%(channel)s, '')
     )
     SELECT array_agg(entry.id IS NOT NULL ORDER BY batch.n),
-           array_agg(orders.sku ORDER BY batch.n),
-           array_agg(orders.qty ORDER BY batch.n)
+           array_agg(CASE WHEN orders.id IS NOT NULL THEN {_STORED} END ORDER BY batch.n)
     FROM batch LEFT JOIN entry USING (id) LEFT JOIN orders USING (id)
+        LEFT JOIN outbox AS stored ON stored.id = orders.id
 """
-FIND_ORDERS: Final = "SELECT id, sku, qty FROM orders WHERE id = ANY(%s::text[])"
+STORED_PAYLOADS: Final = f"""
+    SELECT orders.id, {_STORED}
+    FROM orders LEFT JOIN outbox AS stored ON stored.id = orders.id
+    WHERE orders.id = ANY(%s::text[])
+"""
 
 PENDING: Final = (
     f"SELECT seq, payload, attempts, lane FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %s"

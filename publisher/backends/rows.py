@@ -1,4 +1,5 @@
-"""Rows as both outbox backends store them, turned into the interface's records.
+"""Rows as both outbox backends store them, turned into the interface's records,
+and how both judge an order whose ID they already hold.
 
 Both keep the same columns in the same order (ENTRY_COLUMNS, QUARANTINES_OF in each
 backend's SQL), the payload, ACK and delivered-past lists as JSON text, and 0/1 flags.
@@ -10,8 +11,16 @@ import json
 from typing import Any
 
 from publisher.errors import LeaseLost
-from publisher.store import Entry, LineLease, Pending, QuarantineRecord, RelayWorker, State
-from shared import Lease
+from publisher.store import (
+    Entry,
+    Intake,
+    LineLease,
+    Pending,
+    QuarantineRecord,
+    RelayWorker,
+    State,
+)
+from shared import Conflict, Event, Lease, payload_digest
 
 
 def pending_of(row: tuple[Any, ...]) -> Pending:
@@ -38,6 +47,17 @@ def entry_of(row: tuple[Any, ...]) -> Entry:
         last_attempt_at=last_at,
         first_failure_at=first_fail,
     )
+
+
+def judged_again(event: Event, stored: str | None) -> Intake:
+    """The outcome of an order whose ID the outbox already holds: "duplicate" if
+    `stored`, the JSON the outbox keeps for that ID (the backend's STORED_PAYLOAD),
+    has the digest of the event's canonical form; else Conflict (also when nothing is
+    stored). The stored JSON is made canonical again first, so that its key order and
+    spacing do not count, only its content."""
+    if stored is None or payload_digest(json.loads(stored)) != payload_digest(event):
+        raise Conflict(event["id"])
+    return "duplicate"
 
 
 def quarantine_record_of(row: tuple[Any, ...]) -> QuarantineRecord:

@@ -27,6 +27,7 @@ from publisher.backends import sqlite_sql as sql
 from publisher.backends.rows import (
     entry_of,
     fence_error,
+    judged_again,
     line_lease_of,
     pending_of,
     quarantine_record_of,
@@ -340,11 +341,9 @@ def queue_order(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
     """The order and its outbox entry, in the transaction `conn` is in (intake's own,
     or the caller's through publisher.embed). SQLite lets one writer at a time take a
     seq and commit, so entries become visible in seq order without a lock of ours."""
-    known = conn.execute(sql.FIND_ORDER, (event["id"],)).fetchone()
+    known = conn.execute(sql.STORED_PAYLOAD, (event["id"],)).fetchone()
     if known is not None:
-        if tuple(known[:2]) != (event["sku"], event["qty"]):
-            raise Conflict(event["id"])
-        return "duplicate"
+        return judged_again(event, known[0])  # "duplicate", or Conflict
     conn.execute(sql.INSERT_ORDER, (event["id"], event["sku"], event["qty"], now))
     conn.execute(sql.INSERT_ENTRY, (event["id"], canonical_json(event), now, event["sku"]))
     return "accepted"

@@ -90,6 +90,15 @@ MIGRATIONS: Final = (
 IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 
 FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = ?"
+# What an order whose ID is known is judged against (rows.judged_again): the payload
+# the outbox stored for that ID, found by the ID alone (the orders key, then the
+# outbox's unique ID index; a new ID costs the first lookup only). Once its entry is
+# pruned (sent, then deleted), the order row stands in: today an event is exactly
+# its order's fields, so that row's JSON is the payload it had.
+STORED_PAYLOAD: Final = """
+    SELECT coalesce(e.payload, json_object('id', o.id, 'qty', o.qty, 'sku', o.sku))
+    FROM orders AS o LEFT JOIN outbox AS e ON e.id = o.id WHERE o.id = ?
+"""
 INSERT_ORDER: Final = "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)"
 INSERT_ENTRY: Final = "INSERT INTO outbox (id, payload, queued_at, lane) VALUES (?, ?, ?, ?)"
 # A group's new orders in one statement each: a JSON array of [id, sku, qty, now,

@@ -164,6 +164,54 @@ async def test_same_id_with_another_payload_is_a_conflict(
     assert contents(backend) == before
 
 
+def store_payload(backend: Backend, event_id: str, payload: str) -> None:
+    """Write an entry's payload by hand (its order row left as it is)."""
+    backend.execute(f"UPDATE outbox SET payload = '{payload}' WHERE id = '{event_id}'")
+
+
+async def test_a_known_id_is_judged_by_the_payload_the_outbox_stored_not_its_order_row(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "a", "b", qty=7)
+    # Written by hand: the entries hold qty 8 while their order rows still say 7.
+    for event_id in ("a", "b"):
+        store_payload(backend, event_id, canonical_json(order(event_id, qty=8)))
+    known = "SELECT * FROM orders WHERE id IN ('a', 'b') ORDER BY id"
+    entries = "SELECT * FROM outbox WHERE id IN ('a', 'b') ORDER BY id"
+    before = (backend.query(known), backend.query(entries))
+
+    assert await outbox.accept(order("a", qty=8)) == "duplicate"
+    with pytest.raises(Conflict):
+        await outbox.accept(order("a", qty=7))
+    outcomes = await outbox.accept_many([order("b", qty=8), order("b", qty=7), order("c")])
+    assert outcomes[0] == "duplicate" and isinstance(outcomes[1], Conflict)
+    assert outcomes[2] == "accepted"
+    together = await asyncio.gather(
+        *(outbox.accept(order("a", qty=qty)) for qty in (8, 7)),
+        outbox.accept(order("d")),
+        return_exceptions=True,
+    )
+    assert together[0] == "duplicate" and isinstance(together[1], Conflict)
+    assert together[2] == "accepted"
+    assert (backend.query(known), backend.query(entries)) == before
+
+
+async def test_a_stored_payload_in_another_key_order_is_still_the_same_payload(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await outbox.accept(order("a"))
+    # Written by hand: the same payload, its keys in another order and spaced.
+    store_payload(backend, "a", '{"sku": "snack", "qty": 7, "id": "a"}')
+    before = contents(backend)
+
+    assert await outbox.accept({"qty": 7, "id": "a", "sku": "snack"}) == "duplicate"
+    outcomes = await outbox.accept_many([order("a"), order("a", qty=8)])
+    assert outcomes[0] == "duplicate" and isinstance(outcomes[1], Conflict)
+    with pytest.raises(Conflict):
+        await outbox.accept(order("a", sku="tea"))
+    assert contents(backend) == before
+
+
 @pytest.mark.parametrize(
     ("event", "field"),
     [
@@ -419,6 +467,25 @@ async def test_accept_in_the_callers_transaction_finds_duplicates_conflicts_and_
     assert contents(backend) == before
     with pytest.raises(TypeError):
         accept_in(object(), order("c"))
+
+
+async def test_accept_in_judges_a_known_id_by_its_stored_payload_as_intake_does(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "moved", "pruned", qty=7)
+    store_payload(backend, "moved", canonical_json(order("moved", qty=8)))  # by hand
+    await outbox.mark_sent("pruned", ACK)
+    await asyncio.sleep(TICK_S)
+    assert await outbox.prune(older_than_s=0) == 1
+    before = contents(backend)
+    with backend.user_connection() as conn:
+        assert accept_in(conn, order("moved", qty=8)) == "duplicate"
+        assert accept_in(conn, order("pruned", qty=7)) == "duplicate"
+        for changed in (order("moved", qty=7), order("pruned", qty=8)):
+            with pytest.raises(Conflict):
+                accept_in(conn, changed)
+        conn.commit()
+    assert contents(backend) == before
 
 
 async def test_accept_in_refuses_a_connection_outside_any_transaction(
@@ -1204,6 +1271,31 @@ async def test_prune_keeps_the_seq_of_what_remains(outbox: Outbox, backend: Back
     await outbox.prune(older_than_s=0)
     await accept(outbox, "d")
     assert seqs(backend) == {"b": 2, "c": 3, "d": 4}
+
+
+async def test_a_pruned_entry_leaves_its_duplicates_duplicates_and_its_conflicts_conflicts(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await accept(outbox, "a", "b", qty=7)
+    await outbox.mark_sent("a", ACK)
+    await asyncio.sleep(TICK_S)
+    assert await outbox.prune(older_than_s=0) == 1
+    before = contents(backend)  # a's order row is kept, its entry is gone
+
+    assert await outbox.accept(order("a", qty=7)) == "duplicate"
+    for changed in (order("a", qty=8), order("a", sku="tea")):
+        with pytest.raises(Conflict):
+            await outbox.accept(changed)
+    outcomes = await outbox.accept_many(
+        [order("a", qty=7), order("a", qty=8), {"qty": 7, "sku": "snack", "id": "a"}]
+    )
+    assert outcomes[0] == outcomes[2] == "duplicate" and isinstance(outcomes[1], Conflict)
+    together = await asyncio.gather(
+        *(outbox.accept(order("a", qty=qty)) for qty in (7, 8)), return_exceptions=True
+    )
+    assert together[0] == "duplicate" and isinstance(together[1], Conflict)
+    assert contents(backend) == before
+    assert await pending_ids(outbox) == ["b"]
 
 
 # ---------------------------------------------------------------- snapshot

@@ -17,7 +17,7 @@ from support import eventually
 from plumbing.storage import StorageError
 from publisher import NotInTransaction, accept_in_async
 from publisher.store import Outbox
-from shared import Conflict, Event, InvalidEvent, Lease, Receipt, make_ack
+from shared import Conflict, Event, InvalidEvent, Lease, Receipt, canonical_json, make_ack
 
 LONG_POLL_S = 30.0  # the relay would not look again for this long: only NOTIFY wakes it
 
@@ -96,3 +96,53 @@ async def test_conflicts_bad_events_and_a_failed_transaction_are_the_projects_er
         with pytest.raises(TypeError):
             await accept_in_async(object(), order("d"))
     assert rows(pg_database, "SELECT id FROM orders") == [("a",)]
+
+
+def store_payload(url: str, event_id: str, event: dict[str, Any]) -> None:
+    """Write an entry's payload by hand (its order row left as it is)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            b"UPDATE outbox SET payload = %s WHERE id = %s", (canonical_json(event), event_id)
+        )
+
+
+async def test_a_known_id_is_judged_by_its_stored_payload_even_once_pruned(
+    outbox: Outbox, pg_database: str
+) -> None:
+    await outbox.accept(order("moved"))
+    await outbox.accept(order("pruned"))
+    store_payload(pg_database, "moved", order("moved", qty=2))  # its order row says 1
+    await outbox.mark_sent("pruned")
+    await asyncio.sleep(0.01)
+    assert await outbox.prune(older_than_s=0) == 1
+    async with await psycopg.AsyncConnection.connect(pg_database) as conn:
+        assert await accept_in_async(conn, order("moved", qty=2)) == "duplicate"
+        assert await accept_in_async(conn, order("pruned")) == "duplicate"
+        for changed in (order("moved"), order("pruned", qty=2)):
+            with pytest.raises(Conflict):
+                await accept_in_async(conn, changed)
+        await conn.commit()
+    assert rows(pg_database, "SELECT id FROM orders ORDER BY id") == [("moved",), ("pruned",)]
+    assert rows(pg_database, "SELECT id FROM outbox") == [("moved",)]
+
+
+async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed(
+    outbox: Outbox, pg_database: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_database) as conn:
+        assert await accept_in_async(conn, order("a")) == "accepted"
+        # The entry holds qty 2 while its order row says 1: the payload is what counts.
+        await conn.execute(
+            b"UPDATE outbox SET payload = %s WHERE id = 'a'", (canonical_json(order("a", 2)),)
+        )
+        same = asyncio.ensure_future(outbox.accept(order("a", qty=2)))
+        other = asyncio.ensure_future(outbox.accept(order("a", qty=1)))
+        await asyncio.sleep(0.3)
+        assert not same.done() and not other.done()  # their inserts wait for this transaction
+        await conn.commit()
+    assert await same == "duplicate"
+    with pytest.raises(Conflict):
+        await other
+    assert rows(pg_database, "SELECT id, payload FROM outbox") == [
+        ("a", canonical_json(order("a", 2)))
+    ]
