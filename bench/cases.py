@@ -60,13 +60,13 @@ STOP_TIMEOUT_S: Final = 15.0
 STATUS_POLL_S: Final = 0.1
 HTTP_TIMEOUT_S: Final = 10.0
 LANES: Final = 8
+LANES_ORDER: Final = (("global", "lanes"), ("lanes", "global"))  # the runs of relay_lanes
 BATCH: Final = 16
 SLOW_SINK_STALL_S: Final = 0.005
 STALLED_SINK_S: Final = 2.0
 STALL_SETTLE_S: Final = 0.5
 PENDING_TAIL: Final = 100
 MANY_SKUS: Final = 2_000
-SMALL_DRAIN_REPEATS: Final = 3
 SINK_APPLIED: Final = "SELECT count(*) FROM inbox"
 SOURCE_SENT: Final = "SELECT count(*) FROM outbox WHERE sent = 1"
 COMMIT_TABLE: Final = "CREATE TABLE t (n INTEGER PRIMARY KEY, v TEXT NOT NULL)"
@@ -74,16 +74,18 @@ COMMIT_TABLE: Final = "CREATE TABLE t (n INTEGER PRIMARY KEY, v TEXT NOT NULL)"
 
 @dataclass(frozen=True)
 class Sizes:
-    """How much work each case does; `--quick` uses smaller ones."""
+    """How much work each case does; `--quick` uses smaller ones, `--tiny` the least."""
 
     ceiling_requests: int
     commits: int
     backlog: int  # naive peer, one event per request, batches
-    lanes_backlog: int  # per run; each mode runs twice
+    lanes_backlog: int  # per run
+    lanes_runs_per_mode: int  # in the order global, lanes, lanes, global (1: global, lanes)
     intake_requests: int
     scale_sent_rows: tuple[int, int]
     scale_repeats: int
     scale_backlogs: tuple[int, int, int]
+    scale_drain_repeats: int  # drains of each backlog but the largest (their median counts)
     memory_backlogs: tuple[int, int]
     workers_backlog: int  # pg_workers, per run (six runs)
     e2e_orders: int  # orders POSTed per end-to-end case
@@ -95,10 +97,12 @@ QUICK: Final = Sizes(
     commits=1_000,
     backlog=1_000,
     lanes_backlog=200,
+    lanes_runs_per_mode=2,
     intake_requests=50,
     scale_sent_rows=(1_000, 100_000),
     scale_repeats=100,
     scale_backlogs=(500, 2_000, 5_000),
+    scale_drain_repeats=3,
     memory_backlogs=(1_000, 10_000),
     workers_backlog=600,
     e2e_orders=200,
@@ -109,15 +113,38 @@ FULL: Final = Sizes(
     commits=5_000,
     backlog=10_000,
     lanes_backlog=5_000,
+    lanes_runs_per_mode=2,
     intake_requests=200,
     scale_sent_rows=(1_000, 1_000_000),
     scale_repeats=300,
     scale_backlogs=(1_000, 10_000, 100_000),
+    scale_drain_repeats=3,
     memory_backlogs=(1_000, 100_000),
     workers_backlog=6_000,
     e2e_orders=5_000,
     e2e_latency_s=4.0,
 )
+# The tests' size: every case still takes each of its steps, on as little work as
+# shows that it works; the rounds that only steady a figure are run once (relay_lanes:
+# global, lanes; scaling: one drain per backlog), pg_workers's interleaved order is
+# kept (its test checks it). The figures of such a run mean nothing.
+TINY: Final = Sizes(
+    ceiling_requests=100,
+    commits=100,
+    backlog=40,
+    lanes_backlog=16,
+    lanes_runs_per_mode=1,
+    intake_requests=10,
+    scale_sent_rows=(100, 1_000),
+    scale_repeats=5,
+    scale_backlogs=(20, 50, 100),
+    scale_drain_repeats=1,
+    memory_backlogs=(100, 1_000),
+    workers_backlog=64,
+    e2e_orders=80,
+    e2e_latency_s=0.4,
+)
+SIZES: Final = {"full": FULL, "quick": QUICK, "tiny": TINY}
 
 
 class NotAvailable(Exception):
@@ -428,15 +455,16 @@ async def relay_lanes(ctx: Context) -> Figures:
 
     For each delivery style, and first with one request in flight per line, then
     with the default pipelining, the two modes run in the order global, lanes,
-    lanes, global (each on `lanes_backlog` entries), and each mode's rate is its
-    total entries over its total time: a machine that speeds up or slows down
-    during the case weighs on both modes alike.
+    lanes, global (each on `lanes_backlog` entries; `--tiny`: global, lanes), and
+    each mode's rate is its total entries over its total time: a machine that speeds
+    up or slows down during the case weighs on both modes alike.
     """
-    backlog = ctx.sizes.lanes_backlog
+    backlog, runs = ctx.sizes.lanes_backlog, ctx.sizes.lanes_runs_per_mode
+    order = [mode for n in range(runs) for mode in LANES_ORDER[n % 2]]
     figures: Figures = {
         "backlog_per_run": backlog,
-        "runs_per_mode": 2,
-        "order": "global, lanes, lanes, global",
+        "runs_per_mode": runs,
+        "order": ", ".join(order),
         "skus": len(SKUS),
         "max_lanes": LANES,
         "sink_stall_s": SLOW_SINK_STALL_S,
@@ -445,7 +473,7 @@ async def relay_lanes(ctx: Context) -> Figures:
     for delivery, batch in (("single", False), ("batch", True)):
         for depth, suffix in ((1, ""), (DEFAULT_DEPTH, "_pipelined")):
             elapsed = {"global": 0.0, "lanes": 0.0}
-            for run, mode in enumerate(("global", "lanes", "lanes", "global")):
+            for run, mode in enumerate(order):
                 figures_of_run = await relay_drain(
                     ctx,
                     f"lanes-{delivery}-{mode}{suffix}-{run}",
@@ -457,7 +485,7 @@ async def relay_lanes(ctx: Context) -> Figures:
                 )
                 elapsed[mode] += figures_of_run["elapsed_s"]
             for mode, seconds in elapsed.items():
-                figures[f"{delivery}_{mode}{suffix}_events_per_s"] = 2 * backlog / seconds
+                figures[f"{delivery}_{mode}{suffix}_events_per_s"] = runs * backlog / seconds
                 figures[f"{delivery}_{mode}{suffix}_elapsed_s"] = seconds
     return figures
 
@@ -577,8 +605,8 @@ async def scaling(ctx: Context) -> Figures:
     throughput, runs = [], []
     for backlog in ctx.sizes.scale_backlogs:
         # Short drains are the noisiest: all but the largest backlog run three times
-        # and count with their median.
-        repeats = 1 if backlog == max(ctx.sizes.scale_backlogs) else SMALL_DRAIN_REPEATS
+        # (--tiny: once) and count with their median.
+        repeats = 1 if backlog == max(ctx.sizes.scale_backlogs) else ctx.sizes.scale_drain_repeats
         rates = []
         for repeat in range(repeats):
             name = f"scale-backlog-{backlog}-{repeat}"

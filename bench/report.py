@@ -203,7 +203,7 @@ def _relay_lanes(f: Figures, results: Results) -> str:
             parts.append(
                 f"{label}, {depth}: global {g:,.0f}, lanes {lane:,.0f} events/s = {_x(lane, g)}"
             )
-    runs = f"2 x {f['backlog_per_run']:,} per mode"
+    runs = f"{f['runs_per_mode']} x {f['backlog_per_run']:,} per mode"
     return f"{runs}, 5 ms sink, 8 SKUs; " + "; ".join(parts)
 
 

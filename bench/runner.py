@@ -35,7 +35,7 @@ from typing import Any, Final, TypeVar
 import aiohttp
 
 from bench import cases, e2e, workers
-from bench.cases import FULL, QUICK, Context, Figures, NotAvailable
+from bench.cases import SIZES, Context, Figures, NotAvailable
 from bench.procs import REPO_ROOT, Children
 from bench.profile import SERVER_SETTINGS, py_spy
 from bench.report import render
@@ -102,7 +102,13 @@ PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
+    size.add_argument(
+        "--tiny",
+        action="store_true",
+        help="the least work each case can do, for tests: the figures mean nothing",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
     parser.add_argument(
         "--backend",
@@ -128,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.profile is not None and py_spy() is None:
         parser.error("--profile needs py-spy (pip install py-spy)")
-    mode = "quick" if args.quick else "full"
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     selected = _selected(parser, args)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so every finally runs: no child left
     started = time.monotonic()
@@ -137,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
         children = stack.enter_context(Children(tmp))
         place = _postgres(parser, args, stack) if args.backend == "postgres" else None
-        ctx = Context(children, tmp, QUICK if args.quick else FULL, place, args.profile)
+        ctx = Context(children, tmp, SIZES[mode], place, args.profile)
         with log_like_the_service(tmp / "bench.log"):
             try:
                 results = asyncio.run(_until_terminated(run_cases(ctx, selected)))

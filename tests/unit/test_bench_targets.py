@@ -42,6 +42,7 @@ RESULTS: dict[str, Figures] = {
     },
     "relay_lanes": {
         "backlog_per_run": 200,
+        "runs_per_mode": 2,
         "single_global_events_per_s": 67.0,
         "single_global_pipelined_events_per_s": 352.0,
         "single_lanes_events_per_s": 251.0,
