@@ -137,13 +137,22 @@ async def pg_workers(ctx: Context) -> Figures:
 async def _start_workers(
     ctx: Context, name: str, count: int, source: DbLocation, sink: Child, *extra: str
 ) -> list[Child]:
-    started = []
-    for n in range(1, count + 1):
-        args = worker_args(source, sink.url, f"w{n}", *extra)
-        started.append(
-            await asyncio.to_thread(ctx.children.start, f"{name}-w{n}", "publisher", *args)
+    """Workers w1 to w`count`, started at once (the outbox is empty until they all
+    listen, so none gets ahead); the first failure once every start is over."""
+    starts = [
+        asyncio.to_thread(
+            ctx.children.start,
+            f"{name}-w{n}",
+            "publisher",
+            *worker_args(source, sink.url, f"w{n}", *extra),
         )
-    return started
+        for n in range(1, count + 1)
+    ]
+    started = await asyncio.gather(*starts, return_exceptions=True)
+    failed = [s for s in started if isinstance(s, BaseException)]
+    if failed:
+        raise failed[0]
+    return [s for s in started if isinstance(s, Child)]
 
 
 async def _drain(ctx: Context, name: str, workers: int, backlog: int) -> Figures:
@@ -161,8 +170,8 @@ async def _drain(ctx: Context, name: str, workers: int, backlog: int) -> Figures
             side: (s - cpu[side]) * 1000 / backlog for side, s in _cpu_s(started, sink).items()
         }
     finally:
-        for child in [*started, sink]:
-            ctx.children.stop(child)
+        ctx.children.stop(*started)
+        ctx.children.stop(sink)
     delivered = {
         w.name.rsplit("-", 1)[-1]: sum(len(i) for _, i in deliveries(w.log)) for w in started
     }
@@ -210,8 +219,8 @@ async def _failover(ctx: Context) -> Figures:
         victim.proc.kill()
         moved_at = await _first_delivery_of(survivor.log, held, killed_at)
     finally:
-        for child in (victim, survivor, sink):
-            ctx.children.stop(child)
+        ctx.children.stop(victim, survivor)
+        ctx.children.stop(sink)
     return {
         "failover_s": moved_at - killed_at,
         "victim_lanes": len(held),
