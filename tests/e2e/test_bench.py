@@ -1,11 +1,14 @@
-"""`python -m bench --quick` end to end: every case and target reported, no process left.
+"""`python -m bench --tiny` end to end: every case and target reported, no process left.
 
 The figures themselves are not checked: timings on a shared machine prove nothing
-here. What is checked is that the runner works and cleans up after itself.
+here. What is checked is that the runner works and cleans up after itself. The
+end-to-end cases run once per backend, profiled where py-spy may trace them, and
+the tests of that run read its report each for its part.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -15,12 +18,15 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.cases import TINY
 from bench.procs import BenchError
-from bench.profile import sampled, summarise
+from bench.profile import py_spy, sampled, summarise
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 180  # a quick run took over 110 s on 2 cores at load 8
@@ -63,16 +69,31 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def run_bench(
-    child_env: dict[str, str], *args: str
-) -> tuple[subprocess.CompletedProcess[str], list[int]]:
-    """`python -m bench args...` to completion; then the processes it left alive
-    (found by a marker every process of the run, a PostgreSQL server's included,
-    inherits), killed, and their PIDs."""
-    marker = uuid.uuid4().hex
+@dataclass(frozen=True)
+class Run:
+    """A `python -m bench` run to completion: what it said, the processes it left
+    alive (killed since), its report, and where --profile wrote, if it was given."""
+
+    process: subprocess.CompletedProcess[str]
+    leftovers: list[int]
+    report: dict[str, Any]
+    profile: Path | None = None
+
+    def succeeded(self) -> None:
+        assert self.leftovers == [], "processes of the run (or its servers) are still alive"
+        assert self.process.returncode == 0, (
+            self.process.stdout[-3000:] + self.process.stderr[-3000:]
+        )
+
+
+def run_bench(child_env: dict[str, str], workdir: Path, *args: str) -> Run:
+    """`python -m bench args... --out workdir/results.json` to completion; then the
+    processes it left alive (found by a marker every process of the run, a PostgreSQL
+    server's included, inherits), killed."""
+    marker, out = uuid.uuid4().hex, workdir / "results.json"
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "bench", *args],
+            [sys.executable, "-m", "bench", *args, "--out", str(out)],
             cwd=REPO_ROOT,
             env={**child_env, MARKER_VARIABLE: marker},
             capture_output=True,
@@ -84,21 +105,20 @@ def run_bench(
         leftovers = processes_with(marker)
         for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
-    return run, leftovers
+    report = json.loads(out.read_text()) if out.exists() else {}
+    profile = Path(args[args.index("--profile") + 1]) if "--profile" in args else None
+    return Run(run, leftovers, report, profile)
 
 
-def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
+def test_a_run_reports_every_case_and_target_and_leaves_no_process(
     child_env: dict[str, str], tmp_path: Path
 ) -> None:
-    out = tmp_path / "results.json"
-    # The end-to-end cases are left to their own test below (on both backends).
-    cases = ["--cases", ",".join(sorted(CASES))]
-    run, leftovers = run_bench(child_env, "--quick", *cases, "--out", str(out))
-    assert leftovers == [], "processes of the run are still alive"
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # The end-to-end cases are left to their own runs below (on both backends).
+    run = run_bench(child_env, tmp_path, "--tiny", "--cases", ",".join(sorted(CASES)))
+    run.succeeded()
 
-    report = json.loads(out.read_text())
-    assert report["mode"] == "quick"
+    report = run.report
+    assert report["mode"] == "tiny"
     assert report["machine"]["cpu_count"] >= 1
     assert report["machine"]["python"]
     assert set(report["cases"]) == CASES
@@ -130,21 +150,24 @@ def test_quick_run_reports_every_case_and_target_and_leaves_no_process(
         else:
             assert isinstance(t["met"], bool), t
             verdict = "met" if t["met"] else "missed"
-        assert any(t["name"] in line and verdict in line for line in run.stdout.splitlines())
+        assert any(
+            t["name"] in line and verdict in line for line in run.process.stdout.splitlines()
+        )
 
 
-STARTED_CASES = 4  # SIGTERM once this many cases have started: in the middle of a drain
+SIGTERM_CASES = ("commit_ceiling", "relay_single", "relay_batch")
+STARTED_CASES = 2  # SIGTERM once this many cases have started: in the middle of a drain
 SIGTERM_EXIT_S = 30
 
 
 def test_sigterm_stops_the_run_at_once_and_leaves_no_process(
     child_env: dict[str, str], tmp_path: Path
 ) -> None:
-    marker = uuid.uuid4().hex
+    marker, cases = uuid.uuid4().hex, ",".join(SIGTERM_CASES)
     out, err = tmp_path / "results.json", tmp_path / "stderr.txt"
     with err.open("wb") as stderr:
         run = subprocess.Popen(
-            [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+            [sys.executable, "-m", "bench", "--tiny", "--cases", cases, "--out", str(out)],
             cwd=REPO_ROOT,
             env={**child_env, MARKER_VARIABLE: marker},
             stdout=subprocess.DEVNULL,
@@ -175,12 +198,28 @@ def test_sigterm_stops_the_run_at_once_and_leaves_no_process(
     assert not out.exists()
 
 
-PG_QUICK_CASES = (
-    "ceiling",
-    "pg_commit_ceiling",
-    "pg_relay_single",
-    "pg_relay_batch",
-    "pg_workers",
+def may_trace_others() -> bool:
+    """Whether py-spy may read processes that are not its children here: as root, or
+    with Yama's ptrace restriction off (CI runs as root)."""
+    scope = Path("/proc/sys/kernel/yama/ptrace_scope")
+    return os.geteuid() == 0 or not scope.exists() or scope.read_text().strip() == "0"
+
+
+# The end-to-end runs sample their processes where py-spy may (and is installed: where
+# it may and is not, the profile test fails, as it should).
+PROFILED = may_trace_others() and py_spy() is not None
+E2E_CASES = ("e2e_ceiling", "e2e_intake", "e2e_single", "e2e_bulk", "e2e_latency")
+E2E_TARGETS = (
+    "e2e, POST /orders vs 8-client ceiling",
+    "e2e, POST /orders vs 1-client ceiling",
+    "e2e, bulk intake vs 8-client ceiling",
+    "201 to applied at the sink, p99",
+    "201 to applied at the sink, p50",
+)
+# As the runner orders them: the SQLite references first.
+POSTGRES_RUN = (
+    *("ceiling", "e2e_ceiling", "pg_commit_ceiling", "pg_relay_single", "pg_relay_batch"),
+    *("pg_workers", "pg_e2e_intake", "pg_e2e_single", "pg_e2e_bulk", "pg_e2e_latency"),
 )
 PG_TARGETS = {
     "PostgreSQL: batches vs its commit ceiling": ("pg_relay_batch", "pg_commit_ceiling"),
@@ -188,26 +227,54 @@ PG_TARGETS = {
     "PostgreSQL workers: 4 vs 1, SKU order": ("pg_workers",),
     "PostgreSQL workers: duplicate deliveries, no faults": ("pg_workers",),
     "PostgreSQL workers: failover after a SIGKILL": ("pg_workers",),
+    "PostgreSQL: e2e, POST /orders vs 8-client ceiling": ("pg_e2e_single", "e2e_ceiling"),
+    "PostgreSQL: e2e, POST /orders vs 1-client ceiling": ("pg_e2e_single", "e2e_ceiling"),
+    "PostgreSQL: e2e, bulk intake vs 8-client ceiling": ("pg_e2e_bulk", "e2e_ceiling"),
+    "PostgreSQL: 201 to applied at the sink, p99": ("pg_e2e_latency",),
+    "PostgreSQL: 201 to applied at the sink, p50": ("pg_e2e_latency",),
 }
 WORKER_COUNTS = (1, 2, 4)
+ORDERS = TINY.e2e_orders
+CLIENTS = 8
+STALL_MS = 1000.0
 
 
-@pytest.mark.usefixtures("pg_server")  # no PostgreSQL here: a skip, or a failure under CI
-def test_postgres_cases_run_on_a_throwaway_server_and_leave_nothing(
-    child_env: dict[str, str], tmp_path: Path
-) -> None:
-    out = tmp_path / "results.json"
-    command = ["--quick", "--backend", "postgres", "--cases", ",".join(PG_QUICK_CASES)]
-    run, leftovers = run_bench(child_env, *command, "--out", str(out))
-    assert leftovers == [], "processes of the run (or its PostgreSQL server) are still alive"
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    said = re.search(r"PostgreSQL: a throwaway PostgreSQL server on \S+ in (\S+)", run.stderr)
-    assert said is not None, run.stderr
+def end_to_end_run(
+    child_env: dict[str, str], workdir: Path, backend: str, cases: tuple[str, ...]
+) -> Run:
+    profile = ("--profile", str(workdir / "profile")) if PROFILED else ()
+    return run_bench(
+        child_env, workdir, "--tiny", "--backend", backend, "--cases", ",".join(cases), *profile
+    )
+
+
+@pytest.fixture(scope="module")
+def sqlite_run(child_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The end-to-end cases on SQLite."""
+    return end_to_end_run(child_env, tmp_path_factory.mktemp("sqlite"), "sqlite", E2E_CASES)
+
+
+@pytest.fixture(scope="module")
+def postgres_run(
+    child_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, pg_server: object
+) -> Run:
+    """The PostgreSQL relay and workers cases, and the end-to-end cases on PostgreSQL,
+    on a throwaway server of the run's own. (pg_server: no PostgreSQL here is a skip,
+    or a failure under CI.)"""
+    workdir = tmp_path_factory.mktemp("postgres")
+    return end_to_end_run(child_env, workdir, "postgres", POSTGRES_RUN)
+
+
+def test_postgres_cases_run_on_a_throwaway_server_and_leave_nothing(postgres_run: Run) -> None:
+    postgres_run.succeeded()
+    stdout, stderr = postgres_run.process.stdout, postgres_run.process.stderr
+    said = re.search(r"PostgreSQL: a throwaway PostgreSQL server on \S+ in (\S+)", stderr)
+    assert said is not None, stderr
     assert not Path(said[1]).exists(), "the throwaway server's files are left"
 
-    report = json.loads(out.read_text())
+    report = postgres_run.report
     assert report["backend"] == "postgres"
-    assert list(report["cases"]) == list(PG_QUICK_CASES)
+    assert list(report["cases"]) == list(POSTGRES_RUN)
     for name, figures in report["cases"].items():
         assert figures["available"] is True and "error" not in figures, (name, figures)
     assert report["cases"]["pg_commit_ceiling"]["settings"]["fsync"] == "on"
@@ -236,63 +303,46 @@ def test_postgres_cases_run_on_a_throwaway_server_and_leave_nothing(
     for t in report["targets"]:
         assert isinstance(t["measured"], float) and math.isfinite(t["measured"]), t
         assert isinstance(t["met"], bool), t
-        assert any(t["name"] in line for line in run.stdout.splitlines())
-
-
-E2E_CASES = ("e2e_ceiling", "e2e_intake", "e2e_single", "e2e_bulk", "e2e_latency")
-E2E_TARGETS = (
-    "e2e, POST /orders vs 8-client ceiling",
-    "e2e, POST /orders vs 1-client ceiling",
-    "e2e, bulk intake vs 8-client ceiling",
-    "201 to applied at the sink, p99",
-    "201 to applied at the sink, p50",
-)
-QUICK_ORDERS = 200
-CLIENTS = 8
-STALL_MS = 1000.0
+        assert any(t["name"] in line for line in stdout.splitlines())
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """Each backend in turn, and the prefix of its case names; PostgreSQL only where
-    a server can be started."""
+def backend(request: pytest.FixtureRequest) -> tuple[Run, str]:
+    """Each backend's end-to-end run in turn, and the prefix of its case names;
+    PostgreSQL only where a server can be started."""
     if request.param == "postgres":
-        request.getfixturevalue("pg_server")  # no PostgreSQL here: a skip, or a CI failure
-        return "postgres", "pg_"
-    return "sqlite", ""
+        return request.getfixturevalue("postgres_run"), "pg_"
+    return request.getfixturevalue("sqlite_run"), ""
 
 
 def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
-    child_env: dict[str, str], tmp_path: Path, backend: tuple[str, str]
+    backend: tuple[Run, str],
 ) -> None:
-    backend_name, prefix = backend
+    run, prefix = backend
+    backend_name = "postgres" if prefix else "sqlite"
     names = [name if name == "e2e_ceiling" else prefix + name for name in E2E_CASES]
-    out = tmp_path / "results.json"
-    command = ["--quick", "--backend", backend_name, "--cases", ",".join(names)]
-    run, leftovers = run_bench(child_env, *command, "--out", str(out))
-    assert leftovers == [], "processes of the run are still alive"
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    cases = json.loads(out.read_text())["cases"]
-    assert list(cases) == names
+    run.succeeded()
+    cases = run.report["cases"]
+    assert [name for name in cases if name in names] == names
     ceiling, intake, single, bulk, latency = (cases[name] for name in names)
 
-    assert ceiling["requests"] == QUICK_ORDERS
+    assert ceiling["requests"] == ORDERS
     assert ceiling["round_trips_per_s_1"] > 0 and ceiling["round_trips_per_s_8"] > 0
     for k in (1, CLIENTS):
         assert set(ceiling[f"cpu_share_{k}"]) == {"server", "client"}
         assert ceiling[f"cpu_ms_per_round_trip_{k}"] > 0
     # The intake alone: every order in the outbox, and the stopped sink took no CPU.
-    assert intake["orders"] == QUICK_ORDERS and intake["orders_per_s"] > 0
+    assert intake["orders"] == ORDERS and intake["orders_per_s"] > 0
     assert intake["backend"] == single["backend"] == latency["backend"] == backend_name
     assert intake["cpu_share"]["sink"] == 0.0
     assert intake["marked_sent"] == CLIENTS  # the warm-ups only
     assert intake["cpu_share"]["publisher"] > 0
     # End to end: every order applied at the sink and marked sent, warm-ups included;
     # timed until then, so no sooner than the last answer.
-    assert single["applied_at_sink"] == single["marked_sent"] == QUICK_ORDERS + CLIENTS
+    assert single["applied_at_sink"] == single["marked_sent"] == ORDERS + CLIENTS
     assert single["warmup_orders"] == CLIENTS
     assert 0 < single["intake_s"] <= single["elapsed_s"]
-    assert single["events_per_s"] == pytest.approx(QUICK_ORDERS / single["elapsed_s"])
+    assert single["events_per_s"] == pytest.approx(ORDERS / single["elapsed_s"])
     # The CPU all processes spent per order (a PostgreSQL server's backends too), and
     # the most orders/s it allows with every CPU busy.
     processes = {"publisher", "sink", "client"} | ({"postgres"} if prefix else set())
@@ -305,8 +355,8 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
     if prefix:  # every order is written through the server, even with the sink stopped
         assert intake["cpu_share"]["postgres"] > 0 and single["cpu_share"]["postgres"] > 0
     assert bulk["available"], bulk
-    assert bulk["applied_at_sink"] == bulk["marked_sent"] == QUICK_ORDERS + CLIENTS
-    assert bulk["requests"] == math.ceil(QUICK_ORDERS / bulk["batch"])
+    assert bulk["applied_at_sink"] == bulk["marked_sent"] == ORDERS + CLIENTS
+    assert bulk["requests"] == math.ceil(ORDERS / bulk["batch"])
     # Latency: half the rate e2e_single measured, offered for the run's seconds; a
     # sink stopped for a second makes some order wait about that long.
     assert latency["maximum_events_per_s"] == single["events_per_s"]
@@ -318,9 +368,11 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
         assert waits["from_accepted_at"]["max_ms"] >= waits["max_ms"] > 0, waits
     assert latency["stalled"]["max_ms"] >= 0.8 * STALL_MS, latency
 
-    targets = {t["name"]: t for t in json.loads(out.read_text())["targets"]}
+    # The targets these cases make (the PostgreSQL run's others: its own test above).
+    targets = {t["name"]: t for t in run.report["targets"] if set(t["cases"]) <= set(names)}
     where = "PostgreSQL: " if prefix else ""
     assert sorted(targets) == sorted(where + name for name in E2E_TARGETS)
+    assert prefix or len(run.report["targets"]) == len(targets)
     for t in targets.values():
         assert isinstance(t["measured"], float) and math.isfinite(t["measured"]), t
         assert isinstance(t["met"], bool), t
@@ -339,28 +391,18 @@ def test_end_to_end_cases_run_at_a_tiny_size_and_report_what_they_claim(
     assert p99 == latency["idle"]["p99_ms"]
 
 
-def may_trace_others() -> bool:
-    """Whether py-spy may read processes that are not its children here: as root, or
-    with Yama's ptrace restriction off (CI runs as root)."""
-    scope = Path("/proc/sys/kernel/yama/ptrace_scope")
-    return os.geteuid() == 0 or not scope.exists() or scope.read_text().strip() == "0"
-
-
 @pytest.mark.skipif(not may_trace_others(), reason="py-spy may not trace other processes here")
-def test_profile_samples_every_process_of_the_end_to_end_cases(
-    child_env: dict[str, str], tmp_path: Path, backend: tuple[str, str]
-) -> None:
-    backend_name, prefix = backend
-    out, profile = tmp_path / "results.json", tmp_path / "profile"
+def test_profile_samples_every_process_of_the_end_to_end_cases(backend: tuple[Run, str]) -> None:
+    run, prefix = backend
+    run.succeeded()
+    profile = run.profile
+    assert profile is not None, "py-spy is not installed"
+    report, stdout = run.report, run.process.stdout
     names = [f"{prefix}e2e_intake", f"{prefix}e2e_single"]
-    command = ["--quick", "--backend", backend_name, "--cases", ",".join(names)]
-    run, leftovers = run_bench(child_env, *command, "--profile", str(profile), "--out", str(out))
-    assert leftovers == [], "processes of the run (py-spy's too) are still alive"
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    report = json.loads(out.read_text())
     assert report["profiled"] is True
-    assert "(profiled: rates not comparable)" in run.stdout.splitlines()[0]
-    intake, single = (report["cases"][name] for name in names)
+    assert "(profiled: rates not comparable)" in stdout.splitlines()[0]
+    # A copy: the run's report is read by the other tests of its run too.
+    intake, single = (copy.deepcopy(report["cases"][name]) for name in names)
     server = {"postgres"} if prefix else set()
     assert set(intake["profile"]) == {"publisher", "client"} | server  # its sink is stopped
     assert set(single["profile"]) == {"publisher", "sink", "client"} | server
@@ -370,7 +412,7 @@ def test_profile_samples_every_process_of_the_end_to_end_cases(
             assert seen["calls"] > 0 and seen["statement_ms"] > 0, seen
             assert {q["database"] for q in seen["top_statements"]} == databases, seen
             assert sum(q["calls"] for q in seen["top_statements"]) <= seen["calls"]
-        assert "pg_stat_statements: " in run.stdout
+        assert "pg_stat_statements: " in stdout
     for case, name in zip((intake, single), names, strict=True):
         for process, seen in case["profile"].items():
             stacks = profile / f"{name}-{process}.txt"
@@ -379,7 +421,7 @@ def test_profile_samples_every_process_of_the_end_to_end_cases(
             assert seen == {"file": str(stacks), **summarise(stacks.read_text().splitlines())}
             assert seen["samples"] > 0, (name, process)
             assert sum(seen["areas"].values()) == pytest.approx(1.0)
-            assert f"py-spy {process} ({seen['samples']:,} samples)" in run.stdout
+            assert f"py-spy {process} ({seen['samples']:,} samples)" in stdout
     # Each process's own code, or the HTTP server and loop it runs, is where it was seen.
     for process, own in (("publisher", "publisher"), ("sink", "sink"), ("client", "bench")):
         areas = set(single["profile"][process]["areas"])
