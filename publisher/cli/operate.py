@@ -136,7 +136,7 @@ def _delivered_by(entry: Entry, lines: LinesView) -> dict[str, object] | None:
     line's, whichever a worker holds (None: no worker holds either now)."""
     if entry.state is not State.PENDING:
         return None
-    for line in (entry.event["sku"], GLOBAL_LINE):
+    for line in (entry.lane, GLOBAL_LINE):
         lease = lines.of(line)
         if lease is not None and lease.held:
             return lease.to_dict()

@@ -80,7 +80,7 @@ async def counted(outbox: Outbox, call: Callable[[], Awaitable[T]]) -> tuple[T, 
 async def counted_read(outbox: Outbox, lane: str | None, skip: list[str]) -> tuple[list[str], int]:
     """pending_batch(16, lane, skip): the IDs it returns and the VM steps it took."""
     rows, steps = await counted(outbox, lambda: outbox.pending_batch(16, lane, skip))
-    return [event["id"] for _, event, _ in rows], steps
+    return [row.event["id"] for row in rows], steps
 
 
 @pytest.mark.parametrize("skipping", [False, True], ids=["plain", "skipping"])

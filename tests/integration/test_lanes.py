@@ -393,7 +393,7 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
             (event_id, sku) for event_id, sku, _, _ in V1_ROWS
         ]
         assert await outbox.pending_lanes(10) == ["juice", "snack"]
-        assert [e["id"] for _, e, _ in await outbox.pending_batch(16, "snack")] == ["old-3"]
+        assert [row.event["id"] for row in await outbox.pending_batch(16, "snack")] == ["old-3"]
         assert await outbox.accept({"id": "new-1", "sku": "tea", "qty": 1}) == "accepted"
 
         async with running_relay(outbox, url, "batch", ordering="sku"):

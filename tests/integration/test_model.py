@@ -455,8 +455,8 @@ class OutboxRelayMachine(RuleBasedStateMachine):
         before = self.dump()
 
         batch = self.run(self.ob.pending_batch(limit))
-        assert [event["id"] for _, event, _ in batch] == self.ids_in("pending")[:limit]
-        assert all(event == self.orders[event["id"]].event for _, event, _ in batch)
+        assert [row.event["id"] for row in batch] == self.ids_in("pending")[:limit]
+        assert all(row.event == self.orders[row.event["id"]].event for row in batch)
         for state in State:
             listed = [entry.id for entry in self.run(self.ob.entries(state))]
             expected = self.ids_in(state.value)

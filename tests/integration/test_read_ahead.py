@@ -86,7 +86,7 @@ def record_reads(outbox: Outbox, timeline: Timeline, monkeypatch: pytest.MonkeyP
 
         async def run() -> Rows:
             rows = await real(limit, lane, read.skip)
-            read.ids = [event["id"] for _, event, _ in rows]
+            read.ids = [row.event["id"] for row in rows]
             read.done.set()
             return rows
 
