@@ -56,7 +56,7 @@ def first_line(exc: BaseException) -> str:
 @contextlib.contextmanager
 def translated_sync(where: str) -> Iterator[None]:
     """The same translation for synchronous psycopg code (the caller's own
-    connection, in the embedding API)."""
+    connection, in accept_in (publisher.in_transaction))."""
     try:
         yield
     except psycopg.Error as exc:

@@ -1,7 +1,6 @@
 """The publisher: order intake with an outbox, and delivery to the sink."""
 
 from publisher.dispatch import dispatch
-from publisher.embed import NotInTransaction, accept_in, accept_in_async
 from publisher.errors import (
     DeliveryError,
     NotAcknowledged,
@@ -10,6 +9,7 @@ from publisher.errors import (
     UnknownEntry,
 )
 from publisher.http import HttpSender, send_http
+from publisher.in_transaction import NotInTransaction, accept_in, accept_in_async
 from publisher.store import Outbox
 from shared import MAX_BATCH
 

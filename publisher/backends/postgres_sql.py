@@ -107,8 +107,8 @@ IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 # order, and a reader can never see seq 11 and later find seq 10 (see the README).
 # The lock's key is this outbox's (INTAKE_LOCK_NS and the OID of the `outbox` table
 # the statement writes to). NOTIFY is sent at commit. Returns one row (the seq) if
-# the entry was queued. The embedding API runs the same statement in the caller's
-# transaction.
+# the entry was queued. accept_in (publisher.in_transaction) runs the same statement
+# in the caller's transaction.
 ACCEPT: Final = """
     WITH new_order AS (
         INSERT INTO orders (id, sku, qty, accepted_at)

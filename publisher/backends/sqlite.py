@@ -339,7 +339,7 @@ class SqliteOutbox(SqliteFile, Outbox):
 
 def queue_order(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
     """The order and its outbox entry, in the transaction `conn` is in (intake's own,
-    or the caller's through publisher.embed). SQLite lets one writer at a time take a
+    or the caller's through publisher.in_transaction). SQLite lets one writer at a time take a
     seq and commit, so entries become visible in seq order without a lock of ours."""
     known = conn.execute(sql.STORED_PAYLOAD, (event["id"],)).fetchone()
     if known is not None:
