@@ -45,8 +45,8 @@ class PgDatabase:
         cls, url: str, *, side: str, migrations: Sequence[str], probe_table: str
     ) -> PgDatabase:
         """Connect, bring `side`'s schema to the newest of `migrations` (each applied
-        once, in a transaction of its own, under an advisory lock so that processes
-        starting together migrate once), and open the pool. StorageError if the
+        once; those still to apply together in one transaction, under an advisory lock
+        so that processes starting together migrate once), and open the pool. StorageError if the
         server cannot be reached or its schema is newer than `migrations` knows."""
         settings = parse(url)
         kwargs = connection_kwargs(settings, side)
