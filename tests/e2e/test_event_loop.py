@@ -10,8 +10,6 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,69 +131,8 @@ def test_each_service_runs_on_the_loop_it_is_given_and_an_order_gets_through(
         assert (sink_loop, publisher_loop) == (expected, expected)
 
 
-SERVE_ARGS = {
-    "sink": ("sink",),
-    "publisher": ("publisher", "serve", "--sink", "http://127.0.0.1:9/events"),
-}
-
-
-def run_to_completion(
-    args: list[str], env: dict[str, str], cwd: Path
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=30,
-        check=False,
-    )
-
-
-def assert_usage_error(result: subprocess.CompletedProcess[str], starts: str) -> None:
-    assert result.returncode == 2, result
-    assert result.stdout == ""
-    assert result.stderr.startswith(starts), result.stderr
-    assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-
-
-@pytest.mark.parametrize("module", ["sink", "publisher"])
-def test_asking_for_uvloop_where_it_cannot_be_imported_is_a_usage_error(
-    tmp_path: Path, child_env: dict[str, str], module: str
-) -> None:
-    db = tmp_path / "service.db"
-    args = [*SERVE_ARGS[module], "--db", str(db), "--port", "0", "--event-loop", "uvloop"]
-
-    refused = run_to_completion(["-c", WITHOUT_UVLOOP, *args], child_env, tmp_path)
-
-    assert_usage_error(refused, f"{module}: uvloop cannot be imported here")
-    assert "--event-loop asyncio" in refused.stderr
-    assert not db.exists(), "nothing may be created before the loop is settled"
-
-
-@pytest.mark.parametrize("module", ["sink", "publisher"])
-@pytest.mark.parametrize("how", ["flag", "environment"])
-def test_an_unknown_event_loop_is_a_usage_error(
-    tmp_path: Path, child_env: dict[str, str], module: str, how: str
-) -> None:
-    db = tmp_path / "service.db"
-    args = ["-m", *SERVE_ARGS[module], "--db", str(db), "--port", "0"]
-    env = dict(child_env)
-    if how == "flag":
-        args += ["--event-loop", "trio"]
-    else:
-        env["OUTBOX_EVENT_LOOP"] = "trio"
-
-    refused = run_to_completion(args, env, tmp_path)
-
-    prog = "sink" if module == "sink" else "publisher serve"
-    assert_usage_error(refused, f"{prog}: error: argument --event-loop")
-    assert "trio" in refused.stderr
-    assert not db.exists()
-
-
+# The loop a real `python -m` picks by itself, in an interpreter with no uvloop: the
+# usage errors about the loop are in tests/unit/test_cli_usage.py.
 def test_without_uvloop_the_default_is_asyncio(tmp_path: Path, child_env: dict[str, str]) -> None:
     log = tmp_path / "sink.log"
     args = ["--db", str(tmp_path / "sink.db"), "--host", LOOPBACK, "--port", "0"]

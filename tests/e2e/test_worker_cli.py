@@ -1,7 +1,7 @@
-"""The relay worker options of `publisher serve` as real processes: --worker-id and
---lease-ttl are checked before anything opens (one line, exit status 2), --sink may
-be repeated (a URL that cannot be reached is failed over), status, list, trace and
-/metrics show the lines a worker holds, and status every worker, standby or gone."""
+"""The relay worker options of `publisher serve` as real processes: --sink may be
+repeated (a URL that cannot be reached is failed over), status, list, trace and
+/metrics show the lines a worker holds, and status every worker, standby or gone.
+The usage errors of --worker-id and --lease-ttl are in tests/unit/test_cli_usage.py."""
 
 from __future__ import annotations
 
@@ -30,33 +30,6 @@ def metrics(port: int) -> dict[str, float]:
         text = reply.read().decode()
     pairs = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
     return {name: float(value) for name, value in pairs}
-
-
-@pytest.mark.parametrize(
-    ("option", "value", "says"),
-    [
-        ("--lease-ttl", "0", "must be greater than 0"),
-        ("--lease-ttl", "-1", "not a number of seconds"),
-        ("--lease-ttl", "0.01", "lease ttl must be from 0.1 to 3600 s"),
-        ("--lease-ttl", "86400", "lease ttl must be from 0.1 to 3600 s"),
-        ("--lease-ttl", "nan", "not a number of seconds"),
-        ("--worker-id", "two words", "is not 1-128 of A-Z a-z 0-9 . _ : @ -"),
-        ("--worker-id", "", "is not 1-128"),
-        ("--worker-id", "w" * 129, "is not 1-128"),
-    ],
-)
-def test_bad_worker_options_are_one_line_and_exit_status_2(
-    run_cli: RunCli, tmp_path: Path, option: str, value: str, says: str
-) -> None:
-    db = tmp_path / "source.db"
-    done = run_cli(
-        "publisher", "serve", "--db", str(db), "--sink", "http://127.0.0.1:1/events",
-        option, value,
-    )  # fmt: skip
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1, done.stderr
-    assert f"argument {option}" in done.stderr and says in done.stderr
-    assert not db.exists()  # refused before anything opened
 
 
 def test_a_sink_url_that_cannot_be_reached_is_failed_over_to_the_next(

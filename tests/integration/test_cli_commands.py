@@ -1,0 +1,337 @@
+"""The command lines run to completion on real files, `main(argv)` called in this
+process: exit codes, one-line errors, and nothing changed on disk (read back through
+sqlite3). Running a command as its own process is left to tests/e2e, for what only a
+process shows: signals, crashes, ports held by another process, a service serving.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from cli_support import Ran, as_a_child_process, assert_one_line_error, run_publisher, run_sink
+
+if TYPE_CHECKING:
+    from conftest import AcceptOrders, Query
+
+ORDER: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
+SourceState = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
+Capsys = pytest.CaptureFixture[str]
+
+
+@pytest.fixture(autouse=True)
+def like_a_child_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    as_a_child_process(monkeypatch, tmp_path)
+
+
+@pytest.fixture
+def source(tmp_path: Path, accept_orders: AcceptOrders) -> Path:
+    """A source DB holding one accepted, pending order."""
+    db = tmp_path / "source.db"
+    accept_orders(db, ORDER)
+    return db
+
+
+def state(db_rows: Query, db: Path) -> SourceState:
+    return (
+        db_rows(db, "SELECT * FROM orders ORDER BY id"),
+        db_rows(db, "SELECT * FROM outbox ORDER BY seq"),
+    )
+
+
+def accept(capsys: Capsys, db: Path, *args: str) -> Ran:
+    return run_publisher(capsys, "accept", "--db", str(db), *args)
+
+
+def dispatch(capsys: Capsys, db: Path, url: str, *args: str) -> Ran:
+    return run_publisher(capsys, "dispatch", "--db", str(db), "--sink", url, *args)
+
+
+# ---------------------------------------------------------------- publisher accept
+
+
+def test_accept_prints_accepted_then_duplicate(
+    tmp_path: Path, capsys: Capsys, db_rows: Query
+) -> None:
+    db = tmp_path / "source.db"
+    args = ("--id", "order-1", "--sku", "snack", "--qty", "7")
+
+    first = accept(capsys, db, *args)
+    assert (first.status, first.out.strip(), first.err) == (0, "accepted order-1", "")
+    after_first = state(db_rows, db)
+
+    second = accept(capsys, db, *args)
+    assert (second.status, second.out.strip()) == (0, "duplicate order-1")
+
+    assert state(db_rows, db) == after_first
+    assert db_rows(db, "SELECT id, sku, qty FROM orders") == [("order-1", "snack", 7)]
+    assert db_rows(db, "SELECT id, sent FROM outbox") == [("order-1", 0)]
+
+
+def test_accept_conflict_exits_1_with_one_line_and_changes_nothing(
+    source: Path, capsys: Capsys, db_rows: Query
+) -> None:
+    before = state(db_rows, source)
+
+    ran = accept(capsys, source, "--id", "order-1", "--sku", "snack", "--qty", "8")
+
+    assert ran.status == 1
+    assert_one_line_error(ran)
+    assert "order-1" in ran.err
+    assert state(db_rows, source) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--id", "order-2", "--sku", "snack", "--qty", "0"],
+        ["--id", "order-2", "--sku", "snack", "--qty", "abc"],
+        ["--id", "-x", "--sku", "snack", "--qty", "7"],
+        ["--id=-x", "--sku", "snack", "--qty", "7"],
+        ["--id", "order-2", "--sku", "bad sku", "--qty", "7"],
+        ["--id", "order-2", "--sku", "snack"],
+        ["--file", "orders.jsonl", "--id", "x"],
+        ["--sku", "tea", "--qty", "1"],
+    ],
+    ids=[
+        "qty-zero",
+        "qty-text",
+        "id-dash",
+        "id-dash-attached",
+        "bad-sku",
+        "missing-qty",
+        "file-and-order",
+        "neither-file-nor-order",
+    ],
+)
+def test_accept_with_bad_input_exits_2_with_one_line_and_changes_nothing(
+    source: Path, capsys: Capsys, db_rows: Query, args: list[str]
+) -> None:
+    before = state(db_rows, source)
+
+    ran = accept(capsys, source, *args)
+
+    assert ran.status == 2
+    assert_one_line_error(ran)
+    assert state(db_rows, source) == before
+
+
+# ---------------------------------------------------------------- publisher accept --file
+
+
+def jsonl(*lines: object) -> str:
+    return "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+
+
+def test_accept_file_records_the_good_lines_and_reports_each_bad_one_by_its_number(
+    source: Path, tmp_path: Path, capsys: Capsys, db_rows: Query
+) -> None:
+    orders = tmp_path / "orders.jsonl"
+    orders.write_text(
+        jsonl(
+            {"id": "a", "sku": "tea", "qty": 1},
+            "",  # blank lines are skipped
+            {"id": "b", "sku": "tea", "qty": 0},
+            '{"id": "c", "sku": "tea",',
+            {**ORDER, "qty": 8},  # known with another payload
+            ORDER,  # known as it is
+            {"id": "a", "sku": "tea", "qty": 1},  # again in the file
+            '{"id": "d", "id": "d", "sku": "tea", "qty": 1}',
+            "x" * (16 * 1024 + 1),
+            {"id": "e", "sku": "juice", "qty": 5},
+        )
+    )
+
+    ran = accept(capsys, source, "--file", str(orders))
+
+    assert "Traceback" not in ran.err
+    assert ran.status == 1
+    assert ran.out == "accepted 2, duplicate 2, failed 5\n"
+    assert ran.err.splitlines() == [
+        f"{orders}:3: invalid order: qty: must be between 1 and 1,000,000, got 0",
+        f"{orders}:4: line is not valid JSON: Expecting property name enclosed in double"
+        " quotes at column 26",
+        f"{orders}:5: conflict: event 'order-1' was already recorded with a different payload",
+        f"{orders}:8: duplicate key 'id' in a JSON object",
+        f"{orders}:9: line is over 16384 bytes",
+    ]
+    assert db_rows(source, "SELECT id, sku, qty FROM orders ORDER BY id") == [
+        ("a", "tea", 1),
+        ("e", "juice", 5),
+        ("order-1", "snack", 7),
+    ]
+    assert [r[0] for r in db_rows(source, "SELECT id FROM outbox ORDER BY seq")] == [
+        "order-1",
+        "a",
+        "e",
+    ]
+
+
+def test_accept_file_reads_stdin_and_feeds_many_batches_in_line_order(
+    tmp_path: Path, capsys: Capsys, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "source.db"
+    ids = [f"o{n:04d}" for n in range(1234)][::-1]  # line order, not ID order
+    lines = jsonl(*({"id": i, "sku": "tea", "qty": 1} for i in ids))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines.encode())))
+
+    ran = accept(capsys, db, "--file", "-")
+
+    assert (ran.status, ran.err) == (0, "")
+    assert ran.out == "accepted 1234, duplicate 0, failed 0\n"
+    assert [r[0] for r in db_rows(db, "SELECT id FROM outbox ORDER BY seq")] == ids
+
+
+def test_accept_file_stops_at_a_batch_the_database_refuses_and_writes_none_of_it(
+    tmp_path: Path, capsys: Capsys, db_rows: Query, accept_orders: AcceptOrders
+) -> None:
+    db = tmp_path / "source.db"
+    accept_orders(db, ORDER)
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON outbox WHEN NEW.id = 'o0550'"
+            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END"
+        )
+    finally:
+        conn.close()
+    orders = tmp_path / "orders.jsonl"
+    orders.write_text(jsonl(*({"id": f"o{n:04d}", "sku": "tea", "qty": 1} for n in range(1200))))
+
+    ran = accept(capsys, db, "--file", str(orders))
+
+    assert "Traceback" not in ran.err
+    assert ran.status == 1
+    assert ran.out == "accepted 500, duplicate 0, failed 0\n"
+    [line] = ran.err.splitlines()
+    assert line.startswith(f"{orders}:501-1000: not written (nor any line after it): ")
+    assert "disk trouble" in line
+    written = [r[0] for r in db_rows(db, "SELECT id FROM orders ORDER BY id")]
+    assert written == [*(f"o{n:04d}" for n in range(500)), "order-1"]
+
+
+@pytest.mark.parametrize("name", ["missing.jsonl", "a-directory"])
+def test_accept_file_that_cannot_be_read_exits_2_with_one_line_and_opens_nothing(
+    tmp_path: Path, capsys: Capsys, name: str
+) -> None:
+    (tmp_path / "a-directory").mkdir()
+    db = tmp_path / "source.db"
+
+    ran = accept(capsys, db, "--file", str(tmp_path / name))
+
+    assert ran.status == 2
+    assert_one_line_error(ran)
+    assert ran.err.startswith(f"publisher: cannot read {tmp_path / name}: ")
+    assert not db.exists()
+
+
+# ---------------------------------------------------------------- publisher dispatch
+
+
+@pytest.mark.parametrize("limit", ["0", "17"])
+def test_dispatch_with_a_bad_limit_exits_2_and_changes_nothing(
+    source: Path, capsys: Capsys, db_rows: Query, closed_port: int, limit: str
+) -> None:
+    before = state(db_rows, source)
+    url = f"http://127.0.0.1:{closed_port}/events"
+
+    ran = dispatch(capsys, source, url, "--limit", limit)
+
+    assert ran.status == 2
+    assert_one_line_error(ran)
+    assert state(db_rows, source) == before
+
+
+# Another host is refused before anything resolves it; were that check to regress,
+# this process's name resolution is loopback only too (conftest.loopback_only).
+@pytest.mark.parametrize(
+    "url",
+    ["http://example.com/events", "http://127.0.0.1:1/other"],
+)
+def test_dispatch_to_a_refused_url_exits_2_and_changes_nothing(
+    source: Path, capsys: Capsys, db_rows: Query, url: str
+) -> None:
+    before = state(db_rows, source)
+
+    ran = dispatch(capsys, source, url)
+
+    assert ran.status == 2
+    assert_one_line_error(ran)
+    assert "refused" in ran.err
+    assert state(db_rows, source) == before
+
+
+def test_dispatch_to_a_closed_port_exits_1_with_one_line(
+    source: Path, capsys: Capsys, db_rows: Query, closed_port: int
+) -> None:
+    url = f"http://127.0.0.1:{closed_port}/events"
+
+    ran = dispatch(capsys, source, url)
+
+    assert ran.status == 1
+    assert_one_line_error(ran)
+    assert "order-1" in ran.err
+    assert db_rows(source, "SELECT id, sent FROM outbox") == [("order-1", 0)]
+
+
+def test_dispatch_of_an_empty_outbox_exits_0_without_connecting(
+    tmp_path: Path, capsys: Capsys, closed_port: int
+) -> None:
+    url = f"http://127.0.0.1:{closed_port}/events"
+
+    ran = dispatch(capsys, tmp_path / "empty.db", url)
+
+    assert (ran.status, ran.out.strip(), ran.err) == (0, "delivered 0", "")
+
+
+# ---------------------------------------------------------------- publisher serve
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "short"])
+def test_a_console_token_file_that_cannot_be_used_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: Capsys, kind: str
+) -> None:
+    path = tmp_path / "console-token"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "short":
+        path.write_text("short")
+    db = tmp_path / "source.db"
+
+    ran = run_publisher(
+        capsys, "serve", "--db", str(db), "--sink", "http://127.0.0.1:9/events",
+        "--host", "127.0.0.1", "--port", "0", "--console-token-file", str(path),
+    )  # fmt: skip
+
+    assert ran.status == 2, ran.err
+    lines = ran.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in ran.err, ran.err
+    assert "console-token" in lines[0]
+    assert not db.exists()
+
+
+# ---------------------------------------------------------------- sink
+
+
+def test_sink_with_a_garbage_db_file_exits_with_one_line_and_leaves_it_alone(
+    tmp_path: Path, capsys: Capsys
+) -> None:
+    db = tmp_path / "garbage.db"
+    garbage = bytes(range(256)) * 16
+    db.write_bytes(garbage)
+    threads = set(threading.enumerate())
+
+    ran = run_sink(capsys, "--db", str(db), "--port", "0")
+
+    assert ran.status != 0
+    assert_one_line_error(ran)
+    assert db.read_bytes() == garbage
+    # A database thread still running once main() returns is what, in a process of
+    # its own, would print a thread's traceback after the one line.
+    assert set(threading.enumerate()) <= threads
