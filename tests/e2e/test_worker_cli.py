@@ -1,7 +1,9 @@
-"""The relay worker options of `publisher serve` as real processes: --sink may be
-repeated (a URL that cannot be reached is failed over), status, list, trace and
-/metrics show the lines a worker holds, and status every worker, standby or gone.
-The usage errors of --worker-id and --lease-ttl are in tests/unit/test_cli_usage.py."""
+"""The relay workers of `publisher serve` as real processes: --sink may be repeated
+(a URL that cannot be reached is failed over), status, list, trace and /metrics show
+the lines a worker holds, and status every worker, standby or gone. The operator's
+commands (status, list, trace) read what the serving processes wrote, run to
+completion in the test process; the usage errors of --worker-id and --lease-ttl are
+in tests/unit/test_cli_usage.py."""
 
 from __future__ import annotations
 
@@ -12,17 +14,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import query
+from cli_support import Ran, as_a_child_process, run_publisher
 from support import LOOPBACK, post_order, wait_until
 
 if TYPE_CHECKING:
-    from conftest import PublisherProcess, RunCli, StartPublisher, StartSink
+    from conftest import PublisherProcess, Query, StartPublisher, StartSink
 
 pytestmark = pytest.mark.e2e
+Capsys = pytest.CaptureFixture[str]
 
 
-def sent(db: Path) -> dict[str, int]:
-    return dict(query(db, "SELECT id, sent FROM outbox"))
+@pytest.fixture(autouse=True)
+def like_a_child_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    as_a_child_process(monkeypatch, tmp_path)
+
+
+def sent(db_rows: Query, db: Path) -> dict[str, int]:
+    return dict(db_rows(db, "SELECT id, sent FROM outbox"))
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -37,6 +45,7 @@ def test_a_sink_url_that_cannot_be_reached_is_failed_over_to_the_next(
     publisher_process: StartPublisher,
     tmp_path: Path,
     closed_port: int,
+    db_rows: Query,
 ) -> None:
     sink = sink_process(tmp_path / "sink.db")
     db = tmp_path / "source.db"
@@ -48,16 +57,17 @@ def test_a_sink_url_that_cannot_be_reached_is_failed_over_to_the_next(
     for n in range(3):
         status, _ = post_order(serve.port, {"id": f"o{n}", "sku": "snack", "qty": 1})
         assert status == 201
-    wait_until(lambda: sent(db) == {"o0": 1, "o1": 1, "o2": 1})
-    assert query(tmp_path / "sink.db", "SELECT count(*) FROM inbox") == [(3,)]
+    wait_until(lambda: sent(db_rows, db) == {"o0": 1, "o1": 1, "o2": 1})
+    assert db_rows(tmp_path / "sink.db", "SELECT count(*) FROM inbox") == [(3,)]
     assert metrics(serve.port)["publisher_sink_failovers_total"] >= 1
 
 
 def test_status_list_trace_and_metrics_show_the_lines_a_worker_holds(
     sink_process: StartSink,
     publisher_process: StartPublisher,
-    run_cli: RunCli,
+    capsys: Capsys,
     tmp_path: Path,
+    db_rows: Query,
 ) -> None:
     # The sink refuses SKU "bad": that lane keeps failing and backing off, and keeps its
     # lease meanwhile; "snack" is drained and its lease released.
@@ -70,50 +80,51 @@ def test_status_list_trace_and_metrics_show_the_lines_a_worker_holds(
     for event_id, sku in (("b1", "bad"), ("s1", "snack"), ("b2", "bad")):
         status, _ = post_order(serve.port, {"id": event_id, "sku": sku, "qty": 1})
         assert status == 201
-    wait_until(lambda: sent(db).get("s1") == 1)
+    wait_until(lambda: sent(db_rows, db).get("s1") == 1)
     wait_until(lambda: metrics(serve.port)["publisher_lines_owned"] == 1)
     assert metrics(serve.port)["publisher_relay_workers_live"] == 1
 
-    done = run_cli("publisher", "status", "--db", str(db), "--json")
-    assert done.returncode == 0, done.stderr
-    figures = json.loads(done.stdout)
+    done = run_publisher(capsys, "status", "--db", str(db), "--json")
+    assert done.status == 0, done.err
+    figures = json.loads(done.out)
     assert figures["workers"] == ["w1"]
     lines = {line["line"]: line for line in figures["lines"]}
     assert (lines["bad"]["owner"], lines["bad"]["epoch"]) == ("w1", 1)
     assert 0 < lines["bad"]["expires_in_seconds"] <= 30
     assert (lines["snack"]["owner"], lines["snack"]["epoch"]) == (None, 1)
 
-    text = run_cli("publisher", "status", "--db", str(db)).stdout
+    text = run_publisher(capsys, "status", "--db", str(db)).out
     assert "workers      1 holding leases: w1" in text
     assert "line 'bad'      held by w1, epoch 1, expires in " in text
     assert "lines free   1 (released, any worker may take them)" in text
 
-    listed = run_cli("publisher", "list", "--db", str(db)).stdout.splitlines()
+    listed = run_publisher(capsys, "list", "--db", str(db)).out.splitlines()
     assert len(listed) == 2 and all("line=bad owner=w1 epoch=1" in line for line in listed)
-    entries = [json.loads(line) for line in run_cli("publisher", "list", "--db", str(db),
-                                                    "--json").stdout.splitlines()]  # fmt: skip
+    listed_json = run_publisher(capsys, "list", "--db", str(db), "--json").out
+    entries = [json.loads(line) for line in listed_json.splitlines()]
     assert {(e["id"], e["lease"]["owner"]) for e in entries} == {("b1", "w1"), ("b2", "w1")}
 
-    trace = run_cli("publisher", "trace", "b2", "--db", str(db)).stdout
+    trace = run_publisher(capsys, "trace", "b2", "--db", str(db)).out
     assert "line 'bad': held by w1, epoch 1, expires in " in trace
-    traced = json.loads(run_cli("publisher", "trace", "s1", "--db", str(db), "--json").stdout)
+    traced = json.loads(run_publisher(capsys, "trace", "s1", "--db", str(db), "--json").out)
     assert [(line["line"], line["owner"]) for line in traced["lines"]] == [("snack", None)]
 
     serve.stop()  # SIGTERM: every lease released, the worker forgotten
     assert serve.proc.returncode == 0
-    assert query(db, "SELECT line, owner FROM line_leases ORDER BY line") == [
+    assert db_rows(db, "SELECT line, owner FROM line_leases ORDER BY line") == [
         ("bad", None),
         ("snack", None),
     ]
-    assert query(db, "SELECT count(*) FROM relay_workers") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM relay_workers") == [(0,)]
 
 
 def test_status_lists_standby_and_gone_workers_with_the_lines_each_holds(
     pg_database: str,
     sink_process: StartSink,
     publisher_process: StartPublisher,
-    run_cli: RunCli,
+    capsys: Capsys,
     tmp_path: Path,
+    db_rows: Query,
 ) -> None:
     # Global order on PostgreSQL: w1 delivers, w2 stands by holding nothing. Both are
     # listed; once w2 is SIGKILLed it shows as gone, and w1 stopped with SIGTERM is
@@ -126,24 +137,27 @@ def test_status_lists_standby_and_gone_workers_with_the_lines_each_holds(
             "--worker-id", worker, "--lease-ttl", "1", "--poll-interval", "0.1",
         )  # fmt: skip
 
+    def run_status(*args: str) -> Ran:  # publisher status
+        return run_publisher(capsys, "status", "--db", pg_database, *args)
+
     def status(*extra: str) -> dict[str, Any]:  # status --json
-        done = run_cli("publisher", "status", "--db", pg_database, "--json", *extra)
-        assert done.returncode == 0, done.stderr
-        found: dict[str, Any] = json.loads(done.stdout)
+        done = run_status("--json", *extra)
+        assert done.status == 0, done.err
+        found: dict[str, Any] = json.loads(done.out)
         return found
 
     def listed(*extra: str) -> list[tuple[str, bool, list[str]]]:
         return [(w["worker"], w["live"], w["lines"]) for w in status(*extra)["relay_workers"]]
 
     def rows() -> list[tuple[Any, ...]]:  # each worker and how long ago it beat
-        return query(
+        return db_rows(
             pg_database,
             "SELECT worker, extract(epoch FROM clock_timestamp()) - seen_at FROM relay_workers"
             " ORDER BY worker",
         )
 
     w1 = start("w1")
-    wait_until(lambda: query(pg_database, "SELECT owner FROM line_leases") == [("w1",)])
+    wait_until(lambda: db_rows(pg_database, "SELECT owner FROM line_leases") == [("w1",)])
     w2 = start("w2")
     wait_until(lambda: len(rows()) == 2)
     figures = status()
@@ -159,7 +173,7 @@ def test_status_lists_standby_and_gone_workers_with_the_lines_each_holds(
     w2.kill()
     wait_until(lambda: rows()[1][1] > 1.2)
     assert listed("--lease-ttl", "1") == [("w1", True, ["*"]), ("w2", False, [])]
-    text = run_cli("publisher", "status", "--db", pg_database, "--lease-ttl", "1").stdout
+    text = run_status("--lease-ttl", "1").out
     assert re.search(r"^worker 'w1'\s+live, up [\d.]+ s, seen [\d.]+ s ago, holds 1 line\(s\): \*$",
                      text, re.M), text  # fmt: skip
     assert re.search(r"^worker 'w2'\s+gone, not seen for [\d.]+ s \(ttl 1 s\), holds no line$",
@@ -167,6 +181,6 @@ def test_status_lists_standby_and_gone_workers_with_the_lines_each_holds(
     w1.stop()
     assert listed("--lease-ttl", "1") == [("w2", False, [])]
 
-    done = run_cli("publisher", "status", "--db", pg_database, "--lease-ttl", "0")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "argument --lease-ttl" in done.stderr
+    done = run_status("--lease-ttl", "0")
+    assert done.status == 2 and done.err.count("\n") == 1, done.err
+    assert "argument --lease-ttl" in done.err
