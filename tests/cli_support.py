@@ -49,7 +49,7 @@ def run_main(capsys: pytest.CaptureFixture[str], main: Main, *argv: str) -> Ran:
     """`main(argv)` to its end: the exit status it returned, or that argparse exited
     with (a usage error, --help), and what it wrote on stdout and stderr."""
     capsys.readouterr()  # this run's output only
-    with _process_state_kept():
+    with process_state_kept():
         try:
             status = main(list(argv))
         except SystemExit as exc:
@@ -89,7 +89,7 @@ LOGGING_SWITCHES = ("logThreads", "logProcesses", "logMultiprocessing", "_srcfil
 
 
 @contextlib.contextmanager
-def _process_state_kept() -> Iterator[None]:
+def process_state_kept() -> Iterator[None]:
     """What a `main()` changes for the whole process, put back afterwards: a service
     that fails after its loop installed SIGINT and SIGTERM handlers leaves, on uvloop,
     the handlers of its closed loop in place (asyncio's loop restores the defaults),

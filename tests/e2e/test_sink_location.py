@@ -1,6 +1,7 @@
 """`python -m sink --db` with a sqlite: URL opens that file, a postgresql:// URI that
-database; a location it cannot open is one line. Real sink processes; the files read
-back with sqlite3, the database with psycopg."""
+database. Real sink processes serving; the files read back with sqlite3, the
+database with psycopg. A location the sink cannot open (one line, nothing created)
+needs no process: tests/unit/test_sink_cli.py."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from pg_faults import PgAccess
-from support import LOOPBACK, listening, run_module, spawn, stop_process
+from support import LOOPBACK, listening, spawn, stop_process
 
 if TYPE_CHECKING:
-    from conftest import Query, RunCli
+    from conftest import Query
 
 pytestmark = pytest.mark.e2e
 
@@ -88,45 +89,3 @@ def test_a_postgresql_uri_opens_that_database(
     assert database.query("SELECT id, deliveries FROM inbox") == [("order-1", 1)]
     assert database.query("SELECT sku, qty FROM inventory") == [("snack", 7)]
     assert list(tmp_path.glob("*.db")) == []
-
-
-def assert_one_line(
-    result: subprocess.CompletedProcess[str], tmp_path: Path, status: int, *words: str
-) -> None:
-    assert result.returncode == status
-    assert "Traceback" not in result.stderr, result.stderr
-    assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert result.stderr.startswith("sink: ")
-    for word in words:
-        assert word in result.stderr
-    assert result.stdout == ""
-    assert list(tmp_path.iterdir()) == [], "nothing is created for a refused location"
-
-
-@pytest.mark.parametrize("location", ["mysql://u@h/db", "postgresql://u@h/db?no_such_parameter=1"])
-def test_a_location_no_backend_opens_is_one_line_and_status_2(
-    tmp_path: Path, run_cli: RunCli, location: str
-) -> None:
-    result = run_cli("sink", "--db", location, "--port", "0")  # in tmp_path
-
-    assert_one_line(result, tmp_path, 2)
-
-
-def test_a_bad_outbox_db_is_one_line_and_status_2(
-    tmp_path: Path, child_env: dict[str, str]
-) -> None:
-    env = {**child_env, "OUTBOX_DB": "mysql://u@h/db"}
-
-    result = run_module("sink", "--port", "0", env=env, cwd=tmp_path, timeout=30)
-
-    assert_one_line(result, tmp_path, 2, "mysql://")
-
-
-def test_a_postgresql_server_that_cannot_be_reached_is_one_line_and_status_1(
-    tmp_path: Path, run_cli: RunCli, closed_port: int
-) -> None:
-    location = f"postgresql://outbox@127.0.0.1:{closed_port}/sink"
-
-    result = run_cli("sink", "--db", location, "--port", "0")
-
-    assert_one_line(result, tmp_path, 1, location, "cannot connect")

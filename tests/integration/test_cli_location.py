@@ -7,9 +7,11 @@ exit status 1, as for any storage error. Neither creates anything."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_support import as_a_child_process, process_state_kept
 
 from publisher.cli import main
 
@@ -28,9 +30,10 @@ COMMANDS: dict[str, list[str]] = {
 
 
 @pytest.fixture(autouse=True)
-def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("OUTBOX_DB", raising=False)
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    as_a_child_process(monkeypatch, tmp_path)
+    with process_state_kept():  # `serve` on uvloop leaves its signal handlers behind
+        yield
 
 
 def one_line(err: str) -> str:

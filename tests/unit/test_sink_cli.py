@@ -1,16 +1,20 @@
-"""`python -m sink` refusing a --db it cannot open: main() called in-process.
+"""`python -m sink` refusing a --db it cannot open: main() called in-process, with
+the environment and working directory a child process of the end-to-end tests gets.
 
-A location no backend opens (another scheme, a PostgreSQL URI libpq would refuse)
-is one line on stderr and exit status 2, before anything is created or logged; a
-PostgreSQL server that cannot be reached is one line and status 1. Reading the
-current directory afterwards shows nothing was created.
+A location no backend opens (another scheme, a PostgreSQL URI libpq would refuse, a
+SQLite URL that names a host or no file) is one line on stderr and exit status 2,
+before anything is created or logged; a PostgreSQL server that cannot be reached is
+one line and status 1. Reading the current directory afterwards shows nothing was
+created.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_support import as_a_child_process, process_state_kept
 
 from plumbing.cli import EXIT_FAILED, EXIT_USAGE
 from sink.cli import main
@@ -20,7 +24,17 @@ REFUSED = [
     "ftp://warehouse@db.internal/sink",
     "postgresql://u@h/db?no_such_parameter=1",
     "postgres://warehouse@db.internal:5432/sink?pool_max=many",
+    "sqlite://warehouse/inbox.db",
+    "sqlite:",
+    "",
 ]
+
+
+@pytest.fixture(autouse=True)
+def like_a_child_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    as_a_child_process(monkeypatch, tmp_path)
+    with process_state_kept():  # main() is called as it is, SystemExit and all
+        yield
 
 
 def assert_one_line_refusal(capsys: pytest.CaptureFixture[str], cwd: Path, *words: str) -> None:
@@ -38,44 +52,47 @@ def assert_one_line_refusal(capsys: pytest.CaptureFixture[str], cwd: Path, *word
 def test_a_db_url_no_backend_opens_is_one_line_and_status_2(
     location: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-
     assert main(["--db", location, "--port", "0"]) == EXIT_USAGE == 2
 
     assert_one_line_refusal(capsys, tmp_path)
 
 
 def test_another_scheme_names_what_is_supported_instead(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-
     assert main(["--db", "mysql://u@h/db", "--port", "0"]) == 2
 
     assert_one_line_refusal(capsys, tmp_path, "postgresql://", "file path")
 
 
+@pytest.mark.parametrize(
+    ("location", "said"),
+    [
+        ("postgresql://u@h/db?no_such_parameter=1", "no_such_parameter"),
+        ("mysql://u@h/db", "mysql://"),
+    ],
+)
 def test_a_bad_outbox_db_variable_is_refused_the_same_way(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    location: str,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("OUTBOX_DB", "postgresql://u@h/db?no_such_parameter=1")
+    monkeypatch.setenv("OUTBOX_DB", location)
 
     assert main(["--port", "0"]) == 2
 
-    assert_one_line_refusal(capsys, tmp_path, "no_such_parameter")
+    assert_one_line_refusal(capsys, tmp_path, said)
 
 
 def test_a_postgresql_server_that_cannot_be_reached_is_one_line_and_status_1(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     closed_port: int,
 ) -> None:
-    monkeypatch.chdir(tmp_path)
     location = f"postgresql://outbox@127.0.0.1:{closed_port}/sink"
 
     assert main(["--db", location, "--port", "0"]) == EXIT_FAILED == 1
