@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
+import aiohttp
 import psycopg
 import pytest
 from aiohttp import web
@@ -31,6 +32,7 @@ from sink import create_app
 from sink.chaos import Chaos, chaos_app
 
 CLI_TIMEOUT_S = 30.0
+CLIENT_TIMEOUT_S = 20.0  # a bound on each request of a test's HTTP client
 
 PROXY_VARIABLES = (
     "HTTP_PROXY",
@@ -325,6 +327,16 @@ async def serve() -> AsyncIterator[Serve]:
     yield start
     for runner in reversed(runners):
         await runner.cleanup()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    """An HTTP client for the loopback servers, each request bounded in time. No cookie
+    jar: a test says which cookie a request carries."""
+    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
+    jar = aiohttp.DummyCookieJar()
+    async with aiohttp.ClientSession(cookie_jar=jar, timeout=timeout) as session:
+        yield session
 
 
 ServeSink = Callable[..., Awaitable[str]]

@@ -50,12 +50,6 @@ def applied(e: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
-@pytest.fixture
 async def base(serve_sink: ServeSink, sink_db: Path) -> str:
     return await serve_sink(sink_db)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,15 +39,6 @@ def console_app(db: Path, token: str | None = TOKEN, **console: Any) -> web.Appl
         console=ConsoleSettings(token=token, **console),
     )
     return create_app(settings)
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    # No cookie jar: each test says which cookie a request carries.
-    jar = aiohttp.DummyCookieJar()
-    timeout = aiohttp.ClientTimeout(total=20)
-    async with aiohttp.ClientSession(cookie_jar=jar, timeout=timeout) as session:
-        yield session
 
 
 @pytest.fixture

@@ -443,12 +443,6 @@ async def test_a_cancelled_shared_write_still_commits_and_later_writes_go_inline
 # ---------------------------------------------------------------- the sink over HTTP
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        yield session
-
-
 @dataclass
 class Served:
     base: str

@@ -48,12 +48,6 @@ Snapshot = dict[str, list[tuple[Any, ...]]]
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
 ServeHardened = Callable[..., Awaitable[str]]
 
 

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -297,12 +297,6 @@ def test_the_documents_are_package_data(tmp_path: Path) -> None:
     assert shipped == ["console.css", "console.js", "index.html"]
     for name in shipped:
         assert (built / static / name).read_bytes() == (ROOT / static / name).read_bytes()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-        yield session
 
 
 async def test_the_document_is_served_from_the_package(

@@ -7,12 +7,10 @@ stands in. /healthz stays 200 throughout: it says the process is alive.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlite_faults import unwritable
 
@@ -26,12 +24,6 @@ if TYPE_CHECKING:
     from conftest import Serve
 
 TOKEN = "sink-token-0123456789abc"
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-        yield session
 
 
 async def get(client: aiohttp.ClientSession, url: str) -> tuple[int, Any]:

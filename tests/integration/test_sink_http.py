@@ -29,12 +29,6 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
-@pytest.fixture
 async def base(serve_sink: ServeSink, db: Path) -> str:
     return await serve_sink(db)
 

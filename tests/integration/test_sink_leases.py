@@ -41,12 +41,6 @@ async def sink(serve: Serve, location: str) -> AsyncIterator[str]:
     yield await serve(create_app(location))
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 def event(event_id: str, sku: str = "tea", qty: int = 1) -> Event:
     return {"id": event_id, "sku": sku, "qty": qty}
 

@@ -107,12 +107,6 @@ class Sink:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=BOUND_S)) as session:
-        yield session
-
-
-@pytest.fixture
 async def sink(serve: Serve, sink_db: Path) -> Sink:
     """The real sink, with the real fence wait (PREDECESSOR_WAIT_S)."""
     app = create_app(sink_db)

@@ -146,12 +146,6 @@ async def db(path: Path) -> AsyncIterator[Database]:
         await database.close()
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
 # ---------------------------------------------------------------- run_inline, no contention
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +36,6 @@ def db(tmp_path: Path) -> Path:
 @pytest.fixture
 async def base(serve_sink: ServeSink, db: Path) -> str:
     return await serve_sink(db, token=TOKEN)
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
 
 
 def auth(token: str | None) -> dict[str, str]:
