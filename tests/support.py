@@ -21,6 +21,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.procs import ChaosError, read_first_line, terminate
+from shared import Event
 
 if TYPE_CHECKING:
     from conftest import RunCli
@@ -69,6 +70,19 @@ def stop_process(proc: subprocess.Popen[bytes]) -> int:
     if proc.stdout is not None:
         proc.stdout.close()
     return status
+
+
+# ---------------------------------------------------------------- test data
+
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    """An order as a client sends it and the sink receives it."""
+    return {"id": event_id, "sku": sku, "qty": qty}
+
+
+def numbered_event(n: int, sku: str = "snack", qty: int = 1) -> Event:
+    """The `n`th order: ID order-<n>."""
+    return event(f"order-{n}", sku, qty)
 
 
 # ---------------------------------------------------------------- small calls

@@ -26,14 +26,13 @@ from typing import Any
 
 import pytest
 from inbox_backends import BACKENDS, FAULTS, Backend, Fault, Row
-from support import json_of_python
+from support import event, json_of_python
 
 import sink.store
 from plumbing.storage import StorageError
 from shared import (
     GLOBAL_LINE,
     Conflict,
-    Event,
     InvalidEvent,
     Lease,
     PredecessorMissing,
@@ -61,10 +60,6 @@ async def inbox(backend: Backend) -> AsyncIterator[Inbox]:
 
 EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
 Snapshot = tuple[list[Row], list[Row]]
-
-
-def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
-    return {"id": event_id, "sku": sku, "qty": qty}
 
 
 def snapshot(backend: Backend) -> Snapshot:

@@ -18,12 +18,13 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from outbox_backends import BACKENDS, FAULTS, Backend, Fault
-from support import json_of_python
+from support import event, json_of_python
 
 import publisher.store
 from plumbing.storage import StorageError
@@ -55,8 +56,7 @@ async def outbox(backend: Backend) -> AsyncIterator[Outbox]:
         yield opened
 
 
-def order(event_id: str, sku: str = "snack", qty: int = 7) -> dict[str, Any]:
-    return {"id": event_id, "sku": sku, "qty": qty}
+order = partial(event, qty=7)  # the orders of these tests: qty 7 unless said
 
 
 async def accept(outbox: Outbox, *ids: str, qty: int = 1) -> None:
@@ -126,7 +126,7 @@ async def test_the_seq_of_a_deleted_entry_is_never_given_again(
 async def test_accept_writes_the_order_and_its_outbox_entry(
     outbox: Outbox, backend: Backend
 ) -> None:
-    assert await outbox.accept(order("a", "snack", 7)) == "accepted"
+    assert await outbox.accept(order("a", "snack", qty=7)) == "accepted"
     assert backend.query("SELECT id, sku, qty FROM orders") == [("a", "snack", 7)]
     assert backend.query("SELECT id, payload, sent FROM outbox") == [
         ("a", canonical_json({"id": "a", "sku": "snack", "qty": 7}), 0)
@@ -286,9 +286,9 @@ async def test_accept_many_answers_each_order_in_its_order_and_records_only_the_
             {"id": "known", "sku": "snack", "qty": 1},  # as accepted before
             {"id": "known", "sku": "snack", "qty": 2},  # another payload
             {"id": "b", "sku": "snack", "qty": True},  # not an integer here
-            order("c", "tea", 3),
+            order("c", "tea", qty=3),
             order("a"),  # again in the same call: as a second call would find it
-            order("c", "tea", 4),
+            order("c", "tea", qty=4),
             ["not", "an", "object"],
         ]
     )
@@ -303,7 +303,7 @@ async def test_accept_many_answers_each_order_in_its_order_and_records_only_the_
         [
             ("known", canonical_json(order("known", qty=1))),
             ("a", canonical_json(order("a"))),
-            ("c", canonical_json(order("c", "tea", 3))),
+            ("c", canonical_json(order("c", "tea", qty=3))),
         ],
     )
 
@@ -436,11 +436,11 @@ async def test_accept_in_the_callers_transaction_commits_with_it_and_is_delivere
     await accept(outbox, "before")
     with backend.user_connection() as conn:
         conn.execute("INSERT INTO accounts (id, balance) VALUES ('acct', 5)")
-        assert accept_in(conn, order("a", "tea", 2)) == "accepted"
+        assert accept_in(conn, order("a", "tea", qty=2)) == "accepted"
         conn.commit()
     assert backend.query("SELECT * FROM accounts") == [("acct", 5)]
     assert backend.query("SELECT id, sku, qty FROM orders WHERE id = 'a'") == [("a", "tea", 2)]
-    assert await outbox.pending() == [order("before", qty=1), order("a", "tea", 2)]
+    assert await outbox.pending() == [order("before", qty=1), order("a", "tea", qty=2)]
     sent: list[dict[str, Any]] = []
 
     async def send(event: dict[str, Any]) -> bool:
@@ -448,7 +448,7 @@ async def test_accept_in_the_callers_transaction_commits_with_it_and_is_delivere
         return True
 
     assert await dispatch(outbox, send) == ["before", "a"]
-    assert sent[-1] == order("a", "tea", 2)
+    assert sent[-1] == order("a", "tea", qty=2)
     assert unsent(backend) == []
 
 
@@ -543,7 +543,7 @@ async def test_pending_ignores_accepted_at_timestamps(outbox: Outbox, backend: B
 
 
 async def test_pending_returns_exactly_id_sku_qty(outbox: Outbox) -> None:
-    await outbox.accept(order("a", "snack", 7))
+    await outbox.accept(order("a", "snack", qty=7))
     (event,) = await outbox.pending()
     assert event == {"id": "a", "sku": "snack", "qty": 7}
     assert set(event) == {"id", "sku", "qty"}

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import Callables, eventually
+from support import Callables, event, eventually
 
 from publisher.cli.dispatch import deliver_pending
 from publisher.dispatch import dispatch_batch
@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 
 STOP_TIMEOUT_S = 5.0
 FAST = RetryPolicy(base_s=0.05, cap_s=0.2)
-
-
-def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
-    return {"id": event_id, "sku": sku, "qty": qty}
 
 
 def applied(e: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import event
 
 from publisher import MAX_BATCH, NotAcknowledged, Outbox, dispatch
 from shared import Event
@@ -64,8 +66,7 @@ def write_with_no_wait(path: Path, event_id: str) -> None:
         conn.close()
 
 
-def order(event_id: str, sku: str = "snack", qty: int = 7) -> dict[str, Any]:
-    return {"id": event_id, "sku": sku, "qty": qty}
+order = partial(event, qty=7)  # the orders of these tests: qty 7 unless said
 
 
 async def ack(event: Event) -> bool:
@@ -133,11 +134,11 @@ async def test_dispatch_sends_in_order_and_marks_each(outbox: Outbox, path: Path
 
 
 async def test_dispatch_sends_the_stored_events(outbox: Outbox) -> None:
-    await outbox.accept(order("a", "snack", 7))
-    await outbox.accept(order("b", "tea", 2))
+    await outbox.accept(order("a", "snack", qty=7))
+    await outbox.accept(order("b", "tea", qty=2))
     send = Recorder()
     await dispatch(outbox, send)
-    assert send.received == [order("a", "snack", 7), order("b", "tea", 2)]
+    assert send.received == [order("a", "snack", qty=7), order("b", "tea", qty=2)]
 
 
 async def test_dispatch_of_an_empty_outbox_returns_nothing(outbox: Outbox) -> None:

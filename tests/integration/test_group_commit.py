@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import pytest
-from support import ManualClock, eventually
+from support import ManualClock, event, eventually
 
 from publisher.app import OUTBOX, ServiceSettings, create_app
 from publisher.backends.sqlite import GATHER_PASSES, SqliteOutbox
@@ -211,10 +211,6 @@ def poison(db: Path, table: str, when: str, event_id: str) -> None:
 
 
 # ---------------------------------------------------------------- the sink's side
-
-
-def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
-    return {"id": event_id, "sku": sku, "qty": qty}
 
 
 @contextlib.contextmanager

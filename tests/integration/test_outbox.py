@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import event
 
 from plumbing.storage import BadLocation, StorageError
 from publisher.backends import sqlite_sql as outbox_sql
@@ -49,8 +51,7 @@ def wal_file(path: Path) -> Path:
     return path.with_name(path.name + "-wal")
 
 
-def order(event_id: str, sku: str = "snack", qty: int = 7) -> dict[str, Any]:
-    return {"id": event_id, "sku": sku, "qty": qty}
+order = partial(event, qty=7)  # the orders of these tests: qty 7 unless said
 
 
 def files_under(root: Path) -> list[Path]:
@@ -279,9 +280,9 @@ async def test_entries_written_before_lanes_come_back_with_their_lane_and_are_ju
         listed = await outbox.entries(State.PENDING)
         assert [(e.id, e.lane) for e in listed] == [("old-2", "juice"), ("old-3", "snack")]
         # Their duplicates and conflicts, old-1's too though its entry was pruned.
-        assert await outbox.accept(order("old-3", "snack", 5)) == "duplicate"
-        assert await outbox.accept(order("old-1", "snack", 2)) == "duplicate"
-        for changed in (order("old-3", "snack", 6), order("old-1", "tea", 2)):
+        assert await outbox.accept(order("old-3", "snack", qty=5)) == "duplicate"
+        assert await outbox.accept(order("old-1", "snack", qty=2)) == "duplicate"
+        for changed in (order("old-3", "snack", qty=6), order("old-1", "tea", qty=2)):
             with pytest.raises(Conflict):
                 await outbox.accept(changed)
     assert count(path, "outbox") == 2

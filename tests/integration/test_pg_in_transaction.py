@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from relay_lines import relay_of, running
-from support import eventually
+from support import event, eventually
 
 from plumbing.storage import StorageError
 from publisher import NotInTransaction, accept_in_async
@@ -20,10 +20,6 @@ from publisher.store import Outbox
 from shared import Conflict, Event, InvalidEvent, Lease, Receipt, canonical_json, make_ack
 
 LONG_POLL_S = 30.0  # the relay would not look again for this long: only NOTIFY wakes it
-
-
-def order(event_id: str, qty: int = 1) -> dict[str, Any]:
-    return {"id": event_id, "sku": "snack", "qty": qty}
 
 
 @pytest.fixture
@@ -42,13 +38,13 @@ def rows(url: str, query: str) -> list[tuple[Any, ...]]:
 async def test_a_rolled_back_transaction_leaves_nothing(outbox: Outbox, pg_database: str) -> None:
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         await conn.execute(b"INSERT INTO accounts VALUES ('acct', 5)")
-        assert await accept_in_async(conn, order("a")) == "accepted"
+        assert await accept_in_async(conn, event("a")) == "accepted"
         assert rows(pg_database, "SELECT id FROM outbox") == []  # not committed yet
         await conn.rollback()
     assert rows(pg_database, "SELECT count(*) FROM orders") == [(0,)]
     assert rows(pg_database, "SELECT count(*) FROM outbox") == [(0,)]
     assert rows(pg_database, "SELECT count(*) FROM accounts") == [(0,)]
-    assert await outbox.accept(order("a")) == "accepted"
+    assert await outbox.accept(event("a")) == "accepted"
 
 
 async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
@@ -68,8 +64,8 @@ async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
         async with await psycopg.AsyncConnection.connect(pg_database) as conn:
             async with conn.transaction():
                 await conn.execute(b"INSERT INTO accounts VALUES ('acct', 5)")
-                assert await accept_in_async(conn, order("a")) == "accepted"
-                assert await accept_in_async(conn, order("a")) == "duplicate"
+                assert await accept_in_async(conn, event("a")) == "accepted"
+                assert await accept_in_async(conn, event("a")) == "duplicate"
             took = await eventually(lambda: delivered == ["a"], timeout_s=5)
     assert took < 2.0
     assert rows(pg_database, "SELECT id, sent FROM outbox") == [("a", 1)]
@@ -79,22 +75,22 @@ async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
 async def test_conflicts_bad_events_and_a_failed_transaction_are_the_projects_errors(
     outbox: Outbox, pg_database: str
 ) -> None:
-    await outbox.accept(order("a"))
+    await outbox.accept(event("a"))
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         with pytest.raises(Conflict):
-            await accept_in_async(conn, order("a", qty=2))
+            await accept_in_async(conn, event("a", qty=2))
         with pytest.raises(InvalidEvent):
             await accept_in_async(conn, {"id": "b"})
         with pytest.raises(psycopg.errors.UndefinedTable):
             await conn.execute(b"SELECT * FROM no_such_table")
         with pytest.raises(StorageError):  # the transaction failed: the caller's to end
-            await accept_in_async(conn, order("c"))
+            await accept_in_async(conn, event("c"))
         await conn.rollback()
     async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as conn:
         with pytest.raises(NotInTransaction):
-            await accept_in_async(conn, order("d"))
+            await accept_in_async(conn, event("d"))
         with pytest.raises(TypeError):
-            await accept_in_async(object(), order("d"))
+            await accept_in_async(object(), event("d"))
     assert rows(pg_database, "SELECT id FROM orders") == [("a",)]
 
 
@@ -109,16 +105,16 @@ def store_payload(url: str, event_id: str, event: dict[str, Any]) -> None:
 async def test_a_known_id_is_judged_by_its_stored_payload_even_once_pruned(
     outbox: Outbox, pg_database: str
 ) -> None:
-    await outbox.accept(order("moved"))
-    await outbox.accept(order("pruned"))
-    store_payload(pg_database, "moved", order("moved", qty=2))  # its order row says 1
+    await outbox.accept(event("moved"))
+    await outbox.accept(event("pruned"))
+    store_payload(pg_database, "moved", event("moved", qty=2))  # its order row says 1
     await outbox.mark_sent("pruned")
     await asyncio.sleep(0.01)
     assert await outbox.prune(older_than_s=0) == 1
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
-        assert await accept_in_async(conn, order("moved", qty=2)) == "duplicate"
-        assert await accept_in_async(conn, order("pruned")) == "duplicate"
-        for changed in (order("moved"), order("pruned", qty=2)):
+        assert await accept_in_async(conn, event("moved", qty=2)) == "duplicate"
+        assert await accept_in_async(conn, event("pruned")) == "duplicate"
+        for changed in (event("moved"), event("pruned", qty=2)):
             with pytest.raises(Conflict):
                 await accept_in_async(conn, changed)
         await conn.commit()
@@ -130,13 +126,13 @@ async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed
     outbox: Outbox, pg_database: str
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
-        assert await accept_in_async(conn, order("a")) == "accepted"
+        assert await accept_in_async(conn, event("a")) == "accepted"
         # The entry holds qty 2 while its order row says 1: the payload is what counts.
         await conn.execute(
-            b"UPDATE outbox SET payload = %s WHERE id = 'a'", (canonical_json(order("a", 2)),)
+            b"UPDATE outbox SET payload = %s WHERE id = 'a'", (canonical_json(event("a", qty=2)),)
         )
-        same = asyncio.ensure_future(outbox.accept(order("a", qty=2)))
-        other = asyncio.ensure_future(outbox.accept(order("a", qty=1)))
+        same = asyncio.ensure_future(outbox.accept(event("a", qty=2)))
+        other = asyncio.ensure_future(outbox.accept(event("a", qty=1)))
         await asyncio.sleep(0.3)
         assert not same.done() and not other.done()  # their inserts wait for this transaction
         await conn.commit()
@@ -144,5 +140,5 @@ async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed
     with pytest.raises(Conflict):
         await other
     assert rows(pg_database, "SELECT id, payload FROM outbox") == [
-        ("a", canonical_json(order("a", 2)))
+        ("a", canonical_json(event("a", qty=2)))
     ]

@@ -14,12 +14,11 @@ import collections
 import random
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import psycopg
 import pytest
 from relay_lines import relay_of, running
-from support import eventually
+from support import event, eventually
 
 from publisher import accept_in_async
 from publisher.backends import postgres_sql
@@ -32,10 +31,6 @@ HELD_S = 0.3  # how long an intake transaction is held open
 SKUS = ("snack", "juice", "tea")
 CLIENTS = 12
 ORDERS_PER_CLIENT = 8
-
-
-def order(event_id: str, sku: str = "snack") -> dict[str, Any]:
-    return {"id": event_id, "sku": sku, "qty": 1}
 
 
 @pytest.fixture
@@ -59,8 +54,8 @@ async def test_an_intake_in_flight_holds_back_the_next_seq_until_it_commits(
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         async with conn.transaction():
-            assert await accept_in_async(conn, order("first")) == "accepted"
-            second = asyncio.create_task(outbox.accept(order("second")))
+            assert await accept_in_async(conn, event("first")) == "accepted"
+            second = asyncio.create_task(outbox.accept(event("second")))
             await asyncio.sleep(HELD_S)
             # The second waits for the first to commit before it takes a seq.
             assert not second.done()
@@ -77,9 +72,9 @@ async def test_an_id_another_transaction_commits_while_intake_waits_is_judged_by
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         async with conn.transaction():
-            assert await accept_in_async(conn, {**order("same"), "qty": 1}) == "accepted"
+            assert await accept_in_async(conn, {**event("same"), "qty": 1}) == "accepted"
             waiting = asyncio.create_task(
-                outbox.accept_many([order("before"), {**order("same"), "qty": qty}])
+                outbox.accept_many([event("before"), {**event("same"), "qty": qty}])
             )
             await asyncio.sleep(HELD_S)
             assert not waiting.done()  # its insert of "same" waits for this transaction
@@ -96,12 +91,12 @@ async def test_without_the_lock_a_reader_sees_a_later_seq_before_an_earlier_one(
     outbox: Outbox, pg_database: str
 ) -> None:
     # The pitfall the lock prevents, shown with intake's statement minus the lock.
-    event = validate_event(order("first"))
+    first = validate_event(event("first"))
     lockless = postgres_sql.ACCEPT_WITHOUT_COMMIT_ORDER.encode()
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         async with conn.transaction():
-            await conn.execute(lockless, accept_params(event, time.time()))
-            assert await asyncio.wait_for(outbox.accept(order("second")), 2) == "accepted"
+            await conn.execute(lockless, accept_params(first, time.time()))
+            assert await asyncio.wait_for(outbox.accept(event("second")), 2) == "accepted"
             seen_first = await pending_ids(outbox)
         seen_after = await pending_ids(outbox)
     by_id = seqs(pg_database)
@@ -139,7 +134,7 @@ async def test_concurrent_slow_intake_is_delivered_in_seq_order(
         rand = random.Random(n)
         async with Outbox.open(pg_database) as own:
             for k in range(ORDERS_PER_CLIENT):
-                await own.accept(order(f"c{n:02d}-{k:03d}", rand.choice(SKUS)))
+                await own.accept(event(f"c{n:02d}-{k:03d}", rand.choice(SKUS)))
 
     total = CLIENTS * ORDERS_PER_CLIENT
     async with Outbox.open(pg_database) as relays_outbox:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from pg_faults import PgAccess
+from support import event
 
 from plumbing.pgserver import ThrowawayServer
 from plumbing.storage import StorageError
@@ -32,10 +33,6 @@ def database(pg_database: str) -> PgAccess:
 async def inbox(pg_database: str) -> AsyncIterator[Inbox]:
     async with Inbox.open(pg_database) as opened:
         yield opened
-
-
-def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
-    return {"id": event_id, "sku": sku, "qty": qty}
 
 
 @contextlib.contextmanager

@@ -13,21 +13,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 from stub_sink import Port, StubSink
-from support import LOOPBACK
+from support import LOOPBACK, numbered_event
 from yarl import URL
 
 from publisher import DeliveryError, HttpSender, NotAcknowledged, TargetNotAllowed
-from shared import Event, Lease
+from shared import Lease
 
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink, StartRaw
 
 LEASE = Lease("0123456789abcdef", "snack", 4)
 FAST_FAIL_S = 2.0
-
-
-def event(n: int) -> Event:
-    return {"id": f"order-{n}", "sku": "snack", "qty": 1}
 
 
 @pytest.fixture
@@ -83,10 +79,10 @@ async def test_a_refused_first_url_sends_the_request_to_the_second(
 
     async with HttpSender([down, up], on_failover=lambda a, b: moves.append((a, b))) as sender:
         if batch:
-            results = await sender.deliver_batch([event(1), event(2)])
+            results = await sender.deliver_batch([numbered_event(1), numbered_event(2)])
             assert all(isinstance(r, dict) for r in results)
         else:
-            await sender.deliver(event(1))
+            await sender.deliver(numbered_event(1))
 
     assert db_rows(db, "SELECT count(*) FROM inbox") == [(2 if batch else 1,)]
     assert sender.url == URL(up)
@@ -98,8 +94,10 @@ async def test_the_request_sent_on_is_the_same_request(serve: Serve, ports: list
     sink, up = await stub(serve)
 
     async with HttpSender([refused(ports), up]) as sender:
-        await sender.deliver_batch([event(1), event(2)], after="order-0", lease=LEASE)
-        await sender.deliver(event(3), lease=LEASE)
+        await sender.deliver_batch(
+            [numbered_event(1), numbered_event(2)], after="order-0", lease=LEASE
+        )
+        await sender.deliver(numbered_event(3), lease=LEASE)
 
     assert sink.paths == ["/events/batch", "/events"]
     assert sink.leases == [LEASE.header(), LEASE.header()]
@@ -115,11 +113,11 @@ async def test_the_url_that_answered_last_is_tried_first_and_the_first_serves_ag
     await second.serve(other.app())
 
     async with HttpSender([first.url, second.url]) as sender:
-        await sender.deliver(event(1))  # first refused: to the second
+        await sender.deliver(numbered_event(1))  # first refused: to the second
         await first.serve(back.app())
-        await sender.deliver(event(2))  # the second answered last: it is asked first
+        await sender.deliver(numbered_event(2))  # the second answered last: it is asked first
         await second.stop()
-        await sender.deliver(event(3))  # the second is gone: the first, which is back
+        await sender.deliver(numbered_event(3))  # the second is gone: the first, which is back
 
     assert (back.requests, other.requests) == (1, 2)
     assert sender.failovers == 2
@@ -133,7 +131,7 @@ async def test_a_connect_timeout_sends_the_request_to_the_next_url(
     started = time.monotonic()
 
     async with HttpSender([unanswered_url, up], connect_timeout_s=0.3) as sender:
-        await sender.deliver(event(1))
+        await sender.deliver(numbered_event(1))
 
     assert 0.25 <= time.monotonic() - started < FAST_FAIL_S
     assert sink.requests == 1
@@ -146,7 +144,7 @@ async def test_a_connection_reset_before_any_reply_is_sent_to_the_next_url(
     sink, up = await stub(serve)
 
     async with HttpSender([f"http://{LOOPBACK}:{dropper.port}/events", up]) as sender:
-        await sender.deliver(event(1))
+        await sender.deliver(numbered_event(1))
 
     assert (dropper.requests, sink.requests) == (1, 1)
 
@@ -156,7 +154,7 @@ async def test_lookup_tries_the_urls_the_same_way(
 ) -> None:
     up = f"{await serve_sink(tmp_path / 'sink.db')}/events"
     async with HttpSender(up) as direct:
-        await direct.deliver(event(1))
+        await direct.deliver(numbered_event(1))
 
     async with HttpSender([refused(ports), up]) as sender:
         record = await sender.lookup("order-1")
@@ -177,7 +175,7 @@ async def test_a_request_fails_over_to_a_sink_of_the_same_inbox_after_a_drop_aft
     other = f"{await serve_sink(pg_database)}/events"
 
     async with HttpSender([dropping, other]) as sender:
-        ack = await sender.deliver(event(1))
+        ack = await sender.deliver(numbered_event(1))
 
     assert ack["status"] == "duplicate"
     assert db_rows(pg_database, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
@@ -196,7 +194,7 @@ async def test_a_reply_of_any_status_is_the_sinks_answer_and_is_not_sent_on(
 
     async with HttpSender([first, second]) as sender:
         with pytest.raises(NotAcknowledged) as caught:
-            await sender.deliver(event(1))
+            await sender.deliver(numbered_event(1))
 
     assert caught.value.status == status
     assert (failing.requests, other.requests) == (1, 0)
@@ -214,7 +212,7 @@ async def test_a_reply_that_does_not_come_in_time_is_not_sent_on(
         [f"http://{LOOPBACK}:{silent.port}/events", second], timeout_s=0.5
     ) as sender:
         with pytest.raises(DeliveryError) as caught:
-            await sender.deliver(event(1))
+            await sender.deliver(numbered_event(1))
 
     assert not isinstance(caught.value, NotAcknowledged)
     assert (silent.requests, other.requests) == (1, 0)
@@ -227,7 +225,7 @@ async def test_each_url_is_tried_at_most_once_per_call(raw_server: StartRaw) -> 
     async with HttpSender(urls) as sender:
         for calls in (1, 2):
             with pytest.raises(DeliveryError):
-                await sender.deliver(event(calls))
+                await sender.deliver(numbered_event(calls))
             assert [d.requests for d in droppers] == [calls] * 3
 
     assert sender.failovers == 4
@@ -241,7 +239,7 @@ async def test_when_no_url_can_be_reached_the_error_names_each(
 
     async with HttpSender(urls) as sender:
         with pytest.raises(DeliveryError) as caught:
-            await sender.deliver(event(1))
+            await sender.deliver(numbered_event(1))
 
     assert not isinstance(caught.value, NotAcknowledged)
     assert caught.value.retryable is True
@@ -254,7 +252,7 @@ async def test_when_no_url_can_be_reached_the_error_names_each(
 async def test_one_unreachable_url_reads_as_it_always_did(ports: list[Port]) -> None:
     async with HttpSender(refused(ports)) as sender:
         with pytest.raises(DeliveryError) as caught:
-            await sender.deliver(event(1))
+            await sender.deliver(numbered_event(1))
 
     assert str(caught.value).startswith("order-1: ClientConnectorError: ")
     assert sender.failovers == 0
@@ -296,7 +294,7 @@ async def test_a_failover_is_logged_once_per_interval(
     async with HttpSender([down, up]) as sender:
         for n in range(3):
             sender._preferred = 0  # as if the first had answered in between
-            await sender.deliver(event(n))
+            await sender.deliver(numbered_event(n))
 
     lines = [r.getMessage() for r in caplog.records if r.name == "publisher.http"]
     assert len(lines) == 1, lines

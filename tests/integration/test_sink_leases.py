@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from support import scrape, value
+from support import event, scrape, value
 
 from shared import GLOBAL_LINE, LEASE_HEADER, Event, Lease
 from sink import create_app
@@ -39,10 +39,6 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 async def sink(serve: Serve, location: str) -> AsyncIterator[str]:
     yield await serve(create_app(location))
-
-
-def event(event_id: str, sku: str = "tea", qty: int = 1) -> Event:
-    return {"id": event_id, "sku": sku, "qty": qty}
 
 
 def lease(epoch: int, line: str = GLOBAL_LINE) -> dict[str, str]:
@@ -93,7 +89,7 @@ Rows = Callable[[str], list[tuple[Any, ...]]]
 async def test_a_malformed_lease_is_400_naming_the_header_and_applies_nothing(
     client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route, value: str
 ) -> None:
-    status, body = await post(client, sink, route, [event("e1")], {LEASE_HEADER: value})
+    status, body = await post(client, sink, route, [event("e1", "tea")], {LEASE_HEADER: value})
 
     assert status == 400, body
     assert body["field"] == LEASE_HEADER
@@ -107,14 +103,18 @@ async def test_a_malformed_lease_is_400_naming_the_header_and_applies_nothing(
 async def test_a_stale_lease_is_409_with_the_fenced_lease_and_applies_nothing(
     client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route
 ) -> None:
-    assert (await post(client, sink, route, [event("e1")], lease(5)))[0] == 200
+    assert (await post(client, sink, route, [event("e1", "tea")], lease(5)))[0] == 200
     before = (
         rows("SELECT id, deliveries FROM inbox ORDER BY id"),
         rows("SELECT sku, qty FROM inventory"),
     )
 
     status, body = await post(
-        client, sink, route, [event("e2"), event("e1")][: 1 if route == "event" else 2], lease(4)
+        client,
+        sink,
+        route,
+        [event("e2", "tea"), event("e1", "tea")][: 1 if route == "event" else 2],
+        lease(4),
     )
 
     assert status == 409
@@ -133,10 +133,10 @@ async def test_a_stale_lease_is_409_with_the_fenced_lease_and_applies_nothing(
 async def test_a_stale_duplicate_gets_no_ack(
     client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route
 ) -> None:
-    assert (await post(client, sink, route, [event("e1")], lease(1, "tea")))[0] == 200
-    assert (await post(client, sink, route, [event("e2")], lease(2, "tea")))[0] == 200
+    assert (await post(client, sink, route, [event("e1", "tea")], lease(1, "tea")))[0] == 200
+    assert (await post(client, sink, route, [event("e2", "tea")], lease(2, "tea")))[0] == 200
 
-    status, body = await post(client, sink, route, [event("e1")], lease(1, "tea"))
+    status, body = await post(client, sink, route, [event("e1", "tea")], lease(1, "tea"))
 
     assert status == 409, body
     assert body["fenced"]["seen"] == 2
@@ -149,8 +149,8 @@ async def test_a_stale_duplicate_gets_no_ack(
 async def test_a_request_without_a_lease_is_applied_and_get_is_unchanged(
     client: aiohttp.ClientSession, sink: str, location: str
 ) -> None:
-    assert (await post(client, sink, "event", [event("e1")], lease(9)))[0] == 200
-    status, body = await post(client, sink, "batch", [event("e2"), event("e3")], {})
+    assert (await post(client, sink, "event", [event("e1", "tea")], lease(9)))[0] == 200
+    status, body = await post(client, sink, "batch", [event("e2", "tea"), event("e3", "tea")], {})
 
     assert status == 200 and body["rejected"] is None
     async with client.get(f"{sink}/events/e2") as response:
@@ -169,12 +169,12 @@ async def test_a_request_without_a_lease_is_applied_and_get_is_unchanged(
 async def test_stale_requests_are_logged_once_per_line_with_a_count(
     client: aiohttp.ClientSession, sink: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await post(client, sink, "event", [event("e1")], lease(3))
+    await post(client, sink, "event", [event("e1", "tea")], lease(3))
     await post(client, sink, "event", [event("s1", "soap")], lease(3, "soap"))
     with caplog.at_level(logging.WARNING, logger="sink.app"):
         for n in range(5):
-            assert (await post(client, sink, "event", [event(f"x{n}")], lease(2)))[0] == 409
-        assert (await post(client, sink, "event", [event("y")], lease(1, "soap")))[0] == 409
+            assert (await post(client, sink, "event", [event(f"x{n}", "tea")], lease(2)))[0] == 409
+        assert (await post(client, sink, "event", [event("y", "tea")], lease(1, "soap")))[0] == 409
 
     lines = [r for r in caplog.records if r.name == "sink.app" and "stale" in r.getMessage()]
     assert len(lines) == 2, [r.getMessage() for r in lines]  # one per line, not per request

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
+from support import event
 
 from shared import PREDECESSOR_HEADER, Event, PredecessorMissing, Receipt, make_ack, payload_digest
 from sink import Inbox, create_app
@@ -53,10 +54,6 @@ class QuickWaits(PredecessorWaits):
         timeout_s: float = QUICK_WAIT_S,
     ) -> None:
         await super().wait(after, known, timeout_s)
-
-
-def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
-    return {"id": event_id, "sku": sku, "qty": qty}
 
 
 def ack(e: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:

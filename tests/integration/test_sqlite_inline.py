@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
+from support import event
 
-from shared import Event, Receipt
+from shared import Receipt
 from sink.backends.sqlite import SqliteInbox
 from sqlite_tx import BUSY_TIMEOUT_MS, Database, StorageError, transaction
 
@@ -122,10 +123,6 @@ async def cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-
-
-def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
-    return {"id": event_id, "sku": sku, "qty": qty}
 
 
 def names(db_rows: Query, path: Path) -> list[str]:
