@@ -26,6 +26,8 @@ from shared import Event
 if TYPE_CHECKING:
     from conftest import RunCli
 
+    from publisher import Outbox
+
 LOOPBACK = "127.0.0.1"
 STARTUP_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
@@ -83,6 +85,12 @@ def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
 def numbered_event(n: int, sku: str = "snack", qty: int = 1) -> Event:
     """The `n`th order: ID order-<n>."""
     return event(f"order-{n}", sku, qty)
+
+
+async def accept(outbox: Outbox, *ids: str, qty: int = 1) -> None:
+    """Accept event(id, qty=qty) for each of `ids`, in that order; each must be new."""
+    for event_id in ids:
+        assert await outbox.accept(event(event_id, qty=qty)) == "accepted"
 
 
 # ---------------------------------------------------------------- small calls

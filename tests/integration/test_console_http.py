@@ -42,11 +42,6 @@ def console_app(db: Path, token: str | None = TOKEN, **console: Any) -> web.Appl
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
 async def base(serve: Serve, db: Path) -> str:
     return await serve(console_app(db))
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,39 +21,39 @@ from shared import Event
 WAIT_S = 5.0
 
 
-def rows(path: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+def rows(db: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
     """Rows read through a fresh connection, closed afterwards."""
-    conn = sqlite3.connect(path, timeout=5)
+    conn = sqlite3.connect(db, timeout=5)
     try:
         return conn.execute(sql, params).fetchall()
     finally:
         conn.close()
 
 
-def sent_flags(path: Path) -> dict[str, int]:
+def sent_flags(db: Path) -> dict[str, int]:
     """id -> sent, for every outbox entry."""
-    return dict(rows(path, "SELECT id, sent FROM outbox ORDER BY seq"))
+    return dict(rows(db, "SELECT id, sent FROM outbox ORDER BY seq"))
 
 
-def sent_ids(path: Path) -> list[str]:
-    return [r[0] for r in rows(path, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
+def sent_ids(db: Path) -> list[str]:
+    return [r[0] for r in rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
 
 
-def unsent_ids(path: Path) -> list[str]:
-    return [r[0] for r in rows(path, "SELECT id FROM outbox WHERE sent = 0 ORDER BY seq")]
+def unsent_ids(db: Path) -> list[str]:
+    return [r[0] for r in rows(db, "SELECT id FROM outbox WHERE sent = 0 ORDER BY seq")]
 
 
-def is_sent(path: Path, event_id: str) -> int:
-    flag: int = rows(path, "SELECT sent FROM outbox WHERE id = ?", (event_id,))[0][0]
+def is_sent(db: Path, event_id: str) -> int:
+    flag: int = rows(db, "SELECT sent FROM outbox WHERE id = ?", (event_id,))[0][0]
     return flag
 
 
-def write_with_no_wait(path: Path, event_id: str) -> None:
+def write_with_no_wait(db: Path, event_id: str) -> None:
     """Take the write lock from an independent connection without waiting, insert, commit.
 
     Raises sqlite3.OperationalError ("database is locked") if anyone holds the lock.
     """
-    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    conn = sqlite3.connect(db, timeout=0, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(
@@ -71,17 +70,6 @@ order = partial(event, qty=7)  # the orders of these tests: qty 7 unless said
 
 async def ack(event: Event) -> bool:
     return True
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
-async def outbox(path: Path) -> AsyncIterator[Outbox]:
-    async with Outbox.open(path) as opened:
-        yield opened
 
 
 async def accept_all(outbox: Outbox, *ids: str) -> None:
@@ -125,12 +113,12 @@ class WatchedStore:
 # ---------------------------------------------------------------- the happy path
 
 
-async def test_dispatch_sends_in_order_and_marks_each(outbox: Outbox, path: Path) -> None:
+async def test_dispatch_sends_in_order_and_marks_each(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "z", "a", "m")
     send = Recorder()
     assert await dispatch(outbox, send) == ["z", "a", "m"]
     assert send.ids == ["z", "a", "m"]
-    assert sent_flags(path) == {"z": 1, "a": 1, "m": 1}
+    assert sent_flags(db) == {"z": 1, "a": 1, "m": 1}
 
 
 async def test_dispatch_sends_the_stored_events(outbox: Outbox) -> None:
@@ -147,13 +135,13 @@ async def test_dispatch_of_an_empty_outbox_returns_nothing(outbox: Outbox) -> No
     assert send.received == []
 
 
-async def test_dispatch_skips_entries_already_sent(outbox: Outbox, path: Path) -> None:
+async def test_dispatch_skips_entries_already_sent(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b", "c")
     await outbox.mark_sent("b")
     send = Recorder()
     assert await dispatch(outbox, send) == ["a", "c"]
     assert send.ids == ["a", "c"]
-    assert unsent_ids(path) == []
+    assert unsent_ids(db) == []
 
 
 async def test_a_second_dispatch_sends_nothing_again(outbox: Outbox) -> None:
@@ -164,36 +152,36 @@ async def test_a_second_dispatch_sends_nothing_again(outbox: Outbox) -> None:
     assert send.received == []
 
 
-async def test_dispatch_limit_bounds_one_batch(outbox: Outbox, path: Path) -> None:
+async def test_dispatch_limit_bounds_one_batch(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b", "c", "d")
     assert await dispatch(outbox, ack, limit=3) == ["a", "b", "c"]
-    assert unsent_ids(path) == ["d"]
+    assert unsent_ids(db) == ["d"]
     assert await dispatch(outbox, ack, limit=3) == ["d"]
 
 
-async def test_dispatch_sends_at_most_max_batch(outbox: Outbox, path: Path) -> None:
+async def test_dispatch_sends_at_most_max_batch(outbox: Outbox, db: Path) -> None:
     ids = [f"e{n:02d}" for n in range(MAX_BATCH + 2)]
     await accept_all(outbox, *ids)
     assert await dispatch(outbox, ack) == ids[:MAX_BATCH]
-    assert unsent_ids(path) == ids[MAX_BATCH:]
+    assert unsent_ids(db) == ids[MAX_BATCH:]
 
 
 @pytest.mark.parametrize("limit", [0, 17, -1, True, 1.0, "16", None])
 async def test_dispatch_refuses_a_bad_limit_before_sending(
-    outbox: Outbox, path: Path, limit: Any
+    outbox: Outbox, db: Path, limit: Any
 ) -> None:
     await accept_all(outbox, "a")
     send = Recorder()
     with pytest.raises(ValueError):
         await dispatch(outbox, send, limit=limit)
     assert send.received == []
-    assert unsent_ids(path) == ["a"]
+    assert unsent_ids(db) == ["a"]
 
 
 # ---------------------------------------------------------------- stop on the first failure
 
 
-async def test_failure_propagates_the_same_exception_and_stops(outbox: Outbox, path: Path) -> None:
+async def test_failure_propagates_the_same_exception_and_stops(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b", "c")
     error = ConnectionResetError("sink went away")
     attempted: list[str] = []
@@ -209,10 +197,10 @@ async def test_failure_propagates_the_same_exception_and_stops(outbox: Outbox, p
 
     assert excinfo.value is error
     assert attempted == ["a", "b"]
-    assert sent_flags(path) == {"a": 1, "b": 0, "c": 0}
+    assert sent_flags(db) == {"a": 1, "b": 0, "c": 0}
 
 
-async def test_the_next_dispatch_resumes_at_the_failed_entry(outbox: Outbox, path: Path) -> None:
+async def test_the_next_dispatch_resumes_at_the_failed_entry(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b", "c")
 
     async def fail_on_b(event: Event) -> bool:
@@ -226,10 +214,10 @@ async def test_the_next_dispatch_resumes_at_the_failed_entry(outbox: Outbox, pat
     send = Recorder()
     assert await dispatch(outbox, send) == ["b", "c"]
     assert send.ids == ["b", "c"]
-    assert sent_flags(path) == {"a": 1, "b": 1, "c": 1}
+    assert sent_flags(db) == {"a": 1, "b": 1, "c": 1}
 
 
-async def test_failure_on_the_first_entry_marks_nothing(outbox: Outbox, path: Path) -> None:
+async def test_failure_on_the_first_entry_marks_nothing(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b")
     error = TimeoutError("no reply")
 
@@ -239,12 +227,12 @@ async def test_failure_on_the_first_entry_marks_nothing(outbox: Outbox, path: Pa
     with pytest.raises(TimeoutError) as excinfo:
         await dispatch(outbox, send)
     assert excinfo.value is error
-    assert sent_ids(path) == []
+    assert sent_ids(db) == []
 
 
 @pytest.mark.parametrize("result", [1, "true", {"ack": "b"}, None, False, 0, [True], "True"])
 async def test_only_a_strict_true_counts_as_an_ack(
-    outbox: Outbox, path: Path, result: object
+    outbox: Outbox, db: Path, result: object
 ) -> None:
     await accept_all(outbox, "a", "b", "c")
     attempted: list[str] = []
@@ -258,14 +246,14 @@ async def test_only_a_strict_true_counts_as_an_ack(
 
     assert "'b'" in str(excinfo.value)
     assert attempted == ["a", "b"]
-    assert sent_flags(path) == {"a": 1, "b": 0, "c": 0}
+    assert sent_flags(db) == {"a": 1, "b": 0, "c": 0}
 
 
 # ---------------------------------------------------------------- copies out, originals in
 
 
 async def test_a_send_that_changes_the_id_cannot_redirect_the_mark(
-    outbox: Outbox, path: Path
+    outbox: Outbox, db: Path
 ) -> None:
     await accept_all(outbox, "a", "b", "c")
 
@@ -275,10 +263,10 @@ async def test_a_send_that_changes_the_id_cannot_redirect_the_mark(
         return True
 
     assert await dispatch(outbox, send, limit=2) == ["a", "b"]
-    assert sent_flags(path) == {"a": 1, "b": 1, "c": 0}
+    assert sent_flags(db) == {"a": 1, "b": 1, "c": 0}
 
 
-async def test_the_callback_receives_a_copy(outbox: Outbox, path: Path) -> None:
+async def test_the_callback_receives_a_copy(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b")
     store = WatchedStore(outbox)
     send = Recorder()
@@ -294,7 +282,7 @@ async def test_the_callback_receives_a_copy(outbox: Outbox, path: Path) -> None:
 
 
 async def test_mutating_the_argument_changes_neither_the_batch_nor_the_store(
-    outbox: Outbox, path: Path
+    outbox: Outbox, db: Path
 ) -> None:
     await accept_all(outbox, "a", "b")
     store = WatchedStore(outbox)
@@ -310,7 +298,7 @@ async def test_mutating_the_argument_changes_neither_the_batch_nor_the_store(
 
     assert store.batches == [[order("a"), order("b")]]
     assert await outbox.pending() == [order("a"), order("b")]
-    assert rows(path, "SELECT id, sku, qty FROM orders ORDER BY id") == [
+    assert rows(db, "SELECT id, sku, qty FROM orders ORDER BY id") == [
         ("a", "snack", 7),
         ("b", "snack", 7),
     ]
@@ -319,7 +307,7 @@ async def test_mutating_the_argument_changes_neither_the_batch_nor_the_store(
 # ---------------------------------------------------------------- the after-delivery hook
 
 
-async def test_sync_hook_runs_after_the_ack_and_before_the_mark(outbox: Outbox, path: Path) -> None:
+async def test_sync_hook_runs_after_the_ack_and_before_the_mark(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b")
     steps: list[str] = []
 
@@ -328,22 +316,22 @@ async def test_sync_hook_runs_after_the_ack_and_before_the_mark(outbox: Outbox, 
         return True
 
     def hook(event_id: str) -> None:
-        steps.append(f"hook {event_id} sent={is_sent(path, event_id)}")
+        steps.append(f"hook {event_id} sent={is_sent(db, event_id)}")
 
     assert await dispatch(outbox, send, after_delivery=hook) == ["a", "b"]
     assert steps == ["send a", "hook a sent=0", "send b", "hook b sent=0"]
-    assert sent_ids(path) == ["a", "b"]
+    assert sent_ids(db) == ["a", "b"]
 
 
-async def test_async_hook_is_awaited_before_the_mark(outbox: Outbox, path: Path) -> None:
+async def test_async_hook_is_awaited_before_the_mark(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b")
     steps: list[str] = []
 
     async def hook(event_id: str) -> None:
         await asyncio.sleep(0)
-        steps.append(f"hook {event_id} sent={is_sent(path, event_id)}")
+        steps.append(f"hook {event_id} sent={is_sent(db, event_id)}")
         await asyncio.sleep(0)
-        steps.append(f"hook {event_id} done sent={is_sent(path, event_id)}")
+        steps.append(f"hook {event_id} done sent={is_sent(db, event_id)}")
 
     assert await dispatch(outbox, ack, after_delivery=hook) == ["a", "b"]
     assert steps == [
@@ -352,7 +340,7 @@ async def test_async_hook_is_awaited_before_the_mark(outbox: Outbox, path: Path)
         "hook b sent=0",
         "hook b done sent=0",
     ]
-    assert sent_ids(path) == ["a", "b"]
+    assert sent_ids(db) == ["a", "b"]
 
 
 async def test_hook_gets_the_selected_id_even_if_send_changed_it(outbox: Outbox) -> None:
@@ -380,9 +368,7 @@ async def test_hook_does_not_run_when_the_send_fails(outbox: Outbox) -> None:
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-async def test_a_failing_hook_leaves_the_entry_unsent(
-    outbox: Outbox, path: Path, kind: str
-) -> None:
+async def test_a_failing_hook_leaves_the_entry_unsent(outbox: Outbox, db: Path, kind: str) -> None:
     await accept_all(outbox, "a", "b", "c")
     error = SystemError("stop right here")
 
@@ -398,33 +384,33 @@ async def test_a_failing_hook_leaves_the_entry_unsent(
         await dispatch(outbox, ack, after_delivery=hook)
 
     assert excinfo.value is error
-    assert sent_flags(path) == {"a": 1, "b": 0, "c": 0}
+    assert sent_flags(db) == {"a": 1, "b": 0, "c": 0}
 
 
 # ---------------------------------------------------------------- no lock while sending
 
 
-async def test_another_connection_can_write_during_a_send(outbox: Outbox, path: Path) -> None:
+async def test_another_connection_can_write_during_a_send(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b")
     written: list[str] = []
 
     async def send(event: Event) -> bool:
         side = f"side-{event['id']}"
-        write_with_no_wait(path, side)
+        write_with_no_wait(db, side)
         written.append(side)
         return True
 
     assert await dispatch(outbox, send) == ["a", "b"]
     assert written == ["side-a", "side-b"]
-    assert {"side-a", "side-b"} <= {r[0] for r in rows(path, "SELECT id FROM orders")}
+    assert {"side-a", "side-b"} <= {r[0] for r in rows(db, "SELECT id FROM orders")}
 
 
-async def test_no_reader_snapshot_is_held_during_a_send(outbox: Outbox, path: Path) -> None:
+async def test_no_reader_snapshot_is_held_during_a_send(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a")
     busy: list[int] = []
 
     async def send(event: Event) -> bool:
-        conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+        conn = sqlite3.connect(db, timeout=0, isolation_level=None)
         try:
             busy.append(conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
         finally:
@@ -435,26 +421,26 @@ async def test_no_reader_snapshot_is_held_during_a_send(outbox: Outbox, path: Pa
     assert busy == [0]
 
 
-async def test_another_connection_can_write_while_a_send_hangs(outbox: Outbox, path: Path) -> None:
+async def test_another_connection_can_write_while_a_send_hangs(outbox: Outbox, db: Path) -> None:
     await accept_all(outbox, "a", "b")
     outcome: list[str] = []
 
     async def hanging_send(event: Event) -> bool:
         sleeper = asyncio.ensure_future(asyncio.sleep(0.05))
         await asyncio.sleep(0)
-        write_with_no_wait(path, f"during-{event['id']}")
+        write_with_no_wait(db, f"during-{event['id']}")
         await sleeper
-        write_with_no_wait(path, f"after-{event['id']}")
+        write_with_no_wait(db, f"after-{event['id']}")
         outcome.append(event["id"])
         return True
 
     assert await dispatch(outbox, hanging_send, limit=1) == ["a"]
     assert outcome == ["a"]
-    assert {"during-a", "after-a"} <= {r[0] for r in rows(path, "SELECT id FROM orders")}
+    assert {"during-a", "after-a"} <= {r[0] for r in rows(db, "SELECT id FROM orders")}
 
 
 async def test_writes_in_a_parallel_task_succeed_while_send_is_blocked(
-    outbox: Outbox, path: Path
+    outbox: Outbox, db: Path
 ) -> None:
     await accept_all(outbox, "a")
     started = asyncio.Event()
@@ -470,18 +456,18 @@ async def test_writes_in_a_parallel_task_succeed_while_send_is_blocked(
         await asyncio.wait_for(started.wait(), WAIT_S)
         for n in range(3):
             await asyncio.sleep(0.01)
-            write_with_no_wait(path, f"side-{n}")
+            write_with_no_wait(db, f"side-{n}")
         assert not task.done()
-        assert is_sent(path, "a") == 0
+        assert is_sent(db, "a") == 0
     finally:
         release.set()
         result = await asyncio.wait_for(task, WAIT_S)
     assert result == ["a"]
-    assert is_sent(path, "a") == 1
+    assert is_sent(db, "a") == 1
 
 
 async def test_accept_completes_while_another_tasks_send_is_blocked(
-    outbox: Outbox, path: Path
+    outbox: Outbox, db: Path
 ) -> None:
     await accept_all(outbox, "a")
     started = asyncio.Event()
@@ -495,16 +481,16 @@ async def test_accept_completes_while_another_tasks_send_is_blocked(
     task = asyncio.create_task(dispatch(outbox, blocked_send))
     try:
         await asyncio.wait_for(started.wait(), WAIT_S)
-        async with Outbox.open(path) as intake:
+        async with Outbox.open(db) as intake:
             accepted = await asyncio.wait_for(intake.accept(order("new-1")), 1.0)
         same_connection = await asyncio.wait_for(outbox.accept(order("new-2")), 1.0)
         assert (accepted, same_connection) == ("accepted", "accepted")
         assert not task.done()
-        assert unsent_ids(path) == ["a", "new-1", "new-2"]
+        assert unsent_ids(db) == ["a", "new-1", "new-2"]
     finally:
         release.set()
         result = await asyncio.wait_for(task, WAIT_S)
 
     assert result == ["a"]
-    assert unsent_ids(path) == ["new-1", "new-2"]
+    assert unsent_ids(db) == ["new-1", "new-2"]
     assert await dispatch(outbox, ack) == ["new-1", "new-2"]

@@ -144,7 +144,7 @@ async def all_of(*calls: Awaitable[T]) -> list[T | BaseException]:
 
 
 async def test_a_groups_new_orders_are_inserted_in_one_statement_a_table_as_each_alone_would_be(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await accept(outbox, "a0")
     inserts: list[str] = []
@@ -182,7 +182,7 @@ async def test_a_groups_new_orders_are_inserted_in_one_statement_a_table_as_each
     # Written the same either way: the order's fields and time, the entry's canonical
     # payload, lane and time, in the order the calls were made.
     entries = db_rows(
-        source_db,
+        db,
         "SELECT o.id, o.sku, o.qty, typeof(o.qty), o.accepted_at, e.payload, e.lane,"
         " e.queued_at FROM outbox e JOIN orders o USING (id) ORDER BY e.seq",
     )
@@ -525,17 +525,6 @@ async def test_concurrent_event_posts_share_commits_and_each_gets_its_own_ack(
 # ---------------------------------------------------------------- the publisher's side
 
 
-@pytest.fixture
-def source_db(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
-async def outbox(source_db: Path) -> AsyncIterator[Outbox]:
-    async with Outbox.open(source_db) as opened:
-        yield opened
-
-
 class OnTheThread(InlineWrites):
     """The tactic as it is while backing off after a slow write, for as long as a
     test runs: groups go to the worker thread (a call alone with no intake request
@@ -582,7 +571,7 @@ def unmarked(ids: list[str]) -> dict[str, tuple[Any, ...]]:
 
 
 async def test_marks_asked_for_while_one_commits_are_committed_together_next(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = [[f"{lane}{n}" for n in range(3)] for lane in "abcde"]
     await accept(outbox, *(i for call in calls for i in call))
@@ -600,7 +589,7 @@ async def test_marks_asked_for_while_one_commits_are_committed_together_next(
         try:
             await asyncio.sleep(PENDING_S)
             assert not any(t.done() for t in (*first, *later))
-            assert db_rows(source_db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(0,)]
+            assert db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(0,)]
         finally:
             gate.release.set()
             async with asyncio.timeout(WAIT_S):
@@ -611,15 +600,15 @@ async def test_marks_asked_for_while_one_commits_are_committed_together_next(
     # The held transaction had the first two calls; the three that came meanwhile
     # shared one.
     assert len(trips.worker) == 2 and trips.inline == []
-    assert outbox_rows(db_rows, source_db) == marked([i for call in calls for i in call])
+    assert outbox_rows(db_rows, db) == marked([i for call in calls for i in call])
     for call in calls:  # each call's marks carry the one time it was asked at
         marks = ",".join("?" * len(call))
         query = f"SELECT DISTINCT sent_at FROM outbox WHERE id IN ({marks})"
-        assert len(db_rows(source_db, query, (*call,))) == 1
+        assert len(db_rows(db, query, (*call,))) == 1
 
 
 async def test_a_grouped_call_with_an_unknown_id_fails_alone_and_marks_none_of_its_entries(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b, c = ["a0", "a1"], ["b0", "b1"], ["c0"]
     await accept(outbox, *a, *b, *c)
@@ -637,13 +626,13 @@ async def test_a_grouped_call_with_an_unknown_id_fails_alone_and_marks_none_of_i
     assert isinstance(got_b, UnknownEntry) and got_b.event_id == "ghost"
     assert isinstance(got_single, UnknownEntry) and got_single.event_id == "phantom"
     assert (len(trips.inline), trips.worker) == (1, [])  # the four calls in one, inline
-    assert outbox_rows(db_rows, source_db) == {**marked(a), **unmarked(b), **marked(c)}
+    assert outbox_rows(db_rows, db) == {**marked(a), **unmarked(b), **marked(c)}
     await outbox.mark_sent_many(acked(b))  # without the unknown ID, b is marked
-    assert outbox_rows(db_rows, source_db) == marked([*a, *b, *c])
+    assert outbox_rows(db_rows, db) == marked([*a, *b, *c])
 
 
 async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_work(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await accept(outbox, "a0", "a1", "b0", "b1", "c0", "d0")
     groups_on_the_thread(outbox)
@@ -667,7 +656,7 @@ async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_w
 
     assert running.cancelled() and queued.cancelled()
     assert len(trips.worker) == 2
-    assert outbox_rows(db_rows, source_db) == {
+    assert outbox_rows(db_rows, db) == {
         **marked(["a0", "a1", "b0", "b1", "c0"]),
         **unmarked(["d0"]),
     }
@@ -675,14 +664,14 @@ async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_w
     # inline, on the loop's thread).
     await asyncio.wait_for(outbox.mark_sent("d0", make_ack("d0", Receipt.APPLIED)), WAIT_S)
     assert len(trips.worker) == 2 and trips.inline == [threading.get_ident()]
-    assert outbox_rows(db_rows, source_db) == marked(["a0", "a1", "b0", "b1", "c0", "d0"])
+    assert outbox_rows(db_rows, db) == marked(["a0", "a1", "b0", "b1", "c0", "d0"])
 
 
 async def test_a_grouped_mark_whose_sql_fails_fails_alone(
-    outbox: Outbox, source_db: Path, db_rows: Query
+    outbox: Outbox, db: Path, db_rows: Query
 ) -> None:
     await accept(outbox, "a0", "b0", "b1")
-    poison(source_db, "outbox", "UPDATE OF sent", "b1")
+    poison(db, "outbox", "UPDATE OF sent", "b1")
 
     got_a, got_b = await all_of(
         outbox.mark_sent_many(acked(["a0"])), outbox.mark_sent_many(acked(["b0", "b1"]))
@@ -690,7 +679,7 @@ async def test_a_grouped_mark_whose_sql_fails_fails_alone(
 
     assert isinstance(got_b, StorageError)
     assert got_a is None
-    assert outbox_rows(db_rows, source_db) == {**marked(["a0"]), **unmarked(["b0", "b1"])}
+    assert outbox_rows(db_rows, db) == {**marked(["a0"]), **unmarked(["b0", "b1"])}
 
 
 # ---------------------------------------------------------------- intake, with the marks
@@ -705,7 +694,7 @@ def order_ids(db_rows: Query, db: Path) -> tuple[list[str], list[str]]:
 
 
 async def test_intake_and_marks_asked_for_while_one_commits_share_the_next_transaction(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await accept(outbox, "a0", "b0")
     groups_on_the_thread(outbox)
@@ -740,26 +729,26 @@ async def test_intake_and_marks_asked_for_while_one_commits_share_the_next_trans
     ]
     assert len(trips.worker) == 2  # the held one, then one for all eight calls
     new = [f"n{n}" for n in range(7)]
-    assert order_ids(db_rows, source_db)[1] == ["a0", "b0", "n0", "n6", *new[1:6], "m0", "m1"]
-    assert outbox_rows(db_rows, source_db) == {
+    assert order_ids(db_rows, db)[1] == ["a0", "b0", "n0", "n6", *new[1:6], "m0", "m1"]
+    assert outbox_rows(db_rows, db) == {
         **marked(["a0", "b0"]),
         **unmarked([*new, "m0", "m1"]),
     }
 
 
 async def test_an_accept_alone_and_a_group_commit_inline_while_writes_are_quick(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     groups_inline(outbox)
     trips = watch(outbox._db, monkeypatch)
     loop_thread = threading.get_ident()
     for n in range(3):
         assert await asyncio.wait_for(outbox.accept(event(f"a{n}")), WAIT_S) == "accepted"
-        assert order_ids(db_rows, source_db)[1] == [f"a{k}" for k in range(n + 1)]
+        assert order_ids(db_rows, db)[1] == [f"a{k}" for k in range(n + 1)]
     assert trips.inline == [loop_thread] * 3 and trips.worker == []
     assert await all_of(*(outbox.accept(event(f"b{n}")) for n in range(3))) == ["accepted"] * 3
     assert trips.inline == [loop_thread] * 4 and trips.worker == []  # the three in one
-    assert order_ids(db_rows, source_db)[1] == [*(f"a{n}" for n in range(3)), "b0", "b1", "b2"]
+    assert order_ids(db_rows, db)[1] == [*(f"a{n}" for n in range(3)), "b0", "b1", "b2"]
 
 
 def slow_inserts(outbox: Outbox, prefix: str, pause: Callable[[], object]) -> None:
@@ -775,7 +764,7 @@ def slow_inserts(outbox: Outbox, prefix: str, pause: Callable[[], object]) -> No
 
 
 async def test_after_a_slow_write_groups_commit_on_the_worker_thread_and_later_inline_again(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write that held the loop longer than slow_s sends the next groups to the
     worker thread for backoff_s; then a group commits inline again. The first
@@ -797,14 +786,14 @@ async def test_after_a_slow_write_groups_commit_on_the_worker_thread_and_later_i
     clock.advance(1 / 1024)
     assert await all_of(*(outbox.accept(event(f"d{n}")) for n in range(3))) == ["accepted"] * 3
     assert trips.inline == [loop_thread] * 2 and len(trips.worker) == 2
-    assert order_ids(db_rows, source_db)[1] == [
+    assert order_ids(db_rows, db)[1] == [
         "slow0",
         *(f"{group}{n}" for group in "bcd" for n in range(3)),
     ]
 
 
 async def test_a_write_lock_held_elsewhere_sends_the_groups_to_the_worker_thread_for_a_while(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another connection holds the write lock: the inline try fails at once with
     SQLITE_BUSY and the group waits for the lock on the worker thread; however short
@@ -814,7 +803,7 @@ async def test_a_write_lock_held_elsewhere_sends_the_groups_to_the_worker_thread
     inline = groups_inline(outbox, clock)  # quick, whatever they take: BUSY alone counts
     trips = watch(outbox._db, monkeypatch)
     loop_thread = threading.get_ident()
-    other = sqlite3.connect(source_db, isolation_level=None)
+    other = sqlite3.connect(db, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
         group = asyncio.ensure_future(all_of(*(outbox.accept(event(f"b{n}")) for n in range(2))))
@@ -832,11 +821,11 @@ async def test_a_write_lock_held_elsewhere_sends_the_groups_to_the_worker_thread
     clock.advance(INLINE_BACKOFF_S)
     assert await all_of(*(outbox.accept(event(f"d{n}")) for n in range(2))) == ["accepted"] * 2
     assert trips.inline == [*tried, loop_thread] and len(trips.worker) == 2
-    assert order_ids(db_rows, source_db)[1] == [f"{g}{n}" for g in "bcd" for n in range(2)]
+    assert order_ids(db_rows, db)[1] == [f"{g}{n}" for g in "bcd" for n in range(2)]
 
 
 async def test_an_accept_within_the_outboxs_gather_passes_joins_the_group(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The outbox takes a group GATHER_PASSES passes of the loop after its first call:
     an accept that starts with the first and submits that many passes later shares
@@ -855,7 +844,7 @@ async def test_an_accept_within_the_outboxs_gather_passes_joins_the_group(
         late = asyncio.create_task(accept_after(late_by, f"late{late_by}"))
         assert await all_of(first, late) == ["accepted", "accepted"]
         assert (len(trips.inline), trips.worker) == (transactions, [])
-    assert order_ids(db_rows, source_db)[1] == [
+    assert order_ids(db_rows, db)[1] == [
         f"first{GATHER_PASSES}",
         f"late{GATHER_PASSES}",
         f"first{GATHER_PASSES + 1}",
@@ -864,10 +853,10 @@ async def test_an_accept_within_the_outboxs_gather_passes_joins_the_group(
 
 
 async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await accept(outbox, "a0")
-    poison(source_db, "outbox", "INSERT", "bad")
+    poison(db, "outbox", "INSERT", "bad")
     groups_inline(outbox)
     trips = watch(outbox._db, monkeypatch)
 
@@ -884,8 +873,8 @@ async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
     assert isinstance(results[2], StorageError) and "poisoned row" in str(results[2])
     assert (len(trips.inline), trips.worker) == (1, [])  # the five calls in one, inline
     # The order rows written before each failed entry insert are gone with it.
-    assert order_ids(db_rows, source_db) == (["a0", "n0", "n1"], ["a0", "n0", "n1"])
-    assert outbox_rows(db_rows, source_db)["a0"] == marked(["a0"])["a0"]
+    assert order_ids(db_rows, db) == (["a0", "n0", "n1"], ["a0", "n0", "n1"])
+    assert outbox_rows(db_rows, db)["a0"] == marked(["a0"])["a0"]
 
 
 @dataclass
@@ -914,7 +903,7 @@ class SyncLevels:
 
 
 async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_intake_syncs(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lost mark only sends its entry again (the sink answers with a duplicate ACK):
     a transaction of marks alone, every entry pending, commits at synchronous=NORMAL,
@@ -957,18 +946,18 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
     ]
     level = await outbox._db.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
     assert level == (2,)  # FULL
-    assert db_rows(source_db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq") == [
+    assert db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq") == [
         ("a0",),
         ("b0",),
         ("c0",),
         ("q0",),
         ("d0",),
     ]
-    assert db_rows(source_db, "SELECT id, released_as FROM quarantines") == [("q0", "delivered")]
+    assert db_rows(db, "SELECT id, released_as FROM quarantines") == [("q0", "delivered")]
 
 
 async def test_an_inline_group_of_intake_and_marks_syncs_and_an_inline_group_of_marks_does_not(
-    outbox: Outbox, source_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
+    outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same levels when groups commit inline on the loop's thread, as they do while
     writes are quick: a group with intake in it commits at FULL, marks among it or
@@ -989,15 +978,15 @@ async def test_an_inline_group_of_intake_and_marks_syncs_and_an_inline_group_of_
     assert (trips.inline, trips.worker) == ([threading.get_ident()] * 2, [])
     level = await outbox._db.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
     assert level == (2,)  # FULL
-    sent = db_rows(source_db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")
+    sent = db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")
     assert sent == [("a0",), ("b0",), ("c0",)]
 
 
 async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_is_written(
-    outbox: Outbox, source_db: Path, db_rows: Query
+    outbox: Outbox, db: Path, db_rows: Query
 ) -> None:
     await accept(outbox, "a0")
-    conn = sqlite3.connect(source_db, isolation_level=None)
+    conn = sqlite3.connect(db, isolation_level=None)
     try:  # RAISE(ROLLBACK) ends the whole transaction, not only the statement
         conn.execute(
             "CREATE TRIGGER doom BEFORE INSERT ON outbox WHEN NEW.id = 'doom'"
@@ -1014,8 +1003,8 @@ async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_
     )
 
     assert all(isinstance(r, StorageError) for r in results), results
-    assert order_ids(db_rows, source_db) == (["a0"], ["a0"])
-    assert outbox_rows(db_rows, source_db) == unmarked(["a0"])
+    assert order_ids(db_rows, db) == (["a0"], ["a0"])
+    assert outbox_rows(db_rows, db) == unmarked(["a0"])
     assert await outbox.accept(event("n0")) == "accepted"  # the next group commits
 
 
@@ -1053,7 +1042,7 @@ async def publisher(
     serve_sink: ServeSink,
     client: aiohttp.ClientSession,
     sink_db: Path,
-    source_db: Path,
+    db: Path,
     db_rows: Query,
 ) -> Publisher:
     """`publisher serve`'s application on loopback in front of a real sink, its
@@ -1063,7 +1052,7 @@ async def publisher(
     commits."""
     sink = await serve_sink(sink_db)
     settings = ServiceSettings(
-        db=str(source_db), sink=f"{sink}/events", relay=RelaySettings(poll_interval_s=30.0)
+        db=str(db), sink=f"{sink}/events", relay=RelaySettings(poll_interval_s=30.0)
     )
     app = create_app(settings)
     base = await serve(app)
@@ -1071,7 +1060,7 @@ async def publisher(
         201,
         {"id": "warm", "result": "accepted"},
     )
-    await eventually(lambda: db_rows(source_db, "SELECT sent FROM outbox") == [(1,)])
+    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)])
     await asyncio.sleep(PENDING_S)  # the relay's reads after the mark, done
     outbox, commits = app[OUTBOX], IntakeCommits()
     assert isinstance(outbox, SqliteOutbox)
@@ -1110,19 +1099,19 @@ async def body_still_arriving(
 
 
 async def test_concurrent_order_posts_share_commits_and_each_gets_its_own_reply(
-    publisher: Publisher, client: aiohttp.ClientSession, source_db: Path, db_rows: Query
+    publisher: Publisher, client: aiohttp.ClientSession, db: Path, db_rows: Query
 ) -> None:
     orders = [event(f"h{n}", f"sku{n % 3}", n + 1) for n in range(REQUESTS * 2)]
 
     replies = await all_of(*(post(client, f"{publisher.base}/orders", o) for o in orders))
 
     assert replies == [(201, {"id": o["id"], "result": "accepted"}) for o in orders]
-    assert order_ids(db_rows, source_db)[0] == sorted(["warm", *(o["id"] for o in orders)])
+    assert order_ids(db_rows, db)[0] == sorted(["warm", *(o["id"] for o in orders)])
     assert 1 <= len(publisher.commits.threads) < len(orders)
 
 
 async def test_an_order_posted_while_another_is_in_progress_commits_inline_while_writes_are_quick(
-    publisher: Publisher, client: aiohttp.ClientSession, source_db: Path, db_rows: Query
+    publisher: Publisher, client: aiohttp.ClientSession, db: Path, db_rows: Query
 ) -> None:
     loop_thread = threading.get_ident()
     groups_inline(publisher.outbox)
@@ -1133,14 +1122,14 @@ async def test_an_order_posted_while_another_is_in_progress_commits_inline_while
         )
         assert publisher.commits.threads == [loop_thread]
         assert (await finish()).startswith(b"HTTP/1.1 201")
-    assert order_ids(db_rows, source_db)[0] == ["quick", "slow", "warm"]
+    assert order_ids(db_rows, db)[0] == ["quick", "slow", "warm"]
     # The second on whichever thread: the relay, woken by the first, may be reading.
     assert len(publisher.commits.threads) == 2
     assert publisher.outbox.intake_in_progress == 0
 
 
 async def test_after_a_slow_write_an_order_posted_while_another_is_in_progress_commits_off_the_loop(
-    publisher: Publisher, client: aiohttp.ClientSession, source_db: Path, db_rows: Query
+    publisher: Publisher, client: aiohttp.ClientSession, db: Path, db_rows: Query
 ) -> None:
     """Inline after a slow write, the next commit could hold the loop as long again
     while the other request's bytes wait in its socket: it goes to the worker thread."""
@@ -1154,9 +1143,7 @@ async def test_after_a_slow_write_an_order_posted_while_another_is_in_progress_c
     assert publisher.commits.threads == [loop_thread]  # alone: inline, and slow
     # Its delivery and mark done, and the relay's reads after them: the worker
     # thread is idle again, so only the backoff keeps the next commit off the loop.
-    await eventually(
-        lambda: db_rows(source_db, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
-    )
+    await eventually(lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)])
     await asyncio.sleep(PENDING_S)
     async with body_still_arriving(publisher.base, event("slow")) as finish:
         assert await post(client, f"{publisher.base}/orders", event("quick")) == (
@@ -1166,6 +1153,6 @@ async def test_after_a_slow_write_an_order_posted_while_another_is_in_progress_c
         assert len(publisher.commits.threads) == 2
         assert publisher.commits.threads[1] != loop_thread
         assert (await finish()).startswith(b"HTTP/1.1 201")
-    assert order_ids(db_rows, source_db)[0] == ["pause0", "quick", "slow", "warm"]
+    assert order_ids(db_rows, db)[0] == ["pause0", "quick", "slow", "warm"]
     assert len(publisher.commits.threads) == 3
     assert publisher.outbox.intake_in_progress == 0

@@ -72,16 +72,6 @@ async def serve_hardened() -> AsyncIterator[ServeHardened]:
 
 
 @pytest.fixture
-def sink_db(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
-@pytest.fixture
-def source_db(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
 async def sink(serve_hardened: ServeHardened, sink_db: Path) -> str:
     return await serve_hardened(create_sink(sink_db))
 
@@ -90,11 +80,11 @@ StartPublisher = Callable[..., Awaitable[str]]
 
 
 @pytest.fixture
-def start_publisher(serve_hardened: ServeHardened, source_db: Path, sink: str) -> StartPublisher:
+def start_publisher(serve_hardened: ServeHardened, db: Path, sink: str) -> StartPublisher:
     async def start(**settings: Any) -> str:
         relay = RelaySettings(poll_interval_s=0.1, retry=RetryPolicy(base_s=0.05, cap_s=0.3))
         app = create_publisher(
-            ServiceSettings(db=str(source_db), sink=f"{sink}/events", relay=relay, **settings)
+            ServiceSettings(db=str(db), sink=f"{sink}/events", relay=relay, **settings)
         )
         return await serve_hardened(app)
 
@@ -120,14 +110,14 @@ Unchanged = Callable[[], None]
 
 
 @pytest.fixture
-def unchanged(db_rows: Query, sink_db: Path, source_db: Path) -> Callable[[], Unchanged]:
+def unchanged(db_rows: Query, sink_db: Path, db: Path) -> Callable[[], Unchanged]:
     """`check = unchanged()` before, `check()` after: both files hold the same rows."""
 
     def take() -> Unchanged:
-        before = state(db_rows, sink_db, source_db)
+        before = state(db_rows, sink_db, db)
 
         def check() -> None:
-            assert state(db_rows, sink_db, source_db) == before
+            assert state(db_rows, sink_db, db) == before
 
         return check
 
@@ -391,7 +381,7 @@ async def test_an_origin_is_403_unless_allowed(
     serve_hardened: ServeHardened,
     client: aiohttp.ClientSession,
     publisher: str,
-    source_db: Path,
+    db: Path,
     sink: str,
     unchanged: Callable[[], Unchanged],
     db_rows: Query,
@@ -408,7 +398,7 @@ async def test_an_origin_is_403_unless_allowed(
 
     allowed = "https://ops.example"
     guard = HttpGuard.of(origins=[allowed])
-    other = await serve_hardened(create_sink(source_db.with_name("other-sink.db"), guard=guard))
+    other = await serve_hardened(create_sink(db.with_name("other-sink.db"), guard=guard))
     status, body, _ = await post(client, f"{other}/events", PLAIN, {**JSON, "Origin": allowed})
     assert (status, body["ack"]) == (200, "order-1")
 
@@ -418,7 +408,7 @@ async def test_the_intake_token_guards_post_orders(
     start_publisher: StartPublisher,
     unchanged: Callable[[], Unchanged],
     db_rows: Query,
-    source_db: Path,
+    db: Path,
 ) -> None:
     publisher = await start_publisher(intake_token=TOKEN)
     check = unchanged()
@@ -436,7 +426,7 @@ async def test_the_intake_token_guards_post_orders(
     auth = {**JSON, "Authorization": f"Bearer {TOKEN}"}
     status, body, _ = await post(client, f"{publisher}/orders", PLAIN, auth)
     assert (status, body["result"]) == (201, "accepted")
-    assert db_rows(source_db, "SELECT id FROM orders") == [("order-1",)]
+    assert db_rows(db, "SELECT id FROM orders") == [("order-1",)]
     async with client.get(f"{publisher}/status") as response:  # reads stay open
         assert response.status == 200
 

@@ -8,7 +8,6 @@ module holds what is SQLite's own, checked through independent sqlite3 connectio
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,18 +22,18 @@ from publisher.store import Outbox, State
 from shared import Conflict, canonical_json
 
 
-def rows(path: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+def rows(db: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
     """Rows read through a fresh connection, closed afterwards."""
-    conn = sqlite3.connect(path, timeout=5)
+    conn = sqlite3.connect(db, timeout=5)
     try:
         return conn.execute(sql, params).fetchall()
     finally:
         conn.close()
 
 
-def execute(path: Path, *statements: str) -> None:
+def execute(db: Path, *statements: str) -> None:
     """Run statements through a fresh autocommit connection."""
-    conn = sqlite3.connect(path, timeout=5, isolation_level=None)
+    conn = sqlite3.connect(db, timeout=5, isolation_level=None)
     try:
         for statement in statements:
             conn.execute(statement)
@@ -42,13 +41,13 @@ def execute(path: Path, *statements: str) -> None:
         conn.close()
 
 
-def count(path: Path, table: str) -> int:
-    n: int = rows(path, f"SELECT count(*) FROM {table}")[0][0]
+def count(db: Path, table: str) -> int:
+    n: int = rows(db, f"SELECT count(*) FROM {table}")[0][0]
     return n
 
 
-def wal_file(path: Path) -> Path:
-    return path.with_name(path.name + "-wal")
+def wal_file(db: Path) -> Path:
+    return db.with_name(db.name + "-wal")
 
 
 order = partial(event, qty=7)  # the orders of these tests: qty 7 unless said
@@ -58,38 +57,26 @@ def files_under(root: Path) -> list[Path]:
     return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
-async def outbox(path: Path) -> AsyncIterator[SqliteOutbox]:
-    async with Outbox.open(path) as opened:
-        assert isinstance(opened, SqliteOutbox)
-        yield opened
-
-
 # ---------------------------------------------------------------- opening
 
 
-async def test_open_creates_orders_and_outbox_tables(outbox: Outbox, path: Path) -> None:
-    names = {r[0] for r in rows(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+async def test_open_creates_orders_and_outbox_tables(outbox: Outbox, db: Path) -> None:
+    names = {r[0] for r in rows(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"orders", "outbox"} <= names
     assert "inbox" not in names
-    columns = {r[1] for r in rows(path, "PRAGMA table_info(outbox)")}
+    columns = {r[1] for r in rows(db, "PRAGMA table_info(outbox)")}
     assert {"seq", "id", "payload", "sent"} <= columns
 
 
-async def test_outbox_seq_is_declared_autoincrement(outbox: Outbox, path: Path) -> None:
+async def test_outbox_seq_is_declared_autoincrement(outbox: Outbox, db: Path) -> None:
     # What keeps a deleted entry's seq from being given again (the behaviour suite
     # checks that it is not).
-    (ddl,) = rows(path, "SELECT sql FROM sqlite_master WHERE name = 'outbox'")[0]
+    (ddl,) = rows(db, "SELECT sql FROM sqlite_master WHERE name = 'outbox'")[0]
     assert "AUTOINCREMENT" in ddl.upper()
 
 
-async def test_open_uses_wal_journal_mode(outbox: Outbox, path: Path) -> None:
-    assert rows(path, "PRAGMA journal_mode") == [("wal",)]
+async def test_open_uses_wal_journal_mode(outbox: Outbox, db: Path) -> None:
+    assert rows(db, "PRAGMA journal_mode") == [("wal",)]
 
 
 async def test_open_sets_synchronous_full_on_its_connection(outbox: SqliteOutbox) -> None:
@@ -97,31 +84,31 @@ async def test_open_sets_synchronous_full_on_its_connection(outbox: SqliteOutbox
     assert synchronous == 2  # FULL
 
 
-async def test_await_open_returns_an_outbox(path: Path) -> None:
-    outbox = await Outbox.open(path)
+async def test_await_open_returns_an_outbox(db: Path) -> None:
+    outbox = await Outbox.open(db)
     try:
         assert isinstance(outbox, SqliteOutbox)
         assert await outbox.accept(order("a")) == "accepted"
-        assert outbox.path == str(path)
+        assert outbox.path == str(db)
     finally:
         await outbox.close()
-    assert count(path, "orders") == 1
+    assert count(db, "orders") == 1
 
 
-async def test_async_with_open_closes_on_exit(path: Path) -> None:
-    async with Outbox.open(path) as outbox:
+async def test_async_with_open_closes_on_exit(db: Path) -> None:
+    async with Outbox.open(db) as outbox:
         assert isinstance(outbox, Outbox)
         await outbox.accept(order("a"))
-        assert wal_file(path).exists()
+        assert wal_file(db).exists()
     # The last connection to close checkpoints the WAL and deletes it.
-    assert not wal_file(path).exists()
-    assert count(path, "outbox") == 1
+    assert not wal_file(db).exists()
+    assert count(db, "outbox") == 1
 
 
-async def test_opening_a_file_that_is_not_a_database_is_a_storage_error(path: Path) -> None:
-    path.write_bytes(b"garbage, not SQLite\n" * 200)
+async def test_opening_a_file_that_is_not_a_database_is_a_storage_error(db: Path) -> None:
+    db.write_bytes(b"garbage, not SQLite\n" * 200)
     try:
-        outbox = await Outbox.open(path)
+        outbox = await Outbox.open(db)
     except StorageError:
         return
     await outbox.close()
@@ -210,29 +197,29 @@ async def test_an_unreachable_postgresql_server_is_a_storage_error_without_the_p
 # ---------------------------------------------------------------- locks
 
 
-async def test_failed_intake_leaves_no_lock_behind(outbox: Outbox, path: Path) -> None:
+async def test_failed_intake_leaves_no_lock_behind(outbox: Outbox, db: Path) -> None:
     execute(
-        path,
+        db,
         "CREATE TRIGGER refuse_outbox BEFORE INSERT ON outbox"
         " BEGIN SELECT RAISE(ABORT, 'boom'); END",
     )
     with pytest.raises(StorageError):
         await outbox.accept(order("a"))
-    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    conn = sqlite3.connect(db, timeout=0, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO orders (id, sku, qty, accepted_at) VALUES ('x', 's', 1, 0)")
         conn.execute("COMMIT")
     finally:
         conn.close()
-    assert rows(path, "SELECT id FROM orders") == [("x",)]
+    assert rows(db, "SELECT id FROM orders") == [("x",)]
 
 
-async def test_pending_leaves_no_lock_or_snapshot_behind(outbox: Outbox, path: Path) -> None:
+async def test_pending_leaves_no_lock_or_snapshot_behind(outbox: Outbox, db: Path) -> None:
     for event_id in ["a", "b"]:
         await outbox.accept(order(event_id))
     assert len(await outbox.pending()) == 2
-    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    conn = sqlite3.connect(db, timeout=0, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("COMMIT")
@@ -247,10 +234,10 @@ async def test_pending_leaves_no_lock_or_snapshot_behind(outbox: Outbox, path: P
 OLD_ROWS = [("old-1", "snack", 2, 1), ("old-2", "juice", 3, 0), ("old-3", "snack", 5, 0)]
 
 
-def write_before_lanes(path: Path) -> None:
+def write_before_lanes(db: Path) -> None:
     """A file as the release before lanes left it: migration 1 only, no lane column,
     old-1 sent and pruned since (its order row kept)."""
-    conn = sqlite3.connect(path, isolation_level=None)
+    conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.executescript(outbox_sql.MIGRATIONS[0])
         conn.execute("PRAGMA user_version = 1")
@@ -266,11 +253,11 @@ def write_before_lanes(path: Path) -> None:
 
 
 async def test_entries_written_before_lanes_come_back_with_their_lane_and_are_judged_as_new_ones(
-    path: Path,
+    db: Path,
 ) -> None:
-    write_before_lanes(path)
-    async with Outbox.open(path) as outbox:
-        assert rows(path, "PRAGMA user_version") == [(len(outbox_sql.MIGRATIONS),)]
+    write_before_lanes(db)
+    async with Outbox.open(db) as outbox:
+        assert rows(db, "PRAGMA user_version") == [(len(outbox_sql.MIGRATIONS),)]
         pending = await outbox.pending_batch(16)
         assert [(row.event["id"], row.lane) for row in pending] == [
             ("old-2", "juice"),
@@ -285,4 +272,4 @@ async def test_entries_written_before_lanes_come_back_with_their_lane_and_are_ju
         for changed in (order("old-3", "snack", qty=6), order("old-1", "tea", qty=2)):
             with pytest.raises(Conflict):
                 await outbox.accept(changed)
-    assert count(path, "outbox") == 2
+    assert count(db, "outbox") == 2

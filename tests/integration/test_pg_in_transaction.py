@@ -6,7 +6,6 @@ behaviour suite."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -23,11 +22,10 @@ LONG_POLL_S = 30.0  # the relay would not look again for this long: only NOTIFY 
 
 
 @pytest.fixture
-async def outbox(pg_database: str) -> AsyncIterator[Outbox]:
-    async with Outbox.open(pg_database) as opened:
-        with psycopg.connect(pg_database, autocommit=True) as conn:
-            conn.execute(b"CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER)")
-        yield opened
+def accounts(pg_database: str) -> None:
+    """A table of the caller's own beside the outbox, written in the same transactions."""
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(b"CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER)")
 
 
 def rows(url: str, query: str) -> list[tuple[Any, ...]]:
@@ -35,7 +33,10 @@ def rows(url: str, query: str) -> list[tuple[Any, ...]]:
         return conn.execute(query.encode()).fetchall()
 
 
-async def test_a_rolled_back_transaction_leaves_nothing(outbox: Outbox, pg_database: str) -> None:
+@pytest.mark.usefixtures("accounts")
+async def test_a_rolled_back_transaction_leaves_nothing(
+    pg_outbox: Outbox, pg_database: str
+) -> None:
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         await conn.execute(b"INSERT INTO accounts VALUES ('acct', 5)")
         assert await accept_in_async(conn, event("a")) == "accepted"
@@ -44,11 +45,12 @@ async def test_a_rolled_back_transaction_leaves_nothing(outbox: Outbox, pg_datab
     assert rows(pg_database, "SELECT count(*) FROM orders") == [(0,)]
     assert rows(pg_database, "SELECT count(*) FROM outbox") == [(0,)]
     assert rows(pg_database, "SELECT count(*) FROM accounts") == [(0,)]
-    assert await outbox.accept(event("a")) == "accepted"
+    assert await pg_outbox.accept(event("a")) == "accepted"
 
 
+@pytest.mark.usefixtures("accounts")
 async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
-    outbox: Outbox, pg_database: str
+    pg_outbox: Outbox, pg_database: str
 ) -> None:
     delivered: list[str] = []
 
@@ -58,7 +60,7 @@ async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
         delivered.append(event["id"])
         return make_ack(event["id"], Receipt.APPLIED)
 
-    relay = relay_of(outbox, deliver, poll_interval_s=LONG_POLL_S)
+    relay = relay_of(pg_outbox, deliver, poll_interval_s=LONG_POLL_S)
     async with running(relay):
         await asyncio.sleep(0.2)  # the relay has looked once and is waiting
         async with await psycopg.AsyncConnection.connect(pg_database) as conn:
@@ -73,9 +75,9 @@ async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
 
 
 async def test_conflicts_bad_events_and_a_failed_transaction_are_the_projects_errors(
-    outbox: Outbox, pg_database: str
+    pg_outbox: Outbox, pg_database: str
 ) -> None:
-    await outbox.accept(event("a"))
+    await pg_outbox.accept(event("a"))
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         with pytest.raises(Conflict):
             await accept_in_async(conn, event("a", qty=2))
@@ -103,14 +105,14 @@ def store_payload(url: str, event_id: str, event: dict[str, Any]) -> None:
 
 
 async def test_a_known_id_is_judged_by_its_stored_payload_even_once_pruned(
-    outbox: Outbox, pg_database: str
+    pg_outbox: Outbox, pg_database: str
 ) -> None:
-    await outbox.accept(event("moved"))
-    await outbox.accept(event("pruned"))
+    await pg_outbox.accept(event("moved"))
+    await pg_outbox.accept(event("pruned"))
     store_payload(pg_database, "moved", event("moved", qty=2))  # its order row says 1
-    await outbox.mark_sent("pruned")
+    await pg_outbox.mark_sent("pruned")
     await asyncio.sleep(0.01)
-    assert await outbox.prune(older_than_s=0) == 1
+    assert await pg_outbox.prune(older_than_s=0) == 1
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         assert await accept_in_async(conn, event("moved", qty=2)) == "duplicate"
         assert await accept_in_async(conn, event("pruned")) == "duplicate"
@@ -123,7 +125,7 @@ async def test_a_known_id_is_judged_by_its_stored_payload_even_once_pruned(
 
 
 async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed(
-    outbox: Outbox, pg_database: str
+    pg_outbox: Outbox, pg_database: str
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         assert await accept_in_async(conn, event("a")) == "accepted"
@@ -131,8 +133,8 @@ async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed
         await conn.execute(
             b"UPDATE outbox SET payload = %s WHERE id = 'a'", (canonical_json(event("a", qty=2)),)
         )
-        same = asyncio.ensure_future(outbox.accept(event("a", qty=2)))
-        other = asyncio.ensure_future(outbox.accept(event("a", qty=1)))
+        same = asyncio.ensure_future(pg_outbox.accept(event("a", qty=2)))
+        other = asyncio.ensure_future(pg_outbox.accept(event("a", qty=1)))
         await asyncio.sleep(0.3)
         assert not same.done() and not other.done()  # their inserts wait for this transaction
         await conn.commit()

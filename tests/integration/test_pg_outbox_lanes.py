@@ -4,21 +4,12 @@ lanes still come oldest head first. Rows are written with SQL of the test's own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import psycopg
-import pytest
 
 from publisher.backends.postgres import LANE_SCAN_ROWS
 from publisher.store import Outbox
 
 BACKLOG = LANE_SCAN_ROWS + 10
-
-
-@pytest.fixture
-async def outbox(pg_database: str) -> AsyncIterator[Outbox]:
-    async with Outbox.open(pg_database) as opened:
-        yield opened
 
 
 def queue(url: str, lane: str, count: int) -> None:
@@ -38,15 +29,15 @@ def queue(url: str, lane: str, count: int) -> None:
 
 
 async def test_lanes_behind_a_long_backlog_are_found_oldest_head_first(
-    outbox: Outbox, pg_database: str
+    pg_outbox: Outbox, pg_database: str
 ) -> None:
     queue(pg_database, "m", 1)
     queue(pg_database, "a", BACKLOG)
     queue(pg_database, "z", 1)
     queue(pg_database, "b", 1)
 
-    assert await outbox.pending_lanes(1) == ["m"]
-    assert await outbox.pending_lanes(2) == ["m", "a"]  # the first rows name both
-    assert await outbox.pending_lanes(10) == ["m", "a", "z", "b"]  # the index walked
-    assert await outbox.pending_lanes(2, ["m", "a"]) == ["z", "b"]
-    assert await outbox.pending_lanes(10, ["a"]) == ["m", "z", "b"]
+    assert await pg_outbox.pending_lanes(1) == ["m"]
+    assert await pg_outbox.pending_lanes(2) == ["m", "a"]  # the first rows name both
+    assert await pg_outbox.pending_lanes(10) == ["m", "a", "z", "b"]  # the index walked
+    assert await pg_outbox.pending_lanes(2, ["m", "a"]) == ["z", "b"]
+    assert await pg_outbox.pending_lanes(10, ["a"]) == ["m", "z", "b"]

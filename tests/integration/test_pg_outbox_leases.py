@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import psycopg
 import pytest
 from pg_faults import PgAccess
-from support import eventually
+from support import accept, eventually
 
 import publisher.backends.postgres
 from pg_tx import PgDatabase
@@ -36,11 +36,10 @@ SERVER_NOW = "SELECT extract(epoch FROM clock_timestamp())::float8"
 
 
 @pytest.fixture
-async def outbox(pg_database: str) -> AsyncIterator[Outbox]:
-    async with Outbox.open(pg_database) as opened:
-        for n in range(4):
-            assert await opened.accept({"id": f"e{n}", "sku": "snack", "qty": 1}) == "accepted"
-        yield opened
+async def outbox_of_four(pg_outbox: Outbox) -> Outbox:
+    """The PostgreSQL outbox holding e0 to e3, pending."""
+    await accept(pg_outbox, *(f"e{n}" for n in range(4)))
+    return pg_outbox
 
 
 @pytest.fixture
@@ -61,7 +60,7 @@ def lock_waiters(database: PgAccess) -> int:
 
 
 async def test_of_workers_racing_for_new_lines_exactly_one_takes_each(
-    outbox: Outbox, pg_database: str, database: PgAccess, held_open: psycopg.Connection[Any]
+    outbox_of_four: Outbox, pg_database: str, database: PgAccess, held_open: psycopg.Connection[Any]
 ) -> None:
     lines = [f"sku{n}" for n in range(8)]
     async with Outbox.open(pg_database) as other:
@@ -71,7 +70,7 @@ async def test_of_workers_racing_for_new_lines_exactly_one_takes_each(
             *(
                 store.take_lease(line, worker, TTL_S)
                 for line in lines
-                for store, worker in ((outbox, "w1"), (other, "w2"))
+                for store, worker in ((outbox_of_four, "w1"), (other, "w2"))
             )
         )
         await eventually(lambda: lock_waiters(database) >= 4, timeout_s=5)
@@ -85,14 +84,14 @@ async def test_of_workers_racing_for_new_lines_exactly_one_takes_each(
 
 
 async def test_of_workers_racing_for_an_expired_line_exactly_one_takes_it(
-    outbox: Outbox, pg_database: str, database: PgAccess, held_open: psycopg.Connection[Any]
+    outbox_of_four: Outbox, pg_database: str, database: PgAccess, held_open: psycopg.Connection[Any]
 ) -> None:
-    assert await outbox.take_lease("snack", "w0", TTL_S) == 1
+    assert await outbox_of_four.take_lease("snack", "w0", TTL_S) == 1
     database.execute("UPDATE line_leases SET expires_at = 1")
     async with Outbox.open(pg_database) as other, Outbox.open(pg_database) as third:
         held_open.execute(b"SELECT * FROM line_leases FOR SHARE")
         takes = asyncio.gather(
-            outbox.take_lease("snack", "w1", TTL_S),
+            outbox_of_four.take_lease("snack", "w1", TTL_S),
             other.take_lease("snack", "w2", TTL_S),
             third.take_lease("snack", "w3", TTL_S),
         )
@@ -125,13 +124,15 @@ async def _marks_of_several_calls(outbox: Outbox, lease: Lease) -> None:
 
 @pytest.mark.parametrize("write", list(WRITES))
 async def test_a_takeover_committed_while_a_fenced_write_waits_for_the_lease_refuses_it(
-    outbox: Outbox, database: PgAccess, held_open: psycopg.Connection[Any], write: str
+    outbox_of_four: Outbox, database: PgAccess, held_open: psycopg.Connection[Any], write: str
 ) -> None:
-    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    assert await outbox_of_four.take_lease("snack", "w1", TTL_S) == 1
     before = database.query("SELECT * FROM outbox WHERE id = 'e0'")
     # Another worker's takeover, not yet committed, holds the lease row.
     held_open.execute(b"UPDATE line_leases SET owner = 'w2', epoch = epoch + 1")
-    writing = asyncio.ensure_future(WRITES[write](outbox, Lease(outbox.source, "snack", 1)))
+    writing = asyncio.ensure_future(
+        WRITES[write](outbox_of_four, Lease(outbox_of_four.source, "snack", 1))
+    )
     await eventually(lambda: lock_waiters(database) == 1, timeout_s=5)
     assert not writing.done()
     held_open.commit()
@@ -143,11 +144,13 @@ async def test_a_takeover_committed_while_a_fenced_write_waits_for_the_lease_ref
 
 @pytest.mark.parametrize("write", list(WRITES))
 async def test_a_takeover_rolled_back_while_a_fenced_write_waits_lets_it_through(
-    outbox: Outbox, database: PgAccess, held_open: psycopg.Connection[Any], write: str
+    outbox_of_four: Outbox, database: PgAccess, held_open: psycopg.Connection[Any], write: str
 ) -> None:
-    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    assert await outbox_of_four.take_lease("snack", "w1", TTL_S) == 1
     held_open.execute(b"UPDATE line_leases SET owner = 'w2', epoch = epoch + 1")
-    writing = asyncio.ensure_future(WRITES[write](outbox, Lease(outbox.source, "snack", 1)))
+    writing = asyncio.ensure_future(
+        WRITES[write](outbox_of_four, Lease(outbox_of_four.source, "snack", 1))
+    )
     await eventually(lambda: lock_waiters(database) == 1, timeout_s=5)
     held_open.rollback()
     await writing
@@ -156,15 +159,15 @@ async def test_a_takeover_rolled_back_while_a_fenced_write_waits_lets_it_through
 
 
 async def test_a_takeover_waits_for_a_fenced_write_in_progress(
-    outbox: Outbox, database: PgAccess, held_open: psycopg.Connection[Any]
+    outbox_of_four: Outbox, database: PgAccess, held_open: psycopg.Connection[Any]
 ) -> None:
     # A fenced write holds the lease row FOR SHARE until it commits (here a
     # transaction of ours stands for it): a take of the expired line waits for it,
     # so no write under the old epoch commits after the takeover.
-    assert await outbox.take_lease("snack", "w1", TTL_S) == 1
+    assert await outbox_of_four.take_lease("snack", "w1", TTL_S) == 1
     database.execute("UPDATE line_leases SET expires_at = 1")
     held_open.execute(postgres_sql.FENCES.encode(), {"lines": ["snack"]})
-    taking = asyncio.ensure_future(outbox.take_lease("snack", "w2", TTL_S))
+    taking = asyncio.ensure_future(outbox_of_four.take_lease("snack", "w2", TTL_S))
     await eventually(lambda: lock_waiters(database) == 1, timeout_s=5)
     assert not taking.done()
     held_open.commit()
@@ -178,15 +181,15 @@ def skewed_clock(monkeypatch: pytest.MonkeyPatch, skew_s: float) -> None:
 
 
 async def test_lease_times_are_the_servers_clock_not_the_hosts(
-    outbox: Outbox, pg_database: str, database: PgAccess, monkeypatch: pytest.MonkeyPatch
+    outbox_of_four: Outbox, pg_database: str, database: PgAccess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert await outbox.take_lease("juice", "w1", TTL_S) == 1
+    assert await outbox_of_four.take_lease("juice", "w1", TTL_S) == 1
     skewed_clock(monkeypatch, 3600.0)  # a worker whose host's clock is an hour ahead
     async with Outbox.open(pg_database) as ahead:
         assert await ahead.take_lease("juice", "w2", TTL_S) is None  # not expired for it
         assert await ahead.take_lease("snack", "w2", TTL_S) == 1
         assert await ahead.worker_seen("w2", TTL_S) == 1
-        assert await outbox.worker_seen("w1", TTL_S) == 2  # both live
+        assert await outbox_of_four.worker_seen("w1", TTL_S) == 2  # both live
         [(server_now,)] = database.query(SERVER_NOW)
         for lease in await ahead.leases():
             assert lease.expires_at == pytest.approx(server_now + TTL_S, abs=5)

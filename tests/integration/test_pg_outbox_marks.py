@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
 from pg_faults import PgAccess
+from support import accept
 
 from plumbing.pgserver import ThrowawayServer
 from plumbing.storage import StorageError
@@ -21,11 +21,10 @@ from shared import Conflict
 
 
 @pytest.fixture
-async def outbox(pg_database: str) -> AsyncIterator[Outbox]:
-    async with Outbox.open(pg_database) as opened:
-        for n in range(8):
-            assert await opened.accept({"id": f"m{n}", "sku": "snack", "qty": 1}) == "accepted"
-        yield opened
+async def outbox_of_eight(pg_outbox: Outbox) -> Outbox:
+    """The PostgreSQL outbox holding m0 to m7, pending."""
+    await accept(pg_outbox, *(f"m{n}" for n in range(8)))
+    return pg_outbox
 
 
 def rows(url: str, query: str) -> list[tuple[Any, ...]]:
@@ -33,9 +32,14 @@ def rows(url: str, query: str) -> list[tuple[Any, ...]]:
         return conn.execute(query.encode()).fetchall()
 
 
-async def test_concurrent_marks_share_one_transaction(outbox: Outbox, pg_database: str) -> None:
+async def test_concurrent_marks_share_one_transaction(
+    outbox_of_eight: Outbox, pg_database: str
+) -> None:
     await asyncio.gather(
-        *(outbox.mark_sent_many([Mark(f"m{2 * k}"), Mark(f"m{2 * k + 1}")]) for k in range(4))
+        *(
+            outbox_of_eight.mark_sent_many([Mark(f"m{2 * k}"), Mark(f"m{2 * k + 1}")])
+            for k in range(4)
+        )
     )
     assert rows(pg_database, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
     # One transaction, or the first call alone and the three that came meanwhile.
@@ -74,11 +78,13 @@ async def test_concurrent_marks_are_one_statement_and_one_round_trip(
     assert xmins == [(len(marks),)]
 
 
-async def test_a_failing_call_fails_alone_and_all_of_it(outbox: Outbox, pg_database: str) -> None:
+async def test_a_failing_call_fails_alone_and_all_of_it(
+    outbox_of_eight: Outbox, pg_database: str
+) -> None:
     results = await asyncio.gather(
-        outbox.mark_sent_many([Mark("m0"), Mark("m1")]),
-        outbox.mark_sent_many([Mark("m2"), Mark("no-such-entry")]),
-        outbox.mark_sent_many([Mark("m3"), Mark("m4")]),
+        outbox_of_eight.mark_sent_many([Mark("m0"), Mark("m1")]),
+        outbox_of_eight.mark_sent_many([Mark("m2"), Mark("no-such-entry")]),
+        outbox_of_eight.mark_sent_many([Mark("m3"), Mark("m4")]),
         return_exceptions=True,
     )
     assert results[0] is None and results[2] is None
@@ -95,10 +101,12 @@ async def test_a_failing_call_fails_alone_and_all_of_it(outbox: Outbox, pg_datab
     }
 
 
-async def test_concurrent_intake_shares_one_transaction(outbox: Outbox, pg_database: str) -> None:
+async def test_concurrent_intake_shares_one_transaction(
+    outbox_of_eight: Outbox, pg_database: str
+) -> None:
     ids = [f"i{n}" for n in range(6)]
     results = await asyncio.gather(
-        *(outbox.accept({"id": i, "sku": "snack", "qty": 1}) for i in ids)
+        *(outbox_of_eight.accept({"id": i, "sku": "snack", "qty": 1}) for i in ids)
     )
     assert results == ["accepted"] * len(ids)
     xmins = dict(rows(pg_database, "SELECT id, xmin::text FROM outbox WHERE id LIKE 'i%'"))
@@ -109,13 +117,15 @@ async def test_concurrent_intake_shares_one_transaction(outbox: Outbox, pg_datab
 
 
 async def test_a_batch_and_single_intake_share_one_transaction_and_one_notify(
-    outbox: Outbox, pg_database: str
+    outbox_of_eight: Outbox, pg_database: str
 ) -> None:
     with psycopg.connect(pg_database, autocommit=True) as listener:
         listener.execute(b"LISTEN outbox_intake")
         results = await asyncio.gather(
-            *(outbox.accept({"id": f"i{n}", "sku": "snack", "qty": 1}) for n in range(4)),
-            outbox.accept_many([{"id": f"b{n}", "sku": "tea", "qty": 1} for n in range(3)]),
+            *(outbox_of_eight.accept({"id": f"i{n}", "sku": "snack", "qty": 1}) for n in range(4)),
+            outbox_of_eight.accept_many(
+                [{"id": f"b{n}", "sku": "tea", "qty": 1} for n in range(3)]
+            ),
         )
         heard = list(listener.notifies(timeout=0.5, stop_after=3))
     assert results == [*["accepted"] * 4, ["accepted"] * 3]
@@ -125,7 +135,7 @@ async def test_a_batch_and_single_intake_share_one_transaction_and_one_notify(
 
 
 async def test_a_failing_intake_fails_alone(
-    outbox: Outbox, pg_database: str, caplog: pytest.LogCaptureFixture
+    outbox_of_eight: Outbox, pg_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute(
@@ -139,8 +149,8 @@ async def test_a_failing_intake_fails_alone(
         )
     calls = [("first", 1), ("a", 1), ("bad", 1), ("m0", 2), ("c", 1), ("m1", 1), ("a", 1)]
     results = await asyncio.gather(
-        *(outbox.accept({"id": i, "sku": "snack", "qty": q}) for i, q in calls),
-        outbox.accept_many([{"id": i, "sku": "tea", "qty": 1} for i in ("d", "bad", "e")]),
+        *(outbox_of_eight.accept({"id": i, "sku": "snack", "qty": q}) for i, q in calls),
+        outbox_of_eight.accept_many([{"id": i, "sku": "tea", "qty": 1} for i in ("d", "bad", "e")]),
         return_exceptions=True,
     )
     batch = results.pop()  # a call fails whole: none of its orders is written

@@ -13,7 +13,6 @@ import asyncio
 import collections
 import random
 import time
-from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -22,7 +21,7 @@ from support import event, eventually
 
 from publisher import accept_in_async
 from publisher.backends import postgres_sql
-from publisher.backends.postgres import PostgresOutbox, accept_params
+from publisher.backends.postgres import accept_params
 from publisher.settings import Ordering
 from publisher.store import Outbox
 from shared import Conflict, Event, Lease, Receipt, make_ack, validate_event
@@ -33,48 +32,41 @@ CLIENTS = 12
 ORDERS_PER_CLIENT = 8
 
 
-@pytest.fixture
-async def outbox(pg_database: str) -> AsyncIterator[Outbox]:
-    async with Outbox.open(pg_database) as opened:
-        assert isinstance(opened, PostgresOutbox)
-        yield opened
-
-
 def seqs(url: str) -> dict[str, int]:
     with psycopg.connect(url, autocommit=True) as conn:
         return dict(conn.execute(b"SELECT id, seq FROM outbox").fetchall())
 
 
-async def pending_ids(outbox: Outbox) -> list[str]:
-    return [event["id"] for event in await outbox.pending(16)]
+async def pending_ids(pg_outbox: Outbox) -> list[str]:
+    return [event["id"] for event in await pg_outbox.pending(16)]
 
 
 async def test_an_intake_in_flight_holds_back_the_next_seq_until_it_commits(
-    outbox: Outbox, pg_database: str
+    pg_outbox: Outbox, pg_database: str
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         async with conn.transaction():
             assert await accept_in_async(conn, event("first")) == "accepted"
-            second = asyncio.create_task(outbox.accept(event("second")))
+            second = asyncio.create_task(pg_outbox.accept(event("second")))
             await asyncio.sleep(HELD_S)
             # The second waits for the first to commit before it takes a seq.
             assert not second.done()
-            assert await pending_ids(outbox) == []
+            assert await pending_ids(pg_outbox) == []
         assert await second == "accepted"
-    assert await pending_ids(outbox) == ["first", "second"]
+    assert await pending_ids(pg_outbox) == ["first", "second"]
     by_id = seqs(pg_database)
     assert by_id["first"] < by_id["second"]
 
 
 @pytest.mark.parametrize("qty", [1, 2])
 async def test_an_id_another_transaction_commits_while_intake_waits_is_judged_by_it(
-    outbox: Outbox, pg_database: str, qty: int
+    pg_outbox: Outbox, pg_database: str, qty: int
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         async with conn.transaction():
             assert await accept_in_async(conn, {**event("same"), "qty": 1}) == "accepted"
             waiting = asyncio.create_task(
-                outbox.accept_many([event("before"), {**event("same"), "qty": qty}])
+                pg_outbox.accept_many([event("before"), {**event("same"), "qty": qty}])
             )
             await asyncio.sleep(HELD_S)
             assert not waiting.done()  # its insert of "same" waits for this transaction
@@ -88,7 +80,7 @@ async def test_an_id_another_transaction_commits_while_intake_waits_is_judged_by
 
 
 async def test_without_the_lock_a_reader_sees_a_later_seq_before_an_earlier_one(
-    outbox: Outbox, pg_database: str
+    pg_outbox: Outbox, pg_database: str
 ) -> None:
     # The pitfall the lock prevents, shown with intake's statement minus the lock.
     first = validate_event(event("first"))
@@ -96,9 +88,9 @@ async def test_without_the_lock_a_reader_sees_a_later_seq_before_an_earlier_one(
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         async with conn.transaction():
             await conn.execute(lockless, accept_params(first, time.time()))
-            assert await asyncio.wait_for(outbox.accept(event("second")), 2) == "accepted"
-            seen_first = await pending_ids(outbox)
-        seen_after = await pending_ids(outbox)
+            assert await asyncio.wait_for(pg_outbox.accept(event("second")), 2) == "accepted"
+            seen_first = await pending_ids(pg_outbox)
+        seen_after = await pending_ids(pg_outbox)
     by_id = seqs(pg_database)
     assert by_id["first"] < by_id["second"]
     assert seen_first == ["second"]  # a relay would have delivered it first
@@ -107,7 +99,7 @@ async def test_without_the_lock_a_reader_sees_a_later_seq_before_an_earlier_one(
 
 @pytest.mark.parametrize("ordering", ["global", "sku"])
 async def test_concurrent_slow_intake_is_delivered_in_seq_order(
-    outbox: Outbox, pg_database: str, ordering: Ordering
+    pg_outbox: Outbox, pg_database: str, ordering: Ordering
 ) -> None:
     with psycopg.connect(pg_database, autocommit=True) as conn:
         # Every intake transaction sleeps a random while after its entry took a seq.

@@ -6,7 +6,6 @@ go. Refusal naming the holder, and a SIGKILLed holder, are in the behaviour suit
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -17,12 +16,6 @@ from publisher.errors import RelayAlreadyRunning
 from publisher.store import Outbox
 
 HOLDER = "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outbox relay %%'"
-
-
-@pytest.fixture
-async def outbox(pg_database: str) -> AsyncIterator[Outbox]:
-    async with Outbox.open(pg_database) as opened:
-        yield opened
 
 
 def holders(url: str) -> list[Any]:
@@ -36,10 +29,10 @@ def end_session(url: str, pid: int) -> None:
 
 
 async def test_a_lost_lock_session_is_replaced_and_the_lock_taken_again(
-    outbox: Outbox, pg_database: str
+    pg_outbox: Outbox, pg_database: str
 ) -> None:
     async with Outbox.open(pg_database) as other:
-        async with outbox.relay_lock("publisher serve"):
+        async with pg_outbox.relay_lock("publisher serve"):
             [first] = holders(pg_database)
             end_session(pg_database, first)
 

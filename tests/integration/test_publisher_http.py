@@ -38,11 +38,6 @@ PUBLISHER_METRICS = (
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "source.db"
-
-
-@pytest.fixture
 async def sink(serve_sink: ServeSink, sink_db: Path) -> str:
     return await serve_sink(sink_db)
 

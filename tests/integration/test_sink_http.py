@@ -24,19 +24,14 @@ Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
+async def base(serve_sink: ServeSink, sink_db: Path) -> str:
+    return await serve_sink(sink_db)
 
 
-@pytest.fixture
-async def base(serve_sink: ServeSink, db: Path) -> str:
-    return await serve_sink(db)
-
-
-def snapshot(db_rows: Query, db: Path) -> Snapshot:
+def snapshot(db_rows: Query, sink_db: Path) -> Snapshot:
     return (
-        db_rows(db, "SELECT * FROM inbox ORDER BY id"),
-        db_rows(db, "SELECT * FROM inventory ORDER BY sku"),
+        db_rows(sink_db, "SELECT * FROM inbox ORDER BY id"),
+        db_rows(sink_db, "SELECT * FROM inventory ORDER BY sku"),
     )
 
 
@@ -56,7 +51,7 @@ async def post_event(
 
 
 async def test_post_applies_then_duplicate_and_inventory_counts_once(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
     status, _, first = await post_event(client, base, EVENT)
     assert status == 200
@@ -69,8 +64,8 @@ async def test_post_applies_then_duplicate_and_inventory_counts_once(
     async with client.get(f"{base}/inventory/snack") as response:
         assert response.status == 200
         assert await response.json() == {"sku": "snack", "qty": 7}
-    assert db_rows(db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
-    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
 
 
 async def test_get_event_reports_the_inbox_record(client: aiohttp.ClientSession, base: str) -> None:
@@ -102,13 +97,13 @@ async def test_get_event_reports_the_inbox_record(client: aiohttp.ClientSession,
 
 
 async def test_ack_is_already_committed_when_the_reply_arrives(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
     async with client.post(f"{base}/events", json=EVENT) as response:
         assert response.status == 200
         # Read before anything else runs on this loop, including the rest of the body.
-        seen = db_rows(db, "SELECT id FROM inbox")
-        stock = db_rows(db, "SELECT qty FROM inventory WHERE sku = 'snack'")
+        seen = db_rows(sink_db, "SELECT id FROM inbox")
+        stock = db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'")
         ack = await response.json()
     assert seen == [("order-1",)]
     assert stock == [(7,)]
@@ -116,37 +111,37 @@ async def test_ack_is_already_committed_when_the_reply_arrives(
 
 
 async def test_reply_waits_for_the_commit(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
     await post_event(client, base, {"id": "warm-up", "sku": "other", "qty": 1})
-    lock = sqlite3.connect(db, timeout=5, isolation_level=None)
+    lock = sqlite3.connect(sink_db, timeout=5, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
     sending = asyncio.create_task(post_event(client, base, EVENT))
     try:
         done, _ = await asyncio.wait({sending}, timeout=0.5)
         assert not done, "the sink replied while it could not commit"
-        assert db_rows(db, "SELECT id FROM inbox WHERE id = 'order-1'") == []
+        assert db_rows(sink_db, "SELECT id FROM inbox WHERE id = 'order-1'") == []
         lock.execute("ROLLBACK")
         status, _, ack = await asyncio.wait_for(sending, 10)
     finally:
         lock.close()
         sending.cancel()
     assert (status, ack["ack"]) == (200, "order-1")
-    assert db_rows(db, "SELECT id FROM inbox WHERE id = 'order-1'") == [("order-1",)]
+    assert db_rows(sink_db, "SELECT id FROM inbox WHERE id = 'order-1'") == [("order-1",)]
 
 
 @pytest.mark.parametrize("changed", [{"qty": 8}, {"sku": "drink"}], ids=["qty", "sku"])
 async def test_conflict_is_409_json_and_changes_nothing(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query, changed: dict[str, Any]
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query, changed: dict[str, Any]
 ) -> None:
     await post_event(client, base, EVENT)
-    before = snapshot(db_rows, db)
+    before = snapshot(db_rows, sink_db)
 
     status, content_type, body = await post_event(client, base, {**EVENT, **changed})
 
     assert (status, content_type) == (409, "application/json")
     assert body["error"]
-    assert snapshot(db_rows, db) == before
+    assert snapshot(db_rows, sink_db) == before
 
 
 @pytest.mark.parametrize(
@@ -155,29 +150,29 @@ async def test_conflict_is_409_json_and_changes_nothing(
     ids=["open-brace", "text", "empty", "truncated", "not-utf8"],
 )
 async def test_malformed_json_is_400_json_and_changes_nothing(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query, body: bytes
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query, body: bytes
 ) -> None:
     await post_event(client, base, EVENT)
-    before = snapshot(db_rows, db)
+    before = snapshot(db_rows, sink_db)
 
     status, content_type, reply = await post(client, base, body)
 
     assert (status, content_type) == (400, "application/json")
     assert "JSON" in reply["error"]
-    assert snapshot(db_rows, db) == before
+    assert snapshot(db_rows, sink_db) == before
 
 
 async def test_deeply_nested_json_is_400_not_a_server_error(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
     await post_event(client, base, EVENT)
-    before = snapshot(db_rows, db)
+    before = snapshot(db_rows, sink_db)
 
     status, content_type, reply = await post(client, base, b"[" * 5000)
 
     assert (status, content_type) == (400, "application/json")
     assert reply["error"]
-    assert snapshot(db_rows, db) == before
+    assert snapshot(db_rows, sink_db) == before
 
 
 @pytest.mark.parametrize(
@@ -214,20 +209,20 @@ async def test_deeply_nested_json_is_400_not_a_server_error(
 async def test_schema_error_is_400_naming_the_field_and_changes_nothing(
     client: aiohttp.ClientSession,
     base: str,
-    db: Path,
+    sink_db: Path,
     db_rows: Query,
     event: object,
     field: str,
 ) -> None:
     await post_event(client, base, EVENT)
-    before = snapshot(db_rows, db)
+    before = snapshot(db_rows, sink_db)
 
     status, content_type, reply = await post_event(client, base, event)
 
     assert (status, content_type) == (400, "application/json")
     assert reply["field"] == field
     assert reply["error"]
-    assert snapshot(db_rows, db) == before
+    assert snapshot(db_rows, sink_db) == before
 
 
 def padded(event: dict[str, Any], size: int) -> bytes:
@@ -238,10 +233,10 @@ def padded(event: dict[str, Any], size: int) -> bytes:
 
 
 async def test_body_over_the_default_cap_is_413_and_changes_nothing(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
     await post_event(client, base, EVENT)
-    before = snapshot(db_rows, db)
+    before = snapshot(db_rows, sink_db)
 
     status, content_type, reply = await post(
         client, base, padded({**EVENT, "id": "big"}, DEFAULT_CAP + 1)
@@ -249,35 +244,35 @@ async def test_body_over_the_default_cap_is_413_and_changes_nothing(
 
     assert (status, content_type) == (413, "application/json")
     assert reply["error"]
-    assert snapshot(db_rows, db) == before
+    assert snapshot(db_rows, sink_db) == before
 
 
 async def test_body_of_exactly_the_default_cap_is_accepted(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
     status, _, reply = await post(client, base, padded(EVENT, DEFAULT_CAP))
 
     assert (status, reply["status"]) == (200, "applied")
-    assert db_rows(db, "SELECT qty FROM inventory") == [(7,)]
+    assert db_rows(sink_db, "SELECT qty FROM inventory") == [(7,)]
 
 
 async def test_configured_cap_applies_at_its_boundary(
-    client: aiohttp.ClientSession, serve_sink: ServeSink, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, serve_sink: ServeSink, sink_db: Path, db_rows: Query
 ) -> None:
-    base = await serve_sink(db, max_body_bytes=200)
+    base = await serve_sink(sink_db, max_body_bytes=200)
 
     status, content_type, _ = await post(client, base, padded({**EVENT, "id": "big"}, 201))
     assert (status, content_type) == (413, "application/json")
-    assert db_rows(db, "SELECT * FROM inbox") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox") == []
 
     status, _, reply = await post(client, base, padded(EVENT, 200))
     assert (status, reply["ack"]) == (200, "order-1")
 
 
 async def test_chunked_body_over_the_cap_is_413_and_changes_nothing(
-    client: aiohttp.ClientSession, serve_sink: ServeSink, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, serve_sink: ServeSink, sink_db: Path, db_rows: Query
 ) -> None:
-    base = await serve_sink(db, max_body_bytes=200)
+    base = await serve_sink(sink_db, max_body_bytes=200)
     body = padded(EVENT, 4000)
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -289,28 +284,28 @@ async def test_chunked_body_over_the_cap_is_413_and_changes_nothing(
         assert response.request_info.headers.get("Transfer-Encoding") == "chunked"
         assert response.status == 413
         assert "error" in await response.json()
-    assert db_rows(db, "SELECT * FROM inbox") == []
-    assert db_rows(db, "SELECT * FROM inventory") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox") == []
+    assert db_rows(sink_db, "SELECT * FROM inventory") == []
 
 
 async def test_storage_failure_is_503_json_and_changes_nothing(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
     await post_event(client, base, {"id": "first", "sku": "other", "qty": 1})
-    conn = sqlite3.connect(db, timeout=5, isolation_level=None)
+    conn = sqlite3.connect(sink_db, timeout=5, isolation_level=None)
     try:
         conn.execute(
             "CREATE TRIGGER fail BEFORE INSERT ON inventory BEGIN SELECT RAISE(ABORT, 'boom'); END"
         )
     finally:
         conn.close()
-    before = snapshot(db_rows, db)
+    before = snapshot(db_rows, sink_db)
 
     status, content_type, reply = await post_event(client, base, EVENT)
 
     assert (status, content_type) == (503, "application/json")
     assert reply["error"]
-    assert snapshot(db_rows, db) == before
+    assert snapshot(db_rows, sink_db) == before
 
 
 async def test_healthz_is_200(client: aiohttp.ClientSession, base: str) -> None:
@@ -329,12 +324,12 @@ async def test_unknown_route_is_404_json(client: aiohttp.ClientSession, base: st
     ("method", "path"), [("GET", "/events"), ("PUT", "/events"), ("DELETE", "/inventory/snack")]
 )
 async def test_wrong_method_is_405_json(
-    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query, method: str, path: str
+    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query, method: str, path: str
 ) -> None:
     async with client.request(method, f"{base}{path}", json=EVENT) as response:
         assert (response.status, response.content_type) == (405, "application/json")
         assert (await response.json())["error"]
-    assert db_rows(db, "SELECT * FROM inbox") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox") == []
 
 
 @pytest.mark.parametrize("sku", ["bad!sku", "s" * 65], ids=["bad-char", "too-long"])
@@ -355,27 +350,27 @@ async def test_inventory_of_an_unknown_sku_is_zero(
 
 
 async def test_drop_after_commit_closes_without_reply_but_keeps_the_commit(
-    client: aiohttp.ClientSession, serve_sink: ServeSink, db: Path, db_rows: Query
+    client: aiohttp.ClientSession, serve_sink: ServeSink, sink_db: Path, db_rows: Query
 ) -> None:
-    base = await serve_sink(db, drop_after_commit=1)
+    base = await serve_sink(sink_db, drop_after_commit=1)
 
     with pytest.raises(aiohttp.ClientError):
         await post_event(client, base, EVENT)
 
-    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert db_rows(db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
 
     status, _, ack = await post_event(client, base, EVENT)
     assert (status, ack["ack"], ack["status"]) == (200, "order-1", "duplicate")
-    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-    assert db_rows(db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
 
 
 async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
     base: str,
     client: aiohttp.ClientSession,
     db_rows: Query,
-    db: Path,
+    sink_db: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A publisher killed while sending: the headers promise a body that never comes.
@@ -397,6 +392,6 @@ async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
     assert any("closed the connection" in r.getMessage() for r in caplog.records)
     assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
     assert not any("unexpected error" in r.getMessage() for r in caplog.records)
-    assert db_rows(db, "SELECT count(*) FROM inbox") == [(0,)]
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(0,)]
     status, _, _ = await post_event(client, base, {"id": "next", "sku": "s", "qty": 1})
     assert status == 200

@@ -25,31 +25,26 @@ if TYPE_CHECKING:
 EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
 async def test_database_is_in_wal_mode_seen_from_another_connection(
-    db: Path, db_rows: Query
+    sink_db: Path, db_rows: Query
 ) -> None:
-    async with Inbox.open(db) as inbox:
+    async with Inbox.open(sink_db) as inbox:
         await inbox.receive(dict(EVENT))
-    assert db_rows(db, "PRAGMA journal_mode") == [("wal",)]
+    assert db_rows(sink_db, "PRAGMA journal_mode") == [("wal",)]
 
 
 @pytest.mark.parametrize("form", ["PATH", "sqlite:PATH", "sqlite:///PATH"])
 async def test_a_path_or_a_sqlite_url_opens_the_sqlite_inbox_on_that_file(
-    db: Path, db_rows: Query, form: str
+    sink_db: Path, db_rows: Query, form: str
 ) -> None:
-    location = form.replace("///PATH", f"//{db}").replace("PATH", str(db))
+    location = form.replace("///PATH", f"//{sink_db}").replace("PATH", str(sink_db))
 
     async with Inbox.open(location) as inbox:
         assert isinstance(inbox, SqliteInbox)
-        assert inbox.location == str(db)
+        assert inbox.location == str(sink_db)
         await inbox.receive(dict(EVENT))
 
-    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
 
 
 async def test_a_relative_sqlite_url_is_relative_to_the_working_directory(
@@ -117,10 +112,10 @@ async def test_a_server_that_cannot_be_reached_is_a_storage_error_of_one_line(
 
 
 async def test_an_older_file_gets_applied_seq_in_the_order_its_rows_were_recorded(
-    db: Path, db_rows: Query
+    sink_db: Path, db_rows: Query
 ) -> None:
     # A file as the release before applied_seq left it: schema version 2, three rows.
-    conn = sqlite3.connect(db, isolation_level=None)
+    conn = sqlite3.connect(sink_db, isolation_level=None)
     for script in sqlite_sql.MIGRATIONS[:2]:
         conn.executescript(script)
     conn.execute("PRAGMA user_version = 2")
@@ -131,11 +126,11 @@ async def test_an_older_file_gets_applied_seq_in_the_order_its_rows_were_recorde
         )
     conn.close()
 
-    async with Inbox.open(db) as inbox:
+    async with Inbox.open(sink_db) as inbox:
         await inbox.receive(dict(EVENT))
         record = await inbox.record("order-1")
 
-    assert db_rows(db, "SELECT id, applied_seq FROM inbox ORDER BY applied_seq") == [
+    assert db_rows(sink_db, "SELECT id, applied_seq FROM inbox ORDER BY applied_seq") == [
         ("c", 1),
         ("a", 2),
         ("b", 3),

@@ -29,13 +29,8 @@ UNAUTHORIZED = re.compile(r"^sink_unauthorized_requests_total\s+(\S+)$", re.MULT
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
-@pytest.fixture
-async def base(serve_sink: ServeSink, db: Path) -> str:
-    return await serve_sink(db, token=TOKEN)
+async def base(serve_sink: ServeSink, sink_db: Path) -> str:
+    return await serve_sink(sink_db, token=TOKEN)
 
 
 def auth(token: str | None) -> dict[str, str]:
@@ -64,9 +59,9 @@ async def unauthorized_count(client: aiohttp.ClientSession, base: str) -> float:
     return float(match[1])
 
 
-def nothing_applied(db_rows: Query, db: Path) -> None:
-    assert db_rows(db, "SELECT * FROM inbox") == []
-    assert db_rows(db, "SELECT * FROM inventory") == []
+def nothing_applied(db_rows: Query, sink_db: Path) -> None:
+    assert db_rows(sink_db, "SELECT * FROM inbox") == []
+    assert db_rows(sink_db, "SELECT * FROM inventory") == []
 
 
 # ---------------------------------------------------------------- the sink
@@ -88,7 +83,7 @@ def nothing_applied(db_rows: Query, db: Path) -> None:
 async def test_post_without_the_right_token_is_401_and_changes_nothing(
     base: str,
     client: aiohttp.ClientSession,
-    db: Path,
+    sink_db: Path,
     db_rows: Query,
     headers: dict[str, str],
 ) -> None:
@@ -100,24 +95,24 @@ async def test_post_without_the_right_token_is_401_and_changes_nothing(
     parsed = json.loads(body)
     assert isinstance(parsed, dict) and parsed.get("error"), parsed
     assert TOKEN not in body.decode()
-    nothing_applied(db_rows, db)
+    nothing_applied(db_rows, sink_db)
     assert await unauthorized_count(client, base) == 1
 
 
 async def test_missing_wrong_right(
-    base: str, client: aiohttp.ClientSession, db: Path, db_rows: Query
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     assert (await post_event(client, base, {}))[0] == 401
     assert (await post_event(client, base, auth(WRONG)))[0] == 401
-    nothing_applied(db_rows, db)
+    nothing_applied(db_rows, sink_db)
     assert await unauthorized_count(client, base) == 2
 
     status, _, body = await post_event(client, base, auth(TOKEN))
 
     assert status == 200, body
     assert json.loads(body)["ack"] == "order-1"
-    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert db_rows(db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
     assert await unauthorized_count(client, base) == 2
 
 
@@ -127,39 +122,39 @@ async def test_the_scheme_is_case_insensitive(base: str, client: aiohttp.ClientS
 
 
 async def test_a_wrong_token_is_refused_before_the_body_is_judged(
-    base: str, client: aiohttp.ClientSession, db: Path, db_rows: Query
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     """An invalid or oversized body without a token is 401, not 400 or 413."""
     assert (await post_event(client, base, {}, {"id": "bad id!"}))[0] == 401
     big = {"id": "big", "sku": "snack", "qty": 1, "pad": "x" * 40_000}
     assert (await post_event(client, base, auth(WRONG), big))[0] == 401
-    nothing_applied(db_rows, db)
+    nothing_applied(db_rows, sink_db)
     assert await unauthorized_count(client, base) == 2
 
 
 async def test_a_duplicate_with_the_token_is_still_a_duplicate(
-    base: str, client: aiohttp.ClientSession, db: Path, db_rows: Query
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     assert (await post_event(client, base, auth(TOKEN)))[0] == 200
     assert (await post_event(client, base, {}))[0] == 401
     status, _, body = await post_event(client, base, auth(TOKEN))
     assert status == 200
     assert json.loads(body)["status"] == "duplicate"
-    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-    assert db_rows(db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
 
 
 async def test_batch_needs_the_token(
-    base: str, client: aiohttp.ClientSession, db: Path, db_rows: Query
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     url = f"{base}/events/batch"
     async with client.post(url, json={"events": [EVENT]}) as response:
         assert response.status == 401
         assert response.headers["WWW-Authenticate"] == "Bearer"
-    nothing_applied(db_rows, db)
+    nothing_applied(db_rows, sink_db)
     async with client.post(url, json={"events": [EVENT]}, headers=auth(TOKEN)) as response:
         assert response.status == 200
-    assert db_rows(db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
 
 
 async def test_healthz_and_metrics_are_open(base: str, client: aiohttp.ClientSession) -> None:
@@ -173,7 +168,7 @@ async def test_healthz_and_metrics_are_open(base: str, client: aiohttp.ClientSes
 
 
 async def test_reads_need_the_token(
-    base: str, client: aiohttp.ClientSession, db: Path, db_rows: Query
+    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     assert (await post_event(client, base, auth(TOKEN)))[0] == 200
     for path in ("/events/order-1", "/inventory/snack"):
@@ -201,23 +196,25 @@ async def test_without_a_token_setting_the_sink_is_open(
 # ---------------------------------------------------------------- the publisher's sender
 
 
-async def test_sender_with_the_token_delivers(base: str, db: Path, db_rows: Query) -> None:
+async def test_sender_with_the_token_delivers(base: str, sink_db: Path, db_rows: Query) -> None:
     async with HttpSender(f"{base}/events", token=TOKEN) as sender:
         ack = await sender.deliver(dict(EVENT))  # type: ignore[arg-type]
         record = await sender.lookup("order-1")
 
     assert ack["ack"] == "order-1"
     assert record is not None and record["deliveries"] == 1
-    assert db_rows(db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
 
 
-async def test_sender_batch_with_the_token_delivers(base: str, db: Path, db_rows: Query) -> None:
+async def test_sender_batch_with_the_token_delivers(
+    base: str, sink_db: Path, db_rows: Query
+) -> None:
     events = [dict(EVENT), {"id": "order-2", "sku": "juice", "qty": 2}]
     async with HttpSender(f"{base}/events", token=TOKEN) as sender:
         results = await sender.deliver_batch(events)  # type: ignore[arg-type]
 
     assert [r["ack"] for r in results if isinstance(r, dict)] == ["order-1", "order-2"]
-    assert db_rows(db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
+    assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
         ("juice", 2),
         ("snack", 7),
     ]
@@ -227,7 +224,7 @@ async def test_sender_batch_with_the_token_delivers(base: str, db: Path, db_rows
 async def test_sender_without_the_right_token_is_not_acknowledged(
     base: str,
     client: aiohttp.ClientSession,
-    db: Path,
+    sink_db: Path,
     db_rows: Query,
     token: str | None,
 ) -> None:
@@ -240,7 +237,7 @@ async def test_sender_without_the_right_token_is_not_acknowledged(
     assert error.status == 401
     assert error.retryable is True
     assert "401" in str(error)
-    nothing_applied(db_rows, db)
+    nothing_applied(db_rows, sink_db)
     assert await unauthorized_count(client, base) == 1
 
 
