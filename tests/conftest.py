@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import socket
-import sqlite3
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -23,7 +22,7 @@ import aiohttp
 import psycopg
 import pytest
 from aiohttp import web
-from support import LOOPBACK, STOP_TIMEOUT_S, listening, run_module, spawn, stop_process
+from support import LOOPBACK, STOP_TIMEOUT_S, listening, query, run_module, spawn, stop_process
 
 from plumbing.pgserver import ServerUnavailable, ThrowawayServer
 from publisher import Outbox
@@ -115,27 +114,12 @@ def root_logging_restored() -> Iterator[None]:
 # ---------------------------------------------------------------- independent reads
 
 
-def query(db: Path | str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows read through a fresh connection of this test process, closed afterwards:
-    a SQLite file, or a PostgreSQL database by its URI (`?` placeholders either way)."""
-    if isinstance(db, str) and db.startswith(("postgresql://", "postgres://")):
-        import psycopg
-
-        with psycopg.connect(db, autocommit=True, connect_timeout=5) as pg:
-            found = pg.execute(sql.replace("?", "%s") if params else sql, params or None)
-            return [tuple(row) for row in found.fetchall()]
-    conn = sqlite3.connect(db, timeout=5)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
-
-
 Query = Callable[..., list[tuple[Any, ...]]]
 
 
 @pytest.fixture
 def db_rows() -> Query:
+    """support.query: rows read through a fresh connection of the test's own."""
     return query
 
 

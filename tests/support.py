@@ -10,6 +10,7 @@ import asyncio
 import http.client
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -91,6 +92,39 @@ async def accept(outbox: Outbox, *ids: str, qty: int = 1) -> None:
     """Accept event(id, qty=qty) for each of `ids`, in that order; each must be new."""
     for event_id in ids:
         assert await outbox.accept(event(event_id, qty=qty)) == "accepted"
+
+
+# ---------------------------------------------------------------- independent reads
+
+
+def query(db: Path | str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows read through a fresh connection of this test process, closed afterwards:
+    a SQLite file, or a PostgreSQL database by its URI (`?` placeholders either way)."""
+    if isinstance(db, str) and db.startswith(("postgresql://", "postgres://")):
+        import psycopg
+
+        with psycopg.connect(db, autocommit=True, connect_timeout=5) as pg:
+            found = pg.execute(sql.replace("?", "%s") if params else sql, params or None)
+            return [tuple(row) for row in found.fetchall()]
+    conn = sqlite3.connect(db, timeout=5)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+# The sqlite_tx tests' own schema: one table of named items.
+ITEMS_SCHEMA = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",)
+
+
+def try_write_lock(path: Path) -> None:
+    """Take and release the write lock from another connection, without waiting."""
+    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
 
 
 # ---------------------------------------------------------------- small calls

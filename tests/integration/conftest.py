@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support import ITEMS_SCHEMA
 
 from publisher import Outbox
 from publisher.backends.postgres import PostgresOutbox
 from publisher.backends.sqlite import SqliteOutbox
 from sink.backends.sqlite import SqliteInbox
+from sqlite_tx import Database
 
 
 @pytest.fixture
@@ -47,3 +49,18 @@ async def pg_outbox(pg_database: str) -> AsyncIterator[PostgresOutbox]:
     async with Outbox.open(pg_database) as opened:
         assert isinstance(opened, PostgresOutbox)
         yield opened
+
+
+@pytest.fixture
+def items_path(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+async def items_db(items_path: Path) -> AsyncIterator[Database]:
+    """A sqlite_tx Database on items_path, its schema ITEMS_SCHEMA (a table of items)."""
+    database = await Database.open(items_path, ITEMS_SCHEMA)
+    try:
+        yield database
+    finally:
+        await database.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import event
+from support import event, query
 
 from publisher import MAX_BATCH, NotAcknowledged, Outbox, dispatch
 from shared import Event
@@ -21,30 +21,21 @@ from shared import Event
 WAIT_S = 5.0
 
 
-def rows(db: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows read through a fresh connection, closed afterwards."""
-    conn = sqlite3.connect(db, timeout=5)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
-
-
 def sent_flags(db: Path) -> dict[str, int]:
     """id -> sent, for every outbox entry."""
-    return dict(rows(db, "SELECT id, sent FROM outbox ORDER BY seq"))
+    return dict(query(db, "SELECT id, sent FROM outbox ORDER BY seq"))
 
 
 def sent_ids(db: Path) -> list[str]:
-    return [r[0] for r in rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
+    return [r[0] for r in query(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
 
 
 def unsent_ids(db: Path) -> list[str]:
-    return [r[0] for r in rows(db, "SELECT id FROM outbox WHERE sent = 0 ORDER BY seq")]
+    return [r[0] for r in query(db, "SELECT id FROM outbox WHERE sent = 0 ORDER BY seq")]
 
 
 def is_sent(db: Path, event_id: str) -> int:
-    flag: int = rows(db, "SELECT sent FROM outbox WHERE id = ?", (event_id,))[0][0]
+    flag: int = query(db, "SELECT sent FROM outbox WHERE id = ?", (event_id,))[0][0]
     return flag
 
 
@@ -298,7 +289,7 @@ async def test_mutating_the_argument_changes_neither_the_batch_nor_the_store(
 
     assert store.batches == [[order("a"), order("b")]]
     assert await outbox.pending() == [order("a"), order("b")]
-    assert rows(db, "SELECT id, sku, qty FROM orders ORDER BY id") == [
+    assert query(db, "SELECT id, sku, qty FROM orders ORDER BY id") == [
         ("a", "snack", 7),
         ("b", "snack", 7),
     ]
@@ -402,7 +393,7 @@ async def test_another_connection_can_write_during_a_send(outbox: Outbox, db: Pa
 
     assert await dispatch(outbox, send) == ["a", "b"]
     assert written == ["side-a", "side-b"]
-    assert {"side-a", "side-b"} <= {r[0] for r in rows(db, "SELECT id FROM orders")}
+    assert {"side-a", "side-b"} <= {r[0] for r in query(db, "SELECT id FROM orders")}
 
 
 async def test_no_reader_snapshot_is_held_during_a_send(outbox: Outbox, db: Path) -> None:
@@ -436,7 +427,7 @@ async def test_another_connection_can_write_while_a_send_hangs(outbox: Outbox, d
 
     assert await dispatch(outbox, hanging_send, limit=1) == ["a"]
     assert outcome == ["a"]
-    assert {"during-a", "after-a"} <= {r[0] for r in rows(db, "SELECT id FROM orders")}
+    assert {"during-a", "after-a"} <= {r[0] for r in query(db, "SELECT id FROM orders")}
 
 
 async def test_writes_in_a_parallel_task_succeed_while_send_is_blocked(

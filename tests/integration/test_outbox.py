@@ -10,25 +10,15 @@ from __future__ import annotations
 import sqlite3
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support import event
+from support import event, query
 
 from plumbing.storage import BadLocation, StorageError
 from publisher.backends import sqlite_sql as outbox_sql
 from publisher.backends.sqlite import SqliteOutbox
 from publisher.store import Outbox, State
 from shared import Conflict, canonical_json
-
-
-def rows(db: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows read through a fresh connection, closed afterwards."""
-    conn = sqlite3.connect(db, timeout=5)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 def execute(db: Path, *statements: str) -> None:
@@ -42,7 +32,7 @@ def execute(db: Path, *statements: str) -> None:
 
 
 def count(db: Path, table: str) -> int:
-    n: int = rows(db, f"SELECT count(*) FROM {table}")[0][0]
+    n: int = query(db, f"SELECT count(*) FROM {table}")[0][0]
     return n
 
 
@@ -61,22 +51,22 @@ def files_under(root: Path) -> list[Path]:
 
 
 async def test_open_creates_orders_and_outbox_tables(outbox: Outbox, db: Path) -> None:
-    names = {r[0] for r in rows(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    names = {r[0] for r in query(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"orders", "outbox"} <= names
     assert "inbox" not in names
-    columns = {r[1] for r in rows(db, "PRAGMA table_info(outbox)")}
+    columns = {r[1] for r in query(db, "PRAGMA table_info(outbox)")}
     assert {"seq", "id", "payload", "sent"} <= columns
 
 
 async def test_outbox_seq_is_declared_autoincrement(outbox: Outbox, db: Path) -> None:
     # What keeps a deleted entry's seq from being given again (the behaviour suite
     # checks that it is not).
-    (ddl,) = rows(db, "SELECT sql FROM sqlite_master WHERE name = 'outbox'")[0]
+    (ddl,) = query(db, "SELECT sql FROM sqlite_master WHERE name = 'outbox'")[0]
     assert "AUTOINCREMENT" in ddl.upper()
 
 
 async def test_open_uses_wal_journal_mode(outbox: Outbox, db: Path) -> None:
-    assert rows(db, "PRAGMA journal_mode") == [("wal",)]
+    assert query(db, "PRAGMA journal_mode") == [("wal",)]
 
 
 async def test_open_sets_synchronous_full_on_its_connection(outbox: SqliteOutbox) -> None:
@@ -143,7 +133,7 @@ async def test_a_path_or_a_sqlite_url_opens_that_sqlite_file(
 
     expected = dirs[where] / "source.db"
     assert files_under(tmp_path) == [expected.relative_to(tmp_path)]
-    assert rows(expected, "SELECT id FROM orders") == [("a",)]
+    assert query(expected, "SELECT id FROM orders") == [("a",)]
 
 
 @pytest.mark.parametrize(
@@ -212,7 +202,7 @@ async def test_failed_intake_leaves_no_lock_behind(outbox: Outbox, db: Path) -> 
         conn.execute("COMMIT")
     finally:
         conn.close()
-    assert rows(db, "SELECT id FROM orders") == [("x",)]
+    assert query(db, "SELECT id FROM orders") == [("x",)]
 
 
 async def test_pending_leaves_no_lock_or_snapshot_behind(outbox: Outbox, db: Path) -> None:
@@ -257,7 +247,7 @@ async def test_entries_written_before_lanes_come_back_with_their_lane_and_are_ju
 ) -> None:
     write_before_lanes(db)
     async with Outbox.open(db) as outbox:
-        assert rows(db, "PRAGMA user_version") == [(len(outbox_sql.MIGRATIONS),)]
+        assert query(db, "PRAGMA user_version") == [(len(outbox_sql.MIGRATIONS),)]
         pending = await outbox.pending_batch(16)
         assert [(row.event["id"], row.lane) for row in pending] == [
             ("old-2", "juice"),

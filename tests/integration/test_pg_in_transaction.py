@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 from relay_lines import relay_of, running
-from support import event, eventually
+from support import event, eventually, query
 
 from plumbing.storage import StorageError
 from publisher import NotInTransaction, accept_in_async
@@ -28,11 +28,6 @@ def accounts(pg_database: str) -> None:
         conn.execute(b"CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER)")
 
 
-def rows(url: str, query: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(query.encode()).fetchall()
-
-
 @pytest.mark.usefixtures("accounts")
 async def test_a_rolled_back_transaction_leaves_nothing(
     pg_outbox: Outbox, pg_database: str
@@ -40,11 +35,11 @@ async def test_a_rolled_back_transaction_leaves_nothing(
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         await conn.execute(b"INSERT INTO accounts VALUES ('acct', 5)")
         assert await accept_in_async(conn, event("a")) == "accepted"
-        assert rows(pg_database, "SELECT id FROM outbox") == []  # not committed yet
+        assert query(pg_database, "SELECT id FROM outbox") == []  # not committed yet
         await conn.rollback()
-    assert rows(pg_database, "SELECT count(*) FROM orders") == [(0,)]
-    assert rows(pg_database, "SELECT count(*) FROM outbox") == [(0,)]
-    assert rows(pg_database, "SELECT count(*) FROM accounts") == [(0,)]
+    assert query(pg_database, "SELECT count(*) FROM orders") == [(0,)]
+    assert query(pg_database, "SELECT count(*) FROM outbox") == [(0,)]
+    assert query(pg_database, "SELECT count(*) FROM accounts") == [(0,)]
     assert await pg_outbox.accept(event("a")) == "accepted"
 
 
@@ -70,8 +65,8 @@ async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
                 assert await accept_in_async(conn, event("a")) == "duplicate"
             took = await eventually(lambda: delivered == ["a"], timeout_s=5)
     assert took < 2.0
-    assert rows(pg_database, "SELECT id, sent FROM outbox") == [("a", 1)]
-    assert rows(pg_database, "SELECT * FROM accounts") == [("acct", 5)]
+    assert query(pg_database, "SELECT id, sent FROM outbox") == [("a", 1)]
+    assert query(pg_database, "SELECT * FROM accounts") == [("acct", 5)]
 
 
 async def test_conflicts_bad_events_and_a_failed_transaction_are_the_projects_errors(
@@ -93,7 +88,7 @@ async def test_conflicts_bad_events_and_a_failed_transaction_are_the_projects_er
             await accept_in_async(conn, event("d"))
         with pytest.raises(TypeError):
             await accept_in_async(object(), event("d"))
-    assert rows(pg_database, "SELECT id FROM orders") == [("a",)]
+    assert query(pg_database, "SELECT id FROM orders") == [("a",)]
 
 
 def store_payload(url: str, event_id: str, event: dict[str, Any]) -> None:
@@ -120,8 +115,8 @@ async def test_a_known_id_is_judged_by_its_stored_payload_even_once_pruned(
             with pytest.raises(Conflict):
                 await accept_in_async(conn, changed)
         await conn.commit()
-    assert rows(pg_database, "SELECT id FROM orders ORDER BY id") == [("moved",), ("pruned",)]
-    assert rows(pg_database, "SELECT id FROM outbox") == [("moved",)]
+    assert query(pg_database, "SELECT id FROM orders ORDER BY id") == [("moved",), ("pruned",)]
+    assert query(pg_database, "SELECT id FROM outbox") == [("moved",)]
 
 
 async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed(
@@ -141,6 +136,6 @@ async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed
     assert await same == "duplicate"
     with pytest.raises(Conflict):
         await other
-    assert rows(pg_database, "SELECT id, payload FROM outbox") == [
+    assert query(pg_database, "SELECT id, payload FROM outbox") == [
         ("a", canonical_json(event("a", qty=2)))
     ]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
-from support import event
+from support import event, try_write_lock
 
 from shared import Receipt
 from sink.backends.sqlite import SqliteInbox
@@ -26,7 +26,6 @@ from sqlite_tx import BUSY_TIMEOUT_MS, Database, StorageError, transaction
 if TYPE_CHECKING:
     from conftest import Query, ServeSink
 
-SCHEMA = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",)
 EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
 WAIT_S = 2.0
 PENDING_S = 0.3  # long enough for a call that is not waiting for the lock to finish
@@ -97,16 +96,6 @@ def write_lock(path: Path) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
-def try_write_lock(path: Path) -> None:
-    """Take and release the write lock from another connection, without waiting."""
-    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
-
-
 async def busy_timeout_ms(db: Database) -> int:
     value: int = await db.run(lambda conn: conn.execute("PRAGMA busy_timeout").fetchone()[0])
     return value
@@ -129,38 +118,24 @@ def names(db_rows: Query, path: Path) -> list[str]:
     return [r[0] for r in db_rows(path, "SELECT name FROM items ORDER BY id")]
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "store.db"
-
-
-@pytest.fixture
-async def db(path: Path) -> AsyncIterator[Database]:
-    database = await Database.open(path, SCHEMA)
-    try:
-        yield database
-    finally:
-        await database.close()
-
-
 # ---------------------------------------------------------------- run_inline, no contention
 
 
 async def test_run_inline_commits_on_the_loop_thread_and_restores_the_busy_timeout(
-    db: Database, path: Path, db_rows: Query
+    items_db: Database, items_path: Path, db_rows: Query
 ) -> None:
     writer = Writer("a")
 
-    rowid = await db.run_inline(writer)
+    rowid = await items_db.run_inline(writer)
 
     assert writer.threads == [threading.get_ident()]
-    assert db_rows(path, "SELECT id, name FROM items") == [(rowid, "a")]
-    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS == 5_000
-    try_write_lock(path)
+    assert db_rows(items_path, "SELECT id, name FROM items") == [(rowid, "a")]
+    assert await busy_timeout_ms(items_db) == BUSY_TIMEOUT_MS == 5_000
+    try_write_lock(items_path)
 
 
 async def test_an_exception_from_fn_propagates_unchanged_and_writes_nothing(
-    db: Database, path: Path, db_rows: Query
+    items_db: Database, items_path: Path, db_rows: Query
 ) -> None:
     error = Boom("after the write")
     threads: list[int] = []
@@ -172,15 +147,15 @@ async def test_an_exception_from_fn_propagates_unchanged_and_writes_nothing(
             raise error
 
     with pytest.raises(Boom) as excinfo:
-        await db.run_inline(write_then_fail)
+        await items_db.run_inline(write_then_fail)
 
     assert excinfo.value is error
     assert threads == [threading.get_ident()]
-    assert names(db_rows, path) == []
-    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
-    try_write_lock(path)
-    await db.run_inline(Writer("after"))
-    assert names(db_rows, path) == ["after"]
+    assert names(db_rows, items_path) == []
+    assert await busy_timeout_ms(items_db) == BUSY_TIMEOUT_MS
+    try_write_lock(items_path)
+    await items_db.run_inline(Writer("after"))
+    assert names(db_rows, items_path) == ["after"]
 
 
 @pytest.mark.parametrize(
@@ -192,9 +167,9 @@ async def test_an_exception_from_fn_propagates_unchanged_and_writes_nothing(
     ids=["missing-table", "unique-violation"],
 )
 async def test_a_sqlite_error_other_than_busy_is_a_storage_error_raised_inline(
-    db: Database, path: Path, db_rows: Query, statement: str, cause: type[sqlite3.Error]
+    items_db: Database, items_path: Path, db_rows: Query, statement: str, cause: type[sqlite3.Error]
 ) -> None:
-    await db.run_inline(Writer("known"))
+    await items_db.run_inline(Writer("known"))
     threads: list[int] = []
 
     def write_then_fail(conn: sqlite3.Connection) -> None:
@@ -204,31 +179,31 @@ async def test_a_sqlite_error_other_than_busy_is_a_storage_error_raised_inline(
             conn.execute(statement)
 
     with pytest.raises(StorageError) as excinfo:
-        await db.run_inline(write_then_fail)
+        await items_db.run_inline(write_then_fail)
 
     assert type(excinfo.value.__cause__) is cause
-    assert str(path) in str(excinfo.value)
+    assert str(items_path) in str(excinfo.value)
     # Raised where it ran, on the loop's thread: not retried on the worker thread.
     assert threads == [threading.get_ident()]
-    assert names(db_rows, path) == ["known"]
-    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
-    try_write_lock(path)
+    assert names(db_rows, items_path) == ["known"]
+    assert await busy_timeout_ms(items_db) == BUSY_TIMEOUT_MS
+    try_write_lock(items_path)
 
 
 # ---------------------------------------------------------------- run_inline under contention
 
 
 async def test_a_held_write_lock_sends_the_call_to_the_worker_thread_without_stalling_the_loop(
-    db: Database, path: Path, db_rows: Query
+    items_db: Database, items_path: Path, db_rows: Query
 ) -> None:
     writer = Writer("waited")
-    with write_lock(path) as lock:
+    with write_lock(items_path) as lock:
         async with ticking() as ticker:
-            call = asyncio.create_task(db.run_inline(writer))
+            call = asyncio.create_task(items_db.run_inline(writer))
             try:
                 await asyncio.sleep(PENDING_S)
                 assert not call.done(), "run_inline finished while the lock was held"
-                assert names(db_rows, path) == []
+                assert names(db_rows, items_path) == []
                 lock.execute("ROLLBACK")
                 rowid = await asyncio.wait_for(call, WAIT_S)
             finally:
@@ -240,16 +215,16 @@ async def test_a_held_write_lock_sends_the_call_to_the_worker_thread_without_sta
     # Tried once inline (BEGIN IMMEDIATE was refused at once), then run on the worker.
     assert len(writer.threads) == 2
     assert writer.threads[0] == loop_thread != writer.threads[1]
-    assert db_rows(path, "SELECT id, name FROM items") == [(rowid, "waited")]
-    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+    assert db_rows(items_path, "SELECT id, name FROM items") == [(rowid, "waited")]
+    assert await busy_timeout_ms(items_db) == BUSY_TIMEOUT_MS
 
 
 async def test_calls_made_while_the_lock_is_held_all_commit_in_order_once_it_is_released(
-    db: Database, path: Path, db_rows: Query
+    items_db: Database, items_path: Path, db_rows: Query
 ) -> None:
     writers = [Writer(f"w{n}") for n in range(5)]
-    with write_lock(path) as lock:
-        calls = [asyncio.create_task(db.run_inline(w)) for w in writers]
+    with write_lock(items_path) as lock:
+        calls = [asyncio.create_task(items_db.run_inline(w)) for w in writers]
         try:
             await asyncio.sleep(PENDING_S)
             assert not any(call.done() for call in calls)
@@ -260,13 +235,13 @@ async def test_calls_made_while_the_lock_is_held_all_commit_in_order_once_it_is_
             for call in calls:
                 await cancel(call)
 
-    assert db_rows(path, "SELECT id, name FROM items ORDER BY id") == [
+    assert db_rows(items_path, "SELECT id, name FROM items ORDER BY id") == [
         (rowid, w.name) for rowid, w in zip(rowids, writers, strict=True)
     ]
     # Once the first call is on the worker thread, the others queue behind it there.
     loop_thread = threading.get_ident()
     assert all(loop_thread not in w.threads for w in writers[1:])
-    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+    assert await busy_timeout_ms(items_db) == BUSY_TIMEOUT_MS
 
 
 def held_open(
@@ -284,17 +259,17 @@ def held_open(
 
 
 async def test_a_call_running_on_the_worker_thread_keeps_run_inline_off_the_connection(
-    db: Database, path: Path, db_rows: Query
+    items_db: Database, items_path: Path, db_rows: Query
 ) -> None:
     started, release = threading.Event(), threading.Event()
     slow = held_open(started, release)
 
-    running = asyncio.create_task(db.run(slow))
+    running = asyncio.create_task(items_db.run(slow))
     writer = Writer("quick")
     try:
         await until(started)
         # Inline, its BEGIN would run inside the worker's open transaction and fail.
-        call = asyncio.create_task(db.run_inline(writer))
+        call = asyncio.create_task(items_db.run_inline(writer))
         await asyncio.sleep(PENDING_S)
         assert not call.done(), "run_inline did not wait for the call on the worker thread"
     finally:
@@ -302,49 +277,49 @@ async def test_a_call_running_on_the_worker_thread_keeps_run_inline_off_the_conn
     await asyncio.wait_for(running, WAIT_S)
     await asyncio.wait_for(call, WAIT_S)
 
-    assert names(db_rows, path) == ["slow", "quick"]
+    assert names(db_rows, items_path) == ["slow", "quick"]
     assert len(writer.threads) == 1
     assert writer.threads[0] != threading.get_ident()
-    assert await busy_timeout_ms(db) == BUSY_TIMEOUT_MS
+    assert await busy_timeout_ms(items_db) == BUSY_TIMEOUT_MS
 
 
 async def test_a_cancelled_call_still_on_the_worker_thread_keeps_run_inline_off_the_connection(
-    db: Database, path: Path, db_rows: Query
+    items_db: Database, items_path: Path, db_rows: Query
 ) -> None:
     started, release = threading.Event(), threading.Event()
     slow = held_open(started, release)
 
-    running = asyncio.create_task(db.run(slow))
+    running = asyncio.create_task(items_db.run(slow))
     try:
         await until(started)
         await cancel(running)
-        call = asyncio.create_task(db.run_inline(Writer("quick")))
+        call = asyncio.create_task(items_db.run_inline(Writer("quick")))
         await asyncio.sleep(0)
     finally:
         release.set()
-        await db.run(lambda conn: None)  # the worker thread has finished `slow`
+        await items_db.run(lambda conn: None)  # the worker thread has finished `slow`
     await asyncio.wait_for(call, WAIT_S)
 
-    assert names(db_rows, path) == ["slow", "quick"]
+    assert names(db_rows, items_path) == ["slow", "quick"]
 
 
 async def test_a_call_once_close_has_begun_is_refused_and_never_runs_inline(
-    db: Database, path: Path, db_rows: Query
+    items_db: Database, items_path: Path, db_rows: Query
 ) -> None:
     """A group commit still forming when its service stops may be handed over after
     close began: it is refused with a StorageError and never touches the connection
     (inline, it raced the worker's close of the same sqlite3 connection, and the
     interpreter crashed when that was tried)."""
-    closing = asyncio.create_task(db.close())
+    closing = asyncio.create_task(items_db.close())
     await asyncio.sleep(0)  # close handed to the worker thread, not yet done
     inline, worker = Writer("inline"), Writer("worker")
     with pytest.raises(StorageError, match="the database is closed"):
-        await asyncio.wait_for(db.run_inline(inline), WAIT_S)
+        await asyncio.wait_for(items_db.run_inline(inline), WAIT_S)
     with pytest.raises(StorageError, match="the database is closed"):
-        await asyncio.wait_for(db.run(worker), WAIT_S)
+        await asyncio.wait_for(items_db.run(worker), WAIT_S)
     await asyncio.wait_for(closing, WAIT_S)
     assert inline.threads == [] and worker.threads == []
-    assert names(db_rows, path) == []
+    assert names(db_rows, items_path) == []
 
 
 # ---------------------------------------------------------------- the sink

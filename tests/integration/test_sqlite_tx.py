@@ -6,47 +6,26 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ITEMS_SCHEMA, query, try_write_lock
 
 from sqlite_tx import Database, StorageError, transaction, unsynced
-
-SCHEMA = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",)
 
 
 class Boom(Exception):
     pass
 
 
-def rows(path: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows read through a fresh connection, closed afterwards."""
-    conn = sqlite3.connect(path, timeout=5)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
-
-
 def user_version(path: Path) -> int:
-    version: int = rows(path, "PRAGMA user_version")[0][0]
+    version: int = query(path, "PRAGMA user_version")[0][0]
     return version
 
 
 def tables(path: Path) -> set[str]:
-    return {r[0] for r in rows(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-
-
-def try_write_lock(path: Path) -> None:
-    """Take and release the write lock from another connection, without waiting."""
-    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
+    return {r[0] for r in query(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 async def open_fails(path: Path, migrations: tuple[str, ...]) -> StorageError:
@@ -59,52 +38,40 @@ async def open_fails(path: Path, migrations: tuple[str, ...]) -> StorageError:
     pytest.fail(f"{path} opened, expected StorageError")
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "store.db"
-
-
-@pytest.fixture
-async def db(path: Path) -> AsyncIterator[Database]:
-    database = await Database.open(path, SCHEMA)
-    try:
-        yield database
-    finally:
-        await database.close()
-
-
 # ---------------------------------------------------------------- opening and migrations
 
 
-async def test_open_creates_the_schema_and_sets_user_version(db: Database, path: Path) -> None:
-    assert "items" in tables(path)
-    assert user_version(path) == 1
-    assert db.path == str(path)
+async def test_open_creates_the_schema_and_sets_user_version(
+    items_db: Database, items_path: Path
+) -> None:
+    assert "items" in tables(items_path)
+    assert user_version(items_path) == 1
+    assert items_db.path == str(items_path)
 
 
-async def test_open_sets_wal_and_synchronous_full(db: Database, path: Path) -> None:
-    assert rows(path, "PRAGMA journal_mode") == [("wal",)]
-    assert await db.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == 2
-    assert await db.run(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
-    assert await db.run(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) > 0
+async def test_open_sets_wal_and_synchronous_full(items_db: Database, items_path: Path) -> None:
+    assert query(items_path, "PRAGMA journal_mode") == [("wal",)]
+    assert await items_db.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == 2
+    assert await items_db.run(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
+    assert await items_db.run(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) > 0
 
 
-async def test_reopening_applies_only_the_new_migrations(path: Path) -> None:
-    db = await Database.open(path, SCHEMA)
+async def test_reopening_applies_only_the_new_migrations(items_path: Path) -> None:
+    db = await Database.open(items_path, ITEMS_SCHEMA)
     await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('kept')"))
     await db.close()
 
-    second = (*SCHEMA, "CREATE TABLE more (x INTEGER); CREATE TABLE most (y INTEGER);")
-    db = await Database.open(path, second)
+    second = (*ITEMS_SCHEMA, "CREATE TABLE more (x INTEGER); CREATE TABLE most (y INTEGER);")
+    db = await Database.open(items_path, second)
     await db.close()
 
-    assert user_version(path) == 2
-    assert {"items", "more", "most"} <= tables(path)
-    assert rows(path, "SELECT name FROM items") == [("kept",)]
+    assert user_version(items_path) == 2
+    assert {"items", "more", "most"} <= tables(items_path)
+    assert query(items_path, "SELECT name FROM items") == [("kept",)]
 
 
 async def test_an_open_cancelled_while_the_file_opens_waits_for_its_thread(
-    path: Path, monkeypatch: pytest.MonkeyPatch
+    items_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cancelled (a SIGTERM, say) while aiosqlite's thread opens the file: the open
     ends only once that thread has, so nothing reports to a loop that may be closed
@@ -119,7 +86,7 @@ async def test_an_open_cancelled_while_the_file_opens_waits_for_its_thread(
 
     before = set(threading.enumerate())
     monkeypatch.setattr(sqlite3, "connect", slow_connect)
-    task = asyncio.create_task(Database.open(path, SCHEMA))
+    task = asyncio.create_task(Database.open(items_path, ITEMS_SCHEMA))
     assert await asyncio.to_thread(opening.wait, 5.0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -129,107 +96,109 @@ async def test_an_open_cancelled_while_the_file_opens_waits_for_its_thread(
     assert [t for t in started if not t.name.startswith("asyncio_")] == []
 
 
-async def test_a_failing_migration_changes_nothing(path: Path) -> None:
-    db = await Database.open(path, SCHEMA)
+async def test_a_failing_migration_changes_nothing(items_path: Path) -> None:
+    db = await Database.open(items_path, ITEMS_SCHEMA)
     await db.close()
 
-    broken = (*SCHEMA, "CREATE TABLE half (x INTEGER); CREATE TABLE items (again INTEGER);")
-    await open_fails(path, broken)
+    broken = (*ITEMS_SCHEMA, "CREATE TABLE half (x INTEGER); CREATE TABLE items (again INTEGER);")
+    await open_fails(items_path, broken)
 
-    assert user_version(path) == 1
-    assert "half" not in tables(path)
+    assert user_version(items_path) == 1
+    assert "half" not in tables(items_path)
 
 
-async def test_a_newer_schema_version_is_a_storage_error(path: Path) -> None:
-    conn = sqlite3.connect(path)
+async def test_a_newer_schema_version_is_a_storage_error(items_path: Path) -> None:
+    conn = sqlite3.connect(items_path)
     conn.execute("PRAGMA user_version = 5")
     conn.close()
 
-    assert "newer" in str(await open_fails(path, SCHEMA))
+    assert "newer" in str(await open_fails(items_path, ITEMS_SCHEMA))
 
-    assert user_version(path) == 5
-    assert "items" not in tables(path)
+    assert user_version(items_path) == 5
+    assert "items" not in tables(items_path)
 
 
-async def test_a_file_that_is_not_a_database_is_a_storage_error(path: Path) -> None:
+async def test_a_file_that_is_not_a_database_is_a_storage_error(items_path: Path) -> None:
     garbage = b"this is not an SQLite database, only some bytes\n" * 100
-    path.write_bytes(garbage)
+    items_path.write_bytes(garbage)
 
-    await open_fails(path, SCHEMA)
+    await open_fails(items_path, ITEMS_SCHEMA)
 
-    assert path.read_bytes() == garbage
+    assert items_path.read_bytes() == garbage
 
 
 async def test_a_path_in_a_missing_directory_is_a_storage_error(tmp_path: Path) -> None:
-    await open_fails(tmp_path / "missing" / "store.db", SCHEMA)
+    await open_fails(tmp_path / "missing" / "store.db", ITEMS_SCHEMA)
 
 
 # ---------------------------------------------------------------- run
 
 
-async def test_run_returns_the_result_of_the_function(db: Database) -> None:
-    assert await db.run(lambda c: c.execute("SELECT 40 + 2").fetchone()[0]) == 42
+async def test_run_returns_the_result_of_the_function(items_db: Database) -> None:
+    assert await items_db.run(lambda c: c.execute("SELECT 40 + 2").fetchone()[0]) == 42
 
 
-async def test_run_translates_sqlite_errors_to_storage_error(db: Database) -> None:
+async def test_run_translates_sqlite_errors_to_storage_error(items_db: Database) -> None:
     with pytest.raises(StorageError) as excinfo:
-        await db.run(lambda c: c.execute("SELECT * FROM no_such_table"))
+        await items_db.run(lambda c: c.execute("SELECT * FROM no_such_table"))
     assert isinstance(excinfo.value.__cause__, sqlite3.Error)
     assert "no_such_table" in str(excinfo.value)
 
 
-async def test_run_translates_constraint_errors_to_storage_error(db: Database) -> None:
-    await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('a')"))
+async def test_run_translates_constraint_errors_to_storage_error(items_db: Database) -> None:
+    await items_db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('a')"))
     with pytest.raises(StorageError) as excinfo:
-        await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('a')"))
+        await items_db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('a')"))
     assert isinstance(excinfo.value.__cause__, sqlite3.IntegrityError)
 
 
-async def test_run_lets_other_exceptions_through_unchanged(db: Database) -> None:
+async def test_run_lets_other_exceptions_through_unchanged(items_db: Database) -> None:
     error = Boom("not storage")
 
     def fail(conn: sqlite3.Connection) -> None:
         raise error
 
     with pytest.raises(Boom) as excinfo:
-        await db.run(fail)
+        await items_db.run(fail)
     assert excinfo.value is error
 
 
-async def test_the_database_stays_usable_after_an_error(db: Database, path: Path) -> None:
+async def test_the_database_stays_usable_after_an_error(
+    items_db: Database, items_path: Path
+) -> None:
     with pytest.raises(StorageError):
-        await db.run(lambda c: c.execute("SELECT * FROM no_such_table"))
-    await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('after')"))
-    assert rows(path, "SELECT name FROM items") == [("after",)]
+        await items_db.run(lambda c: c.execute("SELECT * FROM no_such_table"))
+    await items_db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('after')"))
+    assert query(items_path, "SELECT name FROM items") == [("after",)]
 
 
-async def test_a_plain_statement_autocommits(db: Database, path: Path) -> None:
-    await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('auto')"))
-    assert rows(path, "SELECT name FROM items") == [("auto",)]
-    try_write_lock(path)
+async def test_a_plain_statement_autocommits(items_db: Database, items_path: Path) -> None:
+    await items_db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('auto')"))
+    assert query(items_path, "SELECT name FROM items") == [("auto",)]
+    try_write_lock(items_path)
 
 
-async def test_a_read_leaves_no_lock_behind(db: Database, path: Path) -> None:
-    await db.run(lambda c: c.execute("SELECT * FROM items").fetchall())
-    try_write_lock(path)
-    assert rows(path, "PRAGMA wal_checkpoint(TRUNCATE)")[0][0] == 0
+async def test_a_read_leaves_no_lock_behind(items_db: Database, items_path: Path) -> None:
+    await items_db.run(lambda c: c.execute("SELECT * FROM items").fetchall())
+    try_write_lock(items_path)
+    assert query(items_path, "PRAGMA wal_checkpoint(TRUNCATE)")[0][0] == 0
 
 
 # ---------------------------------------------------------------- transaction
 
 
-async def test_transaction_commits_on_success(db: Database, path: Path) -> None:
+async def test_transaction_commits_on_success(items_db: Database, items_path: Path) -> None:
     def write(conn: sqlite3.Connection) -> None:
         with transaction(conn):
             conn.execute("INSERT INTO items (name) VALUES ('a')")
             conn.execute("INSERT INTO items (name) VALUES ('b')")
 
-    await db.run(write)
-    assert rows(path, "SELECT name FROM items ORDER BY name") == [("a",), ("b",)]
-    try_write_lock(path)
+    await items_db.run(write)
+    assert query(items_path, "SELECT name FROM items ORDER BY name") == [("a",), ("b",)]
+    try_write_lock(items_path)
 
 
-async def test_transaction_rolls_back_on_exception(db: Database, path: Path) -> None:
+async def test_transaction_rolls_back_on_exception(items_db: Database, items_path: Path) -> None:
     error = Boom("half way")
 
     def write(conn: sqlite3.Connection) -> None:
@@ -238,24 +207,26 @@ async def test_transaction_rolls_back_on_exception(db: Database, path: Path) -> 
             raise error
 
     with pytest.raises(Boom) as excinfo:
-        await db.run(write)
+        await items_db.run(write)
 
     assert excinfo.value is error
-    assert rows(path, "SELECT * FROM items") == []
-    try_write_lock(path)
+    assert query(items_path, "SELECT * FROM items") == []
+    try_write_lock(items_path)
 
 
-async def test_transaction_rolls_back_on_a_failing_statement(db: Database, path: Path) -> None:
+async def test_transaction_rolls_back_on_a_failing_statement(
+    items_db: Database, items_path: Path
+) -> None:
     def write(conn: sqlite3.Connection) -> None:
         with transaction(conn):
             conn.execute("INSERT INTO items (name) VALUES ('a')")
             conn.execute("INSERT INTO items (name) VALUES ('a')")
 
     with pytest.raises(StorageError):
-        await db.run(write)
+        await items_db.run(write)
 
-    assert rows(path, "SELECT * FROM items") == []
-    try_write_lock(path)
+    assert query(items_path, "SELECT * FROM items") == []
+    try_write_lock(items_path)
 
 
 # A constraint checked at COMMIT: the COMMIT fails, and SQLite keeps the transaction.
@@ -276,24 +247,24 @@ def synchronous(conn: sqlite3.Connection) -> int:
     return level
 
 
-async def test_a_failed_commit_is_rolled_back_and_leaves_no_transaction(path: Path) -> None:
-    db = await Database.open(path, DEFERRED)
+async def test_a_failed_commit_is_rolled_back_and_leaves_no_transaction(items_path: Path) -> None:
+    db = await Database.open(items_path, DEFERRED)
     try:
         with pytest.raises(StorageError, match="FOREIGN KEY constraint failed"):
             await db.run(orphan)
         assert await db.run(lambda conn: conn.in_transaction) is False
-        assert rows(path, "SELECT * FROM children") == []
-        try_write_lock(path)  # no lock left held either
+        assert query(items_path, "SELECT * FROM children") == []
+        try_write_lock(items_path)  # no lock left held either
     finally:
         await db.close()
 
 
 async def test_unsynced_commits_at_normal_and_leaves_full_even_when_its_commit_fails(
-    path: Path,
+    items_path: Path,
 ) -> None:
     """Only `transaction` rolling a failed COMMIT back lets the level go back to FULL:
     SQLite refuses to change it inside a transaction."""
-    db = await Database.open(path, DEFERRED)
+    db = await Database.open(items_path, DEFERRED)
 
     def levels(conn: sqlite3.Connection) -> list[int]:
         seen = [synchronous(conn)]
@@ -312,7 +283,7 @@ async def test_unsynced_commits_at_normal_and_leaves_full_even_when_its_commit_f
 
     try:
         assert await db.run(levels) == [2, 1, 2, -1, 2]  # FULL, NORMAL, FULL, ..., FULL
-        assert rows(path, "SELECT id FROM parents") == [(1,)]
+        assert query(items_path, "SELECT id FROM parents") == [(1,)]
     finally:
         await db.close()
 
@@ -330,24 +301,28 @@ def test_unsynced_changes_nothing_outside_wal_mode() -> None:
         conn.close()
 
 
-async def test_immediate_transaction_holds_the_write_lock(db: Database, path: Path) -> None:
+async def test_immediate_transaction_holds_the_write_lock(
+    items_db: Database, items_path: Path
+) -> None:
     def inside(conn: sqlite3.Connection) -> str:
         with transaction(conn):
             try:
-                try_write_lock(path)
+                try_write_lock(items_path)
             except sqlite3.OperationalError as exc:
                 return str(exc)
             return "no lock"
 
-    assert "locked" in await db.run(inside)
-    try_write_lock(path)
+    assert "locked" in await items_db.run(inside)
+    try_write_lock(items_path)
 
 
-async def test_deferred_transaction_does_not_take_the_write_lock(db: Database, path: Path) -> None:
+async def test_deferred_transaction_does_not_take_the_write_lock(
+    items_db: Database, items_path: Path
+) -> None:
     def inside(conn: sqlite3.Connection) -> int:
         with transaction(conn, immediate=False):
             count: int = conn.execute("SELECT count(*) FROM items").fetchone()[0]
-            try_write_lock(path)
+            try_write_lock(items_path)
             return count
 
-    assert await db.run(inside) == 0
+    assert await items_db.run(inside) == 0
