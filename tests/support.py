@@ -94,6 +94,20 @@ async def accept(outbox: Outbox, *ids: str, qty: int = 1) -> None:
         assert await outbox.accept(event(event_id, qty=qty)) == "accepted"
 
 
+async def accept_events(outbox: Outbox, events: Sequence[Event]) -> list[str]:
+    """Accept each of `events`, in that order; each must be new. Their IDs."""
+    for one in events:
+        assert await outbox.accept(dict(one)) == "accepted"
+    return [one["id"] for one in events]
+
+
+async def accept_numbered(outbox: Outbox, count: int) -> list[str]:
+    """Accept `count` new orders, e00 onwards; their IDs."""
+    ids = [f"e{n:02d}" for n in range(count)]
+    await accept(outbox, *ids)
+    return ids
+
+
 # ---------------------------------------------------------------- independent reads
 
 

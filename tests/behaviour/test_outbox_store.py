@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from outbox_backends import BACKENDS, FAULTS, Backend, Fault
-from support import event, json_of_python
+from support import accept, event, json_of_python
 
 import publisher.store
 from plumbing.storage import StorageError
@@ -57,11 +57,6 @@ async def outbox(backend: Backend) -> AsyncIterator[Outbox]:
 
 
 order = partial(event, qty=7)  # the orders of these tests: qty 7 unless said
-
-
-async def accept(outbox: Outbox, *ids: str, qty: int = 1) -> None:
-    for event_id in ids:
-        assert await outbox.accept({"id": event_id, "sku": "snack", "qty": qty}) == "accepted"
 
 
 def contents(backend: Backend) -> dict[str, list[tuple[Any, ...]]]:

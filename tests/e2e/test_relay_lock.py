@@ -35,7 +35,7 @@ def serve_args(db: Path, sink_url: str) -> tuple[str, ...]:
     return ("--db", str(db), "--sink", sink_url, "--host", LOOPBACK, "--port", "0", *FAST)
 
 
-def accept(run_cli: RunCli, db: Path, *ids: str) -> None:
+def accept_by_cli(run_cli: RunCli, db: Path, *ids: str) -> None:
     for event_id in ids:
         done = run_cli(
             "publisher", "accept", "--db", str(db), "--id", event_id, "--sku", "snack", "--qty", "1"
@@ -61,7 +61,7 @@ def test_a_second_serve_on_the_same_file_exits_at_once_naming_the_first(
 ) -> None:
     db, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
     sink = sink_process(sink_db)
-    accept(run_cli, db, "a", "b", "c")
+    accept_by_cli(run_cli, db, "a", "b", "c")
     first = publisher_process(*serve_args(db, sink.url))
     wait_until(lambda: unsent(db_rows, db) == 0)
 
@@ -77,7 +77,7 @@ def test_a_second_serve_on_the_same_file_exits_at_once_naming_the_first(
     assert "Traceback" not in second.stderr
 
     # The first goes on alone: what arrives now is delivered, and nothing twice.
-    accept(run_cli, db, "d", "e")
+    accept_by_cli(run_cli, db, "d", "e")
     wait_until(lambda: unsent(db_rows, db) == 0)
     assert deliveries(db_rows, sink_db) == {"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}
     assert first.proc.poll() is None
@@ -93,11 +93,11 @@ def test_after_a_sigkill_of_the_relay_a_new_one_starts_at_once_and_delivers(
     db, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
     sink = sink_process(sink_db)
     first = publisher_process(*serve_args(db, sink.url))
-    accept(run_cli, db, "a")
+    accept_by_cli(run_cli, db, "a")
     wait_until(lambda: unsent(db_rows, db) == 0)
     first.kill()  # SIGKILL: no shutdown code, the lock file stays with its record
 
-    accept(run_cli, db, "b")
+    accept_by_cli(run_cli, db, "b")
     publisher_process(*serve_args(db, sink.url))  # fails unless it listens
     wait_until(lambda: unsent(db_rows, db) == 0)
     assert deliveries(db_rows, sink_db) == {"a": 1, "b": 1}
@@ -155,14 +155,14 @@ def test_an_in_process_relay_restarted_after_a_sigkill_takes_its_lines_back_at_o
         in_process_relay.append(proc)
         listening(proc, log, _STARTED, f"in-process relay {n}")
 
-    accept(run_cli, db, "a")
+    accept_by_cli(run_cli, db, "a")
     start(1)
     wait_until(lambda: unsent(db_rows, db) == 0)
     first = in_process_relay[0]
     first.send_signal(signal.SIGKILL)  # no shutdown code: its lease stays, unreleased
     first.wait(timeout=5)
 
-    accept(run_cli, db, "b")
+    accept_by_cli(run_cli, db, "b")
     start(2)
     took_s = wait_until(lambda: unsent(db_rows, db) == 0, timeout_s=DEFAULT_LEASE_TTL_S * 0.8)
     assert took_s < DEFAULT_LEASE_TTL_S * 0.8
@@ -200,7 +200,7 @@ def test_operator_commands_work_beside_a_running_relay(
     ok("list", *where, "--state", "pending")
     ok("trace", "x", *where)
     ok("quarantine", "x", *where, "--reason", "refused by the sink")
-    accept(run_cli, db, "y")
+    accept_by_cli(run_cli, db, "y")
     wait_until(lambda: db_rows(db, "SELECT sent FROM outbox WHERE id = 'y'") == [(1,)])
     ok("redrive", "x", *where)
     ok("prune", *where, "--older-than", "7d")

@@ -115,12 +115,6 @@ def orders(count: int, start: int = 0, skus: tuple[str, ...] = SKUS) -> list[Eve
     ]
 
 
-async def accept(outbox: Outbox, events: list[Event]) -> list[str]:
-    for event in events:
-        assert await outbox.accept(dict(event)) == "accepted"
-    return [e["id"] for e in events]
-
-
 def lines(events: list[Event], ordering: Ordering) -> dict[Line, list[str]]:
     """Each line's IDs in seq order: one line in global order, one per SKU in lanes."""
     keyed: dict[Line, list[str]] = {}

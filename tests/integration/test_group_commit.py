@@ -146,7 +146,7 @@ async def all_of(*calls: Awaitable[T]) -> list[T | BaseException]:
 async def test_a_groups_new_orders_are_inserted_in_one_statement_a_table_as_each_alone_would_be(
     outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await accept(outbox, "a0")
+    await accept_in_lanes(outbox, "a0")
     inserts: list[str] = []
 
     def statement(sql: str) -> None:
@@ -547,7 +547,8 @@ def groups_inline(outbox: Outbox, clock: Callable[[], float] = time.monotonic) -
     return outbox._inline
 
 
-async def accept(outbox: Outbox, *ids: str) -> None:
+async def accept_in_lanes(outbox: Outbox, *ids: str) -> None:
+    """Accept each of `ids`, its SKU (so its lane) named after its first letter."""
     for event_id in ids:
         assert await outbox.accept(event(event_id, f"lane-{event_id[0]}")) == "accepted"
 
@@ -574,7 +575,7 @@ async def test_marks_asked_for_while_one_commits_are_committed_together_next(
     outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = [[f"{lane}{n}" for n in range(3)] for lane in "abcde"]
-    await accept(outbox, *(i for call in calls for i in call))
+    await accept_in_lanes(outbox, *(i for call in calls for i in call))
     groups_on_the_thread(outbox)
     trips = watch(outbox._db, monkeypatch)
 
@@ -611,7 +612,7 @@ async def test_a_grouped_call_with_an_unknown_id_fails_alone_and_marks_none_of_i
     outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b, c = ["a0", "a1"], ["b0", "b1"], ["c0"]
-    await accept(outbox, *a, *b, *c)
+    await accept_in_lanes(outbox, *a, *b, *c)
     groups_inline(outbox)
     trips = watch(outbox._db, monkeypatch)
 
@@ -634,7 +635,7 @@ async def test_a_grouped_call_with_an_unknown_id_fails_alone_and_marks_none_of_i
 async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_work(
     outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await accept(outbox, "a0", "a1", "b0", "b1", "c0", "d0")
+    await accept_in_lanes(outbox, "a0", "a1", "b0", "b1", "c0", "d0")
     groups_on_the_thread(outbox)
     trips = watch(outbox._db, monkeypatch)
 
@@ -670,7 +671,7 @@ async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_w
 async def test_a_grouped_mark_whose_sql_fails_fails_alone(
     outbox: Outbox, db: Path, db_rows: Query
 ) -> None:
-    await accept(outbox, "a0", "b0", "b1")
+    await accept_in_lanes(outbox, "a0", "b0", "b1")
     poison(db, "outbox", "UPDATE OF sent", "b1")
 
     got_a, got_b = await all_of(
@@ -696,7 +697,7 @@ def order_ids(db_rows: Query, db: Path) -> tuple[list[str], list[str]]:
 async def test_intake_and_marks_asked_for_while_one_commits_share_the_next_transaction(
     outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await accept(outbox, "a0", "b0")
+    await accept_in_lanes(outbox, "a0", "b0")
     groups_on_the_thread(outbox)
     trips = watch(outbox._db, monkeypatch)
 
@@ -855,7 +856,7 @@ async def test_an_accept_within_the_outboxs_gather_passes_joins_the_group(
 async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
     outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await accept(outbox, "a0")
+    await accept_in_lanes(outbox, "a0")
     poison(db, "outbox", "INSERT", "bad")
     groups_inline(outbox)
     trips = watch(outbox._db, monkeypatch)
@@ -911,7 +912,7 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
     undone mark of a quarantined entry would leave it quarantined, not pending. An
     order must be on disk before its reply: every transaction with intake syncs,
     marks among it or not."""
-    await accept(outbox, "a0", "b0", "c0", "q0")
+    await accept_in_lanes(outbox, "a0", "b0", "c0", "q0")
     await outbox.quarantine("q0", "looked stuck", "op")
     groups_on_the_thread(outbox)
     levels = SyncLevels()
@@ -962,7 +963,7 @@ async def test_an_inline_group_of_intake_and_marks_syncs_and_an_inline_group_of_
     """The same levels when groups commit inline on the loop's thread, as they do while
     writes are quick: a group with intake in it commits at FULL, marks among it or
     not, and a group of marks alone at NORMAL; the connection is FULL after each."""
-    await accept(outbox, "a0", "b0", "c0")
+    await accept_in_lanes(outbox, "a0", "b0", "c0")
     groups_inline(outbox)
     levels = SyncLevels()
     raw_connection(outbox._db._connection).set_trace_callback(levels.statement)
@@ -985,7 +986,7 @@ async def test_an_inline_group_of_intake_and_marks_syncs_and_an_inline_group_of_
 async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_is_written(
     outbox: Outbox, db: Path, db_rows: Query
 ) -> None:
-    await accept(outbox, "a0")
+    await accept_in_lanes(outbox, "a0")
     conn = sqlite3.connect(db, isolation_level=None)
     try:  # RAISE(ROLLBACK) ends the whole transaction, not only the statement
         conn.execute(

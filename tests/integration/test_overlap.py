@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from support import Callables
+from support import Callables, accept_numbered
 
 from publisher import Outbox
 from publisher.driver import Driver, OutboxLine
@@ -43,17 +43,10 @@ def sent_ids(db: Path) -> list[str]:
         return [r[0] for r in conn.execute("SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
 
 
-async def accept(outbox: Outbox, count: int) -> list[str]:
-    ids = [f"e{n:02d}" for n in range(count)]
-    for event_id in ids:
-        await outbox.accept({"id": event_id, "sku": "snack", "qty": 1})
-    return ids
-
-
 async def test_the_next_batch_leaves_out_entries_whose_mark_is_in_flight(tmp_path: Path) -> None:
     db = tmp_path / "source.db"
     async with Outbox.open(db) as outbox:
-        ids = await accept(outbox, 20)
+        ids = await accept_numbered(outbox, 20)
         sink = Recorder()
         assert await batch_driver(outbox, sink).run() == 20
 
@@ -68,7 +61,7 @@ async def test_a_failed_overlapping_mark_surfaces_and_its_entries_stay_pending(
 ) -> None:
     db = tmp_path / "source.db"
     async with Outbox.open(db) as outbox:
-        ids = await accept(outbox, 3)
+        ids = await accept_numbered(outbox, 3)
         sink = Recorder()
         driver = batch_driver(outbox, sink)
         with sqlite3.connect(db) as conn:

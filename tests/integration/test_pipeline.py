@@ -26,7 +26,6 @@ from relay_lines import (
     ORDERINGS,
     STOP_TIMEOUT_S,
     Mode,
-    accept,
     lines,
     orders,
     relay_for,
@@ -35,7 +34,7 @@ from relay_lines import (
     sender_for,
     sent_ids,
 )
-from support import eventually
+from support import accept_events, eventually
 
 from publisher.errors import DeliveryError
 from publisher.settings import Ordering
@@ -147,7 +146,7 @@ async def test_a_backlog_drains_in_order_with_fenced_requests_overlapping(
     # Each request waits at the sink, so a pipeline shows as requests handled at once.
     url = await start_sink(serve, sink_db, recorder, stall_s=0.02)
     events = orders(48)
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
 
     async with sender_for(url) as sender:
         relay = relay_for(outbox, sender, mode, ordering=ordering, pipeline=depth)
@@ -174,7 +173,7 @@ async def test_without_pipelining_requests_carry_no_fence_and_never_overlap(
     recorder = Recorder()
     url = await start_sink(serve, sink_db, recorder, stall_s=0.02)
     events = orders(12)
-    await accept(outbox, events)
+    await accept_events(outbox, events)
 
     async with sender_for(url) as sender:
         relay = relay_for(outbox, sender, "single")
@@ -205,7 +204,7 @@ async def test_a_rejected_entry_stops_the_global_line_and_nothing_after_it_is_ap
     events = orders(30, skus=("snack",))
     gap = 9  # batch mode: the second item of the third request of 4
     events[gap] = {"id": events[gap]["id"], "sku": "bad", "qty": 1}
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
     bad = ids[gap]
 
     async with sender_for(url) as sender:
@@ -250,7 +249,7 @@ async def test_with_lanes_a_rejected_sku_blocks_only_its_own_lane(
     recorder = Recorder(by_sku=True)
     url = await start_sink(serve, sink_db, recorder, reject_skus=frozenset({"bad"}))
     events = orders(36, skus=("bad", "snack", "juice"))
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
     keyed = lines(events, "sku")
     good = keyed["snack"] + keyed["juice"]
 
@@ -290,7 +289,7 @@ async def test_random_failures_end_with_every_entry_applied_once_and_in_order(
     # The sink also drops the connection after its first three commits.
     url = await start_sink(serve, sink_db, recorder, drop_after_commit=3)
     events = orders(60)
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
     # Requests start at multiples of their size within a line (failures are whole
     # requests here), so each line surely fails both ways once, and at random besides.
     size = 1 if mode == "single" else BATCH_LIMIT
@@ -318,7 +317,7 @@ async def test_a_failed_request_cancels_the_requests_behind_it_at_once(
     recorder = Recorder()
     url = await start_sink(serve, sink_db, recorder)
     events = orders(40)
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
     # The request starting here fails before it is sent: the sink never sees it, so the
     # requests fenced on it wait there (up to its fence wait of seconds) for nothing.
     failing = ids[5] if mode == "single" else ids[2 * BATCH_LIMIT]
@@ -352,7 +351,7 @@ async def test_a_412_although_the_predecessor_was_applied_is_resent_without_a_fe
     recorder = Recorder(refuse_fenced=1)
     url = await start_sink(serve, sink_db, recorder)
     events = orders(24)
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
 
     async with sender_for(url) as sender:
         relay = relay_for(outbox, sender, mode, pipeline=8)
@@ -389,7 +388,7 @@ async def test_the_hook_runs_in_order_before_the_mark_for_every_verified_entry(
     recorder = Recorder()
     url = await start_sink(serve, sink_db, recorder)
     events = orders(48)
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
     hooked: list[tuple[str, int]] = []
 
     def after_delivery(event_id: str) -> None:
@@ -435,7 +434,7 @@ async def test_stop_with_requests_in_flight_returns_promptly_and_loses_nothing(
     url = await start_sink(serve, sink_db, recorder, stall_s=stall_s)
     # Several rounds of 8 requests per line, so the stop comes with more to send.
     events = orders(96 if mode == "single" else 240)
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
 
     async with sender_for(url) as sender:
         relay = relay_for(outbox, sender, mode, ordering=ordering, pipeline=8)

@@ -35,7 +35,6 @@ from relay_lines import (
     ORDERINGS,
     Line,
     Mode,
-    accept,
     lines,
     orders,
     relay_for,
@@ -43,7 +42,7 @@ from relay_lines import (
     sender_for,
     sent_ids,
 )
-from support import eventually
+from support import accept_events, eventually
 
 import publisher.http as publisher_http
 from publisher.errors import NotAcknowledged, Rejected
@@ -524,7 +523,7 @@ async def test_against_a_legacy_sink_each_line_sends_one_request_at_a_time_unfen
     legacy = LegacySink(Recorder(by_sku=ordering == "sku"), stall_s=LEGACY_STALL_S)
     url = await start_legacy(serve, legacy)
     events = orders(40)
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
 
     async with sender_for(url) as sender:
         relay = make_relay(outbox, sender, mode, ordering=ordering)
@@ -562,7 +561,7 @@ async def test_a_lane_pipelines_only_on_its_own_replies_not_another_lanes(
     )
     url = await start_legacy(serve, legacy)
     events = orders(120, skus=("snack", "juice"))
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
 
     async with sender_for(url) as sender:
         relay = make_relay(outbox, sender, mode, ordering="sku")
@@ -628,7 +627,7 @@ async def test_against_the_real_sink_a_run_starts_alone_then_pipelines(
     recorder = Recorder(by_sku=ordering == "sku")
     url = await start_sink(serve, sink_db, recorder, stall_s=SINK_STALL_S)
     events = orders(40)
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
 
     async with sender_for(url) as sender:
         relay = make_relay(outbox, sender, mode, ordering=ordering)
@@ -655,7 +654,7 @@ async def test_each_new_run_starts_alone_again(
     url = await start_sink(serve, sink_db, recorder, stall_s=SINK_STALL_S)
     first = orders(36)
     second = orders(48, start=len(first))
-    await accept(outbox, first)
+    await accept_events(outbox, first)
 
     async with sender_for(url) as sender:
         # Runs only at the start and when woken: the second backlog is one new run.
@@ -668,7 +667,7 @@ async def test_each_new_run_starts_alone_again(
             # it does not start a run on the first few of the entries accepted next.
             await asyncio.sleep(SETTLE_S)
             done = len(recorder.requests)
-            await accept(outbox, second)
+            await accept_events(outbox, second)
             relay.wake()
             await eventually(lambda: len(sent_ids(db_rows, db)) == len(first) + len(second))
             assert relay.blocked is None
@@ -690,7 +689,7 @@ async def test_a_reply_without_the_header_mid_run_goes_back_to_one_at_a_time(
     legacy = LegacySink(stall_s=LEGACY_STALL_S, fencing=PREDECESSOR_CHECK_ENFORCED, off_at=off_at)
     url = await start_legacy(serve, legacy)
     events = orders(48 if mode == "single" else 48 * BATCH_LIMIT)
-    ids = await accept(outbox, events)
+    ids = await accept_events(outbox, events)
 
     async with sender_for(url) as sender:
         watched = Watched(sender)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
+from support import accept_numbered
 
 from publisher.cli.dispatch import deliver_pending
 from publisher.driver import Driver, OutboxLine
@@ -205,13 +206,6 @@ async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> No
     raise AssertionError(f"condition not met within {timeout_s}s")
 
 
-async def accept(outbox: Outbox, count: int) -> list[str]:
-    ids = [f"e{n:02d}" for n in range(count)]
-    for event_id in ids:
-        assert await outbox.accept({"id": event_id, "sku": "snack", "qty": 1}) == "accepted"
-    return ids
-
-
 def sent_in_seq_order(db_rows: Query, db: Path) -> list[str]:
     return [r[0] for r in db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
 
@@ -236,7 +230,7 @@ def steps_for(ids: list[str]) -> list[str]:
 async def test_batch_mode_reads_each_next_batch_while_the_current_one_is_in_flight(
     outbox: Outbox, db: Path, db_rows: Query, timeline: Timeline, sink: Sink, sink_url: str
 ) -> None:
-    ids = await accept(outbox, 3 * 16 + 5)
+    ids = await accept_numbered(outbox, 3 * 16 + 5)
     batches = [ids[0:16], ids[16:32], ids[32:48], ids[48:]]
 
     async with relay_for(outbox, sink_url, batch=True) as relay:
@@ -280,7 +274,7 @@ async def test_an_entry_quarantined_after_it_was_read_ahead_is_sent_and_closed_a
     # The accepted race, pinned: an operator quarantines an entry of batch 2 while batch
     # 1 is at the sink and batch 2 has already been read ahead. Batch 2 goes as read, so
     # the entry is delivered, and its mark closes the quarantine as "delivered".
-    ids = await accept(outbox, 20)
+    ids = await accept_numbered(outbox, 20)
     victim = ids[17]
 
     async with Outbox.open(db) as operator:
@@ -327,7 +321,7 @@ async def test_a_batch_failing_partway_drops_the_read_ahead_and_the_retry_starts
     answer: Callable[[list[Event]], web.Response],
     failed_at: int,
 ) -> None:
-    ids = await accept(outbox, 40)
+    ids = await accept_numbered(outbox, 40)
     marked_at_retry: list[list[str]] = []
 
     async def look_at_the_disk(n: int, sent: list[str]) -> None:
@@ -373,7 +367,7 @@ async def test_a_read_ahead_serves_its_own_run_only(
     # Quarantined after the next batch was read ahead: that run sends the batch as
     # read (the accepted race); a run that starts afterwards reads afresh and leaves
     # the entry out.
-    ids = await accept(outbox, 20)
+    ids = await accept_numbered(outbox, 20)
 
     async def quarantine_after_the_read_ahead(n: int, sent: list[str]) -> None:
         if n == 1:
@@ -414,7 +408,7 @@ async def test_a_failed_run_drops_its_read_ahead(
 ) -> None:
     # The driver on its own, run again straight after the failure: the next run reads
     # afresh from the failed entry, not what was read ahead.
-    ids = await accept(outbox, 40)
+    ids = await accept_numbered(outbox, 40)
     sink.answer = answer
     async with HttpSender(sink_url, timeout_s=1.0, connect_timeout_s=0.5) as sender:
         driver = batch_driver(outbox, sender, batch)
@@ -436,7 +430,7 @@ async def test_an_entry_redriven_after_the_next_batch_was_read_ahead_goes_after_
     # Pinned as it is (see the report of this change): a redrive "so it goes next" that
     # commits while batch 1 is in flight waits behind batch 2, already read ahead, and
     # reaches the sink after entries of a higher seq.
-    ids = await accept(outbox, 33)
+    ids = await accept_numbered(outbox, 33)
     held = ids[0]
     await outbox.quarantine(held, "held back", "alice")
 
@@ -460,7 +454,7 @@ async def test_an_entry_redriven_after_the_next_batch_was_read_ahead_goes_after_
 async def test_single_mode_reads_ahead_at_the_last_entry_of_a_full_batch(
     outbox: Outbox, db: Path, db_rows: Query, timeline: Timeline, sink: Sink, sink_url: str
 ) -> None:
-    ids = await accept(outbox, 40)
+    ids = await accept_numbered(outbox, 40)
 
     async with relay_for(outbox, sink_url, batch=False, limit=16):
         await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids))
@@ -486,7 +480,7 @@ async def test_single_mode_reads_ahead_at_the_last_entry_of_a_full_batch(
 async def test_single_mode_a_failure_on_the_16th_entry_drops_the_read_ahead_and_resends_it_first(
     outbox: Outbox, db: Path, db_rows: Query, timeline: Timeline, sink: Sink, sink_url: str
 ) -> None:
-    ids = await accept(outbox, 40)
+    ids = await accept_numbered(outbox, 40)
     marked_at_retry: list[list[str]] = []
 
     def fail_the_16th_once(n: int, events: list[Event]) -> web.Response | None:
@@ -549,7 +543,7 @@ async def test_batch_mode_logs_one_delivery_line_per_request_and_one_per_failed_
     outcome: str,
 ) -> None:
     caplog.set_level(logging.INFO, logger="publisher.relay")
-    ids = await accept(outbox, 5)
+    ids = await accept_numbered(outbox, 5)
     outcomes = Outcomes()
     sink.answer = lambda n, events: answer(events) if n == 1 else None
 
@@ -606,7 +600,7 @@ async def test_mark_sent_many_closes_the_quarantine_as_single_marks_in_order_wou
     records = []
     for many in (False, True):
         async with Outbox.open(tmp_path / f"source-{many}.db") as outbox:
-            ids = await accept(outbox, 3)
+            ids = await accept_numbered(outbox, 3)
             await outbox.quarantine(ids[1], "looked stuck", "alice")
             await asyncio.sleep(TICK_S)
             if many:

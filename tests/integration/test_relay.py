@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
+from support import accept
 
 from publisher.head_policy import AUTO_QUARANTINE_BY
 from publisher.http import HttpSender
@@ -123,11 +124,6 @@ async def relay_for(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-
-
-async def accept(outbox: Outbox, *ids: str, qty: int = 1) -> None:
-    for event_id in ids:
-        assert await outbox.accept({"id": event_id, "sku": "snack", "qty": qty}) == "accepted"
 
 
 async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> float:

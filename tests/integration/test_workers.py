@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from relay_lines import FAST, STOP_TIMEOUT_S, sender_for
-from support import eventually
+from support import accept_events, eventually
 
 from publisher.cli.dispatch import LineHeld, deliver_pending
 from publisher.errors import DeliveryError
@@ -172,11 +172,6 @@ async def worker(
                     task.cancel()
 
 
-async def accept(outbox: Outbox, orders: list[Event]) -> None:
-    for order in orders:
-        assert await outbox.accept(order) == "accepted"
-
-
 def orders(count: int, skus: Sequence[str], start: int = 0) -> list[Event]:
     return [
         {"id": f"o{n:04d}", "sku": skus[n % len(skus)], "qty": 1}
@@ -231,13 +226,13 @@ async def test_in_global_order_one_worker_delivers_the_other_stands_by_then_take
     url = f"{await serve_sink(databases.sink)}/events"
     first, second = orders(30, ("snack", "juice")), orders(20, ("snack", "tea"), start=30)
     async with Outbox.open(databases.source) as outbox:
-        await accept(outbox, first)
+        await accept_events(outbox, first)
         steady = {name: WorkerSettings(name, STEADY_TTL_S) for name in ("w1", "w2")}
         async with worker(outbox, url, "w1", worker=steady["w1"]) as (one, _):
             await eventually(lambda: pending(db_rows, databases.source) == 0)
             async with worker(outbox, url, "w2", worker=steady["w2"]) as (two, _):
                 await asyncio.sleep(STEADY_TTL_S)  # three renewals: w2 keeps standing by
-                await accept(outbox, second[:10])
+                await accept_events(outbox, second[:10])
                 await eventually(lambda: pending(db_rows, databases.source) == 0)
                 assert await owner_of(outbox, GLOBAL_LINE) == ("w1", 1)
                 assert two.sent == [] and two.keeper.lines == []
@@ -245,7 +240,7 @@ async def test_in_global_order_one_worker_delivers_the_other_stands_by_then_take
                 # w1 releases at its stop: w2 takes the line at its next try (no
                 # waiting out the ttl), under the next epoch, and delivers the rest.
                 await eventually(lambda: two.keeper.lines == [GLOBAL_LINE], timeout_s=5.0)
-                await accept(outbox, second[10:])
+                await accept_events(outbox, second[10:])
                 await eventually(lambda: pending(db_rows, databases.source) == 0)
                 assert await owner_of(outbox, GLOBAL_LINE) == ("w2", 2)
                 assert two.metrics.takeovers == 0  # released, not taken over
@@ -262,11 +257,11 @@ async def test_a_late_mark_of_a_worker_whose_line_was_taken_over_is_refused_and_
 ) -> None:
     url = f"{await serve_sink(databases.sink)}/events"
     async with Outbox.open(databases.source) as outbox:
-        await accept(outbox, orders(3, ("snack",)))
+        await accept_events(outbox, orders(3, ("snack",)))
         async with worker(outbox, url, "w1") as (one, recording):
             recording.hold = {"o0003"}
             await eventually(lambda: pending(db_rows, databases.source) == 0)
-            await accept(outbox, orders(1, ("snack",), start=3))
+            await accept_events(outbox, orders(1, ("snack",), start=3))
             await asyncio.wait_for(recording.held.wait(), 5.0)  # o0003's request in flight
             # Its lease runs out (as if w1 had been paused past it) and another
             # worker takes the line over, through the store: epoch 2.
@@ -310,7 +305,7 @@ async def test_a_request_the_sink_fences_is_counted_and_stops_the_line(
 ) -> None:
     url = f"{await serve_sink(databases.sink)}/events"
     async with Outbox.open(databases.source) as outbox:
-        await accept(outbox, orders(2, ("snack",)))
+        await accept_events(outbox, orders(2, ("snack",)))
         async with worker(outbox, url, "w1") as (one, recording):
             recording.hold = {"o0001"}
             await asyncio.wait_for(recording.held.wait(), 5.0)
@@ -348,7 +343,7 @@ async def test_per_sku_lanes_spread_over_three_workers_and_keep_seq_order_per_sk
     skus = [f"sku{n:02d}" for n in range(12)]
     sku = {"ordering": "sku", "max_lanes": 12}
     async with Outbox.open(databases.source) as outbox:
-        await accept(outbox, orders(480, skus))
+        await accept_events(outbox, orders(480, skus))
         # w1 starts alone and takes every lane; w2 and w3 join mid-run and get a share
         # within a few renewals (w1 gives the excess up), while the rest keeps going.
         async with worker(outbox, url, "w1", **sku) as (one, _):
@@ -356,7 +351,7 @@ async def test_per_sku_lanes_spread_over_three_workers_and_keep_seq_order_per_sk
             async with worker(outbox, url, "w2", **sku) as (two, _):
                 async with worker(outbox, url, "w3", **sku) as (three, _):
                     await eventually(lambda: two.keeper.lines and three.keeper.lines, 15.0)
-                    await accept(outbox, orders(240, skus, start=480))
+                    await accept_events(outbox, orders(240, skus, start=480))
                     await asyncio.sleep(3 * TTL_S / 3)  # three renewals: shares settle
                     held = []
                     for _ in range(5):
@@ -397,7 +392,7 @@ async def test_a_drained_lane_releases_its_lease_and_stop_releases_the_rest(
 ) -> None:
     url = f"{await serve_sink(databases.sink, reject_skus=frozenset({'bad'}))}/events"
     async with Outbox.open(databases.source) as outbox:
-        await accept(outbox, orders(4, ("snack", "bad")))
+        await accept_events(outbox, orders(4, ("snack", "bad")))
         async with worker(outbox, url, "w1", ordering="sku") as (one, _):
             await eventually(lambda: pending(db_rows, databases.source) == 2)
             await asyncio.sleep(2 * TTL_S)
@@ -422,7 +417,7 @@ async def test_dispatch_refuses_a_line_a_worker_holds_and_delivers_one_it_can_ta
     url = f"{await serve_sink(databases.sink)}/events"
     sent: list[Sent] = []
     async with Outbox.open(databases.source) as outbox, sender_for(url) as sender:
-        await accept(outbox, orders(4, ("snack", "juice")))
+        await accept_events(outbox, orders(4, ("snack", "juice")))
         recording = Recording(sender, sent)
         me = RelaySettings(batch=False, pipeline=1, worker=WorkerSettings("dispatch-test", TTL_S))
         assert await outbox.take_lease("juice", "w1", 60.0) == 1
