@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -227,6 +227,59 @@ def json_of_python(code: str, timeout_s: float = 30.0) -> Any:
     )
     assert found.returncode == 0, found.stderr
     return json.loads(found.stdout)
+
+
+# ---------------------------------------------------------------- over a test's HTTP client
+
+JSON_BODY = {"Content-Type": "application/json"}
+
+
+async def request_json(
+    client: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    body: object = None,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[int, Any]:
+    """One request, `body` (if any) sent as JSON; (status, the JSON reply, which it must be)."""
+    async with client.request(method, url, json=body, headers=headers) as response:
+        assert response.content_type == "application/json", await response.text()
+        return response.status, await response.json()
+
+
+async def post_json(
+    client: aiohttp.ClientSession, url: str, body: object, headers: Mapping[str, str] | None = None
+) -> tuple[int, Any]:
+    return await request_json(client, "POST", url, body, headers)
+
+
+async def get_json(client: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    return await request_json(client, "GET", url)
+
+
+async def post_events(
+    client: aiohttp.ClientSession,
+    base: str,
+    route: str,
+    events: Sequence[object],
+    headers: Mapping[str, str] | None = None,
+) -> tuple[int, Any]:
+    """One event to a sink's /events (route "event") or a batch to /events/batch (route
+    "batch"); (status, the JSON reply)."""
+    if route == "event":
+        (one,) = events
+        return await post_json(client, f"{base}/events", one, headers)
+    return await post_json(client, f"{base}/events/batch", {"events": list(events)}, headers)
+
+
+async def post_body(
+    client: aiohttp.ClientSession, url: str, body: bytes | object
+) -> tuple[int, str, Any]:
+    """POST `body` as a JSON document (bytes sent as they are, so a malformed one too);
+    (status, the reply's content type, its JSON)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with client.post(url, data=data, headers=JSON_BODY) as response:
+        return response.status, response.content_type, await response.json()
 
 
 Samples = dict[tuple[str, tuple[Any, ...]], float]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import psycopg
 import pytest
-from support import LOOPBACK
+from support import LOOPBACK, post_json
 
 if TYPE_CHECKING:
     from conftest import Databases, Query, StartPublisher, StartSink
@@ -54,22 +54,17 @@ def order(client: int, n: int, k: int = 0) -> dict[str, Any]:
     return {"id": f"c{client}-{n:03d}-{k:02d}", "sku": f"sku-{(n + k) % 3}", "qty": n % 9 + 1}
 
 
-async def post(session: aiohttp.ClientSession, url: str, body: object) -> tuple[int, Any]:
-    async with session.post(url, json=body) as response:
-        return response.status, await response.json()
-
-
 async def one_client(session: aiohttp.ClientSession, base: str, client: int, seen: Intake) -> None:
     for n in range(PER_CLIENT):
         batch = n % BATCH_EVERY == BATCH_EVERY - 1
         orders = [order(client, n, k) for k in range(BATCH_SIZE if batch else 1)]
         try:
             if batch:
-                status, reply = await post(session, f"{base}/orders/batch", {"orders": orders})
+                status, reply = await post_json(session, f"{base}/orders/batch", {"orders": orders})
                 assert status == 200, reply
                 assert [r["result"] for r in reply["results"]] == ["accepted"] * len(orders)
             else:
-                status, reply = await post(session, f"{base}/orders", orders[0])
+                status, reply = await post_json(session, f"{base}/orders", orders[0])
                 assert status == 201, reply
         except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError):
             seen.unknown.update(o["id"] for o in orders)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import pytest
-from support import ManualClock, event, eventually
+from support import ManualClock, event, eventually, post_json
 
 from publisher.app import OUTBOX, ServiceSettings, create_app
 from publisher.backends.sqlite import GATHER_PASSES, SqliteOutbox
@@ -457,22 +457,17 @@ async def stalled_sink(serve: Serve, sink_db: Path, monkeypatch: pytest.MonkeyPa
     return Served(base, trips, lambda: inbox.writes_in_progress)
 
 
-async def post(client: aiohttp.ClientSession, url: str, body: object) -> tuple[int, Any]:
-    async with client.post(url, json=body) as response:
-        return response.status, await response.json()
-
-
 async def test_concurrent_batch_posts_share_commits_and_each_gets_its_own_acks(
     stalled_sink: Served, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     url = f"{stalled_sink.base}/events/batch"
     known = event("known", "tea", 9)
-    assert (await post(client, url, {"events": [known]}))[0] == 200
+    assert (await post_json(client, url, {"events": [known]}))[0] == 200
     assert (len(stalled_sink.trips.inline), stalled_sink.trips.worker) == (1, [])  # alone
     bodies = [[event(f"r{k}-{n}", f"sku{k}", n + 1) for n in range(3)] for k in range(REQUESTS)]
     bodies[1][1] = {**known, "qty": 10}  # conflicts: r1-0 commits, r1-2 does not
 
-    replies = await all_of(*(post(client, url, {"events": body}) for body in bodies))
+    replies = await all_of(*(post_json(client, url, {"events": body}) for body in bodies))
 
     for k, (body, reply) in enumerate(zip(bodies, replies, strict=True)):
         assert not isinstance(reply, BaseException), reply
@@ -503,7 +498,7 @@ async def test_concurrent_event_posts_share_commits_and_each_gets_its_own_ack(
     events = [event(f"p{k}", f"sku{k % 2}", k + 1) for k in range(REQUESTS)]
     events.append(events[0])  # the same event again: a duplicate
 
-    replies = await all_of(*(post(client, url, e) for e in events))
+    replies = await all_of(*(post_json(client, url, e) for e in events))
 
     assert replies[1:-1] == [
         (200, make_ack(e["id"], Receipt.APPLIED, payload_digest(e))) for e in events[1:-1]
@@ -1057,7 +1052,7 @@ async def publisher(
     )
     app = create_app(settings)
     base = await serve(app)
-    assert await post(client, f"{base}/orders", event("warm")) == (
+    assert await post_json(client, f"{base}/orders", event("warm")) == (
         201,
         {"id": "warm", "result": "accepted"},
     )
@@ -1104,7 +1099,7 @@ async def test_concurrent_order_posts_share_commits_and_each_gets_its_own_reply(
 ) -> None:
     orders = [event(f"h{n}", f"sku{n % 3}", n + 1) for n in range(REQUESTS * 2)]
 
-    replies = await all_of(*(post(client, f"{publisher.base}/orders", o) for o in orders))
+    replies = await all_of(*(post_json(client, f"{publisher.base}/orders", o) for o in orders))
 
     assert replies == [(201, {"id": o["id"], "result": "accepted"}) for o in orders]
     assert order_ids(db_rows, db)[0] == sorted(["warm", *(o["id"] for o in orders)])
@@ -1117,7 +1112,7 @@ async def test_an_order_posted_while_another_is_in_progress_commits_inline_while
     loop_thread = threading.get_ident()
     groups_inline(publisher.outbox)
     async with body_still_arriving(publisher.base, event("slow")) as finish:
-        assert await post(client, f"{publisher.base}/orders", event("quick")) == (
+        assert await post_json(client, f"{publisher.base}/orders", event("quick")) == (
             201,
             {"id": "quick", "result": "accepted"},
         )
@@ -1137,7 +1132,7 @@ async def test_after_a_slow_write_an_order_posted_while_another_is_in_progress_c
     loop_thread = threading.get_ident()
     publisher.outbox._inline = InlineWrites(slow_s=0.005, backoff_s=WAIT_S * 6)
     slow_inserts(publisher.outbox, "pause", lambda: time.sleep(0.02))
-    assert await post(client, f"{publisher.base}/orders", event("pause0")) == (
+    assert await post_json(client, f"{publisher.base}/orders", event("pause0")) == (
         201,
         {"id": "pause0", "result": "accepted"},
     )
@@ -1147,7 +1142,7 @@ async def test_after_a_slow_write_an_order_posted_while_another_is_in_progress_c
     await eventually(lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)])
     await asyncio.sleep(PENDING_S)
     async with body_still_arriving(publisher.base, event("slow")) as finish:
-        assert await post(client, f"{publisher.base}/orders", event("quick")) == (
+        assert await post_json(client, f"{publisher.base}/orders", event("quick")) == (
             201,
             {"id": "quick", "result": "accepted"},
         )

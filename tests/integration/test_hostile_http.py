@@ -124,12 +124,13 @@ def unchanged(db_rows: Query, sink_db: Path, db: Path) -> Callable[[], Unchanged
     return take
 
 
-async def post(
+async def post_bytes(
     client: aiohttp.ClientSession,
     url: str,
     body: bytes,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, Any], aiohttp.typedefs.LooseHeaders]:
+    """POST `body` as it is; (status, the JSON reply, which it must be, its headers)."""
     async with client.post(url, data=body, headers=JSON if headers is None else headers) as r:
         assert r.content_type == "application/json", await r.text()
         return r.status, await r.json(), r.headers
@@ -156,19 +157,21 @@ async def test_an_integer_over_the_digit_limit_is_400_naming_the_field(
 ) -> None:
     check = unchanged()
     for url in (f"{sink}/events", f"{publisher}/orders"):
-        status, body, _ = await post(client, url, huge_event())
+        status, body, _ = await post_bytes(client, url, huge_event())
         assert status == 400, body
         assert body["field"] == "qty"
         assert "5,001 digits" in body["detail"]
 
-    status, body, _ = await post(client, f"{sink}/events/batch", b'{"events": [%s]}' % huge_event())
+    status, body, _ = await post_bytes(
+        client, f"{sink}/events/batch", b'{"events": [%s]}' % huge_event()
+    )
     assert status == 200
     assert body["acks"] == []
     assert body["rejected"]["status"] == 400
     assert body["rejected"]["field"] == "qty"
 
     envelope = f'{{"events": {HUGE}}}'.encode()
-    status, body, _ = await post(client, f"{sink}/events/batch", envelope)
+    status, body, _ = await post_bytes(client, f"{sink}/events/batch", envelope)
     assert status == 400
     assert "events" in body["error"]
     check()
@@ -193,7 +196,7 @@ async def test_a_repeated_key_is_400_on_both_services(
 ) -> None:
     check = unchanged()
     for url in (f"{sink}/events", f"{publisher}/orders"):
-        status, body, _ = await post(client, url, DUPLICATES[key])
+        status, body, _ = await post_bytes(client, url, DUPLICATES[key])
         assert status == 400, body
         assert body["field"] == key
         assert "duplicate key" in body["error"]
@@ -213,7 +216,7 @@ async def test_a_repeated_key_in_a_batch_is_400_and_applies_nothing(
     client: aiohttp.ClientSession, sink: str, unchanged: Callable[[], Unchanged], body: bytes
 ) -> None:
     check = unchanged()
-    status, reply, _ = await post(client, f"{sink}/events/batch", body)
+    status, reply, _ = await post_bytes(client, f"{sink}/events/batch", body)
     assert status == 400, reply
     assert "duplicate key" in reply["error"]
     check()
@@ -257,7 +260,7 @@ async def test_a_content_encoding_is_415_with_json_on_both_services(
 
 async def test_identity_encoding_is_plain(client: aiohttp.ClientSession, sink: str) -> None:
     headers = {**JSON, "Content-Encoding": "identity"}
-    status, body, _ = await post(client, f"{sink}/events", PLAIN, headers)
+    status, body, _ = await post_bytes(client, f"{sink}/events", PLAIN, headers)
     assert (status, body["ack"]) == (200, "order-1")
 
 
@@ -306,7 +309,7 @@ async def test_outbox_after_naming_its_own_event_is_400_at_once(
     for url, body, after in cases:
         started = time.monotonic()
         headers = {**JSON, "Outbox-After": after}
-        status, reply, _ = await post(client, url, json.dumps(body).encode(), headers)
+        status, reply, _ = await post_bytes(client, url, json.dumps(body).encode(), headers)
         assert time.monotonic() - started < 1.0, "waited for the fence"
         assert status == 400, reply
         assert reply["after"] == after
@@ -345,7 +348,7 @@ async def test_json_with_a_charset_parameter_is_accepted(
     client: aiohttp.ClientSession, publisher: str
 ) -> None:
     headers = {"Content-Type": "application/json; charset=utf-8"}
-    status, body, _ = await post(client, f"{publisher}/orders", PLAIN, headers)
+    status, body, _ = await post_bytes(client, f"{publisher}/orders", PLAIN, headers)
     assert (status, body["result"]) == (201, "accepted")
 
 
@@ -389,7 +392,7 @@ async def test_an_origin_is_403_unless_allowed(
     check = unchanged()
     for url in (f"{publisher}/orders", f"{sink}/events"):
         for origin in ("http://evil.example", "null", publisher):
-            status, body, _ = await post(client, url, PLAIN, {**JSON, "Origin": origin})
+            status, body, _ = await post_bytes(client, url, PLAIN, {**JSON, "Origin": origin})
             assert status == 403, body
             assert body["origin"] == origin
     async with client.get(f"{publisher}/status", headers={"Origin": "http://evil.example"}) as r:
@@ -399,7 +402,9 @@ async def test_an_origin_is_403_unless_allowed(
     allowed = "https://ops.example"
     guard = HttpGuard.of(origins=[allowed])
     other = await serve_hardened(create_sink(db.with_name("other-sink.db"), guard=guard))
-    status, body, _ = await post(client, f"{other}/events", PLAIN, {**JSON, "Origin": allowed})
+    status, body, _ = await post_bytes(
+        client, f"{other}/events", PLAIN, {**JSON, "Origin": allowed}
+    )
     assert (status, body["ack"]) == (200, "order-1")
 
 
@@ -417,14 +422,14 @@ async def test_the_intake_token_guards_post_orders(
         {"Authorization": "Bearer wrong-token-0123456789"},
         {"Authorization": TOKEN},
     ):
-        status, body, reply_headers = await post(
+        status, body, reply_headers = await post_bytes(
             client, f"{publisher}/orders", PLAIN, {**JSON, **headers}
         )
         assert status == 401, body
         assert reply_headers["WWW-Authenticate"] == "Bearer"
     check()
     auth = {**JSON, "Authorization": f"Bearer {TOKEN}"}
-    status, body, _ = await post(client, f"{publisher}/orders", PLAIN, auth)
+    status, body, _ = await post_bytes(client, f"{publisher}/orders", PLAIN, auth)
     assert (status, body["result"]) == (201, "accepted")
     assert db_rows(db, "SELECT id FROM orders") == [("order-1",)]
     async with client.get(f"{publisher}/status") as response:  # reads stay open

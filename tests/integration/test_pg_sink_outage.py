@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from pg_faults import PgAccess
+from support import request_json
 
 from plumbing.pgserver import ThrowawayServer, throwaway_server
 from sink import create_app
@@ -21,18 +22,11 @@ if TYPE_CHECKING:
 RECOVERY_S = 15.0  # the server is taking connections again: the sink follows within this
 
 
-async def request(
-    client: aiohttp.ClientSession, method: str, url: str, body: Any = None
-) -> tuple[int, Any]:
-    async with client.request(method, url, json=body) as response:
-        return response.status, await response.json()
-
-
 async def until_ok(client: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> Any:
     """The first 200 reply's body, asking again until RECOVERY_S has passed."""
     deadline = time.monotonic() + RECOVERY_S
     while True:
-        status, reply = await request(client, method, url, body)
+        status, reply = await request_json(client, method, url, body)
         if status == 200 or time.monotonic() > deadline:
             assert status == 200, reply
             return reply
@@ -50,22 +44,22 @@ async def test_a_stopped_server_is_503_and_the_sink_recovers_when_it_is_back(
         url = server.create_database("sink")
         base = await serve(create_app(url))
         async with aiohttp.ClientSession() as client:
-            assert (await request(client, "POST", f"{base}/events", first))[0] == 200
+            assert (await request_json(client, "POST", f"{base}/events", first))[0] == 200
 
             await asyncio.to_thread(server.stop, "fast")
             started = time.monotonic()
-            status, reply = await request(client, "POST", f"{base}/events", second)
+            status, reply = await request_json(client, "POST", f"{base}/events", second)
             assert (status, reply) == (503, {"error": "storage unavailable, try again"})
             batch = {"events": [second]}
-            status, reply = await request(client, "POST", f"{base}/events/batch", batch)
+            status, reply = await request_json(client, "POST", f"{base}/events/batch", batch)
             assert (status, reply) == (503, {"error": "storage unavailable, try again"})
-            status, reply = await request(client, "GET", f"{base}/events/order-1")
+            status, reply = await request_json(client, "GET", f"{base}/events/order-1")
             assert (status, reply) == (503, {"error": "storage unavailable, try again"})
-            status, reply = await request(client, "GET", f"{base}/readyz")
+            status, reply = await request_json(client, "GET", f"{base}/readyz")
             assert status == 503 and reply["error"].startswith("not ready")
             assert "psycopg" not in reply["reason"] and "\n" not in reply["reason"]
             assert time.monotonic() - started < 10  # refused at once, not a hang
-            status, reply = await request(client, "GET", f"{base}/healthz")
+            status, reply = await request_json(client, "GET", f"{base}/healthz")
             assert status == 200  # alive: only the database is away
 
             await asyncio.to_thread(server.start)

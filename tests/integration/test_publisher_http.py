@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 from aiohttp import web
-from support import eventually, scrape, value
+from support import eventually, get_json, post_body, scrape, value
 
 from publisher.app import ServiceSettings, create_app
 from publisher.retry import RetryPolicy
@@ -65,20 +65,6 @@ async def publisher(start_publisher: StartPublisher, sink: str) -> str:
     return await start_publisher(f"{sink}/events")
 
 
-async def post(
-    client: aiohttp.ClientSession, url: str, body: bytes | object
-) -> tuple[int, str, dict[str, Any]]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with client.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
-        return r.status, r.content_type, await r.json()
-
-
-async def get_json(client: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
-    async with client.get(url) as response:
-        assert response.content_type == "application/json"
-        return response.status, await response.json()
-
-
 def outbox_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
     return db_rows(db, "SELECT seq, id, payload, sent FROM outbox ORDER BY seq")
 
@@ -93,14 +79,14 @@ def order_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
 async def test_post_order_accepted_then_duplicate(
     client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
 ) -> None:
-    assert await post(client, f"{publisher}/orders", EVENT) == (
+    assert await post_body(client, f"{publisher}/orders", EVENT) == (
         201,
         "application/json",
         {"id": "order-1", "result": "accepted"},
     )
     first = outbox_rows(db_rows, db)
 
-    assert await post(client, f"{publisher}/orders", dict(reversed(EVENT.items()))) == (
+    assert await post_body(client, f"{publisher}/orders", dict(reversed(EVENT.items()))) == (
         200,
         "application/json",
         {"id": "order-1", "result": "duplicate"},
@@ -113,10 +99,10 @@ async def test_post_order_accepted_then_duplicate(
 async def test_conflicting_order_is_409_and_changes_nothing(
     client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
 ) -> None:
-    await post(client, f"{publisher}/orders", EVENT)
+    await post_body(client, f"{publisher}/orders", EVENT)
     before = (order_rows(db_rows, db), [r[:3] for r in outbox_rows(db_rows, db)])
 
-    status, kind, body = await post(client, f"{publisher}/orders", {**EVENT, "qty": 8})
+    status, kind, body = await post_body(client, f"{publisher}/orders", {**EVENT, "qty": 8})
 
     assert (status, kind) == (409, "application/json")
     assert body["id"] == "order-1"
@@ -145,7 +131,7 @@ async def test_invalid_order_is_400_naming_the_field_and_changes_nothing(
     body: object,
     field: str,
 ) -> None:
-    status, kind, reply = await post(client, f"{publisher}/orders", body)
+    status, kind, reply = await post_body(client, f"{publisher}/orders", body)
 
     assert (status, kind) == (400, "application/json")
     assert reply["field"] == field
@@ -158,7 +144,7 @@ async def test_invalid_order_is_400_naming_the_field_and_changes_nothing(
 async def test_malformed_body_is_400(
     client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query, body: bytes
 ) -> None:
-    status, kind, reply = await post(client, f"{publisher}/orders", body)
+    status, kind, reply = await post_body(client, f"{publisher}/orders", body)
     assert (status, kind) == (400, "application/json")
     assert "JSON" in reply["error"]
     assert order_rows(db_rows, db) == []
@@ -168,12 +154,12 @@ async def test_oversized_body_is_413_and_changes_nothing(
     client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
 ) -> None:
     body = json.dumps({**EVENT, "sku": "x" * (BODY_CAP + 10)}).encode()
-    status, kind, reply = await post(client, f"{publisher}/orders", body)
+    status, kind, reply = await post_body(client, f"{publisher}/orders", body)
     assert (status, kind) == (413, "application/json")
     assert "error" in reply
     assert order_rows(db_rows, db) == []
     # The service still works afterwards.
-    assert (await post(client, f"{publisher}/orders", EVENT))[0] == 201
+    assert (await post_body(client, f"{publisher}/orders", EVENT))[0] == 201
 
 
 async def test_healthz(client: aiohttp.ClientSession, publisher: str) -> None:
@@ -191,7 +177,7 @@ async def test_accepted_order_is_delivered_at_once_not_at_the_next_poll(
     publisher = await start_publisher(f"{sink}/events", poll_interval_s=5.0)
     await asyncio.sleep(0.2)  # the relay found nothing and sleeps for 5 s
 
-    assert (await post(client, f"{publisher}/orders", EVENT))[0] == 201
+    assert (await post_body(client, f"{publisher}/orders", EVENT))[0] == 201
     took = await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)], 3.0)
 
     assert took < 1.0
@@ -201,9 +187,9 @@ async def test_accepted_order_is_delivered_at_once_not_at_the_next_poll(
 async def test_a_duplicate_post_does_not_send_again(
     client: aiohttp.ClientSession, publisher: str, db: Path, sink_db: Path, db_rows: Query
 ) -> None:
-    await post(client, f"{publisher}/orders", EVENT)
+    await post_body(client, f"{publisher}/orders", EVENT)
     await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)])
-    await post(client, f"{publisher}/orders", EVENT)
+    await post_body(client, f"{publisher}/orders", EVENT)
     await asyncio.sleep(0.3)
     assert db_rows(sink_db, "SELECT deliveries FROM inbox") == [(1,)]
 
@@ -218,7 +204,7 @@ def batch(*orders: object) -> dict[str, Any]:
 async def test_a_batch_is_answered_per_order_in_order_and_only_its_good_orders_are_written(
     client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
 ) -> None:
-    assert (await post(client, f"{publisher}/orders", EVENT))[0] == 201
+    assert (await post_body(client, f"{publisher}/orders", EVENT))[0] == 201
     body = batch(
         {"id": "b1", "sku": "tea", "qty": 2},
         EVENT,  # as accepted before
@@ -227,7 +213,7 @@ async def test_a_batch_is_answered_per_order_in_order_and_only_its_good_orders_a
         "not an order",
         {"id": "b3", "sku": "juice", "qty": 1},
     )
-    status, kind, reply = await post(client, f"{publisher}/orders/batch", body)
+    status, kind, reply = await post_body(client, f"{publisher}/orders/batch", body)
 
     assert (status, kind) == (200, "application/json")
     assert reply == {
@@ -277,13 +263,13 @@ async def test_a_batch_is_delivered_and_counted_per_order(
     client: aiohttp.ClientSession, publisher: str, db: Path, sink_db: Path, db_rows: Query
 ) -> None:
     orders = [{"id": f"b{n}", "sku": "tea", "qty": 1} for n in range(500)]
-    status, _, reply = await post(client, f"{publisher}/orders/batch", batch(*orders))
+    status, _, reply = await post_body(client, f"{publisher}/orders/batch", batch(*orders))
     assert (status, reply["accepted"]) == (200, 500)
     await eventually(
         lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(500,)], 10.0
     )
     assert db_rows(sink_db, "SELECT qty FROM inventory") == [(500,)]
-    status, _, reply = await post(client, f"{publisher}/orders/batch", batch(orders[0], {}))
+    status, _, reply = await post_body(client, f"{publisher}/orders/batch", batch(orders[0], {}))
     assert (reply["duplicate"], reply["invalid"]) == (1, 1)
     samples = await scrape(client, f"{publisher}/metrics")
     intake = "publisher_intake_total"
@@ -316,7 +302,7 @@ async def test_a_body_that_is_not_a_batch_is_400_and_writes_nothing(
     body: object,
     said: str,
 ) -> None:
-    status, kind, reply = await post(client, f"{publisher}/orders/batch", body)
+    status, kind, reply = await post_body(client, f"{publisher}/orders/batch", body)
     assert (status, kind) == (400, "application/json")
     assert said in reply["error"]
     assert order_rows(db_rows, db) == []
@@ -330,11 +316,11 @@ async def test_a_batch_over_the_body_cap_is_413_and_one_of_500_long_orders_is_no
     ]
     pretty = json.dumps(batch(*longest), indent=2).encode()  # whitespace too
     assert len(pretty) < 500 * 1024
-    status, _, reply = await post(client, f"{publisher}/orders/batch", pretty)
+    status, _, reply = await post_body(client, f"{publisher}/orders/batch", pretty)
     assert (status, reply["accepted"]) == (200, 500)
 
     over = json.dumps(batch(EVENT)).encode() + b" " * (500 * 1024)
-    status, kind, reply = await post(client, f"{publisher}/orders/batch", over)
+    status, kind, reply = await post_body(client, f"{publisher}/orders/batch", over)
     assert (status, kind) == (413, "application/json")
     assert "error" in reply
     assert len(order_rows(db_rows, db)) == 500
@@ -354,7 +340,7 @@ async def test_a_batch_that_is_not_plain_json_is_415(
 async def test_a_batch_the_database_cannot_take_is_503_and_nothing_of_it_is_written(
     client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
 ) -> None:
-    assert (await post(client, f"{publisher}/orders", EVENT))[0] == 201
+    assert (await post_body(client, f"{publisher}/orders", EVENT))[0] == 201
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.execute(
@@ -362,14 +348,14 @@ async def test_a_batch_the_database_cannot_take_is_503_and_nothing_of_it_is_writ
             " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END"
         )
         body = batch(*({"id": f"b{n}", "sku": "tea", "qty": 1} for n in range(4)))
-        status, kind, reply = await post(client, f"{publisher}/orders/batch", body)
+        status, kind, reply = await post_body(client, f"{publisher}/orders/batch", body)
         assert (status, kind) == (503, "application/json")
         assert reply == {"error": "storage unavailable, try again"}
         assert order_rows(db_rows, db) == [("order-1", "snack", 7)]  # b0, b1 undone too
     finally:
         conn.execute("DROP TRIGGER refuse")
         conn.close()
-    status, _, reply = await post(client, f"{publisher}/orders/batch", body)
+    status, _, reply = await post_body(client, f"{publisher}/orders/batch", body)
     assert (status, reply["accepted"]) == (200, 4)
 
 
@@ -384,13 +370,13 @@ async def test_status_and_metrics_after_traffic(
     db_rows: Query,
 ) -> None:
     orders = f"{publisher}/orders"
-    assert (await post(client, orders, EVENT))[0] == 201
-    assert (await post(client, orders, EVENT))[0] == 200
-    assert (await post(client, orders, {**EVENT, "qty": 9}))[0] == 409
-    assert (await post(client, orders, {"id": "x"}))[0] == 400
-    assert (await post(client, orders, b"nope"))[0] == 400
-    assert (await post(client, orders, b"x" * (BODY_CAP + 1)))[0] == 413
-    assert (await post(client, orders, {"id": "order-2", "sku": "snack", "qty": 1}))[0] == 201
+    assert (await post_body(client, orders, EVENT))[0] == 201
+    assert (await post_body(client, orders, EVENT))[0] == 200
+    assert (await post_body(client, orders, {**EVENT, "qty": 9}))[0] == 409
+    assert (await post_body(client, orders, {"id": "x"}))[0] == 400
+    assert (await post_body(client, orders, b"nope"))[0] == 400
+    assert (await post_body(client, orders, b"x" * (BODY_CAP + 1)))[0] == 413
+    assert (await post_body(client, orders, {"id": "order-2", "sku": "snack", "qty": 1}))[0] == 201
     await eventually(lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(2,)])
 
     samples = await scrape(client, f"{publisher}/metrics")
@@ -465,8 +451,8 @@ async def test_blocked_head_shows_in_status_and_metrics_until_quarantined(
     url, received = rejecting_sink
     publisher = await start_publisher(url, retry=RetryPolicy(base_s=0.05, cap_s=0.3))
     before = time.time()
-    await post(client, f"{publisher}/orders", EVENT)
-    await post(client, f"{publisher}/orders", {"id": "order-2", "sku": "snack", "qty": 1})
+    await post_body(client, f"{publisher}/orders", EVENT)
+    await post_body(client, f"{publisher}/orders", {"id": "order-2", "sku": "snack", "qty": 1})
     await eventually(lambda: received.count("order-1") >= 2)
     await asyncio.sleep(0.05)
 
@@ -531,13 +517,13 @@ async def test_sink_metrics_count_every_result(
     client: aiohttp.ClientSession, sink: str, sink_db: Path, db_rows: Query
 ) -> None:
     events = f"{sink}/events"
-    assert (await post(client, events, EVENT))[0] == 200
-    assert (await post(client, events, EVENT))[0] == 200
-    assert (await post(client, events, EVENT))[0] == 200
-    assert (await post(client, events, {**EVENT, "qty": 8}))[0] == 409
-    assert (await post(client, events, {"id": "order-2", "sku": "snack", "qty": 1}))[0] == 200
-    assert (await post(client, events, b"{"))[0] == 400
-    assert (await post(client, events, {"id": "x"}))[0] == 400
+    assert (await post_body(client, events, EVENT))[0] == 200
+    assert (await post_body(client, events, EVENT))[0] == 200
+    assert (await post_body(client, events, EVENT))[0] == 200
+    assert (await post_body(client, events, {**EVENT, "qty": 8}))[0] == 409
+    assert (await post_body(client, events, {"id": "order-2", "sku": "snack", "qty": 1}))[0] == 200
+    assert (await post_body(client, events, b"{"))[0] == 400
+    assert (await post_body(client, events, {"id": "x"}))[0] == 400
 
     samples = await scrape(client, f"{sink}/metrics")
 
@@ -561,8 +547,8 @@ async def test_sink_event_record_counts_deliveries_and_carries_the_digest(
     client: aiohttp.ClientSession, sink: str, sink_db: Path, db_rows: Query
 ) -> None:
     before = time.time()
-    await post(client, f"{sink}/events", EVENT)
-    await post(client, f"{sink}/events", EVENT)
+    await post_body(client, f"{sink}/events", EVENT)
+    await post_body(client, f"{sink}/events", EVENT)
 
     status, record = await get_json(client, f"{sink}/events/order-1")
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from sqlite_faults import unwritable
+from support import get_json
 
 from publisher.app import ServiceSettings
 from publisher.app import create_app as create_publisher
@@ -24,12 +25,6 @@ if TYPE_CHECKING:
     from conftest import Serve
 
 TOKEN = "sink-token-0123456789abc"
-
-
-async def get(client: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
-    async with client.get(url) as response:
-        assert response.content_type == "application/json"
-        return response.status, await response.json()
 
 
 async def gauge(client: aiohttp.ClientSession, base: str, name: str) -> float:
@@ -46,16 +41,16 @@ async def gauge(client: aiohttp.ClientSession, base: str, name: str) -> float:
 async def check_readiness(
     client: aiohttp.ClientSession, base: str, db: Path, gauge_name: str
 ) -> None:
-    assert await get(client, f"{base}/readyz") == (200, {"status": "ready"})
+    assert await get_json(client, f"{base}/readyz") == (200, {"status": "ready"})
     assert await gauge(client, base, gauge_name) == 1
     with unwritable(db, "read-only"):
-        status, body = await get(client, f"{base}/readyz")
+        status, body = await get_json(client, f"{base}/readyz")
         assert status == 503, body
         assert "cannot be written" in body["error"]
         assert body["reason"], body
-        assert await get(client, f"{base}/healthz") == (200, {"status": "ok"})
+        assert await get_json(client, f"{base}/healthz") == (200, {"status": "ok"})
         assert await gauge(client, base, gauge_name) == 0
-    assert await get(client, f"{base}/readyz") == (200, {"status": "ready"})
+    assert await get_json(client, f"{base}/readyz") == (200, {"status": "ready"})
     assert await gauge(client, base, gauge_name) == 1
 
 

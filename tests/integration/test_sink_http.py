@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 import yarl
+from support import post_body
 
 if TYPE_CHECKING:
     from conftest import Query, ServeSink
@@ -35,29 +36,14 @@ def snapshot(db_rows: Query, sink_db: Path) -> Snapshot:
     )
 
 
-async def post(
-    client: aiohttp.ClientSession, base: str, body: bytes
-) -> tuple[int, str, dict[str, Any]]:
-    async with client.post(
-        f"{base}/events", data=body, headers={"Content-Type": "application/json"}
-    ) as response:
-        return response.status, response.content_type, await response.json()
-
-
-async def post_event(
-    client: aiohttp.ClientSession, base: str, event: object
-) -> tuple[int, str, dict[str, Any]]:
-    return await post(client, base, json.dumps(event).encode())
-
-
 async def test_post_applies_then_duplicate_and_inventory_counts_once(
     client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    status, _, first = await post_event(client, base, EVENT)
+    status, _, first = await post_body(client, f"{base}/events", EVENT)
     assert status == 200
     assert (first["ack"], first["status"]) == ("order-1", "applied")
 
-    status, _, second = await post_event(client, base, EVENT)
+    status, _, second = await post_body(client, f"{base}/events", EVENT)
     assert status == 200
     assert (second["ack"], second["status"]) == ("order-1", "duplicate")
 
@@ -69,9 +55,9 @@ async def test_post_applies_then_duplicate_and_inventory_counts_once(
 
 
 async def test_get_event_reports_the_inbox_record(client: aiohttp.ClientSession, base: str) -> None:
-    await post_event(client, base, EVENT)
-    await post_event(client, base, {**EVENT, "id": "order-2"})
-    await post_event(client, base, EVENT)
+    await post_body(client, f"{base}/events", EVENT)
+    await post_body(client, f"{base}/events", {**EVENT, "id": "order-2"})
+    await post_body(client, f"{base}/events", EVENT)
 
     records = {}
     for event_id in ("order-1", "order-2"):
@@ -113,10 +99,10 @@ async def test_ack_is_already_committed_when_the_reply_arrives(
 async def test_reply_waits_for_the_commit(
     client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    await post_event(client, base, {"id": "warm-up", "sku": "other", "qty": 1})
+    await post_body(client, f"{base}/events", {"id": "warm-up", "sku": "other", "qty": 1})
     lock = sqlite3.connect(sink_db, timeout=5, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
-    sending = asyncio.create_task(post_event(client, base, EVENT))
+    sending = asyncio.create_task(post_body(client, f"{base}/events", EVENT))
     try:
         done, _ = await asyncio.wait({sending}, timeout=0.5)
         assert not done, "the sink replied while it could not commit"
@@ -134,10 +120,10 @@ async def test_reply_waits_for_the_commit(
 async def test_conflict_is_409_json_and_changes_nothing(
     client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query, changed: dict[str, Any]
 ) -> None:
-    await post_event(client, base, EVENT)
+    await post_body(client, f"{base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, body = await post_event(client, base, {**EVENT, **changed})
+    status, content_type, body = await post_body(client, f"{base}/events", {**EVENT, **changed})
 
     assert (status, content_type) == (409, "application/json")
     assert body["error"]
@@ -152,10 +138,10 @@ async def test_conflict_is_409_json_and_changes_nothing(
 async def test_malformed_json_is_400_json_and_changes_nothing(
     client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query, body: bytes
 ) -> None:
-    await post_event(client, base, EVENT)
+    await post_body(client, f"{base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, reply = await post(client, base, body)
+    status, content_type, reply = await post_body(client, f"{base}/events", body)
 
     assert (status, content_type) == (400, "application/json")
     assert "JSON" in reply["error"]
@@ -165,10 +151,10 @@ async def test_malformed_json_is_400_json_and_changes_nothing(
 async def test_deeply_nested_json_is_400_not_a_server_error(
     client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    await post_event(client, base, EVENT)
+    await post_body(client, f"{base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, reply = await post(client, base, b"[" * 5000)
+    status, content_type, reply = await post_body(client, f"{base}/events", b"[" * 5000)
 
     assert (status, content_type) == (400, "application/json")
     assert reply["error"]
@@ -214,10 +200,10 @@ async def test_schema_error_is_400_naming_the_field_and_changes_nothing(
     event: object,
     field: str,
 ) -> None:
-    await post_event(client, base, EVENT)
+    await post_body(client, f"{base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, reply = await post_event(client, base, event)
+    status, content_type, reply = await post_body(client, f"{base}/events", event)
 
     assert (status, content_type) == (400, "application/json")
     assert reply["field"] == field
@@ -235,11 +221,11 @@ def padded(event: dict[str, Any], size: int) -> bytes:
 async def test_body_over_the_default_cap_is_413_and_changes_nothing(
     client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    await post_event(client, base, EVENT)
+    await post_body(client, f"{base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, reply = await post(
-        client, base, padded({**EVENT, "id": "big"}, DEFAULT_CAP + 1)
+    status, content_type, reply = await post_body(
+        client, f"{base}/events", padded({**EVENT, "id": "big"}, DEFAULT_CAP + 1)
     )
 
     assert (status, content_type) == (413, "application/json")
@@ -250,7 +236,7 @@ async def test_body_over_the_default_cap_is_413_and_changes_nothing(
 async def test_body_of_exactly_the_default_cap_is_accepted(
     client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    status, _, reply = await post(client, base, padded(EVENT, DEFAULT_CAP))
+    status, _, reply = await post_body(client, f"{base}/events", padded(EVENT, DEFAULT_CAP))
 
     assert (status, reply["status"]) == (200, "applied")
     assert db_rows(sink_db, "SELECT qty FROM inventory") == [(7,)]
@@ -261,11 +247,13 @@ async def test_configured_cap_applies_at_its_boundary(
 ) -> None:
     base = await serve_sink(sink_db, max_body_bytes=200)
 
-    status, content_type, _ = await post(client, base, padded({**EVENT, "id": "big"}, 201))
+    status, content_type, _ = await post_body(
+        client, f"{base}/events", padded({**EVENT, "id": "big"}, 201)
+    )
     assert (status, content_type) == (413, "application/json")
     assert db_rows(sink_db, "SELECT * FROM inbox") == []
 
-    status, _, reply = await post(client, base, padded(EVENT, 200))
+    status, _, reply = await post_body(client, f"{base}/events", padded(EVENT, 200))
     assert (status, reply["ack"]) == (200, "order-1")
 
 
@@ -291,7 +279,7 @@ async def test_chunked_body_over_the_cap_is_413_and_changes_nothing(
 async def test_storage_failure_is_503_json_and_changes_nothing(
     client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    await post_event(client, base, {"id": "first", "sku": "other", "qty": 1})
+    await post_body(client, f"{base}/events", {"id": "first", "sku": "other", "qty": 1})
     conn = sqlite3.connect(sink_db, timeout=5, isolation_level=None)
     try:
         conn.execute(
@@ -301,7 +289,7 @@ async def test_storage_failure_is_503_json_and_changes_nothing(
         conn.close()
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, reply = await post_event(client, base, EVENT)
+    status, content_type, reply = await post_body(client, f"{base}/events", EVENT)
 
     assert (status, content_type) == (503, "application/json")
     assert reply["error"]
@@ -355,12 +343,12 @@ async def test_drop_after_commit_closes_without_reply_but_keeps_the_commit(
     base = await serve_sink(sink_db, drop_after_commit=1)
 
     with pytest.raises(aiohttp.ClientError):
-        await post_event(client, base, EVENT)
+        await post_body(client, f"{base}/events", EVENT)
 
     assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
     assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
 
-    status, _, ack = await post_event(client, base, EVENT)
+    status, _, ack = await post_body(client, f"{base}/events", EVENT)
     assert (status, ack["ack"], ack["status"]) == (200, "order-1", "duplicate")
     assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
     assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
@@ -393,5 +381,5 @@ async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
     assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
     assert not any("unexpected error" in r.getMessage() for r in caplog.records)
     assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(0,)]
-    status, _, _ = await post_event(client, base, {"id": "next", "sku": "s", "qty": 1})
+    status, _, _ = await post_body(client, f"{base}/events", {"id": "next", "sku": "s", "qty": 1})
     assert status == 200

@@ -16,9 +16,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from support import event, scrape, value
+from support import event, post_events, scrape, value
 
-from shared import GLOBAL_LINE, LEASE_HEADER, Event, Lease
+from shared import GLOBAL_LINE, LEASE_HEADER, Lease
 from sink import create_app
 
 Serve = Callable[..., Awaitable[str]]
@@ -43,23 +43,6 @@ async def sink(serve: Serve, location: str) -> AsyncIterator[str]:
 
 def lease(epoch: int, line: str = GLOBAL_LINE) -> dict[str, str]:
     return {LEASE_HEADER: Lease(SOURCE, line, epoch).header()}
-
-
-async def post(
-    client: aiohttp.ClientSession,
-    base: str,
-    route: Route,
-    events: list[Event],
-    headers: dict[str, str],
-) -> tuple[int, Any]:
-    url, body = (
-        (f"{base}/events", events[0])
-        if route == "event"
-        else (f"{base}/events/batch", {"events": events})
-    )
-    assert route == "batch" or len(events) == 1
-    async with client.post(url, json=body, headers=headers) as response:
-        return response.status, await response.json()
 
 
 @pytest.fixture
@@ -89,7 +72,9 @@ Rows = Callable[[str], list[tuple[Any, ...]]]
 async def test_a_malformed_lease_is_400_naming_the_header_and_applies_nothing(
     client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route, value: str
 ) -> None:
-    status, body = await post(client, sink, route, [event("e1", "tea")], {LEASE_HEADER: value})
+    status, body = await post_events(
+        client, sink, route, [event("e1", "tea")], {LEASE_HEADER: value}
+    )
 
     assert status == 400, body
     assert body["field"] == LEASE_HEADER
@@ -103,13 +88,13 @@ async def test_a_malformed_lease_is_400_naming_the_header_and_applies_nothing(
 async def test_a_stale_lease_is_409_with_the_fenced_lease_and_applies_nothing(
     client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route
 ) -> None:
-    assert (await post(client, sink, route, [event("e1", "tea")], lease(5)))[0] == 200
+    assert (await post_events(client, sink, route, [event("e1", "tea")], lease(5)))[0] == 200
     before = (
         rows("SELECT id, deliveries FROM inbox ORDER BY id"),
         rows("SELECT sku, qty FROM inventory"),
     )
 
-    status, body = await post(
+    status, body = await post_events(
         client,
         sink,
         route,
@@ -133,10 +118,10 @@ async def test_a_stale_lease_is_409_with_the_fenced_lease_and_applies_nothing(
 async def test_a_stale_duplicate_gets_no_ack(
     client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route
 ) -> None:
-    assert (await post(client, sink, route, [event("e1", "tea")], lease(1, "tea")))[0] == 200
-    assert (await post(client, sink, route, [event("e2", "tea")], lease(2, "tea")))[0] == 200
+    assert (await post_events(client, sink, route, [event("e1", "tea")], lease(1, "tea")))[0] == 200
+    assert (await post_events(client, sink, route, [event("e2", "tea")], lease(2, "tea")))[0] == 200
 
-    status, body = await post(client, sink, route, [event("e1", "tea")], lease(1, "tea"))
+    status, body = await post_events(client, sink, route, [event("e1", "tea")], lease(1, "tea"))
 
     assert status == 409, body
     assert body["fenced"]["seen"] == 2
@@ -149,8 +134,10 @@ async def test_a_stale_duplicate_gets_no_ack(
 async def test_a_request_without_a_lease_is_applied_and_get_is_unchanged(
     client: aiohttp.ClientSession, sink: str, location: str
 ) -> None:
-    assert (await post(client, sink, "event", [event("e1", "tea")], lease(9)))[0] == 200
-    status, body = await post(client, sink, "batch", [event("e2", "tea"), event("e3", "tea")], {})
+    assert (await post_events(client, sink, "event", [event("e1", "tea")], lease(9)))[0] == 200
+    status, body = await post_events(
+        client, sink, "batch", [event("e2", "tea"), event("e3", "tea")], {}
+    )
 
     assert status == 200 and body["rejected"] is None
     async with client.get(f"{sink}/events/e2") as response:
@@ -169,12 +156,16 @@ async def test_a_request_without_a_lease_is_applied_and_get_is_unchanged(
 async def test_stale_requests_are_logged_once_per_line_with_a_count(
     client: aiohttp.ClientSession, sink: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await post(client, sink, "event", [event("e1", "tea")], lease(3))
-    await post(client, sink, "event", [event("s1", "soap")], lease(3, "soap"))
+    await post_events(client, sink, "event", [event("e1", "tea")], lease(3))
+    await post_events(client, sink, "event", [event("s1", "soap")], lease(3, "soap"))
     with caplog.at_level(logging.WARNING, logger="sink.app"):
         for n in range(5):
-            assert (await post(client, sink, "event", [event(f"x{n}", "tea")], lease(2)))[0] == 409
-        assert (await post(client, sink, "event", [event("y", "tea")], lease(1, "soap")))[0] == 409
+            assert (await post_events(client, sink, "event", [event(f"x{n}", "tea")], lease(2)))[
+                0
+            ] == 409
+        assert (await post_events(client, sink, "event", [event("y", "tea")], lease(1, "soap")))[
+            0
+        ] == 409
 
     lines = [r for r in caplog.records if r.name == "sink.app" and "stale" in r.getMessage()]
     assert len(lines) == 2, [r.getMessage() for r in lines]  # one per line, not per request

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
-from support import event
+from support import event, post_events
 
 from shared import PREDECESSOR_HEADER, Event, PredecessorMissing, Receipt, make_ack, payload_digest
 from sink import Inbox, create_app
@@ -131,23 +131,12 @@ async def running(app: web.Application) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def post(
-    client: aiohttp.ClientSession, url: str, body: object, after: str | None = None
-) -> tuple[int, Any]:
-    headers = {} if after is None else {PREDECESSOR_HEADER: after}
-    async with client.post(url, json=body, headers=headers) as response:
-        assert response.content_type == "application/json"
-        return response.status, await response.json()
-
-
 async def send(
     client: aiohttp.ClientSession, base: str, route: str, events: list[Any], after: str | None
 ) -> tuple[int, Any]:
-    """One event to /events (route "event") or a batch to /events/batch (route "batch")."""
-    if route == "event":
-        (one,) = events
-        return await post(client, f"{base}/events", one, after)
-    return await post(client, f"{base}/events/batch", {"events": events}, after)
+    """post_events with `after` (if any) as its predecessor header."""
+    headers = {} if after is None else {PREDECESSOR_HEADER: after}
+    return await post_events(client, base, route, events, headers)
 
 
 def applied_reply(route: str, events: list[Event]) -> Any:
