@@ -7,6 +7,7 @@ benchmark handle their child processes in one place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import re
@@ -178,9 +179,13 @@ def wait_until(check: Callable[[], bool], timeout_s: float = WAIT_S) -> float:
 
 
 async def eventually(
-    check: Callable[[], object], timeout_s: float = WAIT_S, poll_s: float = ASYNC_POLL_S
+    check: Callable[[], object],
+    timeout_s: float = WAIT_S,
+    poll_s: float = ASYNC_POLL_S,
+    what: str = "condition",
 ) -> float:
-    """`wait_until` for a test on the event loop: sleeps without blocking it."""
+    """`wait_until` for a test on the event loop: sleeps without blocking it. `what`
+    names the condition in the failure."""
     started = time.monotonic()
     for _ in range(int(timeout_s / poll_s) + 10):
         if check():
@@ -188,7 +193,16 @@ async def eventually(
         if time.monotonic() - started >= timeout_s:
             break
         await asyncio.sleep(poll_s)
-    raise AssertionError(f"condition not met within {timeout_s}s")
+    raise AssertionError(f"{what} not met within {timeout_s}s")
+
+
+async def settle(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel what is still running and wait for it: no task outlives its test."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 def run_module(

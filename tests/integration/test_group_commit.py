@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import pytest
-from support import ManualClock, event, eventually, post_json
+from support import ManualClock, event, eventually, post_json, settle
 
 from publisher.app import OUTBOX, ServiceSettings, create_app
 from publisher.backends.sqlite import GATHER_PASSES, SqliteOutbox
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 WAIT_S = 10.0  # a bound on what must happen: under a loaded CI run two fsyncs took over 1.5 s
-POLL_S = 0.005
 PENDING_S = 0.1  # long enough for a call that is not held back to finish
 ARRIVAL_S = 0.01  # between calls that arrive one by one while a transaction is held
 STALL_S = 0.2  # the sink's chaos stall: concurrent POSTs are all in progress at once
@@ -119,22 +118,6 @@ def watch(db: Database, monkeypatch: pytest.MonkeyPatch) -> Trips:
     monkeypatch.setattr(db, "run", run)
     monkeypatch.setattr(db, "run_inline", run_inline)
     return trips
-
-
-async def until(flag: threading.Event) -> None:
-    """Poll a flag set by the worker thread, for at most WAIT_S."""
-    async with asyncio.timeout(WAIT_S):
-        while not flag.is_set():
-            await asyncio.sleep(POLL_S)
-
-
-async def settle(*tasks: asyncio.Task[Any]) -> None:
-    """Cancel what is still running and wait for it: no task outlives its test."""
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
 
 
 async def all_of(*calls: Awaitable[T]) -> list[T | BaseException]:
@@ -357,7 +340,7 @@ async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
     with trips.hold() as gate:
         with others_in_progress(inbox):
             first = asyncio.create_task(inbox.receive_batch([event("e1")]))
-            await until(gate.started)
+            await eventually(gate.started.is_set)
         assert inbox.writes_in_progress == 0  # the next call is alone: not shared
         unshared = asyncio.create_task(inbox.receive_batch([event("e2")]))
         await asyncio.sleep(ARRIVAL_S)  # each call in its own turn of the loop
@@ -414,7 +397,7 @@ async def test_a_cancelled_shared_write_still_commits_and_later_writes_go_inline
     trips = watch(inbox._db, monkeypatch)
     with trips.hold() as gate, others_in_progress(inbox):
         running = asyncio.create_task(inbox.receive_batch([event("e1")]))
-        await until(gate.started)
+        await eventually(gate.started.is_set)
         queued = asyncio.create_task(inbox.receive_batch([event("e2")]))
         waited = asyncio.create_task(inbox.receive_batch([event("e3")]))
         await asyncio.sleep(0)
@@ -577,7 +560,7 @@ async def test_marks_asked_for_while_one_commits_are_committed_together_next(
     with trips.hold() as gate:
         # Two calls at once: a group of two, which commits on the worker thread.
         first = [asyncio.create_task(outbox.mark_sent_many(acked(c))) for c in calls[:2]]
-        await until(gate.started)
+        await eventually(gate.started.is_set)
         later = []
         for call in calls[2:]:  # each call in its own turn of the loop
             later.append(asyncio.create_task(outbox.mark_sent_many(acked(call))))
@@ -637,7 +620,7 @@ async def test_cancelled_mark_callers_entries_are_still_marked_and_later_marks_w
     with trips.hold() as gate:
         running = asyncio.create_task(outbox.mark_sent_many(acked(["a0"])))
         beside = asyncio.create_task(outbox.mark_sent_many(acked(["a1"])))  # a group of two
-        await until(gate.started)
+        await eventually(gate.started.is_set)
         queued = asyncio.create_task(outbox.mark_sent_many(acked(["b0", "b1"])))
         waited = asyncio.create_task(outbox.mark_sent_many(acked(["c0"])))
         await asyncio.sleep(0)
@@ -699,7 +682,7 @@ async def test_intake_and_marks_asked_for_while_one_commits_share_the_next_trans
     with trips.hold() as gate:
         first = asyncio.create_task(outbox.accept(event("n0")))
         beside = asyncio.create_task(outbox.accept(event("n6")))  # a group of two
-        await until(gate.started)
+        await eventually(gate.started.is_set)
         later = [
             asyncio.create_task(outbox.mark_sent_many(acked(["a0"]))),
             *(asyncio.create_task(outbox.accept(event(f"n{n}"))) for n in range(1, 6)),
@@ -923,7 +906,7 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
     with trips.hold() as gate:
         held = asyncio.create_task(outbox.accept(event("f0")))
         beside = asyncio.create_task(outbox.accept(event("f1")))  # a group of two
-        await until(gate.started)
+        await eventually(gate.started.is_set)
         later = [asyncio.create_task(outbox.mark_sent_many(acked(i))) for i in (["c0"], ["d0"])]
         await asyncio.sleep(PENDING_S)
         gate.release.set()

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import accept_numbered
+from support import accept_numbered, eventually
 
 from publisher.cli.dispatch import deliver_pending
 from publisher.driver import Driver, OutboxLine
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
 FAST = RetryPolicy(base_s=0.02, cap_s=0.1)  # a permanent failure waits 0.05 to 0.1 s
 POLL_INTERVAL_S = 0.05
 WAIT_S = 1.5
-POLL_S = 0.01
 STOP_TIMEOUT_S = 1.0
 # sent_at and quarantined_at come from time.time(); a short pause keeps them apart.
 TICK_S = 0.01
@@ -195,17 +193,6 @@ async def relay_for(
             await asyncio.wait_for(task, STOP_TIMEOUT_S)
 
 
-async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / POLL_S) + 10):
-        if check():
-            return
-        if time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"condition not met within {timeout_s}s")
-
-
 def sent_in_seq_order(db_rows: Query, db: Path) -> list[str]:
     return [r[0] for r in db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
 
@@ -234,8 +221,8 @@ async def test_batch_mode_reads_each_next_batch_while_the_current_one_is_in_flig
     batches = [ids[0:16], ids[16:32], ids[32:48], ids[48:]]
 
     async with relay_for(outbox, sink_url, batch=True) as relay:
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids))
-        await eventually(lambda: relay.blocked is None)
+        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
+        await eventually(lambda: relay.blocked is None, WAIT_S)
 
     assert sink.requests == batches  # in seq order, each entry sent exactly once
     # The read for batch k+1 is made while batch k is at the sink, so no read stands
@@ -286,7 +273,7 @@ async def test_an_entry_quarantined_after_it_was_read_ahead_is_sent_and_closed_a
 
         sink.on_request = quarantine_during_batch_1
         async with relay_for(outbox, sink_url, batch=True):
-            await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
 
         assert timeline.reads[1].ids == ids[16:]  # read before the quarantine committed
         assert sink.requests == [ids[:16], ids[16:]]
@@ -331,7 +318,7 @@ async def test_a_batch_failing_partway_drops_the_read_ahead_and_the_retry_starts
     sink.answer = lambda n, events: answer(events) if n == 2 else None
     sink.on_request = look_at_the_disk
     async with relay_for(outbox, sink_url, batch=True):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids))
+        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
 
     k = failed_at
     assert sink.requests == [ids[0:16], ids[16:32], ids[k : k + 16], ids[k + 16 :]]
@@ -441,7 +428,7 @@ async def test_an_entry_redriven_after_the_next_batch_was_read_ahead_goes_after_
 
     sink.on_request = redrive_during_batch_1
     async with relay_for(outbox, sink_url, batch=True):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids))
+        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
 
     assert sink.requests == [ids[1:17], ids[17:33], [held]]
     [record] = await outbox.quarantines(held)
@@ -457,7 +444,7 @@ async def test_single_mode_reads_ahead_at_the_last_entry_of_a_full_batch(
     ids = await accept_numbered(outbox, 40)
 
     async with relay_for(outbox, sink_url, batch=False, limit=16):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids))
+        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
 
     assert sink.requests == [[i] for i in ids]  # in order, each exactly once
     expected = [
@@ -493,7 +480,7 @@ async def test_single_mode_a_failure_on_the_16th_entry_drops_the_read_ahead_and_
     sink.answer = fail_the_16th_once
     sink.on_request = look_at_the_disk
     async with relay_for(outbox, sink_url, batch=False, limit=16):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids))
+        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
 
     assert sink.requests == [[i] for i in ids[:16] + ids[15:]]
     assert marked_at_retry == [ids[:15]]  # the 16th and all after it stayed pending
@@ -548,7 +535,7 @@ async def test_batch_mode_logs_one_delivery_line_per_request_and_one_per_failed_
     sink.answer = lambda n, events: answer(events) if n == 1 else None
 
     async with relay_for(outbox, sink_url, batch=True, observer=outcomes):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids))
+        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
 
     assert sink.requests == [ids, ids[k:]]
     records = [r for r in caplog.records if r.name == "publisher.relay"]

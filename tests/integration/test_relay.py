@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import accept
+from support import accept, eventually
 
 from publisher.head_policy import AUTO_QUARANTINE_BY
 from publisher.http import HttpSender
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 FAST = RetryPolicy(base_s=0.05, cap_s=0.2)
 STOP_TIMEOUT_S = 5.0
 WAIT_S = 5.0
-POLL_S = 0.02
 
 
 # ---------------------------------------------------------------- a sink we can steer
@@ -126,19 +125,6 @@ async def relay_for(
                     await task
 
 
-async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> float:
-    """Wait (bounded) until `check()` holds; return how long it took."""
-    started = time.monotonic()
-    deadline = started + timeout_s
-    for _ in range(int(timeout_s / POLL_S) + 10):
-        if check():
-            return time.monotonic() - started
-        if time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"condition not met within {timeout_s}s")
-
-
 def sent_ids(db_rows: Query, db: Path) -> set[str]:
     return {row[0] for row in db_rows(db, "SELECT id FROM outbox WHERE sent = 1")}
 
@@ -170,7 +156,7 @@ async def test_delivers_everything_in_order_to_the_real_sink(
     await accept(outbox, *ids, qty=3)
 
     async with relay_for(outbox, url) as (relay, task):
-        await eventually(lambda: len(sent_ids(db_rows, db)) == 20)
+        await eventually(lambda: len(sent_ids(db_rows, db)) == 20, WAIT_S)
         assert not task.done()
         assert relay.blocked is None
 
@@ -199,9 +185,9 @@ async def test_transient_503_is_retried_until_delivered_and_every_attempt_record
     outcomes = Outcomes()
 
     async with relay_for(outbox, fake_url, observer=outcomes) as (relay, _):
-        await eventually(lambda: sent_ids(db_rows, db) == {"a"})
+        await eventually(lambda: sent_ids(db_rows, db) == {"a"}, WAIT_S)
         # The mark is on disk a moment before the step that made it returns.
-        await eventually(lambda: relay.blocked is None)
+        await eventually(lambda: relay.blocked is None, WAIT_S)
 
     entry = row(db_rows, db, "a")
     assert entry["attempts"] == 3
@@ -285,7 +271,7 @@ async def test_quarantine_after_moves_the_head_aside_and_later_entries_flow(
     policy = RetryPolicy(base_s=0.05, cap_s=0.2, quarantine_after=2)
 
     async with relay_for(outbox, fake_url, retry=policy) as (relay, _):
-        await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"})
+        await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"}, WAIT_S)
         assert relay.blocked is None
 
     assert fake.received == ["a", "a", "b", "c"]
@@ -308,7 +294,7 @@ async def test_redrive_puts_it_back_at_its_seq_and_it_goes_next(
     await accept(outbox, "a", "b", "c")
     policy = RetryPolicy(base_s=0.05, cap_s=0.2, quarantine_after=2)
     async with relay_for(outbox, fake_url, retry=policy):
-        await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"})
+        await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"}, WAIT_S)
     await accept(outbox, "d", "e")
     fake.reject.clear()  # the sink has been fixed
     fake.received.clear()
@@ -318,7 +304,7 @@ async def test_redrive_puts_it_back_at_its_seq_and_it_goes_next(
     assert record.delivered_past == ["b", "c"]
     assert (record.released_as, record.released_by) == ("redriven", "alice")
     async with relay_for(outbox, fake_url, retry=policy):
-        await eventually(lambda: sent_ids(db_rows, db) == {"a", "b", "c", "d", "e"})
+        await eventually(lambda: sent_ids(db_rows, db) == {"a", "b", "c", "d", "e"}, WAIT_S)
     assert fake.received == ["a", "d", "e"]
     a = row(db_rows, db, "a")
     assert (a["seq"], a["sent"], a["quarantined"], a["attempts"]) == (1, 1, 0, 3)
@@ -341,7 +327,7 @@ async def test_relay_survives_an_operator_quarantining_the_head_while_it_is_in_f
     policy = RetryPolicy(base_s=0.05, cap_s=0.2, quarantine_after=2)
     try:
         async with relay_for(outbox, fake_url, retry=policy) as (_, task):
-            await eventually(lambda: fake.count("a") == 2)
+            await eventually(lambda: fake.count("a") == 2, WAIT_S)
             await accept(outbox, "c")
             await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"} or task.done(), 3.0)
             assert not task.done(), f"the relay loop ended: {task.exception()!r}"
@@ -362,7 +348,7 @@ async def test_a_sink_that_stored_something_else_is_caught(
     outcomes = Outcomes()
 
     async with relay_for(outbox, fake_url, observer=outcomes) as (relay, _):
-        await eventually(lambda: fake.count("a") >= 2)
+        await eventually(lambda: fake.count("a") >= 2, WAIT_S)
         blocked = relay.blocked
 
     assert sent_ids(db_rows, db) == set()

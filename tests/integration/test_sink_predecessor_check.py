@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
-from support import event, post_events
+from support import event, eventually, post_events, settle
 
 from shared import PREDECESSOR_HEADER, Event, PredecessorMissing, Receipt, make_ack, payload_digest
 from sink import Inbox, create_app
@@ -37,7 +37,6 @@ LOOPBACK = "127.0.0.1"
 QUICK_WAIT_S = 0.2  # the fence wait of a sink whose 412s are checked, not its waiting
 PROMPT_S = 2.0  # well under PREDECESSOR_WAIT_S: the wait was ended, it did not time out
 BOUND_S = 10.0  # every request and wait in here ends well within this
-POLL_S = 0.005
 SHORTLY_S = 0.1  # between the successor's arrival and its predecessor's
 
 Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
@@ -70,24 +69,6 @@ def snapshot(db_rows: Query, db: Path) -> Snapshot:
         db_rows(db, "SELECT * FROM inbox ORDER BY rowid"),
         db_rows(db, "SELECT * FROM inventory ORDER BY sku"),
     )
-
-
-async def until(check: Callable[[], bool], what: str) -> None:
-    try:
-        async with asyncio.timeout(PROMPT_S):
-            while not check():
-                await asyncio.sleep(POLL_S)
-    except TimeoutError:
-        raise AssertionError(f"not within {PROMPT_S}s: {what}") from None
-
-
-async def settle(*tasks: asyncio.Task[Any]) -> None:
-    """Cancel what is still running and wait for it: no task outlives its test."""
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
 
 
 # ---------------------------------------------------------------- the sink over HTTP
@@ -262,7 +243,7 @@ async def test_a_successor_sent_before_its_predecessor_waits_and_is_applied_afte
 
     waiting = asyncio.create_task(send(client, sink.base, successor_route, successor, "p1"))
     try:
-        await until(lambda: len(sink.waits) == 1, "the successor waits for p1")
+        await eventually(lambda: len(sink.waits) == 1, PROMPT_S, what="the successor waits for p1")
         await asyncio.sleep(SHORTLY_S)
         assert not waiting.done()
         assert inbox_ids(db_rows, sink_db) == []
@@ -331,10 +312,12 @@ async def test_a_waiting_successor_goes_on_once_its_predecessor_is_handed_over(
     waiting = asyncio.create_task(send(client, sink.base, "event", [event("s1")], "p1"))
     first = None
     try:
-        await until(lambda: len(sink.waits) == 1, "the successor waits for p1")
+        await eventually(lambda: len(sink.waits) == 1, PROMPT_S, what="the successor waits for p1")
         first = asyncio.create_task(send(client, sink.base, route, earlier, None))
-        await until(gate.started.is_set, "the predecessor's commit begins")
-        await until(lambda: len(sink.waits) == 0, "the successor leaves the fence")
+        await eventually(gate.started.is_set, PROMPT_S, what="the predecessor's commit begins")
+        await eventually(
+            lambda: len(sink.waits) == 0, PROMPT_S, what="the successor leaves the fence"
+        )
         assert not first.done() and not waiting.done()
         gate.release.set()
         replies = list(await asyncio.wait_for(asyncio.gather(first, waiting), BOUND_S))
@@ -377,7 +360,7 @@ async def test_a_successor_whose_named_event_is_refused_gets_412_promptly(
     started = asyncio.get_running_loop().time()
     waiting = asyncio.create_task(send(client, sink.base, "event", [successor], "p3"))
     try:
-        await until(lambda: len(sink.waits) == 1, "the successor waits for p3")
+        await eventually(lambda: len(sink.waits) == 1, PROMPT_S, what="the successor waits for p3")
         first = await asyncio.wait_for(send(client, sink.base, route, earlier, None), BOUND_S)
         later = await asyncio.wait_for(waiting, BOUND_S)
     finally:

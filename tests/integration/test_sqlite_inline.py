@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
-from support import event, try_write_lock
+from support import event, eventually, try_write_lock
 
 from shared import Receipt
 from sink.backends.sqlite import SqliteInbox
@@ -31,7 +31,6 @@ WAIT_S = 2.0
 PENDING_S = 0.3  # long enough for a call that is not waiting for the lock to finish
 TICK_S = 0.01
 MAX_STALL_S = 0.25  # far below the 5 s a lock wait on the loop's thread would take
-POLL_S = 0.01
 
 
 class Boom(Exception):
@@ -99,13 +98,6 @@ def write_lock(path: Path) -> Iterator[sqlite3.Connection]:
 async def busy_timeout_ms(db: Database) -> int:
     value: int = await db.run(lambda conn: conn.execute("PRAGMA busy_timeout").fetchone()[0])
     return value
-
-
-async def until(flag: threading.Event) -> None:
-    """Poll a flag set by another thread, for at most WAIT_S."""
-    async with asyncio.timeout(WAIT_S):
-        while not flag.is_set():
-            await asyncio.sleep(POLL_S)
 
 
 async def cancel(task: asyncio.Task[Any]) -> None:
@@ -267,7 +259,7 @@ async def test_a_call_running_on_the_worker_thread_keeps_run_inline_off_the_conn
     running = asyncio.create_task(items_db.run(slow))
     writer = Writer("quick")
     try:
-        await until(started)
+        await eventually(started.is_set, WAIT_S)
         # Inline, its BEGIN would run inside the worker's open transaction and fail.
         call = asyncio.create_task(items_db.run_inline(writer))
         await asyncio.sleep(PENDING_S)
@@ -291,7 +283,7 @@ async def test_a_cancelled_call_still_on_the_worker_thread_keeps_run_inline_off_
 
     running = asyncio.create_task(items_db.run(slow))
     try:
-        await until(started)
+        await eventually(started.is_set, WAIT_S)
         await cancel(running)
         call = asyncio.create_task(items_db.run_inline(Writer("quick")))
         await asyncio.sleep(0)
