@@ -15,7 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +23,13 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.procs import ChaosError, read_first_line, terminate
-from shared import Event
+from shared import Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:
     from conftest import RunCli
 
     from publisher import Outbox
+    from sink import Inbox
 
 LOOPBACK = "127.0.0.1"
 STARTUP_TIMEOUT_S = 15.0
@@ -84,6 +85,11 @@ def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
     return {"id": event_id, "sku": sku, "qty": qty}
 
 
+def ack(one: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
+    """The ACK a sink gives for `one`: applied unless `receipt` says otherwise."""
+    return make_ack(one["id"], receipt, payload_digest(one))
+
+
 def numbered_event(n: int, sku: str = "snack", qty: int = 1) -> Event:
     """The `n`th order: ID order-<n>."""
     return event(f"order-{n}", sku, qty)
@@ -109,6 +115,15 @@ async def accept_numbered(outbox: Outbox, count: int) -> list[str]:
     return ids
 
 
+@contextlib.contextmanager
+def in_progress(inbox: Inbox, requests: int) -> Iterator[None]:
+    """What the sink reports while `requests` write requests are in progress."""
+    with contextlib.ExitStack() as stack:
+        for _ in range(requests):
+            stack.enter_context(inbox.arriving())
+        yield
+
+
 # ---------------------------------------------------------------- independent reads
 
 
@@ -126,6 +141,31 @@ def query(db: Path | str, sql: str, params: tuple[object, ...] = ()) -> list[tup
         return conn.execute(sql, params).fetchall()
     finally:
         conn.close()
+
+
+def sent_ids(source: Path | str) -> list[str]:
+    """The outbox's entries marked sent, in seq order."""
+    return [r[0] for r in query(source, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
+
+
+def inbox_ids(sink: Path | str) -> list[str]:
+    """The inbox's IDs in the order the sink applied them."""
+    return [r[0] for r in query(sink, "SELECT id FROM inbox ORDER BY applied_seq")]
+
+
+def inventory(sink: Path | str) -> dict[str, int]:
+    """SKU -> quantity, as the sink's inventory holds them."""
+    return dict(query(sink, "SELECT sku, qty FROM inventory"))
+
+
+def deliveries(sink: Path | str) -> dict[str, int]:
+    """ID -> how many times the sink received it."""
+    return dict(query(sink, "SELECT id, deliveries FROM inbox"))
+
+
+async def pending_ids(outbox: Outbox) -> list[str]:
+    """The IDs of the outbox's pending entries (the first 16), in the order it gives them."""
+    return [entry["id"] for entry in await outbox.pending(16)]
 
 
 # The sqlite_tx tests' own schema: one table of named items.

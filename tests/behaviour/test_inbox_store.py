@@ -19,14 +19,13 @@ too; a backend keeps their names and meaning.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from inbox_backends import BACKENDS, FAULTS, Backend, Fault, Row
-from support import event, json_of_python
+from support import event, in_progress, json_of_python
 
 import sink.store
 from plumbing.storage import StorageError
@@ -72,15 +71,6 @@ def snapshot(backend: Backend) -> Snapshot:
 
 def stock(backend: Backend) -> dict[str, int]:
     return dict(backend.query("SELECT sku, qty FROM inventory"))
-
-
-@contextlib.contextmanager
-def in_progress(inbox: Inbox, requests: int) -> Iterator[None]:
-    """What the sink reports while `requests` write requests are in progress."""
-    with contextlib.ExitStack() as stack:
-        for _ in range(requests):
-            stack.enter_context(inbox.arriving())
-        yield
 
 
 # ---------------------------------------------------------------- receive

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from outbox_backends import BACKENDS, FAULTS, Backend, Fault
-from support import accept, event, json_of_python
+from support import accept, event, json_of_python, pending_ids
 
 import publisher.store
 from plumbing.storage import StorageError
@@ -84,10 +84,6 @@ def states(backend: Backend) -> dict[str, tuple[int, int]]:
 
 def seqs(backend: Backend) -> dict[str, int]:
     return dict(backend.query("SELECT id, seq FROM outbox"))
-
-
-async def pending_ids(outbox: Outbox) -> list[str]:
-    return [event["id"] for event in await outbox.pending(16)]
 
 
 # ---------------------------------------------------------------- opening

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import LOOPBACK, STOP_TIMEOUT_S, wait_until
+from support import LOOPBACK, STOP_TIMEOUT_S, inbox_ids, sent_ids, wait_until
 
 if TYPE_CHECKING:
     from conftest import AcceptOrders, Databases, PublisherProcess, Query, StartPublisher, StartSink
@@ -55,15 +55,6 @@ def serve_args(source: Path, sink_url: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def sent_ids(db_rows: Query, source: Path) -> list[str]:
-    return [r[0] for r in db_rows(source, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
-
-
-def inbox_ids(db_rows: Query, sink_db: Path) -> list[str]:
-    """The inbox in the order the sink applied it."""
-    return [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY applied_seq")]
-
-
 def lines(events: list[dict[str, Any]], by_sku: bool) -> list[list[str]]:
     """Each line's IDs in seq order: one line, or one per SKU."""
     keyed: dict[str | None, list[str]] = {}
@@ -87,7 +78,7 @@ def assert_all_applied_once_in_order(
     marks = db_rows(source, "SELECT id, sent, ack FROM outbox ORDER BY seq")
     assert [(i, s) for i, s, _ in marks] == [(i, 1) for i in ids]
     assert [json.loads(ack)["ack"] for _, _, ack in marks] == ids
-    applied = inbox_ids(db_rows, sink_db)
+    applied = inbox_ids(sink_db)
     assert sorted(applied) == ids  # each once: the inbox key is the ID
     assert_prefix_of_each_line(applied, events, by_sku)  # and all of it, so in order
     totals: dict[str, int] = {}
@@ -99,10 +90,10 @@ def assert_all_applied_once_in_order(
 def settled_inbox(db_rows: Query, sink_db: Path) -> list[str]:
     """The inbox once the requests a dead publisher left at the sink are done: the
     same on two reads SETTLE_S apart."""
-    before = inbox_ids(db_rows, sink_db)
+    before = inbox_ids(sink_db)
     for _ in range(SETTLE_ROUNDS):
         time.sleep(SETTLE_S)
-        now = inbox_ids(db_rows, sink_db)
+        now = inbox_ids(sink_db)
         if now == before:
             return now
         before = now
@@ -125,7 +116,7 @@ def inbox_record(base: str, event_id: str) -> dict[str, Any]:
 
 def drain_and_stop(publisher: PublisherProcess, db_rows: Query, source: Path, count: int) -> None:
     """Wait until every entry is sent, then SIGTERM: an orderly exit."""
-    wait_until(lambda: len(sent_ids(db_rows, source)) == count, DRAIN_TIMEOUT_S)
+    wait_until(lambda: len(sent_ids(source)) == count, DRAIN_TIMEOUT_S)
     publisher.signal(signal.SIGTERM)
     assert publisher.wait(STOP_TIMEOUT_S) == 0, publisher.log.read_text()
 
@@ -175,7 +166,7 @@ def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_t
     applied = settled_inbox(db_rows, sink_db)
     # Read after the inbox settled: on PostgreSQL a COMMIT of a mark that the dead
     # publisher had sent may still finish on the server just after its exit.
-    marked_before = sent_ids(db_rows, source)
+    marked_before = sent_ids(source)
     assert marked_before in ([], ids[:size])
     assert len(applied) > 2 * size, (
         f"no request was in flight behind the crashed one: applied {applied}; "
@@ -226,7 +217,7 @@ def test_by_default_a_run_sends_its_first_request_alone(
 
     assert crashing.wait(CRASH_TIMEOUT_S) == CHAOS_EXIT, crashing.log.read_text()
     assert _CHAOS_LINE.findall(crashing.log.read_text()) == [ids[0]]
-    assert sent_ids(db_rows, source) == []
+    assert sent_ids(source) == []
     assert settled_inbox(db_rows, sink_db) == ids[:size]  # the first request, and no other
 
     restarted = publisher_process(*args[:-2], "--poll-interval", "0.1")
@@ -259,12 +250,12 @@ def test_sigkill_mid_drain_loses_nothing_and_applies_nothing_twice(
     ]  # fmt: skip
 
     publisher = publisher_process(*serve_args(source, sink.url, *options))
-    wait_until(lambda: len(sent_ids(db_rows, source)) >= 40, DRAIN_TIMEOUT_S)
+    wait_until(lambda: len(sent_ids(source)) >= 40, DRAIN_TIMEOUT_S)
     assert publisher.kill() == -signal.SIGKILL
 
-    marked = sent_ids(db_rows, source)
+    marked = sent_ids(source)
     assert len(marked) < len(ids), "the drain ended before the kill"
-    assert set(marked) <= set(inbox_ids(db_rows, sink_db))  # a mark follows an ACK
+    assert set(marked) <= set(inbox_ids(sink_db))  # a mark follows an ACK
     assert_prefix_of_each_line(marked, events, by_sku)
     # Whatever the sink does with the requests the dead publisher left in flight,
     # each line stays in order.

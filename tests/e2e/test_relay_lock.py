@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from support import LOOPBACK, listening, spawn, stop_process, wait_until
+from support import LOOPBACK, deliveries, listening, spawn, stop_process, wait_until
 
 from publisher.settings import DEFAULT_LEASE_TTL_S, worker_id_for
 from shared import GLOBAL_LINE
@@ -48,10 +48,6 @@ def unsent(db_rows: Query, db: Path) -> int:
     return n
 
 
-def deliveries(db_rows: Query, sink_db: Path) -> dict[str, int]:
-    return dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox"))
-
-
 def test_a_second_serve_on_the_same_file_exits_at_once_naming_the_first(
     tmp_path: Path,
     sink_process: StartSink,
@@ -79,7 +75,7 @@ def test_a_second_serve_on_the_same_file_exits_at_once_naming_the_first(
     # The first goes on alone: what arrives now is delivered, and nothing twice.
     accept_by_cli(run_cli, db, "d", "e")
     wait_until(lambda: unsent(db_rows, db) == 0)
-    assert deliveries(db_rows, sink_db) == {"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}
+    assert deliveries(sink_db) == {"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}
     assert first.proc.poll() is None
 
 
@@ -100,7 +96,7 @@ def test_after_a_sigkill_of_the_relay_a_new_one_starts_at_once_and_delivers(
     accept_by_cli(run_cli, db, "b")
     publisher_process(*serve_args(db, sink.url))  # fails unless it listens
     wait_until(lambda: unsent(db_rows, db) == 0)
-    assert deliveries(db_rows, sink_db) == {"a": 1, "b": 1}
+    assert deliveries(sink_db) == {"a": 1, "b": 1}
 
 
 # The service as a program embeds it: ServiceSettings with no worker given.
@@ -166,7 +162,7 @@ def test_an_in_process_relay_restarted_after_a_sigkill_takes_its_lines_back_at_o
     start(2)
     took_s = wait_until(lambda: unsent(db_rows, db) == 0, timeout_s=DEFAULT_LEASE_TTL_S * 0.8)
     assert took_s < DEFAULT_LEASE_TTL_S * 0.8
-    assert deliveries(db_rows, sink_db) == {"a": 1, "b": 1}
+    assert deliveries(sink_db) == {"a": 1, "b": 1}
     lease = "SELECT owner, epoch FROM line_leases WHERE line = ?"
     assert db_rows(db, lease, (GLOBAL_LINE,)) == [(worker_id_for(str(db), None), 2)]
 
@@ -204,7 +200,7 @@ def test_operator_commands_work_beside_a_running_relay(
     wait_until(lambda: db_rows(db, "SELECT sent FROM outbox WHERE id = 'y'") == [(1,)])
     ok("redrive", "x", *where)
     ok("prune", *where, "--older-than", "7d")
-    assert deliveries(db_rows, sink_db) == {"y": 1}
+    assert deliveries(sink_db) == {"y": 1}
 
 
 def test_dispatch_beside_a_running_relay_is_refused_and_delivers_nothing(

@@ -1,6 +1,6 @@
 """What the tests of a relay's lines share: the orders they accept, the lines those
-make (one in global order, one per SKU), a relay running in a task, and what the
-outbox file says was sent. Bounded waits are `support.eventually`."""
+make (one in global order, one per SKU) and a relay running in a task. Bounded
+waits, accepting the orders and what the outbox says was sent are in `support`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from support import Callables
@@ -23,7 +22,7 @@ from publisher.store import Outbox
 from shared import Event
 
 if TYPE_CHECKING:
-    from conftest import Query
+    pass
 
 Mode = Literal["single", "batch"]
 MODES: list[Mode] = ["single", "batch"]
@@ -121,7 +120,3 @@ def lines(events: list[Event], ordering: Ordering) -> dict[Line, list[str]]:
     for e in events:
         keyed.setdefault(None if ordering == "global" else e["sku"], []).append(e["id"])
     return keyed
-
-
-def sent_ids(db_rows: Query, db: Path) -> list[str]:
-    return [r[0] for r in db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]

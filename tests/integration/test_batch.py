@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import Callables, event, eventually
+from support import Callables, ack, event, eventually, inbox_ids, inventory
 
 from publisher.cli.dispatch import deliver_pending
 from publisher.dispatch import dispatch_batch
@@ -30,7 +30,7 @@ from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from publisher.settings import RelaySettings
 from publisher.store import Outbox
-from shared import Event, Lease, Receipt, canonical_json, make_ack, payload_digest
+from shared import Event, Lease, Receipt, canonical_json, make_ack
 from sink import create_app
 from sqlite_tx import StorageError
 
@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 
 STOP_TIMEOUT_S = 5.0
 FAST = RetryPolicy(base_s=0.05, cap_s=0.2)
-
-
-def applied(e: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
-    return make_ack(e["id"], receipt, payload_digest(e))
 
 
 @pytest.fixture
@@ -61,14 +57,6 @@ async def post_batch(
     async with client.post(f"{base}/events/batch", data=data, headers=headers) as response:
         text = await response.text()
         return response.status, json.loads(text) if text else None
-
-
-def inbox_ids(db_rows: Query, sink_db: Path) -> list[str]:
-    return [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
-
-
-def inventory(db_rows: Query, sink_db: Path) -> dict[str, int]:
-    return dict(db_rows(sink_db, "SELECT sku, qty FROM inventory"))
 
 
 def outbox_sent(db_rows: Query, db: Path) -> dict[str, int]:
@@ -90,9 +78,9 @@ async def test_batch_applies_every_event_in_the_order_sent(
     status, reply = await post_batch(client, base, {"events": events})
 
     assert status == 200, reply
-    assert reply == {"acks": [applied(e) for e in events], "rejected": None}
-    assert inbox_ids(db_rows, sink_db) == [e["id"] for e in events]
-    assert inventory(db_rows, sink_db) == {
+    assert reply == {"acks": [ack(e) for e in events], "rejected": None}
+    assert inbox_ids(sink_db) == [e["id"] for e in events]
+    assert inventory(sink_db) == {
         "snack": sum(e["qty"] for e in events if e["sku"] == "snack"),
         "juice": sum(e["qty"] for e in events if e["sku"] == "juice"),
     }
@@ -112,15 +100,15 @@ async def test_a_conflict_at_k_applies_the_prefix_and_nothing_from_k_on(
     status, reply = await post_batch(client, base, {"events": events})
 
     assert status == 200, reply
-    assert reply["acks"] == [applied(e) for e in events[:k]]
+    assert reply["acks"] == [ack(e) for e in events[:k]]
     rejected = reply["rejected"]
     assert (rejected["index"], rejected["status"], rejected["error"]) == (k, 409, "conflict")
     assert rejected["id"] == events[k]["id"]
-    assert inbox_ids(db_rows, sink_db) == [events[k]["id"]] + [e["id"] for e in events[:k]]
+    assert inbox_ids(sink_db) == [events[k]["id"]] + [e["id"] for e in events[:k]]
     assert db_rows(sink_db, "SELECT payload, deliveries FROM inbox WHERE id = ?", (f"e{k}",)) == [
         (canonical_json({**events[k], "qty": 7}), 1)
     ]
-    assert inventory(db_rows, sink_db) == {"snack": 7 + sum(e["qty"] for e in events[:k])}
+    assert inventory(sink_db) == {"snack": 7 + sum(e["qty"] for e in events[:k])}
 
 
 @pytest.mark.parametrize(
@@ -149,14 +137,14 @@ async def test_an_invalid_item_at_k_applies_the_prefix_and_nothing_from_k_on(
     status, reply = await post_batch(client, base, {"events": [*before, item, *after]})
 
     assert status == 200, reply
-    assert reply["acks"] == [applied(e) for e in before]
+    assert reply["acks"] == [ack(e) for e in before]
     rejected = reply["rejected"]
     assert (rejected["index"], rejected["status"]) == (2, 400)
     assert rejected["error"]
     if field is not None:
         assert rejected["field"] == field
-    assert inbox_ids(db_rows, sink_db) == ["e0", "e1"]
-    assert inventory(db_rows, sink_db) == {"snack": 3}
+    assert inbox_ids(sink_db) == ["e0", "e1"]
+    assert inventory(sink_db) == {"snack": 3}
 
 
 async def test_an_already_applied_id_in_a_batch_is_a_duplicate_with_no_second_effect(
@@ -171,10 +159,10 @@ async def test_an_already_applied_id_in_a_batch_is_a_duplicate_with_no_second_ef
     assert status == 200, reply
     assert reply == {
         "acks": [
-            applied(a, Receipt.DUPLICATE),
-            applied(b),
-            applied(b, Receipt.DUPLICATE),
-            applied(a, Receipt.DUPLICATE),
+            ack(a, Receipt.DUPLICATE),
+            ack(b),
+            ack(b, Receipt.DUPLICATE),
+            ack(a, Receipt.DUPLICATE),
         ],
         "rejected": None,
     }
@@ -182,7 +170,7 @@ async def test_an_already_applied_id_in_a_batch_is_a_duplicate_with_no_second_ef
         ("a", 3),
         ("b", 2),
     ]
-    assert inventory(db_rows, sink_db) == {"snack": 3, "juice": 5}
+    assert inventory(sink_db) == {"snack": 3, "juice": 5}
 
 
 @pytest.mark.parametrize(
@@ -221,8 +209,8 @@ async def test_a_bad_envelope_is_400_and_changes_nothing(
 
     assert status == 400, reply
     assert reply["error"]
-    assert inbox_ids(db_rows, sink_db) == []
-    assert inventory(db_rows, sink_db) == {}
+    assert inbox_ids(sink_db) == []
+    assert inventory(sink_db) == {}
 
 
 async def test_sixteen_events_is_the_most_accepted(
@@ -232,7 +220,7 @@ async def test_sixteen_events_is_the_most_accepted(
         client, base, {"events": [event(f"e{n:02d}") for n in range(16)]}
     )
     assert status == 200, reply
-    assert len(inbox_ids(db_rows, sink_db)) == 16
+    assert len(inbox_ids(sink_db)) == 16
 
 
 async def test_a_body_over_the_batch_cap_is_413_and_changes_nothing(
@@ -244,7 +232,7 @@ async def test_a_body_over_the_batch_cap_is_413_and_changes_nothing(
     status, reply = await post_batch(client, base, body)
 
     assert status == 413, reply
-    assert inbox_ids(db_rows, sink_db) == []
+    assert inbox_ids(sink_db) == []
 
 
 async def test_a_batch_body_under_the_documented_64_kib_cap_is_read(
@@ -260,7 +248,7 @@ async def test_a_batch_body_under_the_documented_64_kib_cap_is_read(
     status, reply = await post_batch(client, base, body)
 
     assert status == 200, reply
-    assert inbox_ids(db_rows, sink_db) == [e["id"] for e in events]
+    assert inbox_ids(sink_db) == [e["id"] for e in events]
 
 
 async def test_the_batch_route_needs_the_token_when_one_is_configured(
@@ -273,14 +261,14 @@ async def test_the_batch_route_needs_the_token_when_one_is_configured(
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"}):
         status, _ = await post_batch(client, guarded, {"events": events}, headers)
         assert status == 401, headers
-    assert inbox_ids(db_rows, sink_db) == []
+    assert inbox_ids(sink_db) == []
 
     status, reply = await post_batch(
         client, guarded, {"events": events}, {"Authorization": "Bearer s3cret-token"}
     )
     assert status == 200, reply
     assert [a["ack"] for a in reply["acks"]] == ["e0", "e1"]
-    assert inventory(db_rows, sink_db) == {"snack": 5}
+    assert inventory(sink_db) == {"snack": 5}
 
 
 # ---------------------------------------------------------------- one transaction
@@ -311,13 +299,13 @@ async def test_a_storage_failure_on_the_third_item_commits_nothing_of_the_batch(
         assert status >= 500, reply
         assert "acks" not in (reply or {})
 
-    assert inbox_ids(db_rows, sink_db) == []
-    assert inventory(db_rows, sink_db) == {}
+    assert inbox_ids(sink_db) == []
+    assert inventory(sink_db) == {}
 
     # The same batch without the failing item goes through: the sink is still usable.
     status, reply = await post_batch(client, base, {"events": events[:2]})
     assert status == 200, reply
-    assert inbox_ids(db_rows, sink_db) == ["e0", "e1"]
+    assert inbox_ids(sink_db) == ["e0", "e1"]
 
 
 # ================================================================ dispatch_batch
@@ -554,7 +542,7 @@ async def test_publisher_dispatch_keeps_each_verified_ack_with_its_mark(
         raise AssertionError("batch mode sends no single request")
 
     async def deliver_batch(batch: Sequence[Event]) -> list[Any]:
-        return [applied(batch[0]), applied(batch[1]), failure]
+        return [ack(batch[0]), ack(batch[1]), failure]
 
     with pytest.raises(Rejected) as excinfo:
         settings = RelaySettings(batch=True, pipeline=1, worker=None)
@@ -566,8 +554,8 @@ async def test_publisher_dispatch_keeps_each_verified_ack_with_its_mark(
     assert db_rows(db, failed) == [("m3", 1, str(failure))]
     acks = dict(db_rows(db, "SELECT id, ack FROM outbox WHERE sent = 1"))
     assert {k: json.loads(v) for k, v in acks.items()} == {
-        "z1": applied(events[0]),
-        "a2": applied(events[1]),
+        "z1": ack(events[0]),
+        "a2": ack(events[1]),
     }
 
 
@@ -602,7 +590,7 @@ async def test_a_wrong_id_at_k_gives_the_prefix_acks_then_not_acknowledged(
     serve: Serve, k: int
 ) -> None:
     def answer(events: list[Event]) -> web.Response:
-        acks = [applied(e) for e in events]
+        acks = [ack(e) for e in events]
         acks[k] = make_ack("intruder", Receipt.APPLIED)
         return web.json_response({"acks": acks, "rejected": None})
 
@@ -610,7 +598,7 @@ async def test_a_wrong_id_at_k_gives_the_prefix_acks_then_not_acknowledged(
     async with await sender_for(url) as sender:
         results = await sender.deliver_batch(FIVE)
 
-    assert results[:k] == [applied(e) for e in FIVE[:k]]
+    assert results[:k] == [ack(e) for e in FIVE[:k]]
     assert len(results) == k + 1
     assert type(results[k]) is NotAcknowledged
 
@@ -618,20 +606,20 @@ async def test_a_wrong_id_at_k_gives_the_prefix_acks_then_not_acknowledged(
 async def test_a_rejected_item_over_http_is_rejected(serve: Serve) -> None:
     def answer(events: list[Event]) -> web.Response:
         rejected = {"index": 1, "status": 409, "error": "conflict", "id": events[1]["id"]}
-        return web.json_response({"acks": [applied(events[0])], "rejected": rejected})
+        return web.json_response({"acks": [ack(events[0])], "rejected": rejected})
 
     url = f"{await serve(batch_app(answer))}/events"
     async with await sender_for(url) as sender:
         results = await sender.deliver_batch(FIVE)
 
-    assert results[0] == applied(FIVE[0])
+    assert results[0] == ack(FIVE[0])
     assert isinstance(results[1], Rejected) and results[1].status == 409
     assert len(results) == 2
 
 
 def padded_reply(events: list[Event], size: int) -> bytes:
     """A reply whose acks are all correct, padded to `size` bytes."""
-    reply = {"acks": [applied(e) for e in events], "rejected": None, "pad": ""}
+    reply = {"acks": [ack(e) for e in events], "rejected": None, "pad": ""}
     short = len(json.dumps(reply).encode())
     reply["pad"] = "x" * (size - short)
     body = json.dumps(reply).encode()
@@ -665,7 +653,7 @@ async def test_an_oversized_batch_reply_is_not_acknowledged_and_nothing_verified
 
     async with await sender_for(url, max_reply_bytes=400) as sender:
         # At the cap the same reply is verified: only its size decides below.
-        assert await sender.deliver_batch(two) == [applied(e) for e in two]
+        assert await sender.deliver_batch(two) == [ack(e) for e in two]
         size["bytes"] = cap + 1
         with pytest.raises(NotAcknowledged) as excinfo:
             await sender.deliver_batch(two)
@@ -680,7 +668,7 @@ async def test_an_endless_chunked_batch_reply_fails_fast(serve: Serve) -> None:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)
-        await response.write(json.dumps({"acks": [applied(e) for e in events]})[:-1].encode())
+        await response.write(json.dumps({"acks": [ack(e) for e in events]})[:-1].encode())
         for _ in range(10_000):
             await response.write(b", " + b'"x"' * 100)
             await asyncio.sleep(0.001)
@@ -708,7 +696,7 @@ async def test_a_redirect_is_not_acknowledged_and_not_followed(serve: Serve, sta
     async def elsewhere(request: web.Request) -> web.Response:
         events = json.loads(await request.read())["events"]
         followed.append(request.path)
-        return web.json_response({"acks": [applied(e) for e in events], "rejected": None})
+        return web.json_response({"acks": [ack(e) for e in events], "rejected": None})
 
     app = web.Application()
     app.router.add_post("/events/batch", moved)
@@ -734,12 +722,12 @@ async def test_a_connection_closed_after_the_commit_is_a_delivery_error(
         with pytest.raises(DeliveryError) as excinfo:
             await sender.deliver_batch(three)
         # The sink did commit: evidence of stage 3 without stage 4.
-        assert inbox_ids(db_rows, sink_db) == ["e0", "e1", "e2"]
+        assert inbox_ids(sink_db) == ["e0", "e1", "e2"]
         again = await sender.deliver_batch(three)
 
     assert excinfo.value.retryable is True
-    assert again == [applied(e, Receipt.DUPLICATE) for e in three]
-    assert inventory(db_rows, sink_db) == {"snack": 1 + 2 + 3}
+    assert again == [ack(e, Receipt.DUPLICATE) for e in three]
+    assert inventory(sink_db) == {"snack": 1 + 2 + 3}
 
 
 async def test_the_real_sink_reply_verifies_position_by_position(
@@ -751,10 +739,10 @@ async def test_the_real_sink_reply_verifies_position_by_position(
     async with await sender_for(f"{base}/events") as sender:
         results = await sender.deliver_batch(FIVE)
 
-    assert results[:3] == [applied(e) for e in FIVE[:3]]
+    assert results[:3] == [ack(e) for e in FIVE[:3]]
     assert isinstance(results[3], Rejected) and results[3].status == 409
     assert len(results) == 4
-    assert inbox_ids(db_rows, sink_db) == ["e3", "e0", "e1", "e2"]
+    assert inbox_ids(sink_db) == ["e3", "e0", "e1", "e2"]
 
 
 # ================================================================ the relay in batch mode
@@ -808,13 +796,13 @@ async def test_relay_in_batch_mode_drains_forty_entries_in_order_with_every_ack(
         await eventually(lambda: relay.blocked is None)
 
     assert sizes[:3] == [16, 16, 8]
-    assert inbox_ids(db_rows, sink_db) == [e["id"] for e in events]
+    assert inbox_ids(sink_db) == [e["id"] for e in events]
     seq_order = [r[0] for r in db_rows(db, "SELECT id FROM outbox ORDER BY seq")]
-    assert inbox_ids(db_rows, sink_db) == seq_order
+    assert inbox_ids(sink_db) == seq_order
     acks = dict(db_rows(db, "SELECT id, ack FROM outbox"))
     for e in events:
         assert acks[e["id"]] is not None, e["id"]
-        assert json.loads(acks[e["id"]]) == applied(e)
+        assert json.loads(acks[e["id"]]) == ack(e)
     assert db_rows(sink_db, "SELECT max(deliveries) FROM inbox") == [(1,)]
 
 
@@ -835,7 +823,7 @@ async def test_relay_in_batch_mode_marks_the_prefix_and_blocks_at_a_rejected_ite
     assert (blocked.event_id, blocked.permanent) == (ids[k], True)
     assert "400" in blocked.reason
     assert outbox_sent(db_rows, db) == {i: int(n < k) for n, i in enumerate(ids)}
-    assert inbox_ids(db_rows, sink_db) == ids[:k]
+    assert inbox_ids(sink_db) == ids[:k]
     acks = dict(db_rows(db, "SELECT id, ack FROM outbox WHERE sent = 1"))
     assert {i: json.loads(a)["ack"] for i, a in acks.items()} == {i: i for i in ids[:k]}
     [(attempts, last_error)] = db_rows(

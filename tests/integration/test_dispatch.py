@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import event, query
+from support import event, query, sent_ids
 
 from publisher import MAX_BATCH, NotAcknowledged, Outbox, dispatch
 from shared import Event
@@ -24,10 +24,6 @@ WAIT_S = 5.0
 def sent_flags(db: Path) -> dict[str, int]:
     """id -> sent, for every outbox entry."""
     return dict(query(db, "SELECT id, sent FROM outbox ORDER BY seq"))
-
-
-def sent_ids(db: Path) -> list[str]:
-    return [r[0] for r in query(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
 
 
 def unsent_ids(db: Path) -> list[str]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import pytest
-from support import ManualClock, event, eventually, post_json, settle
+from support import ManualClock, event, eventually, inbox_ids, inventory, post_json, settle
 
 from publisher.app import OUTBOX, ServiceSettings, create_app
 from publisher.backends.sqlite import GATHER_PASSES, SqliteOutbox
@@ -213,14 +213,6 @@ def applied(*events: Event) -> list[tuple[Receipt, str]]:
     return [(Receipt.APPLIED, payload_digest(e)) for e in events]
 
 
-def inbox_ids(db_rows: Query, db: Path) -> list[str]:
-    return [r[0] for r in db_rows(db, "SELECT id FROM inbox ORDER BY rowid")]
-
-
-def inventory(db_rows: Query, db: Path) -> dict[str, int]:
-    return dict(db_rows(db, "SELECT sku, qty FROM inventory"))
-
-
 def received_at(db_rows: Query, db: Path, ids: list[str]) -> set[float]:
     marks = ",".join("?" * len(ids))
     return {
@@ -250,10 +242,10 @@ async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its
     assert len(trips.worker) == 1 and trips.worker[0] != threading.get_ident()
     assert trips.inline == []
     new = [e["id"] for call in calls for e in call if e is not known]
-    assert inbox_ids(db_rows, sink_db) == ["known", *new]
+    assert inbox_ids(sink_db) == ["known", *new]
     assert len(received_at(db_rows, sink_db, new)) == 1  # one `now` for the whole group
     assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'known'") == [(2,)]
-    assert inventory(db_rows, sink_db) == {
+    assert inventory(sink_db) == {
         "tea": 9,
         **{f"sku{k}": sum(10 * k + n + 1 for n in range(3)) for k in range(5)},
     }
@@ -284,11 +276,11 @@ async def test_a_conflict_in_one_grouped_call_stops_that_call_only(
     assert receipts(got_b) == applied(*b) and receipts(got_c) == applied(*c)
     assert len(trips.worker) == 1 and trips.inline == []
     # Nothing of a's conflicting item or what follows it; the known row is as it was.
-    assert inbox_ids(db_rows, sink_db) == ["known", "a0", "a1", "b0", "b1", "c0"]
+    assert inbox_ids(sink_db) == ["known", "a0", "a1", "b0", "b1", "c0"]
     assert db_rows(sink_db, "SELECT payload, deliveries FROM inbox WHERE id = 'known'") == [
         (canonical_json(known), 1)
     ]
-    assert inventory(db_rows, sink_db) == {"tea": 9, "apple": 3, "bean": 12, "corn": 16}
+    assert inventory(sink_db) == {"tea": 9, "apple": 3, "bean": 12, "corn": 16}
 
 
 async def test_a_new_id_in_two_grouped_calls_is_applied_by_the_first_and_a_duplicate_in_the_second(
@@ -311,7 +303,7 @@ async def test_a_new_id_in_two_grouped_calls_is_applied_by_the_first_and_a_dupli
         ("a1", 1),
         ("b1", 1),
     ]
-    assert inventory(db_rows, sink_db) == {"tea": 5, "apple": 1, "bean": 2}
+    assert inventory(sink_db) == {"tea": 5, "apple": 1, "bean": 2}
 
 
 async def test_a_write_alone_commits_inline_and_a_shared_one_on_the_worker_thread(
@@ -329,8 +321,8 @@ async def test_a_write_alone_commits_inline_and_a_shared_one_on_the_worker_threa
     assert (shared.receipt, shared.digest) == applied(event("shared", qty=3))[0]
     assert trips.inline == [loop_thread]
     assert len(trips.worker) == 1 and trips.worker[0] != loop_thread
-    assert inbox_ids(db_rows, sink_db) == ["alone", "shared"]
-    assert inventory(db_rows, sink_db) == {"snack": 5}
+    assert inbox_ids(sink_db) == ["alone", "shared"]
+    assert inventory(sink_db) == {"snack": 5}
 
 
 async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
@@ -350,7 +342,7 @@ async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
         try:
             await asyncio.sleep(PENDING_S)
             assert not any(t.done() for t in (first, unshared, shared))
-            assert trips.inline == [] and inbox_ids(db_rows, sink_db) == []
+            assert trips.inline == [] and inbox_ids(sink_db) == []
         finally:
             gate.release.set()
             async with asyncio.timeout(WAIT_S):
@@ -362,7 +354,7 @@ async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
     ]
     # The held group, then one more with both calls that came while it ran.
     assert len(trips.worker) == 2 and trips.inline == []
-    assert inbox_ids(db_rows, sink_db) == ["e1", "e2", "e3"]
+    assert inbox_ids(sink_db) == ["e1", "e2", "e3"]
     assert len(received_at(db_rows, sink_db, ["e2", "e3"])) == 1
     assert received_at(db_rows, sink_db, ["e1"]).isdisjoint(
         received_at(db_rows, sink_db, ["e2", "e3"])
@@ -384,8 +376,8 @@ async def test_a_grouped_call_whose_sql_fails_gets_a_storage_error_and_leaves_no
     assert isinstance(got_b, StorageError) and "poisoned row" in str(got_b)
     assert receipts(got_a) == applied(*a) and receipts(got_c) == applied(*c)
     assert len(trips.worker) == 1
-    assert inbox_ids(db_rows, sink_db) == ["a0", "a1", "c0"]
-    assert inventory(db_rows, sink_db) == {"apple": 3, "corn": 32}
+    assert inbox_ids(sink_db) == ["a0", "a1", "c0"]
+    assert inventory(sink_db) == {"apple": 3, "corn": 32}
     # The committer is not stuck: the next write alone commits inline again.
     assert receipts(await inbox.receive_batch([b[0]])) == applied(b[0])
     assert trips.inline == [threading.get_ident()]
@@ -412,11 +404,11 @@ async def test_a_cancelled_shared_write_still_commits_and_later_writes_go_inline
 
     assert running.cancelled() and queued.cancelled()
     assert receipts(result) == applied(event("e3"))
-    assert inbox_ids(db_rows, sink_db) == ["e1", "e2", "e3"]
+    assert inbox_ids(sink_db) == ["e1", "e2", "e3"]
     assert len(trips.worker) == 2 and trips.inline == []
     assert receipts(await inbox.receive_batch([event("e4")])) == applied(event("e4"))
     assert trips.inline == [threading.get_ident()] and len(trips.worker) == 2
-    assert inventory(db_rows, sink_db) == {"snack": 4}
+    assert inventory(sink_db) == {"snack": 4}
 
 
 # ---------------------------------------------------------------- the sink over HTTP
@@ -494,7 +486,7 @@ async def test_concurrent_event_posts_share_commits_and_each_gets_its_own_ack(
     assert dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox")) == {
         e["id"]: 2 if e is events[0] else 1 for e in events[:-1]
     }
-    assert inventory(db_rows, sink_db) == {"sku0": 1 + 3 + 5, "sku1": 2 + 4 + 6}
+    assert inventory(sink_db) == {"sku0": 1 + 3 + 5, "sku1": 2 + 4 + 6}
     trips = stalled_sink.trips
     assert 1 <= len(trips.worker) and len(trips.worker) + len(trips.inline) < len(events)
     assert stalled_sink.state_of() == 0

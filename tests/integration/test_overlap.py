@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from support import Callables, accept_numbered
+from support import Callables, accept_numbered, sent_ids
 
 from publisher import Outbox
 from publisher.driver import Driver, OutboxLine
@@ -36,11 +36,6 @@ class Recorder:
 def batch_driver(outbox: Outbox, sink: Recorder) -> Driver:
     settings = RelaySettings(limit=16, batch=True, pipeline=1, worker=None)
     return Driver(OutboxLine(outbox), Callables(sink.deliver, sink.deliver_batch), settings)
-
-
-def sent_ids(db: Path) -> list[str]:
-    with sqlite3.connect(db) as conn:
-        return [r[0] for r in conn.execute("SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
 
 
 async def test_the_next_batch_leaves_out_entries_whose_mark_is_in_flight(tmp_path: Path) -> None:

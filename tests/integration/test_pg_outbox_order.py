@@ -17,7 +17,7 @@ import time
 import psycopg
 import pytest
 from relay_lines import relay_of, running
-from support import event, eventually
+from support import event, eventually, pending_ids
 
 from publisher import accept_in_async
 from publisher.backends import postgres_sql
@@ -35,10 +35,6 @@ ORDERS_PER_CLIENT = 8
 def seqs(url: str) -> dict[str, int]:
     with psycopg.connect(url, autocommit=True) as conn:
         return dict(conn.execute(b"SELECT id, seq FROM outbox").fetchall())
-
-
-async def pending_ids(pg_outbox: Outbox) -> list[str]:
-    return [event["id"] for event in await pg_outbox.pending(16)]
 
 
 async def test_an_intake_in_flight_holds_back_the_next_seq_until_it_commits(

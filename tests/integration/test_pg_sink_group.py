@@ -8,14 +8,13 @@ through connections of the test's own (`xmin` is the transaction that wrote a ro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from pg_faults import PgAccess
-from support import event
+from support import event, in_progress
 
 from plumbing.pgserver import ThrowawayServer
 from plumbing.storage import StorageError
@@ -33,15 +32,6 @@ def database(pg_database: str) -> PgAccess:
 async def inbox(pg_database: str) -> AsyncIterator[Inbox]:
     async with Inbox.open(pg_database) as opened:
         yield opened
-
-
-@contextlib.contextmanager
-def in_progress(inbox: Inbox, requests: int) -> Iterator[None]:
-    """What the sink reports while `requests` write requests are in progress."""
-    with contextlib.ExitStack() as stack:
-        for _ in range(requests):
-            stack.enter_context(inbox.arriving())
-        yield
 
 
 def transactions(database: PgAccess) -> int:

@@ -32,9 +32,8 @@ from relay_lines import (
     relay_of,
     running,
     sender_for,
-    sent_ids,
 )
-from support import accept_events, eventually
+from support import accept_events, deliveries, eventually, inbox_ids, sent_ids
 
 from publisher.errors import DeliveryError
 from publisher.settings import Ordering
@@ -102,15 +101,6 @@ def outbox_state(db_rows: Query, db: Path) -> dict[str, tuple[int, int]]:
     return {i: (s, n) for i, s, n in db_rows(db, "SELECT id, sent, attempts FROM outbox")}
 
 
-def inbox_ids(db_rows: Query, sink_db: Path) -> list[str]:
-    """The inbox in the order the sink applied it (rowid)."""
-    return [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
-
-
-def deliveries(db_rows: Query, sink_db: Path) -> dict[str, int]:
-    return dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox"))
-
-
 def assert_fenced_runs(
     recorder: Recorder, events: list[Event], ordering: Ordering, *, one_run: bool
 ) -> None:
@@ -151,11 +141,11 @@ async def test_a_backlog_drains_in_order_with_fenced_requests_overlapping(
     async with sender_for(url) as sender:
         relay = relay_for(outbox, sender, mode, ordering=ordering, pipeline=depth)
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_ids(db)) == len(ids))
             assert relay.blocked is None
 
     assert_applied_in_order(db_rows, db, sink_db, events, ordering)
-    assert deliveries(db_rows, sink_db) == dict.fromkeys(ids, 1)
+    assert deliveries(sink_db) == dict.fromkeys(ids, 1)
     assert outbox_state(db_rows, db) == dict.fromkeys(ids, (1, 1))
     # One request per entry (single) or per BATCH_LIMIT entries, each sent once.
     size = 1 if mode == "single" else BATCH_LIMIT
@@ -178,7 +168,7 @@ async def test_without_pipelining_requests_carry_no_fence_and_never_overlap(
     async with sender_for(url) as sender:
         relay = relay_for(outbox, sender, "single")
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(events))
+            await eventually(lambda: len(sent_ids(db)) == len(events))
 
     assert_applied_in_order(db_rows, db, sink_db, events, "global")
     assert [r.after for r in recorder.requests] == [None] * len(events)
@@ -220,7 +210,7 @@ async def test_a_rejected_entry_stops_the_global_line_and_nothing_after_it_is_ap
     assert snapshot.head is not None and snapshot.head.id == bad
     assert snapshot.pending == len(ids) - gap
     state = outbox_state(db_rows, db)
-    assert sent_ids(db_rows, db) == ids[:gap]
+    assert sent_ids(db) == ids[:gap]
     assert {i: state[i] for i in ids[:gap]} == dict.fromkeys(ids[:gap], (1, 1))
     # Each request that reached the rejected entry counted one failed attempt against
     # it, and only against it.
@@ -231,7 +221,7 @@ async def test_a_rejected_entry_stops_the_global_line_and_nothing_after_it_is_ap
     # The sink holds nothing after the gap, although requests for later entries
     # reached it while the rejected one was in flight. (One that arrives after the
     # rejection may still be waiting for it there: status 0.)
-    assert inbox_ids(db_rows, sink_db) == ids[:gap]
+    assert inbox_ids(sink_db) == ids[:gap]
     after_gap = [r for r in recorder.requests if r.ids[0] in set(ids[gap + 1 :])]
     assert after_gap and {r.status for r in after_gap} <= {0, 412}, recorder.requests
     assert_fenced_runs(recorder, events, "global", one_run=False)
@@ -256,14 +246,14 @@ async def test_with_lanes_a_rejected_sku_blocks_only_its_own_lane(
     async with sender_for(url) as sender:
         relay = relay_for(outbox, sender, mode, ordering="sku", pipeline=8)
         async with running(relay):
-            await eventually(lambda: set(good) <= set(sent_ids(db_rows, db)))
+            await eventually(lambda: set(good) <= set(sent_ids(db)))
             await eventually(lambda: outbox_state(db_rows, db)[keyed["bad"][0]][1] >= 2)
             blocked_lanes = relay.blocked_lanes
 
     assert set(blocked_lanes) == {"bad"}
     assert blocked_lanes["bad"].event_id == keyed["bad"][0]
-    assert sent_ids(db_rows, db) == [i for i in ids if i in set(good)]
-    applied = inbox_ids(db_rows, sink_db)
+    assert sent_ids(db) == [i for i in ids if i in set(good)]
+    applied = inbox_ids(sink_db)
     assert sorted(applied) == sorted(good)
     for sku in ("snack", "juice"):
         assert [i for i in applied if i in set(keyed[sku])] == keyed[sku]
@@ -301,12 +291,12 @@ async def test_random_failures_end_with_every_entry_applied_once_and_in_order(
         flaky = Flaky(sender, random.Random(2024), 0.2, 0.005, script)
         relay = relay_for(outbox, flaky, mode, ordering=ordering, pipeline=8)
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids), timeout_s=30.0)
+            await eventually(lambda: len(sent_ids(db)) == len(ids), timeout_s=30.0)
 
     assert flaky.failed["before"] > 0 and flaky.failed["lost"] > 0, flaky.failed
     assert flaky.cancelled, "no failure had requests behind it in flight"
     assert_applied_in_order(db_rows, db, sink_db, events, ordering)
-    assert max(deliveries(db_rows, sink_db).values()) > 1, "no resend was absorbed"
+    assert max(deliveries(sink_db).values()) > 1, "no resend was absorbed"
     assert_fenced_runs(recorder, events, ordering, one_run=False)
 
 
@@ -331,7 +321,7 @@ async def test_a_failed_request_cancels_the_requests_behind_it_at_once(
             # Recorded: one attempt, or already two if the retry came between two polls.
             await eventually(lambda: outbox_state(db_rows, db)[failing][1] >= 1)
             recorded_s = time.monotonic() - started
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_ids(db)) == len(ids))
 
     assert recorded_s < 1.5, f"the failure was recorded after {recorded_s:.2f}s"
     assert any(request[0] == behind for request in flaky.cancelled), flaky.cancelled
@@ -356,7 +346,7 @@ async def test_a_412_although_the_predecessor_was_applied_is_resent_without_a_fe
     async with sender_for(url) as sender:
         relay = relay_for(outbox, sender, mode, pipeline=8)
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_ids(db)) == len(ids))
             assert relay.blocked is None
 
     [refused] = [r for r in recorder.requests if r.status == 412]
@@ -365,7 +355,7 @@ async def test_a_412_although_the_predecessor_was_applied_is_resent_without_a_fe
     again = [r for r in recorder.requests if r.ids == refused.ids]
     assert [(r.after, r.status) for r in again] == [(ids[size - 1], 412), (None, 200)]
     assert_applied_in_order(db_rows, db, sink_db, events, "global")
-    assert deliveries(db_rows, sink_db) == dict.fromkeys(ids, 1)
+    assert deliveries(sink_db) == dict.fromkeys(ids, 1)
     # A plain resend, not a failure: nothing recorded, no second attempt.
     assert outbox_state(db_rows, db) == dict.fromkeys(ids, (1, 1))
     assert db_rows(db, "SELECT count(*) FROM outbox WHERE last_error IS NOT NULL") == [(0,)]
@@ -407,7 +397,7 @@ async def test_the_hook_runs_in_order_before_the_mark_for_every_verified_entry(
             after_delivery=after_delivery,
         )
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_ids(db)) == len(ids))
 
     assert flaky.finished != sorted(flaky.finished), "requests never finished out of order"
     assert sorted(hooked) == [(i, 0) for i in ids]  # once each, none marked yet
@@ -440,9 +430,7 @@ async def test_stop_with_requests_in_flight_returns_promptly_and_loses_nothing(
         relay = relay_for(outbox, sender, mode, ordering=ordering, pipeline=8)
         task = asyncio.create_task(relay.run())
         try:
-            await eventually(
-                lambda: len(sent_ids(db_rows, db)) >= 16 and recorder.in_progress() >= 2
-            )
+            await eventually(lambda: len(sent_ids(db)) >= 16 and recorder.in_progress() >= 2)
             in_flight = recorder.in_progress()
             started = time.monotonic()
             relay.stop()
@@ -456,7 +444,7 @@ async def test_stop_with_requests_in_flight_returns_promptly_and_loses_nothing(
     # The requests in flight stall together, then a line's are applied one after
     # another, a commit each: on a loaded disk those commits are most of the wait.
     assert stopped_s < 10 * stall_s, f"stop took {stopped_s:.2f}s"
-    sent = sent_ids(db_rows, db)
+    sent = sent_ids(db)
     assert len(sent) < len(ids), "the backlog drained before the stop"
     # Each line stopped at a point: what is sent is a prefix of it. Every request in
     # flight was answered and its entries marked: the inbox holds exactly the sent ones.
@@ -464,8 +452,8 @@ async def test_stop_with_requests_in_flight_returns_promptly_and_loses_nothing(
         members = set(line)
         done = [i for i in sent if i in members]
         assert done == line[: len(done)]
-        assert [i for i in inbox_ids(db_rows, sink_db) if i in members] == done
-    assert sorted(inbox_ids(db_rows, sink_db)) == sorted(sent)
+        assert [i for i in inbox_ids(sink_db) if i in members] == done
+    assert sorted(inbox_ids(sink_db)) == sorted(sent)
     assert db_rows(db, "SELECT count(*) FROM outbox WHERE last_error IS NOT NULL") == [(0,)]
     assert {s for s, _ in outbox_state(db_rows, db).values()} == {0, 1}
 
@@ -473,7 +461,7 @@ async def test_stop_with_requests_in_flight_returns_promptly_and_loses_nothing(
     async with sender_for(url) as sender:
         relay = relay_for(outbox, sender, mode, ordering=ordering, pipeline=8)
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_ids(db)) == len(ids))
 
     assert_applied_in_order(db_rows, db, sink_db, events, ordering)
     assert outbox_state(db_rows, db) == dict.fromkeys(ids, (1, 1))

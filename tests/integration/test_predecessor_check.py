@@ -40,9 +40,8 @@ from relay_lines import (
     relay_for,
     running,
     sender_for,
-    sent_ids,
 )
-from support import accept_events, eventually
+from support import accept_events, eventually, sent_ids
 
 import publisher.http as publisher_http
 from publisher.errors import NotAcknowledged, Rejected
@@ -528,7 +527,7 @@ async def test_against_a_legacy_sink_each_line_sends_one_request_at_a_time_unfen
     async with sender_for(url) as sender:
         relay = make_relay(outbox, sender, mode, ordering=ordering)
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_ids(db)) == len(ids))
             assert relay.blocked is None
         assert sender.enforces_predecessor_check() is False
 
@@ -566,7 +565,7 @@ async def test_a_lane_pipelines_only_on_its_own_replies_not_another_lanes(
     async with sender_for(url) as sender:
         relay = make_relay(outbox, sender, mode, ordering="sku")
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_ids(db)) == len(ids))
 
     assert_all_sent_once(db_rows, db, ids)
     requests = legacy.recorder.requests
@@ -632,7 +631,7 @@ async def test_against_the_real_sink_a_run_starts_alone_then_pipelines(
     async with sender_for(url) as sender:
         relay = make_relay(outbox, sender, mode, ordering=ordering)
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_ids(db)) == len(ids))
             assert relay.blocked is None
 
     assert_applied_once_in_order(db_rows, db, sink_db, events, ordering)
@@ -660,7 +659,7 @@ async def test_each_new_run_starts_alone_again(
         # Runs only at the start and when woken: the second backlog is one new run.
         relay = make_relay(outbox, sender, mode, ordering=ordering, poll_interval_s=IDLE_POLL_S)
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(first))
+            await eventually(lambda: len(sent_ids(db)) == len(first))
             await eventually(lambda: not any(recorder.handling.values()))
             assert sender.enforces_predecessor_check() is True  # the sink's last reply said so
             # Lanes that end wake the relay for a last look: let it go idle first, so
@@ -669,7 +668,7 @@ async def test_each_new_run_starts_alone_again(
             done = len(recorder.requests)
             await accept_events(outbox, second)
             relay.wake()
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(first) + len(second))
+            await eventually(lambda: len(sent_ids(db)) == len(first) + len(second))
             assert relay.blocked is None
 
     assert_applied_once_in_order(db_rows, db, sink_db, first + second, ordering)
@@ -701,7 +700,7 @@ async def test_a_reply_without_the_header_mid_run_goes_back_to_one_at_a_time(
             after_delivery=watched.after_delivery,
         )
         async with running(relay):
-            await eventually(lambda: len(sent_ids(db_rows, db)) == len(ids))
+            await eventually(lambda: len(sent_ids(db)) == len(ids))
             assert relay.blocked is None
 
     assert_all_sent_once(db_rows, db, ids)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import accept, eventually
+from support import accept, eventually, sent_ids
 
 from publisher.head_policy import AUTO_QUARANTINE_BY
 from publisher.http import HttpSender
@@ -125,10 +125,6 @@ async def relay_for(
                     await task
 
 
-def sent_ids(db_rows: Query, db: Path) -> set[str]:
-    return {row[0] for row in db_rows(db, "SELECT id FROM outbox WHERE sent = 1")}
-
-
 def row(db_rows: Query, db: Path, event_id: str) -> dict[str, Any]:
     names = [
         "seq",
@@ -156,7 +152,7 @@ async def test_delivers_everything_in_order_to_the_real_sink(
     await accept(outbox, *ids, qty=3)
 
     async with relay_for(outbox, url) as (relay, task):
-        await eventually(lambda: len(sent_ids(db_rows, db)) == 20, WAIT_S)
+        await eventually(lambda: len(sent_ids(db)) == 20, WAIT_S)
         assert not task.done()
         assert relay.blocked is None
 
@@ -185,7 +181,7 @@ async def test_transient_503_is_retried_until_delivered_and_every_attempt_record
     outcomes = Outcomes()
 
     async with relay_for(outbox, fake_url, observer=outcomes) as (relay, _):
-        await eventually(lambda: sent_ids(db_rows, db) == {"a"}, WAIT_S)
+        await eventually(lambda: set(sent_ids(db)) == {"a"}, WAIT_S)
         # The mark is on disk a moment before the step that made it returns.
         await eventually(lambda: relay.blocked is None, WAIT_S)
 
@@ -253,7 +249,7 @@ async def test_permanent_rejection_is_not_hot_looped_and_blocks_the_line(
     assert (blocked.event_id, blocked.permanent) == ("a", True)
     assert "409" in blocked.reason
     assert started <= blocked.since <= time.time()
-    assert sent_ids(db_rows, db) == set()
+    assert set(sent_ids(db)) == set()
     a = row(db_rows, db, "a")
     assert (a["sent"], a["quarantined"], a["attempts"]) == (0, 0, tries)
     assert "409" in a["last_error"]
@@ -271,7 +267,7 @@ async def test_quarantine_after_moves_the_head_aside_and_later_entries_flow(
     policy = RetryPolicy(base_s=0.05, cap_s=0.2, quarantine_after=2)
 
     async with relay_for(outbox, fake_url, retry=policy) as (relay, _):
-        await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"}, WAIT_S)
+        await eventually(lambda: set(sent_ids(db)) == {"b", "c"}, WAIT_S)
         assert relay.blocked is None
 
     assert fake.received == ["a", "a", "b", "c"]
@@ -294,7 +290,7 @@ async def test_redrive_puts_it_back_at_its_seq_and_it_goes_next(
     await accept(outbox, "a", "b", "c")
     policy = RetryPolicy(base_s=0.05, cap_s=0.2, quarantine_after=2)
     async with relay_for(outbox, fake_url, retry=policy):
-        await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"}, WAIT_S)
+        await eventually(lambda: set(sent_ids(db)) == {"b", "c"}, WAIT_S)
     await accept(outbox, "d", "e")
     fake.reject.clear()  # the sink has been fixed
     fake.received.clear()
@@ -304,7 +300,7 @@ async def test_redrive_puts_it_back_at_its_seq_and_it_goes_next(
     assert record.delivered_past == ["b", "c"]
     assert (record.released_as, record.released_by) == ("redriven", "alice")
     async with relay_for(outbox, fake_url, retry=policy):
-        await eventually(lambda: sent_ids(db_rows, db) == {"a", "b", "c", "d", "e"}, WAIT_S)
+        await eventually(lambda: set(sent_ids(db)) == {"a", "b", "c", "d", "e"}, WAIT_S)
     assert fake.received == ["a", "d", "e"]
     a = row(db_rows, db, "a")
     assert (a["seq"], a["sent"], a["quarantined"], a["attempts"]) == (1, 1, 0, 3)
@@ -329,9 +325,9 @@ async def test_relay_survives_an_operator_quarantining_the_head_while_it_is_in_f
         async with relay_for(outbox, fake_url, retry=policy) as (_, task):
             await eventually(lambda: fake.count("a") == 2, WAIT_S)
             await accept(outbox, "c")
-            await eventually(lambda: sent_ids(db_rows, db) == {"b", "c"} or task.done(), 3.0)
+            await eventually(lambda: set(sent_ids(db)) == {"b", "c"} or task.done(), 3.0)
             assert not task.done(), f"the relay loop ended: {task.exception()!r}"
-            assert sent_ids(db_rows, db) == {"b", "c"}
+            assert set(sent_ids(db)) == {"b", "c"}
     finally:
         await operator.close()
     assert row(db_rows, db, "a")["quarantined"] == 1
@@ -351,7 +347,7 @@ async def test_a_sink_that_stored_something_else_is_caught(
         await eventually(lambda: fake.count("a") >= 2, WAIT_S)
         blocked = relay.blocked
 
-    assert sent_ids(db_rows, db) == set()
+    assert set(sent_ids(db)) == set()
     a = row(db_rows, db, "a")
     assert a["ack"] is None
     assert a["attempts"] >= 2
@@ -372,10 +368,10 @@ async def test_wake_delivers_at_once_without_waiting_for_the_poll(
         await asyncio.sleep(0.2)  # the relay found nothing and sleeps for 5 s
         await accept(outbox, "a")
         await asyncio.sleep(0.5)
-        assert sent_ids(db_rows, db) == set(), "delivered without a wake: poll is not 5 s"
+        assert set(sent_ids(db)) == set(), "delivered without a wake: poll is not 5 s"
 
         relay.wake()
-        took = await eventually(lambda: sent_ids(db_rows, db) == {"a"}, 2.0)
+        took = await eventually(lambda: set(sent_ids(db)) == {"a"}, 2.0)
 
     assert took < 1.0
     assert fake.received == ["a"]
@@ -388,7 +384,7 @@ async def test_poll_picks_up_entries_written_by_another_connection(
         await asyncio.sleep(0.2)
         async with Outbox.open(db) as other:
             await accept(other, "from-cli")
-        took = await eventually(lambda: sent_ids(db_rows, db) == {"from-cli"}, 3.0)
+        took = await eventually(lambda: set(sent_ids(db)) == {"from-cli"}, 3.0)
     assert took < 1.0
 
 
@@ -412,7 +408,7 @@ async def test_stop_lets_the_send_in_flight_finish_and_starts_no_other(
 
     assert took >= 0.3, "run() returned before the send in flight finished"
     assert fake.received == ["a"]
-    assert sent_ids(db_rows, db) == {"a"}
+    assert set(sent_ids(db)) == {"a"}
     assert json.loads(row(db_rows, db, "a")["ack"])["ack"] == "a"
     assert row(db_rows, db, "b")["attempts"] == 0
     entry = await outbox.entry("b")

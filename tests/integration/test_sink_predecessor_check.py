@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
-from support import event, eventually, post_events, settle
+from support import ack, event, eventually, inbox_ids, post_events, settle
 
-from shared import PREDECESSOR_HEADER, Event, PredecessorMissing, Receipt, make_ack, payload_digest
+from shared import PREDECESSOR_HEADER, Event, PredecessorMissing, Receipt, payload_digest
 from sink import Inbox, create_app
 from sink.app import INBOX, PREDECESSORS
 from sink.backends.sqlite import SqliteInbox
@@ -53,15 +53,6 @@ class QuickWaits(PredecessorWaits):
         timeout_s: float = QUICK_WAIT_S,
     ) -> None:
         await super().wait(after, known, timeout_s)
-
-
-def ack(e: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
-    return make_ack(e["id"], receipt, payload_digest(e))
-
-
-def inbox_ids(db_rows: Query, db: Path) -> list[str]:
-    """The inbox's IDs in the order they were applied."""
-    return [r[0] for r in db_rows(db, "SELECT id FROM inbox ORDER BY rowid")]
 
 
 def snapshot(db_rows: Query, db: Path) -> Snapshot:
@@ -202,7 +193,7 @@ async def test_a_request_fenced_on_an_event_in_the_inbox_is_applied_at_once(
 
     assert reply == (200, applied_reply(route, later))
     assert took_s < PROMPT_S
-    assert inbox_ids(db_rows, sink_db) == ["e0", "e1", *(e["id"] for e in later)]
+    assert inbox_ids(sink_db) == ["e0", "e1", *(e["id"] for e in later)]
     assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'tea'") == [(5,)]
     assert await missing_total(client, sink.base) == 0
 
@@ -223,7 +214,7 @@ async def test_a_predecessor_applied_before_a_restart_is_found_in_the_inbox(
 
     assert reply == (200, applied_reply(route, later))
     assert took_s < PROMPT_S  # the inbox knew it: no PREDECESSOR_WAIT_S wait for a handover
-    assert inbox_ids(db_rows, sink_db) == ["e1", *(e["id"] for e in later)]
+    assert inbox_ids(sink_db) == ["e1", *(e["id"] for e in later)]
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=["after-an-event", "after-a-batch"])
@@ -246,7 +237,7 @@ async def test_a_successor_sent_before_its_predecessor_waits_and_is_applied_afte
         await eventually(lambda: len(sink.waits) == 1, PROMPT_S, what="the successor waits for p1")
         await asyncio.sleep(SHORTLY_S)
         assert not waiting.done()
-        assert inbox_ids(db_rows, sink_db) == []
+        assert inbox_ids(sink_db) == []
         first = await asyncio.wait_for(send(client, sink.base, route, earlier, None), BOUND_S)
         later, took_s = await timed(waiting)
     finally:
@@ -255,7 +246,7 @@ async def test_a_successor_sent_before_its_predecessor_waits_and_is_applied_afte
     assert first == (200, applied_reply(route, earlier))
     assert later == (200, applied_reply(successor_route, successor))
     assert took_s < PROMPT_S
-    assert inbox_ids(db_rows, sink_db) == [
+    assert inbox_ids(sink_db) == [
         *(e["id"] for e in earlier),
         *(e["id"] for e in successor),
     ]
@@ -326,7 +317,7 @@ async def test_a_waiting_successor_goes_on_once_its_predecessor_is_handed_over(
         await settle(waiting, *([first] if first else []))
 
     assert replies == [(200, applied_reply(route, earlier)), (200, ack(event("s1")))]
-    assert inbox_ids(db_rows, sink_db) == [*(e["id"] for e in earlier), "s1"]
+    assert inbox_ids(sink_db) == [*(e["id"] for e in earlier), "s1"]
 
 
 KNOWN = event("k0", "tea", 5)
@@ -354,7 +345,7 @@ async def test_a_successor_whose_named_event_is_refused_gets_412_promptly(
     applied: list[str],
 ) -> None:
     await send(client, sink.base, "event", [KNOWN], None)
-    before = inbox_ids(db_rows, sink_db)
+    before = inbox_ids(sink_db)
     successor = event("s1", "tea", 3)
 
     started = asyncio.get_running_loop().time()
@@ -375,7 +366,7 @@ async def test_a_successor_whose_named_event_is_refused_gets_412_promptly(
         assert first[0] == status
     assert later[0] == 412 and later[1]["after"] == "p3"
     assert took_s < PROMPT_S  # woken when the predecessor's request gave up on p3
-    assert inbox_ids(db_rows, sink_db) == [*before, *applied]
+    assert inbox_ids(sink_db) == [*before, *applied]
     assert await missing_total(client, sink.base) == 1
     assert len(sink.waits) == 0
 
@@ -449,7 +440,7 @@ async def test_in_one_group_commit_fences_see_the_calls_before_them_and_fail_alo
                 (Receipt.APPLIED, payload_digest(e)) for e in events
             ]
     assert [o.after for o in outcomes if isinstance(o, PredecessorMissing)] == ["g1", "ghost"]
-    assert inbox_ids(db_rows, sink_db) == ["k0", "a1", "a2", "b1", "d1", "g1"]
+    assert inbox_ids(sink_db) == ["k0", "a1", "a2", "b1", "d1", "g1"]
     assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {
         "tea": 5,
         "apple": 3,

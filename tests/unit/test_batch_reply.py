@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from support import ack
 
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.http import check_batch_reply, check_reply
@@ -13,10 +14,6 @@ from shared import Receipt, make_ack, payload_digest
 from shared.event import Event
 
 EVENTS: list[Event] = [{"id": f"order-{n}", "sku": "snack", "qty": n} for n in range(1, 6)]
-
-
-def ack(event: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
-    return make_ack(event["id"], receipt, payload_digest(event))
 
 
 def body(acks: list[Any], rejected: object = None) -> bytes:
