@@ -70,6 +70,11 @@ class PgAccess:
                 cursor = conn.execute(statement.encode())
             return cursor.fetchall()
 
+    def transactions(self, table: str) -> int:
+        """How many transactions wrote the table's rows (their distinct `xmin`)."""
+        n: int = self.query(f"SELECT count(DISTINCT xmin::text) FROM {table}")[0][0]
+        return n
+
     def execute(self, *statements: str) -> None:
         with self._connect() as conn:
             for statement in statements:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from pg_faults import PgAccess
 from support import ITEMS_SCHEMA
 
 from publisher import Outbox
@@ -64,3 +65,10 @@ async def items_db(items_path: Path) -> AsyncIterator[Database]:
         yield database
     finally:
         await database.close()
+
+
+@pytest.fixture
+def inbox_database(pg_database: str) -> PgAccess:
+    """The test's PostgreSQL schema as a sink's inbox sees it (probe table inbox_health),
+    read and written through connections of the test's own."""
+    return PgAccess(pg_database, "inbox_health")

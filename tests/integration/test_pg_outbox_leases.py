@@ -43,7 +43,8 @@ async def outbox_of_four(pg_outbox: Outbox) -> Outbox:
 
 
 @pytest.fixture
-def database(pg_database: str) -> PgAccess:
+def outbox_database(pg_database: str) -> PgAccess:
+    """The test's schema as the outbox sees it, reached through connections of our own."""
     return PgAccess(pg_database, "outbox_health")
 
 
@@ -54,13 +55,16 @@ def held_open(pg_database: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
-def lock_waiters(database: PgAccess) -> int:
-    n: int = database.query(WAITING)[0][0]
+def lock_waiters(outbox_database: PgAccess) -> int:
+    n: int = outbox_database.query(WAITING)[0][0]
     return n
 
 
 async def test_of_workers_racing_for_new_lines_exactly_one_takes_each(
-    outbox_of_four: Outbox, pg_database: str, database: PgAccess, held_open: psycopg.Connection[Any]
+    outbox_of_four: Outbox,
+    pg_database: str,
+    outbox_database: PgAccess,
+    held_open: psycopg.Connection[Any],
 ) -> None:
     lines = [f"sku{n}" for n in range(8)]
     async with Outbox.open(pg_database) as other:
@@ -73,21 +77,24 @@ async def test_of_workers_racing_for_new_lines_exactly_one_takes_each(
                 for store, worker in ((outbox_of_four, "w1"), (other, "w2"))
             )
         )
-        await eventually(lambda: lock_waiters(database) >= 4, timeout_s=5)
+        await eventually(lambda: lock_waiters(outbox_database) >= 4, timeout_s=5)
         held_open.commit()
         epochs = await takes
     for n, line in enumerate(lines):
         won = [epochs[2 * n], epochs[2 * n + 1]]
         assert sorted(won, key=str) == [1, None], (line, won)
-    owners = dict(database.query("SELECT line, owner FROM line_leases"))
+    owners = dict(outbox_database.query("SELECT line, owner FROM line_leases"))
     assert len(owners) == len(lines)
 
 
 async def test_of_workers_racing_for_an_expired_line_exactly_one_takes_it(
-    outbox_of_four: Outbox, pg_database: str, database: PgAccess, held_open: psycopg.Connection[Any]
+    outbox_of_four: Outbox,
+    pg_database: str,
+    outbox_database: PgAccess,
+    held_open: psycopg.Connection[Any],
 ) -> None:
     assert await outbox_of_four.take_lease("snack", "w0", TTL_S) == 1
-    database.execute("UPDATE line_leases SET expires_at = 1")
+    outbox_database.execute("UPDATE line_leases SET expires_at = 1")
     async with Outbox.open(pg_database) as other, Outbox.open(pg_database) as third:
         held_open.execute(b"SELECT * FROM line_leases FOR SHARE")
         takes = asyncio.gather(
@@ -95,12 +102,12 @@ async def test_of_workers_racing_for_an_expired_line_exactly_one_takes_it(
             other.take_lease("snack", "w2", TTL_S),
             third.take_lease("snack", "w3", TTL_S),
         )
-        await eventually(lambda: lock_waiters(database) == 3, timeout_s=5)
+        await eventually(lambda: lock_waiters(outbox_database) == 3, timeout_s=5)
         held_open.commit()
         epochs = await takes
     assert sorted(epochs, key=str) == [2, None, None]
     winner = f"w{epochs.index(2) + 1}"
-    assert database.query("SELECT owner, epoch FROM line_leases") == [(winner, 2)]
+    assert outbox_database.query("SELECT owner, epoch FROM line_leases") == [(winner, 2)]
 
 
 # A worker's fenced writes of entry e0, under a lease.
@@ -124,51 +131,57 @@ async def _marks_of_several_calls(outbox: Outbox, lease: Lease) -> None:
 
 @pytest.mark.parametrize("write", list(WRITES))
 async def test_a_takeover_committed_while_a_fenced_write_waits_for_the_lease_refuses_it(
-    outbox_of_four: Outbox, database: PgAccess, held_open: psycopg.Connection[Any], write: str
+    outbox_of_four: Outbox,
+    outbox_database: PgAccess,
+    held_open: psycopg.Connection[Any],
+    write: str,
 ) -> None:
     assert await outbox_of_four.take_lease("snack", "w1", TTL_S) == 1
-    before = database.query("SELECT * FROM outbox WHERE id = 'e0'")
+    before = outbox_database.query("SELECT * FROM outbox WHERE id = 'e0'")
     # Another worker's takeover, not yet committed, holds the lease row.
     held_open.execute(b"UPDATE line_leases SET owner = 'w2', epoch = epoch + 1")
     writing = asyncio.ensure_future(
         WRITES[write](outbox_of_four, Lease(outbox_of_four.source, "snack", 1))
     )
-    await eventually(lambda: lock_waiters(database) == 1, timeout_s=5)
+    await eventually(lambda: lock_waiters(outbox_database) == 1, timeout_s=5)
     assert not writing.done()
     held_open.commit()
     with pytest.raises(LeaseLost, match="epoch 2"):
         await writing
-    assert database.query("SELECT * FROM outbox WHERE id = 'e0'") == before
-    assert database.query("SELECT count(*) FROM quarantines") == [(0,)]
+    assert outbox_database.query("SELECT * FROM outbox WHERE id = 'e0'") == before
+    assert outbox_database.query("SELECT count(*) FROM quarantines") == [(0,)]
 
 
 @pytest.mark.parametrize("write", list(WRITES))
 async def test_a_takeover_rolled_back_while_a_fenced_write_waits_lets_it_through(
-    outbox_of_four: Outbox, database: PgAccess, held_open: psycopg.Connection[Any], write: str
+    outbox_of_four: Outbox,
+    outbox_database: PgAccess,
+    held_open: psycopg.Connection[Any],
+    write: str,
 ) -> None:
     assert await outbox_of_four.take_lease("snack", "w1", TTL_S) == 1
     held_open.execute(b"UPDATE line_leases SET owner = 'w2', epoch = epoch + 1")
     writing = asyncio.ensure_future(
         WRITES[write](outbox_of_four, Lease(outbox_of_four.source, "snack", 1))
     )
-    await eventually(lambda: lock_waiters(database) == 1, timeout_s=5)
+    await eventually(lambda: lock_waiters(outbox_database) == 1, timeout_s=5)
     held_open.rollback()
     await writing
-    [(attempts,)] = database.query("SELECT attempts FROM outbox WHERE id = 'e0'")
+    [(attempts,)] = outbox_database.query("SELECT attempts FROM outbox WHERE id = 'e0'")
     assert attempts == (0 if write == "quarantine" else 1)
 
 
 async def test_a_takeover_waits_for_a_fenced_write_in_progress(
-    outbox_of_four: Outbox, database: PgAccess, held_open: psycopg.Connection[Any]
+    outbox_of_four: Outbox, outbox_database: PgAccess, held_open: psycopg.Connection[Any]
 ) -> None:
     # A fenced write holds the lease row FOR SHARE until it commits (here a
     # transaction of ours stands for it): a take of the expired line waits for it,
     # so no write under the old epoch commits after the takeover.
     assert await outbox_of_four.take_lease("snack", "w1", TTL_S) == 1
-    database.execute("UPDATE line_leases SET expires_at = 1")
+    outbox_database.execute("UPDATE line_leases SET expires_at = 1")
     held_open.execute(postgres_sql.FENCES.encode(), {"lines": ["snack"]})
     taking = asyncio.ensure_future(outbox_of_four.take_lease("snack", "w2", TTL_S))
-    await eventually(lambda: lock_waiters(database) == 1, timeout_s=5)
+    await eventually(lambda: lock_waiters(outbox_database) == 1, timeout_s=5)
     assert not taking.done()
     held_open.commit()
     assert await taking == 2
@@ -181,7 +194,10 @@ def skewed_clock(monkeypatch: pytest.MonkeyPatch, skew_s: float) -> None:
 
 
 async def test_lease_times_are_the_servers_clock_not_the_hosts(
-    outbox_of_four: Outbox, pg_database: str, database: PgAccess, monkeypatch: pytest.MonkeyPatch
+    outbox_of_four: Outbox,
+    pg_database: str,
+    outbox_database: PgAccess,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert await outbox_of_four.take_lease("juice", "w1", TTL_S) == 1
     skewed_clock(monkeypatch, 3600.0)  # a worker whose host's clock is an hour ahead
@@ -190,14 +206,16 @@ async def test_lease_times_are_the_servers_clock_not_the_hosts(
         assert await ahead.take_lease("snack", "w2", TTL_S) == 1
         assert await ahead.worker_seen("w2", TTL_S) == 1
         assert await outbox_of_four.worker_seen("w1", TTL_S) == 2  # both live
-        [(server_now,)] = database.query(SERVER_NOW)
+        [(server_now,)] = outbox_database.query(SERVER_NOW)
         for lease in await ahead.leases():
             assert lease.expires_at == pytest.approx(server_now + TTL_S, abs=5)
             assert TTL_S - 5 < lease.expires_in_s <= TTL_S
-        [(seen_at,)] = database.query("SELECT seen_at FROM relay_workers WHERE worker = 'w2'")
+        [(seen_at,)] = outbox_database.query(
+            "SELECT seen_at FROM relay_workers WHERE worker = 'w2'"
+        )
         assert seen_at == pytest.approx(server_now, abs=5)
     skewed_clock(monkeypatch, -3600.0)  # and one an hour behind
-    database.execute("UPDATE line_leases SET expires_at = expires_at - 40")
+    outbox_database.execute("UPDATE line_leases SET expires_at = expires_at - 40")
     async with Outbox.open(pg_database) as behind:
         assert await behind.take_lease("juice", "w3", TTL_S) == 2  # expired for it too
         assert await behind.renew_leases("w3", {"juice": 2}, TTL_S) == {"juice"}
@@ -205,9 +223,9 @@ async def test_lease_times_are_the_servers_clock_not_the_hosts(
 
 
 async def test_fenced_marks_of_several_lines_are_one_statement_and_one_round_trip(
-    pg_server: ThrowawayServer, pg_database: str, database: PgAccess
+    pg_server: ThrowawayServer, pg_database: str, outbox_database: PgAccess
 ) -> None:
-    database.execute(f"ALTER DATABASE {database.dbname} SET log_statement = 'all'")
+    outbox_database.execute(f"ALTER DATABASE {outbox_database.dbname} SET log_statement = 'all'")
     async with Outbox.open(pg_database) as outbox:
         skus = ["juice", "snack", "tea", "water"]
         for n in range(8):
@@ -230,7 +248,7 @@ async def test_fenced_marks_of_several_lines_are_one_statement_and_one_round_tri
         with pg_server.log.open(errors="replace") as log:
             log.seek(start)
             written = log.read()
-    assert database.query("SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+    assert outbox_database.query("SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
     logged = re.split(r"LOG:\s+", written)
     marks = [entry for entry in logged if "UPDATE outbox SET sent = 1" in entry]
     assert 1 <= len(marks) <= 2, written
@@ -240,7 +258,7 @@ async def test_fenced_marks_of_several_lines_are_one_statement_and_one_round_tri
 
 
 async def test_renewals_and_fenced_marks_of_many_lines_never_deadlock(
-    pg_database: str, database: PgAccess
+    pg_database: str, outbox_database: PgAccess
 ) -> None:
     # Renewals lock the lease rows in line order, as a group of fenced marks does;
     # in another order (reversed: about one round in three) two transactions each
@@ -265,11 +283,11 @@ async def test_renewals_and_fenced_marks_of_many_lines_never_deadlock(
             renewals = [b.renew_leases("w1", backwards, TTL_S) for b in (beat, beat_too) * 2]
             results = await asyncio.gather(*marks, *renewals)
             assert results[len(skus) :] == [set(skus)] * 4
-    assert database.query("SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+    assert outbox_database.query("SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
 
 
 async def test_a_publisher_schema_1_database_gains_leases_and_a_newer_one_is_refused(
-    pg_database: str, database: PgAccess
+    pg_database: str, outbox_database: PgAccess
 ) -> None:
     old = await PgDatabase.open(
         pg_database,
@@ -279,12 +297,12 @@ async def test_a_publisher_schema_1_database_gains_leases_and_a_newer_one_is_ref
     )
     await old.close()  # the program before
     versions = "SELECT version FROM schema_versions WHERE side = 'publisher'"
-    assert database.query(versions) == [(1,)]
+    assert outbox_database.query(versions) == [(1,)]
     async with Outbox.open(pg_database) as outbox:
         assert await outbox.take_lease("snack", "w1", TTL_S) == 1
         source = outbox.source
-    assert database.query(versions) == [(2,)]
-    assert database.query("SELECT source FROM outbox_source") == [(source,)]
+    assert outbox_database.query(versions) == [(2,)]
+    assert outbox_database.query("SELECT source FROM outbox_source") == [(source,)]
     with pytest.raises(StorageError, match="newer") as refused:
         await PgDatabase.open(
             pg_database,

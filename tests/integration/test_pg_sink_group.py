@@ -24,45 +24,34 @@ from sink.store import BatchReceipt
 
 
 @pytest.fixture
-def database(pg_database: str) -> PgAccess:
-    return PgAccess(pg_database, "inbox_health")
-
-
-@pytest.fixture
 async def inbox(pg_database: str) -> AsyncIterator[Inbox]:
     async with Inbox.open(pg_database) as opened:
         yield opened
 
 
-def transactions(database: PgAccess) -> int:
-    """How many transactions wrote the inbox's rows."""
-    n: int = database.query("SELECT count(DISTINCT xmin::text) FROM inbox")[0][0]
-    return n
-
-
 async def test_writes_in_progress_together_share_one_transaction(
-    inbox: Inbox, database: PgAccess
+    inbox: Inbox, inbox_database: PgAccess
 ) -> None:
     with in_progress(inbox, 2):
         receipts = await asyncio.gather(*(inbox.receive(event(f"e{n}")) for n in range(32)))
 
     assert receipts == [Receipt.APPLIED] * 32
-    assert database.query("SELECT qty FROM inventory") == [(32,)]
+    assert inbox_database.query("SELECT qty FROM inventory") == [(32,)]
     assert await inbox.count() == 32
-    assert transactions(database) <= 4  # not one commit (one WAL flush) each
+    assert inbox_database.transactions("inbox") <= 4  # not one commit (one WAL flush) each
 
 
 async def test_a_write_alone_commits_in_a_transaction_of_its_own(
-    inbox: Inbox, database: PgAccess
+    inbox: Inbox, inbox_database: PgAccess
 ) -> None:
     for n in range(3):
         assert await inbox.receive(event(f"e{n}")) is Receipt.APPLIED
 
-    assert transactions(database) == 3
+    assert inbox_database.transactions("inbox") == 3
 
 
 async def test_a_fenced_chain_in_progress_together_commits_in_order_in_one_transaction(
-    inbox: Inbox, database: PgAccess
+    inbox: Inbox, inbox_database: PgAccess
 ) -> None:
     # A pipelining sender's requests: each names the one before.
     calls = [([event("a")], None), ([event("b")], "a"), ([event("c")], "b")]
@@ -71,16 +60,20 @@ async def test_a_fenced_chain_in_progress_together_commits_in_order_in_one_trans
         got = await asyncio.gather(*(inbox.receive_batch(e, after=after) for e, after in calls))
 
     assert [[r.receipt for r in g.received] for g in got] == [[Receipt.APPLIED]] * 3
-    assert database.query("SELECT id FROM inbox ORDER BY applied_seq") == [("a",), ("b",), ("c",)]
-    assert transactions(database) == 1
+    assert inbox_database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
+        ("a",),
+        ("b",),
+        ("c",),
+    ]
+    assert inbox_database.transactions("inbox") == 1
 
 
 async def test_a_fenced_chain_in_progress_together_is_one_statement_and_one_round_trip(
-    pg_server: ThrowawayServer, pg_database: str, database: PgAccess
+    pg_server: ThrowawayServer, pg_database: str, inbox_database: PgAccess
 ) -> None:
     # The server logs every statement of this database's new sessions; a simple
     # query (several statements in one message) is logged as one line.
-    database.execute(f"ALTER DATABASE {database.dbname} SET log_statement = 'all'")
+    inbox_database.execute(f"ALTER DATABASE {inbox_database.dbname} SET log_statement = 'all'")
     calls = [([event(f"c{n}")], f"c{n - 1}" if n else None) for n in range(8)]
     async with Inbox.open(pg_database) as inbox:
         start = pg_server.log.stat().st_size
@@ -91,7 +84,7 @@ async def test_a_fenced_chain_in_progress_together_is_one_statement_and_one_roun
             written = log.read()
 
     assert [[r.receipt for r in g.received] for g in got] == [[Receipt.APPLIED]] * 8
-    assert database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
+    assert inbox_database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
         (f"c{n}",) for n in range(8)
     ]
     logged = re.split(r"LOG:\s+", written)  # an entry may span several lines
@@ -101,11 +94,11 @@ async def test_a_fenced_chain_in_progress_together_is_one_statement_and_one_roun
     assert 1 <= len(inserts) <= 2, written
     for entry in inserts:
         assert entry.startswith("statement: BEGIN;") and entry.rstrip().endswith("COMMIT")
-    assert transactions(database) == len(inserts)
+    assert inbox_database.transactions("inbox") == len(inserts)
 
 
 async def test_a_redelivery_in_a_chain_stops_the_one_statement_there_and_the_rest_follow(
-    inbox: Inbox, database: PgAccess
+    inbox: Inbox, inbox_database: PgAccess
 ) -> None:
     assert await inbox.receive(event("b")) is Receipt.APPLIED  # delivered before, say
     calls = [([event("a")], None), ([event("b")], "a"), ([event("c")], "b")]
@@ -115,16 +108,20 @@ async def test_a_redelivery_in_a_chain_stops_the_one_statement_there_and_the_res
 
     receipts = [[r.receipt for r in g.received] for g in got]
     assert receipts == [[Receipt.APPLIED], [Receipt.DUPLICATE], [Receipt.APPLIED]]
-    assert database.query("SELECT id FROM inbox ORDER BY applied_seq") == [("b",), ("a",), ("c",)]
-    assert database.query("SELECT deliveries FROM inbox WHERE id = 'b'") == [(2,)]
+    assert inbox_database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
+        ("b",),
+        ("a",),
+        ("c",),
+    ]
+    assert inbox_database.query("SELECT deliveries FROM inbox WHERE id = 'b'") == [(2,)]
     assert await inbox.count() == 3
-    assert database.query("SELECT qty FROM inventory") == [(3,)]
+    assert inbox_database.query("SELECT qty FROM inventory") == [(3,)]
 
 
 async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
-    inbox: Inbox, database: PgAccess
+    inbox: Inbox, inbox_database: PgAccess
 ) -> None:
-    database.execute(
+    inbox_database.execute(
         "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$"
         " BEGIN IF NEW.sku = 'poison' THEN RAISE EXCEPTION 'poisoned stock'; END IF;"
         " RETURN NEW; END $$",
@@ -142,9 +139,9 @@ async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
     for fine in (got[0], got[2]):
         assert isinstance(fine, BatchReceipt)
         assert [r.receipt for r in fine.received] == [Receipt.APPLIED]
-    assert database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
+    assert inbox_database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
     assert await inbox.count() == 2
-    assert dict(database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 1}
+    assert dict(inbox_database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 1}
 
 
 # How many times in a row the server rolls back the first INSERT statements into the
@@ -166,43 +163,43 @@ CREATE TRIGGER roll_back_first BEFORE INSERT ON inbox
 
 @pytest.mark.parametrize("code", ["serialization_failure", "deadlock_detected"])
 async def test_a_batch_whose_one_statement_keeps_being_rolled_back_goes_in_the_long_way(
-    inbox: Inbox, database: PgAccess, code: str
+    inbox: Inbox, inbox_database: PgAccess, code: str
 ) -> None:
     # Another sink racing on the same IDs can make the one-statement insert lose
     # every attempt (each retry starts before the other's transaction commits): the
     # batch then goes in the long way, which waits for the other and counts its
     # duplicates, instead of failing the request.
-    database.execute(ROLLED_BACK.format(times=3, code=code))
+    inbox_database.execute(ROLLED_BACK.format(times=3, code=code))
 
     got = await inbox.receive_batch([event("a"), event("b", "tea", 2)])
 
     assert [r.receipt for r in got.received] == [Receipt.APPLIED, Receipt.APPLIED]
-    assert database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
-    assert dict(database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 2}
+    assert inbox_database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
+    assert dict(inbox_database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 2}
     assert await inbox.count() == 2
     # The three attempts of the one statement, then the long way's statements.
-    assert database.query("SELECT last_value > 3 FROM rolled_back") == [(True,)]
+    assert inbox_database.query("SELECT last_value > 3 FROM rolled_back") == [(True,)]
 
 
 async def test_a_batch_rolled_back_on_every_attempt_fails_and_writes_nothing(
-    inbox: Inbox, database: PgAccess
+    inbox: Inbox, inbox_database: PgAccess
 ) -> None:
-    database.execute(ROLLED_BACK.format(times=1000, code="serialization_failure"))
+    inbox_database.execute(ROLLED_BACK.format(times=1000, code="serialization_failure"))
 
     with pytest.raises(
         StorageError, match="the server rolled the transaction back: rolled back on"
     ):
         await inbox.receive_batch([event("a"), event("b", "tea", 2)])
 
-    assert database.query("SELECT count(*) FROM inbox") == [(0,)]
-    assert database.query("SELECT count(*) FROM inventory") == [(0,)]
+    assert inbox_database.query("SELECT count(*) FROM inbox") == [(0,)]
+    assert inbox_database.query("SELECT count(*) FROM inventory") == [(0,)]
     assert await inbox.count() == 0
 
 
 @pytest.mark.parametrize("requests", [1, 2], ids=["alone", "shared"])
 @pytest.mark.parametrize("order", ["same", "reversed"])
 async def test_two_connections_racing_on_one_batch_apply_each_event_once(
-    pg_database: str, database: PgAccess, order: str, requests: int
+    pg_database: str, inbox_database: PgAccess, order: str, requests: int
 ) -> None:
     # Both insert the same new IDs at once: the second's inserts wait for the first
     # and then find them known (run again as duplicates); in reversed order they
@@ -210,7 +207,7 @@ async def test_two_connections_racing_on_one_batch_apply_each_event_once(
     # inbox takes its batch as two calls in one shared transaction.
     rounds = 10
     # Found in 50 ms instead of the default 1 s (a deadlock is waited for that long).
-    database.execute(f"ALTER DATABASE {database.dbname} SET deadlock_timeout = '50ms'")
+    inbox_database.execute(f"ALTER DATABASE {inbox_database.dbname} SET deadlock_timeout = '50ms'")
     async with Inbox.open(pg_database) as one, Inbox.open(pg_database) as two:
         with in_progress(one, requests), in_progress(two, requests):
             for n in range(rounds):
@@ -230,10 +227,10 @@ async def test_two_connections_racing_on_one_batch_apply_each_event_once(
         # The count of either inbox is kept by the transactions that inserted.
         assert await one.count() == await two.count() == 4 * rounds
 
-    assert database.query("SELECT count(*), min(deliveries), max(deliveries) FROM inbox") == [
+    assert inbox_database.query("SELECT count(*), min(deliveries), max(deliveries) FROM inbox") == [
         (4 * rounds, 2, 2)
     ]
-    stock: dict[str, Any] = dict(database.query("SELECT sku, qty FROM inventory"))
+    stock: dict[str, Any] = dict(inbox_database.query("SELECT sku, qty FROM inventory"))
     assert stock == {f"sku{k}": (k + 1) * rounds for k in range(4)}
 
 

@@ -28,11 +28,6 @@ ROUNDS = 30
 
 
 @pytest.fixture
-def database(pg_database: str) -> PgAccess:
-    return PgAccess(pg_database, "inbox_health")
-
-
-@pytest.fixture
 async def two_inboxes(pg_database: str) -> AsyncIterator[tuple[Inbox, Inbox]]:
     """Two inboxes on one database, each with its pool: two sink processes, as the
     database sees them."""
@@ -40,17 +35,12 @@ async def two_inboxes(pg_database: str) -> AsyncIterator[tuple[Inbox, Inbox]]:
         yield one, two
 
 
-def transactions(database: PgAccess, table: str) -> int:
-    n: int = database.query(f"SELECT count(DISTINCT xmin::text) FROM {table}")[0][0]
-    return n
-
-
 def refusals(outcomes: list[Any]) -> int:
     return sum(isinstance(o, BaseException) for o in outcomes)
 
 
 async def test_two_sinks_racing_epochs_4_and_5_never_apply_4_after_5(
-    two_inboxes: tuple[Inbox, Inbox], database: PgAccess
+    two_inboxes: tuple[Inbox, Inbox], inbox_database: PgAccess
 ) -> None:
     one, two = two_inboxes
 
@@ -90,7 +80,7 @@ async def test_two_sinks_racing_epochs_4_and_5_never_apply_4_after_5(
 
     refused = [(c, o) for c, o in zip(calls, got, strict=True) if isinstance(o, BaseException)]
     assert all(isinstance(o, StaleLease) and (c[2], o.seen) == (4, 5) for c, o in refused), refused
-    rows = database.query("SELECT id, applied_seq FROM inbox")
+    rows = inbox_database.query("SELECT id, applied_seq FROM inbox")
     seq = dict(rows)
     applied_4_after_5 = 0
     for r in range(rounds):
@@ -101,12 +91,12 @@ async def test_two_sinks_racing_epochs_4_and_5_never_apply_4_after_5(
     assert applied_4_after_5 == 0
     assert len(rows) == len(calls) - len(refused)
     assert 0 < len(refused) < 3 * rounds, "the race never went both ways"
-    fences = database.query("SELECT DISTINCT epoch FROM lease_fences")
+    fences = inbox_database.query("SELECT DISTINCT epoch FROM lease_fences")
     assert fences == [(5,)]
 
 
 async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
-    pg_database: str, database: PgAccess
+    pg_database: str, inbox_database: PgAccess
 ) -> None:
     async with Inbox.open(pg_database) as inbox:
         await inbox.receive_batch([event("old", "tea")], lease=Lease(SOURCE, "tea", 7))
@@ -125,8 +115,8 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
             isinstance(g, BatchReceipt) and {r.receipt for r in g.received} == {Receipt.APPLIED}
             for g in got
         )
-        assert transactions(database, "inbox WHERE id <> 'old'") == 1  # INSERT_CALLS, once
-        assert database.query("SELECT line, epoch FROM lease_fences ORDER BY line") == [
+        assert inbox_database.transactions("inbox WHERE id <> 'old'") == 1  # INSERT_CALLS, once
+        assert inbox_database.query("SELECT line, epoch FROM lease_fences ORDER BY line") == [
             ("apple", 2),
             ("bean", 1),
             ("tea", 8),
@@ -146,10 +136,10 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
             )
     assert isinstance(outcomes[1], StaleLease) and outcomes[1].seen == 8
     assert all(isinstance(o, BatchReceipt) for i, o in enumerate(outcomes) if i != 1), outcomes
-    assert database.query("SELECT count(*) FROM inbox WHERE id IN ('b2', 'b3', 'a4', 't2')") == [
-        (3,)
-    ]
-    assert database.query("SELECT epoch FROM lease_fences WHERE line = 'apple'") == [(3,)]
+    assert inbox_database.query(
+        "SELECT count(*) FROM inbox WHERE id IN ('b2', 'b3', 'a4', 't2')"
+    ) == [(3,)]
+    assert inbox_database.query("SELECT epoch FROM lease_fences WHERE line = 'apple'") == [(3,)]
 
 
 # ---------------------------------------------------------------- two sink processes

@@ -22,17 +22,12 @@ if TYPE_CHECKING:
 EVENT = {"id": "order-1", "sku": "snack", "qty": 7}
 
 
-@pytest.fixture
-def database(pg_database: str) -> PgAccess:
-    return PgAccess(pg_database, "inbox_health")
-
-
-def version(database: PgAccess) -> list[tuple[object, ...]]:
-    return database.query("SELECT side, version FROM schema_versions WHERE side = 'sink'")
+def version(inbox_database: PgAccess) -> list[tuple[object, ...]]:
+    return inbox_database.query("SELECT side, version FROM schema_versions WHERE side = 'sink'")
 
 
 async def test_sinks_opening_together_migrate_the_schema_once(
-    pg_database: str, database: PgAccess
+    pg_database: str, inbox_database: PgAccess
 ) -> None:
     inboxes = await asyncio.gather(*(Inbox.open(pg_database) for _ in range(4)))
     try:
@@ -42,16 +37,16 @@ async def test_sinks_opening_together_migrate_the_schema_once(
         for inbox in inboxes:
             await inbox.close()
 
-    assert version(database) == [("sink", len(postgres_sql.MIGRATIONS))]
-    assert database.query("SELECT id, at FROM inbox_health") == [(1, 0.0)]
+    assert version(inbox_database) == [("sink", len(postgres_sql.MIGRATIONS))]
+    assert inbox_database.query("SELECT id, at FROM inbox_health") == [(1, 0.0)]
 
 
 async def test_a_newer_schema_is_refused_with_one_line(
-    pg_database: str, database: PgAccess
+    pg_database: str, inbox_database: PgAccess
 ) -> None:
     async with Inbox.open(pg_database):
         pass
-    database.execute("UPDATE schema_versions SET version = 99 WHERE side = 'sink'")
+    inbox_database.execute("UPDATE schema_versions SET version = 99 WHERE side = 'sink'")
 
     with pytest.raises(StorageError) as refused:
         await Inbox.open(pg_database)
@@ -60,30 +55,30 @@ async def test_a_newer_schema_is_refused_with_one_line(
 
 
 async def test_the_probe_commits_a_write_that_another_connection_sees(
-    pg_database: str, database: PgAccess
+    pg_database: str, inbox_database: PgAccess
 ) -> None:
     async with Inbox.open(pg_database) as inbox:
         await inbox.check_writable()
-        [(first,)] = database.query("SELECT at FROM inbox_health")
+        [(first,)] = inbox_database.query("SELECT at FROM inbox_health")
         await inbox.check_writable()
-        [(second,)] = database.query("SELECT at FROM inbox_health")
+        [(second,)] = inbox_database.query("SELECT at FROM inbox_health")
 
     assert 0 < first <= second  # one row, updated in place
-    assert database.query("SELECT count(*) FROM inbox_health") == [(1,)]
+    assert inbox_database.query("SELECT count(*) FROM inbox_health") == [(1,)]
 
 
 async def test_a_search_path_in_the_uri_puts_the_tables_in_that_schema(
-    pg_schemas: PgSchemas, database: PgAccess
+    pg_schemas: PgSchemas, inbox_database: PgAccess
 ) -> None:
     # The database's own URI (pg_database's sets a search_path of its own); the
     # schema is dropped with the test's.
-    database.execute("CREATE SCHEMA warehouse")
+    inbox_database.execute("CREATE SCHEMA warehouse")
     location = f"{pg_schemas.database_url}?options=-csearch_path%3Dwarehouse"
 
     async with Inbox.open(location) as inbox:
         assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
 
-    tables = database.query(
+    tables = inbox_database.query(
         "SELECT table_schema, table_name FROM information_schema.tables"
         " WHERE table_name IN ('inbox', 'inventory', 'inbox_health', 'schema_versions')"
         " ORDER BY table_name"
@@ -94,4 +89,4 @@ async def test_a_search_path_in_the_uri_puts_the_tables_in_that_schema(
         ("warehouse", "inventory"),
         ("warehouse", "schema_versions"),
     ]
-    assert database.query("SELECT id FROM warehouse.inbox") == [("order-1",)]
+    assert inbox_database.query("SELECT id FROM warehouse.inbox") == [("order-1",)]
