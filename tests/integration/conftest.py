@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from pg_faults import PgAccess
@@ -15,6 +16,9 @@ from publisher.backends.postgres import PostgresOutbox
 from publisher.backends.sqlite import SqliteOutbox
 from sink.backends.sqlite import SqliteInbox
 from sqlite_tx import Database
+
+if TYPE_CHECKING:
+    from conftest import ServeSink
 
 
 @pytest.fixture
@@ -28,6 +32,12 @@ async def inbox(sink_db: Path) -> AsyncIterator[SqliteInbox]:
     Database (the behaviour every backend shares is in tests/behaviour)."""
     async with await SqliteInbox.connect(str(sink_db)) as opened:
         yield opened
+
+
+@pytest.fixture
+async def sink_base(serve_sink: ServeSink, sink_db: Path) -> str:
+    """The real sink on sink_db, served on loopback: its base URL."""
+    return await serve_sink(sink_db)
 
 
 @pytest.fixture

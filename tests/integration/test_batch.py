@@ -41,11 +41,6 @@ STOP_TIMEOUT_S = 5.0
 FAST = RetryPolicy(base_s=0.05, cap_s=0.2)
 
 
-@pytest.fixture
-async def base(serve_sink: ServeSink, sink_db: Path) -> str:
-    return await serve_sink(sink_db)
-
-
 async def post_batch(
     client: aiohttp.ClientSession,
     base: str,
@@ -67,7 +62,7 @@ def outbox_sent(db_rows: Query, db: Path) -> dict[str, int]:
 
 
 async def test_batch_applies_every_event_in_the_order_sent(
-    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     # Not in text order, two SKUs, the full 16.
     events = [
@@ -75,7 +70,7 @@ async def test_batch_applies_every_event_in_the_order_sent(
         for n in range(16)
     ]
 
-    status, reply = await post_batch(client, base, {"events": events})
+    status, reply = await post_batch(client, sink_base, {"events": events})
 
     assert status == 200, reply
     assert reply == {"acks": [ack(e) for e in events], "rejected": None}
@@ -90,14 +85,14 @@ async def test_batch_applies_every_event_in_the_order_sent(
 
 @pytest.mark.parametrize("k", [0, 2, 4])
 async def test_a_conflict_at_k_applies_the_prefix_and_nothing_from_k_on(
-    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, k: int
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, k: int
 ) -> None:
     events = [event(f"e{n}", qty=10**n) for n in range(5)]
     # The same ID already holds another payload at the sink.
-    async with client.post(f"{base}/events", json={**events[k], "qty": 7}) as response:
+    async with client.post(f"{sink_base}/events", json={**events[k], "qty": 7}) as response:
         assert response.status == 200
 
-    status, reply = await post_batch(client, base, {"events": events})
+    status, reply = await post_batch(client, sink_base, {"events": events})
 
     assert status == 200, reply
     assert reply["acks"] == [ack(e) for e in events[:k]]
@@ -124,7 +119,7 @@ async def test_a_conflict_at_k_applies_the_prefix_and_nothing_from_k_on(
     ids=["bool-qty", "float-qty", "missing-qty", "extra-field", "bad-id", "not-an-object"],
 )
 async def test_an_invalid_item_at_k_applies_the_prefix_and_nothing_from_k_on(
-    base: str,
+    sink_base: str,
     client: aiohttp.ClientSession,
     sink_db: Path,
     db_rows: Query,
@@ -134,7 +129,7 @@ async def test_an_invalid_item_at_k_applies_the_prefix_and_nothing_from_k_on(
     before = [event("e0", qty=1), event("e1", qty=2)]
     after = [event("e3", qty=4), event("e4", qty=8)]
 
-    status, reply = await post_batch(client, base, {"events": [*before, item, *after]})
+    status, reply = await post_batch(client, sink_base, {"events": [*before, item, *after]})
 
     assert status == 200, reply
     assert reply["acks"] == [ack(e) for e in before]
@@ -148,13 +143,13 @@ async def test_an_invalid_item_at_k_applies_the_prefix_and_nothing_from_k_on(
 
 
 async def test_an_already_applied_id_in_a_batch_is_a_duplicate_with_no_second_effect(
-    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     a, b = event("a", qty=3), event("b", "juice", 5)
-    async with client.post(f"{base}/events", json=a) as response:
+    async with client.post(f"{sink_base}/events", json=a) as response:
         assert response.status == 200
 
-    status, reply = await post_batch(client, base, {"events": [a, b, b, a]})
+    status, reply = await post_batch(client, sink_base, {"events": [a, b, b, a]})
 
     assert status == 200, reply
     assert reply == {
@@ -203,9 +198,9 @@ async def test_an_already_applied_id_in_a_batch_is_a_duplicate_with_no_second_ef
     ],
 )
 async def test_a_bad_envelope_is_400_and_changes_nothing(
-    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, body: object
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, body: object
 ) -> None:
-    status, reply = await post_batch(client, base, body)
+    status, reply = await post_batch(client, sink_base, body)
 
     assert status == 400, reply
     assert reply["error"]
@@ -214,29 +209,29 @@ async def test_a_bad_envelope_is_400_and_changes_nothing(
 
 
 async def test_sixteen_events_is_the_most_accepted(
-    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     status, reply = await post_batch(
-        client, base, {"events": [event(f"e{n:02d}") for n in range(16)]}
+        client, sink_base, {"events": [event(f"e{n:02d}") for n in range(16)]}
     )
     assert status == 200, reply
     assert len(inbox_ids(sink_db)) == 16
 
 
 async def test_a_body_over_the_batch_cap_is_413_and_changes_nothing(
-    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     events = [event(f"e{n:02d}") for n in range(16)]
     body = json.dumps({"events": events}).encode() + b" " * (64 * 1024)
 
-    status, reply = await post_batch(client, base, body)
+    status, reply = await post_batch(client, sink_base, body)
 
     assert status == 413, reply
     assert inbox_ids(sink_db) == []
 
 
 async def test_a_batch_body_under_the_documented_64_kib_cap_is_read(
-    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     # README: "413 over 64 KiB" for the batch route. A valid batch laid out with
     # generous whitespace (20 KB) is well under that.
@@ -245,7 +240,7 @@ async def test_a_batch_body_under_the_documented_64_kib_cap_is_read(
     body += b" " * (20_000 - len(body))
     assert 16 * 1024 < len(body) < 64 * 1024
 
-    status, reply = await post_batch(client, base, body)
+    status, reply = await post_batch(client, sink_base, body)
 
     assert status == 200, reply
     assert inbox_ids(sink_db) == [e["id"] for e in events]
@@ -275,7 +270,7 @@ async def test_the_batch_route_needs_the_token_when_one_is_configured(
 
 
 async def test_a_storage_failure_on_the_third_item_commits_nothing_of_the_batch(
-    base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     # The sink has created its schema; an independent connection adds a trigger that
     # makes the inventory write of SKU 'boom' fail.
@@ -292,7 +287,7 @@ async def test_a_storage_failure_on_the_third_item_commits_nothing_of_the_batch(
     events = [event("e0", qty=1), event("e1", qty=2), event("e2", "boom", 4), event("e3", qty=8)]
 
     try:
-        status, reply = await post_batch(client, base, {"events": events})
+        status, reply = await post_batch(client, sink_base, {"events": events})
     except aiohttp.ClientError:
         pass  # a connection error is an acceptable failure too
     else:
@@ -303,7 +298,7 @@ async def test_a_storage_failure_on_the_third_item_commits_nothing_of_the_batch(
     assert inventory(sink_db) == {}
 
     # The same batch without the failing item goes through: the sink is still usable.
-    status, reply = await post_batch(client, base, {"events": events[:2]})
+    status, reply = await post_batch(client, sink_base, {"events": events[:2]})
     assert status == 200, reply
     assert inbox_ids(sink_db) == ["e0", "e1"]
 
@@ -731,12 +726,12 @@ async def test_a_connection_closed_after_the_commit_is_a_delivery_error(
 
 
 async def test_the_real_sink_reply_verifies_position_by_position(
-    base: str, sink_db: Path, db_rows: Query, client: aiohttp.ClientSession
+    sink_base: str, sink_db: Path, db_rows: Query, client: aiohttp.ClientSession
 ) -> None:
-    async with client.post(f"{base}/events", json={**FIVE[3], "qty": 99}) as response:
+    async with client.post(f"{sink_base}/events", json={**FIVE[3], "qty": 99}) as response:
         assert response.status == 200
 
-    async with await sender_for(f"{base}/events") as sender:
+    async with await sender_for(f"{sink_base}/events") as sender:
         results = await sender.deliver_batch(FIVE)
 
     assert results[:3] == [ack(e) for e in FIVE[:3]]
@@ -782,7 +777,7 @@ async def batch_relay(
 
 
 async def test_relay_in_batch_mode_drains_forty_entries_in_order_with_every_ack(
-    base: str, sink_db: Path, outbox: Outbox, db: Path, db_rows: Query
+    sink_base: str, sink_db: Path, outbox: Outbox, db: Path, db_rows: Query
 ) -> None:
     events = [
         event(f"z{n:02d}" if n % 2 else f"a{n:02d}", ("snack", "juice", "tea")[n % 3], n + 1)
@@ -791,7 +786,7 @@ async def test_relay_in_batch_mode_drains_forty_entries_in_order_with_every_ack(
     for e in events:
         assert await outbox.accept(e) == "accepted"
 
-    async with batch_relay(outbox, f"{base}/events") as (relay, sizes):
+    async with batch_relay(outbox, f"{sink_base}/events") as (relay, sizes):
         await eventually(lambda: set(outbox_sent(db_rows, db).values()) == {1})
         await eventually(lambda: relay.blocked is None)
 

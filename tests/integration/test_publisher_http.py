@@ -22,7 +22,7 @@ from publisher.store import Outbox
 from shared import Event, Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:
-    from conftest import Query, Serve, ServeSink
+    from conftest import Query, Serve
 
 EVENT: Event = {"id": "order-1", "sku": "snack", "qty": 7}
 BODY_CAP = 16 * 1024
@@ -35,11 +35,6 @@ PUBLISHER_METRICS = (
     "publisher_delivery_attempts_total",
     "publisher_intake_total",
 )
-
-
-@pytest.fixture
-async def sink(serve_sink: ServeSink, sink_db: Path) -> str:
-    return await serve_sink(sink_db)
 
 
 StartPublisher = Callable[..., Awaitable[str]]
@@ -61,8 +56,8 @@ def start_publisher(serve: Serve, db: Path) -> StartPublisher:
 
 
 @pytest.fixture
-async def publisher(start_publisher: StartPublisher, sink: str) -> str:
-    return await start_publisher(f"{sink}/events")
+async def publisher(start_publisher: StartPublisher, sink_base: str) -> str:
+    return await start_publisher(f"{sink_base}/events")
 
 
 def outbox_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
@@ -169,12 +164,12 @@ async def test_healthz(client: aiohttp.ClientSession, publisher: str) -> None:
 async def test_accepted_order_is_delivered_at_once_not_at_the_next_poll(
     client: aiohttp.ClientSession,
     start_publisher: StartPublisher,
-    sink: str,
+    sink_base: str,
     db: Path,
     sink_db: Path,
     db_rows: Query,
 ) -> None:
-    publisher = await start_publisher(f"{sink}/events", poll_interval_s=5.0)
+    publisher = await start_publisher(f"{sink_base}/events", poll_interval_s=5.0)
     await asyncio.sleep(0.2)  # the relay found nothing and sleeps for 5 s
 
     assert (await post_body(client, f"{publisher}/orders", EVENT))[0] == 201
@@ -365,7 +360,7 @@ async def test_a_batch_the_database_cannot_take_is_503_and_nothing_of_it_is_writ
 async def test_status_and_metrics_after_traffic(
     client: aiohttp.ClientSession,
     publisher: str,
-    sink: str,
+    sink_base: str,
     db: Path,
     db_rows: Query,
 ) -> None:
@@ -514,9 +509,9 @@ async def test_gauges_follow_rows_written_by_other_connections(
 
 
 async def test_sink_metrics_count_every_result(
-    client: aiohttp.ClientSession, sink: str, sink_db: Path, db_rows: Query
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    events = f"{sink}/events"
+    events = f"{sink_base}/events"
     assert (await post_body(client, events, EVENT))[0] == 200
     assert (await post_body(client, events, EVENT))[0] == 200
     assert (await post_body(client, events, EVENT))[0] == 200
@@ -525,7 +520,7 @@ async def test_sink_metrics_count_every_result(
     assert (await post_body(client, events, b"{"))[0] == 400
     assert (await post_body(client, events, {"id": "x"}))[0] == 400
 
-    samples = await scrape(client, f"{sink}/metrics")
+    samples = await scrape(client, f"{sink_base}/metrics")
 
     received = "sink_inbox_received_total"
     assert value(samples, received, result="applied") == 2
@@ -536,21 +531,21 @@ async def test_sink_metrics_count_every_result(
     assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(2,)]
 
 
-async def test_sink_metrics_start_at_zero(client: aiohttp.ClientSession, sink: str) -> None:
-    samples = await scrape(client, f"{sink}/metrics")
+async def test_sink_metrics_start_at_zero(client: aiohttp.ClientSession, sink_base: str) -> None:
+    samples = await scrape(client, f"{sink_base}/metrics")
     for result in ("applied", "duplicate", "conflict", "invalid"):
         assert value(samples, "sink_inbox_received_total", result=result) == 0
     assert value(samples, "sink_inbox_events") == 0
 
 
 async def test_sink_event_record_counts_deliveries_and_carries_the_digest(
-    client: aiohttp.ClientSession, sink: str, sink_db: Path, db_rows: Query
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
     before = time.time()
-    await post_body(client, f"{sink}/events", EVENT)
-    await post_body(client, f"{sink}/events", EVENT)
+    await post_body(client, f"{sink_base}/events", EVENT)
+    await post_body(client, f"{sink_base}/events", EVENT)
 
-    status, record = await get_json(client, f"{sink}/events/order-1")
+    status, record = await get_json(client, f"{sink_base}/events/order-1")
 
     assert status == 200
     assert record["id"] == "order-1"
@@ -560,8 +555,10 @@ async def test_sink_event_record_counts_deliveries_and_carries_the_digest(
     assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'order-1'") == [(2,)]
 
 
-async def test_sink_event_record_unknown_is_404(client: aiohttp.ClientSession, sink: str) -> None:
-    status, body = await get_json(client, f"{sink}/events/never-sent")
+async def test_sink_event_record_unknown_is_404(
+    client: aiohttp.ClientSession, sink_base: str
+) -> None:
+    status, body = await get_json(client, f"{sink_base}/events/never-sent")
     assert status == 404
     assert body["id"] == "never-sent"
     assert "error" in body
@@ -569,8 +566,8 @@ async def test_sink_event_record_unknown_is_404(client: aiohttp.ClientSession, s
 
 @pytest.mark.parametrize("bad", ["-starts-with-dash", "has%20space", "x" * 129, "semi;colon"])
 async def test_sink_event_record_bad_id_is_400(
-    client: aiohttp.ClientSession, sink: str, bad: str
+    client: aiohttp.ClientSession, sink_base: str, bad: str
 ) -> None:
-    status, body = await get_json(client, f"{sink}/events/{bad}")
+    status, body = await get_json(client, f"{sink_base}/events/{bad}")
     assert status == 400
     assert body["field"] == "id"

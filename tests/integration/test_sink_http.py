@@ -24,11 +24,6 @@ DEFAULT_CAP = 16 * 1024
 Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
 
 
-@pytest.fixture
-async def base(serve_sink: ServeSink, sink_db: Path) -> str:
-    return await serve_sink(sink_db)
-
-
 def snapshot(db_rows: Query, sink_db: Path) -> Snapshot:
     return (
         db_rows(sink_db, "SELECT * FROM inbox ORDER BY id"),
@@ -37,31 +32,33 @@ def snapshot(db_rows: Query, sink_db: Path) -> Snapshot:
 
 
 async def test_post_applies_then_duplicate_and_inventory_counts_once(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    status, _, first = await post_body(client, f"{base}/events", EVENT)
+    status, _, first = await post_body(client, f"{sink_base}/events", EVENT)
     assert status == 200
     assert (first["ack"], first["status"]) == ("order-1", "applied")
 
-    status, _, second = await post_body(client, f"{base}/events", EVENT)
+    status, _, second = await post_body(client, f"{sink_base}/events", EVENT)
     assert status == 200
     assert (second["ack"], second["status"]) == ("order-1", "duplicate")
 
-    async with client.get(f"{base}/inventory/snack") as response:
+    async with client.get(f"{sink_base}/inventory/snack") as response:
         assert response.status == 200
         assert await response.json() == {"sku": "snack", "qty": 7}
     assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
     assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
 
 
-async def test_get_event_reports_the_inbox_record(client: aiohttp.ClientSession, base: str) -> None:
-    await post_body(client, f"{base}/events", EVENT)
-    await post_body(client, f"{base}/events", {**EVENT, "id": "order-2"})
-    await post_body(client, f"{base}/events", EVENT)
+async def test_get_event_reports_the_inbox_record(
+    client: aiohttp.ClientSession, sink_base: str
+) -> None:
+    await post_body(client, f"{sink_base}/events", EVENT)
+    await post_body(client, f"{sink_base}/events", {**EVENT, "id": "order-2"})
+    await post_body(client, f"{sink_base}/events", EVENT)
 
     records = {}
     for event_id in ("order-1", "order-2"):
-        async with client.get(f"{base}/events/{event_id}") as response:
+        async with client.get(f"{sink_base}/events/{event_id}") as response:
             assert response.status == 200
             records[event_id] = await response.json()
     first, second = records["order-1"], records["order-2"]
@@ -77,15 +74,15 @@ async def test_get_event_reports_the_inbox_record(client: aiohttp.ClientSession,
         "applied_seq",
     }
 
-    async with client.get(f"{base}/events/never-sent") as response:
+    async with client.get(f"{sink_base}/events/never-sent") as response:
         assert response.status == 404
         assert "error" in await response.json()
 
 
 async def test_ack_is_already_committed_when_the_reply_arrives(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    async with client.post(f"{base}/events", json=EVENT) as response:
+    async with client.post(f"{sink_base}/events", json=EVENT) as response:
         assert response.status == 200
         # Read before anything else runs on this loop, including the rest of the body.
         seen = db_rows(sink_db, "SELECT id FROM inbox")
@@ -97,12 +94,12 @@ async def test_ack_is_already_committed_when_the_reply_arrives(
 
 
 async def test_reply_waits_for_the_commit(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    await post_body(client, f"{base}/events", {"id": "warm-up", "sku": "other", "qty": 1})
+    await post_body(client, f"{sink_base}/events", {"id": "warm-up", "sku": "other", "qty": 1})
     lock = sqlite3.connect(sink_db, timeout=5, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
-    sending = asyncio.create_task(post_body(client, f"{base}/events", EVENT))
+    sending = asyncio.create_task(post_body(client, f"{sink_base}/events", EVENT))
     try:
         done, _ = await asyncio.wait({sending}, timeout=0.5)
         assert not done, "the sink replied while it could not commit"
@@ -118,12 +115,18 @@ async def test_reply_waits_for_the_commit(
 
 @pytest.mark.parametrize("changed", [{"qty": 8}, {"sku": "drink"}], ids=["qty", "sku"])
 async def test_conflict_is_409_json_and_changes_nothing(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query, changed: dict[str, Any]
+    client: aiohttp.ClientSession,
+    sink_base: str,
+    sink_db: Path,
+    db_rows: Query,
+    changed: dict[str, Any],
 ) -> None:
-    await post_body(client, f"{base}/events", EVENT)
+    await post_body(client, f"{sink_base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, body = await post_body(client, f"{base}/events", {**EVENT, **changed})
+    status, content_type, body = await post_body(
+        client, f"{sink_base}/events", {**EVENT, **changed}
+    )
 
     assert (status, content_type) == (409, "application/json")
     assert body["error"]
@@ -136,12 +139,12 @@ async def test_conflict_is_409_json_and_changes_nothing(
     ids=["open-brace", "text", "empty", "truncated", "not-utf8"],
 )
 async def test_malformed_json_is_400_json_and_changes_nothing(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query, body: bytes
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query, body: bytes
 ) -> None:
-    await post_body(client, f"{base}/events", EVENT)
+    await post_body(client, f"{sink_base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, reply = await post_body(client, f"{base}/events", body)
+    status, content_type, reply = await post_body(client, f"{sink_base}/events", body)
 
     assert (status, content_type) == (400, "application/json")
     assert "JSON" in reply["error"]
@@ -149,12 +152,12 @@ async def test_malformed_json_is_400_json_and_changes_nothing(
 
 
 async def test_deeply_nested_json_is_400_not_a_server_error(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    await post_body(client, f"{base}/events", EVENT)
+    await post_body(client, f"{sink_base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, reply = await post_body(client, f"{base}/events", b"[" * 5000)
+    status, content_type, reply = await post_body(client, f"{sink_base}/events", b"[" * 5000)
 
     assert (status, content_type) == (400, "application/json")
     assert reply["error"]
@@ -194,16 +197,16 @@ async def test_deeply_nested_json_is_400_not_a_server_error(
 )
 async def test_schema_error_is_400_naming_the_field_and_changes_nothing(
     client: aiohttp.ClientSession,
-    base: str,
+    sink_base: str,
     sink_db: Path,
     db_rows: Query,
     event: object,
     field: str,
 ) -> None:
-    await post_body(client, f"{base}/events", EVENT)
+    await post_body(client, f"{sink_base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, reply = await post_body(client, f"{base}/events", event)
+    status, content_type, reply = await post_body(client, f"{sink_base}/events", event)
 
     assert (status, content_type) == (400, "application/json")
     assert reply["field"] == field
@@ -219,13 +222,13 @@ def padded(event: dict[str, Any], size: int) -> bytes:
 
 
 async def test_body_over_the_default_cap_is_413_and_changes_nothing(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    await post_body(client, f"{base}/events", EVENT)
+    await post_body(client, f"{sink_base}/events", EVENT)
     before = snapshot(db_rows, sink_db)
 
     status, content_type, reply = await post_body(
-        client, f"{base}/events", padded({**EVENT, "id": "big"}, DEFAULT_CAP + 1)
+        client, f"{sink_base}/events", padded({**EVENT, "id": "big"}, DEFAULT_CAP + 1)
     )
 
     assert (status, content_type) == (413, "application/json")
@@ -234,9 +237,9 @@ async def test_body_over_the_default_cap_is_413_and_changes_nothing(
 
 
 async def test_body_of_exactly_the_default_cap_is_accepted(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    status, _, reply = await post_body(client, f"{base}/events", padded(EVENT, DEFAULT_CAP))
+    status, _, reply = await post_body(client, f"{sink_base}/events", padded(EVENT, DEFAULT_CAP))
 
     assert (status, reply["status"]) == (200, "applied")
     assert db_rows(sink_db, "SELECT qty FROM inventory") == [(7,)]
@@ -277,9 +280,9 @@ async def test_chunked_body_over_the_cap_is_413_and_changes_nothing(
 
 
 async def test_storage_failure_is_503_json_and_changes_nothing(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    await post_body(client, f"{base}/events", {"id": "first", "sku": "other", "qty": 1})
+    await post_body(client, f"{sink_base}/events", {"id": "first", "sku": "other", "qty": 1})
     conn = sqlite3.connect(sink_db, timeout=5, isolation_level=None)
     try:
         conn.execute(
@@ -289,21 +292,21 @@ async def test_storage_failure_is_503_json_and_changes_nothing(
         conn.close()
     before = snapshot(db_rows, sink_db)
 
-    status, content_type, reply = await post_body(client, f"{base}/events", EVENT)
+    status, content_type, reply = await post_body(client, f"{sink_base}/events", EVENT)
 
     assert (status, content_type) == (503, "application/json")
     assert reply["error"]
     assert snapshot(db_rows, sink_db) == before
 
 
-async def test_healthz_is_200(client: aiohttp.ClientSession, base: str) -> None:
-    async with client.get(f"{base}/healthz") as response:
+async def test_healthz_is_200(client: aiohttp.ClientSession, sink_base: str) -> None:
+    async with client.get(f"{sink_base}/healthz") as response:
         assert response.status == 200
         assert await response.json() == {"status": "ok"}
 
 
-async def test_unknown_route_is_404_json(client: aiohttp.ClientSession, base: str) -> None:
-    async with client.get(f"{base}/nowhere") as response:
+async def test_unknown_route_is_404_json(client: aiohttp.ClientSession, sink_base: str) -> None:
+    async with client.get(f"{sink_base}/nowhere") as response:
         assert (response.status, response.content_type) == (404, "application/json")
         assert (await response.json())["error"]
 
@@ -312,9 +315,14 @@ async def test_unknown_route_is_404_json(client: aiohttp.ClientSession, base: st
     ("method", "path"), [("GET", "/events"), ("PUT", "/events"), ("DELETE", "/inventory/snack")]
 )
 async def test_wrong_method_is_405_json(
-    client: aiohttp.ClientSession, base: str, sink_db: Path, db_rows: Query, method: str, path: str
+    client: aiohttp.ClientSession,
+    sink_base: str,
+    sink_db: Path,
+    db_rows: Query,
+    method: str,
+    path: str,
 ) -> None:
-    async with client.request(method, f"{base}{path}", json=EVENT) as response:
+    async with client.request(method, f"{sink_base}{path}", json=EVENT) as response:
         assert (response.status, response.content_type) == (405, "application/json")
         assert (await response.json())["error"]
     assert db_rows(sink_db, "SELECT * FROM inbox") == []
@@ -322,17 +330,17 @@ async def test_wrong_method_is_405_json(
 
 @pytest.mark.parametrize("sku", ["bad!sku", "s" * 65], ids=["bad-char", "too-long"])
 async def test_bad_sku_in_inventory_path_is_400(
-    client: aiohttp.ClientSession, base: str, sku: str
+    client: aiohttp.ClientSession, sink_base: str, sku: str
 ) -> None:
-    async with client.get(f"{base}/inventory/{sku}") as response:
+    async with client.get(f"{sink_base}/inventory/{sku}") as response:
         assert (response.status, response.content_type) == (400, "application/json")
         assert (await response.json())["field"] == "sku"
 
 
 async def test_inventory_of_an_unknown_sku_is_zero(
-    client: aiohttp.ClientSession, base: str
+    client: aiohttp.ClientSession, sink_base: str
 ) -> None:
-    async with client.get(f"{base}/inventory/never-seen") as response:
+    async with client.get(f"{sink_base}/inventory/never-seen") as response:
         assert response.status == 200
         assert await response.json() == {"sku": "never-seen", "qty": 0}
 
@@ -355,7 +363,7 @@ async def test_drop_after_commit_closes_without_reply_but_keeps_the_commit(
 
 
 async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
-    base: str,
+    sink_base: str,
     client: aiohttp.ClientSession,
     db_rows: Query,
     sink_db: Path,
@@ -363,7 +371,7 @@ async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
 ) -> None:
     # A publisher killed while sending: the headers promise a body that never comes.
     caplog.set_level(logging.INFO)
-    url = yarl.URL(base)
+    url = yarl.URL(sink_base)
     _reader, writer = await asyncio.open_connection(url.host, url.port)
     writer.write(
         f"POST /events HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n".encode()
@@ -381,5 +389,7 @@ async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
     assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
     assert not any("unexpected error" in r.getMessage() for r in caplog.records)
     assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(0,)]
-    status, _, _ = await post_body(client, f"{base}/events", {"id": "next", "sku": "s", "qty": 1})
+    status, _, _ = await post_body(
+        client, f"{sink_base}/events", {"id": "next", "sku": "s", "qty": 1}
+    )
     assert status == 200
