@@ -169,6 +169,10 @@ class SinkProcess:
     def base(self) -> str:
         return self.url.removesuffix("/events")
 
+    @property
+    def port(self) -> int:
+        return int(self.base.rpartition(":")[2])
+
     def stop(self) -> int:
         """SIGTERM, then SIGKILL if it does not stop in time. Returns the exit status."""
         return stop_process(self.proc)

@@ -37,6 +37,7 @@ STOP_TIMEOUT_S = 5.0
 WAIT_S = 10.0
 POLL_S = 0.05
 ASYNC_POLL_S = 0.01  # in-process waits: nothing is started or stopped
+JSON_BODY = {"Content-Type": "application/json"}
 
 
 # ---------------------------------------------------------------- service processes
@@ -185,15 +186,33 @@ def try_write_lock(path: Path) -> None:
 # ---------------------------------------------------------------- small calls
 
 
-def post_order(port: int, order: dict[str, Any], timeout_s: float = 5.0) -> tuple[int, Any]:
-    """POST /orders to a publisher on loopback; (status, parsed JSON body)."""
+def http_request(
+    port: int,
+    method: str,
+    path: str,
+    body: object = None,
+    *,
+    token: str | None = None,
+    timeout_s: float = 5.0,
+) -> tuple[int, Any]:
+    """One request to a service on loopback, `body` (if any) as JSON and `token` (if
+    any) as its bearer token; (status, the parsed JSON reply, None if it is empty)."""
+    headers = dict(JSON_BODY)
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout_s)
     try:
-        conn.request("POST", "/orders", json.dumps(order), {"Content-Type": "application/json"})
+        conn.request(method, path, None if body is None else json.dumps(body), headers)
         response = conn.getresponse()
-        return response.status, json.loads(response.read())
+        raw = response.read()
+        return response.status, json.loads(raw) if raw else None
     finally:
         conn.close()
+
+
+def post_order(port: int, order: dict[str, Any], timeout_s: float = 5.0) -> tuple[int, Any]:
+    """POST /orders to a publisher on loopback; (status, parsed JSON body)."""
+    return http_request(port, "POST", "/orders", order, timeout_s=timeout_s)
 
 
 def post_event(port: int, event: dict[str, Any], timeout_s: float = 5.0) -> int:
@@ -260,6 +279,12 @@ def run_module(
     )
 
 
+def serve_args(db: Path | str, sink_url: str, *extra: str) -> tuple[str, ...]:
+    """`publisher serve`'s arguments: `db` relayed to `sink_url`, listening on a free
+    loopback port, then `extra`."""
+    return ("--db", str(db), "--sink", sink_url, "--host", LOOPBACK, "--port", "0", *extra)
+
+
 def dispatch(run_cli: RunCli, source: Path | str, url: str, *extra: str) -> tuple[int, str, str]:
     """`publisher dispatch` run to completion; (exit status, stdout, stderr), no traceback."""
     result = run_cli("publisher", "dispatch", "--db", str(source), "--sink", url, *extra)
@@ -284,8 +309,6 @@ def json_of_python(code: str, timeout_s: float = 30.0) -> Any:
 
 
 # ---------------------------------------------------------------- over a test's HTTP client
-
-JSON_BODY = {"Content-Type": "application/json"}
 
 
 async def request_json(

@@ -13,7 +13,7 @@ import signal
 from typing import TYPE_CHECKING
 
 import pytest
-from support import LOOPBACK, STOP_TIMEOUT_S, dispatch, post_order, wait_until
+from support import STOP_TIMEOUT_S, dispatch, post_order, serve_args, wait_until
 
 from shared import payload_digest
 
@@ -88,7 +88,7 @@ def test_serve_with_sku_ordering_delivers_posted_orders_and_sigterm_exits_zero(
     sink = sink_process(databases.sink)
     source = databases.source
     publisher = publisher_process(
-        "--db", str(source), "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
+        *serve_args(source, sink.url),
         "--ordering", "sku", "--lanes", "3", "--poll-interval", "5", "--retry-base", "0.05",
         "--retry-cap", "0.5", "--send-timeout", "2", "--log-format", "json",
     )  # fmt: skip

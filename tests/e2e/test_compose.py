@@ -10,7 +10,6 @@ install steps compared with pyproject.toml.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -29,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
-from support import LOOPBACK, POLL_S, WAIT_S, listening, spawn, stop_process
+from support import LOOPBACK, POLL_S, WAIT_S, http_request, listening, spawn, stop_process
 
 from plumbing.cli import ENV_PREFIX, env_name
 
@@ -473,27 +472,11 @@ def run_healthcheck(
     )
 
 
-def request(
-    port: int, method: str, path: str, body: object = None, token: str | None = None
-) -> tuple[int, Any]:
-    headers = {"Content-Type": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=5)
-    try:
-        data = None if body is None else json.dumps(body)
-        conn.request(method, path, data, headers)
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
-
-
 def wait_for_inventory(port: int, sku: str, token: str, qty: int) -> None:
     deadline = time.monotonic() + WAIT_S
     seen: tuple[int, Any] = (0, None)
     for _ in range(int(WAIT_S / POLL_S) + 10):
-        seen = request(port, "GET", f"/inventory/{sku}", token=token)
+        seen = http_request(port, "GET", f"/inventory/{sku}", token=token)
         if seen == (200, {"sku": sku, "qty": qty}) or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
@@ -508,12 +491,12 @@ def test_service_commands_run_locally_with_the_same_flags(stack: Stack, db_rows:
         assert result.returncode == 0, f"{name} health check: {result.stderr}"
 
     order = {"id": "compose-order-1", "sku": "compose-widget", "qty": 3}
-    assert request(publisher.port, "POST", "/orders", order) == (
+    assert http_request(publisher.port, "POST", "/orders", order) == (
         201,
         {"id": order["id"], "result": "accepted"},
     )
     # The token from the secret file is in force on the sink, and the publisher has it.
-    status, _ = request(sink.port, "GET", f"/inventory/{order['sku']}")
+    status, _ = http_request(sink.port, "GET", f"/inventory/{order['sku']}")
     assert status == 401
     wait_for_inventory(sink.port, str(order["sku"]), stack.token, 3)
 
@@ -539,7 +522,7 @@ def test_the_postgres_service_commands_run_locally_with_the_same_flags(
         assert result.returncode == 0, f"{name} health check: {result.stderr}"
 
     order = {"id": "compose-pg-1", "sku": "compose-widget", "qty": 4}
-    assert request(publisher.port, "POST", "/orders", order) == (
+    assert http_request(publisher.port, "POST", "/orders", order) == (
         201,
         {"id": order["id"], "result": "accepted"},
     )

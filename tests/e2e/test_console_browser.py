@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import LOOPBACK, post_order, wait_until
+from support import LOOPBACK, post_order, serve_args, wait_until
 
 from publisher.console.app import SECURITY_HEADERS
 
@@ -129,9 +129,9 @@ def test_the_operator_unblocks_a_poison_head_from_the_page(
     token_file = tmp_path / "console-token"
     token_file.write_text(TOKEN)
     publisher = publisher_process(
-        "--db", str(databases.source), "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
-        "--console-token-file", str(token_file), *FAST_SERVE,
-    )  # fmt: skip
+        *serve_args(databases.source, sink.url, "--console-token-file", str(token_file)),
+        *FAST_SERVE,
+    )
     base = f"http://{LOOPBACK}:{publisher.port}"
     dialogs: list[str] = []
     page = browser.new_page()

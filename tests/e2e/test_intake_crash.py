@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import psycopg
 import pytest
-from support import LOOPBACK, post_json
+from support import LOOPBACK, post_json, serve_args
 
 if TYPE_CHECKING:
     from conftest import Databases, Query, StartPublisher, StartSink
@@ -116,9 +116,7 @@ def test_sigkill_during_concurrent_intake_keeps_every_answered_order_and_halves_
 ) -> None:
     sink = sink_process(databases.sink)
     source = databases.source
-    publisher = publisher_process(
-        "--db", str(source), "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
-    )  # fmt: skip
+    publisher = publisher_process(*serve_args(source, sink.url))
     base = f"http://{LOOPBACK}:{publisher.port}"
     slow_intake(databases)  # the schema is there now
     started = time.monotonic()

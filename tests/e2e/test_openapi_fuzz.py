@@ -21,7 +21,6 @@ hooks): both outcomes, met and not met, without the wait per example.
 from __future__ import annotations
 
 import collections
-import http.client
 import json
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import LOOPBACK
+from support import LOOPBACK, http_request
 
 if TYPE_CHECKING:
     from conftest import Query, StartPublisher, StartSink
@@ -75,17 +74,6 @@ class Exchange:
     status: int
     request: object  # the parsed JSON body, None if there was none or it was not JSON
     reply: object
-
-
-def post(base: str, path: str, body: object) -> tuple[int, Any]:
-    host, port = base.removeprefix("http://").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
 
 
 def fuzz(
@@ -199,8 +187,8 @@ def test_sink_conforms_and_only_acknowledged_events_change_the_inbox(
     sink = sink_process(db)
     assert sink.base.startswith(f"http://{LOOPBACK}:")
     for event in PREPARED:
-        assert post(sink.base, "/events", event)[0] == 200
-    assert post(sink.base, "/events", FENCE_NOT_MET)[0] == 400
+        assert http_request(sink.port, "POST", "/events", event, timeout_s=10)[0] == 200
+    assert http_request(sink.port, "POST", "/events", FENCE_NOT_MET, timeout_s=10)[0] == 400
     exchanges = fuzz(sink.base, tmp_path, "sink", child_env)
     no_server_error(exchanges)
     sink.stop()

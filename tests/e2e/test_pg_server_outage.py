@@ -14,7 +14,6 @@ The chaos runner does the same at random moments (`--pg-restarts`): the last tes
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import threading
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import LOOPBACK, run_module, wait_until
+from support import http_request, run_module, serve_args, wait_until
 
 from chaos.verdict import read_verdict
 from plumbing.pgserver import ThrowawayServer, throwaway_server
@@ -50,19 +49,6 @@ def own_server(pg_server: ThrowawayServer) -> Iterator[ThrowawayServer]:
     pg_server, a machine without PostgreSQL skips, or fails under CI.)"""
     with throwaway_server() as server:
         yield server
-
-
-def request(port: int, method: str, path: str, body: object = None) -> tuple[int, Any]:
-    """One HTTP request to a service on loopback; (status, parsed JSON or None)."""
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=POST_TIMEOUT_S)
-    try:
-        data = None if body is None else json.dumps(body)
-        conn.request(method, path, data, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        raw = response.read()
-        return response.status, json.loads(raw) if raw else None
-    finally:
-        conn.close()
 
 
 def records(log: str) -> list[str]:
@@ -94,7 +80,9 @@ class Feeder:
                 return
             order = {"id": f"load-{n:05d}", "sku": SKUS[n % len(SKUS)], "qty": 1 + n % 4}
             try:
-                status, body = request(self.port, "POST", "/orders", order)
+                status, body = http_request(
+                    self.port, "POST", "/orders", order, timeout_s=POST_TIMEOUT_S
+                )
             except OSError as exc:  # the publisher must not go away: recorded, not retried
                 self.unexpected.append((0, str(exc)))
                 continue
@@ -119,10 +107,7 @@ def test_intake_sink_and_relay_ride_out_a_stopped_server(
     source = own_server.create_database("source")
     sink_db = own_server.create_database("sink")
     sink = sink_process(sink_db)
-    publisher = publisher_process(
-        "--db", source, "--sink", sink.url, "--host", LOOPBACK, "--port", "0", *FAST_RETRIES
-    )
-    sink_port = int(sink.base.rpartition(":")[2])
+    publisher = publisher_process(*serve_args(source, sink.url, *FAST_RETRIES))
     feeder = Feeder(publisher.port)
     feeding = threading.Thread(target=feeder.run, name="feeder")
     feeding.start()
@@ -135,8 +120,12 @@ def test_intake_sink_and_relay_ride_out_a_stopped_server(
             accepted_when_stopped = len(feeder.accepted)
             time.sleep(DOWN_S)
             # The sink refuses what it cannot commit: a 503 with a JSON error.
-            status, body = request(
-                sink_port, "POST", "/events", {"id": f"direct-{mode}", "sku": "snack", "qty": 1}
+            status, body = http_request(
+                sink.port,
+                "POST",
+                "/events",
+                {"id": f"direct-{mode}", "sku": "snack", "qty": 1},
+                timeout_s=POST_TIMEOUT_S,
             )
             outages.append(
                 {
@@ -164,7 +153,15 @@ def test_intake_sink_and_relay_ride_out_a_stopped_server(
     # Both processes resumed on their own: the same ones still serve.
     assert publisher.proc.poll() is None, publisher.log.read_text()[-2000:]
     assert sink.proc.poll() is None, sink.log.read_text()[-2000:]
-    wait_until(lambda: request(publisher.port, "GET", "/status")[1].get("pending") == 0, DRAIN_S)
+    wait_until(
+        lambda: (
+            http_request(publisher.port, "GET", "/status", timeout_s=POST_TIMEOUT_S)[1].get(
+                "pending"
+            )
+            == 0
+        ),
+        DRAIN_S,
+    )
 
     # Nothing half-written: every order row has its outbox row, and the other way round.
     assert db_rows(source, "SELECT count(*) FROM orders") == db_rows(

@@ -10,7 +10,6 @@ the sink's inbox record over HTTP.
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import signal
@@ -19,7 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import LOOPBACK, STOP_TIMEOUT_S, inbox_ids, sent_ids, wait_until
+from support import (
+    STOP_TIMEOUT_S,
+    http_request,
+    inbox_ids,
+    sent_ids,
+    serve_args,
+    wait_until,
+)
 
 if TYPE_CHECKING:
     from conftest import AcceptOrders, Databases, PublisherProcess, Query, StartPublisher, StartSink
@@ -43,16 +49,13 @@ def orders(count: int) -> list[dict[str, Any]]:
     ]
 
 
-def serve_args(source: Path, sink_url: str, *extra: str) -> list[str]:
-    return [
-        "--db", str(source), "--sink", sink_url, "--host", LOOPBACK, "--port", "0",
-        "--pipeline", "8", "--retry-base", "0.05", "--retry-cap", "0.5",
-        "--send-timeout", "5", "--log-format", "json",
-        # One stable worker ID, as the README advises: a publisher started again after
-        # a crash takes its lines back at once instead of waiting out its lease (on
-        # PostgreSQL; on SQLite every relay of a host shares one ID anyway).
-        "--worker-id", "relay-1", *extra,
-    ]  # fmt: skip
+# What each publisher here runs with. One stable worker ID, as the README advises: a
+# publisher started again after a crash takes its lines back at once instead of waiting
+# out its lease (on PostgreSQL; on SQLite every relay of a host shares one ID anyway).
+PIPELINED = (
+    "--pipeline", "8", "--retry-base", "0.05", "--retry-cap", "0.5",
+    "--send-timeout", "5", "--log-format", "json", "--worker-id", "relay-1",
+)  # fmt: skip
 
 
 def lines(events: list[dict[str, Any]], by_sku: bool) -> list[list[str]]:
@@ -100,18 +103,12 @@ def settled_inbox(db_rows: Query, sink_db: Path) -> list[str]:
     raise AssertionError(f"the inbox kept changing for {SETTLE_S * SETTLE_ROUNDS}s")
 
 
-def inbox_record(base: str, event_id: str) -> dict[str, Any]:
+def inbox_record(base_port: int, event_id: str) -> dict[str, Any]:
     """GET /events/{id} on the sink: its inbox record."""
-    host, port = base.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=5)
-    try:
-        conn.request("GET", f"/events/{event_id}")
-        response = conn.getresponse()
-        assert response.status == 200
-        record: dict[str, Any] = json.loads(response.read())
-        return record
-    finally:
-        conn.close()
+    status, record = http_request(base_port, "GET", f"/events/{event_id}")
+    assert status == 200
+    assert isinstance(record, dict)
+    return record
 
 
 def drain_and_stop(publisher: PublisherProcess, db_rows: Query, source: Path, count: int) -> None:
@@ -153,7 +150,14 @@ def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_t
     accept_orders(source, *events)
     crashing = publisher_process(
         *serve_args(
-            source, sink.url, *mode, "--poll-interval", "2", "--chaos", f"exit-after-ack={crash_at}"
+            source,
+            sink.url,
+            *PIPELINED,
+            *mode,
+            "--poll-interval",
+            "2",
+            "--chaos",
+            f"exit-after-ack={crash_at}",
         )
     )
 
@@ -174,13 +178,15 @@ def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_t
     )
     assert applied[: size + 1] == ids[: size + 1]
     assert_prefix_of_each_line(applied, events, by_sku=False)
-    assert inbox_record(sink.base, crashed)["deliveries"] == 1
+    assert inbox_record(sink.port, crashed)["deliveries"] == 1
 
-    restarted = publisher_process(*serve_args(source, sink.url, *mode, "--poll-interval", "0.1"))
+    restarted = publisher_process(
+        *serve_args(source, sink.url, *PIPELINED, *mode, "--poll-interval", "0.1")
+    )
     drain_and_stop(restarted, db_rows, source, len(ids))
 
     assert_all_applied_once_in_order(db_rows, source, sink_db, events, by_sku=False)
-    assert inbox_record(sink.base, crashed)["deliveries"] == 2
+    assert inbox_record(sink.port, crashed)["deliveries"] == 2
     # Everything applied but not marked before the crash was sent again once and
     # absorbed; the rest was sent once.
     delivered: dict[str, int] = dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox"))
@@ -208,7 +214,7 @@ def test_by_default_a_run_sends_its_first_request_alone(
     ids = [e["id"] for e in events]
     size = 1 if delivery == "single" else 4
     args = [
-        "--db", str(source), "--sink", sink.url, "--host", LOOPBACK, "--port", "0",
+        *serve_args(source, sink.url),
         "--delivery", delivery, "--limit", str(size), "--poll-interval", "2",
         "--worker-id", "relay-1", "--chaos", "exit-after-ack",
     ]  # fmt: skip
@@ -249,7 +255,7 @@ def test_sigkill_mid_drain_loses_nothing_and_applies_nothing_twice(
         "--poll-interval", "0.2",
     ]  # fmt: skip
 
-    publisher = publisher_process(*serve_args(source, sink.url, *options))
+    publisher = publisher_process(*serve_args(source, sink.url, *PIPELINED, *options))
     wait_until(lambda: len(sent_ids(source)) >= 40, DRAIN_TIMEOUT_S)
     assert publisher.kill() == -signal.SIGKILL
 
@@ -263,7 +269,7 @@ def test_sigkill_mid_drain_loses_nothing_and_applies_nothing_twice(
     assert_prefix_of_each_line(applied, events, by_sku)
     unmarked = set(applied) - set(marked)
 
-    restarted = publisher_process(*serve_args(source, sink.url, *options))
+    restarted = publisher_process(*serve_args(source, sink.url, *PIPELINED, *options))
     drain_and_stop(restarted, db_rows, source, len(ids))
 
     assert_all_applied_once_in_order(db_rows, source, sink_db, events, by_sku)

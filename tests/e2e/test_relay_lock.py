@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from support import LOOPBACK, deliveries, listening, spawn, stop_process, wait_until
+from support import deliveries, listening, serve_args, spawn, stop_process, wait_until
 
 from publisher.settings import DEFAULT_LEASE_TTL_S, worker_id_for
 from shared import GLOBAL_LINE
@@ -29,10 +29,6 @@ pytestmark = pytest.mark.e2e
 
 FAST = ("--poll-interval", "0.2", "--retry-base", "0.05", "--retry-cap", "0.5")
 REFUSED_WITHIN_S = 10.0  # a Python start-up and an open: nothing to wait for
-
-
-def serve_args(db: Path, sink_url: str) -> tuple[str, ...]:
-    return ("--db", str(db), "--sink", sink_url, "--host", LOOPBACK, "--port", "0", *FAST)
 
 
 def accept_by_cli(run_cli: RunCli, db: Path, *ids: str) -> None:
@@ -58,11 +54,13 @@ def test_a_second_serve_on_the_same_file_exits_at_once_naming_the_first(
     db, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
     sink = sink_process(sink_db)
     accept_by_cli(run_cli, db, "a", "b", "c")
-    first = publisher_process(*serve_args(db, sink.url))
+    first = publisher_process(*serve_args(db, sink.url, *FAST))
     wait_until(lambda: unsent(db_rows, db) == 0)
 
     started = time.monotonic()
-    second = run_cli("publisher", "serve", *serve_args(db, sink.url), timeout=REFUSED_WITHIN_S)
+    second = run_cli(
+        "publisher", "serve", *serve_args(db, sink.url, *FAST), timeout=REFUSED_WITHIN_S
+    )
     assert time.monotonic() - started < REFUSED_WITHIN_S
     assert second.returncode == 1, second.stderr
     assert "listening" not in second.stdout  # it never took intake
@@ -88,13 +86,13 @@ def test_after_a_sigkill_of_the_relay_a_new_one_starts_at_once_and_delivers(
 ) -> None:
     db, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
     sink = sink_process(sink_db)
-    first = publisher_process(*serve_args(db, sink.url))
+    first = publisher_process(*serve_args(db, sink.url, *FAST))
     accept_by_cli(run_cli, db, "a")
     wait_until(lambda: unsent(db_rows, db) == 0)
     first.kill()  # SIGKILL: no shutdown code, the lock file stays with its record
 
     accept_by_cli(run_cli, db, "b")
-    publisher_process(*serve_args(db, sink.url))  # fails unless it listens
+    publisher_process(*serve_args(db, sink.url, *FAST))  # fails unless it listens
     wait_until(lambda: unsent(db_rows, db) == 0)
     assert deliveries(sink_db) == {"a": 1, "b": 1}
 
@@ -178,7 +176,7 @@ def test_operator_commands_work_beside_a_running_relay(
     # The sink refuses SKU "bad": that entry blocks the head, so there is something
     # pending to quarantine and redrive while the relay runs.
     sink = sink_process(sink_db, "--chaos", "reject-sku=bad")
-    publisher_process(*serve_args(db, sink.url))
+    publisher_process(*serve_args(db, sink.url, *FAST))
     done = run_cli(
         "publisher", "accept", "--db", str(db), "--id", "x", "--sku", "bad", "--qty", "1"
     )
@@ -212,7 +210,7 @@ def test_dispatch_beside_a_running_relay_is_refused_and_delivers_nothing(
 ) -> None:
     db, sink_db = tmp_path / "source.db", tmp_path / "sink.db"
     sink = sink_process(sink_db, "--chaos", "reject-sku=bad")
-    first = publisher_process(*serve_args(db, sink.url))
+    first = publisher_process(*serve_args(db, sink.url, *FAST))
     done = run_cli(
         "publisher", "accept", "--db", str(db), "--id", "x", "--sku", "bad", "--qty", "1"
     )

@@ -28,6 +28,7 @@ from support import (
     STOP_TIMEOUT_S,
     post_event,
     post_order,
+    serve_args,
     wait_until,
 )
 
@@ -49,10 +50,6 @@ FAST_SERVE = (
     "--send-timeout",
     "2",
 )
-
-
-def serve_args(db: Path, sink_url: str, *extra: str) -> tuple[str, ...]:
-    return ("--db", str(db), "--sink", sink_url, "--host", LOOPBACK, "--port", "0", *extra)
 
 
 # ---------------------------------------------------------------- small helpers
