@@ -164,6 +164,15 @@ def deliveries(sink: Path | str) -> dict[str, int]:
     return dict(query(sink, "SELECT id, deliveries FROM inbox"))
 
 
+def snapshot(sink: Path | str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Every row of the sink's inbox and inventory, in a fixed order: equal before and
+    after a request only if it changed nothing."""
+    return (
+        query(sink, "SELECT * FROM inbox ORDER BY id"),
+        query(sink, "SELECT * FROM inventory ORDER BY sku"),
+    )
+
+
 async def pending_ids(outbox: Outbox) -> list[str]:
     """The IDs of the outbox's pending entries (the first 16), in the order it gives them."""
     return [entry["id"] for entry in await outbox.pending(16)]
@@ -208,6 +217,11 @@ def http_request(
         return response.status, json.loads(raw) if raw else None
     finally:
         conn.close()
+
+
+def raw_get(host: str, path: str) -> bytes:
+    """The bytes of a GET request to `host` (host:port), for a socket of the test's own."""
+    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
 
 
 def post_order(port: int, order: dict[str, Any], timeout_s: float = 5.0) -> tuple[int, Any]:

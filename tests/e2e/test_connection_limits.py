@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from support import LOOPBACK, listening, stop_process
+from support import LOOPBACK, listening, raw_get, stop_process
 
 if TYPE_CHECKING:
     from conftest import Query
@@ -108,12 +108,7 @@ def read_reply(sock: socket.socket) -> tuple[int, bytes]:
     return int(head.split()[1]), body
 
 
-def get_request(port: int, path: str) -> bytes:
-    """The bytes of a GET request, for a socket of the test's own."""
-    return f"GET {path} HTTP/1.1\r\nHost: {LOOPBACK}:{port}\r\nConnection: close\r\n\r\n".encode()
-
-
-def post_request(port: int, path: str, body: bytes, length: int | None = None) -> bytes:
+def raw_post(port: int, path: str, body: bytes, length: int | None = None) -> bytes:
     """The bytes of a POST request, its Content-Length `length` if given (a lie, say)."""
     return (
         f"POST {path} HTTP/1.1\r\nHost: {LOOPBACK}:{port}\r\n"
@@ -156,9 +151,9 @@ def test_a_flood_of_idle_connections_does_not_stop_the_service(
     path = "/events" if module == "sink" else "/orders"
     with idle_connections(service.port, FLOOD):
         started = time.monotonic()
-        status, body = exchange(service.port, get_request(service.port, "/healthz"))
+        status, body = exchange(service.port, raw_get(f"{LOOPBACK}:{service.port}", "/healthz"))
         assert status == 200, body
-        status, body = exchange(service.port, post_request(service.port, path, EVENT))
+        status, body = exchange(service.port, raw_post(service.port, path, EVENT))
         assert status in (200, 201), body
         assert time.monotonic() - started < 2 * SOCKET_TIMEOUT_S
     table = "inbox" if module == "sink" else "orders"
@@ -188,7 +183,7 @@ def test_a_slow_body_is_answered_408_and_closed(
 ) -> None:
     sink = start("sink", "--body-timeout", "1")  # type: ignore[operator]
     with connect(sink.port) as sock:
-        sock.sendall(post_request(sink.port, "/events", EVENT[:10], length=len(EVENT)))
+        sock.sendall(raw_post(sink.port, "/events", EVENT[:10], length=len(EVENT)))
         started = time.monotonic()
         status, body = read_reply(sock)
         assert status == 408, body
@@ -202,14 +197,14 @@ def test_beyond_the_cap_with_every_connection_busy_a_new_one_gets_503(start: obj
     sink = start("sink", "--max-connections", "4", "--body-timeout", "3")  # type: ignore[operator]
     with idle_connections(sink.port, 4) as busy:
         for sock in busy:  # each has a request under way: its body is still coming
-            sock.sendall(post_request(sink.port, "/events", EVENT[:10], length=len(EVENT)))
+            sock.sendall(raw_post(sink.port, "/events", EVENT[:10], length=len(EVENT)))
         time.sleep(0.3)
-        status, body = exchange(sink.port, get_request(sink.port, "/healthz"))
+        status, body = exchange(sink.port, raw_get(f"{LOOPBACK}:{sink.port}", "/healthz"))
         assert status == 503, body
         assert "too many open connections" in json.loads(body)["error"]
     deadline = time.monotonic() + 5.0  # once they are gone, it serves again
     status = 0
     while time.monotonic() < deadline and status != 200:
-        status, _ = exchange(sink.port, get_request(sink.port, "/healthz"))
+        status, _ = exchange(sink.port, raw_get(f"{LOOPBACK}:{sink.port}", "/healthz"))
         time.sleep(0.1)
     assert status == 200

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 import yarl
 from aiohttp import web
-from support import LOOPBACK
+from support import LOOPBACK, raw_get
 
 from plumbing.host_guard import HttpGuard
 from plumbing.http_errors import json_errors
@@ -286,7 +286,7 @@ async def test_an_authorization_header_that_is_not_utf8_is_401_and_counted(
     assert headers["content-type"].startswith("application/json")
     assert headers["www-authenticate"] == "Bearer"
     assert "bearer token" in json.loads(body)["error"]
-    metrics = await raw(base, get_request(base, "/metrics"))
+    metrics = await raw(base, raw_get(f"{base.host}:{base.port}", "/metrics"))
     assert b"sink_unauthorized_requests_total 1.0" in metrics[2]
     check()
     no_unexpected_errors(caplog)
@@ -444,11 +444,6 @@ def request_to(path: str, host: str, body: bytes) -> bytes:
         f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
-
-
-def get_request(base: yarl.URL, path: str) -> bytes:
-    host = f"{base.host}:{base.port}"
-    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
 
 
 async def raw(

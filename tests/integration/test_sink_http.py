@@ -13,22 +13,13 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 import yarl
-from support import post_body
+from support import post_body, snapshot
 
 if TYPE_CHECKING:
     from conftest import Query, ServeSink
 
 EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
 DEFAULT_CAP = 16 * 1024
-
-Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
-
-
-def snapshot(db_rows: Query, sink_db: Path) -> Snapshot:
-    return (
-        db_rows(sink_db, "SELECT * FROM inbox ORDER BY id"),
-        db_rows(sink_db, "SELECT * FROM inventory ORDER BY sku"),
-    )
 
 
 async def test_post_applies_then_duplicate_and_inventory_counts_once(
@@ -122,7 +113,7 @@ async def test_conflict_is_409_json_and_changes_nothing(
     changed: dict[str, Any],
 ) -> None:
     await post_body(client, f"{sink_base}/events", EVENT)
-    before = snapshot(db_rows, sink_db)
+    before = snapshot(sink_db)
 
     status, content_type, body = await post_body(
         client, f"{sink_base}/events", {**EVENT, **changed}
@@ -130,7 +121,7 @@ async def test_conflict_is_409_json_and_changes_nothing(
 
     assert (status, content_type) == (409, "application/json")
     assert body["error"]
-    assert snapshot(db_rows, sink_db) == before
+    assert snapshot(sink_db) == before
 
 
 @pytest.mark.parametrize(
@@ -142,26 +133,26 @@ async def test_malformed_json_is_400_json_and_changes_nothing(
     client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query, body: bytes
 ) -> None:
     await post_body(client, f"{sink_base}/events", EVENT)
-    before = snapshot(db_rows, sink_db)
+    before = snapshot(sink_db)
 
     status, content_type, reply = await post_body(client, f"{sink_base}/events", body)
 
     assert (status, content_type) == (400, "application/json")
     assert "JSON" in reply["error"]
-    assert snapshot(db_rows, sink_db) == before
+    assert snapshot(sink_db) == before
 
 
 async def test_deeply_nested_json_is_400_not_a_server_error(
     client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
     await post_body(client, f"{sink_base}/events", EVENT)
-    before = snapshot(db_rows, sink_db)
+    before = snapshot(sink_db)
 
     status, content_type, reply = await post_body(client, f"{sink_base}/events", b"[" * 5000)
 
     assert (status, content_type) == (400, "application/json")
     assert reply["error"]
-    assert snapshot(db_rows, sink_db) == before
+    assert snapshot(sink_db) == before
 
 
 @pytest.mark.parametrize(
@@ -204,14 +195,14 @@ async def test_schema_error_is_400_naming_the_field_and_changes_nothing(
     field: str,
 ) -> None:
     await post_body(client, f"{sink_base}/events", EVENT)
-    before = snapshot(db_rows, sink_db)
+    before = snapshot(sink_db)
 
     status, content_type, reply = await post_body(client, f"{sink_base}/events", event)
 
     assert (status, content_type) == (400, "application/json")
     assert reply["field"] == field
     assert reply["error"]
-    assert snapshot(db_rows, sink_db) == before
+    assert snapshot(sink_db) == before
 
 
 def padded(event: dict[str, Any], size: int) -> bytes:
@@ -225,7 +216,7 @@ async def test_body_over_the_default_cap_is_413_and_changes_nothing(
     client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
 ) -> None:
     await post_body(client, f"{sink_base}/events", EVENT)
-    before = snapshot(db_rows, sink_db)
+    before = snapshot(sink_db)
 
     status, content_type, reply = await post_body(
         client, f"{sink_base}/events", padded({**EVENT, "id": "big"}, DEFAULT_CAP + 1)
@@ -233,7 +224,7 @@ async def test_body_over_the_default_cap_is_413_and_changes_nothing(
 
     assert (status, content_type) == (413, "application/json")
     assert reply["error"]
-    assert snapshot(db_rows, sink_db) == before
+    assert snapshot(sink_db) == before
 
 
 async def test_body_of_exactly_the_default_cap_is_accepted(
@@ -290,13 +281,13 @@ async def test_storage_failure_is_503_json_and_changes_nothing(
         )
     finally:
         conn.close()
-    before = snapshot(db_rows, sink_db)
+    before = snapshot(sink_db)
 
     status, content_type, reply = await post_body(client, f"{sink_base}/events", EVENT)
 
     assert (status, content_type) == (503, "application/json")
     assert reply["error"]
-    assert snapshot(db_rows, sink_db) == before
+    assert snapshot(sink_db) == before
 
 
 async def test_healthz_is_200(client: aiohttp.ClientSession, sink_base: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
-from support import ack, event, eventually, inbox_ids, post_events, settle
+from support import ack, event, eventually, inbox_ids, post_events, settle, snapshot
 
 from shared import PREDECESSOR_HEADER, Event, PredecessorMissing, Receipt, payload_digest
 from sink import Inbox, create_app
@@ -39,8 +39,6 @@ PROMPT_S = 2.0  # well under PREDECESSOR_WAIT_S: the wait was ended, it did not 
 BOUND_S = 10.0  # every request and wait in here ends well within this
 SHORTLY_S = 0.1  # between the successor's arrival and its predecessor's
 
-Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
-
 
 class QuickWaits(PredecessorWaits):
     """Fences that give up after QUICK_WAIT_S: a 412 for an unknown predecessor
@@ -53,13 +51,6 @@ class QuickWaits(PredecessorWaits):
         timeout_s: float = QUICK_WAIT_S,
     ) -> None:
         await super().wait(after, known, timeout_s)
-
-
-def snapshot(db_rows: Query, db: Path) -> Snapshot:
-    return (
-        db_rows(db, "SELECT * FROM inbox ORDER BY rowid"),
-        db_rows(db, "SELECT * FROM inventory ORDER BY sku"),
-    )
 
 
 # ---------------------------------------------------------------- the sink over HTTP
@@ -141,7 +132,7 @@ async def test_an_event_fenced_on_an_unknown_event_waits_then_is_412_and_applies
     sink: Sink, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     await send(client, sink.base, "event", [event("e0", "tea", 5)], None)
-    before = snapshot(db_rows, sink_db)
+    before = snapshot(sink_db)
 
     (status, body), took_s = await timed(
         send(client, sink.base, "event", [event("e1", "tea", 7)], "ghost")
@@ -151,7 +142,7 @@ async def test_an_event_fenced_on_an_unknown_event_waits_then_is_412_and_applies
     assert body["error"] and body["after"] == "ghost"
     # Nobody in this process could hand "ghost" over: it waited the whole bounded time.
     assert PREDECESSOR_WAIT_S - 0.1 <= took_s < PREDECESSOR_WAIT_S + PROMPT_S
-    assert snapshot(db_rows, sink_db) == before
+    assert snapshot(sink_db) == before
     assert await missing_total(client, sink.base) == 1
     assert len(sink.waits) == 0
 
@@ -161,7 +152,7 @@ async def test_a_batch_fenced_on_an_unknown_event_is_412_and_applies_nothing(
 ) -> None:
     known = event("e0", "tea", 5)
     await send(client, quick_sink.base, "event", [known], None)
-    before = snapshot(db_rows, sink_db)
+    before = snapshot(sink_db)
     assert await missing_total(client, quick_sink.base) == 0
 
     status, body = await send(
@@ -171,7 +162,7 @@ async def test_a_batch_fenced_on_an_unknown_event_is_412_and_applies_nothing(
     assert status == 412
     assert body["error"] and body["after"] == "ghost"
     assert "acks" not in body
-    assert snapshot(db_rows, sink_db) == before  # not even the duplicate was counted
+    assert snapshot(sink_db) == before  # not even the duplicate was counted
     assert await missing_total(client, quick_sink.base) == 1
     status, _ = await send(client, quick_sink.base, "event", [event("e2")], "ghost")
     assert status == 412
@@ -384,7 +375,7 @@ async def test_a_malformed_fence_is_400_naming_the_header_and_applies_nothing(
     after: str,
 ) -> None:
     await send(client, sink.base, "event", [event("e0")], None)
-    before = snapshot(db_rows, sink_db)
+    before = snapshot(sink_db)
 
     (status, body), took_s = await timed(
         send(client, sink.base, route, [event("e1", "tea", 3)], after)
@@ -393,7 +384,7 @@ async def test_a_malformed_fence_is_400_naming_the_header_and_applies_nothing(
     assert status == 400
     assert body["field"] == PREDECESSOR_HEADER and PREDECESSOR_HEADER in body["error"]
     assert took_s < PROMPT_S  # refused before any wait for a predecessor
-    assert snapshot(db_rows, sink_db) == before
+    assert snapshot(sink_db) == before
     assert await missing_total(client, sink.base) == 0
 
 
