@@ -143,24 +143,34 @@ async def start_sink(serve: Serve, sink_db: Path, recorder: Recorder, **settings
 @dataclass
 class WrappedSender:
     """HttpSender's deliver and deliver_batch as the relay calls them, each request
-    going through `_request` (what a wrapper adds around the real send)."""
+    going through `_request` (what a wrapper adds around the real send), and what the
+    sender knows of the sink's predecessor check."""
 
     sender: HttpSender
 
     async def deliver(
         self, event: Event, after: str | None = None, lease: Lease | None = None
     ) -> dict[str, object]:
-        return await self._request([event], after, lambda: self.sender.deliver(event, after, lease))
+        return await self._request(
+            [event], after, lambda: self.sender.deliver(event, after, lease), lease
+        )
 
     async def deliver_batch(
         self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
     ) -> list[BatchResult]:
         return await self._request(
-            events, after, lambda: self.sender.deliver_batch(events, after, lease)
+            events, after, lambda: self.sender.deliver_batch(events, after, lease), lease
         )
 
+    def predecessor_checked(self, event_id: str | None) -> bool:
+        return self.sender.predecessor_checked(event_id)
+
     async def _request(
-        self, events: Sequence[Event], after: str | None, send: Callable[[], Awaitable[T]]
+        self,
+        events: Sequence[Event],
+        after: str | None,
+        send: Callable[[], Awaitable[T]],
+        lease: Lease | None,
     ) -> T:
         return await send()
 

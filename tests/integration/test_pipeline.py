@@ -38,7 +38,7 @@ from support import accept_events, deliveries, eventually, inbox_ids, sent_ids
 from publisher.errors import DeliveryError
 from publisher.settings import Ordering
 from publisher.store import Outbox
-from shared import Event
+from shared import Event, Lease
 
 if TYPE_CHECKING:
     from conftest import Query, Serve
@@ -69,7 +69,11 @@ class Flaky(WrappedSender):
     failed: dict[str, int] = field(default_factory=lambda: {"before": 0, "lost": 0})
 
     async def _request(
-        self, events: Sequence[Event], after: str | None, send: Callable[[], Awaitable[T]]
+        self,
+        events: Sequence[Event],
+        after: str | None,
+        send: Callable[[], Awaitable[T]],
+        lease: Lease | None,
     ) -> T:
         ids = [e["id"] for e in events]
         self.calls.append((ids, after))

@@ -54,6 +54,7 @@ from shared import (
     PREDECESSOR_CHECK_HEADER,
     PREDECESSOR_HEADER,
     Event,
+    Lease,
     Receipt,
     make_ack,
     payload_digest,
@@ -185,7 +186,11 @@ class Watched(WrappedSender):
             self.downgrade = (len(self.calls), self.untaken(but=event_id))
 
     async def _request(
-        self, events: Sequence[Event], after: str | None, send: Callable[[], Awaitable[T]]
+        self,
+        events: Sequence[Event],
+        after: str | None,
+        send: Callable[[], Awaitable[T]],
+        lease: Lease | None,
     ) -> T:
         unanswered = sum(not call.done for call in self.calls)
         call = Call([e["id"] for e in events], after, unanswered, self.untaken())

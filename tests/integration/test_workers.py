@@ -14,17 +14,16 @@ import math
 import random
 import sqlite3
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
+from recorded_sink import WrappedSender
 from relay_lines import FAST, STOP_TIMEOUT_S, sender_for
 from support import accept_events, eventually
 
 from publisher.cli.dispatch import LineHeld, deliver_pending
-from publisher.errors import DeliveryError
-from publisher.http import HttpSender
 from publisher.leases import LeaseKeeper, Share
 from publisher.relay import Relay
 from publisher.settings import RelaySettings, WorkerSettings
@@ -34,6 +33,7 @@ from shared import GLOBAL_LINE, Event, Lease
 if TYPE_CHECKING:
     from conftest import Databases, Query, ServeSink
 
+T = TypeVar("T")
 POLL_S = 0.05
 TTL_S = 0.6  # renewals every 0.2 s: rebalances and takeovers within a test's second
 # For a test that asserts no lease ever lapses: a loaded machine can hold a worker's
@@ -109,35 +109,27 @@ class Worker:
         return self.metrics.outcomes["delivered"]
 
 
-class Recording:
+@dataclass
+class Recording(WrappedSender):
     """Wraps a sender: records each request, and holds those of `hold` until `go`."""
 
-    def __init__(self, sender: HttpSender, sent: list[Sent]) -> None:
-        self.sender, self.sent = sender, sent
-        self.hold: set[str] = set()
-        self.held = asyncio.Event()
-        self.go = asyncio.Event()
+    sent: list[Sent] = field(default_factory=list)
+    hold: set[str] = field(default_factory=set)
+    held: asyncio.Event = field(default_factory=asyncio.Event)
+    go: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def deliver(
-        self, event: Event, after: str | None = None, lease: Lease | None = None
-    ) -> Mapping[str, object]:
-        await self._note([event], lease)
-        return await self.sender.deliver(event, after=after, lease=lease)
-
-    async def deliver_batch(
-        self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
-    ) -> Sequence[Mapping[str, object] | DeliveryError]:
-        await self._note(events, lease)
-        return await self.sender.deliver_batch(events, after=after, lease=lease)
-
-    def predecessor_checked(self, event_id: str | None) -> bool:
-        return self.sender.predecessor_checked(event_id)
-
-    async def _note(self, events: Sequence[Event], lease: Lease | None) -> None:
+    async def _request(
+        self,
+        events: Sequence[Event],
+        after: str | None,
+        send: Callable[[], Awaitable[T]],
+        lease: Lease | None,
+    ) -> T:
         self.sent.append(Sent([e["id"] for e in events], {e["sku"] for e in events}, lease))
         if self.hold.intersection(e["id"] for e in events):
             self.held.set()
             await self.go.wait()
+        return await send()
 
 
 @contextlib.asynccontextmanager
