@@ -24,40 +24,41 @@ from sink.store import BatchReceipt
 
 
 @pytest.fixture
-async def inbox(pg_database: str) -> AsyncIterator[Inbox]:
+async def pg_inbox(pg_database: str) -> AsyncIterator[Inbox]:
+    """The PostgreSQL inbox in the test's schema."""
     async with Inbox.open(pg_database) as opened:
         yield opened
 
 
 async def test_writes_in_progress_together_share_one_transaction(
-    inbox: Inbox, inbox_database: PgAccess
+    pg_inbox: Inbox, inbox_database: PgAccess
 ) -> None:
-    with in_progress(inbox, 2):
-        receipts = await asyncio.gather(*(inbox.receive(event(f"e{n}")) for n in range(32)))
+    with in_progress(pg_inbox, 2):
+        receipts = await asyncio.gather(*(pg_inbox.receive(event(f"e{n}")) for n in range(32)))
 
     assert receipts == [Receipt.APPLIED] * 32
     assert inbox_database.query("SELECT qty FROM inventory") == [(32,)]
-    assert await inbox.count() == 32
+    assert await pg_inbox.count() == 32
     assert inbox_database.transactions("inbox") <= 4  # not one commit (one WAL flush) each
 
 
 async def test_a_write_alone_commits_in_a_transaction_of_its_own(
-    inbox: Inbox, inbox_database: PgAccess
+    pg_inbox: Inbox, inbox_database: PgAccess
 ) -> None:
     for n in range(3):
-        assert await inbox.receive(event(f"e{n}")) is Receipt.APPLIED
+        assert await pg_inbox.receive(event(f"e{n}")) is Receipt.APPLIED
 
     assert inbox_database.transactions("inbox") == 3
 
 
 async def test_a_fenced_chain_in_progress_together_commits_in_order_in_one_transaction(
-    inbox: Inbox, inbox_database: PgAccess
+    pg_inbox: Inbox, inbox_database: PgAccess
 ) -> None:
     # A pipelining sender's requests: each names the one before.
     calls = [([event("a")], None), ([event("b")], "a"), ([event("c")], "b")]
 
-    with in_progress(inbox, 3):
-        got = await asyncio.gather(*(inbox.receive_batch(e, after=after) for e, after in calls))
+    with in_progress(pg_inbox, 3):
+        got = await asyncio.gather(*(pg_inbox.receive_batch(e, after=after) for e, after in calls))
 
     assert [[r.receipt for r in g.received] for g in got] == [[Receipt.APPLIED]] * 3
     assert inbox_database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
@@ -98,13 +99,13 @@ async def test_a_fenced_chain_in_progress_together_is_one_statement_and_one_roun
 
 
 async def test_a_redelivery_in_a_chain_stops_the_one_statement_there_and_the_rest_follow(
-    inbox: Inbox, inbox_database: PgAccess
+    pg_inbox: Inbox, inbox_database: PgAccess
 ) -> None:
-    assert await inbox.receive(event("b")) is Receipt.APPLIED  # delivered before, say
+    assert await pg_inbox.receive(event("b")) is Receipt.APPLIED  # delivered before, say
     calls = [([event("a")], None), ([event("b")], "a"), ([event("c")], "b")]
 
-    with in_progress(inbox, 3):
-        got = await asyncio.gather(*(inbox.receive_batch(e, after=after) for e, after in calls))
+    with in_progress(pg_inbox, 3):
+        got = await asyncio.gather(*(pg_inbox.receive_batch(e, after=after) for e, after in calls))
 
     receipts = [[r.receipt for r in g.received] for g in got]
     assert receipts == [[Receipt.APPLIED], [Receipt.DUPLICATE], [Receipt.APPLIED]]
@@ -114,12 +115,12 @@ async def test_a_redelivery_in_a_chain_stops_the_one_statement_there_and_the_res
         ("c",),
     ]
     assert inbox_database.query("SELECT deliveries FROM inbox WHERE id = 'b'") == [(2,)]
-    assert await inbox.count() == 3
+    assert await pg_inbox.count() == 3
     assert inbox_database.query("SELECT qty FROM inventory") == [(3,)]
 
 
 async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
-    inbox: Inbox, inbox_database: PgAccess
+    pg_inbox: Inbox, inbox_database: PgAccess
 ) -> None:
     inbox_database.execute(
         "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$"
@@ -130,9 +131,9 @@ async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
     )
     batches = [[event("a")], [event("p", "poison"), event("q")], [event("b", "tea")]]
 
-    with in_progress(inbox, 2):
+    with in_progress(pg_inbox, 2):
         got = await asyncio.gather(
-            *(inbox.receive_batch(batch) for batch in batches), return_exceptions=True
+            *(pg_inbox.receive_batch(batch) for batch in batches), return_exceptions=True
         )
 
     assert isinstance(got[1], StorageError) and "poisoned stock" in str(got[1])
@@ -140,7 +141,7 @@ async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
         assert isinstance(fine, BatchReceipt)
         assert [r.receipt for r in fine.received] == [Receipt.APPLIED]
     assert inbox_database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
-    assert await inbox.count() == 2
+    assert await pg_inbox.count() == 2
     assert dict(inbox_database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 1}
 
 
@@ -163,7 +164,7 @@ CREATE TRIGGER roll_back_first BEFORE INSERT ON inbox
 
 @pytest.mark.parametrize("code", ["serialization_failure", "deadlock_detected"])
 async def test_a_batch_whose_one_statement_keeps_being_rolled_back_goes_in_the_long_way(
-    inbox: Inbox, inbox_database: PgAccess, code: str
+    pg_inbox: Inbox, inbox_database: PgAccess, code: str
 ) -> None:
     # Another sink racing on the same IDs can make the one-statement insert lose
     # every attempt (each retry starts before the other's transaction commits): the
@@ -171,29 +172,29 @@ async def test_a_batch_whose_one_statement_keeps_being_rolled_back_goes_in_the_l
     # duplicates, instead of failing the request.
     inbox_database.execute(ROLLED_BACK.format(times=3, code=code))
 
-    got = await inbox.receive_batch([event("a"), event("b", "tea", 2)])
+    got = await pg_inbox.receive_batch([event("a"), event("b", "tea", 2)])
 
     assert [r.receipt for r in got.received] == [Receipt.APPLIED, Receipt.APPLIED]
     assert inbox_database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
     assert dict(inbox_database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 2}
-    assert await inbox.count() == 2
+    assert await pg_inbox.count() == 2
     # The three attempts of the one statement, then the long way's statements.
     assert inbox_database.query("SELECT last_value > 3 FROM rolled_back") == [(True,)]
 
 
 async def test_a_batch_rolled_back_on_every_attempt_fails_and_writes_nothing(
-    inbox: Inbox, inbox_database: PgAccess
+    pg_inbox: Inbox, inbox_database: PgAccess
 ) -> None:
     inbox_database.execute(ROLLED_BACK.format(times=1000, code="serialization_failure"))
 
     with pytest.raises(
         StorageError, match="the server rolled the transaction back: rolled back on"
     ):
-        await inbox.receive_batch([event("a"), event("b", "tea", 2)])
+        await pg_inbox.receive_batch([event("a"), event("b", "tea", 2)])
 
     assert inbox_database.query("SELECT count(*) FROM inbox") == [(0,)]
     assert inbox_database.query("SELECT count(*) FROM inventory") == [(0,)]
-    assert await inbox.count() == 0
+    assert await pg_inbox.count() == 0
 
 
 @pytest.mark.parametrize("requests", [1, 2], ids=["alone", "shared"])
