@@ -149,6 +149,11 @@ def sent_ids(source: Path | str) -> list[str]:
     return [r[0] for r in query(source, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
 
 
+def sent_flags(source: Path | str) -> dict[str, int]:
+    """ID -> its sent flag (1 once marked sent), for every outbox entry."""
+    return dict(query(source, "SELECT id, sent FROM outbox ORDER BY seq"))
+
+
 def inbox_ids(sink: Path | str) -> list[str]:
     """The inbox's IDs in the order the sink applied them."""
     return [r[0] for r in query(sink, "SELECT id FROM inbox ORDER BY applied_seq")]

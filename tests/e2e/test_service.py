@@ -28,6 +28,7 @@ from support import (
     STOP_TIMEOUT_S,
     post_event,
     post_order,
+    sent_flags,
     serve_args,
     wait_until,
 )
@@ -59,15 +60,11 @@ def order(n: int, qty: int = 1, sku: str = "snack") -> dict[str, Any]:
     return {"id": f"order-{n:03d}", "sku": sku, "qty": qty}
 
 
-def outbox_states(db_rows: Query, db: Path) -> dict[str, int]:
-    return dict(db_rows(db, "SELECT id, sent FROM outbox"))
-
-
 def all_sent(db_rows: Query, db: Path, count: int) -> Callable[[], bool]:
     def check() -> bool:
         if not db.exists():
             return False
-        states = outbox_states(db_rows, db)
+        states = sent_flags(db)
         return len(states) == count and all(states.values())
 
     return check
@@ -303,7 +300,7 @@ def test_sigkill_mid_stream_then_restart_delivers_every_order_exactly_once(
     assert second.wait() == 0
     source_orders = db_rows(db, "SELECT id, sku, qty FROM orders ORDER BY id")
     assert [r[0] for r in source_orders] == sorted(item["id"] for item in orders)
-    assert set(outbox_states(db_rows, db).values()) == {1}
+    assert set(sent_flags(db).values()) == {1}
     inbox = db_rows(sink.db, "SELECT id, payload FROM inbox ORDER BY id")
     assert [r[0] for r in inbox] == [r[0] for r in source_orders]  # each ID once
     for (event_id, payload), (_, sku, qty) in zip(inbox, source_orders, strict=True):
@@ -540,6 +537,6 @@ def test_an_operator_unblocking_the_head_takes_effect_within_a_poll_interval(
     assert done.returncode == 0, done.stderr
 
     moved = "order-003" if operator_action == "quarantine" else first
-    took_s = wait_until(lambda: outbox_states(db_rows, db).get(moved) == 1, 5.0)
+    took_s = wait_until(lambda: sent_flags(db).get(moved) == 1, 5.0)
     assert took_s < 3.0  # one poll interval (0.2 s) and a delivery, not 15 to 30 s
-    assert outbox_states(db_rows, db)["order-002"] == 0
+    assert sent_flags(db)["order-002"] == 0

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import Callables, ack, event, eventually, inbox_ids, inventory
+from support import Callables, ack, event, eventually, inbox_ids, inventory, sent_flags
 
 from publisher.cli.dispatch import deliver_pending
 from publisher.dispatch import dispatch_batch
@@ -52,10 +52,6 @@ async def post_batch(
     async with client.post(f"{base}/events/batch", data=data, headers=headers) as response:
         text = await response.text()
         return response.status, json.loads(text) if text else None
-
-
-def outbox_sent(db_rows: Query, db: Path) -> dict[str, int]:
-    return dict(db_rows(db, "SELECT id, sent FROM outbox ORDER BY seq"))
 
 
 # ================================================================ the sink's batch endpoint
@@ -358,13 +354,13 @@ async def test_every_result_true_marks_the_whole_batch_in_one_call(
     assert marked == IDS
     assert [[e["id"] for e in call] for call in send.calls] == [IDS]
     assert store.mark_calls == [IDS]
-    assert outbox_sent(db_rows, db) == dict.fromkeys(IDS, 1)
+    assert sent_flags(db) == dict.fromkeys(IDS, 1)
 
 
 async def test_limit_bounds_the_batch(store: PlainStore, db: Path, db_rows: Query) -> None:
     send = BatchSender(lambda events: [True] * len(events))
     assert await dispatch_batch(store, send, limit=2) == IDS[:2]
-    assert outbox_sent(db_rows, db) == {"z1": 1, "a2": 1, "m3": 0, "b4": 0, "y5": 0}
+    assert sent_flags(db) == {"z1": 1, "a2": 1, "m3": 0, "b4": 0, "y5": 0}
 
 
 @pytest.mark.parametrize("limit", [0, 17, -1, 2.0, True, "3"])
@@ -375,7 +371,7 @@ async def test_a_bad_limit_is_refused_before_anything_is_sent(
     with pytest.raises(ValueError):
         await dispatch_batch(store, send, limit=limit)
     assert send.calls == []
-    assert set(outbox_sent(db_rows, db).values()) == {0}
+    assert set(sent_flags(db).values()) == {0}
 
 
 async def test_an_empty_outbox_sends_nothing(outbox: Outbox) -> None:
@@ -396,7 +392,7 @@ async def test_a_failure_at_k_is_raised_as_the_same_object_after_the_prefix_is_m
 
     assert excinfo.value is failure
     assert store.mark_calls == [IDS[:k]]
-    assert outbox_sent(db_rows, db) == {i: int(n < k) for n, i in enumerate(IDS)}
+    assert sent_flags(db) == {i: int(n < k) for n, i in enumerate(IDS)}
 
 
 async def test_send_batch_raising_propagates_the_same_object_and_marks_nothing(
@@ -414,7 +410,7 @@ async def test_send_batch_raising_propagates_the_same_object_and_marks_nothing(
     assert excinfo.value is failure
     assert hooked == []
     assert all(call == [] for call in store.mark_calls)
-    assert set(outbox_sent(db_rows, db).values()) == {0}
+    assert set(sent_flags(db).values()) == {0}
 
 
 @pytest.mark.parametrize(
@@ -429,7 +425,7 @@ async def test_a_result_that_is_not_true_nor_an_exception_is_not_acknowledged(
         await dispatch_batch(store, send)
 
     assert "m3" in str(excinfo.value)
-    assert outbox_sent(db_rows, db) == {"z1": 1, "a2": 1, "m3": 0, "b4": 0, "y5": 0}
+    assert sent_flags(db) == {"z1": 1, "a2": 1, "m3": 0, "b4": 0, "y5": 0}
 
 
 @pytest.mark.parametrize("given", [0, 1, 3])
@@ -442,7 +438,7 @@ async def test_fewer_results_than_entries_fails_at_the_first_missing_one(
         await dispatch_batch(store, send)
 
     assert repr(IDS[given]) in str(excinfo.value)
-    assert outbox_sent(db_rows, db) == {i: int(n < given) for n, i in enumerate(IDS)}
+    assert sent_flags(db) == {i: int(n < given) for n, i in enumerate(IDS)}
 
 
 async def test_the_verified_prefix_is_marked_in_one_transaction(
@@ -464,7 +460,7 @@ async def test_the_verified_prefix_is_marked_in_one_transaction(
         await dispatch_batch(store, send)
 
     assert store.mark_calls == [IDS]
-    assert set(outbox_sent(db_rows, db).values()) == {0}
+    assert set(sent_flags(db).values()) == {0}
 
 
 async def test_after_delivery_runs_for_each_verified_id_before_any_is_marked(
@@ -474,7 +470,7 @@ async def test_after_delivery_runs_for_each_verified_id_before_any_is_marked(
 
     async def hook(event_id: str) -> None:
         await asyncio.sleep(0)
-        seen.append((event_id, outbox_sent(db_rows, db)))
+        seen.append((event_id, sent_flags(db)))
 
     failure = NotAcknowledged("wrong ID")
     send = BatchSender(lambda events: [True, True, True, failure])
@@ -486,7 +482,7 @@ async def test_after_delivery_runs_for_each_verified_id_before_any_is_marked(
     assert [event_id for event_id, _ in seen] == ["z1", "a2", "m3"]
     for _, states in seen:
         assert set(states.values()) == {0}, states
-    assert outbox_sent(db_rows, db) == {"z1": 1, "a2": 1, "m3": 1, "b4": 0, "y5": 0}
+    assert sent_flags(db) == {"z1": 1, "a2": 1, "m3": 1, "b4": 0, "y5": 0}
 
 
 async def test_a_failing_hook_marks_nothing(store: PlainStore, db: Path, db_rows: Query) -> None:
@@ -500,7 +496,7 @@ async def test_a_failing_hook_marks_nothing(store: PlainStore, db: Path, db_rows
     send = BatchSender(lambda events: [True] * len(events))
     with pytest.raises(Crash):
         await dispatch_batch(store, send, after_delivery=hook)
-    assert set(outbox_sent(db_rows, db).values()) == {0}
+    assert set(sent_flags(db).values()) == {0}
 
 
 async def test_the_callback_gets_copies_and_cannot_redirect_the_marks(
@@ -519,7 +515,7 @@ async def test_the_callback_gets_copies_and_cannot_redirect_the_marks(
     marked = await dispatch_batch(store, send)
 
     assert marked == IDS
-    assert outbox_sent(db_rows, db) == dict.fromkeys(IDS, 1)
+    assert sent_flags(db) == dict.fromkeys(IDS, 1)
     assert [e["id"] for e in store.pending_returned] == IDS
     assert [e["qty"] for e in store.pending_returned] == [1, 2, 3, 4, 5]
     assert db_rows(db, "SELECT count(*) FROM outbox WHERE id = 'hijacked'") == [(0,)]
@@ -787,7 +783,7 @@ async def test_relay_in_batch_mode_drains_forty_entries_in_order_with_every_ack(
         assert await outbox.accept(e) == "accepted"
 
     async with batch_relay(outbox, f"{sink_base}/events") as (relay, sizes):
-        await eventually(lambda: set(outbox_sent(db_rows, db).values()) == {1})
+        await eventually(lambda: set(sent_flags(db).values()) == {1})
         await eventually(lambda: relay.blocked is None)
 
     assert sizes[:3] == [16, 16, 8]
@@ -817,7 +813,7 @@ async def test_relay_in_batch_mode_marks_the_prefix_and_blocks_at_a_rejected_ite
     assert blocked is not None
     assert (blocked.event_id, blocked.permanent) == (ids[k], True)
     assert "400" in blocked.reason
-    assert outbox_sent(db_rows, db) == {i: int(n < k) for n, i in enumerate(ids)}
+    assert sent_flags(db) == {i: int(n < k) for n, i in enumerate(ids)}
     assert inbox_ids(sink_db) == ids[:k]
     acks = dict(db_rows(db, "SELECT id, ack FROM outbox WHERE sent = 1"))
     assert {i: json.loads(a)["ack"] for i, a in acks.items()} == {i: i for i in ids[:k]}

@@ -13,17 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import event, query, sent_ids
+from support import event, query, sent_flags, sent_ids
 
 from publisher import MAX_BATCH, NotAcknowledged, Outbox, dispatch
 from shared import Event
 
 WAIT_S = 5.0
-
-
-def sent_flags(db: Path) -> dict[str, int]:
-    """id -> sent, for every outbox entry."""
-    return dict(query(db, "SELECT id, sent FROM outbox ORDER BY seq"))
 
 
 def unsent_ids(db: Path) -> list[str]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pytest
 from aiohttp import web
 from relay_lines import relay_of, running, sender_for
-from support import eventually
+from support import eventually, sent_flags
 
 from publisher.relay import Relay
 from publisher.retry import RetryPolicy
@@ -143,10 +143,6 @@ async def running_relay(
             yield relay
 
 
-def sent(db_rows: Query, db: Path) -> dict[str, int]:
-    return dict(db_rows(db, "SELECT id, sent FROM outbox ORDER BY seq"))
-
-
 def seq_order(db_rows: Query, db: Path, sku: str) -> list[str]:
     rows = db_rows(db, "SELECT id, payload FROM outbox ORDER BY seq")
     return [i for i, payload in rows if json.loads(payload)["sku"] == sku]
@@ -183,13 +179,13 @@ async def test_a_blocked_lane_does_not_block_another(
     bad = [i for i, sku in INTERLEAVED if sku == "bad"]
 
     async with running_relay(outbox, url, mode, ordering="sku") as relay:
-        await eventually(lambda: all(sent(db_rows, db)[i] for i in good))
+        await eventually(lambda: all(sent_flags(db)[i] for i in good))
         await eventually(lambda: "bad" in relay.blocked_lanes)
         blocked_lanes = relay.blocked_lanes
         blocked = relay.blocked
         snapshot = await outbox.snapshot()
 
-    states = sent(db_rows, db)
+    states = sent_flags(db)
     assert [i for i in bad if states[i]] == []
     assert set(blocked_lanes) == {"bad"}
     assert (blocked_lanes["bad"].event_id, blocked_lanes["bad"].permanent) == ("bad-0", True)
@@ -228,7 +224,7 @@ async def test_in_global_order_the_same_bad_entry_stops_everything_behind_it(
         blocked = relay.blocked
         blocked_lanes = relay.blocked_lanes
 
-    assert set(sent(db_rows, db).values()) == {0}
+    assert set(sent_flags(db).values()) == {0}
     assert set(fake.heads()) == {"bad-0"}
     if mode == "single":
         assert set(fake.received) == {"bad-0"}
@@ -266,7 +262,7 @@ async def test_order_within_each_lane_holds_under_random_failures(
     policy = RetryPolicy(base_s=0.01, cap_s=0.05)
 
     async with running_relay(outbox, url, mode, ordering="sku", retry=policy, limit=3):
-        await eventually(lambda: set(sent(db_rows, db).values()) == {1}, timeout_s=20.0)
+        await eventually(lambda: set(sent_flags(db).values()) == {1}, timeout_s=20.0)
 
     # The injected failures did happen, both kinds.
     assert fake.failed_before > 0 and fake.dropped_after > 0
@@ -302,7 +298,7 @@ async def test_lanes_in_flight_are_bounded_by_max_lanes(
             assert await outbox.accept({"id": f"{sku}-{n}", "sku": sku, "qty": 1}) == "accepted"
 
     async with running_relay(outbox, url, mode, ordering="sku", max_lanes=2):
-        await eventually(lambda: set(sent(db_rows, db).values()) == {1}, timeout_s=10.0)
+        await eventually(lambda: set(sent_flags(db).values()) == {1}, timeout_s=10.0)
 
     assert fake.max_in_flight == 2
 
@@ -397,7 +393,7 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
         assert await outbox.accept({"id": "new-1", "sku": "tea", "qty": 1}) == "accepted"
 
         async with running_relay(outbox, url, "batch", ordering="sku"):
-            await eventually(lambda: set(sent(db_rows, db).values()) == {1})
+            await eventually(lambda: set(sent_flags(db).values()) == {1})
 
     assert db_rows(db, "SELECT lane FROM outbox WHERE id = 'new-1'") == [("tea",)]
     assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {
@@ -429,7 +425,7 @@ async def test_many_blocked_lanes_do_not_starve_a_healthy_one(
 
     async with running_relay(outbox, url, "batch", ordering="sku", max_lanes=8) as relay:
         await eventually(
-            lambda: all(sent(db_rows, db)[f"snack-{n}"] for n in range(3)), timeout_s=15.0
+            lambda: all(sent_flags(db)[f"snack-{n}"] for n in range(3)), timeout_s=15.0
         )
         # The bad heads are older, so snack started only once every bad lane was
         # blocked or in flight: at most the 7 other slots' lanes still had their
@@ -472,7 +468,7 @@ async def test_with_many_skus_one_query_lists_lanes_for_many_slots_in_head_order
     async with running_relay(
         outbox, url, mode, ordering="sku", max_lanes=max_lanes, poll_interval_s=30.0
     ):
-        await eventually(lambda: all(sent(db_rows, db).values()), timeout_s=20.0)
+        await eventually(lambda: all(sent_flags(db).values()), timeout_s=20.0)
 
     assert sorted(fake.applications) == sorted(f"{sku}-0" for sku in skus)
     # 150 lanes started through 4 slots: a query per lane would be about 150 of them.
@@ -502,7 +498,7 @@ async def test_intake_signalled_after_every_lane_was_listed_starts_its_lane_at_o
         await eventually(lambda: len(fake.requests) >= 1, timeout_s=10.0)
         assert await outbox.accept({"id": "late-0", "sku": "late", "qty": 1}) == "accepted"
         relay.wake()
-        await eventually(lambda: all(sent(db_rows, db).values()), timeout_s=10.0)
+        await eventually(lambda: all(sent_flags(db).values()), timeout_s=10.0)
 
     assert sorted(fake.applications) == ["a-0", "b-0", "c-0", "late-0"]
     assert len(calls) == 2, calls  # the first list, and the one after the signal
@@ -530,7 +526,7 @@ async def test_a_lane_whose_backoff_ends_goes_before_younger_listed_lanes(
         retry=RetryPolicy(base_s=0.04, cap_s=0.04),
         rand=lambda: 0.999,
     ):
-        await eventually(lambda: sent(db_rows, db)["old-0"] == 1, timeout_s=10.0)
+        await eventually(lambda: sent_flags(db)["old-0"] == 1, timeout_s=10.0)
 
     heads = fake.heads()
     assert heads[0] == "old-0"  # the failed attempt
@@ -574,7 +570,7 @@ async def test_a_lane_that_failed_outside_delivery_waits_its_backoff_before_it_s
         retry=RetryPolicy(base_s=backoff_s, cap_s=backoff_s),
         rand=lambda: 0.999,
     ):
-        await eventually(lambda: all(sent(db_rows, db).values()), timeout_s=10.0)
+        await eventually(lambda: all(sent_flags(db).values()), timeout_s=10.0)
 
     assert len(reads) >= 2
     assert reads[1] - reads[0] >= backoff_s * 0.9, reads
