@@ -91,6 +91,13 @@ def ack(one: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
     return make_ack(one["id"], receipt, payload_digest(one))
 
 
+def padded(document: object, size: int) -> bytes:
+    """`document` as JSON, padded with whitespace to exactly `size` bytes."""
+    body = json.dumps(document).encode()
+    assert len(body) <= size
+    return body + b" " * (size - len(body))
+
+
 def numbered_event(n: int, sku: str = "snack", qty: int = 1) -> Event:
     """The `n`th order: ID order-<n>."""
     return event(f"order-{n}", sku, qty)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import aiohttp
 import pytest
 from aiohttp import web
+from support import padded
 
 from publisher import DeliveryError, HttpSender, NotAcknowledged, Rejected, TargetNotAllowed
 from publisher.http import MAX_REPLY_BYTES, send_http
@@ -50,12 +51,6 @@ def replying(body: bytes, status: int = 200, headers: Mapping[str, str] | None =
         return web.Response(body=body, status=status, headers=headers)
 
     return handler
-
-
-def padded_ack(size: int) -> bytes:
-    body = json.dumps(ACK).encode()
-    assert len(body) <= size
-    return body + b" " * (size - len(body))
 
 
 def as_event(fields: Mapping[str, object]) -> Event:
@@ -225,19 +220,19 @@ async def test_redirect_is_not_acknowledged_and_never_followed(serve: Serve, cod
 async def test_reply_with_content_length_over_the_cap_is_not_acknowledged(
     serve_events: ServeHandler,
 ) -> None:
-    url = await serve_events(replying(padded_ack(MAX_REPLY_BYTES + 1)))
+    url = await serve_events(replying(padded(ACK, MAX_REPLY_BYTES + 1)))
 
     with pytest.raises(NotAcknowledged, match="cap"):
         await deliver(url)
 
 
 async def test_reply_of_exactly_the_cap_is_accepted(serve_events: ServeHandler) -> None:
-    url = await serve_events(replying(padded_ack(MAX_REPLY_BYTES)))
+    url = await serve_events(replying(padded(ACK, MAX_REPLY_BYTES)))
     assert await deliver(url) is True
 
 
 async def test_configured_reply_cap_is_applied(serve_events: ServeHandler) -> None:
-    url = await serve_events(replying(padded_ack(100)))
+    url = await serve_events(replying(padded(ACK, 100)))
 
     assert await deliver(url, max_reply_bytes=100) is True
     with pytest.raises(NotAcknowledged, match="cap"):
@@ -265,14 +260,14 @@ def split(body: bytes, size: int = 1000) -> list[bytes]:
 async def test_chunked_reply_over_the_cap_is_not_acknowledged(
     serve_events: ServeHandler,
 ) -> None:
-    url = await serve_events(chunked(split(padded_ack(MAX_REPLY_BYTES + 1))))
+    url = await serve_events(chunked(split(padded(ACK, MAX_REPLY_BYTES + 1))))
 
     with pytest.raises(NotAcknowledged, match="cap"):
         await deliver(url)
 
 
 async def test_chunked_reply_of_exactly_the_cap_is_accepted(serve_events: ServeHandler) -> None:
-    url = await serve_events(chunked(split(padded_ack(MAX_REPLY_BYTES))))
+    url = await serve_events(chunked(split(padded(ACK, MAX_REPLY_BYTES))))
     assert await deliver(url) is True
 
 

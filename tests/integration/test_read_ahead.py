@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import accept_numbered, eventually
+from support import accept_numbered, eventually, sent_ids
 
 from publisher.cli.dispatch import deliver_pending
 from publisher.driver import Driver, OutboxLine
@@ -193,10 +193,6 @@ async def relay_for(
             await asyncio.wait_for(task, STOP_TIMEOUT_S)
 
 
-def sent_in_seq_order(db_rows: Query, db: Path) -> list[str]:
-    return [r[0] for r in db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
-
-
 def attempts(db_rows: Query, db: Path) -> dict[str, int]:
     return dict(db_rows(db, "SELECT id, attempts FROM outbox"))
 
@@ -221,7 +217,7 @@ async def test_batch_mode_reads_each_next_batch_while_the_current_one_is_in_flig
     batches = [ids[0:16], ids[16:32], ids[32:48], ids[48:]]
 
     async with relay_for(outbox, sink_url, batch=True) as relay:
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
+        await eventually(lambda: len(sent_ids(db)) == len(ids), WAIT_S)
         await eventually(lambda: relay.blocked is None, WAIT_S)
 
     assert sink.requests == batches  # in seq order, each entry sent exactly once
@@ -246,7 +242,7 @@ async def test_batch_mode_reads_each_next_batch_while_the_current_one_is_in_flig
     assert ahead[0].skip == frozenset(batches[0])
     for n, read in enumerate(ahead[1:], start=2):
         assert frozenset(batches[n - 1]) <= read.skip <= frozenset(ids[: 16 * n])
-    assert sent_in_seq_order(db_rows, db) == ids
+    assert sent_ids(db) == ids
     assert attempts(db_rows, db) == dict.fromkeys(ids, 1)
     stored: dict[str, str] = dict(db_rows(db, "SELECT id, ack FROM outbox"))
     assert {i: json.loads(stored[i]) for i in ids} == {
@@ -273,7 +269,7 @@ async def test_an_entry_quarantined_after_it_was_read_ahead_is_sent_and_closed_a
 
         sink.on_request = quarantine_during_batch_1
         async with relay_for(outbox, sink_url, batch=True):
-            await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
+            await eventually(lambda: len(sent_ids(db)) == len(ids), WAIT_S)
 
         assert timeline.reads[1].ids == ids[16:]  # read before the quarantine committed
         assert sink.requests == [ids[:16], ids[16:]]
@@ -313,12 +309,12 @@ async def test_a_batch_failing_partway_drops_the_read_ahead_and_the_retry_starts
 
     async def look_at_the_disk(n: int, sent: list[str]) -> None:
         if n == 3:
-            marked_at_retry.append(sent_in_seq_order(db_rows, db))
+            marked_at_retry.append(sent_ids(db))
 
     sink.answer = lambda n, events: answer(events) if n == 2 else None
     sink.on_request = look_at_the_disk
     async with relay_for(outbox, sink_url, batch=True):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
+        await eventually(lambda: len(sent_ids(db)) == len(ids), WAIT_S)
 
     k = failed_at
     assert sink.requests == [ids[0:16], ids[16:32], ids[k : k + 16], ids[k + 16 :]]
@@ -332,7 +328,7 @@ async def test_a_batch_failing_partway_drops_the_read_ahead_and_the_retry_starts
         ids[k : k + 16],
     ]
     assert timeline.reads[3].skip == frozenset()
-    assert sent_in_seq_order(db_rows, db) == ids
+    assert sent_ids(db) == ids
     assert attempts(db_rows, db) == {i: 2 if i == ids[k] else 1 for i in ids}
 
 
@@ -428,7 +424,7 @@ async def test_an_entry_redriven_after_the_next_batch_was_read_ahead_goes_after_
 
     sink.on_request = redrive_during_batch_1
     async with relay_for(outbox, sink_url, batch=True):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
+        await eventually(lambda: len(sent_ids(db)) == len(ids), WAIT_S)
 
     assert sink.requests == [ids[1:17], ids[17:33], [held]]
     [record] = await outbox.quarantines(held)
@@ -444,7 +440,7 @@ async def test_single_mode_reads_ahead_at_the_last_entry_of_a_full_batch(
     ids = await accept_numbered(outbox, 40)
 
     async with relay_for(outbox, sink_url, batch=False, limit=16):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
+        await eventually(lambda: len(sent_ids(db)) == len(ids), WAIT_S)
 
     assert sink.requests == [[i] for i in ids]  # in order, each exactly once
     expected = [
@@ -460,7 +456,7 @@ async def test_single_mode_reads_ahead_at_the_last_entry_of_a_full_batch(
     assert timeline.reads[0].skip == frozenset()
     assert skips_what_is_held(timeline.reads[1], ids[0:16], ids[15])
     assert skips_what_is_held(timeline.reads[2], ids[0:32], ids[31])
-    assert sent_in_seq_order(db_rows, db) == ids
+    assert sent_ids(db) == ids
     assert attempts(db_rows, db) == dict.fromkeys(ids, 1)
 
 
@@ -475,12 +471,12 @@ async def test_single_mode_a_failure_on_the_16th_entry_drops_the_read_ahead_and_
 
     async def look_at_the_disk(n: int, sent: list[str]) -> None:
         if n == 17:
-            marked_at_retry.append(sent_in_seq_order(db_rows, db))
+            marked_at_retry.append(sent_ids(db))
 
     sink.answer = fail_the_16th_once
     sink.on_request = look_at_the_disk
     async with relay_for(outbox, sink_url, batch=False, limit=16):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
+        await eventually(lambda: len(sent_ids(db)) == len(ids), WAIT_S)
 
     assert sink.requests == [[i] for i in ids[:16] + ids[15:]]
     assert marked_at_retry == [ids[:15]]  # the 16th and all after it stayed pending
@@ -490,7 +486,7 @@ async def test_single_mode_a_failure_on_the_16th_entry_drops_the_read_ahead_and_
     assert timeline.reads[0].skip == timeline.reads[2].skip == frozenset()
     assert skips_what_is_held(timeline.reads[1], ids[0:16], ids[15])
     assert skips_what_is_held(timeline.reads[3], ids[0:31], ids[30])
-    assert sent_in_seq_order(db_rows, db) == ids
+    assert sent_ids(db) == ids
     assert attempts(db_rows, db) == {i: 2 if i == ids[15] else 1 for i in ids}
 
 
@@ -535,7 +531,7 @@ async def test_batch_mode_logs_one_delivery_line_per_request_and_one_per_failed_
     sink.answer = lambda n, events: answer(events) if n == 1 else None
 
     async with relay_for(outbox, sink_url, batch=True, observer=outcomes):
-        await eventually(lambda: len(sent_in_seq_order(db_rows, db)) == len(ids), WAIT_S)
+        await eventually(lambda: len(sent_ids(db)) == len(ids), WAIT_S)
 
     assert sink.requests == [ids, ids[k:]]
     records = [r for r in caplog.records if r.name == "publisher.relay"]

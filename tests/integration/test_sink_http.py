@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 import yarl
-from support import post_body, snapshot
+from support import padded, post_body, snapshot
 
 if TYPE_CHECKING:
     from conftest import Query, ServeSink
@@ -203,13 +202,6 @@ async def test_schema_error_is_400_naming_the_field_and_changes_nothing(
     assert reply["field"] == field
     assert reply["error"]
     assert snapshot(sink_db) == before
-
-
-def padded(event: dict[str, Any], size: int) -> bytes:
-    """A valid event body padded with whitespace to exactly `size` bytes."""
-    body = json.dumps(event).encode()
-    assert len(body) <= size
-    return body + b" " * (size - len(body))
 
 
 async def test_body_over_the_default_cap_is_413_and_changes_nothing(
