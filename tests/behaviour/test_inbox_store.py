@@ -273,7 +273,7 @@ async def test_a_new_id_again_in_one_batch_with_another_payload_stops_the_batch_
     assert stock(backend) == {"snack": 3, "juice": 5}
 
 
-async def test_an_empty_batch_changes_nothing_and_checks_no_fence(
+async def test_an_empty_batch_changes_nothing_and_checks_no_predecessor(
     inbox: Inbox, backend: Backend
 ) -> None:
     await inbox.receive(dict(EVENT))
@@ -335,7 +335,7 @@ async def test_applied_seq_is_the_order_of_first_application_and_a_duplicate_kee
     assert backend.query("SELECT deliveries FROM inbox WHERE id = 'a'") == [(2,)]
 
 
-# ---------------------------------------------------------------- lookups and fences
+# ---------------------------------------------------------------- lookups and predecessors
 
 
 async def test_knows_says_whether_the_inbox_holds_an_event(inbox: Inbox, backend: Backend) -> None:
@@ -357,7 +357,7 @@ async def test_knows_finds_what_an_earlier_process_applied(backend: Backend) -> 
 
 
 @pytest.mark.parametrize("requests", [0, 2], ids=["alone", "shared"])
-async def test_a_batch_fenced_on_an_unknown_event_raises_and_changes_nothing(
+async def test_a_batch_naming_an_unknown_predecessor_raises_and_changes_nothing(
     inbox: Inbox, backend: Backend, requests: int
 ) -> None:
     known = event("k0", "tea", 5)
@@ -473,7 +473,7 @@ async def test_a_request_without_a_lease_is_not_checked(
 
 
 @SHARED
-async def test_a_stale_lease_is_refused_before_an_unmet_fence(
+async def test_a_stale_lease_is_refused_before_a_missing_predecessor(
     inbox: Inbox, backend: Backend, requests: int
 ) -> None:
     await inbox.receive_batch([event("e1")], lease=lease(2))

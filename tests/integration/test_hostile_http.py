@@ -292,7 +292,7 @@ async def test_an_authorization_header_that_is_not_utf8_is_401_and_counted(
     no_unexpected_errors(caplog)
 
 
-# ---------------------------------------------------------------- item 13: fences on itself
+# ---------------------------------------------------------------- item 13: its own predecessor
 
 
 async def test_outbox_after_naming_its_own_event_is_400_at_once(
@@ -310,7 +310,7 @@ async def test_outbox_after_naming_its_own_event_is_400_at_once(
         started = time.monotonic()
         headers = {**JSON, "Outbox-After": after}
         status, reply, _ = await post_bytes(client, url, json.dumps(body).encode(), headers)
-        assert time.monotonic() - started < 1.0, "waited for the fence"
+        assert time.monotonic() - started < 1.0, "waited for the predecessor"
         assert status == 400, reply
         assert reply["after"] == after
         assert reply["field"] == "Outbox-After"

@@ -51,7 +51,7 @@ async def test_a_write_alone_commits_in_a_transaction_of_its_own(
     assert inbox_database.transactions("inbox") == 3
 
 
-async def test_a_fenced_chain_in_progress_together_commits_in_order_in_one_transaction(
+async def test_a_predecessor_chain_in_progress_together_commits_in_order_in_one_transaction(
     pg_inbox: Inbox, inbox_database: PgAccess
 ) -> None:
     # A pipelining sender's requests: each names the one before.
@@ -69,7 +69,7 @@ async def test_a_fenced_chain_in_progress_together_commits_in_order_in_one_trans
     assert inbox_database.transactions("inbox") == 1
 
 
-async def test_a_fenced_chain_in_progress_together_is_one_statement_and_one_round_trip(
+async def test_a_predecessor_chain_in_progress_together_is_one_statement_and_one_round_trip(
     pg_server: ThrowawayServer, pg_database: str, inbox_database: PgAccess
 ) -> None:
     # The server logs every statement of this database's new sessions; a simple

@@ -1,8 +1,8 @@
 """Lease fencing where only PostgreSQL has it: several sinks (pools, processes) on one
 inbox. Requests of one line with different epochs applied at once through two
 connections serialise on the line's fence row, so no epoch is applied after a higher
-one; a group commit carries each call's lease; and a request fenced (Outbox-After) on
-an event that another sink process is applying goes on soon after that commit.
+one; a group commit carries each call's lease; and a request whose predecessor
+(Outbox-After) another sink process is applying goes on soon after that commit.
 The behaviour both backends share is in tests/behaviour/test_inbox_store.py.
 """
 
@@ -102,7 +102,7 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
         await inbox.receive_batch([event("old", "tea")], lease=Lease(SOURCE, "tea", 7))
         calls: list[tuple[list[Event], str | None, Lease | None]] = [
             ([event("a1", "apple"), event("a2", "apple")], None, Lease(SOURCE, "apple", 2)),
-            ([event("a3", "apple")], "a2", Lease(SOURCE, "apple", 2)),  # fenced inside
+            ([event("a3", "apple")], "a2", Lease(SOURCE, "apple", 2)),  # names a2, same group
             ([event("b1", "bean")], None, Lease(SOURCE, "bean", 1)),
             ([event("n1", "nut")], None, None),
             ([event("t1", "tea")], None, Lease(SOURCE, "tea", 8)),
@@ -147,7 +147,7 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
 LATE_S = 0.2  # B goes on within this of A's commit (the poll's longest pause is 50 ms)
 
 
-async def test_a_request_fenced_on_an_event_another_sink_is_applying_goes_on_after_its_commit(
+async def test_a_request_whose_predecessor_another_sink_is_applying_goes_on_after_its_commit(
     pg_database: str, sink_process: Callable[..., Any]
 ) -> None:
     first, second = sink_process(pg_database), sink_process(pg_database)

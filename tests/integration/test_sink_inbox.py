@@ -1,8 +1,8 @@
 """The SQLite inbox's own properties, and the factory that opens it from a location.
 
 The behaviour every inbox backend shares (receive, duplicates, conflicts, batches,
-fences, one transaction) is in tests/behaviour/test_inbox_store.py. Real files and a
-real PostgreSQL server, checked through independent connections.
+predecessors, one transaction) is in tests/behaviour/test_inbox_store.py. Real files
+and a real PostgreSQL server, checked through independent connections.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Fenced requests (Outbox-After): the sink applies nothing of a request unless the event
-it names as its predecessor is in the inbox.
+"""The predecessor check (Outbox-After): the sink applies nothing of a request unless
+the event it names as its predecessor is in the inbox.
 
 The real sink (create_app) on loopback over a SQLite file in tmp_path, read back
 through independent sqlite3 connections; the inbox itself for the transaction rules.
@@ -34,14 +34,14 @@ Query = Callable[..., list[tuple[Any, ...]]]
 Serve = Callable[..., Awaitable[str]]
 
 LOOPBACK = "127.0.0.1"
-QUICK_WAIT_S = 0.2  # the fence wait of a sink whose 412s are checked, not its waiting
+QUICK_WAIT_S = 0.2  # the predecessor wait of a sink whose 412s are checked, not its waiting
 PROMPT_S = 2.0  # well under PREDECESSOR_WAIT_S: the wait was ended, it did not time out
 BOUND_S = 10.0  # every request and wait in here ends well within this
 SHORTLY_S = 0.1  # between the successor's arrival and its predecessor's
 
 
 class QuickWaits(PredecessorWaits):
-    """Fences that give up after QUICK_WAIT_S: a 412 for an unknown predecessor
+    """Predecessor waits that give up after QUICK_WAIT_S: a 412 for an unknown predecessor
     comes without the PREDECESSOR_WAIT_S wait."""
 
     async def wait(
@@ -68,14 +68,14 @@ class Sink:
 
 @pytest.fixture
 async def sink(serve: Serve, sink_db: Path) -> Sink:
-    """The real sink, with the real fence wait (PREDECESSOR_WAIT_S)."""
+    """The real sink, with the real predecessor wait (PREDECESSOR_WAIT_S)."""
     app = create_app(sink_db)
     return Sink(await serve(app), app)
 
 
 @pytest.fixture
 async def quick_sink(serve: Serve, sink_db: Path) -> Sink:
-    """The real sink whose fence wait gives up after QUICK_WAIT_S."""
+    """The real sink whose predecessor wait gives up after QUICK_WAIT_S."""
     app = create_app(sink_db)
     app[PREDECESSORS] = QuickWaits()
     return Sink(await serve(app), app)
@@ -128,7 +128,7 @@ async def timed(call: Awaitable[T]) -> tuple[T, float]:
 ROUTES = ["event", "batch"]
 
 
-async def test_an_event_fenced_on_an_unknown_event_waits_then_is_412_and_applies_nothing(
+async def test_an_event_naming_an_unknown_predecessor_waits_then_is_412_and_applies_nothing(
     sink: Sink, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     await send(client, sink.base, "event", [event("e0", "tea", 5)], None)
@@ -147,7 +147,7 @@ async def test_an_event_fenced_on_an_unknown_event_waits_then_is_412_and_applies
     assert len(sink.waits) == 0
 
 
-async def test_a_batch_fenced_on_an_unknown_event_is_412_and_applies_nothing(
+async def test_a_batch_naming_an_unknown_predecessor_is_412_and_applies_nothing(
     quick_sink: Sink, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     known = event("e0", "tea", 5)
@@ -170,7 +170,7 @@ async def test_a_batch_fenced_on_an_unknown_event_is_412_and_applies_nothing(
 
 
 @pytest.mark.parametrize("route", ROUTES)
-async def test_a_request_fenced_on_an_event_in_the_inbox_is_applied_at_once(
+async def test_a_request_whose_predecessor_is_in_the_inbox_is_applied_at_once(
     sink: Sink, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, route: str
 ) -> None:
     first, second = event("e1", "tea", 2), event("e2", "tea", 3)
@@ -286,8 +286,8 @@ async def test_a_waiting_successor_goes_on_once_its_predecessor_is_handed_over(
     monkeypatch: pytest.MonkeyPatch,
     route: str,
 ) -> None:
-    # While the predecessor's commit is held, the successor must already have left
-    # the fence (it queues behind it for the same group commit), not wait for the reply.
+    # While the predecessor's commit is held, the successor must already have ended
+    # its wait (it queues behind it for the same group commit), not wait for the reply.
     earlier = [event("p1")] if route == "event" else [event("p0"), event("p1")]
     gate = hold_next_transaction(sink.app[INBOX], monkeypatch)
 
@@ -297,9 +297,7 @@ async def test_a_waiting_successor_goes_on_once_its_predecessor_is_handed_over(
         await eventually(lambda: len(sink.waits) == 1, PROMPT_S, what="the successor waits for p1")
         first = asyncio.create_task(send(client, sink.base, route, earlier, None))
         await eventually(gate.started.is_set, PROMPT_S, what="the predecessor's commit begins")
-        await eventually(
-            lambda: len(sink.waits) == 0, PROMPT_S, what="the successor leaves the fence"
-        )
+        await eventually(lambda: len(sink.waits) == 0, PROMPT_S, what="the successor stops waiting")
         assert not first.done() and not waiting.done()
         gate.release.set()
         replies = list(await asyncio.wait_for(asyncio.gather(first, waiting), BOUND_S))
@@ -366,7 +364,7 @@ async def test_a_successor_whose_named_event_is_refused_gets_412_promptly(
 @pytest.mark.parametrize(
     "after", [" bad id", "x" * 200, "-dash", "a/b"], ids=["space", "long", "dash", "slash"]
 )
-async def test_a_malformed_fence_is_400_naming_the_header_and_applies_nothing(
+async def test_a_malformed_predecessor_is_400_naming_the_header_and_applies_nothing(
     sink: Sink,
     client: aiohttp.ClientSession,
     sink_db: Path,
@@ -389,10 +387,10 @@ async def test_a_malformed_fence_is_400_naming_the_header_and_applies_nothing(
 
 
 # ---------------------------------------------------------------- the SQLite inbox
-# What every backend does with a fence is in tests/behaviour/test_inbox_store.py.
+# What every backend does with a predecessor is in tests/behaviour/test_inbox_store.py.
 
 
-async def test_in_one_group_commit_fences_see_the_calls_before_them_and_fail_alone(
+async def test_in_one_group_commit_predecessor_checks_see_the_calls_before_them_and_fail_alone(
     inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await inbox.receive_batch([event("k0", "tea", 5)])
@@ -413,7 +411,7 @@ async def test_in_one_group_commit_fences_see_the_calls_before_them_and_fail_alo
         ([event("g1", "grape", 64)], "b1"),
     ]
 
-    # Two write requests reported in progress: the one call without a fence shares too.
+    # Two write requests reported in progress: the one call naming no predecessor shares too.
     with inbox.arriving(), inbox.arriving():
         async with asyncio.timeout(BOUND_S):
             outcomes = await asyncio.gather(
