@@ -1,8 +1,8 @@
-"""What the pipelining and fencing tests share: the real sink (sink.create_app over a
-real inbox file, with its chaos settings) on loopback behind a middleware that
-records each POST from its arrival to its reply, a base for wrappers of HttpSender
-on the relay's side, and the check that a drain applied every entry in its line's
-order."""
+"""What the pipelining and predecessor check tests share: the real sink
+(sink.create_app over a real inbox file, with its chaos settings) on loopback behind
+a middleware that records each POST from its arrival to its reply, a base for
+wrappers of HttpSender on the relay's side, and the check that a drain applied every
+entry in its line's order."""
 
 from __future__ import annotations
 
@@ -49,12 +49,13 @@ class Seen:
 class Recorder:
     """Every POST in arrival order, and which requests of a line were handled at once.
 
-    With `refuse_fenced`, that many fenced requests are answered 412 without being
-    applied, once the event they name is in the inbox (a sink that gave up waiting).
+    With `refuse_naming_predecessor`, that many requests naming a predecessor are
+    answered 412 without being applied, once the event they name is in the inbox (a
+    sink that gave up waiting).
     """
 
     by_sku: bool = False
-    refuse_fenced: int = 0
+    refuse_naming_predecessor: int = 0
     requests: list[Seen] = field(default_factory=list)
     handling: dict[Line, list[Seen]] = field(default_factory=dict)
 
@@ -110,8 +111,8 @@ def recording(recorder: Recorder) -> Middleware:
             posted_events(request, body), request.headers.get(PREDECESSOR_HEADER)
         )
         try:
-            if seen.after is not None and recorder.refuse_fenced > 0:
-                recorder.refuse_fenced -= 1
+            if seen.after is not None and recorder.refuse_naming_predecessor > 0:
+                recorder.refuse_naming_predecessor -= 1
                 response: web.StreamResponse = await refuse(request, seen.after)
             else:
                 response = await handler(request)

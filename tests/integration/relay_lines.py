@@ -41,7 +41,7 @@ def relay_of(
     deliver: Callable[..., Any],
     *,
     deliver_batch: Callable[..., Any] | None = None,
-    fencing: Callable[[str], bool] | None = None,
+    predecessor_checked: Callable[[str], bool] | None = None,
     observer: Observer | None = None,
     after_delivery: AfterDelivery | None = None,
     rand: Callable[[], float] = random.random,
@@ -53,7 +53,7 @@ def relay_of(
     settings.setdefault("pipeline", 1)
     return Relay(
         outbox,
-        Callables(deliver, deliver_batch, fencing),
+        Callables(deliver, deliver_batch, predecessor_checked),
         RelaySettings(batch=deliver_batch is not None, **settings),
         observer=observer,
         after_delivery=after_delivery,

@@ -1,4 +1,5 @@
-"""Pipelined delivery: up to N fenced requests of a line in flight, results taken in order.
+"""Pipelined delivery: up to N requests of a line in flight, each naming its predecessor,
+results taken in order.
 
 The sink is the real application (sink.create_app) over a real inbox file, served on
 loopback, with a recording middleware in front of it (recorded_sink) that sees each
@@ -105,11 +106,11 @@ def outbox_state(db_rows: Query, db: Path) -> dict[str, tuple[int, int]]:
     return {i: (s, n) for i, s, n in db_rows(db, "SELECT id, sent, attempts FROM outbox")}
 
 
-def assert_fenced_runs(
+def assert_runs_name_predecessors(
     recorder: Recorder, events: list[Event], ordering: Ordering, *, one_run: bool
 ) -> None:
     """Every request holds consecutive entries of one line and names, in Outbox-After,
-    the entry just before its first. A request without a fence starts a run: with
+    the entry just before its first. A request naming no predecessor starts a run: with
     `one_run`, only the one at the head of each line."""
     for line in lines(events, ordering).values():
         position = {event_id: n for n, event_id in enumerate(line)}
@@ -126,7 +127,7 @@ def assert_fenced_runs(
 @pytest.mark.parametrize("depth", [2, 8])
 @pytest.mark.parametrize("ordering", ORDERINGS)
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_backlog_drains_in_order_with_fenced_requests_overlapping(
+async def test_a_backlog_drains_in_order_with_requests_overlapping_each_naming_its_predecessor(
     serve: Serve,
     outbox: Outbox,
     db: Path,
@@ -155,12 +156,12 @@ async def test_a_backlog_drains_in_order_with_fenced_requests_overlapping(
     size = 1 if mode == "single" else BATCH_LIMIT
     assert sorted(i for r in recorder.requests for i in r.ids) == ids
     assert all(len(r.ids) == size and r.status == 200 for r in recorder.requests), recorder.requests
-    assert_fenced_runs(recorder, events, ordering, one_run=True)
+    assert_runs_name_predecessors(recorder, events, ordering, one_run=True)
     for line in lines(events, ordering):
         assert 1 < recorder.max_in_flight()[line] <= depth, (line, recorder.max_in_flight())
 
 
-async def test_without_pipelining_requests_carry_no_fence_and_never_overlap(
+async def test_without_pipelining_requests_name_no_predecessor_and_never_overlap(
     serve: Serve, outbox: Outbox, db: Path, sink_db: Path, db_rows: Query
 ) -> None:
     # The control for the test above: pipeline=1 is the old path, one request at a time.
@@ -228,7 +229,7 @@ async def test_a_rejected_entry_stops_the_global_line_and_nothing_after_it_is_ap
     assert inbox_ids(sink_db) == ids[:gap]
     after_gap = [r for r in recorder.requests if r.ids[0] in set(ids[gap + 1 :])]
     assert after_gap and {r.status for r in after_gap} <= {0, 412}, recorder.requests
-    assert_fenced_runs(recorder, events, "global", one_run=False)
+    assert_runs_name_predecessors(recorder, events, "global", one_run=False)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -301,7 +302,7 @@ async def test_random_failures_end_with_every_entry_applied_once_and_in_order(
     assert flaky.cancelled, "no failure had requests behind it in flight"
     assert_applied_in_order(db_rows, db, sink_db, events, ordering)
     assert max(deliveries(sink_db).values()) > 1, "no resend was absorbed"
-    assert_fenced_runs(recorder, events, ordering, one_run=False)
+    assert_runs_name_predecessors(recorder, events, ordering, one_run=False)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -313,7 +314,8 @@ async def test_a_failed_request_cancels_the_requests_behind_it_at_once(
     events = orders(40)
     ids = await accept_events(outbox, events)
     # The request starting here fails before it is sent: the sink never sees it, so the
-    # requests fenced on it wait there (up to its fence wait of seconds) for nothing.
+    # requests naming it as their predecessor wait there (up to its predecessor wait of
+    # seconds) for nothing.
     failing = ids[5] if mode == "single" else ids[2 * BATCH_LIMIT]
     behind = ids[ids.index(failing) + (1 if mode == "single" else BATCH_LIMIT)]
 
@@ -339,10 +341,10 @@ async def test_a_failed_request_cancels_the_requests_behind_it_at_once(
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_412_although_the_predecessor_was_applied_is_resent_without_a_fence(
+async def test_a_412_although_the_predecessor_was_applied_is_resent_naming_no_predecessor(
     serve: Serve, outbox: Outbox, db: Path, sink_db: Path, db_rows: Query, mode: Mode
 ) -> None:
-    recorder = Recorder(refuse_fenced=1)
+    recorder = Recorder(refuse_naming_predecessor=1)
     url = await start_sink(serve, sink_db, recorder)
     events = orders(24)
     ids = await accept_events(outbox, events)

@@ -80,21 +80,21 @@ T = TypeVar("T")
 @dataclass
 class LegacySink:
     """A sink that ACKs every event (verifiably: with its payload digest) and ignores
-    Outbox-After, as a sink from before fencing would.
+    Outbox-After, as a sink from before the predecessor check would.
 
-    `fencing` is the Outbox-Fencing value its replies carry (None: no header), read
+    `check_header` is the Outbox-Fencing value its replies carry (None: no header), read
     when each reply is made; `off_at` turns it off (None) when the request of that
     arrival index comes in. `fail_next` answers that many requests 503, unapplied.
-    With `fencing_skus`, only replies to requests of those SKUs carry the header.
+    With `check_header_skus`, only replies to requests of those SKUs carry the header.
     """
 
     recorder: Recorder = field(default_factory=Recorder)
     stall_s: float = 0.0
-    fencing: str | None = None
+    check_header: str | None = None
     off_at: int | None = None
     off_time: float | None = None
     fail_next: int = 0
-    fencing_skus: frozenset[str] | None = None
+    check_header_skus: frozenset[str] | None = None
     applied: list[str] = field(default_factory=list)
 
     def app(self) -> web.Application:
@@ -114,7 +114,7 @@ class LegacySink:
         events: list[Event] = body["events"] if batch else [body]
         seen = self.recorder.arrive(events, request.headers.get(PREDECESSOR_HEADER))
         if seen.index == self.off_at:
-            self.fencing, self.off_time = None, time.monotonic()
+            self.check_header, self.off_time = None, time.monotonic()
         try:
             if self.stall_s > 0:
                 await asyncio.sleep(self.stall_s)
@@ -127,9 +127,9 @@ class LegacySink:
             seen.status = response.status
         finally:
             self.recorder.leave(seen)
-        says = self.fencing_skus is None or events[0]["sku"] in self.fencing_skus
-        if self.fencing is not None and says:
-            response.headers[PREDECESSOR_CHECK_HEADER] = self.fencing
+        says = self.check_header_skus is None or events[0]["sku"] in self.check_header_skus
+        if self.check_header is not None and says:
+            response.headers[PREDECESSOR_CHECK_HEADER] = self.check_header
         return response
 
     def _apply(self, event: Event) -> dict[str, str]:
@@ -165,9 +165,9 @@ class Watched(WrappedSender):
 
     The hook runs for each verified entry as the relay takes the result of its
     request: a request is taken once all its entries were hooked. `downgrade` notes
-    the first result taken after a reply without the fencing header came back (the
-    relay asks `fencing` right after taking it): how many requests had been made by
-    then, and how many of the others were still in flight.
+    the first result taken after a reply without the Outbox-Fencing header came back
+    (the relay asks `predecessor_checked` right after taking it): how many requests
+    had been made by then, and how many of the others were still in flight.
     """
 
     calls: list[Call] = field(default_factory=list)
@@ -204,10 +204,11 @@ class Watched(WrappedSender):
 
 
 def make_relay(outbox: Outbox, sender: HttpSender | Watched, mode: Mode, **options: Any) -> Relay:
-    """The relay as `publisher serve` makes it: pipelined, told about the sink's fencing."""
+    """The relay as `publisher serve` makes it: pipelined, told whether the sink
+    enforces the predecessor check."""
     options.setdefault("pipeline", DEPTH)
     if isinstance(sender, HttpSender):
-        options.setdefault("fencing", sender.predecessor_checked)
+        options.setdefault("predecessor_checked", sender.predecessor_checked)
     return relay_for(outbox, sender, mode, **options)
 
 
@@ -235,9 +236,9 @@ def assert_applied_once_in_order(
 def assert_runs_start_alone_then_overlap(
     requests: Sequence[Seen], events: list[Event], ordering: Ordering, *, one_run: bool = True
 ) -> None:
-    """Each line's requests: a run starts with one that went alone and unfenced (the
-    line's first request does), every other names the entry just before its first,
-    and some were handled at once. With `one_run`, one run per line."""
+    """Each line's requests: a run starts with one that went alone and named no
+    predecessor (the line's first request does), every other names the entry just
+    before its first, and some were handled at once. With `one_run`, one run per line."""
     keyed = lines(events, ordering)
     by_line: dict[Line, list[Seen]] = {}
     for request in requests:
@@ -284,7 +285,7 @@ async def call(
         return response.status, response.headers.get(PREDECESSOR_CHECK_HEADER)
 
 
-async def test_every_reply_of_the_sink_says_it_enforces_fences(
+async def test_every_reply_of_the_sink_says_it_enforces_the_predecessor_check(
     serve: Serve, sink_db: Path, client: aiohttp.ClientSession, db_rows: Query
 ) -> None:
     base = await serve(create_app(sink_db))
@@ -296,25 +297,26 @@ async def test_every_reply_of_the_sink_says_it_enforces_fences(
     replies["conflict"] = await call(client, "POST", f"{base}/events", {**event, "qty": 6})
     replies["not JSON"] = await call(client, "POST", f"{base}/events", b"{not json")
     # An invalid event: refused, and its ID counts as over for a request naming it, so
-    # the fenced request below is refused at once, without the sink's wait.
+    # the request below that names it as its predecessor is refused at once, without
+    # the sink's wait.
     replies["invalid"] = await call(
         client, "POST", f"{base}/events", {"id": "ghost", "sku": "tea", "qty": 0}
     )
-    replies["fence not met"] = await call(
+    replies["predecessor missing"] = await call(
         client,
         "POST",
         f"{base}/events",
         {"id": "e2", "sku": "tea", "qty": 1},
         {PREDECESSOR_HEADER: "ghost"},
     )
-    replies["bad fence"] = await call(
+    replies["malformed predecessor"] = await call(
         client,
         "POST",
         f"{base}/events",
         {"id": "e2", "sku": "tea", "qty": 1},
         {PREDECESSOR_HEADER: "a b"},
     )
-    replies["fenced, met"] = await call(
+    replies["predecessor present"] = await call(
         client,
         "POST",
         f"{base}/events",
@@ -325,7 +327,7 @@ async def test_every_reply_of_the_sink_says_it_enforces_fences(
     batch = {"events": [{"id": "e3", "sku": "tea", "qty": 1}, {"id": "e4", "sku": "tea", "qty": 1}]}
     replies["batch"] = await call(client, "POST", f"{base}/events/batch", batch)
     replies["batch invalid"] = await call(client, "POST", f"{base}/events/batch", {"events": []})
-    replies["batch fence not met"] = await call(
+    replies["batch predecessor missing"] = await call(
         client,
         "POST",
         f"{base}/events/batch",
@@ -346,13 +348,13 @@ async def test_every_reply_of_the_sink_says_it_enforces_fences(
         "conflict": 409,
         "not JSON": 400,
         "invalid": 400,
-        "fence not met": 412,
-        "bad fence": 400,
-        "fenced, met": 200,
+        "predecessor missing": 412,
+        "malformed predecessor": 400,
+        "predecessor present": 200,
         "too large": 413,
         "batch": 200,
         "batch invalid": 400,
-        "batch fence not met": 412,
+        "batch predecessor missing": 412,
         "lookup": 200,
         "lookup unknown": 404,
         "inventory": 200,
@@ -364,7 +366,7 @@ async def test_every_reply_of_the_sink_says_it_enforces_fences(
     assert {name: said for name, (_, said) in replies.items()} == dict.fromkeys(
         replies, PREDECESSOR_CHECK_ENFORCED
     )
-    # The refused requests changed nothing: e1, e2 (fenced on e1), e3 and e4 only.
+    # The refused requests changed nothing: e1, e2 (its predecessor e1), e3 and e4 only.
     ids = [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
     assert ids == ["e1", "e2", "e3", "e4"]
 
@@ -402,7 +404,7 @@ async def test_the_sink_says_so_on_401_and_on_its_open_paths_with_a_token(
 # ======================================================= HttpSender.enforces_predecessor_check
 
 
-async def test_sender_fencing_is_false_until_a_reply_of_the_real_sink_says_so(
+async def test_sender_says_no_predecessor_check_until_a_reply_of_the_real_sink_says_so(
     serve: Serve, sink_db: Path, db_rows: Query
 ) -> None:
     url = f"{await serve(create_app(sink_db))}/events"
@@ -425,7 +427,7 @@ async def test_sender_fencing_is_false_until_a_reply_of_the_real_sink_says_so(
     assert db_rows(sink_db, "SELECT id FROM inbox") == [("e1",)]
 
 
-async def test_sender_fencing_follows_the_last_reply(serve: Serve) -> None:
+async def test_sender_predecessor_check_follows_the_last_reply(serve: Serve) -> None:
     legacy = LegacySink()
     legacy_url = await start_legacy(serve, legacy)
     events: list[Event] = [{"id": f"e{n}", "sku": "tea", "qty": n} for n in range(1, 9)]
@@ -446,16 +448,16 @@ async def test_sender_fencing_follows_the_last_reply(serve: Serve) -> None:
             ],
             strict=False,
         ):
-            legacy.fencing = header
+            legacy.check_header = header
             await sender.deliver(event)
             said.append((header, sender.enforces_predecessor_check()))
-        # A reply that is no ACK counts too: the sink's last word on fencing.
-        legacy.fencing, legacy.fail_next = None, 1
+        # A reply that is no ACK counts too: the sink's last word on the predecessor check.
+        legacy.check_header, legacy.fail_next = None, 1
         with pytest.raises(NotAcknowledged):
             await sender.deliver(events[-1])
         said.append((None, sender.enforces_predecessor_check()))
         # So does a batch reply.
-        legacy.fencing = PREDECESSOR_CHECK_ENFORCED
+        legacy.check_header = PREDECESSOR_CHECK_ENFORCED
         await sender.deliver_batch(events[-1:])
         said.append((PREDECESSOR_CHECK_ENFORCED, sender.enforces_predecessor_check()))
 
@@ -472,7 +474,7 @@ async def test_sender_fencing_follows_the_last_reply(serve: Serve) -> None:
     ]
 
 
-async def test_sender_fencing_flips_between_a_legacy_sink_and_the_real_one(
+async def test_sender_predecessor_check_flips_between_a_legacy_sink_and_the_real_one(
     serve: Serve, sink_db: Path
 ) -> None:
     # One sender whose target changes sink under it (a deployment rolled back and
@@ -521,7 +523,7 @@ async def test_sender_fencing_flips_between_a_legacy_sink_and_the_real_one(
 
 @pytest.mark.parametrize("ordering", ORDERINGS)
 @pytest.mark.parametrize("mode", MODES)
-async def test_against_a_legacy_sink_each_line_sends_one_request_at_a_time_unfenced(
+async def test_against_a_legacy_sink_each_line_sends_one_request_at_a_time_naming_no_predecessor(
     serve: Serve, outbox: Outbox, db: Path, db_rows: Query, mode: Mode, ordering: Ordering
 ) -> None:
     legacy = LegacySink(Recorder(by_sku=ordering == "sku"), stall_s=LEGACY_STALL_S)
@@ -554,14 +556,15 @@ async def test_against_a_legacy_sink_each_line_sends_one_request_at_a_time_unfen
 async def test_a_lane_pipelines_only_on_its_own_replies_not_another_lanes(
     serve: Serve, outbox: Outbox, db: Path, db_rows: Query, mode: Mode
 ) -> None:
-    # The sink's replies say it enforces fences for juice requests only (two sink
-    # versions behind one address, say). The snack lane shares the sender with the
-    # juice lane, but never got such a reply itself: it stays at one, unfenced.
+    # The sink's replies say it enforces the predecessor check for juice requests only
+    # (two sink versions behind one address, say). The snack lane shares the sender
+    # with the juice lane, but never got such a reply itself: it stays at one, naming
+    # no predecessor.
     legacy = LegacySink(
         Recorder(by_sku=True),
         stall_s=LEGACY_STALL_S,
-        fencing=PREDECESSOR_CHECK_ENFORCED,
-        fencing_skus=frozenset({"juice"}),
+        check_header=PREDECESSOR_CHECK_ENFORCED,
+        check_header_skus=frozenset({"juice"}),
     )
     url = await start_legacy(serve, legacy)
     events = orders(120, skus=("snack", "juice"))
@@ -586,7 +589,9 @@ async def test_sender_remembers_what_each_requests_reply_said(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(publisher_http, "CHECKED_REPLIES_KEPT", 3)
-    legacy = LegacySink(fencing=PREDECESSOR_CHECK_ENFORCED, fencing_skus=frozenset({"juice"}))
+    legacy = LegacySink(
+        check_header=PREDECESSOR_CHECK_ENFORCED, check_header_skus=frozenset({"juice"})
+    )
     url = await start_legacy(serve, legacy)
     juice: list[Event] = [{"id": f"j{n}", "sku": "juice", "qty": 1} for n in range(4)]
     snack: Event = {"id": "s0", "sku": "snack", "qty": 1}
@@ -690,7 +695,9 @@ async def test_a_reply_without_the_header_mid_run_goes_back_to_one_at_a_time(
     serve: Serve, outbox: Outbox, db: Path, db_rows: Query, mode: Mode
 ) -> None:
     off_at = 12  # the request (by arrival) from which the sink's replies stop saying so
-    legacy = LegacySink(stall_s=LEGACY_STALL_S, fencing=PREDECESSOR_CHECK_ENFORCED, off_at=off_at)
+    legacy = LegacySink(
+        stall_s=LEGACY_STALL_S, check_header=PREDECESSOR_CHECK_ENFORCED, off_at=off_at
+    )
     url = await start_legacy(serve, legacy)
     events = orders(48 if mode == "single" else 48 * BATCH_LIMIT)
     ids = await accept_events(outbox, events)
@@ -701,7 +708,7 @@ async def test_a_reply_without_the_header_mid_run_goes_back_to_one_at_a_time(
             outbox,
             watched,
             mode,
-            fencing=sender.predecessor_checked,
+            predecessor_checked=sender.predecessor_checked,
             after_delivery=watched.after_delivery,
         )
         async with running(relay):
@@ -714,7 +721,7 @@ async def test_a_reply_without_the_header_mid_run_goes_back_to_one_at_a_time(
     assert sorted(i for c in calls for i in c.ids) == ids  # each sent once
     assert legacy.off_time is not None
 
-    # Before the switch: the first request alone and unfenced, then pipelined.
+    # Before the switch: the first request alone, naming no predecessor, then pipelined.
     assert (calls[0].after, calls[0].untaken) == (None, 0)
     assert watched.downgrade is not None
     made, untaken = watched.downgrade
@@ -727,11 +734,11 @@ async def test_a_reply_without_the_header_mid_run_goes_back_to_one_at_a_time(
     assert made > off_at
     assert untaken >= 1, watched.downgrade
 
-    # From then on: no request while another is in flight, and none fenced.
+    # From then on: no request while another is in flight, and none names a predecessor.
     later = calls[made:]
     assert len(later) >= 10
     assert [(c.untaken, c.unanswered, c.after) for c in later] == [(0, 0, None)] * len(later)
-    # At the sink: each arrived after the one before was over, with no fence.
+    # At the sink: each arrived after the one before was over, naming no predecessor.
     late = requests[made:]
     assert [s.ids for s in late] == [c.ids for c in later]
     assert [(s.in_flight, s.overlapped, s.after) for s in late] == [(1, False, None)] * len(late)
