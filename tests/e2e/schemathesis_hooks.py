@@ -1,12 +1,13 @@
 """Hooks for the schemathesis runs of test_openapi_fuzz.py (loaded by the fuzzer's CLI).
 
-Fences: a well-formed Outbox-After value the fuzzer made up is replaced, just before
-the request goes out, by one of the IDs in OPENAPI_FUZZ_FENCES, which the test has
-prepared (one in the inbox, one the sink has seen refused). A made-up ID would be
-one the sink never saw, and each such request waits the documented 5 s before its
-412: a few dozen of them would take minutes. The replacement is well-formed too, so
-the case stays schema-valid; malformed values are sent as generated (400). The wait
-itself is covered by tests/integration/test_sink_fence.py.
+Predecessors: a well-formed Outbox-After value the fuzzer made up is replaced, just
+before the request goes out, by one of the IDs in OPENAPI_FUZZ_PREDECESSORS, which
+the test has prepared (one in the inbox, one the sink has seen refused). A made-up
+ID would be one the sink never saw, and each such request waits the documented 5 s
+before its 412: a few dozen of them would take minutes. The replacement is
+well-formed too, so the case stays schema-valid; malformed values are sent as
+generated (400). The wait itself is covered by
+tests/integration/test_sink_predecessor_check.py.
 
 Leases: the fuzzer's coverage phase cannot make a value for the Outbox-Lease pattern
 (it has spaces) and sends "0" in a case it calls schema-valid; in a positive case a
@@ -31,7 +32,7 @@ import schemathesis
 from shared import LEASE_HEADER, PREDECESSOR_HEADER, InvalidEvent, parse_lease, validate_event_id
 
 DROPPED_ENV = "OPENAPI_FUZZ_DROPPED"
-FENCES_ENV = "OPENAPI_FUZZ_FENCES"
+PREDECESSORS_ENV = "OPENAPI_FUZZ_PREDECESSORS"
 QTY_NOT_INTEGER = {"field": "qty", "detail": "must be an integer, not a number"}
 
 
@@ -110,5 +111,5 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     name = next((key for key in headers if key.lower() == PREDECESSOR_HEADER.lower()), None)
     if name is None or not well_formed(headers[name]):
         return
-    fences = os.environ[FENCES_ENV].split(",")
-    headers[name] = fences[len(headers[name]) % len(fences)]
+    prepared = os.environ[PREDECESSORS_ENV].split(",")
+    headers[name] = prepared[len(headers[name]) % len(prepared)]

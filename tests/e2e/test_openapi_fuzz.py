@@ -12,10 +12,11 @@ One relaxation, in tests/e2e/schemathesis_hooks.py, each drop recorded and check
 to be exactly its case: a `qty` written as 7.0 is schema-valid for JSON Schema and
 refused by the services on purpose.
 
-Fences: a request whose Outbox-After names an event the sink never saw waits up to
-5 s before its 412 (as documented). So the fuzzer's well-formed Outbox-After values
-are swapped for two IDs prepared here, one applied and one seen but refused (see the
-hooks): both outcomes, met and not met, without the wait per example.
+Predecessors: a request whose Outbox-After names an event the sink never saw waits
+up to 5 s before its 412 (as documented). So the fuzzer's well-formed Outbox-After
+values are swapped for two IDs prepared here, one applied and one seen but refused
+(see the hooks): both outcomes, predecessor present and missing, without the wait
+per example.
 """
 
 from __future__ import annotations
@@ -40,16 +41,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 SEED = 20261201
 MAX_EXAMPLES = 100  # per operation and phase: about 10 s per service here
 WORKERS = 1  # several threads trip a CPython 3.11 bug in ast.parse (hypothesis uses it)
-REQUEST_TIMEOUT_S = 10.0  # above the sink's 5 s fence wait
+REQUEST_TIMEOUT_S = 10.0  # above the sink's 5 s predecessor wait
 RUN_TIMEOUT_S = 180.0
 HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
 FUZZER = (sys.executable, "-m", "schemathesis.cli")
 
-FENCE_MET = {"id": "fence-met", "sku": "fence", "qty": 1}  # applied before the run
-FENCE_NOT_MET = {"id": "fence-not-met", "sku": "fence", "qty": 0}  # refused: seen, not there
+PREDECESSOR_PRESENT = {"id": "fence-met", "sku": "fence", "qty": 1}  # applied before the run
+PREDECESSOR_MISSING = {"id": "fence-not-met", "sku": "fence", "qty": 0}  # refused: seen, not there
 # GET /events/batch is the inbox record of the event "batch": let it be there.
 NAMED_BATCH = {"id": "batch", "sku": "fence", "qty": 2}
-PREPARED = (FENCE_MET, NAMED_BATCH)
+PREPARED = (PREDECESSOR_PRESENT, NAMED_BATCH)
 
 CONFIG = """\
 # A warning (a reference that does not resolve, an operation never reached past
@@ -58,7 +59,7 @@ CONFIG = """\
 fail-on = true
 
 # Schema-valid requests may still be refused for the state they meet: an unknown ID
-# (404), a known ID with another payload (409), a fence not met (412). The status
+# (404), a known ID with another payload (409), a missing predecessor (412). The status
 # conformance check still holds each operation to the statuses it documents.
 [checks.positive_data_acceptance]
 expected-statuses = ["2xx", "404", "409", "412"]
@@ -92,7 +93,7 @@ def fuzz(
         {
             "SCHEMATHESIS_HOOKS": str(HOOKS),
             "OPENAPI_FUZZ_DROPPED": str(dropped),
-            "OPENAPI_FUZZ_FENCES": f"{FENCE_MET['id']},{FENCE_NOT_MET['id']}",
+            "OPENAPI_FUZZ_PREDECESSORS": f"{PREDECESSOR_PRESENT['id']},{PREDECESSOR_MISSING['id']}",
         }
     )
     command = [
@@ -188,7 +189,7 @@ def test_sink_conforms_and_only_acknowledged_events_change_the_inbox(
     assert sink.base.startswith(f"http://{LOOPBACK}:")
     for event in PREPARED:
         assert http_request(sink.port, "POST", "/events", event, timeout_s=10)[0] == 200
-    assert http_request(sink.port, "POST", "/events", FENCE_NOT_MET, timeout_s=10)[0] == 400
+    assert http_request(sink.port, "POST", "/events", PREDECESSOR_MISSING, timeout_s=10)[0] == 400
     exchanges = fuzz(sink.base, tmp_path, "sink", child_env)
     no_server_error(exchanges)
     sink.stop()
