@@ -46,10 +46,12 @@ RUN_TIMEOUT_S = 180.0
 HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
 FUZZER = (sys.executable, "-m", "schemathesis.cli")
 
-PREDECESSOR_PRESENT = {"id": "fence-met", "sku": "fence", "qty": 1}  # applied before the run
-PREDECESSOR_MISSING = {"id": "fence-not-met", "sku": "fence", "qty": 0}  # refused: seen, not there
+# Applied before the run:
+PREDECESSOR_PRESENT = {"id": "predecessor-present", "sku": "predecessor", "qty": 1}
+# Refused: seen, not there:
+PREDECESSOR_MISSING = {"id": "predecessor-missing", "sku": "predecessor", "qty": 0}
 # GET /events/batch is the inbox record of the event "batch": let it be there.
-NAMED_BATCH = {"id": "batch", "sku": "fence", "qty": 2}
+NAMED_BATCH = {"id": "batch", "sku": "predecessor", "qty": 2}
 PREPARED = (PREDECESSOR_PRESENT, NAMED_BATCH)
 
 CONFIG = """\
