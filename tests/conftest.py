@@ -22,6 +22,7 @@ import aiohttp
 import psycopg
 import pytest
 from aiohttp import web
+from cli_support import as_a_child_process, process_state_kept
 from support import LOOPBACK, STOP_TIMEOUT_S, listening, query, run_module, spawn, stop_process
 
 from plumbing.pgserver import ServerUnavailable, ThrowawayServer
@@ -109,6 +110,17 @@ def root_logging_restored() -> Iterator[None]:
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
+
+
+@pytest.fixture
+def like_a_child_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """For a module whose tests call a CLI's `main()` in this process
+    (`pytestmark = pytest.mark.usefixtures("like_a_child_process")`): the environment
+    and working directory a child process of these tests would get, and what `main()`
+    changes for the whole process put back afterwards (cli_support)."""
+    as_a_child_process(monkeypatch, tmp_path)
+    with process_state_kept():
+        yield
 
 
 # ---------------------------------------------------------------- independent reads

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
-from cli_support import as_a_child_process, run_publisher
+from cli_support import run_publisher
 from support import LOOPBACK, wait_until
 
 if TYPE_CHECKING:
     from conftest import StartPublisher, StartSink
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("like_a_child_process")]
 Capsys = pytest.CaptureFixture[str]
 
 LONG_POLL = ("--poll-interval", "30")  # nothing but a wake-up delivers within a test
@@ -41,11 +41,6 @@ def execute(url: str, statement: str) -> None:
 
 def sent(url: str) -> dict[str, int]:
     return dict(rows(url, "SELECT id, sent FROM outbox"))
-
-
-@pytest.fixture(autouse=True)
-def like_a_child_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    as_a_child_process(monkeypatch, tmp_path)
 
 
 def publisher(capsys: Capsys, *args: str) -> str:

@@ -14,19 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from cli_support import Ran, as_a_child_process, run_publisher
+from cli_support import Ran, run_publisher
 from support import LOOPBACK, post_order, wait_until
 
 if TYPE_CHECKING:
     from conftest import PublisherProcess, Query, StartPublisher, StartSink
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("like_a_child_process")]
 Capsys = pytest.CaptureFixture[str]
-
-
-@pytest.fixture(autouse=True)
-def like_a_child_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    as_a_child_process(monkeypatch, tmp_path)
 
 
 def sent(db_rows: Query, db: Path) -> dict[str, int]:

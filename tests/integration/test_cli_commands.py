@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from cli_support import Ran, as_a_child_process, assert_one_line_error, run_publisher, run_sink
+from cli_support import Ran, assert_one_line_error, run_publisher, run_sink
 
 if TYPE_CHECKING:
     from conftest import AcceptOrders, Query
@@ -24,10 +24,7 @@ ORDER: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
 SourceState = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
 Capsys = pytest.CaptureFixture[str]
 
-
-@pytest.fixture(autouse=True)
-def like_a_child_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    as_a_child_process(monkeypatch, tmp_path)
+pytestmark = pytest.mark.usefixtures("like_a_child_process")
 
 
 @pytest.fixture

@@ -7,15 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import Ran, as_a_child_process, assert_one_line_error, run_publisher, run_sink
+from cli_support import Ran, assert_one_line_error, run_publisher, run_sink
 
 Capsys = pytest.CaptureFixture[str]
 SINK_URL = "http://127.0.0.1:9/events"
 
-
-@pytest.fixture(autouse=True)
-def like_a_child_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    as_a_child_process(monkeypatch, tmp_path)
+pytestmark = pytest.mark.usefixtures("like_a_child_process")
 
 
 def test_publisher_without_a_command_exits_2(capsys: Capsys) -> None:

@@ -10,11 +10,9 @@ created.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_support import as_a_child_process, process_state_kept
 
 from plumbing.cli import EXIT_FAILED, EXIT_USAGE
 from sink.cli import main
@@ -29,12 +27,7 @@ REFUSED = [
     "",
 ]
 
-
-@pytest.fixture(autouse=True)
-def like_a_child_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    as_a_child_process(monkeypatch, tmp_path)
-    with process_state_kept():  # main() is called as it is, SystemExit and all
-        yield
+pytestmark = pytest.mark.usefixtures("like_a_child_process")
 
 
 def assert_one_line_refusal(capsys: pytest.CaptureFixture[str], cwd: Path, *words: str) -> None:
