@@ -422,7 +422,7 @@ async def relay_single(ctx: Context) -> Figures:
     figures = await relay_drain(ctx, "single", ctx.sizes.backlog, batch=False)
     return {
         **figures,
-        "delivery": "one event per request (Relay without deliver_batch)",
+        "delivery": "one event per request (RelaySettings batch=False)",
         "pipeline": DEFAULT_DEPTH,
     }
 
@@ -431,7 +431,7 @@ async def relay_batch(ctx: Context) -> Figures:
     figures = await relay_drain(ctx, "batch", ctx.sizes.backlog, batch=True)
     return {
         **figures,
-        "delivery": "batches of up to 16 (deliver_batch=HttpSender.deliver_batch)",
+        "delivery": "batches of up to 16 (RelaySettings batch=True)",
         "pipeline": DEFAULT_DEPTH,
     }
 
@@ -447,7 +447,11 @@ async def relay_batch_serial(ctx: Context) -> Figures:
 async def _serial(ctx: Context, *, batch: bool, delivery: str) -> Figures:
     name = "batch-serial" if batch else "single-serial"
     figures = await relay_drain(ctx, name, ctx.sizes.backlog, batch=batch, pipeline=1)
-    return {**figures, "delivery": f"{delivery}, one in flight (Relay pipeline=1)", "pipeline": 1}
+    return {
+        **figures,
+        "delivery": f"{delivery}, one in flight (RelaySettings pipeline=1)",
+        "pipeline": 1,
+    }
 
 
 async def relay_lanes(ctx: Context) -> Figures:

@@ -50,7 +50,6 @@ RETRY_PAUSE_S: Final = 0.05
 # posted again (as a client would) until the server is back and accepts it.
 UNAVAILABLE: Final = 503
 OUTAGE_S: Final = (0.3, 1.5)
-OUTAGE_POSTS: Final = 20_000
 PG_STOP_MODES: Final = ("fast", "immediate")
 # Fast retries so a run drains in seconds; the relay's own defaults are for production.
 PUBLISHER_FLAGS: Final = (

@@ -8,16 +8,15 @@ logged once per interval instead of a traceback each time.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, Final, cast
 
 from aiohttp import web
 
 from plumbing.aiohttp_internals import attach_listener, close_if_idle
-from plumbing.logs import Throttled
+from plumbing.logs import HTTP_LOG, Throttled
 from plumbing.protocol_errors import JsonErrorHandler
 
-log = logging.getLogger(__name__)
+log = HTTP_LOG
 
 _REFUSED_BODY: Final = b'{"error": "too many open connections, try again"}'
 _REFUSED: Final = (

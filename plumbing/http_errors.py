@@ -6,18 +6,17 @@ says what was wrong, with the right status, never a traceback.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Final, Protocol
 
 from aiohttp import hdrs, web
 
-from plumbing.logs import Throttled
+from plumbing.logs import HTTP_LOG, Throttled
 from plumbing.storage import StorageError
 from shared.errors import InvalidEvent
 
-log = logging.getLogger(__name__)
+log = HTTP_LOG
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 JSON_TYPE: Final = "application/json"

@@ -22,6 +22,11 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+# The services' HTTP side (listening, connections, error replies, the access log) logs
+# under one name, whichever plumbing module writes the line: the name operators filter
+# on, kept when that code was split into modules of their own.
+HTTP_LOG: Final = logging.getLogger("plumbing.web")
+
 REPEAT_INTERVAL_S: Final = 10.0  # the default interval in which a key is logged once
 MAX_KEYS: Final = 1024  # distinct keys remembered; the oldest is forgotten beyond it
 
@@ -160,4 +165,4 @@ def _seconds(elapsed_s: float) -> str:
     return f"{elapsed_s:.0f} s" if elapsed_s >= 10 else f"{elapsed_s:.1f} s"
 
 
-__all__ = ["MAX_KEYS", "REPEAT_INTERVAL_S", "Throttled"]
+__all__ = ["HTTP_LOG", "MAX_KEYS", "REPEAT_INTERVAL_S", "Throttled"]

@@ -11,9 +11,9 @@ from typing import Any, Final
 from aiohttp import web
 
 from plumbing.aiohttp_internals import PARSER_ERRORS, HookedHandler, is_payload_error
-from plumbing.logs import Throttled
+from plumbing.logs import HTTP_LOG, Throttled
 
-log = logging.getLogger(__name__)
+log = HTTP_LOG
 
 _parse_log: Final = Throttled(log)
 

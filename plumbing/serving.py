@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 from typing import Any, Final
 
@@ -14,8 +13,9 @@ from plumbing import event_loop
 from plumbing.aiohttp_internals import check_internals
 from plumbing.capped_site import CappedSite, quiet_accept_errors
 from plumbing.http_limits import LIMITS, HttpLimits, connection_cap
+from plumbing.logs import HTTP_LOG
 
-log = logging.getLogger(__name__)
+log = HTTP_LOG
 
 # After an error reply, the rest of an unread body is read (and dropped) for at most
 # this long so that the client sees the reply; then the connection is closed.

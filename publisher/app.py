@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -37,8 +36,6 @@ from publisher.settings import DEFAULT_LEASE_TTL_S, RelaySettings, for_location
 from publisher.store import Outbox
 from shared import MAX_BODY_BYTES, Conflict, InvalidEvent
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class ServiceSettings:
@@ -57,6 +54,13 @@ class ServiceSettings:
     guard: HttpGuard = field(default_factory=HttpGuard)
     relay: RelaySettings = field(default_factory=RelaySettings)
     console: ConsoleSettings | None = field(default_factory=ConsoleSettings)  # None: off
+
+    def __post_init__(self) -> None:
+        parse_location(self.db)  # BadLocation now, before anything opens
+        if self.relay.worker is None:
+            # Several services may share a PostgreSQL outbox: each delivers a line only
+            # under its lease, never without one.
+            raise ValueError("the service's relay delivers under leases: give it a worker")
 
     @property
     def sinks(self) -> tuple[str, ...]:

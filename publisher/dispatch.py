@@ -54,7 +54,7 @@ class _PlainLine:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def read(self, limit: int, skip: Collection[str]) -> list[Pending]:
-        return [Pending(n, event, 0) for n, event in enumerate(await self.pending(limit))]
+        return [Pending(n, event, 0, None) for n, event in enumerate(await self.pending(limit))]
 
     async def mark(self, marks: list[Mark], lease: Lease | None) -> None:
         async with self._lock:

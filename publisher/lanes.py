@@ -22,13 +22,14 @@ from typing import Final
 from publisher.head_policy import Blocked, HeadPolicy
 from publisher.leases import LeaseKeeper
 from publisher.line import Line, LineRunner, Signals
+from publisher.settings import RelaySettings
 from publisher.store import Outbox
 
 LANE_CANDIDATES: Final = 64  # lanes listed per query of pending lanes
 
 
 class LanesSupervisor:
-    """Keeps up to `max_lanes` lanes in flight until the relay stops."""
+    """Keeps up to `settings.max_lanes` lanes in flight until the relay stops."""
 
     def __init__(
         self,
@@ -36,11 +37,10 @@ class LanesSupervisor:
         runner: LineRunner,
         policy: HeadPolicy,
         signals: Signals,
+        settings: RelaySettings,
         keeper: LeaseKeeper | None = None,
-        *,
-        max_lanes: int,
-        poll_interval_s: float,
     ) -> None:
+        max_lanes, poll_interval_s = settings.max_lanes, settings.poll_interval_s
         self._outbox = outbox
         self._keeper = keeper
         self._runner = runner

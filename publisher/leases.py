@@ -38,7 +38,8 @@ from publisher.settings import WorkerSettings
 from publisher.store import Outbox
 from shared import GLOBAL_LINE, Lease
 
-log = logging.getLogger(__name__)
+# The name operators have filtered lease and worker lines on since workers came.
+log = logging.getLogger("publisher.workers")
 
 
 class LeaseObserver(Protocol):

@@ -81,15 +81,7 @@ class Relay:
         )
         self._global = self._runner.line(None)
         self._lanes = (
-            LanesSupervisor(
-                outbox,
-                self._runner,
-                policy,
-                self._signals,
-                self.keeper,
-                max_lanes=settings.max_lanes,
-                poll_interval_s=settings.poll_interval_s,
-            )
+            LanesSupervisor(outbox, self._runner, policy, self._signals, settings, self.keeper)
             if settings.ordering == "sku"
             else None
         )

@@ -2,8 +2,9 @@
 
 `publisher serve` builds it from its options, the library's `dispatch` from its
 arguments, and it is passed down as it is: the relay, the lanes supervisor, the line
-runner, the head-failure policy, the lease keeper and the delivery driver each read
-the fields they need from the same object. It is checked once, here, when it is made.
+runner and the delivery driver each read the fields they need from the same object,
+the head-failure policy gets its `retry` part and the lease keeper its `worker` part.
+It is checked once, here, when it is made.
 
 `WorkerSettings` (who this worker is, how long its leases last) is the part a
 one-shot `publisher dispatch` needs on its own; the defaults are those of
@@ -158,7 +159,7 @@ class RelaySettings:
 
 def for_location(settings: RelaySettings, location: str) -> RelaySettings:
     """`settings` with the worker ID, if not given, that a relay on the outbox at
-    `location` takes by default (`worker_id_for`). Pure."""
+    `location` takes by default (`worker_id_for`)."""
     worker = settings.worker
     if worker is None or worker.worker_id is not None:
         return settings

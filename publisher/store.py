@@ -44,13 +44,13 @@ class State(StrEnum):
 
 class Pending(NamedTuple):
     """One pending entry as the relay reads it. `lane` is its line in per-SKU order,
-    as the outbox stored it (every backend fills it; a row built by hand, by a store
-    that knows no lanes, may leave it empty)."""
+    as the outbox stored it (every backend fills it); None from a store that knows no
+    lanes (the library's dispatch over a plain store)."""
 
     seq: int
     event: Event
     attempts: int  # failed or successful attempts so far
-    lane: str = ""
+    lane: str | None
 
 
 class Mark(NamedTuple):

@@ -503,7 +503,6 @@ PRUNE_SENT: Final = """
 # for briefly (a holder that just died may still be ending its session).
 RELAY_LOCK_WAIT: Final = "SELECT set_config('lock_timeout', %s, false)"
 RELAY_LOCK: Final = "SELECT pg_advisory_lock(%s)"
-RELAY_UNLOCK: Final = "SELECT pg_advisory_unlock(%s)"
 # Who holds it: the session's application_name says which process and what for.
 RELAY_HOLDER: Final = """
     SELECT a.application_name, a.backend_start::text, a.pid
@@ -512,4 +511,3 @@ RELAY_HOLDER: Final = """
         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
         AND l.classid::bigint = %(classid)s::bigint AND l.objid::bigint = %(objid)s::bigint
 """
-SET_APPLICATION_NAME: Final = "SELECT set_config('application_name', %s, false)"

@@ -122,7 +122,8 @@ async def _take_lines(outbox: Outbox, keeper: LeaseKeeper, limit: int) -> Lease:
     until every lane in it is held, a few times at most)."""
     lease = await _take(outbox, keeper, GLOBAL_LINE)
     for _ in range(TAKE_ROUNDS):
-        lanes = {row.lane for row in await outbox.pending_batch(limit)}
+        rows = await outbox.pending_batch(limit)
+        lanes = {row.lane for row in rows if row.lane is not None}  # an Outbox fills each
         if all(keeper.held(lane) for lane in lanes):
             return lease
         for lane in sorted(lanes):

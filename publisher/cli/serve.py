@@ -63,6 +63,16 @@ def add_parsers(command: AddCommand) -> None:
         " cluster (one inbox): a request goes to the next when one cannot be reached",
         repeat=True,
     )
+    _add_worker_options(serve)
+    add_option(serve, "--host", default="127.0.0.1", help="intake address to listen on")
+    add_option(serve, "--port", type=port, default=DEFAULT_PORT, help="intake port (0: any)")
+    _add_delivery_options(serve)
+    _add_service_options(serve)
+    add_chaos_option(serve)
+
+
+def _add_worker_options(serve: ArgumentParser) -> None:
+    """Who this relay worker is among others on one outbox."""
     add_option(
         serve,
         "--worker-id",
@@ -79,8 +89,10 @@ def add_parsers(command: AddCommand) -> None:
         help="seconds a worker's lease of a line lasts unrenewed (renewed every third of"
         " it): how long a killed worker's lines wait before another takes them over",
     )
-    add_option(serve, "--host", default="127.0.0.1", help="intake address to listen on")
-    add_option(serve, "--port", type=port, default=DEFAULT_PORT, help="intake port (0: any)")
+
+
+def _add_delivery_options(serve: ArgumentParser) -> None:
+    """How the relay delivers (RelaySettings, and the sender's timeout)."""
     add_option(serve, "--limit", type=batch_limit, default=MAX_BATCH, help="batch size, 1 to 16")
     add_option(
         serve,
@@ -148,6 +160,10 @@ def add_parsers(command: AddCommand) -> None:
         "used only once the sink's replies say it enforces that header, one at a time "
         "until then; 1 turns pipelining off",
     )
+
+
+def _add_service_options(serve: ArgumentParser) -> None:
+    """What the service takes: tokens, the console, the HTTP side, its logs."""
     add_option(
         serve,
         "--intake-token-file",
@@ -171,7 +187,6 @@ def add_parsers(command: AddCommand) -> None:
     add_http_options(serve)
     add_option(serve, "--access-log", action="store_true", help="log one line per request")
     add_option(serve, "--log-format", choices=["text", "json"], default="text", help="log lines")
-    add_chaos_option(serve)
 
 
 def check_args(parser: ArgumentParser, args: argparse.Namespace) -> None:

@@ -90,7 +90,7 @@ class Entries:
     """A line's store in memory: the given entries pending, the marks kept in order."""
 
     def __init__(self, *events: Event) -> None:
-        self.rows = [Pending(seq, e, 0) for seq, e in enumerate(events, start=1)]
+        self.rows = [Pending(seq, e, 0, e["sku"]) for seq, e in enumerate(events, start=1)]
         self.marks: list[Mark] = []
 
     async def read(self, limit: int, skip: Collection[str]) -> list[Pending]:

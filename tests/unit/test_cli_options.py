@@ -25,10 +25,11 @@ from plumbing.cli import (
     duration_s,
     env_name,
 )
+from plumbing.storage import BadLocation
 from publisher.app import ServiceSettings
 from publisher.chaos import exit_after_ack
 from publisher.cli import build_parser, main
-from publisher.settings import DEFAULT_DEPTH
+from publisher.settings import DEFAULT_DEPTH, RelaySettings
 
 
 def parser_with(*options: tuple[str, dict[str, object]]) -> ArgumentParser:
@@ -241,6 +242,16 @@ def test_publisher_serve_pipeline_defaults_to_the_default_depth() -> None:
     assert args.pipeline == DEFAULT_DEPTH
     assert type(args.pipeline) is int
     assert ServiceSettings(db="source.db", sink="http://127.0.0.1:9/events").relay.pipeline == 8
+
+
+def test_service_settings_refuse_a_location_no_backend_opens_and_a_relay_without_leases() -> None:
+    sink = "http://127.0.0.1:9/events"
+    with pytest.raises(BadLocation):
+        ServiceSettings(db="ftp://nowhere/source", sink=sink)
+    with pytest.raises(ValueError, match="under leases"):
+        ServiceSettings(db="source.db", sink=sink, relay=RelaySettings(worker=None))
+    leased = ServiceSettings(db="source.db", sink=sink, relay=RelaySettings())
+    assert leased.relay.worker is not None
 
 
 @pytest.mark.parametrize("text", ["1", "2", "16"])
