@@ -1,0 +1,129 @@
+"""A database written by the previous release opens with this one and loses nothing.
+
+The fixtures in tests/fixtures/previous_release were written by that release's own
+code (make_fixtures.py there says how, and what each entry went through): an entry
+delivered and pruned, one delivered and marked, one quarantined, one applied at the
+sink but never marked, two never sent, a released lease. Here both sides are opened
+with this release, on each backend, and everything is read back with connections of
+the test's own: the rows are all there, a known ID is judged against what the old
+release stored (a duplicate, not a conflict), the pending entries are delivered to
+the old inbox over HTTP, the one applied before is answered as a duplicate, and the
+inventory counts each order once.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psycopg
+import pytest
+from support import deliveries, inventory, query, sent_ids
+
+from publisher import HttpSender, Outbox
+from publisher.cli.dispatch import deliver_pending
+from publisher.settings import RelaySettings
+from publisher.store import State
+from shared import Conflict
+from sink import Inbox, create_app
+
+if TYPE_CHECKING:
+    from conftest import PgSchemas, Serve
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "previous_release"
+ONCE = RelaySettings(batch=True, pipeline=1, worker=None)  # one read, no leases
+
+
+@dataclass(frozen=True)
+class Written:
+    """The two databases the previous release wrote, as --db takes them."""
+
+    source: Path | str
+    sink: Path | str
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def written(request: pytest.FixtureRequest, tmp_path: Path) -> Written:
+    """Copies of the SQLite files, or the PostgreSQL dump loaded into this test's
+    database (schema `release`, dropped with the test's schemas afterwards)."""
+    if request.param == "sqlite":
+        source, sink = tmp_path / "source.db", tmp_path / "sink.db"
+        shutil.copyfile(FIXTURES / "source.sqlite", source)
+        shutil.copyfile(FIXTURES / "sink.sqlite", sink)
+        return Written(source, sink)
+    schemas: PgSchemas = request.getfixturevalue("pg_schemas")
+    with psycopg.connect(schemas.database_url, autocommit=True) as conn:
+        conn.execute((FIXTURES / "postgres.sql").read_bytes())
+    url = f"{schemas.database_url}?options=-csearch_path%3Drelease"
+    return Written(url, url)
+
+
+async def test_both_sides_open_and_every_row_is_there(written: Written) -> None:
+    async with Outbox.open(written.source) as outbox, Inbox.open(written.sink) as inbox:
+        pending = await outbox.entries(State.PENDING)
+        sent = await outbox.entries(State.SENT)
+        quarantined = await outbox.entries(State.QUARANTINED)
+        assert [(e.id, e.lane, e.attempts) for e in pending] == [
+            ("o-4", "snack", 0),
+            ("o-5", "juice", 0),
+            ("o-6", "tea", 0),
+        ]
+        assert [(e.id, e.lane, (e.ack or {}).get("status")) for e in sent] == [
+            ("o-2", "juice", "applied")
+        ]
+        assert [(e.id, e.attempts, e.last_error) for e in quarantined] == [
+            ("o-3", 1, "sink answered 503")
+        ]
+        assert [r.reason for r in await outbox.quarantines("o-3")] == ["looked stuck"]
+        pruned = await outbox.order("o-1")  # its entry pruned, its order row kept
+        assert pruned is not None and (pruned.sku, pruned.qty) == ("snack", 1)
+        assert (await outbox.lease_of("snack")) is not None
+        assert await outbox.take_lease("snack", "w2", 60.0) == 2  # the epoch goes on
+
+        assert await inbox.count() == 3
+        assert await inbox.inventory("snack") == 5
+        record = await inbox.record("o-4")
+        assert record is not None and record.deliveries == 1
+
+
+async def test_a_known_id_is_judged_against_what_the_previous_release_stored(
+    written: Written,
+) -> None:
+    before = query(written.source, "SELECT id, sent, quarantined FROM outbox ORDER BY seq")
+    async with Outbox.open(written.source) as outbox:
+        assert await outbox.accept({"id": "o-1", "sku": "snack", "qty": 1}) == "duplicate"
+        assert await outbox.accept({"id": "o-2", "sku": "juice", "qty": 2}) == "duplicate"
+        assert await outbox.accept({"id": "o-5", "sku": "juice", "qty": 5}) == "duplicate"
+        for changed in (
+            {"id": "o-1", "sku": "snack", "qty": 9},  # pruned: judged by its order row
+            {"id": "o-2", "sku": "tea", "qty": 2},
+            {"id": "o-5", "sku": "juice", "qty": 6},
+        ):
+            with pytest.raises(Conflict):
+                await outbox.accept(changed)
+    assert query(written.source, "SELECT id, sent, quarantined FROM outbox ORDER BY seq") == before
+    assert query(written.source, "SELECT count(*) FROM orders") == [(6,)]
+
+
+async def test_the_pending_entries_are_delivered_and_the_one_applied_before_is_a_duplicate(
+    written: Written, serve: Serve
+) -> None:
+    url = f"{await serve(create_app(written.sink))}/events"
+    async with Outbox.open(written.source) as outbox, HttpSender(url) as sender:
+        assert await deliver_pending(outbox, sender, ONCE) == ["o-4", "o-5", "o-6"]
+        await outbox.redrive("o-3", "alice")
+        assert await deliver_pending(outbox, sender, ONCE) == ["o-3"]
+        acks = {e.id: (e.ack or {}).get("status") for e in await outbox.entries(State.SENT)}
+
+    assert sent_ids(written.source) == ["o-2", "o-3", "o-4", "o-5", "o-6"]
+    assert acks == {
+        "o-2": "applied",
+        "o-3": "applied",
+        "o-4": "duplicate",
+        "o-5": "applied",
+        "o-6": "applied",
+    }
+    assert deliveries(written.sink) == {"o-1": 1, "o-2": 1, "o-3": 1, "o-4": 2, "o-5": 1, "o-6": 1}
+    assert inventory(written.sink) == {"snack": 5, "juice": 7, "tea": 9}  # each order once
