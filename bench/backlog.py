@@ -1,9 +1,11 @@
 """Source databases built fast: the real schema, rows inserted in one transaction.
 
 The schema comes from `Outbox.open`; the rows go in with plain sqlite3 and
-executemany (a SQLite file), or with psycopg's COPY (a PostgreSQL database), using
-the real columns (and the `lane` column when the schema has one). Both backends
-keep the same columns: flags 0/1, times in seconds since the epoch, JSON as text.
+executemany (a SQLite file), or with psycopg's COPY (a PostgreSQL database), as
+intake writes them: each entry's payload is its canonical event (an order's is its
+`order.placed` event, shared.order_canonical), its type and its lane (the event's
+key) in their columns, and an order's row in `orders` beside it. Both backends keep
+the same columns: flags 0/1, times in seconds since the epoch, JSON as text.
 """
 
 from __future__ import annotations
@@ -12,20 +14,25 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from bench import naive
+from bench.events import SKUS, Kind, order, stored
 from chaos.dbs import DbLocation, is_postgres, value
 from publisher import Outbox
-from shared import Event, Receipt, canonical_json, digest_of
+from shared import Receipt, digest_of
 
 SENT_ACK: Final = '{{"ack": "{id}", "status": "{status}", "sha256": "{digest}"}}'
-SKUS: Final = tuple(f"sku-{n}" for n in range(8))
+ENTRY_COLUMNS: Final = ("id", "type", "payload", "queued_at", "lane")
+SENT_COLUMNS: Final = ("sent", "sent_at", "ack", "attempts", "last_attempt_at")
+ORDER_COLUMNS: Final = ("id", "sku", "qty", "accepted_at")
 
 
-def event(n: int, prefix: str = "order", skus: int = len(SKUS)) -> Event:
-    """The nth order; SKUs take turns (the first `skus` of sku-0, sku-1, ...)."""
-    return {"id": f"{prefix}-{n:08d}", "sku": f"sku-{n % skus}", "qty": 1 + n % 5}
+class Row(NamedTuple):
+    """One entry to insert: its outbox columns, and its order's row (None: no order)."""
+
+    entry: tuple[object, ...]
+    order: tuple[object, ...] | None
 
 
 async def create_source(location: DbLocation) -> None:
@@ -41,94 +48,83 @@ def insert_entries(
     start: int = 0,
     sent: bool = False,
     skus: int = len(SKUS),
+    kind: Kind = Kind.ORDER,
 ) -> None:
-    """Add `count` orders with their outbox entries, pending or already sent, over
-    `skus` SKUs."""
+    """Add `count` entries of events of `kind` (orders with their order rows), pending
+    or already sent, keyed over `skus` SKUs."""
+    rows = list(_rows(kind, start, count, skus, sent, time.time()))
     if is_postgres(location):
-        _copy_entries(str(location), count, start=start, sent=sent, skus=skus)
+        _copy_rows(str(location), rows, sent)
         return
     conn = sqlite3.connect(location, isolation_level=None)
     try:
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(outbox)")}
-        with_lane = "lane" in columns
-        now = time.time()
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(
-            "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)",
-            ((e["id"], e["sku"], e["qty"], now) for e in _events(start, count, skus)),
-        )
-        names = ["id", "payload", "queued_at"]
-        if sent:
-            names += ["sent", "sent_at", "ack", "attempts", "last_attempt_at"]
-        if with_lane:
-            names.append("lane")
-        marks = ", ".join(["?"] * len(names))
-        conn.executemany(
-            f"INSERT INTO outbox ({', '.join(names)}) VALUES ({marks})",
-            (_entry_row(e, now, sent, with_lane) for e in _events(start, count, skus)),
-        )
+        conn.executemany(_insert("orders", ORDER_COLUMNS), [r.order for r in rows if r.order])
+        conn.executemany(_insert("outbox", _entry_columns(sent)), [r.entry for r in rows])
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
 
 
-def _copy_entries(url: str, count: int, *, start: int, sent: bool, skus: int) -> None:
+def _insert(table: str, columns: tuple[str, ...]) -> str:
+    marks = ", ".join(["?"] * len(columns))
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+
+
+def _entry_columns(sent: bool) -> tuple[str, ...]:
+    return ENTRY_COLUMNS + SENT_COLUMNS if sent else ENTRY_COLUMNS
+
+
+def _copy_rows(url: str, rows: list[Row], sent: bool) -> None:
     """insert_entries on PostgreSQL: COPY into both tables, one transaction, then
     ANALYZE so the planner knows the tables' new size."""
     import psycopg
 
     from pg_tx import parse
 
-    now = time.time()
-    names = ["id", "payload", "queued_at"]
-    if sent:
-        names += ["sent", "sent_at", "ack", "attempts", "last_attempt_at"]
-    names.append("lane")
     with psycopg.connect(parse(url).conninfo) as conn:
         with conn.cursor() as cur:
-            with cur.copy("COPY orders (id, sku, qty, accepted_at) FROM STDIN") as copy:
-                for e in _events(start, count, skus):
-                    copy.write_row((e["id"], e["sku"], e["qty"], now))
-            with cur.copy(f"COPY outbox ({', '.join(names)}) FROM STDIN") as copy:
-                for e in _events(start, count, skus):
-                    copy.write_row(_entry_row(e, now, sent, True))
+            with cur.copy(f"COPY orders ({', '.join(ORDER_COLUMNS)}) FROM STDIN") as copy:
+                for row in rows:
+                    if row.order is not None:
+                        copy.write_row(row.order)
+            with cur.copy(f"COPY outbox ({', '.join(_entry_columns(sent))}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row.entry)
         conn.commit()
         conn.autocommit = True
         conn.execute("ANALYZE orders")
         conn.execute("ANALYZE outbox")
 
 
-def _events(start: int, count: int, skus: int = len(SKUS)) -> Iterator[Event]:
+def _rows(kind: Kind, start: int, count: int, skus: int, sent: bool, now: float) -> Iterator[Row]:
     for n in range(start, start + count):
-        yield event(n, skus=skus)
-
-
-def _entry_row(e: Event, now: float, sent: bool, with_lane: bool) -> tuple[object, ...]:
-    payload = canonical_json(e)
-    row: tuple[object, ...] = (e["id"], payload, now)
-    if sent:
-        # The ACK as mark_sent stores it (json.dumps of make_ack), written out directly:
-        # IDs and digests need no escaping, and a million dumps calls would dominate.
-        ack = SENT_ACK.format(id=e["id"], status=Receipt.APPLIED.value, digest=digest_of(payload))
-        row += (1, now, ack, 1, now)
-    if with_lane:
-        row += (e["sku"],)
-    return row
+        event, payload = stored(kind, n, keys=skus)
+        entry: tuple[object, ...] = (event["id"], event["type"], payload, now, event["key"])
+        if sent:
+            # The ACK as mark_sent stores it (shared.ack.ack_json), written out directly:
+            # IDs and digests need no escaping, and a million calls would dominate.
+            digest = digest_of(payload)
+            ack = SENT_ACK.format(id=event["id"], status=Receipt.APPLIED.value, digest=digest)
+            entry += (1, now, ack, 1, now)
+        data = event["data"]
+        as_order = (event["id"], data["sku"], data["qty"], now) if kind is Kind.ORDER else None
+        yield Row(entry, as_order)
 
 
 def create_naive_source(path: Path, count: int) -> None:
     """The naive peer's own source database (default sqlite3 settings), `count` pending."""
     conn = naive.create_source(str(path))
     try:
-        events = list(_events(0, count))
+        orders = [order(n) for n in range(count)]
         conn.executemany(
             "INSERT INTO orders (id, sku, qty) VALUES (?, ?, ?)",
-            [(e["id"], e["sku"], e["qty"]) for e in events],
+            [(o["id"], o["sku"], o["qty"]) for o in orders],
         )
         conn.executemany(
             "INSERT INTO outbox (id, payload) VALUES (?, ?)",
-            [(e["id"], canonical_json(e)) for e in events],
+            [(o["id"], naive.payload(o)) for o in orders],
         )
         conn.commit()
     finally:

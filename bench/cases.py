@@ -29,14 +29,8 @@ import aiohttp
 from prometheus_client import generate_latest
 
 from bench import naive
-from bench.backlog import (
-    SKUS,
-    count_rows,
-    create_naive_source,
-    create_source,
-    event,
-    insert_entries,
-)
+from bench.backlog import count_rows, create_naive_source, create_source, insert_entries
+from bench.events import SKUS, Kind, event, order
 from bench.procs import BenchError, Child, Children
 from chaos.dbs import Backend, DbLocation, Place
 from publisher import HttpSender, Outbox
@@ -189,10 +183,10 @@ async def ceiling(ctx: Context) -> Figures:
     try:
         async with HttpSender(server.url) as sender:
             for n in range(WARMUP_REQUESTS):
-                await sender.deliver(event(n, "warm"))
+                await sender.deliver(event(Kind.ORDER, n, "warm"))
             done, started = 0, time.perf_counter()
             for n in range(ctx.sizes.ceiling_requests):
-                await sender.deliver(event(n, "ceiling"))
+                await sender.deliver(event(Kind.ORDER, n, "ceiling"))
                 done += 1
                 if time.perf_counter() - started > CEILING_MAX_S:
                     break
@@ -200,7 +194,7 @@ async def ceiling(ctx: Context) -> Figures:
             batches, batch_started = 0, time.perf_counter()
             for n in range(ctx.sizes.ceiling_requests // 4):
                 results = await sender.deliver_batch(
-                    [event(n * BATCH + k, "ceiling-batch") for k in range(BATCH)]
+                    [event(Kind.ORDER, n * BATCH + k, "ceiling-batch") for k in range(BATCH)]
                 )
                 if len(results) != BATCH or not all(isinstance(r, dict) for r in results):
                     raise BenchError(f"the ACK server did not acknowledge a batch: {results}")
@@ -338,8 +332,10 @@ async def relay_drain(
     pipeline: int = DEFAULT_DEPTH,
     skus: int = len(SKUS),
     backend: Backend = "sqlite",
+    kind: Kind = Kind.ORDER,
 ) -> Figures:
-    """Drain `backlog` pending entries with the in-process relay into a fresh sink process.
+    """Drain `backlog` pending entries (events of `kind`) with the in-process relay into
+    a fresh sink process.
 
     As `publisher serve` runs it: up to `pipeline` requests in flight per line once
     the sink's replies say it enforces Outbox-After (1: one at a time).
@@ -349,7 +345,8 @@ async def relay_drain(
     """
     source, sink_db = await ctx.databases(name, backend)
     await create_source(source)
-    await asyncio.to_thread(functools.partial(insert_entries, source, backlog, skus=skus))
+    fill = functools.partial(insert_entries, source, backlog, skus=skus, kind=kind)
+    await asyncio.to_thread(fill)
     chaos = ("--chaos", f"stall={stall_s}") if stall_s else ()
     sink = ctx.children.start(f"sink-{name}", "sink", "--db", str(sink_db), *chaos)
     try:
@@ -357,7 +354,7 @@ async def relay_drain(
             counter, clock = DeliveryCounter(backlog), RequestClock(sender)
             settings = RelaySettings(
                 batch=batch,
-                ordering="sku" if lanes else "global",
+                ordering="key" if lanes else "global",
                 max_lanes=LANES,
                 pipeline=pipeline,
             )
@@ -385,6 +382,7 @@ async def relay_drain(
         "ms_per_event_in_requests": clock.seconds * 1000 / backlog,
         "ms_per_event_elsewhere": (elapsed - clock.seconds) * 1000 / backlog,
         "backend": backend,
+        "kind": kind.value,
     }
 
 
@@ -543,7 +541,7 @@ async def _post_orders(publisher: Child, label: str, count: int) -> tuple[list[f
 
         async def post(n: int, prefix: str) -> float:
             started = time.perf_counter()
-            async with session.post(publisher.url, json=event(n, prefix)) as response:
+            async with session.post(publisher.url, json=order(n, prefix)) as response:
                 await response.read()
                 if response.status != 201:
                     raise BenchError(f"POST /orders answered {response.status}")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Final
 
 import aiohttp
 
-from bench.backlog import count_rows, create_source, event
+from bench.backlog import count_rows, create_source
 from bench.cases import (
     HTTP_TIMEOUT_S,
     SINK_APPLIED,
@@ -41,6 +41,7 @@ from bench.cases import (
     percentile,
     wait_drained,
 )
+from bench.events import Kind, body, order
 from bench.procs import BenchError, Child, tree_cpu_s
 from bench.profile import sampled, statements
 from chaos.dbs import Backend, DbLocation, rows
@@ -60,6 +61,8 @@ OK: Final = frozenset({200})
 ACCEPTED: Final = frozenset({201})
 BULK_ANSWERED: Final = frozenset({200, 201, 207})  # whichever the batch route answers
 RECEIVED: Final = "SELECT id, received_at FROM inbox"
+QUEUED: Final = "SELECT id, queued_at FROM outbox"
+ENTRIES: Final = "SELECT count(*) FROM outbox"
 
 
 def drain_timeout_s(orders: int) -> float:
@@ -68,7 +71,20 @@ def drain_timeout_s(orders: int) -> float:
 
 
 def orders_of(label: str, count: int) -> list[bytes]:
-    return [json.dumps(event(n, label)).encode() for n in range(count)]
+    return bodies_of(Kind.ORDER, label, count)
+
+
+def bodies_of(kind: Kind, label: str, count: int) -> list[bytes]:
+    """One request body per item: orders for POST /orders, events for POST /events."""
+    return [json.dumps(body(kind, n, label)).encode() for n in range(count)]
+
+
+def batches_of(kind: Kind, label: str, count: int, size: int = BULK_BATCH) -> list[bytes]:
+    """The same items in batch bodies of `size`: `{"orders": [...]}` for POST
+    /orders/batch, `{"events": [...]}` for POST /events/batch."""
+    items = [body(kind, n, label) for n in range(count)]
+    field = "orders" if kind is Kind.ORDER else "events"
+    return [json.dumps({field: items[at : at + size]}).encode() for at in range(0, count, size)]
 
 
 @contextlib.asynccontextmanager
@@ -168,7 +184,12 @@ class Pipeline:
 
     @property
     def batch_url(self) -> str:
-        return self.publisher.base_url + "/orders/batch"
+        return self.url_for(Kind.ORDER, bulk=True)
+
+    def url_for(self, kind: Kind, *, bulk: bool = False) -> str:
+        """Where items of `kind` are POSTed: /orders or /events, or their /batch."""
+        route = "/orders" if kind is Kind.ORDER else "/events"
+        return self.publisher.base_url + route + ("/batch" if bulk else "")
 
     def cpu_s(self) -> dict[str, float]:
         used = {"publisher": self.publisher.cpu_s(), "sink": self.sink.cpu_s()}
@@ -203,25 +224,31 @@ async def pipeline(ctx: Context, name: str, backend: Backend) -> AsyncIterator[P
 
 
 async def warm_up(
-    pipe: Pipeline, clients: Sequence[aiohttp.ClientSession], *, bulk: bool = False
+    pipe: Pipeline,
+    clients: Sequence[aiohttp.ClientSession],
+    *,
+    bulk: bool = False,
+    kind: Kind = Kind.ORDER,
 ) -> int:
-    """One order per client (each session opens its connection, the relay its own to
-    the sink) and drained; the orders it added. Bulk: one batch of one order per
-    client to POST /orders/batch, NotAvailable if the route is not there."""
-    url = pipe.batch_url if bulk else pipe.publisher.url
-    for n, session in enumerate(clients):
-        order = event(n, "warm")
-        status, text = await post_one(
-            session, url, json.dumps({"orders": [order]} if bulk else order).encode()
-        )
-        if bulk and status in NOT_BUILT:
-            raise NotAvailable(f"POST /orders/batch answered {status}: no bulk intake here")
+    """One order (or event of `kind`) per client (each session opens its connection,
+    the relay its own to the sink) and drained; the items it added. Bulk: one batch
+    of one item per client to POST /orders/batch (/events/batch), NotAvailable if the
+    route is not there."""
+    url = pipe.url_for(kind, bulk=bulk)
+    label = f"warm-{kind}"
+    bodies = (
+        batches_of(kind, label, len(clients), 1) if bulk else bodies_of(kind, label, len(clients))
+    )
+    for session, request in zip(clients, bodies, strict=True):
+        status, text = await post_one(session, url, request)
+        if status in NOT_BUILT:
+            raise NotAvailable(f"POST {url} answered {status}: no such intake here")
         _expected(url, status, text, BULK_ANSWERED if bulk else ACCEPTED)
     await wait_drained(pipe.publisher, drain_timeout_s(len(clients)), poll_s=DRAIN_POLL_S)
     return len(clients)
 
 
-def _checked(pipe: Pipeline, expected: int) -> dict[str, int]:
+def check_delivered(pipe: Pipeline, expected: int) -> dict[str, int]:
     applied, sent = count_rows(pipe.sink_db, SINK_APPLIED), count_rows(pipe.source, SOURCE_SENT)
     if applied != expected or sent != expected:
         raise BenchError(f"{applied} applied at the sink and {sent} marked sent of {expected}")
@@ -230,11 +257,10 @@ def _checked(pipe: Pipeline, expected: int) -> dict[str, int]:
 
 def latencies(pipe: Pipeline, ids: Sequence[str], answered: Sequence[float]) -> Figures:
     """From each order's 201 to the sink's received_at of it; and from the
-    publisher's accepted_at (recorded before its commit, so before the 201)."""
+    publisher's queued_at (its time of intake, recorded before its commit, so before
+    the 201)."""
     received = {str(i): float(at) for i, at in rows(pipe.sink_db, RECEIVED)}
-    accepted = {
-        str(i): float(at) for i, at in rows(pipe.source, "SELECT id, accepted_at FROM orders")
-    }
+    accepted = {str(i): float(at) for i, at in rows(pipe.source, QUEUED)}
     after_201 = [received[i] - at for i, at in zip(ids, answered, strict=True)]
     after_intake = [(received[i] - accepted[i]) * 1000 for i in ids]
     # The relay may deliver an order before its 201 has reached the client: then the
@@ -255,7 +281,7 @@ def latencies(pipe: Pipeline, ids: Sequence[str], answered: Sequence[float]) -> 
 
 
 def _ids(label: str, count: int) -> list[str]:
-    return [str(event(n, label)["id"]) for n in range(count)]
+    return [order(n, label)["id"] for n in range(count)]
 
 
 # ---------------------------------------------------------------- the cases
@@ -301,7 +327,7 @@ async def intake(ctx: Context, backend: Backend = "sqlite") -> Figures:
             await post_all(clients, pipe.publisher.url, orders_of("intake", count), ACCEPTED)
             elapsed = time.perf_counter() - started
             cpu_after = pipe.cpu_s()
-        accepted = count_rows(pipe.source, "SELECT count(*) FROM orders")
+        accepted = count_rows(pipe.source, ENTRIES)
         sent = count_rows(pipe.source, SOURCE_SENT)
     if accepted != count + warm or sent != warm:
         raise BenchError(
@@ -320,6 +346,38 @@ async def intake(ctx: Context, backend: Backend = "sqlite") -> Figures:
     }
 
 
+@dataclass(frozen=True)
+class Round:
+    """One timed span of an end-to-end case: from the first POST until the outbox
+    has nothing pending, the part of it until the last answer, each process's CPU
+    seconds over it, and the time.time() of each answer (by body)."""
+
+    elapsed_s: float
+    intake_s: float
+    cpu_s: dict[str, float]
+    answered: list[float]
+
+
+async def timed_round(
+    pipe: Pipeline,
+    clients: Sequence[aiohttp.ClientSession],
+    url: str,
+    bodies: Sequence[bytes],
+    expect: frozenset[int],
+    items: int,
+) -> Round:
+    """POST `bodies` (`items` orders or events in all) by the clients, closed loop,
+    and wait until they are all delivered."""
+    cpu = pipe.cpu_s()
+    started = time.perf_counter()
+    answered = await post_all(clients, url, bodies, expect)
+    intake_s = time.perf_counter() - started
+    timeout = drain_timeout_s(items)
+    elapsed = await wait_drained(pipe.publisher, timeout, poll_s=DRAIN_POLL_S, started=started)
+    after = pipe.cpu_s()
+    return Round(elapsed, intake_s, {name: after[name] - cpu[name] for name in cpu}, answered)
+
+
 async def single(ctx: Context, backend: Backend = "sqlite") -> Figures:
     """The orders by 8 clients, one POST /orders each, until applied and marked."""
     count = ctx.sizes.e2e_orders
@@ -327,29 +385,21 @@ async def single(ctx: Context, backend: Backend = "sqlite") -> Figures:
     async with pipeline(ctx, "single", backend) as pipe, sessions() as clients:
         warm = await warm_up(pipe, clients)
         async with profiled(ctx, "e2e_single", backend, pipe) as profile:
-            cpu = pipe.cpu_s()
-            started = time.perf_counter()
             url = pipe.publisher.url
-            answered = await post_all(clients, url, orders_of("e2e", count), ACCEPTED)
-            intake_s = time.perf_counter() - started
-            timeout = drain_timeout_s(count)
-            elapsed = await wait_drained(
-                pipe.publisher, timeout, poll_s=DRAIN_POLL_S, started=started
-            )
-            cpu_after = pipe.cpu_s()
-        checked = _checked(pipe, count + warm)
-        waits = latencies(pipe, ids, answered)
-    ctx.e2e_max[backend] = count / elapsed
+            done = await timed_round(pipe, clients, url, orders_of("e2e", count), ACCEPTED, count)
+        checked = check_delivered(pipe, count + warm)
+        waits = latencies(pipe, ids, done.answered)
+    ctx.e2e_max[backend] = count / done.elapsed_s
     return {
-        "events_per_s": count / elapsed,
-        "intake_orders_per_s": count / intake_s,
+        "events_per_s": count / done.elapsed_s,
+        "intake_orders_per_s": count / done.intake_s,
         "orders": count,
         "warmup_orders": warm,
         "clients": CLIENTS,
-        "elapsed_s": elapsed,
-        "intake_s": intake_s,
+        "elapsed_s": done.elapsed_s,
+        "intake_s": done.intake_s,
         **checked,
-        **_cpu(cpu, cpu_after, elapsed, count),
+        **cpu_figures(done.cpu_s, done.elapsed_s, count),
         "latency_at_full_load": waits,
         "backend": backend,
         **profile,
@@ -359,36 +409,24 @@ async def single(ctx: Context, backend: Backend = "sqlite") -> Figures:
 async def bulk(ctx: Context, backend: Backend = "sqlite") -> Figures:
     """The same orders in batches of 250 to POST /orders/batch, 8 clients."""
     count = ctx.sizes.e2e_orders
-    orders = [event(n, "bulk") for n in range(count)]
-    bodies = [
-        json.dumps({"orders": orders[at : at + BULK_BATCH]}).encode()
-        for at in range(0, count, BULK_BATCH)
-    ]
+    bodies = batches_of(Kind.ORDER, "bulk", count)
     async with pipeline(ctx, "bulk", backend) as pipe, sessions() as clients:
         warm = await warm_up(pipe, clients, bulk=True)
         async with profiled(ctx, "e2e_bulk", backend, pipe) as profile:
-            cpu = pipe.cpu_s()
-            started = time.perf_counter()
-            await post_all(clients, pipe.batch_url, bodies, BULK_ANSWERED)
-            intake_s = time.perf_counter() - started
-            timeout = drain_timeout_s(count)
-            elapsed = await wait_drained(
-                pipe.publisher, timeout, poll_s=DRAIN_POLL_S, started=started
-            )
-            cpu_after = pipe.cpu_s()
-        checked = _checked(pipe, count + warm)
+            done = await timed_round(pipe, clients, pipe.batch_url, bodies, BULK_ANSWERED, count)
+        checked = check_delivered(pipe, count + warm)
     return {
-        "events_per_s": count / elapsed,
-        "intake_orders_per_s": count / intake_s,
+        "events_per_s": count / done.elapsed_s,
+        "intake_orders_per_s": count / done.intake_s,
         "orders": count,
         "batch": BULK_BATCH,
         "requests": len(bodies),
         "warmup_orders": warm,
         "clients": CLIENTS,
-        "elapsed_s": elapsed,
-        "intake_s": intake_s,
+        "elapsed_s": done.elapsed_s,
+        "intake_s": done.intake_s,
         **checked,
-        **_cpu(cpu, cpu_after, elapsed, count),
+        **cpu_figures(done.cpu_s, done.elapsed_s, count),
         "backend": backend,
         **profile,
     }
@@ -430,7 +468,7 @@ async def latency(ctx: Context, backend: Backend = "sqlite") -> Figures:
                 stall.cancel()
             await wait_drained(pipe.publisher, drain_timeout_s(count), poll_s=DRAIN_POLL_S)
             expected += count
-            _checked(pipe, expected)
+            check_delivered(pipe, expected)
             figures[label] = {**latencies(pipe, ids, answered), "behind_schedule_ms": behind_ms}
     return figures
 
@@ -473,11 +511,14 @@ async def profiled(
 
 
 def _cpu(before: dict[str, float], after: dict[str, float], elapsed: float, count: int) -> Figures:
-    """Each process's CPU seconds over the timed span / that span (1.0: one core
-    busy); the CPU time all of them spent per order (or round trip), and the most
+    return cpu_figures({name: after[name] - before[name] for name in before}, elapsed, count)
+
+
+def cpu_figures(used: dict[str, float], elapsed: float, count: int) -> Figures:
+    """Each process's CPU seconds over the timed span (`used`) / that span (1.0: one
+    core busy); the CPU time all of them spent per order (or round trip), and the most
     orders/s that cost allows with every CPU of this machine busy and nothing else
     running: no arrangement of these processes gets further without costing less."""
-    used = {name: after[name] - before[name] for name in before}
     unread = [name for name, seconds in used.items() if math.isnan(seconds)]
     if unread:  # a process gone before its figures were taken: the case says nothing
         raise BenchError(f"the CPU time of the {unread[0]} could not be read (/proc)")

@@ -22,7 +22,7 @@ import sqlite3
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 
@@ -82,6 +82,12 @@ class SinkHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one stderr line per request would only slow the peer down
+
+
+def payload(order: Mapping[str, object]) -> str:
+    """An order as the naive peer stores and sends it: its own shape `{id, sku, qty}`,
+    sorted keys and no spaces (a baseline: it never learnt of generic events)."""
+    return json.dumps(order, sort_keys=True, separators=(",", ":"))
 
 
 def create_source(path: str) -> sqlite3.Connection:

@@ -55,14 +55,14 @@ _ID_NUMBER: Final = re.compile(r"-(\d+)$")
 def worker_args(source: DbLocation, sink_url: str, worker: str, *extra: str) -> list[str]:
     return [
         *("serve", "--db", str(source), "--sink", sink_url),
-        *("--ordering", "sku", "--delivery", "single"),
+        *("--ordering", "key", "--delivery", "single"),
         *("--worker-id", worker, "--lease-ttl", f"{LEASE_TTL_S:g}"),
         *("--poll-interval", f"{POLL_INTERVAL_S:g}", "--log-format", "json", *extra),
     ]
 
 
 def lane_of(event_id: str) -> str:
-    """bench.backlog.event's SKU for an ID it made (the nth order: sku-(n % SKUS))."""
+    """The key of an entry the backlog made (the nth: sku-(n % SKUS), bench.events)."""
     match = _ID_NUMBER.search(event_id)
     if match is None:
         raise BenchError(f"not an ID of the backlog: {event_id!r}")
@@ -118,7 +118,7 @@ async def pg_workers(ctx: Context) -> Figures:
         "order": ", ".join(map(str, RUN_ORDER)),
         "lease_ttl_s": LEASE_TTL_S,
         "sink_stall_s": SINK_STALL_S,
-        "delivery": "one event per request, --ordering sku, up to 8 lanes per worker",
+        "delivery": "one event per request, --ordering key, up to 8 lanes per worker",
         "duplicates": sum(f["duplicates"] for fs in runs.values() for f in fs),
         "failover_s": failover["failover_s"],
         "failover_bound_s": FAILOVER_BOUND_S,
