@@ -82,8 +82,10 @@ class Sizes:
     scale_drain_repeats: int  # drains of each backlog but the largest (their median counts)
     memory_backlogs: tuple[int, int]
     workers_backlog: int  # pg_workers, per run (six runs)
-    e2e_orders: int  # orders POSTed per end-to-end case
+    e2e_orders: int  # orders POSTed per end-to-end case (per round of the generic ones)
     e2e_latency_s: float  # how long each paced latency run offers its load
+    generic_backlog: int  # entries per drain of the relay's generic-event cases
+    generic_rounds: int  # rounds of each kind in the generic-event cases (bench.generic)
 
 
 QUICK: Final = Sizes(
@@ -101,6 +103,8 @@ QUICK: Final = Sizes(
     workers_backlog=600,
     e2e_orders=200,
     e2e_latency_s=1.2,
+    generic_backlog=1_000,
+    generic_rounds=2,
 )
 FULL: Final = Sizes(
     ceiling_requests=5_000,
@@ -117,11 +121,14 @@ FULL: Final = Sizes(
     workers_backlog=6_000,
     e2e_orders=5_000,
     e2e_latency_s=4.0,
+    generic_backlog=4_000,
+    generic_rounds=2,
 )
 # The tests' size: every case still takes each of its steps, on as little work as
 # shows that it works; the rounds that only steady a figure are run once (relay_lanes:
-# global, lanes; scaling: one drain per backlog), pg_workers's interleaved order is
-# kept (its test checks it). The figures of such a run mean nothing.
+# global, lanes; scaling: one drain per backlog; the generic-event cases: one round of
+# each kind), pg_workers's interleaved order is kept (its test checks it). The figures
+# of such a run mean nothing.
 TINY: Final = Sizes(
     ceiling_requests=100,
     commits=100,
@@ -137,6 +144,8 @@ TINY: Final = Sizes(
     workers_backlog=64,
     e2e_orders=80,
     e2e_latency_s=0.4,
+    generic_backlog=40,
+    generic_rounds=1,
 )
 SIZES: Final = {"full": FULL, "quick": QUICK, "tiny": TINY}
 

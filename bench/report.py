@@ -12,8 +12,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from bench import workers
+from bench import generic, workers
 from bench.cases import Figures
+from bench.events import Kind
 from bench.targets import Results, Target, fig, figure, ratio
 
 Describe = Callable[[Figures, Results], str]
@@ -64,8 +65,9 @@ def _target_lines(t: Target) -> list[str]:
 
 
 def _profiled(process: str, seen: Figures, figures: Figures) -> str:
-    """One line of a --profile summary: a process's areas, or the server's statements."""
-    if process != "postgres":
+    """One line of a --profile summary: a process's areas, or the server's statements
+    (a generic-event case names each by process and kind: "postgres (generic)")."""
+    if process.partition(" ")[0] != "postgres":
         areas = ", ".join(f"{a} {share:.0%}" for a, share in list(seen["areas"].items())[:8])
         return f"py-spy {process} ({seen['samples']:,} samples): {areas}"
     total = seen["statement_ms"]
@@ -75,8 +77,10 @@ def _profiled(process: str, seen: Figures, figures: Figures) -> str:
         for q, ms in timed
         if ms > 0
     )
+    orders = figures.get("orders") or figures["events_per_round"]
     return (
-        f"pg_stat_statements: {total / figures['orders']:.3f} ms in statements per order "
+        f"pg_stat_statements{process.removeprefix('postgres')}: "
+        f"{total / orders:.3f} ms in statements per order "
         f"({seen['calls']:,} calls)" + (f"; {top}" if top else "")
     )
 
@@ -315,6 +319,37 @@ def _e2e_latency(f: Figures, results: Results) -> str:
     )
 
 
+# ---------------------------------------------------------------- generic events
+
+
+def _kinds(f: Figures, key: str = "events_per_s", unit: str = "events/s") -> str:
+    """Each kind's figure, the generic ones with their ratio to the orders'."""
+    orders = f[f"{key}_{Kind.ORDER}"]
+    parts = [f"orders {orders:,.0f}"]
+    for kind, label in ((Kind.GENERIC, "1 KiB"), (Kind.FLOATS, "1 KiB with floats")):
+        rate = f[f"{key}_{kind}"]
+        parts.append(f"{label} {rate:,.0f} ({_x(rate, orders)})")
+    return ", ".join(parts) + f" {unit}"
+
+
+def _relay_generic(f: Figures, results: Results) -> str:
+    rounds = f"{f['rounds_per_kind']} x {f['backlog_per_round']:,} per kind"
+    return f"{_kinds(f)} ({rounds}, {f['delivery']})"
+
+
+def _e2e_generic(f: Figures, results: Results) -> str:
+    rounds = f"{f['rounds_per_kind']} x {f['events_per_round']:,} per kind"
+    cpu = ", ".join(
+        f"{label} {f[f'cpu_{kind}']['cpu_ms_per_order']:.2f}"
+        for kind, label in zip(generic.KINDS, ("orders", "1 KiB", "1 KiB with floats"), strict=True)
+    )
+    return (
+        f"{_kinds(f)} until applied and marked ({rounds}, {f['route']}, {f['clients']} "
+        f"clients); answered at {_kinds(f, 'intake_per_s', 'per s')}; CPU per event in "
+        f"all (ms): {cpu}"
+    )
+
+
 def _e2e(prefix: str, commit_case: str) -> dict[str, Describe]:
     """The end-to-end cases of one backend, measured against its commit ceiling."""
     return {
@@ -322,6 +357,8 @@ def _e2e(prefix: str, commit_case: str) -> dict[str, Describe]:
         f"{prefix}e2e_single": partial(_e2e_single, commit_case),
         f"{prefix}e2e_bulk": partial(_e2e_bulk, commit_case),
         f"{prefix}e2e_latency": _e2e_latency,
+        f"{prefix}e2e_single_generic": _e2e_generic,
+        f"{prefix}e2e_bulk_generic": _e2e_generic,
     }
 
 
@@ -334,6 +371,11 @@ DESCRIBE: Final[dict[str, Describe]] = {
     "relay_single_serial": _relay_serial,
     "relay_batch_serial": _relay_serial,
     "relay_lanes": _relay_lanes,
+    **{
+        f"{prefix}relay_{delivery}_generic": _relay_generic
+        for prefix in ("", "pg_")
+        for delivery in ("single", "batch")
+    },
     "intake_latency": _intake_latency,
     "e2e_ceiling": _e2e_ceiling,
     **_e2e("", "commit_ceiling"),

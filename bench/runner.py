@@ -34,7 +34,7 @@ from typing import Any, Final, TypeVar
 
 import aiohttp
 
-from bench import cases, e2e, workers
+from bench import cases, e2e, generic, workers
 from bench.cases import SIZES, Context, Figures, NotAvailable
 from bench.procs import REPO_ROOT, Children
 from bench.profile import SERVER_SETTINGS, py_spy
@@ -55,6 +55,8 @@ CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("naive_peer", cases.naive_peer),
     ("relay_single", cases.relay_single),
     ("relay_batch", cases.relay_batch),
+    ("relay_single_generic", generic.relay_single_generic),
+    ("relay_batch_generic", generic.relay_batch_generic),
     ("relay_single_serial", cases.relay_single_serial),
     ("relay_batch_serial", cases.relay_batch_serial),
     ("relay_lanes", cases.relay_lanes),
@@ -64,12 +66,14 @@ CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("e2e_single", e2e.single),
     ("e2e_bulk", e2e.bulk),
     ("e2e_latency", e2e.latency),
+    ("e2e_single_generic", generic.e2e_single_generic),
+    ("e2e_bulk_generic", generic.e2e_bulk_generic),
     ("scaling", cases.scaling),
     ("memory", cases.memory),
 )
 # What `--backend postgres` runs by default: the relay and end-to-end cases on both
-# backends and the figures they are measured against, in one run of about three
-# minutes. The other SQLite cases (naive peer, lanes, intake, scaling, memory) are the
+# backends (orders, and generic events beside them) and the figures they are measured
+# against. The other SQLite cases (naive peer, lanes, intake, scaling, memory) are the
 # default run's; `--cases` runs any of them alongside.
 SIDE_BY_SIDE: Final = frozenset(
     {
@@ -77,6 +81,8 @@ SIDE_BY_SIDE: Final = frozenset(
         "commit_ceiling",
         "relay_single",
         "relay_batch",
+        "relay_single_generic",
+        "relay_batch_generic",
         "relay_single_serial",
         "relay_batch_serial",
         "e2e_ceiling",
@@ -84,12 +90,16 @@ SIDE_BY_SIDE: Final = frozenset(
         "e2e_single",
         "e2e_bulk",
         "e2e_latency",
+        "e2e_single_generic",
+        "e2e_bulk_generic",
     }
 )
 PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("pg_commit_ceiling", cases.pg_commit_ceiling),
     ("pg_relay_single", cases.pg_relay_single),
     ("pg_relay_batch", cases.pg_relay_batch),
+    ("pg_relay_single_generic", generic.pg_relay_single_generic),
+    ("pg_relay_batch_generic", generic.pg_relay_batch_generic),
     ("pg_relay_single_serial", cases.pg_relay_single_serial),
     ("pg_relay_batch_serial", cases.pg_relay_batch_serial),
     ("pg_workers", workers.pg_workers),
@@ -97,6 +107,8 @@ PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("pg_e2e_single", e2e.pg_single),
     ("pg_e2e_bulk", e2e.pg_bulk),
     ("pg_e2e_latency", e2e.pg_latency),
+    ("pg_e2e_single_generic", generic.pg_e2e_single_generic),
+    ("pg_e2e_bulk_generic", generic.pg_e2e_bulk_generic),
 )
 
 
@@ -128,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         metavar="DIR",
         help="py-spy on every process of the e2e_intake, e2e_single and e2e_bulk cases "
-        "while they are timed: stacks written to DIR, a summary in each case's figures "
+        "(and of the first round of each kind of the generic ones) while they are timed: "
+        "stacks written to DIR, a summary in each case's figures "
         "(sampling costs CPU: the rates of such a run are not comparable)",
     )
     args = parser.parse_args(argv)

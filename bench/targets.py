@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from bench import e2e, workers
+from bench import e2e, generic, workers
 from bench.cases import Figures, Sizes
+from bench.events import DATA_BYTES, Kind
 from publisher.settings import DEFAULT_DEPTH
 
 Results = dict[str, Figures]
@@ -32,6 +33,8 @@ E2E_SINGLE_VS_1: Final = 1.0
 E2E_BULK_VS_8: Final = 1.0
 E2E_P99_MS: Final = 50.0
 E2E_P50_MS: Final = 10.0
+# Generic events of 1 KiB of data against orders on the same path, in the same case.
+GENERIC_VS_ORDERS: Final = 0.8
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,30 @@ def _lanes(name: str, delivery: str, suffix: str, how: str, reference: bool = Fa
     )
 
 
+def _generic(prefix: str, case: str, path: str, *, reach: bool = False) -> tuple[Row, Row]:
+    """Generic events against orders on one path, both measured by `case` (bench.generic):
+    data of integers only, the target; with floats, a reference. `reach`: the case
+    records the CPU each kind spent (end to end)."""
+    where = "PostgreSQL: " if prefix else ""
+    name = f"{prefix}{case}"
+    rows = []
+    for kind, label, reference in ((Kind.GENERIC, "", False), (Kind.FLOATS, ", floats", True)):
+        rows.append(
+            Row(
+                f"{'  ' if reference else ''}{where}{path}{label}",
+                f"{name} events/s of {DATA_BYTES:,} B data{label or ', integers only'} / its "
+                f"order events/s, {generic.ALTERNATING}",
+                fig(name, f"events_per_s_{kind}"),
+                fig(name, f"events_per_s_{Kind.ORDER}"),
+                ">=",
+                GENERIC_VS_ORDERS,
+                reference=reference,
+                reach=fig(name, f"cpu_{kind}", "cpu_bound_per_s") if reach else None,
+            )
+        )
+    return rows[0], rows[1]
+
+
 def _e2e(prefix: str) -> tuple[Row, ...]:
     """The end-to-end targets of one backend: `prefix` "" for SQLite, "pg_" for PostgreSQL."""
     where = "PostgreSQL: " if prefix else ""
@@ -254,6 +281,8 @@ def _e2e(prefix: str) -> tuple[Row, ...]:
             E2E_P50_MS,
             unit="ms",
         ),
+        *_generic(prefix, "e2e_single_generic", "e2e, POST /events vs POST /orders", reach=True),
+        *_generic(prefix, "e2e_bulk_generic", "e2e, /events/batch vs /orders/batch", reach=True),
     )
 
 
@@ -300,6 +329,8 @@ TABLE: Final[tuple[Row, ...]] = (
         5.0,
         reference=True,
     ),
+    *_generic("", "relay_single_generic", "generic vs orders, one per request"),
+    *_generic("", "relay_batch_generic", "generic vs orders, batches"),
     _lanes(
         "lanes vs global, slow sink, one event per request", "single", "", "one in flight per line"
     ),
@@ -395,6 +426,8 @@ TABLE: Final[tuple[Row, ...]] = (
         0.5,
         reference=True,
     ),
+    *_generic("pg_", "relay_single_generic", "generic vs orders, one per request"),
+    *_generic("pg_", "relay_batch_generic", "generic vs orders, batches"),
     Row(
         "PostgreSQL workers: 4 vs 1, SKU order",
         "pg_workers events/s with 4 workers / with 1 (64 SKUs, sink stall 5 ms, one "
