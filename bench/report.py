@@ -350,6 +350,24 @@ def _e2e_generic(f: Figures, results: Results) -> str:
     )
 
 
+def _event_costs(f: Figures, results: Results) -> str:
+    def each(key: str) -> str:
+        return " / ".join(f"{f[key][kind]:.1f}" for kind in ("order", "generic", "generic_floats"))
+
+    schema = f.get("schema_check_us")
+    checked = (
+        f"Schemas.check ({f['schema_bytes']:,} B schema) {schema['generic']:.1f} / "
+        f"{schema['generic_floats']:.1f}"
+        if schema
+        else f"Schemas.check not timed: {f.get('schema_unavailable')}"
+    )
+    return (
+        f"us per event, order / 1 KiB / 1 KiB with floats: checked_event {each('checked_event_us')}"
+        f", canonical_parts {each('canonical_parts_us')}, json.loads {each('json_loads_us')}; "
+        f"an order at POST /orders {f['order_intake_us']:.1f}; {checked}"
+    )
+
+
 def _e2e(prefix: str, commit_case: str) -> dict[str, Describe]:
     """The end-to-end cases of one backend, measured against its commit ceiling."""
     return {
@@ -365,6 +383,7 @@ def _e2e(prefix: str, commit_case: str) -> dict[str, Describe]:
 DESCRIBE: Final[dict[str, Describe]] = {
     "ceiling": _ceiling,
     "commit_ceiling": _commit_ceiling,
+    "event_costs": _event_costs,
     "naive_peer": _naive_peer,
     "relay_single": _relay_single,
     "relay_batch": _relay_batch,

@@ -34,7 +34,7 @@ from typing import Any, Final, TypeVar
 
 import aiohttp
 
-from bench import cases, e2e, generic, workers
+from bench import cases, costs, e2e, generic, workers
 from bench.cases import SIZES, Context, Figures, NotAvailable
 from bench.procs import REPO_ROOT, Children
 from bench.profile import SERVER_SETTINGS, py_spy
@@ -52,6 +52,7 @@ Case = Callable[[Context], Awaitable[Figures]]
 CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("ceiling", cases.ceiling),
     ("commit_ceiling", cases.commit_ceiling),
+    ("event_costs", costs.event_costs),
     ("naive_peer", cases.naive_peer),
     ("relay_single", cases.relay_single),
     ("relay_batch", cases.relay_batch),
@@ -79,6 +80,7 @@ SIDE_BY_SIDE: Final = frozenset(
     {
         "ceiling",
         "commit_ceiling",
+        "event_costs",
         "relay_single",
         "relay_batch",
         "relay_single_generic",

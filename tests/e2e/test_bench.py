@@ -39,6 +39,7 @@ MARKER_VARIABLE = "BENCH_TEST_RUN"
 CASES = {
     "ceiling",
     "commit_ceiling",
+    "event_costs",
     "naive_peer",
     "relay_single",
     "relay_batch",

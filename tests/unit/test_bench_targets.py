@@ -190,6 +190,15 @@ RESULTS: dict[str, Figures] = {
         "ms_per_event_in_requests": 0.501,
         "ms_per_event_elsewhere": 0.0451,
     },
+    "event_costs": {
+        "data_bytes": 1024,
+        "order_intake_us": 8.89,
+        "checked_event_us": {"order": 15.0, "generic": 69.2, "generic_floats": 260.0},
+        "canonical_parts_us": {"order": 8.62, "generic": 60.7, "generic_floats": 257.0},
+        "json_loads_us": {"order": 5.34, "generic": 23.5, "generic_floats": 25.3},
+        "schema_bytes": 1652,
+        "schema_check_us": {"generic": 6.75, "generic_floats": 7.75},
+    },
     "relay_single_generic": {
         "events_per_s_order": 1350.0,
         "events_per_s_generic": 1100.0,
@@ -769,6 +778,11 @@ LINES = {
         "1,830 events/s (backlog 1,000, one in flight) = 1.28x ceiling, 1.06x PostgreSQL "
         "commit ceiling, 1.11x SQLite; per event 0.546 ms = 0.501 in requests + 0.045 "
         "elsewhere"
+    ),
+    "event_costs": (
+        "us per event, order / 1 KiB / 1 KiB with floats: checked_event 15.0 / 69.2 / 260.0, "
+        "canonical_parts 8.6 / 60.7 / 257.0, json.loads 5.3 / 23.5 / 25.3; an order at POST "
+        "/orders 8.9; Schemas.check (1,652 B schema) 6.8 / 7.8"
     ),
     "relay_single_generic": (
         "orders 1,350, 1 KiB 1,100 (0.81x), 1 KiB with floats 900 (0.67x) events/s (2 x 1,000 "
