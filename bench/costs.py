@@ -12,8 +12,11 @@ for an order, its `order.placed` event and the two generic events of bench.event
 - `canonical_parts_us`: shared.event.canonical_parts, the canonicalisation of a
   parsed event alone, which the relay's HttpSender runs again for every event it
   sends (the data's text and the whole event's, from the entry read back);
-- `json_loads_us`: parsing the event's JSON text, which each of those steps starts
-  from (json.loads of the canonical form), for comparison;
+- `json_loads_us`: json.loads of the event's canonical text, as the relay reads each
+  entry back before it sends it;
+- `loads_strict_us`: the same text parsed as intake and the sink parse a request
+  body (plumbing.bodies.loads_strict: a repeated key refused, long integers kept
+  apart, so every object and integer goes through Python);
 - `schema_check_us`: shared.schemas.Schemas.check of the generic events' data against
   SCHEMA (about 1 KiB), as intake runs it for a type with a schema.
 
@@ -34,6 +37,7 @@ from typing import Any, Final
 
 from bench.cases import Context, Figures
 from bench.events import DATA_BYTES, GENERIC_TYPE, Kind, order, stored
+from plumbing.bodies import loads_strict
 from publisher.store import checked_order
 from shared import checked_event
 from shared.event import canonical_parts
@@ -140,6 +144,7 @@ async def event_costs(ctx: Context) -> Figures:
         "checked_event_us": by_kind(checked_event, parsed),
         "canonical_parts_us": by_kind(canonical_parts, parsed),
         "json_loads_us": by_kind(json.loads, texts),
+        "loads_strict_us": by_kind(loads_strict, {k: t.encode() for k, t in texts.items()}),
         "rounds": ROUNDS,
         "measured": "median over rounds of one call's mean time in a round, in this process",
     }
