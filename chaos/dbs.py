@@ -121,6 +121,11 @@ def as_int(flag: object) -> int:
     return int(bool(flag))
 
 
+def as_text(text: object) -> str:
+    """A text column as str (a driver may give bytes)."""
+    return text.decode() if isinstance(text, bytes) else str(text)
+
+
 def as_json(text: object) -> Any:
     """A JSON column: text in SQLite, text or already decoded (json/jsonb) in PostgreSQL."""
     return json.loads(text) if isinstance(text, str | bytes) else text

@@ -7,30 +7,39 @@ read-only snapshot each), through chaos.dbs.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
-from chaos.dbs import DbLocation, Reader, applied_ids, as_int, as_json, reading
+from chaos.dbs import DbLocation, Reader, applied_ids, as_int, as_json, as_text, reading
+from shared import GLOBAL_LINE
 
-Ordering = Literal["global", "sku"]
-ORDERINGS: Final[tuple[Ordering, ...]] = ("global", "sku")
+Ordering = Literal["global", "key", "sku"]  # "sku": the name "key" had for orders
+ORDERINGS: Final[tuple[Ordering, ...]] = ("global", "key", "sku")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """What both files show once the backlog has drained.
+    """What both files show once the backlog has drained, for orders and generic
+    events alike (an order is recorded as the event order.placed).
 
-    - accepted: orders in the source DB (every one the runner was told was accepted)
+    - accepted: events in the source DB (every one the runner was told was accepted),
+      orders and generic events
+    - generic: of those, events that are not orders (no row in `orders`)
     - delivered: outbox entries marked sent
     - resends: deliveries the sink saw beyond the first for an ID
     - duplicates: IDs the sink received more than once (each absorbed by its inbox)
-    - lost: accepted orders the sink never applied, or that were never marked sent
-    - applied_twice: SKUs whose inventory holds more than their accepted orders add up to
+    - lost: accepted events the sink never applied, or that were never marked sent
+    - applied_twice: SKUs whose inventory holds more than their accepted orders add
+      up to, plus IDs with more than one inbox row
     - inventory_ok: every SKU's inventory equals the sum of its accepted quantities
+    - payload_mismatches: accepted events whose canonical form is not one text in
+      the outbox, the inbox and what the runner published (each present one)
+    - unknown: inbox rows of IDs the source never accepted
     - order_inversions: pairs of one line the sink first applied against outbox seq
       order, less those a quarantine record explains (see `order_inversions`)
-    - ordering: the lines the order was checked in: global (one line) or sku (one per SKU)
+    - ordering: the lines the order was checked in: global (one line) or key (one
+      per event key, "*" for events without one; sku is its former name)
     """
 
     accepted: int
@@ -44,6 +53,9 @@ class Verdict:
     quarantined: int
     order_inversions: int
     ordering: Ordering
+    generic: int = 0
+    payload_mismatches: int = 0
+    unknown: int = 0
 
     @property
     def ok(self) -> bool:
@@ -52,6 +64,8 @@ class Verdict:
             and self.applied_twice == 0
             and self.inventory_ok
             and self.order_inversions == 0
+            and self.payload_mismatches == 0
+            and self.unknown == 0
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -61,43 +75,103 @@ class Verdict:
 def read_verdict(
     source_db: DbLocation,
     sink_db: DbLocation,
-    expected: dict[str, tuple[str, int]],
+    expected: Mapping[str, tuple[str, int]],
     ordering: Ordering = "global",
+    *,
+    published: Mapping[str, str] | None = None,
 ) -> Verdict:
-    """Compare both databases with what the runner itself knows was accepted (`expected`)."""
+    """Compare both databases with what the runner itself knows was accepted: the
+    orders it was told were accepted (`expected`: SKU and quantity by ID) and the
+    canonical form of every event it published (`published`, by ID; orders too)."""
     with reading(source_db) as source, reading(sink_db) as sink:
-        return _verdict(source, sink, expected, ordering)
+        return _verdict(source, sink, expected, ordering, published or {})
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The source file's orders and outbox entries, by ID."""
+
+    orders: dict[str, tuple[str, int]]
+    states: dict[str, int]  # 0 pending, 1 sent, 2 quarantined
+    payloads: dict[str, str]
+
+    @classmethod
+    def read(cls, source: Reader) -> _Source:
+        orders = source.rows("SELECT id, sku, qty FROM orders")
+        entries = source.rows("SELECT id, sent, quarantined, payload FROM outbox")
+        return cls(
+            orders={i: (sku, qty) for i, sku, qty in orders},
+            states={i: as_int(sent) + 2 * as_int(gone) for i, sent, gone, _ in entries},
+            payloads={i: as_text(payload) for i, _, _, payload in entries},
+        )
+
+
+@dataclass(frozen=True)
+class _Sink:
+    """The sink file's inbox rows (by ID, and how many rows each ID has) and inventory."""
+
+    deliveries: dict[str, int]
+    payloads: dict[str, str]
+    rows_per_id: Counter[str]
+    stock: dict[str, int]
+
+    @classmethod
+    def read(cls, sink: Reader) -> _Sink:
+        rows = sink.rows("SELECT id, deliveries, payload FROM inbox")
+        return cls(
+            deliveries={i: n for i, n, _ in rows},
+            payloads={i: as_text(payload) for i, _, payload in rows},
+            rows_per_id=Counter(i for i, _, _ in rows),
+            stock=dict(sink.rows("SELECT sku, qty FROM inventory")),
+        )
 
 
 def _verdict(
-    source: Reader, sink: Reader, expected: dict[str, tuple[str, int]], ordering: Ordering
+    source: Reader,
+    sink: Reader,
+    expected: Mapping[str, tuple[str, int]],
+    ordering: Ordering,
+    published: Mapping[str, str],
 ) -> Verdict:
-    orders = {i: (sku, qty) for i, sku, qty in source.rows("SELECT id, sku, qty FROM orders")}
-    outbox = {
-        i: as_int(sent) + 2 * as_int(quarantined)
-        for i, sent, quarantined in source.rows("SELECT id, sent, quarantined FROM outbox")
-    }
-    inbox = dict(sink.rows("SELECT id, deliveries FROM inbox"))
-    stock = dict(sink.rows("SELECT sku, qty FROM inventory"))
-    accepted = {**orders, **expected}  # an order the runner saw accepted but the DB lacks is lost
-    lost = {i for i in accepted if i not in orders or i not in inbox or outbox.get(i) != 1}
+    sent, got = _Source.read(source), _Sink.read(sink)
+    accepted = {**sent.orders, **expected}  # an order the runner saw but the file lacks: lost
+    known = set(sent.states) | set(accepted) | set(published)
+    lost = [
+        i
+        for i in known
+        if i not in got.deliveries
+        or sent.states.get(i) != 1
+        or (i in expected and i not in sent.orders)
+    ]
     want: Counter[str] = Counter()
     for sku, qty in accepted.values():
         want[sku] += qty
-    skus = set(want) | set(stock)
+    skus = set(want) | set(got.stock)
+    over = sum(1 for sku in skus if got.stock.get(sku, 0) > want[sku])
+    states = list(sent.states.values())
     return Verdict(
-        accepted=len(orders),
-        delivered=sum(1 for state in outbox.values() if state == 1),
-        resends=sum(n - 1 for n in inbox.values()),
-        duplicates=sum(1 for n in inbox.values() if n > 1),
+        accepted=len(set(sent.orders) | set(sent.states)),
+        generic=len(set(sent.states) - set(sent.orders)),
+        delivered=states.count(1),
+        resends=sum(n - 1 for n in got.deliveries.values()),
+        duplicates=sum(1 for n in got.deliveries.values() if n > 1),
         lost=len(lost),
-        applied_twice=sum(1 for sku in skus if stock.get(sku, 0) > want[sku]),
-        inventory_ok=all(stock.get(sku, 0) == want[sku] for sku in skus),
-        pending=sum(1 for state in outbox.values() if state == 0),
-        quarantined=sum(1 for state in outbox.values() if state == 2),
+        applied_twice=over + sum(1 for n in got.rows_per_id.values() if n > 1),
+        inventory_ok=all(got.stock.get(sku, 0) == want[sku] for sku in skus),
+        payload_mismatches=sum(1 for i in known if len(_texts(i, sent, got, published)) > 1),
+        unknown=len(set(got.deliveries) - known),
+        pending=states.count(0),
+        quarantined=states.count(2),
         order_inversions=_inversions(source, sink, ordering),
         ordering=ordering,
     )
+
+
+def _texts(event_id: str, sent: _Source, got: _Sink, published: Mapping[str, str]) -> set[str]:
+    """The canonical forms of one event found in the outbox, the inbox and what the
+    runner published (each that has it): one text when they agree."""
+    found = (sent.payloads.get(event_id), got.payloads.get(event_id), published.get(event_id))
+    return {text for text in found if text is not None}
 
 
 # ---------------------------------------------------------------- order
@@ -119,7 +193,8 @@ def order_inversions(
 ) -> int:
     """Pairs of entries of one line that the sink first applied against outbox order.
 
-    A line is every outbox entry (global) or the entries of one SKU (sku). The sink's
+    A line is every outbox entry (global) or the entries of one key (key, or its
+    former name sku; events without a key are the line "*"; see `line_of`). The sink's
     first application of an ID is its inbox row's `applied_seq` (on a SQLite file from
     before that column, its rowid: rows are only ever inserted, on the first delivery).
     A pair x, y of one line
@@ -159,9 +234,10 @@ def line_orders(
 def _line_orders(source: Reader, sink: Reader, ordering: Ordering) -> dict[str, LineOrder]:
     if ordering not in ORDERINGS:
         raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, not {ordering!r}")
+    by_key = ordering != "global"
     entries = {
-        event_id: (seq, (lane or as_json(payload)["sku"]) if ordering == "sku" else "*")
-        for seq, event_id, lane, payload in source.rows("SELECT seq, id, lane, payload FROM outbox")
+        event_id: (seq, line_of(payload) if by_key else GLOBAL_LINE)
+        for seq, event_id, payload in source.rows("SELECT seq, id, payload FROM outbox")
     }
     applied = [i for i in applied_ids(sink) if i in entries]
     lines: defaultdict[str, list[str]] = defaultdict(list)
@@ -176,6 +252,15 @@ def _line_orders(source: Reader, sink: Reader, ordering: Ordering) -> dict[str, 
         )
         for name, line in sorted(lines.items())
     }
+
+
+def line_of(payload: object) -> str:
+    """An entry's line in order by key, from the event the outbox stored (not from
+    its lane column, the relay's own bookkeeping): the event's key, "*" for an event
+    without one; a payload of the release before events, an order, names its SKU."""
+    event = as_json(payload)
+    key = event.get("key", event.get("sku"))
+    return key if isinstance(key, str) else GLOBAL_LINE
 
 
 def _excuses(source: Reader, entries: dict[str, tuple[int, str]]) -> dict[str, _Excuse]:
