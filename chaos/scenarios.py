@@ -16,7 +16,7 @@ from chaos.dbs import DbLocation, Pair, as_int, is_postgres, value
 from chaos.procs import ChaosError, Service, free_port, http_json
 from chaos.run import PUBLISHER_FLAGS
 from chaos.verdict import read_verdict
-from shared import Event
+from shared import Order
 
 CLI_TIMEOUT_S: Final = 60.0
 WAIT_S: Final = 30.0
@@ -204,7 +204,7 @@ def slow_sink(workdir: Path, say: Say, databases: Pair) -> Outcome:
         sink.start("--chaos", f"stall={STALL_S}")
         publisher.start()
         for n in range(SLOW_ORDERS):
-            order = Event(id=f"slow-{n:02d}", sku="snack", qty=1 + n % 3)
+            order = Order(id=f"slow-{n:02d}", sku="snack", qty=1 + n % 3)
             started = time.perf_counter()
             code, _ = http_json("POST", f"{publisher.base_url}/orders", order)
             latencies_ms.append((time.perf_counter() - started) * 1000)
