@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Final
 
 from chaos.dbs import BACKENDS, Place, open_place
+from chaos.feed import MIXES
 from chaos.procs import ChaosError
 from chaos.run import run
 from chaos.scenarios import SCENARIOS, Outcome
@@ -63,16 +64,27 @@ def build_parser() -> ArgumentParser:
         prog=PROG, description="Kill the services on purpose; count what survived."
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    go = commands.add_parser("run", help="feed orders while killing the services at random moments")
-    go.add_argument("--events", type=int_in(1, MAX_EVENTS), default=200, help="orders to feed")
+    go = commands.add_parser("run", help="feed events while killing the services at random moments")
+    go.add_argument(
+        "--events", type=int_in(1, MAX_EVENTS), default=200, help="events to feed (--events-mix)"
+    )
+    go.add_argument(
+        "--events-mix",
+        choices=MIXES,
+        default="orders",
+        help="orders: orders only (POST /orders); generic: events of several types, keyed "
+        "or not, with nested unicode and float data (POST /events, /events/batch); "
+        "mixed: both, about half each (default: orders)",
+    )
     go.add_argument("--kills", type=int_in(0, MAX_EVENTS), default=5, help="kills during the feed")
     go.add_argument("--seed", type=strict_int, default=1, help="random seed (same seed, same plan)")
     go.add_argument("--target", choices=["publisher", "sink", "both"], default="both")
     go.add_argument(
         "--ordering",
-        choices=["global", "sku"],
+        choices=["global", "key", "sku"],
         default="global",
-        help="the publisher's ordering; the verdict checks order in the same lines",
+        help="the publisher's ordering (sku: the former name of key); the verdict checks "
+        'order in the same lines: one, or one per event key ("*" for events without one)',
     )
     go.add_argument(
         "--delivery", choices=["batch", "single"], default="batch", help="the publisher's delivery"
@@ -195,6 +207,7 @@ def cmd_run(args: argparse.Namespace, workdir: Path, place: Place) -> int:
         sinks=args.sinks,
         pauses=args.pauses,
         lease_ttl_s=args.lease_ttl,
+        events_mix=args.events_mix,
     )
     figures = report.to_dict()
     if args.json:
@@ -204,10 +217,14 @@ def cmd_run(args: argparse.Namespace, workdir: Path, place: Place) -> int:
             shown = json.dumps(value) if isinstance(value, dict | list) else value
             print(f"{key:<22} {shown}")
         verdict = "OK" if figures["ok"] else "VIOLATION"
+        generic = figures["generic"]
         print(
-            f"\n{verdict}: {figures['accepted']} accepted, {figures['delivered']} delivered, "
+            f"\n{verdict}: {figures['accepted']} accepted"
+            + (f" ({generic} of them not orders)" if generic else "")
+            + f", {figures['delivered']} delivered, "
             f"{figures['resends']} resends absorbed, {figures['lost']} lost, "
             f"{figures['applied_twice']} applied twice, "
+            f"{figures['payload_mismatches']} payloads differing, {figures['unknown']} unknown, "
             f"{figures['order_inversions']} order inversions ({figures['ordering']} order)"
             + (f" on {figures['backend']}" if figures["backend"] != "sqlite" else "")
             + (

@@ -197,9 +197,14 @@ def _log_tail(log_path: Path) -> str:
     return " | ".join(tail) or "no output"
 
 
-def http_json(method: str, url: str, body: object | None = None) -> tuple[int, Any]:
-    """One request to a loopback service; (status, parsed JSON). Raises OSError if unreachable."""
-    data = None if body is None else json.dumps(body).encode()
+def http_json(
+    method: str, url: str, body: object | None = None, *, ascii_only: bool = True
+) -> tuple[int, Any]:
+    """One request to a loopback service; (status, parsed JSON). Raises OSError if unreachable.
+
+    The body is JSON with every character outside ASCII escaped (`ascii_only`: text
+    outside the Basic Multilingual Plane as a surrogate pair) or written as UTF-8."""
+    data = None if body is None else json.dumps(body, ensure_ascii=ascii_only).encode()
     request = urllib.request.Request(url, data=data, method=method)
     request.add_header("Content-Type", "application/json")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy

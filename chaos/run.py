@@ -1,9 +1,13 @@
-"""`python -m chaos run`: feed orders while killing the services, then read the verdict.
+"""`python -m chaos run`: feed events while killing the services, then read the verdict.
+
+The feed is orders (POST /orders), generic events (POST /events and /events/batch)
+or a mix of both, drawn from the seed (chaos.feed); the verdict reads both databases
+for either kind (chaos.verdict).
 
 With `--workers K --sinks M` (PostgreSQL) the run starts K relay workers
 (`publisher serve --worker-id wN`, every sink URL given, JSON logs) and M sinks on one
 inbox; each kill and each pause picks its victim among the processes of its kind,
-and orders are posted to a worker that is neither paused nor dead. A pause is a
+and events are posted to a worker that is neither paused nor dead. A pause is a
 SIGSTOP now and a SIGCONT later (the feed goes on meanwhile): a worker paused past
 its lease comes back to lines another worker holds.
 """
@@ -23,10 +27,11 @@ from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
 from chaos.dbs import DbLocation, Pair, reading
+from chaos.feed import Feed, Item, Mix
+from chaos.intake import Intake
 from chaos.procs import ChaosError, Service, counters, free_port, http_json, resume
 from chaos.verdict import LineOrder, Ordering, Verdict, line_orders, read_verdict
 from plumbing.cli import CHAOS_EXIT_STATUS
-from shared import Event
 
 Target = Literal["publisher", "sink", "both"]
 Delivery = Literal["batch", "single"]
@@ -44,11 +49,6 @@ FENCE_COUNTERS: Final = (
     "sink_fenced_requests_total",  # 409s of fencing (412s of the predecessor check are apart)
 )
 _COUNT: Final = re.compile(r"\bcount=(\d+)")
-POST_ATTEMPTS: Final = 200
-RETRY_PAUSE_S: Final = 0.05
-# An outage of the PostgreSQL server: intake answers 503 meanwhile; the order is
-# posted again (as a client would) until the server is back and accepts it.
-UNAVAILABLE: Final = 503
 OUTAGE_S: Final = (0.3, 1.5)
 PG_STOP_MODES: Final = ("fast", "immediate")
 # Fast retries so a run drains in seconds; the relay's own defaults are for production.
@@ -274,6 +274,13 @@ def _json_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def event_types(source_db: DbLocation) -> dict[str, int]:
+    """Outbox entries by event type."""
+    with reading(source_db) as source:
+        found = source.rows("SELECT type, count(*) FROM outbox GROUP BY type ORDER BY type")
+        return {str(kind): int(n) for kind, n in found}
+
+
 def lease_epochs(source_db: DbLocation) -> dict[str, int]:
     """Each leased line's epoch in the outbox (none before the lease schema)."""
     with reading(source_db) as source:
@@ -304,8 +311,12 @@ class RunReport:
     - all_faults: faults plus pauses plus PostgreSQL restarts
     - delivered_by_worker: entries each publisher's log says it delivered (ACKs
       verified; a redelivery after a kill or a takeover counts again)
-    - lines: per line of the order check (each SKU in sku order), entries the sink
-      applied and the inverted pairs among them
+    - lines: per line of the order check (each key in key order, "*" for events
+      without one), entries the sink applied and the inverted pairs among them
+    - events_mix: what the feed was (orders, generic events, or both: chaos.feed)
+    - event_types: outbox entries by event type at the end
+    - intake_posts: requests the intake recorded, by path (/orders, /events,
+      /events/batch; a retry after a lost reply counts again)
     - fence_counters: the fencing counters of the processes alive at the end
     - fencing_in_logs: what every process's log says of fencing (`fencing_in_logs`)
     - lease_epochs: each leased line's epoch in the outbox at the end
@@ -322,7 +333,7 @@ class RunReport:
     delivery: Delivery = "batch"
     backend: str = "sqlite"
     # PostgreSQL server restarts (stop fast or immediate, start again) during the feed,
-    # and how many POST /orders the intake refused with 503 meanwhile.
+    # and how many intake requests were refused with 503 meanwhile.
     pg_restarts: list[str] = field(default_factory=list)
     intake_unavailable: int = 0
     databases: dict[str, str] = field(default_factory=dict)  # where the verdict read
@@ -335,6 +346,9 @@ class RunReport:
     fence_counters: dict[str, float] = field(default_factory=dict)
     fencing_in_logs: dict[str, int] = field(default_factory=dict)
     lease_epochs: dict[str, int] = field(default_factory=dict)
+    events_mix: Mix = "orders"
+    event_types: dict[str, int] = field(default_factory=dict)
+    intake_posts: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         by_kind = Counter(self.kills)
@@ -371,19 +385,22 @@ class RunReport:
             "fence_counters": self.fence_counters,
             "fencing_in_logs": self.fencing_in_logs,
             "lease_epochs": self.lease_epochs,
+            "events_mix": self.events_mix,
+            "event_types": self.event_types,
+            "intake_posts": self.intake_posts,
             "elapsed_s": round(self.elapsed_s, 2),
         }
 
 
 def plan_kills(rng: random.Random, events: int, kills: int, target: Target) -> dict[int, str]:
-    """Which order index each kill comes before, and what kind of kill it is."""
+    """Which index of the feed each kill comes before, and what kind of kill it is."""
     kinds = [k for t, ks in KILLS_BY_TARGET.items() if target in (t, "both") for k in ks]
     points = rng.sample(range(1, events), min(kills, events - 1)) if events > 1 else []
     return {point: rng.choice(kinds) for point in sorted(points)}
 
 
 def plan_outages(seed: int, events: int, restarts: int) -> dict[int, str]:
-    """Which order index each PostgreSQL restart comes before, and its stop mode. A
+    """Which index of the feed each PostgreSQL restart comes before, and its stop mode. A
     generator of its own: the kill plan and the orders stay those of the seed."""
     rng = random.Random(f"pg-restarts-{seed}")
     points = rng.sample(range(1, events), min(restarts, events - 1)) if events > 1 else []
@@ -393,7 +410,7 @@ def plan_outages(seed: int, events: int, restarts: int) -> dict[int, str]:
 def plan_pauses(
     seed: int, events: int, pauses: int, target: Target, lease_ttl_s: float
 ) -> dict[int, tuple[str, float]]:
-    """Which order index each pause comes before, the kind of process it stops
+    """Which index of the feed each pause comes before, the kind of process it stops
     (publisher or sink) and for how long. A generator of its own, like the outages."""
     rng = random.Random(f"pauses-{seed}")
     kinds = [kind for kind in ("publisher", "sink") if target in (kind, "both")]
@@ -414,38 +431,6 @@ class Server(Protocol):
 
 
 @dataclass
-class Intake:
-    """POST /orders as a client does it: again after a lost reply or a 503."""
-
-    cluster: Cluster
-    deadline: Deadline | None = None
-    unavailable: int = 0
-    rng: random.Random = field(default_factory=lambda: random.Random("intake"))
-
-    def post(self, order: Event, attempts: int = POST_ATTEMPTS) -> bool:
-        """True once the intake answered 201 or 200 (a retry after a lost reply is a
-        duplicate); False if it still answers 503 after `attempts`."""
-        for _ in range(attempts):
-            if self.deadline is not None:
-                self.deadline.check(f"while posting {order['id']}")
-            url = f"{self.cluster.intake(self.rng).base_url}/orders"
-            try:
-                code, body = http_json("POST", url, order)
-            except OSError:
-                self.cluster.revive()
-                time.sleep(RETRY_PAUSE_S)
-                continue
-            if code in (200, 201):
-                return True
-            if code == UNAVAILABLE and isinstance(body, dict) and "error" in body:
-                self.unavailable += 1
-                time.sleep(RETRY_PAUSE_S)
-                continue
-            raise ChaosError(f"intake refused {order['id']}: {code} {body}")
-        return False
-
-
-@dataclass
 class Deadline:
     """The whole run's time bound: every loop of the run checks it."""
 
@@ -461,6 +446,60 @@ class Deadline:
     def check(self, doing: str) -> None:
         if self.left() <= 0:
             raise ChaosError(f"the run went past its time limit of {self.limit_s:g} s {doing}")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What happens before which index of the feed: kills, PostgreSQL outages, pauses."""
+
+    kills: dict[int, str]
+    outages: dict[int, str]
+    pauses: dict[int, tuple[str, float]]
+
+    def at(self, index: int) -> bool:
+        return index in self.kills or index in self.outages or index in self.pauses
+
+    def done(self, index: int) -> tuple[int, int]:
+        """Kills and pauses up to and including `index`."""
+        return sum(1 for p in self.kills if p <= index), sum(1 for p in self.pauses if p <= index)
+
+
+@dataclass
+class Feeder:
+    """Feeds the run's items one index at a time, with the faults planned before each,
+    and keeps what the verdict compares the databases with: the orders the intake
+    accepted, and the canonical form of every event it accepted."""
+
+    cluster: Cluster
+    feed: Feed
+    faults: Faults
+    intake: Intake
+    victims: random.Random
+    pg_server: Server | None = None
+    sigkills: Counter[str] = field(default_factory=Counter)
+    paused: list[str] = field(default_factory=list)
+    expected: dict[str, tuple[str, int]] = field(default_factory=dict)
+    published: dict[str, str] = field(default_factory=dict)
+
+    def step(self, index: int, seed: int) -> None:
+        self.cluster.revive()  # a chaos exit since the last item: bring it back
+        self.cluster.resume_due()
+        if self.faults.at(index):
+            self.intake.flush()  # what came before a fault reaches the intake before it
+        if index in self.faults.kills:
+            # A random moment, not a fixed point; drawn from the run's generator, the orders'
+            # (a seed's orders-only feed is the one it gave before generic events).
+            time.sleep(self.feed.orders.uniform(0, 0.03))
+            self.sigkills.update(kill(self.cluster, self.faults.kills[index], self.victims))
+        if index in self.faults.pauses:
+            self.paused += pause(self.cluster, *self.faults.pauses[index], self.victims)
+        item = self.feed.item(index)
+        if index in self.faults.outages and self.pg_server is not None:
+            outage(self.pg_server, self.faults.outages[index], self.intake, item, seed + index)
+        self.intake.add(item)
+        self.published[item.id] = item.canonical
+        if item.order is not None:
+            self.expected[item.id] = (item.order["sku"], item.order["qty"])
 
 
 def run(
@@ -482,46 +521,33 @@ def run(
     sinks: int = 1,
     pauses: int = 0,
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+    events_mix: Mix = "orders",
 ) -> RunReport:
     rng = random.Random(seed)
-    victims = random.Random(f"victims-{seed}")
     cluster = Cluster(workdir, ordering, delivery, databases, workers, sinks, lease_ttl_s)
-    skus = MANY_SKUS if cluster.several else SKUS
-    plan = plan_kills(rng, events, kills, target)
-    outages = plan_outages(seed, events, pg_restarts) if pg_server is not None else {}
-    stops = plan_pauses(seed, events, pauses, target, lease_ttl_s)
-    paused: list[str] = []
-    expected: dict[str, tuple[str, int]] = {}
-    sigkills: Counter[str] = Counter()
+    faults = Faults(
+        kills=plan_kills(rng, events, kills, target),
+        outages=plan_outages(seed, events, pg_restarts) if pg_server is not None else {},
+        pauses=plan_pauses(seed, events, pauses, target, lease_ttl_s),
+    )
+    feed = Feed(events_mix, seed, rng, MANY_SKUS if cluster.several else SKUS)
     deadline = Deadline(time_limit_s)
-    intake = Intake(cluster, deadline)
+    intake = Intake(cluster, deadline.check)
+    feeder = Feeder(cluster, feed, faults, intake, random.Random(f"victims-{seed}"), pg_server)
     fenced: dict[str, float] = {}
+    noun = "orders" if events_mix == "orders" else "events"
     try:
         cluster.start()
         for index in range(events):
-            deadline.check(f"while feeding order {index + 1} of {events}")
-            cluster.revive()  # a chaos exit since the last order: bring it back
-            cluster.resume_due()
-            if index in plan:
-                time.sleep(rng.uniform(0, 0.03))  # a random moment, not a fixed point
-                sigkills.update(kill(cluster, plan[index], victims))
-            if index in stops:
-                paused += pause(cluster, *stops[index], victims)
-            order = Event(
-                id=f"chaos-{seed}-{index:06d}", sku=rng.choice(skus), qty=rng.randint(1, 9)
-            )
-            if index in outages and pg_server is not None:
-                outage(pg_server, outages[index], intake, order, seed + index)
-            if not intake.post(order):
-                raise ChaosError(f"intake never accepted {order['id']}")
-            expected[order["id"]] = (order["sku"], order["qty"])
+            deadline.check(f"while feeding {noun[:-1]} {index + 1} of {events}")
+            feeder.step(index, seed)
             if progress and (index + 1) % max(1, events // 10) == 0:
-                done = sum(1 for p in plan if p <= index)
-                held = sum(1 for p in stops if p <= index)
+                done, held = faults.done(index)
                 say(
-                    f"fed {index + 1}/{events} orders, {done} kills, {held} pauses, "
+                    f"fed {index + 1}/{events} {noun}, {done} kills, {held} pauses, "
                     f"{deadline.elapsed():.0f} s"
                 )
+        intake.flush()
         cluster.resume_all()
         drained = drain(cluster, min(drain_timeout_s, max(0.0, deadline.left())), progress)
         if not drained:
@@ -530,10 +556,13 @@ def run(
             fenced = cluster.fence_counters()
     finally:
         cluster.stop()
+    verdict = read_verdict(
+        cluster.source_db, cluster.sink_db, feeder.expected, ordering, published=feeder.published
+    )
     return RunReport(
-        verdict=read_verdict(cluster.source_db, cluster.sink_db, expected, ordering),
-        kills=list(plan.values()),
-        sigkills={name: sigkills[name] for name in ("publisher", "sink")},
+        verdict=verdict,
+        kills=list(faults.kills.values()),
+        sigkills={name: feeder.sigkills[name] for name in ("publisher", "sink")},
         chaos_exits={kind: chaos_exits(cluster, kind) for kind in ("publisher", "sink")},
         restarts=sum(max(0, s.starts - 1) for s in cluster.services()),
         exit_statuses={
@@ -545,17 +574,20 @@ def run(
         delivery=delivery,
         backend=cluster.databases.backend if cluster.databases else "sqlite",
         databases=cluster.databases.shown() if cluster.databases else {},
-        pg_restarts=list(outages.values()),
+        pg_restarts=list(faults.outages.values()),
         intake_unavailable=intake.unavailable,
         workers=workers,
         sinks=sinks,
         lease_ttl_s=lease_ttl_s,
-        pauses=paused,
+        pauses=feeder.paused,
         delivered_by_worker={p.name: delivered_in_log(p.log_path) for p in cluster.publishers},
         lines=line_orders(cluster.source_db, cluster.sink_db, ordering),
         fence_counters=fenced,
         fencing_in_logs=fencing_in_logs(cluster) if cluster.several else {},
         lease_epochs=lease_epochs(cluster.source_db),
+        events_mix=events_mix,
+        event_types=event_types(cluster.source_db),
+        intake_posts=dict(sorted(intake.posts.items())),
     )
 
 
@@ -573,14 +605,14 @@ def pause(cluster: Cluster, kind: str, seconds: float, victims: random.Random) -
     return [service.name] if cluster.pause(service, seconds) else []
 
 
-def outage(server: Server, mode: str, intake: Intake, order: Event, seed: int) -> None:
-    """Stop the PostgreSQL server under load, keep posting `order` while it is down (each
-    answer a 503, or the order is accepted by nothing), then start it again."""
+def outage(server: Server, mode: str, intake: Intake, item: Item, seed: int) -> None:
+    """Stop the PostgreSQL server under load, keep posting `item` while it is down (each
+    answer a 503, or the item is accepted by nothing), then start it again."""
     server.stop(mode)
     until = time.monotonic() + random.Random(seed).uniform(*OUTAGE_S)
     while time.monotonic() < until:
-        if intake.post(order, attempts=1):
-            raise ChaosError(f"intake accepted {order['id']} while PostgreSQL was stopped")
+        if intake.post(item, attempts=1):
+            raise ChaosError(f"intake accepted {item.id} while PostgreSQL was stopped")
     server.start()
 
 
