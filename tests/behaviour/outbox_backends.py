@@ -1,10 +1,11 @@
 """The backends the outbox behaviour suite runs on, and how a test reaches each one.
 
 A test gets an outbox opened with `Outbox.open(backend.location)`, and through
-`backend` a way to the tables behind it (`orders`, `outbox`, `quarantines`, and the
-relay workers' `line_leases` and `relay_workers`) that does not go through the
-outbox: a connection of the test's own, opened for each call, as another process
-would see the data.
+`backend` a way to the tables behind it (`orders`, `outbox`, `outbox_pruned`,
+`quarantines`, and the relay workers' `line_leases` and `relay_workers`) that does
+not go through the outbox: a connection of the test's own, opened for each call, as
+another process would see the data; and the connections a program that writes its
+own rows beside the outbox would hold (`user_connection`, `async_user_connection`).
 
 A new backend plugs in with one class that implements `Backend` and one factory in
 `BACKENDS`; the tests are not copied. The suite writes its SQL with `?` placeholders
@@ -19,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,12 @@ class Backend(ABC):
         commits or rolls back (`autocommit`: each statement commits on its own).
         Closed on the way out, uncommitted work rolled back."""
 
+    @abstractmethod
+    def async_user_connection(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """`user_connection` for a program on an event loop (what publish_in_async
+        takes): a psycopg AsyncConnection. A backend whose users have no such driver
+        skips the test (pytest.skip)."""
+
 
 class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
     """A SQLite file in the test's temporary directory, read with the sqlite3 module."""
@@ -88,6 +95,11 @@ class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
             yield conn
         finally:
             conn.close()
+
+    @contextlib.asynccontextmanager
+    async def async_user_connection(self) -> AsyncIterator[Any]:
+        pytest.skip("no asynchronous SQLite driver is supported: publish_in_async is psycopg's")
+        yield  # unreachable: makes this a generator
 
 
 class PostgresBackend(pg_faults.PgAccess, Backend):
@@ -108,6 +120,14 @@ class PostgresBackend(pg_faults.PgAccess, Backend):
             yield conn
         finally:
             conn.close()
+
+    @contextlib.asynccontextmanager
+    async def async_user_connection(self) -> AsyncIterator[Any]:
+        conn = await psycopg.AsyncConnection.connect(self.url, connect_timeout=5)
+        try:
+            yield conn
+        finally:
+            await conn.close()
 
 
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]

@@ -9,6 +9,7 @@ commit, query plans) is tested in tests/integration with that backend.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import random
@@ -24,11 +25,19 @@ from typing import Any
 
 import pytest
 from outbox_backends import BACKENDS, FAULTS, Backend, Fault
-from support import accept, event, json_of_python, pending_ids
+from support import accept, event, json_of_python, pending_ids, placed
 
 import publisher.store
 from plumbing.storage import StorageError
-from publisher import MAX_BATCH, NotInTransaction, UnknownEntry, accept_in, dispatch
+from publisher import (
+    MAX_BATCH,
+    NotInTransaction,
+    UnknownEntry,
+    accept_in,
+    dispatch,
+    publish_in,
+    publish_in_async,
+)
 from publisher.errors import (
     DeliveryError,
     InvalidTransition,
@@ -37,7 +46,18 @@ from publisher.errors import (
     RelayAlreadyRunning,
 )
 from publisher.store import Mark, Outbox, State
-from shared import GLOBAL_LINE, Conflict, InvalidEvent, Lease, Receipt, canonical_json, make_ack
+from shared import (
+    GLOBAL_LINE,
+    Conflict,
+    Event,
+    InvalidEvent,
+    Lease,
+    Receipt,
+    canonical_json,
+    checked_event,
+    digest_of,
+    make_ack,
+)
 
 ACK = {"ack": "x", "status": "applied"}
 # sent_at and quarantined_at come from time.time(); a short pause keeps them apart.
@@ -57,13 +77,15 @@ async def outbox(backend: Backend) -> AsyncIterator[Outbox]:
 
 
 order = partial(event, qty=7)  # the orders of these tests: qty 7 unless said
+placed_event = partial(placed, qty=7)  # the order.placed event `order(...)` is recorded as
 
 
 def contents(backend: Backend) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of the three tables, in a fixed order."""
+    """Every row of the four tables intake and prune write, in a fixed order."""
     return {
         "orders": backend.query("SELECT * FROM orders ORDER BY id"),
         "outbox": backend.query("SELECT * FROM outbox ORDER BY seq"),
+        "outbox_pruned": backend.query("SELECT * FROM outbox_pruned ORDER BY id"),
         "quarantines": backend.query("SELECT * FROM quarantines ORDER BY n"),
     }
 
@@ -95,7 +117,7 @@ async def test_reopening_keeps_the_data(backend: Backend) -> None:
         await outbox.accept(order("b"))
         await outbox.mark_sent("a")
     async with Outbox.open(backend.location) as outbox:
-        assert await outbox.pending() == [order("b")]
+        assert await outbox.pending() == [placed_event("b")]
         assert await outbox.accept(order("a")) == "duplicate"
     assert count(backend, "orders") == 2
 
@@ -111,17 +133,24 @@ async def test_the_seq_of_a_deleted_entry_is_never_given_again(
     assert by_id["c"] > by_id["a"] + 1  # the seq of the deleted entry is never reused
 
 
-# ---------------------------------------------------------------- accept
+# ---------------------------------------------------------------- accept (orders)
 
 
-async def test_accept_writes_the_order_and_its_outbox_entry(
+async def test_accept_writes_the_order_and_its_order_placed_entry(
     outbox: Outbox, backend: Backend
 ) -> None:
     assert await outbox.accept(order("a", "snack", qty=7)) == "accepted"
     assert backend.query("SELECT id, sku, qty FROM orders") == [("a", "snack", 7)]
-    assert backend.query("SELECT id, payload, sent FROM outbox") == [
-        ("a", canonical_json({"id": "a", "sku": "snack", "qty": 7}), 0)
+    assert backend.query("SELECT id, type, lane, payload, sent FROM outbox") == [
+        (
+            "a",
+            "order.placed",
+            "snack",
+            '{"data":{"qty":7,"sku":"snack"},"id":"a","key":"snack","type":"order.placed"}',
+            0,
+        )
     ]
+    assert await outbox.pending() == [placed("a", "snack", 7)]
 
 
 async def test_same_payload_again_is_a_harmless_duplicate(outbox: Outbox, backend: Backend) -> None:
@@ -156,7 +185,7 @@ async def test_same_id_with_another_payload_is_a_conflict(
 
 
 def store_payload(backend: Backend, event_id: str, payload: str) -> None:
-    """Write an entry's payload by hand (its order row left as it is)."""
+    """Write an entry's payload by hand (its order row left as it is; no single quote in it)."""
     backend.execute(f"UPDATE outbox SET payload = '{payload}' WHERE id = '{event_id}'")
 
 
@@ -166,7 +195,7 @@ async def test_a_known_id_is_judged_by_the_payload_the_outbox_stored_not_its_ord
     await accept(outbox, "a", "b", qty=7)
     # Written by hand: the entries hold qty 8 while their order rows still say 7.
     for event_id in ("a", "b"):
-        store_payload(backend, event_id, canonical_json(order(event_id, qty=8)))
+        store_payload(backend, event_id, canonical_json(placed_event(event_id, qty=8)))
     known = "SELECT * FROM orders WHERE id IN ('a', 'b') ORDER BY id"
     entries = "SELECT * FROM outbox WHERE id IN ('a', 'b') ORDER BY id"
     before = (backend.query(known), backend.query(entries))
@@ -187,22 +216,6 @@ async def test_a_known_id_is_judged_by_the_payload_the_outbox_stored_not_its_ord
     assert (backend.query(known), backend.query(entries)) == before
 
 
-async def test_a_stored_payload_in_another_key_order_is_still_the_same_payload(
-    outbox: Outbox, backend: Backend
-) -> None:
-    await outbox.accept(order("a"))
-    # Written by hand: the same payload, its keys in another order and spaced.
-    store_payload(backend, "a", '{"sku": "snack", "qty": 7, "id": "a"}')
-    before = contents(backend)
-
-    assert await outbox.accept({"qty": 7, "id": "a", "sku": "snack"}) == "duplicate"
-    outcomes = await outbox.accept_many([order("a"), order("a", qty=8)])
-    assert outcomes[0] == "duplicate" and isinstance(outcomes[1], Conflict)
-    with pytest.raises(Conflict):
-        await outbox.accept(order("a", sku="tea"))
-    assert contents(backend) == before
-
-
 @pytest.mark.parametrize(
     ("event", "field"),
     [
@@ -214,7 +227,7 @@ async def test_a_stored_payload_in_another_key_order_is_still_the_same_payload(
         (["a", "snack", 7], "event"),
     ],
 )
-async def test_invalid_event_is_refused_and_changes_nothing(
+async def test_an_invalid_order_is_refused_and_changes_nothing(
     outbox: Outbox, backend: Backend, event: object, field: str
 ) -> None:
     await outbox.accept(order("existing"))
@@ -231,7 +244,7 @@ async def test_accept_stores_a_copy_not_the_callers_object(
     event = order("a")
     await outbox.accept(event)
     event["qty"] = 99
-    assert await outbox.pending() == [order("a")]
+    assert await outbox.pending() == [placed_event("a")]
     assert backend.query("SELECT qty FROM orders") == [(7,)]
 
 
@@ -292,9 +305,9 @@ async def test_accept_many_answers_each_order_in_its_order_and_records_only_the_
     assert accepted_rows(backend) == (
         [("a", "snack", 7), ("c", "tea", 3), ("known", "snack", 1)],
         [
-            ("known", canonical_json(order("known", qty=1))),
-            ("a", canonical_json(order("a"))),
-            ("c", canonical_json(order("c", "tea", qty=3))),
+            ("known", canonical_json(placed("known", qty=1))),
+            ("a", canonical_json(placed_event("a"))),
+            ("c", canonical_json(placed("c", "tea", qty=3))),
         ],
     )
 
@@ -397,6 +410,331 @@ async def test_concurrent_calls_naming_one_new_id_accept_it_once(
     assert accepted_rows(backend)[0] == [("a", "snack", 7), ("b", "snack", 7)]
 
 
+# ---------------------------------------------------------------- events of any type
+
+# Events of several types and shapes, each of its own ID: what it shows -> the event.
+EVENTS: dict[str, dict[str, Any]] = {
+    "keyed": {
+        "id": "pay-1",
+        "type": "payment.captured",
+        "key": "customer-9",
+        "data": {"amount_cents": 1999, "currency": "EUR"},
+    },
+    "keyless": {"id": "news-1", "type": "newsletter.sent", "data": {}},
+    "nested": {
+        "id": "ship-1",
+        "type": "shipment.packed",
+        "key": "customer-9",
+        "data": {
+            "items": [{"sku": "tea", "qty": 2, "tags": ["fragile", None, True, False]}],
+            "to": {"city": "Z\u00fcrich", "lines": [], "at": {"lat": 47.37, "lon": 8.54}},
+        },
+    },
+    "unicode": {
+        "id": "note-1",
+        "type": "note.added",
+        "key": "customer-7",
+        "data": {
+            "text": "caf\u00e9 \U0001f600 \u2028\x7f",  # written as they are
+            "escaped": '\x00\x1f\n\t"\\/',  # controls, quote and backslash: escaped
+            "\U0001f600": "astral key",  # keys sort by UTF-16 code units: before U+FB01
+            "\ufb01": "BMP key",
+        },
+    },
+    "floats": {
+        "id": "read-1",
+        "type": "reading.taken",
+        "data": {"values": [0.1, 1e21, 1e-7, -0.0, 100.0, 5e-324, 1.7976931348623157e308]},
+    },
+}
+# RFC 8785 text of two of them, written out: the number forms and key order of the
+# standard, not of json.dumps.
+CANONICAL = {
+    "unicode": '{"data":{"escaped":"\\u0000\\u001f\\n\\t\\"\\\\/",'
+    '"text":"caf\u00e9 \U0001f600 \u2028\x7f","\U0001f600":"astral key","\ufb01":"BMP key"},'
+    '"id":"note-1","key":"customer-7","type":"note.added"}',
+    "floats": '{"data":{"values":[0.1,1e+21,1e-7,0,100,5e-324,1.7976931348623157e+308]},'
+    '"id":"read-1","type":"reading.taken"}',
+}
+
+
+def entry_rows(backend: Backend) -> list[tuple[Any, ...]]:
+    """(id, type, lane, payload) of every entry, in seq order."""
+    return backend.query("SELECT id, type, lane, payload FROM outbox ORDER BY seq")
+
+
+def stored(*events: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """What entry_rows reads for `events` recorded in this order: each event's type,
+    its key or "*" for none, and its canonical text."""
+    return [(e["id"], e["type"], e.get("key", GLOBAL_LINE), canonical_json(e)) for e in events]
+
+
+@pytest.mark.parametrize("shape", list(EVENTS))
+async def test_publish_stores_the_canonical_text_and_reads_back_the_event(
+    outbox: Outbox, backend: Backend, shape: str
+) -> None:
+    one = EVENTS[shape]
+    given = copy.deepcopy(one)
+    assert await outbox.publish(given) == "accepted"
+    given["data"]["changed"] = True  # after the call: what was recorded stays as it was
+
+    assert entry_rows(backend) == stored(one)
+    if shape in CANONICAL:
+        assert entry_rows(backend)[0][3] == CANONICAL[shape]
+    assert await outbox.pending() == [one]
+    [row] = await outbox.pending_batch(16)
+    entry = await outbox.entry(one["id"])
+    assert entry is not None
+    assert (row.event, row.lane) == (entry.event, entry.lane) == (one, one.get("key", "*"))
+    assert count(backend, "orders") == 0  # an event is not an order: no order row
+    assert await outbox.publish(one) == "duplicate"
+
+
+# How intake may be asked to record several events: what each way returns.
+async def publish_one_by_one(outbox: Outbox, events: list[Any]) -> list[Any]:
+    outcomes: list[Any] = []
+    for one in events:
+        try:
+            outcomes.append(await outbox.publish(one))
+        except (Conflict, InvalidEvent) as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+async def publish_in_one_call(outbox: Outbox, events: list[Any]) -> list[Any]:
+    return await outbox.publish_many(events)
+
+
+async def publish_concurrently(outbox: Outbox, events: list[Any]) -> list[Any]:
+    calls = (outbox.publish(one) for one in events)
+    return list(await asyncio.gather(*calls, return_exceptions=True))
+
+
+PUBLISH_WAYS = {
+    "one by one": publish_one_by_one,
+    "in one call": publish_in_one_call,
+    "concurrently": publish_concurrently,
+}
+
+
+@pytest.mark.parametrize("way", list(PUBLISH_WAYS))
+async def test_events_published_together_keep_their_order_types_lanes_and_text(
+    outbox: Outbox, backend: Backend, way: str
+) -> None:
+    events = list(EVENTS.values())
+    assert await PUBLISH_WAYS[way](outbox, events) == ["accepted"] * len(events)
+    assert entry_rows(backend) == stored(*events)
+    payloads = {row[0]: row[3] for row in entry_rows(backend)}
+    assert payloads["note-1"] == CANONICAL["unicode"]
+    assert payloads["read-1"] == CANONICAL["floats"]
+    assert await outbox.pending(len(events)) == events
+    assert count(backend, "orders") == 0
+
+
+# The event that the duplicate and conflict cases start from.
+PAYMENT: dict[str, Any] = {
+    "id": "pay-1",
+    "type": "payment.captured",
+    "key": "customer-9",
+    "data": {
+        "amount_cents": 1999,
+        "lines": [{"sku": "tea", "qty": 2}, {"sku": "cup", "qty": 1}],
+        "note": None,
+    },
+}
+KEYLESS: dict[str, Any] = {"id": "news-1", "type": "newsletter.sent", "data": {"issue": 12}}
+
+
+def with_data(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """`base` with these fields of its data changed (or added)."""
+    return {**base, "data": {**base["data"], **changes}}
+
+
+def without(base: dict[str, Any], name: str) -> dict[str, Any]:
+    """`base` without its field `name`."""
+    return {field: value for field, value in base.items() if field != name}
+
+
+# The same canonical event as PAYMENT, written otherwise: what each shows -> the event.
+SAME_AS_PAYMENT = {
+    "fields and data keys in another order": {
+        "data": {
+            "note": None,
+            "lines": [{"qty": 2, "sku": "tea"}, {"qty": 1, "sku": "cup"}],
+            "amount_cents": 1999,
+        },
+        "key": "customer-9",
+        "type": "payment.captured",
+        "id": "pay-1",
+    },
+    # I-JSON numbers are doubles: 1999.0 is the number 1999, and its RFC 8785 text.
+    "an integral float": with_data(PAYMENT, amount_cents=1999.0),
+}
+
+# An event with a known ID and anything else different: (the event recorded first,
+# the one that comes next). Each changes the type, the key or the data only.
+CHANGES = {
+    "type": (PAYMENT, {**PAYMENT, "type": "payment.refunded"}),
+    "type in another case": (PAYMENT, {**PAYMENT, "type": "Payment.captured"}),
+    "key": (PAYMENT, {**PAYMENT, "key": "customer-8"}),
+    "key left out": (PAYMENT, without(PAYMENT, "key")),
+    "key given": (KEYLESS, {**KEYLESS, "key": "customer-9"}),
+    "data value": (PAYMENT, with_data(PAYMENT, amount_cents=2000)),
+    "data value as a string": (PAYMENT, with_data(PAYMENT, amount_cents="1999")),
+    "data value nested": (
+        PAYMENT,
+        with_data(PAYMENT, lines=[{"sku": "tea", "qty": 3}, {"sku": "cup", "qty": 1}]),
+    ),
+    "data array order": (PAYMENT, with_data(PAYMENT, lines=PAYMENT["data"]["lines"][::-1])),
+    "data field added": (KEYLESS, with_data(KEYLESS, extra=None)),
+    "data field left out": (PAYMENT, {**PAYMENT, "data": without(PAYMENT["data"], "note")}),
+    "data emptied": (KEYLESS, {**KEYLESS, "data": {}}),
+}
+
+
+@pytest.mark.parametrize("how", list(SAME_AS_PAYMENT))
+async def test_the_same_canonical_event_again_is_a_duplicate_however_it_is_written(
+    outbox: Outbox, backend: Backend, how: str
+) -> None:
+    assert await outbox.publish(PAYMENT) == "accepted"
+    before = contents(backend)
+    again = SAME_AS_PAYMENT[how]
+    for way in PUBLISH_WAYS.values():
+        assert await way(outbox, [again, again]) == ["duplicate", "duplicate"]
+    assert contents(backend) == before
+    assert await outbox.pending() == [PAYMENT]
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+async def test_a_known_id_with_another_type_key_or_data_is_a_conflict_that_changes_nothing(
+    outbox: Outbox, backend: Backend, change: str
+) -> None:
+    first, changed = CHANGES[change]
+    assert await outbox.publish(first) == "accepted"
+    before = contents(backend)
+    with pytest.raises(Conflict) as refused:
+        await outbox.publish(changed)
+    assert refused.value.event_id == first["id"]
+    for way in PUBLISH_WAYS.values():
+        outcomes = await way(outbox, [changed, first])
+        assert isinstance(outcomes[0], Conflict) and outcomes[1] == "duplicate", way
+    assert contents(backend) == before
+    assert await outbox.pending() == [first]
+
+
+async def test_publish_many_answers_each_event_in_its_order_and_records_only_the_good_ones(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.publish(PAYMENT) == "accepted"
+    nested, keyless = EVENTS["nested"], EVENTS["keyless"]
+    bad: dict[str, Any] = {"id": "bad", "type": "t", "data": {}}
+    outcomes = await outbox.publish_many(
+        [
+            keyless,
+            PAYMENT,  # as recorded before
+            {**PAYMENT, "key": "customer-8"},  # another key
+            with_data(bad, lines=[{"qty": 1}, {"qty": 2**53}]),  # past I-JSON's integers
+            with_data(bad, **{"a/b": {"c~d": float("nan")}}),  # not a JSON number
+            with_data(bad, s="\ud800"),  # a lone surrogate is not text
+            {**bad, "key": GLOBAL_LINE},  # "*" is the lane of events without a key
+            {**bad, "type": "no spaces"},
+            {**bad, "data": ["an", "array"]},
+            {**bad, "extra": 1},
+            without(bad, "type"),
+            "not an object",
+            nested,
+            keyless,  # again in the same call: as a second call would find it
+            {**nested, "type": "shipment.sent"},
+        ]
+    )
+    assert outcomes[:2] == ["accepted", "duplicate"]
+    assert isinstance(outcomes[2], Conflict) and outcomes[2].event_id == "pay-1"
+    refused = outcomes[3:12]
+    assert all(isinstance(outcome, InvalidEvent) for outcome in refused), refused
+    assert [outcome.field for outcome in refused] == [  # type: ignore[union-attr]
+        "/data/lines/1/qty",
+        "/data/a~1b/c~0d",
+        "/data/s",
+        "/key",
+        "/type",
+        "/data",
+        "/extra",
+        "/type",
+        "",
+    ]
+    assert outcomes[12:14] == ["accepted", "duplicate"]
+    assert isinstance(outcomes[14], Conflict) and outcomes[14].event_id == "ship-1"
+    assert entry_rows(backend) == stored(PAYMENT, keyless, nested)
+
+
+async def test_an_id_names_one_event_whether_it_came_as_an_order_or_as_an_event(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await outbox.accept(order("a"))
+    before = contents(backend)
+    # Another event under the order's ID: a conflict, however the call is made.
+    payment = {**PAYMENT, "id": "a"}
+    with pytest.raises(Conflict):
+        await outbox.publish(payment)
+    [outcome] = await outbox.publish_many([payment])
+    assert isinstance(outcome, Conflict)
+    with backend.user_connection() as conn:
+        with pytest.raises(Conflict):
+            publish_in(conn, payment)
+        conn.commit()
+    # The order's own event, published as an event, is the event recorded.
+    assert await outbox.publish(placed_event("a")) == "duplicate"
+    assert contents(backend) == before
+
+    # And the other way round: an order under an event's ID.
+    assert await outbox.publish(PAYMENT) == "accepted"
+    with pytest.raises(Conflict):
+        await outbox.accept(order("pay-1"))
+    assert await outbox.publish(placed_event("b")) == "accepted"
+    assert await outbox.accept(order("b")) == "duplicate"
+    assert backend.query("SELECT id FROM orders") == [("a",)]
+    assert entry_rows(backend) == stored(placed_event("a"), PAYMENT, placed_event("b"))
+
+
+def no_refunds(event: object) -> tuple[Event, str]:
+    """A service's own rule on top of the contract's: refunds are not recorded here."""
+    valid, canonical = checked_event(event)
+    if valid["type"] == "payment.refunded":
+        raise InvalidEvent("/type", "refunds are recorded by the ledger, not here")
+    return valid, canonical
+
+
+async def test_a_check_given_to_publish_refuses_what_it_refuses_and_changes_nothing(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.publish(PAYMENT, check=no_refunds) == "accepted"
+    before = contents(backend)
+    refund = {**PAYMENT, "id": "refund-1", "type": "payment.refunded"}
+    with pytest.raises(InvalidEvent) as refused:
+        await outbox.publish(refund, check=no_refunds)
+    assert (refused.value.field, refused.value.problem) == (
+        "/type",
+        "refunds are recorded by the ledger, not here",
+    )
+    # Refused before its ID is looked up: a known ID is refused too, not a conflict.
+    outcomes = await outbox.publish_many(
+        [refund, {**PAYMENT, "type": "payment.refunded"}, PAYMENT], no_refunds
+    )
+    assert [type(outcome) for outcome in outcomes[:2]] == [InvalidEvent, InvalidEvent]
+    assert outcomes[2] == "duplicate"
+    small = partial(checked_event, max_data_bytes=16)  # the contract's rule, tighter
+    with pytest.raises(InvalidEvent, match="over the 16 allowed") as too_big:
+        await outbox.publish({**PAYMENT, "id": "pay-2"}, small)
+    assert too_big.value.field == "/data"
+    with backend.user_connection() as conn:
+        with pytest.raises(InvalidEvent):
+            publish_in(conn, refund, no_refunds)
+        conn.commit()
+    assert contents(backend) == before
+    # Without it, the same events are recorded: what refused them was the check.
+    assert await outbox.publish_many([refund, {**PAYMENT, "id": "pay-2"}]) == ["accepted"] * 2
+
+
 # ---------------------------------------------------------------- in the caller's transaction
 
 ACCOUNTS = "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL)"
@@ -431,7 +769,7 @@ async def test_accept_in_the_callers_transaction_commits_with_it_and_is_delivere
         conn.commit()
     assert backend.query("SELECT * FROM accounts") == [("acct", 5)]
     assert backend.query("SELECT id, sku, qty FROM orders WHERE id = 'a'") == [("a", "tea", 2)]
-    assert await outbox.pending() == [order("before", qty=1), order("a", "tea", qty=2)]
+    assert await outbox.pending() == [placed("before"), placed("a", "tea", qty=2)]
     sent: list[dict[str, Any]] = []
 
     async def send(event: dict[str, Any]) -> bool:
@@ -439,7 +777,7 @@ async def test_accept_in_the_callers_transaction_commits_with_it_and_is_delivere
         return True
 
     assert await dispatch(outbox, send) == ["before", "a"]
-    assert sent[-1] == order("a", "tea", qty=2)
+    assert sent[-1] == placed("a", "tea", qty=2)
     assert unsent(backend) == []
 
 
@@ -464,7 +802,7 @@ async def test_accept_in_judges_a_known_id_by_its_stored_payload_as_intake_does(
     outbox: Outbox, backend: Backend
 ) -> None:
     await accept(outbox, "moved", "pruned", qty=7)
-    store_payload(backend, "moved", canonical_json(order("moved", qty=8)))  # by hand
+    store_payload(backend, "moved", canonical_json(placed_event("moved", qty=8)))  # by hand
     await outbox.mark_sent("pruned", ACK)
     await asyncio.sleep(TICK_S)
     assert await outbox.prune(older_than_s=0) == 1
@@ -479,12 +817,124 @@ async def test_accept_in_judges_a_known_id_by_its_stored_payload_as_intake_does(
     assert contents(backend) == before
 
 
-async def test_accept_in_refuses_a_connection_outside_any_transaction(
+async def test_publish_in_the_callers_transaction_rolls_back_with_it(
     outbox: Outbox, backend: Backend
 ) -> None:
-    with backend.user_connection(autocommit=True) as conn, pytest.raises(NotInTransaction):
-        accept_in(conn, order("a"))
+    backend.execute(ACCOUNTS)
+    assert await outbox.publish(KEYLESS) == "accepted"
+    before = contents(backend)
+    with backend.user_connection() as conn:
+        conn.execute("INSERT INTO accounts (id, balance) VALUES ('acct', 5)")
+        assert publish_in(conn, PAYMENT) == "accepted"
+        assert publish_in(conn, EVENTS["unicode"]) == "accepted"
+        assert publish_in(conn, PAYMENT) == "duplicate"  # its own transaction sees it
+        # Not committed: no other connection sees any of it, the relay neither.
+        assert contents(backend) == before
+        assert await pending_ids(outbox) == ["news-1"]
+        conn.rollback()
+    assert contents(backend) == before
+    assert backend.query("SELECT * FROM accounts") == []
+    assert await outbox.publish(PAYMENT) == "accepted"  # nothing of it was left
+
+
+async def test_publish_in_the_callers_transaction_commits_with_it_and_is_delivered(
+    outbox: Outbox, backend: Backend
+) -> None:
+    backend.execute(ACCOUNTS)
+    assert await outbox.publish(KEYLESS) == "accepted"
+    events = [EVENTS[shape] for shape in ("keyed", "unicode", "floats")]
+    with backend.user_connection() as conn:
+        conn.execute("INSERT INTO accounts (id, balance) VALUES ('acct', 5)")
+        assert [publish_in(conn, one) for one in events] == ["accepted"] * 3
+        conn.commit()
+    assert backend.query("SELECT * FROM accounts") == [("acct", 5)]
+    assert entry_rows(backend) == stored(KEYLESS, *events)
     assert count(backend, "orders") == 0
+    assert await outbox.pending() == [KEYLESS, *events]
+    sent: list[dict[str, Any]] = []
+
+    async def send(event: dict[str, Any]) -> bool:
+        sent.append(event)
+        return True
+
+    assert await dispatch(outbox, send) == ["news-1", "pay-1", "note-1", "read-1"]
+    assert sent == [KEYLESS, *events]
+    assert unsent(backend) == []
+
+
+async def test_publish_in_judges_a_known_id_as_publish_does_pruned_or_not(
+    outbox: Outbox, backend: Backend
+) -> None:
+    assert await outbox.publish_many([PAYMENT, KEYLESS]) == ["accepted"] * 2
+    await outbox.mark_sent("news-1", ACK)
+    await asyncio.sleep(TICK_S)
+    assert await outbox.prune(older_than_s=0) == 1
+    before = contents(backend)
+    with backend.user_connection() as conn:
+        assert publish_in(conn, PAYMENT) == "duplicate"
+        assert publish_in(conn, KEYLESS) == "duplicate"  # its entry pruned
+        for changed in (
+            {**PAYMENT, "type": "payment.refunded"},
+            {**KEYLESS, "key": "customer-9"},
+            with_data(KEYLESS, issue=13),
+        ):
+            with pytest.raises(Conflict):
+                publish_in(conn, changed)
+        with pytest.raises(InvalidEvent) as bad:
+            publish_in(conn, {"id": "x", "type": "t", "data": {"n": [1, float("inf")]}})
+        assert bad.value.field == "/data/n/1"
+        conn.commit()
+    assert contents(backend) == before
+    with pytest.raises(TypeError):
+        publish_in(object(), PAYMENT)
+
+
+async def test_publish_in_async_commits_and_rolls_back_with_the_callers_transaction(
+    outbox: Outbox, backend: Backend
+) -> None:
+    backend.execute(ACCOUNTS)
+    before = contents(backend)
+    async with backend.async_user_connection() as conn:
+        await conn.execute("INSERT INTO accounts (id, balance) VALUES ('gone', 1)")
+        assert await publish_in_async(conn, PAYMENT) == "accepted"
+        assert contents(backend) == before  # not committed
+        await conn.rollback()
+        assert contents(backend) == before
+        await conn.execute("INSERT INTO accounts (id, balance) VALUES ('kept', 2)")
+        assert await publish_in_async(conn, PAYMENT) == "accepted"  # nothing was left
+        assert await publish_in_async(conn, KEYLESS) == "accepted"
+        assert await publish_in_async(conn, PAYMENT) == "duplicate"
+        with pytest.raises(Conflict):
+            await publish_in_async(conn, {**PAYMENT, "key": "customer-8"})
+        with pytest.raises(InvalidEvent) as bad:
+            await publish_in_async(conn, with_data(KEYLESS, n={"deep": 2**60}))
+        assert bad.value.field == "/data/n/deep"
+        with pytest.raises(InvalidEvent):
+            await publish_in_async(conn, {**PAYMENT, "type": "payment.refunded"}, no_refunds)
+        assert await pending_ids(outbox) == []
+        await conn.commit()
+    assert backend.query("SELECT * FROM accounts") == [("kept", 2)]
+    assert entry_rows(backend) == stored(PAYMENT, KEYLESS)
+    assert await outbox.pending() == [PAYMENT, KEYLESS]
+
+
+async def test_publish_in_async_takes_an_asynchronous_connection_only(
+    outbox: Outbox, backend: Backend
+) -> None:
+    with backend.user_connection() as conn, pytest.raises(TypeError, match="AsyncConnection"):
+        await publish_in_async(conn, PAYMENT)
+    assert count(backend, "outbox") == 0
+
+
+async def test_accept_in_and_publish_in_refuse_a_connection_outside_any_transaction(
+    outbox: Outbox, backend: Backend
+) -> None:
+    with backend.user_connection(autocommit=True) as conn:
+        with pytest.raises(NotInTransaction):
+            accept_in(conn, order("a"))
+        with pytest.raises(NotInTransaction):
+            publish_in(conn, PAYMENT)
+    assert (count(backend, "orders"), count(backend, "outbox")) == (0, 0)
 
 
 # ---------------------------------------------------------------- no lock while sending
@@ -533,12 +983,17 @@ async def test_pending_ignores_accepted_at_timestamps(outbox: Outbox, backend: B
     assert [e["id"] for e in await outbox.pending()] == ["z", "a", "m"]
 
 
-async def test_pending_returns_exactly_id_sku_qty(outbox: Outbox) -> None:
+async def test_pending_returns_exactly_the_recorded_event(outbox: Outbox) -> None:
     await outbox.accept(order("a", "snack", qty=7))
     (event,) = await outbox.pending()
-    assert event == {"id": "a", "sku": "snack", "qty": 7}
-    assert set(event) == {"id", "sku", "qty"}
-    assert type(event["qty"]) is int
+    assert event == {
+        "id": "a",
+        "type": "order.placed",
+        "key": "snack",
+        "data": {"sku": "snack", "qty": 7},
+    }
+    assert set(event) == {"id", "type", "key", "data"}
+    assert type(event["data"]["qty"]) is int
 
 
 async def test_pending_of_an_empty_outbox_is_empty(outbox: Outbox) -> None:
@@ -569,7 +1024,7 @@ async def test_pending_changes_nothing(outbox: Outbox, backend: Backend) -> None
     before = contents(backend)
     first = await outbox.pending()
     second = await outbox.pending()
-    assert first == second == [order("z"), order("m")]
+    assert first == second == [placed_event("z"), placed_event("m")]
     assert contents(backend) == before
 
 
@@ -587,7 +1042,8 @@ async def test_pending_returns_fresh_dicts_each_time(outbox: Outbox) -> None:
     await outbox.accept(order("a"))
     (first,) = await outbox.pending()
     first["id"] = "changed"
-    assert await outbox.pending() == [order("a")]
+    first["data"]["qty"] = 0
+    assert await outbox.pending() == [placed_event("a")]
 
 
 # ---------------------------------------------------------------- lanes
@@ -626,7 +1082,7 @@ async def test_pending_rows_and_entries_carry_the_lane_the_outbox_stored(
 
     rows = await outbox.pending_batch(16)
     assert [(row.event["id"], row.lane) for row in rows] == list(lanes.items())
-    assert rows[3].event == order("d", "juice")
+    assert rows[3].event == placed_event("d", "juice")
     skipping = await outbox.pending_batch(16, None, ["a"])
     assert [(row.event["id"], row.lane) for row in skipping] == list(lanes.items())[1:]
     assert [(r.event["id"], r.lane) for r in await outbox.pending_batch(16, "moved")] == [
@@ -641,7 +1097,7 @@ async def test_pending_rows_and_entries_carry_the_lane_the_outbox_stored(
     listed = {e.id: e.lane for state in State for e in await outbox.entries(state)}
     assert listed == lanes
     entry = await outbox.entry("d")
-    assert entry is not None and (entry.lane, entry.event) == ("moved", order("d", "juice"))
+    assert entry is not None and (entry.lane, entry.event) == ("moved", placed_event("d", "juice"))
 
 
 async def test_pending_lanes_orders_by_the_oldest_pending_head_and_honours_limit_and_skip(
@@ -662,6 +1118,45 @@ async def test_pending_lanes_orders_by_the_oldest_pending_head_and_honours_limit
     await outbox.quarantine("a-000001", "test", "tester")
     assert await outbox.pending_lanes(10) == ["c", "b"]  # a holds nothing pending
     assert await outbox.pending_lanes(10, ["c", "b"]) == []
+
+
+async def test_pending_batch_of_a_key_returns_that_keys_events_only_in_seq_order(
+    outbox: Outbox, backend: Backend
+) -> None:
+    def one(event_id: str, key: str | None) -> dict[str, Any]:
+        found = {"id": event_id, "type": "visit.logged", "data": {"n": event_id}}
+        return found if key is None else {**found, "key": key}
+
+    # IDs not in text order; events, orders and keyless events interleaved, recorded
+    # one by one, several in one call, and as an order of the same key.
+    assert await outbox.publish(one("z1", "c-1")) == "accepted"
+    assert await outbox.publish(one("y1", None)) == "accepted"
+    batch = [one("x2", "c-2"), one("w1", "c-1"), one("v1", None), one("u2", "c-2")]
+    assert await outbox.publish_many(batch) == ["accepted"] * 4
+    assert await outbox.accept(order("t1", "c-1")) == "accepted"
+    assert await outbox.publish(one("s1", None)) == "accepted"
+    lanes = {"c-1": ["z1", "w1", "t1"], "c-2": ["x2", "u2"], GLOBAL_LINE: ["y1", "v1", "s1"]}
+
+    for lane, ids in lanes.items():
+        rows = await outbox.pending_batch(16, lane)
+        assert [(row.event["id"], row.lane) for row in rows] == [(i, lane) for i in ids], lane
+        assert [row.seq for row in rows] == sorted(row.seq for row in rows)
+        assert [row.event["id"] for row in await outbox.pending_batch(2, lane)] == ids[:2]
+        skipping = await outbox.pending_batch(16, lane, [ids[0], "x2"])
+        assert [row.event["id"] for row in skipping] == [i for i in ids[1:] if i != "x2"]
+    assert [row.event for row in await outbox.pending_batch(16, GLOBAL_LINE)] == [
+        one(i, None) for i in lanes[GLOBAL_LINE]
+    ]
+    assert await outbox.pending_batch(16, "c-3") == []
+    # Events without a key are a lane of their own ("*") beside the keys' lanes.
+    assert await outbox.pending_lanes(10) == ["c-1", GLOBAL_LINE, "c-2"]
+    await outbox.mark_sent("z1", ACK)
+    assert await outbox.pending_lanes(10) == [GLOBAL_LINE, "c-2", "c-1"]
+    assert await outbox.head_ids([None, "c-1", GLOBAL_LINE]) == {
+        None: "y1",
+        "c-1": "w1",
+        GLOBAL_LINE: "y1",
+    }
 
 
 # ---------------------------------------------------------------- heads
@@ -1144,20 +1639,48 @@ async def test_list_pages_on_from_the_last_seq_in_each_states_order(outbox: Outb
     assert [e.id for e in newest + older] == ["s4", "s3", "s2", "s1", "s0"]
 
 
-async def test_list_keeps_one_sku_when_asked(outbox: Outbox) -> None:
+async def test_list_keeps_one_key_when_asked(outbox: Outbox) -> None:
     for n in range(6):
         await outbox.accept(order(f"e{n}", sku="tea" if n % 2 else "snack"))
     await outbox.quarantine("e1", "x", "alice")
     await outbox.mark_sent("e3", ACK)
 
-    assert [e.id for e in await outbox.entries(State.PENDING, sku="tea")] == ["e5"]
-    assert [e.id for e in await outbox.entries(State.PENDING, sku="snack")] == ["e0", "e2", "e4"]
-    assert [e.id for e in await outbox.entries(State.QUARANTINED, sku="tea")] == ["e1"]
-    assert [e.id for e in await outbox.entries(State.SENT, sku="tea")] == ["e3"]
-    assert await outbox.entries(State.SENT, sku="snack") == []
-    assert await outbox.entries(State.PENDING, sku="none") == []
-    page = await outbox.entries(State.PENDING, limit=1, after=0, sku="snack")
+    assert [e.id for e in await outbox.entries(State.PENDING, key="tea")] == ["e5"]
+    assert [e.id for e in await outbox.entries(State.PENDING, key="snack")] == ["e0", "e2", "e4"]
+    assert [e.id for e in await outbox.entries(State.QUARANTINED, key="tea")] == ["e1"]
+    assert [e.id for e in await outbox.entries(State.SENT, key="tea")] == ["e3"]
+    assert await outbox.entries(State.SENT, key="snack") == []
+    assert await outbox.entries(State.PENDING, key="none") == []
+    page = await outbox.entries(State.PENDING, limit=1, after=0, key="snack")
     assert [e.id for e in page] == ["e0"]
+
+
+async def test_list_keeps_one_type_or_the_events_without_a_key_when_asked(outbox: Outbox) -> None:
+    events = [
+        PAYMENT,
+        KEYLESS,
+        {**PAYMENT, "id": "pay-2", "key": "customer-8"},
+        {**KEYLESS, "id": "news-2"},
+        {**PAYMENT, "id": "refund-1", "type": "payment.refunded"},
+    ]
+    assert await outbox.publish_many(events) == ["accepted"] * len(events)
+    await outbox.accept(order("o1", "customer-9"))
+    await outbox.mark_sent("news-2", ACK)
+
+    def ids(entries: list[Any]) -> list[str]:
+        return [entry.id for entry in entries]
+
+    assert ids(await outbox.entries(State.PENDING, key=GLOBAL_LINE)) == ["news-1"]
+    assert ids(await outbox.entries(State.SENT, key=GLOBAL_LINE)) == ["news-2"]
+    assert ids(await outbox.entries(State.PENDING, type="payment.captured")) == ["pay-1", "pay-2"]
+    assert ids(await outbox.entries(State.PENDING, type="order.placed")) == ["o1"]
+    assert ids(await outbox.entries(State.PENDING, key="customer-9")) == ["pay-1", "refund-1", "o1"]
+    both = await outbox.entries(State.PENDING, key="customer-9", type="payment.captured")
+    assert ids(both) == ["pay-1"]
+    assert await outbox.entries(State.PENDING, type="payment") == []  # a type, not a prefix
+    [keyless] = await outbox.entries(State.PENDING, key=GLOBAL_LINE)
+    assert (keyless.event, keyless.lane) == (KEYLESS, GLOBAL_LINE)
+    assert keyless.to_dict()["data"] == KEYLESS["data"] and "key" not in keyless.to_dict()
 
 
 @pytest.mark.parametrize(
@@ -1287,6 +1810,41 @@ async def test_a_pruned_entry_leaves_its_duplicates_duplicates_and_its_conflicts
     assert together[0] == "duplicate" and isinstance(together[1], Conflict)
     assert contents(backend) == before
     assert await pending_ids(outbox) == ["b"]
+
+
+@pytest.mark.parametrize("shape", list(EVENTS))
+async def test_a_pruned_event_again_is_a_duplicate_and_another_under_its_id_a_conflict(
+    outbox: Outbox, backend: Backend, shape: str
+) -> None:
+    one = EVENTS[shape]
+    assert await outbox.publish_many([one, PAYMENT | {"id": "kept"}]) == ["accepted"] * 2
+    await outbox.mark_sent(one["id"], ACK)
+    await asyncio.sleep(TICK_S)
+    assert await outbox.prune(older_than_s=0) == 1
+    # What is kept of it: the digest of its canonical text, as the sink computes it.
+    assert backend.query("SELECT id, digest FROM outbox_pruned") == [
+        (one["id"], digest_of(canonical_json(one)))  # type: ignore[arg-type]
+    ]
+    before = contents(backend)
+    changes = [
+        {**one, "type": one["type"] + ".v2"},
+        {**one, "key": "another-key"},
+        without(one, "key") if "key" in one else {**one, "key": "customer-9"},
+        with_data(one, added=None),
+    ]
+
+    for way in PUBLISH_WAYS.values():
+        outcomes = await way(outbox, [one, *changes, copy.deepcopy(one)])
+        assert outcomes[0] == outcomes[-1] == "duplicate", way
+        assert all(isinstance(outcome, Conflict) for outcome in outcomes[1:-1]), outcomes
+    with backend.user_connection() as conn:
+        assert publish_in(conn, one) == "duplicate"
+        for changed in changes:
+            with pytest.raises(Conflict):
+                publish_in(conn, changed)
+        conn.commit()
+    assert contents(backend) == before
+    assert await pending_ids(outbox) == ["kept"]
 
 
 # ---------------------------------------------------------------- snapshot
