@@ -13,21 +13,69 @@ Every backend passes the same behaviour suite (tests/behaviour/test_inbox_store.
 from __future__ import annotations
 
 import contextlib
+import json
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from plumbing.storage import Opening, StoreBase
-from shared import Conflict, Event, Lease, Receipt, validate_event
+from shared import (
+    Conflict,
+    Event,
+    Lease,
+    Order,
+    Receipt,
+    checked_event,
+    digest_of,
+    order_canonical,
+    order_event,
+)
+from shared.event import MAX_DATA_BYTES_LIMIT, placed_order
+
+
+class Incoming(NamedTuple):
+    """One validated event as the inbox takes it: the event, its canonical form (RFC
+    8785 of {id, type, key, data}: what the inbox stores, compares and digests,
+    computed once where the event was validated), and the order it places when it is
+    an `order.placed` event whose data is an order (its effect: the order's quantity
+    added to its SKU's inventory); None for any other event, which is only recorded."""
+
+    event: Event
+    canonical: str
+    order: Order | None
+
+    @classmethod
+    def of(cls, event: Event, canonical: str) -> Incoming:
+        """An event validated with its canonical form (shared.checked_event)."""
+        return cls(event, canonical, placed_order(event))
+
+    @classmethod
+    def of_order(cls, order: Order) -> Incoming:
+        """The `order.placed` event a validated order records."""
+        return cls(order_event(order), order_canonical(order), order)
+
+    @classmethod
+    def checked(cls, obj: object) -> Incoming:
+        """Validate `obj` as an event (InvalidEvent naming the place otherwise), with
+        data up to the most any publisher may allow."""
+        return cls.of(*checked_event(obj, max_data_bytes=MAX_DATA_BYTES_LIMIT))
 
 
 @dataclass(frozen=True)
 class Received:
-    """What receive did, and the digest of the payload the inbox holds."""
+    """What receive did, and the canonical form the inbox holds for the event (for a
+    duplicate, the one stored first)."""
 
     receipt: Receipt
-    digest: str
+    stored: str
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the stored canonical form: what an ACK of this release carries
+        (computed when asked: an ACK in the previous release's terms needs another)."""
+        return digest_of(self.stored)
 
 
 @dataclass(frozen=True)
@@ -40,22 +88,40 @@ class BatchReceipt:
 
 @dataclass(frozen=True)
 class InboxRecord:
-    """The inbox row of one event: the evidence of stage 3."""
+    """The inbox row of one event: the evidence of stage 3, and the event as stored."""
 
     id: str
-    digest: str
+    digest: str  # of the stored canonical form
     received_at: float
     deliveries: int
     last_delivery_at: float
     applied_seq: int  # the order of first application: larger for each newly applied ID
+    event: Event
+
+    @classmethod
+    def stored(
+        cls,
+        event_id: str,
+        payload: str,
+        received_at: float,
+        deliveries: int,
+        last_delivery_at: float,
+        applied_seq: int,
+    ) -> InboxRecord:
+        """The record of a row as a backend reads it: `payload` is the canonical form."""
+        digest = digest_of(payload)
+        event: Event = json.loads(payload)
+        return cls(event_id, digest, received_at, deliveries, last_delivery_at, applied_seq, event)
 
 
 class Inbox(StoreBase):
-    """Which event IDs the sink has applied, and the inventory they changed.
+    """Which events the sink has applied, and the inventory their orders changed.
 
-    Recording the ID and applying its effect (`inventory[sku] += qty`) happen in one
-    transaction, so the inbox never claims an event whose effect is missing, and a
-    receive that returns has committed both: an ACK sent afterwards is evidence.
+    Recording an event (its ID, type and canonical form) and applying its effect
+    happen in one transaction, so the inbox never claims an event whose effect is
+    missing, and a receive that returns has committed both: an ACK sent afterwards is
+    evidence. The effect of an `order.placed` event whose data is an order is
+    `inventory[sku] += qty`; an event of any other type is only recorded.
 
     Errors: StorageError (plumbing.storage) when the database cannot be used,
     Conflict, InvalidEvent, PredecessorMissing and StaleLease (shared) as the methods say.
@@ -84,30 +150,30 @@ class Inbox(StoreBase):
     # ------------------------------------------------------------------ writes
 
     async def receive(self, event: object) -> Receipt:
-        """Validate the event and apply it once: record its ID and its effect in one
-        transaction.
+        """Validate the event `{id, type, key?, data}` and apply it once: record it
+        and its effect in one transaction.
 
-        The same ID with the same payload again is a duplicate (no second effect, its
-        delivery counted); with a different payload it raises Conflict and changes
-        nothing. An invalid event raises InvalidEvent and changes nothing.
+        The same ID with the same canonical form again is a duplicate (no second
+        effect, its delivery counted); with a different one it raises Conflict and
+        changes nothing. An invalid event raises InvalidEvent and changes nothing.
         """
-        return (await self.receive_with_digest(validate_event(event))).receipt
+        return (await self.receive_with_digest(Incoming.checked(event))).receipt
 
     async def receive_with_digest(
-        self, event: Event, *, after: str | None = None, lease: Lease | None = None
+        self, item: Incoming, *, after: str | None = None, lease: Lease | None = None
     ) -> Received:
         """Like `receive`, for an event validated already (the HTTP layer validates
-        each request's once), also returning the SHA-256 of the stored payload (for a
-        duplicate, of the payload stored first); with `after` (the predecessor check)
-        and `lease` (fencing), as in `receive_batch`."""
-        receipt = await self.receive_batch([event], after=after, lease=lease)
+        each request's once), also returning the SHA-256 of the stored canonical form
+        (for a duplicate, of the one stored first); with `after` (the predecessor
+        check) and `lease` (fencing), as in `receive_batch`."""
+        receipt = await self.receive_batch([item], after=after, lease=lease)
         if receipt.conflict is not None:
             raise receipt.conflict
         return receipt.received[0]
 
     @abstractmethod
     async def receive_batch(
-        self, events: Sequence[Event], *, after: str | None = None, lease: Lease | None = None
+        self, items: Sequence[Incoming], *, after: str | None = None, lease: Lease | None = None
     ) -> BatchReceipt:
         """Apply validated events in order in one transaction, stopping at the first
         conflict.
@@ -137,7 +203,8 @@ class Inbox(StoreBase):
 
     @abstractmethod
     async def record(self, event_id: str) -> InboxRecord | None:
-        """The inbox row for `event_id`, None if this sink never applied it."""
+        """The inbox row for `event_id` with the event stored, None if this sink never
+        applied it."""
 
     @abstractmethod
     async def count(self) -> int:

@@ -39,19 +39,10 @@ import psycopg.errors
 from pg_tx import DURABLE, Conn, PgDatabase, describe, in_one_round_trip
 from plumbing.group_commit import GroupCommit
 from plumbing.storage import StorageError
-from shared import (
-    Conflict,
-    Event,
-    Lease,
-    PredecessorMissing,
-    Receipt,
-    StaleLease,
-    canonical_json,
-    digest_of,
-)
+from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
 from sink.backends import postgres_sql as sql
 from sink.backends.sharing import Arrivals, Call
-from sink.store import BatchReceipt, Inbox, InboxRecord, Received
+from sink.store import BatchReceipt, Inbox, InboxRecord, Incoming, Received
 
 T = TypeVar("T")
 SIDE: Final = "sink"
@@ -98,12 +89,11 @@ class PostgresInbox(Inbox):
         return self._arrivals
 
     async def receive_batch(
-        self, events: Sequence[Event], *, after: str | None = None, lease: Lease | None = None
+        self, items: Sequence[Incoming], *, after: str | None = None, lease: Lease | None = None
     ) -> BatchReceipt:
-        items = list(events)
         if not items:
             return BatchReceipt([], None)
-        call = Call(items, after, lease)
+        call = Call(list(items), after, lease)
         if after is None and self._arrivals.count <= 1 and not self._groups.busy:
             outcome = (await self._commit_group([call]))[0]  # a transaction of its own
             if isinstance(outcome, Exception):
@@ -136,14 +126,11 @@ class PostgresInbox(Inbox):
         """The calls (IDs distinct across them) up to the first that cannot go in as
         all new, in one transaction: BEGIN, the settings, INSERT_CALLS and COMMIT sent
         at once. Their receipts (fewer than the calls when one stopped them)."""
-        params, payloads = _calls_columns(calls, now)
+        params = _calls_columns(calls, now)
         async with self._db.connection() as conn:
             row = await in_one_round_trip(conn, sql.INSERT_CALLS, params)
         went = 0 if row is None else int(row[0])
-        return [
-            BatchReceipt([Received(Receipt.APPLIED, digest_of(p)) for p in payloads[index]], None)
-            for index in range(went)
-        ]
+        return [_all_applied(call.items) for call in calls[:went]]
 
     async def _long_way(self, calls: list[Call], now: float) -> list[BatchReceipt | Exception]:
         """The calls in one transaction, each tried as all new, then event by event.
@@ -191,12 +178,7 @@ class PostgresInbox(Inbox):
 
     async def record(self, event_id: str) -> InboxRecord | None:
         row = await self._one(sql.RECORD, (event_id,))
-        if row is None:
-            return None
-        payload, received_at, deliveries, last_delivery_at, applied_seq = row
-        return InboxRecord(
-            event_id, digest_of(payload), received_at, deliveries, last_delivery_at, applied_seq
-        )
+        return None if row is None else InboxRecord.stored(event_id, *row)
 
     async def count(self) -> int:
         row = await self._one(sql.COUNT_EVENTS, ())
@@ -224,8 +206,8 @@ async def _receive_calls(
     call of the group is checked again after it."""
     outcomes: list[BatchReceipt | Exception | None] = [None] * len(calls)
     tried = [
-        None if lease is not None else await _try_all_new(conn, events, after, now)
-        for events, after, lease in calls
+        None if lease is not None else await _try_all_new(conn, items, after, now)
+        for items, after, lease in calls
     ]  # a leased call is checked before it tries anything: in the second pass
     for index, attempt in enumerate(tried):
         if attempt is not None:
@@ -240,15 +222,14 @@ async def _receive_calls(
 
 
 async def _try_all_new(
-    conn: Conn, events: list[Event], after: str | None, now: float
+    conn: Conn, items: list[Incoming], after: str | None, now: float
 ) -> psycopg.AsyncCursor[Any] | None:
     """Send INSERT_IF_ALL_NEW for a batch whose IDs are distinct (None for one
     whose are not); its row is fetched later."""
-    ids = [event["id"] for event in events]
+    ids = [item.event["id"] for item in items]
     if len(set(ids)) != len(ids):
         return None
-    payloads = [canonical_json(event) for event in events]
-    params = {**_columns(events, payloads, now), "after": after}
+    params = {**_columns(items), "now": now, "slots": sql.TALLY_SLOTS, "after": after}
     return await conn.execute(sql.INSERT_IF_ALL_NEW, params)
 
 
@@ -261,28 +242,31 @@ async def _all_new_outcome(cursor: psycopg.AsyncCursor[Any], call: Call) -> Batc
     met, known, inserted = row if row is not None else (False, True, 0)
     if not met or known:
         return None
-    if inserted != len(call.events):
+    if inserted != len(call.items):
         raise Raced()
-    digests = [digest_of(canonical_json(event)) for event in call.events]
-    return BatchReceipt([Received(Receipt.APPLIED, digest) for digest in digests], None)
+    return _all_applied(call.items)
+
+
+def _all_applied(items: list[Incoming]) -> BatchReceipt:
+    """The receipt of a batch whose events were all new."""
+    return BatchReceipt([Received(Receipt.APPLIED, i.canonical) for i in items], None)
 
 
 async def _receive_in(conn: Conn, call: Call, now: float) -> BatchReceipt:
     """Inside a transaction: check the lease and the predecessor, then apply in order,
     stopping at the first conflict. No event is written before both are known to
     hold."""
-    events, after, lease = call
+    items, after, lease = call
     if lease is not None:
         await _check_lease(conn, lease)
-    attempt = await _try_all_new(conn, events, after, now)
+    attempt = await _try_all_new(conn, items, after, now)
     if attempt is not None:
         applied = await _all_new_outcome(attempt, call)
         if applied is not None:
             return applied
     if after is not None and await (await conn.execute(sql.FIND, (after,))).fetchone() is None:
         raise PredecessorMissing(after)
-    payloads = [canonical_json(event) for event in events]
-    return await _one_by_one(conn, events, payloads, now)
+    return await _one_by_one(conn, items, now)
 
 
 async def _check_lease(conn: Conn, lease: Lease) -> None:
@@ -297,45 +281,28 @@ async def _check_lease(conn: Conn, lease: Lease) -> None:
 def _distinct_prefix(calls: list[Call]) -> int:
     """How many leading calls have IDs distinct across them (INSERT_CALLS's case)."""
     seen: set[str] = set()
-    for index, (events, _, _) in enumerate(calls):
-        ids = [event["id"] for event in events]
+    for index, (items, _, _) in enumerate(calls):
+        ids = [item.event["id"] for item in items]
         if len(set(ids)) != len(ids) or not seen.isdisjoint(ids):
             return index
         seen.update(ids)
     return len(calls)
 
 
-def _calls_columns(calls: list[Call], now: float) -> tuple[dict[str, Any], list[list[str]]]:
+def _calls_columns(calls: list[Call], now: float) -> dict[str, Any]:
     """Calls as the arrays INSERT_CALLS unnests (each event with its call's number,
-    from 1; each call's predecessor, and whether it is an event of an earlier call),
-    and each call's payloads."""
-    ids: list[str] = []
-    skus: list[str] = []
-    qtys: list[int] = []
-    owners: list[int] = []
-    afters: list[str | None] = []
+    from 1; each call's predecessor, and whether it is an event of an earlier call)."""
+    items = [item for call in calls for item in call.items]
     inside: list[bool] = []
-    leases: list[Lease | None] = []
-    payloads: list[list[str]] = []
     seen: set[str] = set()
-    for number, (events, after, lease) in enumerate(calls, 1):
-        afters.append(after)
-        leases.append(lease)
-        inside.append(after is not None and after in seen)
-        payloads.append([canonical_json(event) for event in events])
-        for event in events:
-            ids.append(event["id"])
-            skus.append(event["sku"])
-            qtys.append(event["qty"])
-            owners.append(number)
-        seen.update(ids[-len(events) :])
-    columns = {
-        "ids": ids,
-        "payloads": [payload for each in payloads for payload in each],
-        "skus": skus,
-        "qtys": qtys,
-        "calls": owners,
-        "afters": afters,
+    for call in calls:
+        inside.append(call.after is not None and call.after in seen)
+        seen.update(item.event["id"] for item in call.items)
+    leases = [call.lease for call in calls]
+    return {
+        **_columns(items),
+        "calls": [number for number, call in enumerate(calls, 1) for _ in call.items],
+        "afters": [call.after for call in calls],
         "inside": inside,
         "sources": [None if lease is None else lease.source for lease in leases],
         "lines": [None if lease is None else lease.line for lease in leases],
@@ -343,40 +310,52 @@ def _calls_columns(calls: list[Call], now: float) -> tuple[dict[str, Any], list[
         "now": now,
         "slots": sql.TALLY_SLOTS,
     }
-    return columns, payloads
 
 
-def _columns(events: list[Event], payloads: list[str], now: float) -> dict[str, Any]:
-    """A batch as the arrays INSERT_IF_ALL_NEW unnests."""
+def _columns(items: list[Incoming]) -> dict[str, list[Any]]:
+    """Events as the arrays INSERT_IF_ALL_NEW and INSERT_CALLS unnest: an event
+    that places no order has a NULL SKU and quantity."""
+    orders = [item.order for item in items]
     return {
-        "ids": [event["id"] for event in events],
-        "payloads": payloads,
-        "skus": [event["sku"] for event in events],
-        "qtys": [event["qty"] for event in events],
+        "ids": [item.event["id"] for item in items],
+        "types": [item.event["type"] for item in items],
+        "payloads": [item.canonical for item in items],
+        "skus": [None if order is None else order["sku"] for order in orders],
+        "qtys": [None if order is None else order["qty"] for order in orders],
+    }
+
+
+def _one_params(item: Incoming, now: float) -> dict[str, Any]:
+    """The parameters of INSERT_ONE for one event."""
+    order = item.order
+    return {
+        "id": item.event["id"],
+        "type": item.event["type"],
+        "payload": item.canonical,
+        "sku": None if order is None else order["sku"],
+        "qty": None if order is None else order["qty"],
         "now": now,
         "slots": sql.TALLY_SLOTS,
     }
 
 
-async def _one_by_one(
-    conn: Conn, events: list[Event], payloads: list[str], now: float
-) -> BatchReceipt:
+async def _one_by_one(conn: Conn, items: list[Incoming], now: float) -> BatchReceipt:
     """Inside the transaction: apply in order, counting duplicates, stopping at the
     first conflict (the prefix commits; nothing of the conflicting event ran)."""
     done: list[Received] = []
-    for event, payload in zip(events, payloads, strict=True):
-        params = {**event, "payload": payload, "now": now, "slots": sql.TALLY_SLOTS}
-        inserted = await conn.execute(sql.INSERT_ONE, params)
-        stored = await conn.execute(sql.FIND, (event["id"],))  # same round trip
+    for item in items:
+        event_id = item.event["id"]
+        inserted = await conn.execute(sql.INSERT_ONE, _one_params(item, now))
+        stored = await conn.execute(sql.FIND, (event_id,))  # same round trip
         if await inserted.fetchone() is not None:
-            done.append(Received(Receipt.APPLIED, digest_of(payload)))
+            done.append(Received(Receipt.APPLIED, item.canonical))
             continue
         row = await stored.fetchone()
         known: str = row[0] if row is not None else ""
-        if known != payload:
-            return BatchReceipt(done, Conflict(event["id"]))
-        await conn.execute(sql.COUNT_DUPLICATE, (now, event["id"]))  # sent with the next
-        done.append(Received(Receipt.DUPLICATE, digest_of(known)))
+        if known != item.canonical:
+            return BatchReceipt(done, Conflict(event_id))
+        await conn.execute(sql.COUNT_DUPLICATE, (now, event_id))  # sent with the next
+        done.append(Received(Receipt.DUPLICATE, known))
     return BatchReceipt(done, None)
 
 

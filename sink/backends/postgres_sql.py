@@ -57,6 +57,23 @@ MIGRATIONS: Final = (
         PRIMARY KEY (source, line)
     );
     """,
+    # Events of any type. A row's payload is its event's canonical form (RFC 8785 of
+    # {id, type, key, data}) and its type a column. Every row before this one is an
+    # order of the previous release, {"id","qty","sku"}: it becomes the order.placed
+    # event it records, keyed by its SKU, in exactly the text of
+    # shared.event.order_canonical (written by concatenation: PostgreSQL's own JSON
+    # output has spaces, and an ID or a SKU needs no escaping).
+    """
+    ALTER TABLE inbox ADD COLUMN type TEXT;
+    UPDATE inbox SET
+        type = 'order.placed',
+        payload = '{"data":{"qty":' || (payload::json ->> 'qty')
+            || ',"sku":"' || (payload::json ->> 'sku')
+            || '"},"id":"' || id
+            || '","key":"' || (payload::json ->> 'sku')
+            || '","type":"order.placed"}';
+    ALTER TABLE inbox ALTER COLUMN type SET NOT NULL;
+    """,
 )
 PROBE_TABLE: Final = "inbox_health"
 
@@ -79,28 +96,31 @@ LEASE_SEEN: Final = b"SELECT epoch FROM lease_fences WHERE source = %s AND line 
 # The common case of a batch in one statement: if it passes the predecessor check (no
 # `after`, or that event in the inbox) and none of its events (IDs distinct within it) is known,
 # they are recorded in their order, each taking the next applied_seq, and the
-# inventory they add is summed per SKU (in SKU order, so that two transactions lock
-# inventory rows in the same order); otherwise nothing is written. Returns whether
+# inventory their orders add is summed per SKU (in SKU order, so that two transactions
+# lock inventory rows in the same order; an event that places no order has a NULL
+# SKU and adds nothing); otherwise nothing is written. Returns whether
 # the predecessor check passed, whether any ID was known, and how many rows went in: fewer
 # than the batch when another transaction committed one of its IDs meanwhile.
 INSERT_IF_ALL_NEW: Final = b"""
 WITH batch AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(payloads)s::text[], %(skus)s::text[],
-                         %(qtys)s::bigint[]) WITH ORDINALITY AS b(id, payload, sku, qty, n)
+    SELECT * FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[],
+                         %(skus)s::text[], %(qtys)s::bigint[])
+                  WITH ORDINALITY AS b(id, type, payload, sku, qty, n)
 ), predecessor AS (
     SELECT %(after)s::text IS NULL OR EXISTS (SELECT FROM inbox WHERE id = %(after)s) AS met
 ), known AS (
     SELECT EXISTS (SELECT FROM inbox WHERE id = ANY (%(ids)s::text[])) AS found
 ), new AS (
-    INSERT INTO inbox (id, payload, received_at, last_delivery_at)
-    SELECT id, payload, %(now)s, %(now)s FROM batch
+    INSERT INTO inbox (id, type, payload, received_at, last_delivery_at)
+    SELECT id, type, payload, %(now)s, %(now)s FROM batch
     WHERE (SELECT met FROM predecessor) AND NOT (SELECT found FROM known)
     ORDER BY n
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), applied AS (
     INSERT INTO inventory (sku, qty)
-    SELECT sku, sum(qty) FROM batch JOIN new USING (id) GROUP BY sku ORDER BY sku
+    SELECT sku, sum(qty) FROM batch JOIN new USING (id) WHERE sku IS NOT NULL
+    GROUP BY sku ORDER BY sku
     ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
 ), tallied AS (
     INSERT INTO inbox_tally (slot, events)
@@ -126,9 +146,9 @@ SELECT (SELECT met FROM predecessor), (SELECT found FROM known), (SELECT count(*
 # meanwhile.
 INSERT_CALLS: Final = b"""
 WITH batch AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(payloads)s::text[], %(skus)s::text[],
-                         %(qtys)s::bigint[], %(calls)s::bigint[])
-                  WITH ORDINALITY AS b(id, payload, sku, qty, c, n)
+    SELECT * FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[],
+                         %(skus)s::text[], %(qtys)s::bigint[], %(calls)s::bigint[])
+                  WITH ORDINALITY AS b(id, type, payload, sku, qty, c, n)
 ), predecessors AS (
     SELECT * FROM unnest(%(afters)s::text[], %(inside)s::boolean[])
                   WITH ORDINALITY AS f(after, inside, c)
@@ -155,14 +175,15 @@ WITH batch AS (
 ), taken AS (
     SELECT * FROM batch WHERE c < (SELECT c FROM stop)
 ), new AS (
-    INSERT INTO inbox (id, payload, received_at, last_delivery_at)
-    SELECT id, payload, %(now)s, %(now)s FROM taken
+    INSERT INTO inbox (id, type, payload, received_at, last_delivery_at)
+    SELECT id, type, payload, %(now)s, %(now)s FROM taken
     ORDER BY n
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), applied AS (
     INSERT INTO inventory (sku, qty)
-    SELECT sku, sum(qty) FROM taken JOIN new USING (id) GROUP BY sku ORDER BY sku
+    SELECT sku, sum(qty) FROM taken JOIN new USING (id) WHERE sku IS NOT NULL
+    GROUP BY sku ORDER BY sku
     ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
 ), tallied AS (
     INSERT INTO inbox_tally (slot, events)
@@ -173,16 +194,18 @@ SELECT (SELECT c FROM stop) - 1,
        CASE WHEN (SELECT count(*) FROM new) <> (SELECT count(*) FROM taken)
             THEN inbox_raced() END
 """
-# One event: recorded if new (then its effect applied, in the same statement), else
-# nothing; returns a row only when it was new.
+# One event: recorded if new (then its effect applied, in the same statement: its
+# order's quantity added, none for an event that places no order, whose SKU is NULL),
+# else nothing; returns a row only when it was new.
 INSERT_ONE: Final = b"""
 WITH new AS (
-    INSERT INTO inbox (id, payload, received_at, last_delivery_at)
-    VALUES (%(id)s, %(payload)s, %(now)s, %(now)s)
+    INSERT INTO inbox (id, type, payload, received_at, last_delivery_at)
+    VALUES (%(id)s, %(type)s, %(payload)s, %(now)s, %(now)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), applied AS (
-    INSERT INTO inventory (sku, qty) SELECT %(sku)s, %(qty)s FROM new
+    INSERT INTO inventory (sku, qty)
+    SELECT %(sku)s::text, %(qty)s::bigint FROM new WHERE %(sku)s::text IS NOT NULL
     ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
 ), tallied AS (
     INSERT INTO inbox_tally (slot, events) SELECT mod(pg_backend_pid(), %(slots)s), 1 FROM new

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from plumbing.group_commit import Arrivals as Arrivals  # re-exported: the backends use it
-from shared import Event, Lease
+from shared import Lease
+from sink.store import Incoming
 
 
 class Call(NamedTuple):
     """One receive_batch call waiting for a group commit."""
 
-    events: list[Event]
+    items: list[Incoming]
     after: str | None  # the predecessor: the event the sender delivered before these
     lease: Lease | None = None  # the sender's line and epoch, checked before anything

@@ -14,19 +14,10 @@ import time
 from collections.abc import Sequence
 
 from plumbing.storage import StorageError
-from shared import (
-    Conflict,
-    Event,
-    Lease,
-    PredecessorMissing,
-    Receipt,
-    StaleLease,
-    canonical_json,
-    digest_of,
-)
+from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
 from sink.backends import sqlite_sql as sql
 from sink.backends.sharing import Arrivals, Call
-from sink.store import BatchReceipt, Inbox, InboxRecord, Received
+from sink.store import BatchReceipt, Inbox, InboxRecord, Incoming, Received
 from sqlite_tx import Database, GroupCommit, SqliteFile, transaction
 
 
@@ -59,12 +50,11 @@ class SqliteInbox(SqliteFile, Inbox):
         return self._arrivals
 
     async def receive_batch(
-        self, events: Sequence[Event], *, after: str | None = None, lease: Lease | None = None
+        self, items: Sequence[Incoming], *, after: str | None = None, lease: Lease | None = None
     ) -> BatchReceipt:
-        items = list(events)
         if not items:
             return BatchReceipt([], None)
-        call = Call(items, after, lease)
+        call = Call(list(items), after, lease)
         if self._commits_inline(after):
             return await self._db.run_inline(lambda conn: _receive_batch(conn, call, time.time()))
         return await self._groups.submit(call)
@@ -86,12 +76,7 @@ class SqliteInbox(SqliteFile, Inbox):
 
     async def record(self, event_id: str) -> InboxRecord | None:
         row = await self._db.run(lambda conn: conn.execute(sql.RECORD, (event_id,)).fetchone())
-        if row is None:
-            return None
-        payload, received_at, deliveries, last_delivery_at, applied_seq = row
-        return InboxRecord(
-            event_id, digest_of(payload), received_at, deliveries, last_delivery_at, applied_seq
-        )
+        return None if row is None else InboxRecord.stored(event_id, *row)
 
     async def count(self) -> int:
         row = await self._db.run(lambda conn: conn.execute(sql.COUNT_EVENTS).fetchone())
@@ -127,24 +112,22 @@ def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchRe
 def _receive_in(conn: sqlite3.Connection, call: Call, now: float) -> BatchReceipt:
     """Inside a transaction: check the lease and the predecessor, then apply in order,
     stopping at the first conflict."""
-    events, after, lease = call
+    items, after, lease = call
     if lease is not None:
         _check_lease(conn, lease)
     if after is not None and conn.execute(sql.FIND, (after,)).fetchone() is None:
         raise PredecessorMissing(after)
-    payloads = [canonical_json(event) for event in events]
-    ids = [event["id"] for event in events]
+    ids = [item.event["id"] for item in items]
     if len(set(ids)) == len(ids) and not _known(conn, ids):
         # The common case, every ID new: one statement for the inbox rows and one
         # per SKU for the inventory, instead of two or three per event.
-        rows = [(i, p, now, now) for i, p in zip(ids, payloads, strict=True)]
-        conn.executemany(sql.INSERT, rows)
-        conn.executemany(sql.APPLY, _totals(events).items())
-        return BatchReceipt([Received(Receipt.APPLIED, digest_of(p)) for p in payloads], None)
+        conn.executemany(sql.INSERT, [_row(item, now) for item in items])
+        conn.executemany(sql.APPLY, _totals(items).items())
+        return BatchReceipt([Received(Receipt.APPLIED, i.canonical) for i in items], None)
     done: list[Received] = []
-    for event, payload in zip(events, payloads, strict=True):
+    for item in items:
         try:
-            done.append(_apply(conn, event, payload, now))
+            done.append(_apply(conn, item, now))
         except Conflict as exc:
             return BatchReceipt(done, exc)  # the prefix commits; nothing of this one ran
     return BatchReceipt(done, None)
@@ -166,24 +149,32 @@ def _known(conn: sqlite3.Connection, ids: list[str]) -> bool:
     return conn.execute(sql.FIND_MANY, (json.dumps(ids),)).fetchone() is not None
 
 
-def _totals(events: Sequence[Event]) -> dict[str, int]:
-    """The quantity each SKU gains from these events (additions commute)."""
+def _row(item: Incoming, now: float) -> tuple[str, str, str, float, float]:
+    """The parameters of sql.INSERT for one event."""
+    return (item.event["id"], item.event["type"], item.canonical, now, now)
+
+
+def _totals(items: Sequence[Incoming]) -> dict[str, int]:
+    """The quantity each SKU gains from the orders among these events (additions
+    commute; any other event adds nothing)."""
     totals: dict[str, int] = {}
-    for event in events:
-        totals[event["sku"]] = totals.get(event["sku"], 0) + event["qty"]
+    for item in items:
+        if item.order is not None:
+            sku = item.order["sku"]
+            totals[sku] = totals.get(sku, 0) + item.order["qty"]
     return totals
 
 
-def _apply(conn: sqlite3.Connection, event: Event, payload: str, now: float) -> Received:
-    """Inside a transaction: record the ID and apply the effect, or count a duplicate.
-
-    A conflict raises before anything of this event is written.
-    """
-    if conn.execute(sql.INSERT, (event["id"], payload, now, now)).rowcount == 1:
-        conn.execute(sql.APPLY, (event["sku"], event["qty"]))
-        return Received(Receipt.APPLIED, digest_of(payload))
-    (known,) = conn.execute(sql.FIND, (event["id"],)).fetchone()
-    if known != payload:
-        raise Conflict(event["id"])
-    conn.execute(sql.COUNT_DUPLICATE, (now, event["id"]))
-    return Received(Receipt.DUPLICATE, digest_of(known))
+def _apply(conn: sqlite3.Connection, item: Incoming, now: float) -> Received:
+    """Inside a transaction: record the event and apply its effect, or count a
+    duplicate. A conflict raises before anything of this event is written."""
+    event_id = item.event["id"]
+    if conn.execute(sql.INSERT, _row(item, now)).rowcount == 1:
+        if item.order is not None:
+            conn.execute(sql.APPLY, (item.order["sku"], item.order["qty"]))
+        return Received(Receipt.APPLIED, item.canonical)
+    (known,) = conn.execute(sql.FIND, (event_id,)).fetchone()
+    if known != item.canonical:
+        raise Conflict(event_id)
+    conn.execute(sql.COUNT_DUPLICATE, (now, event_id))
+    return Received(Receipt.DUPLICATE, known)

@@ -42,6 +42,24 @@ MIGRATIONS: Final = (
         PRIMARY KEY (source, line)
     ) WITHOUT ROWID;
     """,
+    # 5: events of any type. A row's payload is its event's canonical form (RFC 8785
+    # of {id, type, key, data}) and its type a column. Every row before this one is
+    # an order of the previous release, {"id","qty","sku"}: it becomes the order.placed
+    # event it records, keyed by its SKU, in exactly the text of
+    # shared.event.order_canonical (json_object writes compact JSON with its members
+    # in argument order, and an ID or a SKU needs no escaping). Every insert names its
+    # type: the default only says what the rows already there are.
+    """
+    ALTER TABLE inbox ADD COLUMN type TEXT NOT NULL DEFAULT 'order.placed';
+    UPDATE inbox SET payload = json_object(
+        'data', json_object(
+            'qty', json_extract(payload, '$.qty'), 'sku', json_extract(payload, '$.sku')
+        ),
+        'id', id,
+        'key', json_extract(payload, '$.sku'),
+        'type', 'order.placed'
+    );
+    """,
 )
 
 FIND: Final = "SELECT payload FROM inbox WHERE id = ?"
@@ -49,8 +67,8 @@ FIND: Final = "SELECT payload FROM inbox WHERE id = ?"
 # largest applied_seq, read from the end of its index, is the last one given);
 # does nothing (rowcount 0) when the ID is known already.
 INSERT: Final = (
-    "INSERT INTO inbox (id, payload, received_at, last_delivery_at, applied_seq)"
-    " VALUES (?, ?, ?, ?, (SELECT coalesce(max(applied_seq), 0) + 1 FROM inbox))"
+    "INSERT INTO inbox (id, type, payload, received_at, last_delivery_at, applied_seq)"
+    " VALUES (?, ?, ?, ?, ?, (SELECT coalesce(max(applied_seq), 0) + 1 FROM inbox))"
     " ON CONFLICT (id) DO NOTHING"
 )
 # Which of a JSON array of IDs the inbox knows, with their stored payloads.

@@ -11,36 +11,44 @@ A new backend plugs in with one class that implements `Backend` and one factory 
 `BACKENDS` (tests/behaviour/inbox_backends.py); the tests are not copied. The SQL
 here uses `?` placeholders and the dialect SQLite and PostgreSQL share; a backend
 whose driver wants another placeholder style translates it in `query`. The tests
-read the columns of today's schema (inbox: id, payload, received_at, deliveries,
-last_delivery_at, applied_seq; inventory: sku, qty), which the chaos verdict reads
-too; a backend keeps their names and meaning.
+read the columns of today's schema (inbox: id, type, payload, received_at,
+deliveries, last_delivery_at, applied_seq; inventory: sku, qty), which the chaos
+verdict reads too; a backend keeps their names and meaning.
+
+Events are of any type: most tests use orders (`order.placed` events, whose effect
+is on the inventory), and the section "events of any type" checks events of other
+types, keys and data (nested, unicode, floats) beside them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from inbox_backends import BACKENDS, FAULTS, Backend, Fault, Row
-from support import event, in_progress, json_of_python
+from support import in_progress, json_of_python
 
 import sink.store
 from plumbing.storage import StorageError
 from shared import (
     GLOBAL_LINE,
     Conflict,
+    Event,
     InvalidEvent,
     Lease,
     PredecessorMissing,
     Receipt,
     StaleLease,
     canonical_json,
+    order_event,
 )
 from shared import payload_digest as digest
 from sink import Inbox
+from sink.store import Incoming
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -57,7 +65,28 @@ async def inbox(backend: Backend) -> AsyncIterator[Inbox]:
 
 # ---------------------------------------------------------------- helpers
 
-EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    """An order, as the `order.placed` event it is recorded as."""
+    return order_event({"id": event_id, "sku": sku, "qty": qty})
+
+
+def incoming(one: Event) -> Incoming:
+    """An event as the inbox takes it, validated (as Inbox.receive validates)."""
+    return Incoming.checked(one)
+
+
+def taken(*events: Event) -> list[Incoming]:
+    """Events as the inbox takes them."""
+    return [incoming(one) for one in events]
+
+
+def changed(one: Event, **data: object) -> Event:
+    """`one` with these fields of its data changed."""
+    return {**one, "data": {**one["data"], **data}}
+
+
+EVENT: Event = event("order-1", qty=7)
 Snapshot = tuple[list[Row], list[Row]]
 
 
@@ -104,8 +133,9 @@ async def test_duplicate_updates_the_delivery_record_only(inbox: Inbox) -> None:
 async def test_the_digest_is_of_the_stored_payload_also_for_a_duplicate(
     inbox: Inbox, backend: Backend
 ) -> None:
-    applied = await inbox.receive_with_digest({"qty": 7, "sku": "snack", "id": "order-1"})
-    again = await inbox.receive_with_digest(dict(EVENT))
+    reordered = {"data": {"sku": "snack", "qty": 7}, "key": "snack", "id": "order-1"}
+    applied = await inbox.receive_with_digest(incoming({**reordered, "type": "order.placed"}))
+    again = await inbox.receive_with_digest(incoming(dict(EVENT)))
 
     assert (applied.receipt, applied.digest) == (Receipt.APPLIED, digest(EVENT))
     assert (again.receipt, again.digest) == (Receipt.DUPLICATE, digest(EVENT))
@@ -115,9 +145,9 @@ async def test_the_digest_is_of_the_stored_payload_also_for_a_duplicate(
 
 
 async def test_events_for_the_same_sku_add_up(inbox: Inbox, backend: Backend) -> None:
-    await inbox.receive({"id": "a", "sku": "snack", "qty": 7})
-    await inbox.receive({"id": "b", "sku": "snack", "qty": 5})
-    await inbox.receive({"id": "c", "sku": "drink", "qty": 1})
+    await inbox.receive(event("a", qty=7))
+    await inbox.receive(event("b", qty=5))
+    await inbox.receive(event("c", "drink"))
 
     assert await inbox.inventory("snack") == 12
     assert backend.query("SELECT sku, qty FROM inventory ORDER BY sku") == [
@@ -134,35 +164,58 @@ async def test_inventory_of_an_unknown_sku_is_zero(inbox: Inbox) -> None:
 
 
 @pytest.mark.parametrize(
-    "changed",
-    [{"qty": 8}, {"sku": "drink"}],
-    ids=["other-qty", "other-sku"],
+    "other",
+    [
+        changed(EVENT, qty=8),
+        changed(EVENT, sku="drink"),
+        {**EVENT, "key": "drink"},
+        {**EVENT, "type": "order.cancelled"},
+        {"id": "order-1", "type": "order.placed", "data": EVENT["data"]},
+    ],
+    ids=["other-qty", "other-sku", "other-key", "other-type", "no-key"],
 )
 async def test_conflicting_payload_raises_and_changes_nothing(
-    inbox: Inbox, backend: Backend, changed: dict[str, Any]
+    inbox: Inbox, backend: Backend, other: Event
 ) -> None:
     await inbox.receive(dict(EVENT))
     before = snapshot(backend)
 
     with pytest.raises(Conflict) as caught:
-        await inbox.receive({**EVENT, **changed})
+        await inbox.receive(other)
 
     assert caught.value.event_id == "order-1"
     assert snapshot(backend) == before
     assert backend.query("SELECT deliveries FROM inbox WHERE id = 'order-1'") == [(1,)]
 
 
+VALID: dict[str, Any] = {"id": "x", "type": "thing.done", "key": "k", "data": {}}
+
+
 @pytest.mark.parametrize(
     ("event", "field"),
     [
-        ({"id": "x", "sku": "snack", "qty": True}, "qty"),
-        ({"id": "x", "sku": "snack", "qty": 0}, "qty"),
-        ({"id": "x", "sku": "snack", "qty": 7.0}, "qty"),
-        ({"id": "x", "sku": "snack"}, "qty"),
-        ({"id": "x", "sku": "snack", "qty": 7, "extra": 1}, "extra"),
-        ({"id": "-x", "sku": "snack", "qty": 7}, "id"),
-        ({"id": "x", "sku": "sn ack", "qty": 7}, "sku"),
-        (["x", "snack", 7], "event"),
+        ({"id": "x", "sku": "snack", "qty": 7}, "/type"),  # an order is not an event
+        ({**VALID, "extra": 1}, "/extra"),
+        ({**VALID, "id": "-x"}, "/id"),
+        ({**VALID, "type": "thing done"}, "/type"),
+        ({**VALID, "key": "k k"}, "/key"),
+        ({**VALID, "data": [1]}, "/data"),
+        ({**VALID, "data": {"a": [1, {"b": float("nan")}]}}, "/data/a/1/b"),
+        ({**VALID, "data": {"n": 2**53}}, "/data/n"),
+        ({**VALID, "data": {"s": "\ud800"}}, "/data/s"),
+        (["x", "snack", 7], ""),
+    ],
+    ids=[
+        "order",
+        "extra",
+        "bad-id",
+        "bad-type",
+        "bad-key",
+        "data-array",
+        "nan",
+        "big-int",
+        "lone-surrogate",
+        "array",
     ],
 )
 async def test_invalid_event_raises_and_changes_nothing(
@@ -176,6 +229,151 @@ async def test_invalid_event_raises_and_changes_nothing(
 
     assert caught.value.field == field
     assert snapshot(backend) == before
+
+
+# ---------------------------------------------------------------- events of any type
+
+# Events of other types than orders: with and without a key, nested data, text
+# outside ASCII and outside the Basic Multilingual Plane, escapes, floats (RFC 8785
+# writes them as ECMAScript does: 1e+21, -0 as 0), null and booleans.
+OTHERS: list[Event] = [
+    {
+        "id": "p-123",
+        "type": "payment.captured",
+        "key": "c-9",
+        "data": {
+            "amount": 12.5,
+            "currency": "EUR",
+            "customer": {"id": "c-9", "name": "Zoë Ångström", "tags": ["vip", "北京"]},
+        },
+    },
+    {
+        "id": "s-1",
+        "type": "shipment.sent",
+        "data": {"parcels": [1, 2.25, -0.0, 1e21, 3.0], "note": None, "flags": [True, False]},
+    },
+    {
+        "id": "u:1",
+        "type": "user.renamed",
+        "key": "u:1",
+        # Keys outside the BMP sort by UTF-16 code units: 😀 (D83D DE00) before ﬀ (FB00).
+        "data": {"from": 'a"b\\c\n\t', "to": "é", "\u00e9": {"€": {}, "z": [[]]}, "ﬀ": 2, "😀": 1},
+    },
+]
+OTHER_IDS = [one["id"] for one in OTHERS]
+
+
+def stored(one: Event) -> Event:
+    """The event as the inbox gives it back: its canonical form, parsed."""
+    parsed: Event = json.loads(canonical_json(one))
+    return parsed
+
+
+async def test_events_of_any_type_are_stored_in_canonical_form_with_their_type(
+    inbox: Inbox, backend: Backend
+) -> None:
+    for one in OTHERS:
+        assert await inbox.receive(one) is Receipt.APPLIED
+
+    rows = backend.query("SELECT id, type, payload FROM inbox ORDER BY applied_seq")
+    assert rows == [(one["id"], one["type"], canonical_json(one)) for one in OTHERS]
+    assert backend.query("SELECT * FROM inventory") == []  # no order: no effect
+    for one in OTHERS:
+        record = await inbox.record(one["id"])
+        assert record is not None
+        assert (record.event, record.digest) == (stored(one), digest(one))
+        assert ("key" in record.event) == ("key" in one)
+    assert await inbox.count() == len(OTHERS)
+
+
+async def test_an_event_of_any_type_again_is_a_duplicate_and_changed_a_conflict(
+    inbox: Inbox, backend: Backend
+) -> None:
+    for one in OTHERS:
+        await inbox.receive(one)
+    before = backend.query("SELECT id, payload FROM inbox ORDER BY id")
+
+    for one in OTHERS:
+        # The same event, its data's members in another order: the same canonical form.
+        reordered = {**one, "data": dict(reversed(list(one["data"].items())))}
+        again = await inbox.receive_with_digest(incoming(reordered))
+        assert (again.receipt, again.digest) == (Receipt.DUPLICATE, digest(one))
+    for other in (
+        changed(OTHERS[0], amount=12.51),
+        changed(OTHERS[1], note=""),
+        {**OTHERS[2], "key": "u:2"},
+        {**OTHERS[0], "type": "payment.refunded"},
+    ):
+        with pytest.raises(Conflict):
+            await inbox.receive(other)
+
+    assert backend.query("SELECT id, payload FROM inbox ORDER BY id") == before
+    assert dict(backend.query("SELECT id, deliveries FROM inbox")) == dict.fromkeys(OTHER_IDS, 2)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"sku": "snack", "qty": 0}, {"sku": "snack", "qty": 2, "gift": True}, {"sku": "snack"}],
+    ids=["zero-qty", "more-fields", "no-qty"],
+)
+async def test_an_order_placed_event_whose_data_is_no_order_is_recorded_without_effect(
+    inbox: Inbox, backend: Backend, data: dict[str, Any]
+) -> None:
+    odd: Event = {"id": "odd", "type": "order.placed", "key": "snack", "data": data}
+
+    assert await inbox.receive(odd) is Receipt.APPLIED
+
+    assert backend.query("SELECT id, type FROM inbox") == [("odd", "order.placed")]
+    assert stock(backend) == {}
+
+
+@pytest.mark.parametrize("requests", [0, 2], ids=["alone", "shared"])
+async def test_a_batch_mixing_orders_and_other_events_applies_only_the_orders_to_the_stock(
+    inbox: Inbox, backend: Backend, requests: int
+) -> None:
+    first = [event("o1", "tea", 2), OTHERS[0], event("o2", "tea", 3), OTHERS[1]]
+    # A redelivery in the second batch: applied event by event, not all as new.
+    second = [OTHERS[1], event("o3", "corn", 5), OTHERS[2], event("o1", "tea", 2)]
+    third = [OTHERS[2], changed(OTHERS[0], amount=1), event("o4", "corn", 7)]
+
+    with in_progress(inbox, requests):
+        receipts = [await inbox.receive_batch(taken(*batch)) for batch in (first, second, third)]
+
+    assert [[r.receipt.value for r in got.received] for got in receipts] == [
+        ["applied"] * 4,
+        ["duplicate", "applied", "applied", "duplicate"],
+        ["duplicate"],
+    ]
+    assert receipts[2].conflict is not None and receipts[2].conflict.event_id == "p-123"
+    assert [r.digest for r in receipts[1].received] == [digest(one) for one in second]
+    assert backend.ids_in_arrival_order() == ["o1", "p-123", "o2", "s-1", "o3", "u:1"]
+    assert stock(backend) == {"tea": 5, "corn": 5}
+    types = dict(backend.query("SELECT id, type FROM inbox"))
+    assert types == {
+        "o1": "order.placed",
+        "o2": "order.placed",
+        "o3": "order.placed",
+        "p-123": "payment.captured",
+        "s-1": "shipment.sent",
+        "u:1": "user.renamed",
+    }
+
+
+async def test_calls_of_orders_and_other_events_in_progress_together_each_get_their_own(
+    inbox: Inbox, backend: Backend
+) -> None:
+    # Committed together where a backend shares commits: the calls' orders and other
+    # events in one transaction (on PostgreSQL in one statement).
+    calls = [[OTHERS[0]], [event("o1", "tea", 2), OTHERS[1]], [OTHERS[2]], [event("o2", "tea", 3)]]
+    with in_progress(inbox, len(calls)):
+        async with asyncio.timeout(5):
+            got = await asyncio.gather(*(inbox.receive_batch(taken(*c)) for c in calls))
+
+    assert [[r.receipt for r in g.received] for g in got] == [
+        [Receipt.APPLIED] * len(call) for call in calls
+    ]
+    assert sorted(backend.ids_in_arrival_order()) == sorted([*OTHER_IDS, "o1", "o2"])
+    assert stock(backend) == {"tea": 5}
 
 
 # ---------------------------------------------------------------- one transaction
@@ -199,7 +397,7 @@ async def test_receive_is_atomic_when_the_inventory_insert_fails(
 async def test_receive_is_atomic_when_the_inventory_update_fails(
     inbox: Inbox, backend: Backend
 ) -> None:
-    await inbox.receive({"id": "first", "sku": "snack", "qty": 3})
+    await inbox.receive(event("first", qty=3))
     with backend.refusing("inventory", ("UPDATE",), "boom"):
         with pytest.raises(StorageError, match="boom"):
             await inbox.receive(dict(EVENT))
@@ -242,7 +440,7 @@ async def test_a_new_id_twice_in_one_batch_is_applied_then_duplicate_and_counted
     # Every ID is new to the inbox, yet the batch is not all-new: a repeats in it.
     a, b = event("a", qty=3), event("b", "juice", 5)
 
-    receipt = await inbox.receive_batch([a, b, a])
+    receipt = await inbox.receive_batch(taken(a, b, a))
 
     assert [(r.receipt, r.digest) for r in receipt.received] == [
         (Receipt.APPLIED, digest(a)),
@@ -260,7 +458,7 @@ async def test_a_new_id_again_in_one_batch_with_another_payload_stops_the_batch_
 ) -> None:
     a, b, c = event("a", qty=3), event("b", "juice", 5), event("c", "tea", 11)
 
-    receipt = await inbox.receive_batch([a, b, {**a, "qty": 4}, c])
+    receipt = await inbox.receive_batch(taken(a, b, changed(a, qty=4), c))
 
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED, Receipt.APPLIED]
     assert isinstance(receipt.conflict, Conflict)
@@ -292,9 +490,9 @@ async def test_concurrent_batches_each_succeed_or_fail_on_their_own(
     # With other writes in progress a backend may commit these together; each call
     # still gets its own receipts, and a conflict stops only the call it is in.
     known = event("known", "tea", 9)
-    await inbox.receive_batch([known])
+    await inbox.receive_batch(taken(known))
     calls = [
-        [event("a0", "apple", 1), {**known, "qty": 10}, event("a2", "apple", 2)],
+        [event("a0", "apple", 1), changed(known, qty=10), event("a2", "apple", 2)],
         [event("b0", "bean", 4), known],
         [event("c0", "corn", 16), event("x", "fig", 1)],
         [event("x", "fig", 1)],
@@ -302,7 +500,7 @@ async def test_concurrent_batches_each_succeed_or_fail_on_their_own(
 
     with in_progress(inbox, 2):
         async with asyncio.timeout(5):
-            got = await asyncio.gather(*(inbox.receive_batch(c) for c in calls))
+            got = await asyncio.gather(*(inbox.receive_batch(taken(*c)) for c in calls))
 
     assert [r.receipt for r in got[0].received] == [Receipt.APPLIED]
     assert got[0].conflict is not None and got[0].conflict.event_id == "known"
@@ -318,11 +516,13 @@ async def test_concurrent_batches_each_succeed_or_fail_on_their_own(
 async def test_applied_seq_is_the_order_of_first_application_and_a_duplicate_keeps_its_own(
     inbox: Inbox, backend: Backend
 ) -> None:
-    await inbox.receive_batch([event("c"), event("a")])
+    await inbox.receive_batch(taken(event("c"), event("a")))
     await inbox.receive(event("b"))
     first_a = await inbox.record("a")
-    await inbox.receive_batch([event("a"), event("d"), event("c")])  # a and c again
-    stopped = await inbox.receive_batch([event("e"), event("f"), event("d", qty=2), event("g")])
+    await inbox.receive_batch(taken(event("a"), event("d"), event("c")))  # a and c again
+    stopped = await inbox.receive_batch(
+        taken(event("e"), event("f"), event("d", qty=2), event("g"))
+    )
 
     assert stopped.conflict is not None and stopped.conflict.event_id == "d"
     rows = backend.query("SELECT id, applied_seq FROM inbox ORDER BY applied_seq")
@@ -340,7 +540,7 @@ async def test_applied_seq_is_the_order_of_first_application_and_a_duplicate_kee
 
 async def test_knows_says_whether_the_inbox_holds_an_event(inbox: Inbox, backend: Backend) -> None:
     assert await inbox.knows("e1") is False
-    await inbox.receive_batch([event("e1")])
+    await inbox.receive_batch(taken(event("e1")))
 
     assert await inbox.knows("e1") is True
     assert await inbox.knows("E1") is False
@@ -350,7 +550,7 @@ async def test_knows_says_whether_the_inbox_holds_an_event(inbox: Inbox, backend
 
 async def test_knows_finds_what_an_earlier_process_applied(backend: Backend) -> None:
     async with Inbox.open(backend.location) as first:
-        await first.receive_batch([event("e1")])
+        await first.receive_batch(taken(event("e1")))
     async with Inbox.open(backend.location) as reopened:
         assert await reopened.knows("e1") is True
         assert await reopened.knows("e2") is False
@@ -361,20 +561,20 @@ async def test_a_batch_naming_an_unknown_predecessor_raises_and_changes_nothing(
     inbox: Inbox, backend: Backend, requests: int
 ) -> None:
     known = event("k0", "tea", 5)
-    await inbox.receive_batch([known])
+    await inbox.receive_batch(taken(known))
     before = snapshot(backend)
 
     with in_progress(inbox, requests):
         with pytest.raises(PredecessorMissing) as raised:
             await inbox.receive_batch(
-                [event("n1", "tea", 1), known, event("n2", "corn", 2)], after="ghost"
+                taken(event("n1", "tea", 1), known, event("n2", "corn", 2)), after="ghost"
             )
         assert raised.value.after == "ghost"
         with pytest.raises(PredecessorMissing):
-            await inbox.receive_with_digest(event("n3"), after="ghost")
+            await inbox.receive_with_digest(incoming(event("n3")), after="ghost")
 
         assert snapshot(backend) == before  # not even the duplicate was counted
-        receipt = await inbox.receive_batch([event("n1")], after="k0")
+        receipt = await inbox.receive_batch(taken(event("n1")), after="k0")
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED]
     assert backend.ids_in_arrival_order() == ["k0", "n1"]
 
@@ -398,10 +598,10 @@ async def test_a_lease_epoch_is_recorded_and_raised_by_a_higher_one(
     inbox: Inbox, backend: Backend, requests: int
 ) -> None:
     with in_progress(inbox, requests):
-        first = await inbox.receive_batch([event("e1")], lease=lease(3))
+        first = await inbox.receive_batch(taken(event("e1")), lease=lease(3))
         assert fences(backend) == [(SOURCE, GLOBAL_LINE, 3)]
-        again = await inbox.receive_batch([event("e2")], lease=lease(3))  # equal: accepted
-        higher = await inbox.receive_with_digest(event("e3"), lease=lease(7))
+        again = await inbox.receive_batch(taken(event("e2")), lease=lease(3))  # equal: accepted
+        higher = await inbox.receive_with_digest(incoming(event("e3")), lease=lease(7))
     assert [r.receipt for r in [*first.received, *again.received, higher]] == [Receipt.APPLIED] * 3
     assert fences(backend) == [(SOURCE, GLOBAL_LINE, 7)]
     assert backend.ids_in_arrival_order() == ["e1", "e2", "e3"]
@@ -411,14 +611,14 @@ async def test_a_lease_epoch_is_recorded_and_raised_by_a_higher_one(
 async def test_a_lower_epoch_is_refused_and_applies_nothing(
     inbox: Inbox, backend: Backend, requests: int
 ) -> None:
-    await inbox.receive_batch([event("e1", "tea", 2)], lease=lease(5))
+    await inbox.receive_batch(taken(event("e1", "tea", 2)), lease=lease(5))
     before = snapshot(backend)
 
     with in_progress(inbox, requests):
         with pytest.raises(StaleLease) as raised:
-            await inbox.receive_batch([event("e2", "tea", 4), event("e3")], lease=lease(4))
+            await inbox.receive_batch(taken(event("e2", "tea", 4), event("e3")), lease=lease(4))
         with pytest.raises(StaleLease):
-            await inbox.receive_with_digest(event("e4"), lease=lease(1))
+            await inbox.receive_with_digest(incoming(event("e4")), lease=lease(1))
 
     stale = raised.value
     assert (stale.source, stale.line, stale.epoch, stale.seen) == (SOURCE, GLOBAL_LINE, 4, 5)
@@ -430,27 +630,27 @@ async def test_a_lower_epoch_is_refused_and_applies_nothing(
 async def test_a_stale_duplicate_is_refused_too_and_not_counted(
     inbox: Inbox, backend: Backend, requests: int
 ) -> None:
-    await inbox.receive_batch([event("e1")], lease=lease(1))
-    await inbox.receive_batch([event("e2")], lease=lease(2))
+    await inbox.receive_batch(taken(event("e1")), lease=lease(1))
+    await inbox.receive_batch(taken(event("e2")), lease=lease(2))
     before = snapshot(backend)
 
     with in_progress(inbox, requests), pytest.raises(StaleLease):
-        await inbox.receive_batch([event("e1")], lease=lease(1))  # applied before, by epoch 1
+        await inbox.receive_batch(taken(event("e1")), lease=lease(1))  # applied before, by epoch 1
 
     assert snapshot(backend) == before  # deliveries not counted
-    receipt = await inbox.receive_batch([event("e1")], lease=lease(2))
+    receipt = await inbox.receive_batch(taken(event("e1")), lease=lease(2))
     assert [r.receipt for r in receipt.received] == [Receipt.DUPLICATE]
 
 
 async def test_lines_and_sources_are_fenced_apart(inbox: Inbox, backend: Backend) -> None:
-    await inbox.receive_batch([event("a1", "apple")], lease=lease(9, "apple"))
-    await inbox.receive_batch([event("g1")], lease=lease(9))
+    await inbox.receive_batch(taken(event("a1", "apple")), lease=lease(9, "apple"))
+    await inbox.receive_batch(taken(event("g1")), lease=lease(9))
     # A lower epoch on another line of the same source, or on the same line of
     # another source, is that line's first.
-    await inbox.receive_batch([event("b1", "bean")], lease=lease(2, "bean"))
-    await inbox.receive_batch([event("a2", "apple")], lease=lease(1, "apple", "outbox-b"))
+    await inbox.receive_batch(taken(event("b1", "bean")), lease=lease(2, "bean"))
+    await inbox.receive_batch(taken(event("a2", "apple")), lease=lease(1, "apple", "outbox-b"))
     with pytest.raises(StaleLease):
-        await inbox.receive_batch([event("a3", "apple")], lease=lease(8, "apple"))
+        await inbox.receive_batch(taken(event("a3", "apple")), lease=lease(8, "apple"))
 
     assert fences(backend) == [
         (SOURCE, GLOBAL_LINE, 9),
@@ -465,9 +665,9 @@ async def test_lines_and_sources_are_fenced_apart(inbox: Inbox, backend: Backend
 async def test_a_request_without_a_lease_is_not_checked(
     inbox: Inbox, backend: Backend, requests: int
 ) -> None:
-    await inbox.receive_batch([event("e1")], lease=lease(5))
+    await inbox.receive_batch(taken(event("e1")), lease=lease(5))
     with in_progress(inbox, requests):
-        receipt = await inbox.receive_batch([event("e2"), event("e1")])
+        receipt = await inbox.receive_batch(taken(event("e2"), event("e1")))
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED, Receipt.DUPLICATE]
     assert fences(backend) == [(SOURCE, GLOBAL_LINE, 5)]
 
@@ -476,13 +676,13 @@ async def test_a_request_without_a_lease_is_not_checked(
 async def test_a_stale_lease_is_refused_before_a_missing_predecessor(
     inbox: Inbox, backend: Backend, requests: int
 ) -> None:
-    await inbox.receive_batch([event("e1")], lease=lease(2))
+    await inbox.receive_batch(taken(event("e1")), lease=lease(2))
     with in_progress(inbox, requests):
         with pytest.raises(StaleLease):
-            await inbox.receive_batch([event("e2")], after="ghost", lease=lease(1))
+            await inbox.receive_batch(taken(event("e2")), after="ghost", lease=lease(1))
         with pytest.raises(PredecessorMissing):
-            await inbox.receive_batch([event("e2")], after="ghost", lease=lease(2))
-        receipt = await inbox.receive_batch([event("e2")], after="e1", lease=lease(2))
+            await inbox.receive_batch(taken(event("e2")), after="ghost", lease=lease(2))
+        receipt = await inbox.receive_batch(taken(event("e2")), after="e1", lease=lease(2))
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED]
     assert backend.ids_in_arrival_order() == ["e1", "e2"]
 
@@ -496,7 +696,7 @@ async def test_concurrent_calls_of_one_line_apply_no_lower_epoch_after_a_higher_
     with in_progress(inbox, len(calls)):
         async with asyncio.timeout(5):
             got = await asyncio.gather(
-                *(inbox.receive_batch([event(i)], lease=lease(e)) for i, e in calls),
+                *(inbox.receive_batch(taken(event(i)), lease=lease(e)) for i, e in calls),
                 return_exceptions=True,
             )
 

@@ -14,13 +14,23 @@ from typing import Any
 
 import pytest
 from pg_faults import PgAccess
-from support import event, in_progress
+from support import in_progress
 
 from plumbing.pgserver import ThrowawayServer
 from plumbing.storage import StorageError
-from shared import Event, Receipt
+from shared import Event, Receipt, order_event
 from sink import Inbox
-from sink.store import BatchReceipt
+from sink.store import BatchReceipt, Incoming
+
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    """An order, as the `order.placed` event it is recorded as."""
+    return order_event({"id": event_id, "sku": sku, "qty": qty})
+
+
+def taken(events: list[Event]) -> list[Incoming]:
+    """Events as the inbox takes them."""
+    return [Incoming.checked(one) for one in events]
 
 
 @pytest.fixture
@@ -58,7 +68,9 @@ async def test_a_predecessor_chain_in_progress_together_commits_in_order_in_one_
     calls = [([event("a")], None), ([event("b")], "a"), ([event("c")], "b")]
 
     with in_progress(pg_inbox, 3):
-        got = await asyncio.gather(*(pg_inbox.receive_batch(e, after=after) for e, after in calls))
+        got = await asyncio.gather(
+            *(pg_inbox.receive_batch(taken(e), after=after) for e, after in calls)
+        )
 
     assert [[r.receipt for r in g.received] for g in got] == [[Receipt.APPLIED]] * 3
     assert inbox_database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
@@ -79,7 +91,7 @@ async def test_a_predecessor_chain_in_progress_together_is_one_statement_and_one
     async with Inbox.open(pg_database) as inbox:
         start = pg_server.log.stat().st_size
         with in_progress(inbox, 8):
-            got = await asyncio.gather(*(inbox.receive_batch(e, after=a) for e, a in calls))
+            got = await asyncio.gather(*(inbox.receive_batch(taken(e), after=a) for e, a in calls))
         with pg_server.log.open(errors="replace") as log:
             log.seek(start)
             written = log.read()
@@ -105,7 +117,9 @@ async def test_a_redelivery_in_a_chain_stops_the_one_statement_there_and_the_res
     calls = [([event("a")], None), ([event("b")], "a"), ([event("c")], "b")]
 
     with in_progress(pg_inbox, 3):
-        got = await asyncio.gather(*(pg_inbox.receive_batch(e, after=after) for e, after in calls))
+        got = await asyncio.gather(
+            *(pg_inbox.receive_batch(taken(e), after=after) for e, after in calls)
+        )
 
     receipts = [[r.receipt for r in g.received] for g in got]
     assert receipts == [[Receipt.APPLIED], [Receipt.DUPLICATE], [Receipt.APPLIED]]
@@ -133,7 +147,7 @@ async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
 
     with in_progress(pg_inbox, 2):
         got = await asyncio.gather(
-            *(pg_inbox.receive_batch(batch) for batch in batches), return_exceptions=True
+            *(pg_inbox.receive_batch(taken(batch)) for batch in batches), return_exceptions=True
         )
 
     assert isinstance(got[1], StorageError) and "poisoned stock" in str(got[1])
@@ -172,7 +186,7 @@ async def test_a_batch_whose_one_statement_keeps_being_rolled_back_goes_in_the_l
     # duplicates, instead of failing the request.
     inbox_database.execute(ROLLED_BACK.format(times=3, code=code))
 
-    got = await pg_inbox.receive_batch([event("a"), event("b", "tea", 2)])
+    got = await pg_inbox.receive_batch(taken([event("a"), event("b", "tea", 2)]))
 
     assert [r.receipt for r in got.received] == [Receipt.APPLIED, Receipt.APPLIED]
     assert inbox_database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
@@ -190,7 +204,7 @@ async def test_a_batch_rolled_back_on_every_attempt_fails_and_writes_nothing(
     with pytest.raises(
         StorageError, match="the server rolled the transaction back: rolled back on"
     ):
-        await pg_inbox.receive_batch([event("a"), event("b", "tea", 2)])
+        await pg_inbox.receive_batch(taken([event("a"), event("b", "tea", 2)]))
 
     assert inbox_database.query("SELECT count(*) FROM inbox") == [(0,)]
     assert inbox_database.query("SELECT count(*) FROM inventory") == [(0,)]
@@ -216,7 +230,7 @@ async def test_two_connections_racing_on_one_batch_apply_each_event_once(
                 other = batch if order == "same" else batch[::-1]
                 calls = [(one, b) for b in _split(batch, requests)]
                 calls += [(two, b) for b in _split(other, requests)]
-                got = await asyncio.gather(*(inbox.receive_batch(b) for inbox, b in calls))
+                got = await asyncio.gather(*(inbox.receive_batch(taken(b)) for inbox, b in calls))
                 receipts: dict[str, list[Receipt]] = {}
                 for receipt, (_, sent) in zip(got, calls, strict=True):
                     assert receipt.conflict is None

@@ -17,7 +17,7 @@ import aiohttp
 import psycopg
 import pytest
 from pg_faults import PgAccess
-from test_pg_sink_group import event, in_progress
+from test_pg_sink_group import event, in_progress, taken
 
 from shared import LEASE_HEADER, PREDECESSOR_HEADER, Event, Lease, Receipt, StaleLease
 from sink import Inbox
@@ -46,7 +46,7 @@ async def test_two_sinks_racing_epochs_4_and_5_never_apply_4_after_5(
 
     def send(inbox: Inbox, event_id: str, epoch: int) -> Any:
         line = event_id.split("-")[0]
-        return inbox.receive_batch([event(event_id, line)], lease=Lease(SOURCE, line, epoch))
+        return inbox.receive_batch(taken([event(event_id, line)]), lease=Lease(SOURCE, line, epoch))
 
     calls: list[tuple[Inbox, str, int]] = []  # inbox, event ID, epoch
     got: list[Any] = []
@@ -99,7 +99,7 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
     pg_database: str, inbox_database: PgAccess
 ) -> None:
     async with Inbox.open(pg_database) as inbox:
-        await inbox.receive_batch([event("old", "tea")], lease=Lease(SOURCE, "tea", 7))
+        await inbox.receive_batch(taken([event("old", "tea")]), lease=Lease(SOURCE, "tea", 7))
         calls: list[tuple[list[Event], str | None, Lease | None]] = [
             ([event("a1", "apple"), event("a2", "apple")], None, Lease(SOURCE, "apple", 2)),
             ([event("a3", "apple")], "a2", Lease(SOURCE, "apple", 2)),  # names a2, same group
@@ -109,7 +109,7 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
         ]
         with in_progress(inbox, 2):
             got = await asyncio.gather(
-                *(inbox.receive_batch(e, after=a, lease=lease) for e, a, lease in calls)
+                *(inbox.receive_batch(taken(e), after=a, lease=lease) for e, a, lease in calls)
             )
         assert all(
             isinstance(g, BatchReceipt) and {r.receipt for r in g.received} == {Receipt.APPLIED}
@@ -131,7 +131,10 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
         ]
         with in_progress(inbox, 2):
             outcomes = await asyncio.gather(
-                *(inbox.receive_batch(e, after=a, lease=lease) for e, a, lease in stale_group),
+                *(
+                    inbox.receive_batch(taken(e), after=a, lease=lease)
+                    for e, a, lease in stale_group
+                ),
                 return_exceptions=True,
             )
     assert isinstance(outcomes[1], StaleLease) and outcomes[1].seen == 8

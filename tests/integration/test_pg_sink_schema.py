@@ -8,18 +8,20 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+import psycopg
 import pytest
 from pg_faults import PgAccess
+from test_sink_inbox import FIXTURES, check_the_previous_release_upgraded
 
 from plumbing.storage import StorageError
-from shared import Receipt
+from shared import Receipt, order_event
 from sink import Inbox
 from sink.backends import postgres_sql
 
 if TYPE_CHECKING:
-    from conftest import PgSchemas
+    from conftest import PgSchemas, Query
 
-EVENT = {"id": "order-1", "sku": "snack", "qty": 7}
+EVENT = order_event({"id": "order-1", "sku": "snack", "qty": 7})
 
 
 def version(inbox_database: PgAccess) -> list[tuple[object, ...]]:
@@ -90,3 +92,18 @@ async def test_a_search_path_in_the_uri_puts_the_tables_in_that_schema(
         ("warehouse", "schema_versions"),
     ]
     assert inbox_database.query("SELECT id FROM warehouse.inbox") == [("order-1",)]
+
+
+async def test_a_schema_of_the_previous_release_holds_its_orders_as_order_placed_events(
+    pg_schemas: PgSchemas, db_rows: Query
+) -> None:
+    # Both sides as the previous release wrote them, in the schema `release` (dropped
+    # with the test's schemas).
+    with psycopg.connect(pg_schemas.database_url, autocommit=True) as conn:
+        conn.execute((FIXTURES / "postgres.sql").read_bytes())
+    location = f"{pg_schemas.database_url}?options=-csearch_path%3Drelease"
+
+    await check_the_previous_release_upgraded(location, db_rows)
+
+    versions = "SELECT version FROM schema_versions WHERE side = 'sink'"
+    assert db_rows(location, versions) == [(len(postgres_sql.MIGRATIONS),)]

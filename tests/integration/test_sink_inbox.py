@@ -1,4 +1,5 @@
-"""The SQLite inbox's own properties, and the factory that opens it from a location.
+"""The SQLite inbox's own properties, the factory that opens it from a location, and
+a file of the previous release brought up to date.
 
 The behaviour every inbox backend shares (receive, duplicates, conflicts, batches,
 predecessors, one transaction) is in tests/behaviour/test_inbox_store.py. Real files
@@ -7,22 +8,35 @@ and a real PostgreSQL server, checked through independent connections.
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 from pg_faults import PgAccess
 
 from plumbing.storage import BadLocation, StorageError
+from shared import Conflict, Order, Receipt, digest_of, order_canonical, order_event
+from shared.event import previous_canonical
 from sink import Inbox
 from sink.backends import sqlite_sql
 from sink.backends.sqlite import SqliteInbox
+from sink.store import Incoming
 
 if TYPE_CHECKING:
     from conftest import Query
 
-EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
+EVENT = order_event({"id": "order-1", "sku": "snack", "qty": 7})
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "previous_release"
+# What the previous release's sink applied in the fixtures, in that order (see
+# make_fixtures.py there), and the inventory it left.
+PREVIOUS: list[Order] = [
+    {"id": "o-1", "sku": "snack", "qty": 1},
+    {"id": "o-2", "sku": "juice", "qty": 2},
+    {"id": "o-4", "sku": "snack", "qty": 4},
+]
+PREVIOUS_STOCK = {"snack": 5, "juice": 2}
 
 
 async def test_database_is_in_wal_mode_seen_from_another_connection(
@@ -120,9 +134,10 @@ async def test_an_older_file_gets_applied_seq_in_the_order_its_rows_were_recorde
         conn.executescript(script)
     conn.execute("PRAGMA user_version = 2")
     for event_id in ("c", "a", "b"):
+        order: Order = {"id": event_id, "sku": "snack", "qty": 1}
         conn.execute(
-            "INSERT INTO inbox (id, payload, received_at, last_delivery_at) VALUES (?, '{}', 0, 0)",
-            (event_id,),
+            "INSERT INTO inbox (id, payload, received_at, last_delivery_at) VALUES (?, ?, 0, 0)",
+            (event_id, previous_canonical(order)),
         )
     conn.close()
 
@@ -137,3 +152,47 @@ async def test_an_older_file_gets_applied_seq_in_the_order_its_rows_were_recorde
         ("order-1", 4),
     ]
     assert record is not None and record.applied_seq == 4
+
+
+# ---------------------------------------------------------------- a file of the previous release
+
+
+async def check_the_previous_release_upgraded(location: str, db_rows: Query) -> None:
+    """Open the inbox the previous release wrote at `location` with this release: its
+    orders are the order.placed events they record, in canonical form, with their
+    type; the stock is as it was; each is a duplicate (no second effect) as the event
+    a publisher of this release sends and as the order one of the previous release
+    sends, and a conflict when changed. Shared with the PostgreSQL test."""
+    async with Inbox.open(location) as inbox:
+        for order in PREVIOUS:
+            record = await inbox.record(order["id"])
+            assert record is not None
+            assert (record.event, record.deliveries) == (order_event(order), 1)
+            assert record.digest == digest_of(order_canonical(order))
+        rows = "SELECT id, type, payload FROM inbox ORDER BY applied_seq"
+        assert db_rows(location, rows) == [
+            (order["id"], "order.placed", order_canonical(order)) for order in PREVIOUS
+        ]
+        assert dict(db_rows(location, "SELECT sku, qty FROM inventory")) == PREVIOUS_STOCK
+
+        as_event = Incoming.checked(order_event(PREVIOUS[2]))
+        assert (await inbox.receive_with_digest(as_event)).receipt is Receipt.DUPLICATE
+        as_order = Incoming.of_order(PREVIOUS[1])
+        assert (await inbox.receive_with_digest(as_order)).receipt is Receipt.DUPLICATE
+        with pytest.raises(Conflict):
+            await inbox.receive_with_digest(Incoming.of_order({**PREVIOUS[0], "qty": 2}))
+        assert await inbox.receive(EVENT) is Receipt.APPLIED
+
+    deliveries = dict(db_rows(location, "SELECT id, deliveries FROM inbox"))
+    assert deliveries == {"o-1": 1, "o-2": 2, "o-4": 2, "order-1": 1}
+    assert dict(db_rows(location, "SELECT sku, qty FROM inventory")) == {"snack": 12, "juice": 2}
+
+
+async def test_a_file_of_the_previous_release_holds_its_orders_as_order_placed_events(
+    sink_db: Path, db_rows: Query
+) -> None:
+    shutil.copyfile(FIXTURES / "sink.sqlite", sink_db)
+
+    await check_the_previous_release_upgraded(str(sink_db), db_rows)
+
+    assert db_rows(sink_db, "PRAGMA user_version") == [(len(sqlite_sql.MIGRATIONS),)]
