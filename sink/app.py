@@ -1,8 +1,11 @@
-"""The sink's HTTP API: POST /events answers with an ACK only after the commit."""
+"""The sink's HTTP API: POST /events answers with an ACK only after the commit.
+
+The forms an event arrives in (CloudEvents, plain events, orders of the previous
+release) are read in `sink.wire`; this module is the routes around it.
+"""
 
 from __future__ import annotations
 
-import collections
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -11,36 +14,36 @@ from typing import Any, Final
 
 from aiohttp import hdrs, web
 
-from plumbing.bodies import checked_event, read_json
+from plumbing.bodies import read_json
 from plumbing.host_guard import HttpGuard, http_guard
-from plumbing.http_errors import BadRequest, Handler, error, invalid_event, json_errors
+from plumbing.http_errors import BadRequest, Handler, error, json_errors
 from plumbing.logs import Throttled
 from plumbing.net import bearer_matches
 from plumbing.openapi import add_openapi_route
 from plumbing.probes import healthz, metrics_response, readiness
 from shared import (
     LEASE_HEADER,
-    MAX_BATCH,
     MAX_BATCH_BODY_BYTES,
     MAX_BODY_BYTES,
     PREDECESSOR_CHECK_ENFORCED,
     PREDECESSOR_CHECK_HEADER,
     PREDECESSOR_HEADER,
     Conflict,
-    Event,
     InvalidEvent,
     Lease,
     PredecessorMissing,
+    Receipt,
     StaleLease,
     make_ack,
     parse_lease,
-    validate_event,
     validate_event_id,
     validate_sku,
 )
+from sink import wire
 from sink.metrics import SinkMetrics
 from sink.predecessor import PredecessorWaits
-from sink.store import Inbox
+from sink.store import Inbox, Incoming, Received
+from sink.wire import Taken
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ class Refusal:
 
 # Given each valid event before it is applied: None takes it, a Refusal refuses it
 # (and, in a batch, stops the batch there as an invalid item would).
-Admit = Callable[[Event], Refusal | None]
+Admit = Callable[[Incoming], Refusal | None]
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,8 @@ def create_app(
 
     With `token`, every route but /healthz, /readyz and /metrics needs
     `Authorization: Bearer <token>`. With `admit`, each valid event is offered to it
-    before it is applied, and one it refuses is answered 400 (a SKU this warehouse
-    does not know, say). `guard` says which Host names and Origins are allowed
+    before it is applied, and one it refuses is answered 400 (an order of a SKU this
+    warehouse does not know, say). `guard` says which Host names and Origins are allowed
     besides the service's own addresses (none by default).
     BadLocation, raised here before anything is opened, for a `db` no backend can
     open; the inbox itself opens on startup.
@@ -161,19 +164,21 @@ async def post_event(request: web.Request) -> web.StreamResponse:
     """Apply one event; the ACK is sent only once it is committed."""
     received = request.app[METRICS].received
     settings, waits, inbox = request.app[SETTINGS], request.app[PREDECESSORS], request.app[INBOX]
+    headers = request.headers
     try:
         after = read_predecessor(request)
         lease = read_lease(request)
+        media = wire.media_of(headers.get(hdrs.CONTENT_TYPE), wire.EVENT_MEDIA)
         body = await read_json(request, settings.max_body_bytes)
         # Whatever becomes of this event, a request waiting for it is woken at the end.
-        with waits.waking(item_ids([body])):
-            event = checked_event(body)
-            check_admitted(settings.admit, event)
-            check_predecessor_outside(after, [event["id"]])
+        with waits.waking(wire.event_ids(media, headers, body)):
+            taken = wire.read_event(media, headers, body)
+            check_admitted(settings.admit, taken.incoming)
+            check_predecessor_outside(after, [taken.event_id])
             if after is not None:
                 await waits.wait(after, inbox.knows)
-            waits.handed([event["id"]])
-            result = await inbox.receive_with_digest(event, after=after, lease=lease)
+            waits.handed([taken.event_id])
+            result = await inbox.receive_with_digest(taken.incoming, after=after, lease=lease)
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
@@ -184,8 +189,8 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         return predecessor_missing(request, exc)
     except StaleLease as exc:
         return stale_lease(request, exc)
-    received.labels(result.receipt.value).inc()
-    return web.json_response(make_ack(event["id"], result.receipt, result.digest))
+    count_received(request.app[METRICS], [taken], [result])
+    return web.json_response(ack_of(taken, result))
 
 
 async def post_batch(request: web.Request) -> web.StreamResponse:
@@ -200,34 +205,56 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
     try:
         after = read_predecessor(request)
         lease = read_lease(request)
-        items = batch_items(await read_json(request, settings.max_batch_body_bytes))
-        check_predecessor_outside(after, item_ids(items))
+        media = wire.media_of(request.headers.get(hdrs.CONTENT_TYPE), wire.BATCH_MEDIA)
+        body = await read_json(request, settings.max_batch_body_bytes)
+        items = wire.batch_items(media, body)
+        check_predecessor_outside(after, wire.item_ids(items))
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
-    events, rejected = valid_prefix(settings.admit, items)
+    taken, rejected = valid_prefix(settings.admit, media, items)
     try:
-        with waits.waking(item_ids(items)):
-            if after is not None and events:
+        with waits.waking(wire.item_ids(items)):
+            if after is not None and taken:
                 await waits.wait(after, inbox.knows)
-            waits.handed(event["id"] for event in events)
-            receipt = await inbox.receive_batch(events, after=after, lease=lease)
+            waits.handed(one.event_id for one in taken)
+            incoming = [one.incoming for one in taken]
+            receipt = await inbox.receive_batch(incoming, after=after, lease=lease)
     except PredecessorMissing as exc:
         return predecessor_missing(request, exc)
     except StaleLease as exc:
         return stale_lease(request, exc)
-    for kind, count in collections.Counter(done.receipt.value for done in receipt.received).items():
-        received.labels(kind).inc(count)
+    count_received(request.app[METRICS], taken, receipt.received)
     if receipt.conflict is not None:
         index = len(receipt.received)
         rejected = {"index": index, **conflict(receipt.conflict).body, "status": 409}
     if rejected is not None:
         received.labels("conflict" if rejected["status"] == 409 else "invalid").inc()
-    acks = [
-        make_ack(event["id"], done.receipt, done.digest)
-        for event, done in zip(events, receipt.received, strict=False)
-    ]
+    acks = [ack_of(one, done) for one, done in zip(taken, receipt.received, strict=False)]
     return web.json_response({"acks": acks, "rejected": rejected})
+
+
+def ack_of(taken: Taken, done: Received) -> dict[str, str]:
+    """The ACK of an event the inbox took, in the terms of the format it came in."""
+    return make_ack(taken.event_id, done.receipt, taken.ack_digest(done))
+
+
+def count_received(metrics: SinkMetrics, taken: list[Taken], done: list[Received]) -> None:
+    """Count the results of the events the inbox took (`done`: those of a prefix of
+    `taken`), and the applied ones by type."""
+    results: dict[str, int] = {}  # a Receipt is its value (a StrEnum)
+    applied: dict[str, int] = {}  # by type
+    applied_receipt = Receipt.APPLIED  # read once: an enum member's lookup is slow
+    for one, result in zip(taken, done, strict=False):
+        receipt = result.receipt
+        results[receipt] = results.get(receipt, 0) + 1
+        if receipt is applied_receipt:
+            event_type = one.incoming.event["type"]
+            applied[event_type] = applied.get(event_type, 0) + 1
+    for kind, count in results.items():
+        metrics.count_received(kind, count)
+    for event_type, count in applied.items():
+        metrics.count_applied(event_type, count)
 
 
 def read_predecessor(request: web.Request) -> str | None:
@@ -291,54 +318,37 @@ def stale_lease(request: web.Request, exc: StaleLease) -> web.Response:
     return error(409, f"{exc}: nothing was applied", fenced=fenced)
 
 
-def batch_items(body: object) -> list[object]:
-    """The `events` list of a batch body: 1 to MAX_BATCH items, else BadRequest 400."""
-    if not isinstance(body, dict) or set(body) != {"events"}:
-        raise BadRequest(400, "invalid", 'a batch is a JSON object {"events": [...]}')
-    items = body["events"]
-    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
-        raise BadRequest(400, "invalid", f"events must be a list of 1 to {MAX_BATCH} events")
-    return items
-
-
-def item_ids(items: list[object]) -> list[str]:
-    """The string IDs of a batch's items, valid or not (a later request may name one)."""
-    ids = (item.get("id") if isinstance(item, dict) else None for item in items)
-    return [event_id for event_id in ids if isinstance(event_id, str)]
-
-
 def valid_prefix(
-    admit: Admit | None, items: list[object]
-) -> tuple[list[Event], dict[str, Any] | None]:
+    admit: Admit | None, media: str, items: list[object]
+) -> tuple[list[Taken], dict[str, Any] | None]:
     """The events before the first invalid or refused item, and that item's
     rejection if any."""
-    events: list[Event] = []
+    taken: list[Taken] = []
     for index, item in enumerate(items):
         try:
-            event = validate_event(item)
-            check_admitted(admit, event)
-        except InvalidEvent as exc:
-            return events, {"index": index, **invalid_event(exc).body, "status": 400}
+            one = wire.read_item(media, item, index)
+            check_admitted(admit, one.incoming)
         except BadRequest as exc:
-            return events, {"index": index, **exc.body, "status": exc.status}
-        events.append(event)
-    return events, None
+            return taken, {"index": index, **exc.body, "status": exc.status}
+        taken.append(one)
+    return taken, None
 
 
 def conflict(exc: Conflict) -> BadRequest:
     return BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc))
 
 
-def check_admitted(admit: Admit | None, event: Event) -> None:
+def check_admitted(admit: Admit | None, item: Incoming) -> None:
     """BadRequest 400 if `admit` refuses the event."""
-    refusal = None if admit is None else admit(event)
+    refusal = None if admit is None else admit(item)
     if refusal is not None:
         raise BadRequest(400, "invalid", refusal.error, field=refusal.field, detail=refusal.detail)
 
 
 async def get_event(request: web.Request) -> web.Response:
-    """The inbox record of one event: received when, delivered how many times, and
-    where it came in the order of first application."""
+    """The inbox record of one event: the event as stored and the digest of its
+    canonical form, received when, delivered how many times, and where it came in
+    the order of first application."""
     event_id = _checked(validate_event_id, request.match_info["id"], "id")
     record = await request.app[INBOX].record(event_id)
     if record is None:
@@ -351,6 +361,7 @@ async def get_event(request: web.Request) -> web.Response:
             "deliveries": record.deliveries,
             "last_delivery_at": record.last_delivery_at,
             "applied_seq": record.applied_seq,
+            "event": record.event,
         }
     )
 

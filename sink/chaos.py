@@ -3,8 +3,9 @@
 Installed by `python -m sink --chaos ...` (or `chaos_app` in a test) and absent from
 the production app. Stall and the after-commit faults are a middleware around the
 write routes, inside the report of writes in progress, so a stalled request counts
-as in progress as any slow one would. `reject-sku` goes through the app's admission
-check: a batch applies the items before a refused one, as for any refused item.
+as in progress as any slow one would. `reject-sku` and `reject-key` go through the
+app's admission check: a batch applies the items before a refused one, as for any
+refused item.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from aiohttp import hdrs, web
 from plumbing.cli import CHAOS_EXIT_STATUS
 from plumbing.host_guard import HttpGuard
 from plumbing.http_errors import Handler, Middleware
-from shared import MAX_BODY_BYTES, Event, validate_sku
+from shared import MAX_BODY_BYTES, validate_key, validate_sku
 from sink.app import WRITE_PATHS, Admit, Refusal, create_app
+from sink.store import Incoming
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +36,11 @@ CHAOS_HELP: Final = (
     "comma-separated: drop-after-commit=N closes the connection with no reply after each "
     "of the first N commits; exit-after-commit=N ends the process with status 73 right "
     "after the Nth commit; stall=SECONDS waits that long before handling each event; "
-    "reject-sku=SKU answers 400 for that SKU"
+    "reject-sku=SKU answers 400 for an order of that SKU (an order.placed event); "
+    "reject-key=KEY answers 400 for any event of that key"
 )
 UNKNOWN_SKU: Final = Refusal("unknown sku", "sku", "chaos: rejected")
+UNKNOWN_KEY: Final = Refusal("unknown key", "key", "chaos: rejected")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,12 @@ class Chaos:
     exit_after_commit: int = 0
     stall_s: float = 0.0
     reject_skus: frozenset[str] = frozenset()
+    reject_keys: frozenset[str] = frozenset()
+
+    @property
+    def refuses(self) -> bool:
+        """Whether any event is to be refused (the admission check's part)."""
+        return bool(self.reject_skus or self.reject_keys)
 
     @property
     def faults(self) -> bool:
@@ -57,7 +67,7 @@ class Chaos:
 def parse_chaos(text: str) -> Chaos:
     """argparse type for --chaos, e.g. 'drop-after-commit=1,stall=0.5'."""
     counts = {"drop-after-commit": 0, "exit-after-commit": 0}
-    stall_s, skus = 0.0, set()
+    stall_s, skus, keys = 0.0, set(), set()
     for part in text.split(","):
         name, _, value = part.strip().partition("=")
         if name in CHAOS_COUNTS and value.isdigit() and int(value) >= 1:
@@ -66,12 +76,20 @@ def parse_chaos(text: str) -> Chaos:
             stall_s = float(value)
         elif name == "reject-sku" and value:
             skus.add(validate_sku(value))
+        elif name == "reject-key" and value:
+            keys.add(validate_key(value))
         else:
             raise argparse.ArgumentTypeError(
                 f"{part.strip()!r}: expected drop-after-commit=N, exit-after-commit=N (N >= 1),"
-                " stall=SECONDS or reject-sku=SKU"
+                " stall=SECONDS, reject-sku=SKU or reject-key=KEY"
             )
-    return Chaos(counts["drop-after-commit"], counts["exit-after-commit"], stall_s, frozenset(skus))
+    return Chaos(
+        counts["drop-after-commit"],
+        counts["exit-after-commit"],
+        stall_s,
+        frozenset(skus),
+        frozenset(keys),
+    )
 
 
 def _seconds(text: str) -> float | None:
@@ -91,19 +109,24 @@ def chaos_app(
     guard: HttpGuard | None = None,
 ) -> web.Application:
     """The production app of `sink.app.create_app` with `chaos` installed."""
-    admit = refusing(chaos.reject_skus) if chaos.reject_skus else None
+    admit = refusing(chaos.reject_skus, chaos.reject_keys) if chaos.refuses else None
     app = create_app(db, token=token, max_body_bytes=max_body_bytes, admit=admit, guard=guard)
     if chaos.faults:
         app.middlewares.append(faults(chaos))  # last: inside the token check and the report
     return app
 
 
-def refusing(skus: frozenset[str]) -> Admit:
-    """An admission check that refuses these SKUs (a product this warehouse does not
-    know yet: a poison entry until the sink is fixed)."""
+def refusing(skus: frozenset[str], keys: frozenset[str] = frozenset()) -> Admit:
+    """An admission check that refuses the orders of these SKUs (a product this
+    warehouse does not know yet: a poison entry until the sink is fixed), and any
+    event of these keys."""
 
-    def admit(event: Event) -> Refusal | None:
-        return UNKNOWN_SKU if event["sku"] in skus else None
+    def admit(item: Incoming) -> Refusal | None:
+        if item.order is not None and item.order["sku"] in skus:
+            return UNKNOWN_SKU
+        if item.event.get("key") in keys:
+            return UNKNOWN_KEY
+        return None
 
     return admit
 

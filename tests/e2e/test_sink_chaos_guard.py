@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from support import LOOPBACK, wait_until
 
+from shared import MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES
+
 if TYPE_CHECKING:
     from conftest import Query, StartSink
 
@@ -95,8 +97,8 @@ def test_a_stall_leaves_the_size_and_time_checks_as_they_are(
     sink_db = tmp_path / "sink.db"
     sink = sink_process(sink_db, "--body-timeout", "1", *chaos)
     port = int(sink.url.rsplit(":", 1)[1].split("/")[0])
-    over_event = b'{"id": "order-1", "pad": "' + b"x" * 20_000 + b'"}'  # over one event's cap
-    over_any = b'{"id": "order-2", "pad": "' + b"x" * 70_000 + b'"}'  # over any request's
+    over_event = b'{"id": "order-1", "pad": "' + b"x" * MAX_BODY_BYTES + b'"}'  # one event's cap
+    over_any = b'{"id": "order-2", "pad": "' + b"x" * MAX_BATCH_BODY_BYTES + b'"}'  # any request's
 
     for body in (over_event, over_any):
         status, reply = raw_reply(port, request_head(port, len(body)), body)

@@ -13,16 +13,24 @@ from typing import TYPE_CHECKING
 
 import pytest
 from stub_sink import Port, StubSink
-from support import LOOPBACK, numbered_event
+from support import LOOPBACK
+from test_sink_cloudevents import needs_cloudevents
 from yarl import URL
 
 from publisher import DeliveryError, HttpSender, NotAcknowledged, TargetNotAllowed
-from shared import Lease
+from shared import Event, Lease, order_event
 
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink, StartRaw
 
 LEASE = Lease("0123456789abcdef", "snack", 4)
+
+
+def numbered_event(n: int) -> Event:
+    """The `n`th order as the `order.placed` event the relay sends: ID order-<n>."""
+    return order_event({"id": f"order-{n}", "sku": "snack", "qty": 1})
+
+
 FAST_FAIL_S = 2.0
 
 
@@ -69,6 +77,7 @@ async def stub(serve: Serve, status: int = 200) -> tuple[StubSink, str]:
 # ---------------------------------------------------------------- failing over
 
 
+@needs_cloudevents
 @pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
 async def test_a_refused_first_url_sends_the_request_to_the_second(
     serve_sink: ServeSink, tmp_path: Path, db_rows: Query, ports: list[Port], batch: bool
@@ -149,6 +158,7 @@ async def test_a_connection_reset_before_any_reply_is_sent_to_the_next_url(
     assert (dropper.requests, sink.requests) == (1, 1)
 
 
+@needs_cloudevents
 async def test_lookup_tries_the_urls_the_same_way(
     serve_sink: ServeSink, tmp_path: Path, ports: list[Port]
 ) -> None:
@@ -165,6 +175,7 @@ async def test_lookup_tries_the_urls_the_same_way(
     assert sender.failovers == 1
 
 
+@needs_cloudevents
 async def test_a_request_fails_over_to_a_sink_of_the_same_inbox_after_a_drop_after_commit(
     serve_sink: ServeSink, pg_database: str, db_rows: Query
 ) -> None:

@@ -16,9 +16,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from support import event, post_events, scrape, value
+from support import post_events, scrape, value
 
-from shared import GLOBAL_LINE, LEASE_HEADER, Lease
+from shared import GLOBAL_LINE, LEASE_HEADER, Event, Lease, order_event
 from sink import create_app
 
 Serve = Callable[..., Awaitable[str]]
@@ -39,6 +39,11 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 async def sink(serve: Serve, location: str) -> AsyncIterator[str]:
     yield await serve(create_app(location))
+
+
+def event(event_id: str, sku: str) -> Event:
+    """An order as the `order.placed` event a publisher sends (here as plain JSON)."""
+    return order_event({"id": event_id, "sku": sku, "qty": 1})
 
 
 def lease(epoch: int, line: str = GLOBAL_LINE) -> dict[str, str]:
@@ -149,8 +154,25 @@ async def test_a_request_without_a_lease_is_applied_and_get_is_unchanged(
         "deliveries",
         "last_delivery_at",
         "applied_seq",
+        "event",
     }
     assert await metric(client, sink, "lease") == 0
+
+
+@ROUTES
+async def test_the_line_of_a_lease_may_be_any_key_up_to_128_characters(
+    client: aiohttp.ClientSession, sink: str, rows: Rows, route: Route
+) -> None:
+    key = "k" * 128
+    keyed: Event = {"id": "e1", "type": "thing.done", "key": key, "data": {}}
+    status, body = await post_events(client, sink, route, [keyed], lease(1, key))
+    assert status == 200, body
+    assert rows("SELECT line, epoch FROM lease_fences") == [(key, 1)]
+
+    too_long = {LEASE_HEADER: f"{SOURCE} {key}k 1"}
+    status, body = await post_events(client, sink, route, [{**keyed, "id": "e2"}], too_long)
+    assert (status, body["field"]) == (400, LEASE_HEADER)
+    assert rows("SELECT id FROM inbox") == [("e1",)]
 
 
 async def test_stale_requests_are_logged_once_per_line_with_a_count(

@@ -20,14 +20,22 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
-from support import ack, event, eventually, inbox_ids, post_events, settle, snapshot
+from support import eventually, inbox_ids, post_events, settle, snapshot
 
-from shared import PREDECESSOR_HEADER, Event, PredecessorMissing, Receipt, payload_digest
+from shared import (
+    PREDECESSOR_HEADER,
+    Event,
+    PredecessorMissing,
+    Receipt,
+    make_ack,
+    order_event,
+    payload_digest,
+)
 from sink import Inbox, create_app
 from sink.app import INBOX, PREDECESSORS
 from sink.backends.sqlite import SqliteInbox
 from sink.predecessor import PREDECESSOR_WAIT_S, PredecessorWaits
-from sink.store import BatchReceipt
+from sink.store import BatchReceipt, Incoming
 
 T = TypeVar("T")
 Query = Callable[..., list[tuple[Any, ...]]]
@@ -51,6 +59,24 @@ class QuickWaits(PredecessorWaits):
         timeout_s: float = QUICK_WAIT_S,
     ) -> None:
         await super().wait(after, known, timeout_s)
+
+
+# ---------------------------------------------------------------- events
+
+
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    """An order as the `order.placed` event a publisher sends (here as plain JSON)."""
+    return order_event({"id": event_id, "sku": sku, "qty": qty})
+
+
+def ack(one: Event) -> dict[str, str]:
+    """The ACK of `one` applied."""
+    return make_ack(one["id"], Receipt.APPLIED, payload_digest(one))
+
+
+def taken(events: list[Event]) -> list[Incoming]:
+    """Events as the inbox takes them."""
+    return [Incoming.checked(one) for one in events]
 
 
 # ---------------------------------------------------------------- the sink over HTTP
@@ -310,8 +336,8 @@ async def test_a_waiting_successor_goes_on_once_its_predecessor_is_handed_over(
 
 
 KNOWN = event("k0", "tea", 5)
-INVALID = {**event("p2"), "qty": 0}
-CHANGED = {**KNOWN, "qty": 6}  # conflicts with KNOWN
+INVALID = {**event("p2"), "data": []}
+CHANGED = {**KNOWN, "data": {"sku": "tea", "qty": 6}}  # conflicts with KNOWN
 
 
 @pytest.mark.parametrize(
@@ -319,7 +345,7 @@ CHANGED = {**KNOWN, "qty": 6}  # conflicts with KNOWN
     [
         ("batch", [event("p1"), INVALID, event("p3")], 400, ["p1"]),
         ("batch", [event("p1"), CHANGED, event("p3")], 409, ["p1"]),
-        ("event", [{**event("p3"), "qty": 0}], 400, []),
+        ("event", [{**event("p3"), "data": []}], 400, []),
     ],
     ids=["batch-invalid-item", "batch-conflict", "event-invalid"],
 )
@@ -393,7 +419,7 @@ async def test_a_malformed_predecessor_is_400_naming_the_header_and_applies_noth
 async def test_in_one_group_commit_predecessor_checks_see_the_calls_before_them_and_fail_alone(
     inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await inbox.receive_batch([event("k0", "tea", 5)])
+    await inbox.receive_batch(taken([event("k0", "tea", 5)]))
     transactions: list[int] = []
     real_run = inbox._db.run
 
@@ -415,7 +441,8 @@ async def test_in_one_group_commit_predecessor_checks_see_the_calls_before_them_
     with inbox.arriving(), inbox.arriving():
         async with asyncio.timeout(BOUND_S):
             outcomes = await asyncio.gather(
-                *(inbox.receive_batch(e, after=a) for e, a in calls), return_exceptions=True
+                *(inbox.receive_batch(taken(e), after=a) for e, a in calls),
+                return_exceptions=True,
             )
 
     assert len(transactions) == 1  # all six calls in one transaction

@@ -6,6 +6,8 @@ SQLite URL that names a host or no file) is one line on stderr and exit status 2
 before anything is created or logged; a PostgreSQL server that cannot be reached is
 one line and status 1. Reading the current directory afterwards shows nothing was
 created.
+
+`--chaos` is read the same way: a value it does not take is one line and status 2.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from plumbing.cli import EXIT_FAILED, EXIT_USAGE
+from sink.chaos import Chaos, parse_chaos
 from sink.cli import main
 
 REFUSED = [
@@ -91,3 +94,23 @@ def test_a_postgresql_server_that_cannot_be_reached_is_one_line_and_status_1(
     assert main(["--db", location, "--port", "0"]) == EXIT_FAILED == 1
 
     assert_one_line_refusal(capsys, tmp_path, location, "cannot connect")
+
+
+def test_chaos_refuses_orders_of_skus_and_events_of_keys() -> None:
+    chaos = parse_chaos("reject-sku=snack,reject-key=c:9,reject-key=k" + "x" * 127)
+
+    assert chaos == Chaos(
+        reject_skus=frozenset({"snack"}), reject_keys=frozenset({"c:9", "k" + "x" * 127})
+    )
+    assert chaos.refuses and not chaos.faults
+
+
+@pytest.mark.parametrize("value", ["reject-key=", "reject-key=a b", "reject-key=" + "k" * 129])
+def test_a_chaos_value_it_does_not_take_is_one_line_and_status_2(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--db", "sink.db", "--port", "0", "--chaos", value])
+
+    assert exited.value.code == EXIT_USAGE
+    assert_one_line_refusal(capsys, tmp_path, "--chaos")
