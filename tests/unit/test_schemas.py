@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema_rs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from shared import schemas as schemas_module
 from shared.errors import InvalidEvent
 from shared.schemas import DRAFT_2020_12, PROBLEM_MAX_CHARS, SchemaError, Schemas
 
@@ -147,6 +152,17 @@ def test_an_empty_directory_has_no_schemas(tmp_path: Path) -> None:
             "$schema is 'http://json-schema.org/draft-07/schema#': only 2020-12 is used",
         ),
         ("payment.captured.json", {"$schema": 2020}, "$schema is 2020: only 2020-12 is used"),
+        # Python's `re` reads these; ECMA-262, the patterns of 2020-12, does not.
+        (
+            "payment.captured.json",
+            {"pattern": "\\Z"},
+            '(jsonschema-rs): at /pattern: "\\\\Z" is not a "regex"',
+        ),
+        (
+            "payment.captured.json",
+            {"properties": {"a/b": {"pattern": "a{,3}"}}},
+            "(jsonschema-rs): at /properties/a~1b/pattern: ",
+        ),
     ],
 )
 def test_a_file_that_cannot_be_used_is_refused_by_name(
@@ -265,6 +281,62 @@ def test_the_network_guard_sees_a_connection(network_used: list[object]) -> None
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", 9), timeout=1)
     assert len(network_used) == 2
+
+
+@pytest.fixture
+def schema_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on loopback that serves `{"type": "integer"}` at every path: its
+    URL, and the path of each request it gets. jsonschema-rs fetches with a client of
+    its own in Rust, which the socket guard of Python (`network_used`) never sees."""
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = b'{"type": "integer"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    for proxy in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)  # the request must come here
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", asked
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_the_fast_validator_never_fetches(
+    tmp_path: Path, schema_server: tuple[str, list[str]]
+) -> None:
+    """Behind the reference check of `load` (above), jsonschema-rs is built offline: a
+    remote reference that reached it would be refused, not fetched."""
+    url, asked = schema_server
+    path = tmp_path / f"{PAYMENT}.json"
+    with pytest.raises(SchemaError) as excinfo:
+        schemas_module._fast(path, {"$ref": f"{url}/money.json"})
+    assert str(excinfo.value).startswith(f"{path}: not a valid JSON Schema 2020-12 (jsonschema-rs)")
+    assert "Retrieval is disabled" in str(excinfo.value)
+    assert asked == []
+
+
+def test_the_schema_server_sees_what_jsonschema_rs_fetches_by_default(
+    schema_server: tuple[str, list[str]], network_used: list[object]
+) -> None:
+    """The guard of the test above would notice a fetch, which Python's cannot."""
+    url, asked = schema_server
+    validator = jsonschema_rs.Draft202012Validator({"$ref": f"{url}/money.json"})
+    assert (validator.is_valid(1), validator.is_valid("1")) == (True, False)
+    assert asked == ["/money.json"]
+    assert network_used == []
 
 
 @pytest.mark.parametrize("ref", ["#/$defs/nothing", "#no-such-anchor"])
@@ -536,3 +608,147 @@ def test_none_passes_anything() -> None:
     for event_type in (PAYMENT, "x.y", ""):
         schemas.check(event_type, {"amount": "many"})
         schemas.check(event_type, None)
+
+
+# ---------------------------------------------------------------------- the two validators
+
+
+def test_valid_data_never_reaches_the_precise_validator(
+    schemas: Schemas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """jsonschema-rs alone passes valid data (the ~500 us of jsonschema are not spent)."""
+
+    def unreachable(*args: object) -> Iterator[object]:
+        raise AssertionError("the precise validator was asked")
+
+    monkeypatch.setattr(schemas_module._Validator, "iter_errors", unreachable)
+    schemas.check(PAYMENT, VALID)
+    schemas.check(REFUND, {"payment": "p-123"})
+    with pytest.raises(AssertionError, match="precise validator was asked"):
+        schemas.check(PAYMENT, {"amount": 250})
+
+
+@pytest.mark.parametrize(
+    ("schema", "data"),
+    [
+        # Python's `$` also matches before a final newline; ECMA-262's only at the end.
+        (PAYMENT_SCHEMA, {**VALID, "currency": "EUR\n"}),
+        # Python's `\d` and `\w` are Unicode; ECMA-262's are ASCII.
+        ({"properties": {"n": {"pattern": "^\\d+$"}}}, {"n": "\u0663"}),  # ARABIC-INDIC 3
+        ({"properties": {"n": {"pattern": "^\\w+$"}}}, {"n": "caf\u00e9"}),
+    ],
+    ids=["dollar-before-newline", "unicode-digit", "unicode-word"],
+)
+def test_where_only_pythons_re_accepts_the_data_it_is_refused_without_a_rule(
+    tmp_path: Path, schema: dict[str, Any], data: object
+) -> None:
+    """The validators differ: jsonschema-rs refuses, jsonschema finds nothing to name."""
+    assert Draft202012Validator(schema).is_valid(data)
+    write(tmp_path, f"{PAYMENT}.json", schema)
+    error = refused(Schemas.load(tmp_path), data)
+    assert (error.field, error.problem) == ("/data", f"does not match the schema of {PAYMENT!r}")
+
+
+def test_multiple_of_a_fraction_is_decided_as_decimals(tmp_path: Path) -> None:
+    """0.07 / 0.01 is 7.000000000000001 in binary floating point: jsonschema alone
+    refuses 0.07, jsonschema-rs accepts it, and its verdict stands."""
+    schema = {"properties": {"price": {"multipleOf": 0.01}}}
+    assert not Draft202012Validator(schema).is_valid({"price": 0.07})
+    write(tmp_path, f"{PAYMENT}.json", schema)
+    schemas = Schemas.load(tmp_path)
+    schemas.check(PAYMENT, {"price": 0.07})
+    error = refused(schemas, {"price": 0.071})
+    assert (error.field, error.problem.split(": ")[1]) == ("/data/price", "multipleOf")
+
+
+@pytest.mark.parametrize(
+    ("data", "failure"),
+    [
+        ({**VALID, 1: "x"}, None),
+        ({**VALID, "paths": {"\ud800": 1}}, None),
+        ({**VALID, "currency": "E\ud800"}, ("/data/currency", "pattern")),
+        ({**VALID, "paths": {"a": {1, 2}}}, ("/data/paths/a", "type")),
+        ({**VALID, "customer": {"id": b"c-9"}}, ("/data/customer/id", "type")),
+    ],
+    ids=["key-not-a-string", "lone-surrogate-key", "lone-surrogate", "set", "bytes"],
+)
+def test_a_value_jsonschema_rs_cannot_read_is_judged_by_jsonschema(
+    schemas: Schemas, data: dict[Any, Any], failure: tuple[str, str] | None
+) -> None:
+    """Not JSON, where jsonschema-rs must read it: it raises ValueError, and the verdict
+    and the failure are jsonschema's, as before it was added."""
+    with pytest.raises(ValueError):
+        jsonschema_rs.Draft202012Validator(PAYMENT_SCHEMA).is_valid(data)
+    if failure is None:
+        schemas.check(PAYMENT, data)
+    else:
+        error = refused(schemas, data)
+        assert (error.field, error.problem.split(": ")[1]) == failure
+
+
+# Keywords of every kind beside those of PAYMENT_SCHEMA and FALSES.
+MIXED: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": ["a", "b", 1, None]},
+        "count": {"type": "integer", "multipleOf": 3, "exclusiveMinimum": -7},
+        "ratio": {"type": "number", "minimum": -1.5, "exclusiveMaximum": 2.5},
+        "tags": {"uniqueItems": True, "contains": {"type": "string"}, "maxContains": 2},
+        "pair": {"prefixItems": [{"type": "integer"}, {"const": "s"}], "items": False},
+        "choice": {"oneOf": [{"type": "string", "minLength": 1}, {"type": "integer"}, {}]},
+        "either": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["n"]}]},
+        "not_list": {"not": {"type": "array"}},
+        "nested": {"$ref": "#"},
+    },
+    "if": {"required": ["kind"], "properties": {"kind": {"const": "a"}}},
+    "then": {"required": ["count"]},
+    "else": {"minProperties": 1},
+    "dependentRequired": {"ratio": ["count"]},
+    "propertyNames": {"maxLength": 8},
+    "unevaluatedProperties": {"type": ["string", "integer"]},
+}
+AGREEING: dict[str, dict[str, Any]] = {PAYMENT: PAYMENT_SCHEMA, "mixed": MIXED, "falses": FALSES}
+PRECISE = {event_type: Draft202012Validator(schema) for event_type, schema in AGREEING.items()}
+_NAMES = sorted({*PAYMENT_SCHEMA["properties"], *MIXED["properties"], "x-a", "y-b", "a/b"})
+# I-JSON, as intake lets through (shared.event): finite numbers, integers within
+# +/-(2^53-1), text without lone surrogates. No newline in text: `$` before a final
+# newline is a difference of the validators (above), not a disagreement to find.
+_text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\n"), max_size=6)
+i_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(["EUR", "eur", "s", "", "p-1"])
+    | _text,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(_NAMES) | _text, inner, max_size=5)
+    ),
+    max_leaves=16,
+)
+
+
+@pytest.fixture(scope="module")
+def agreeing(tmp_path_factory: pytest.TempPathFactory) -> Schemas:
+    folder = tmp_path_factory.mktemp("agreeing")
+    for event_type, schema in AGREEING.items():
+        write(folder, f"{event_type}.json", schema)
+    return Schemas.load(folder)
+
+
+@pytest.mark.parametrize("event_type", sorted(AGREEING))
+@given(data=st.dictionaries(st.sampled_from(_NAMES), i_json, max_size=6) | i_json)
+def test_the_fast_and_the_precise_validator_agree(
+    agreeing: Schemas, event_type: str, data: object
+) -> None:
+    """check() passes only if jsonschema-rs finds the data valid, and names a rule only
+    if jsonschema finds it invalid: passing where jsonschema refuses, or refusing
+    without a rule, is a disagreement."""
+    valid = PRECISE[event_type].is_valid(data)
+    try:
+        agreeing.check(event_type, data)
+    except InvalidEvent as error:
+        assert not valid, f"jsonschema-rs refused what jsonschema accepts: {error}"
+    else:
+        assert valid, "jsonschema-rs accepted what jsonschema refuses"
