@@ -1,4 +1,13 @@
-"""The event: what the publisher records and the sink applies.
+"""The event: what the publisher records and the sink applies, and its canonical form.
+
+An event is `{"id", "type", "key", "data"}`: a business ID, a type such as
+`payment.captured`, an optional ordering key (events of one key are delivered in
+the order they were recorded), and a JSON object of any shape as I-JSON (RFC 7493).
+Its canonical form, RFC 8785 (JSON Canonicalization Scheme) of those fields, is
+what both sides store, compare and digest.
+
+The seed's order intake takes orders `{id, sku, qty}`; each is recorded as the event
+`{"type": "order.placed", "key": SKU, "data": {"sku": SKU, "qty": QTY}}`.
 
 Pure functions only: no I/O, so both sides and the tests share one definition.
 """
@@ -6,21 +15,38 @@ Pure functions only: no I/O, so both sides and the tests share one definition.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
-from typing import Any, Final, TypedDict
+from typing import Any, Final, NotRequired, TypedDict
+
+import rfc8785
 
 from shared.errors import InvalidEvent
 
 ID_MAX_CHARS: Final = 128
+TYPE_MAX_CHARS: Final = 128
+KEY_MAX_CHARS: Final = 128
+MAX_DATA_BYTES: Final = 64 * 1024  # the default cap of one event's canonical data
+MAX_DATA_BYTES_LIMIT: Final = 1024 * 1024  # the most --max-data-bytes may allow
+MAX_DEPTH: Final = 32  # `data` is depth 1; each object or array inside it adds one
+MAX_SAFE_INTEGER: Final = 2**53 - 1  # I-JSON: integers a double holds exactly
+EVENT_FIELDS: Final = ("id", "type", "key", "data")
+
+ORDER_PLACED: Final = "order.placed"  # the type of the seed's orders
 SKU_MAX_CHARS: Final = 64
 QTY_MIN: Final = 1
 QTY_MAX: Final = 1_000_000
-FIELDS: Final = ("id", "sku", "qty")
+FIELDS: Final = ("id", "sku", "qty")  # an order's fields
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
-_SKU_RE: Final = re.compile(r"[A-Za-z0-9._:-]+")
+_TYPE_RE: Final = re.compile(r"[A-Za-z0-9._-]+")
+_KEY_RE: Final = re.compile(r"[A-Za-z0-9._:-]+")
+_SKU_RE: Final = _KEY_RE
 PLAIN_TEXT: Final = re.compile(r"[A-Za-z0-9._:-]*")  # text JSON writes as it is
+_ID_RULE: Final = "A-Z a-z 0-9 . _ : -, starting with a letter or digit"
+_RULES: Final = {"id": _ID_RULE, "type": "A-Z a-z 0-9 . _ -", "key": "A-Z a-z 0-9 . _ : -"}
+_RULES["sku"] = _RULES["key"]
 
 
 @dataclass(frozen=True)
@@ -32,15 +58,211 @@ class BigInteger:
 
 
 class Event(TypedDict):
-    """A validated event: exactly these three fields."""
+    """A validated event. `key` is absent when the event has none (global order)."""
+
+    id: str
+    type: str
+    key: NotRequired[str]
+    data: dict[str, Any]
+
+
+class Order(TypedDict):
+    """A validated order of the seed's intake: exactly these three fields."""
 
     id: str
     sku: str
     qty: int
 
 
-def validate_event(obj: object) -> Event:
-    """Return a validated copy of `obj`, or raise InvalidEvent naming the field."""
+# ---------------------------------------------------------------------- events
+
+
+def validate_event(obj: object, *, max_data_bytes: int = MAX_DATA_BYTES) -> Event:
+    """Return a validated copy of `obj`, or raise InvalidEvent naming the place as a
+    JSON pointer (`/data/customer/id`)."""
+    event, canonical = checked_event(obj, max_data_bytes=max_data_bytes)
+    event["data"] = json.loads(canonical)["data"]  # a copy: the caller's may change later
+    return event
+
+
+def checked_event(obj: object, *, max_data_bytes: int = MAX_DATA_BYTES) -> tuple[Event, str]:
+    """`validate_event`, also returning the event's canonical form (computed once:
+    the size rule is on the canonical data). The event's `data` is the caller's
+    object, not a copy: what is stored is the canonical form returned."""
+    if not isinstance(obj, dict):
+        raise InvalidEvent("", f"an event must be a JSON object, not {_json_type(obj)}")
+    for name in ("id", "type", "data"):
+        if name not in obj:
+            raise InvalidEvent(f"/{name}", "is required")
+    extra = sorted(str(name) for name in obj if name not in EVENT_FIELDS)
+    if extra:
+        raise InvalidEvent(
+            "/" + _escape(extra[0]), "is not a field of an event (id, type, key, data)"
+        )
+    event = Event(
+        id=_text(obj["id"], "id", _ID_RE, ID_MAX_CHARS, "/id"),
+        type=_text(obj["type"], "type", _TYPE_RE, TYPE_MAX_CHARS, "/type"),
+        data=obj["data"],
+    )
+    key = obj.get("key")
+    if key is not None:
+        event["key"] = _text(key, "key", _KEY_RE, KEY_MAX_CHARS, "/key")
+    data = obj["data"]
+    if not isinstance(data, dict):
+        raise InvalidEvent("/data", f"must be a JSON object, not {_json_type(data)}")
+    data_text = canonical_data(data, "/data")
+    size = len(data_text.encode("utf-8", "surrogatepass"))
+    if size > max_data_bytes:
+        raise InvalidEvent(
+            "/data", f"is {size:,} bytes encoded, over the {max_data_bytes:,} allowed"
+        )
+    return event, _assemble(event, data_text)
+
+
+def canonical_json(event: Event) -> str:
+    """The event's canonical form: RFC 8785 of {id, type, key, data} (key left out
+    when the event has none). The one serialisation used for storage, comparison
+    and digests. `event` is assumed valid (validate_event)."""
+    return canonical_parts(event)[1]
+
+
+def canonical_parts(event: Event) -> tuple[str, str]:
+    """The canonical text of the event's data, and of the whole event."""
+    data_text = canonical_data(event["data"], "/data")
+    return data_text, _assemble(event, data_text)
+
+
+def canonical_data(data: object, pointer: str) -> str:
+    """RFC 8785 text of a JSON value, or InvalidEvent naming the first place (under
+    `pointer`) that is not I-JSON: a repeated key cannot occur in a dict, so the
+    rules checked are types, integer range, finite numbers, depth and lone surrogates.
+
+    Serialised by `json.dumps` with sorted keys when that is provably the RFC 8785
+    text (no float anywhere, no key outside the Basic Multilingual Plane: then
+    escaping, number text and key order agree), else by the `rfc8785` package.
+    """
+    try:
+        exact = _check(data, 1)
+    except _NotIJson as bad:
+        where = "".join(f"/{_escape(str(token))}" for token in reversed(bad.path))
+        raise InvalidEvent(pointer + where, bad.problem) from None
+    if exact:
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    else:
+        _find_surrogate(data, pointer)  # before rfc8785, which would only raise its own error
+        text = rfc8785.dumps(data).decode()  # type: ignore[arg-type]
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        _find_surrogate(data, pointer)
+        raise
+    return text
+
+
+class _NotIJson(Exception):
+    """Raised at the place that breaks a rule; each level adds its key or index on
+    the way out (pointers are built only for an error)."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        self.path: list[str | int] = []
+
+
+def _check(value: object, depth: int) -> bool:
+    """Whether `value` (I-JSON, else _NotIJson) serialises exactly with json.dumps."""
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return True
+    if kind is int:
+        if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:  # type: ignore[operator]
+            raise _NotIJson(f"integer {value} is outside +/-(2^53-1) (I-JSON)")
+        return True
+    if kind is float:
+        if not math.isfinite(value):  # type: ignore[arg-type]
+            raise _NotIJson(f"{value} is not a JSON number")
+        if MAX_SAFE_INTEGER < abs(value) < 1e21 and value.is_integer():  # type: ignore[arg-type,attr-defined]
+            # RFC 8785 writes it as an integer, which would then be out of range.
+            raise _NotIJson(f"{value!r} is a whole number outside +/-(2^53-1) (I-JSON)")
+        return False
+    if depth > MAX_DEPTH:
+        raise _NotIJson(f"is nested over {MAX_DEPTH} deep")
+    exact = True
+    if kind is dict or isinstance(value, dict):
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str:
+                raise _NotIJson(f"has a key that is not a string: {key!r}"[:200])
+            if not key.isascii() and max(key) > "\uffff":
+                exact = False  # RFC 8785 orders keys by UTF-16 code units
+            if type(item) is str:  # the usual leaf, without a call
+                continue
+            try:
+                exact = _check(item, depth + 1) and exact
+            except _NotIJson as bad:
+                bad.path.append(key)
+                raise
+        return exact
+    if kind is list or isinstance(value, list):
+        for index, item in enumerate(value):  # type: ignore[arg-type]
+            if type(item) is str:
+                continue
+            try:
+                exact = _check(item, depth + 1) and exact
+            except _NotIJson as bad:
+                bad.path.append(index)
+                raise
+        return exact
+    if isinstance(value, BigInteger):
+        raise _NotIJson(f"an integer of {value.digits:,} digits is outside +/-(2^53-1)")
+    raise _NotIJson(f"{_json_type(value)} is not a JSON value")
+
+
+def _find_surrogate(value: object, pointer: str) -> None:
+    """InvalidEvent naming the first string (or key) under `pointer` that holds a lone
+    surrogate (not Unicode text; I-JSON forbids it)."""
+    if isinstance(value, str):
+        _no_surrogate(value, pointer)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _no_surrogate(key, f"{pointer}/{_escape(key)}")
+            _find_surrogate(item, f"{pointer}/{_escape(key)}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _find_surrogate(item, f"{pointer}/{index}")
+
+
+def _no_surrogate(text: str, pointer: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidEvent(pointer, "holds a lone surrogate, not Unicode text (I-JSON)") from exc
+
+
+def _assemble(event: Event, data_text: str) -> str:
+    """The canonical event around its canonical data: id, type and key are of
+    alphabets JSON writes as they are, and "data" < "id" < "key" < "type"."""
+    key = event.get("key")
+    keyed = "" if key is None else f',"key":"{key}"'
+    return f'{{"data":{data_text},"id":"{event["id"]}"{keyed},"type":"{event["type"]}"}}'
+
+
+def _escape(token: str) -> str:
+    """A JSON pointer reference token (RFC 6901)."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def data_preview(data: object, max_chars: int = 80) -> str:
+    """A bounded view of an event's data for a person to read: JSON with every
+    character outside printable ASCII escaped (no control character, no terminal
+    escape reaches a screen or a log), cut at `max_chars` with "..." ."""
+    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= max_chars else text[: max(max_chars - 3, 0)] + "..."
+
+
+# ---------------------------------------------------------------------- orders
+
+
+def validate_order(obj: object) -> Order:
+    """Return a validated copy of the order `obj`, or raise InvalidEvent naming the field."""
     if not isinstance(obj, dict):
         raise InvalidEvent("event", f"must be a JSON object, not {_json_type(obj)}")
     missing = [name for name in FIELDS if name not in obj]
@@ -48,12 +270,53 @@ def validate_event(obj: object) -> Event:
         raise InvalidEvent(missing[0], "is required")
     extra = sorted(str(key) for key in obj if key not in FIELDS)
     if extra:
-        raise InvalidEvent(extra[0], "is not a field of an event")
-    return Event(
+        raise InvalidEvent(extra[0], "is not a field of an order")
+    return Order(
         id=_text(obj["id"], "id", _ID_RE, ID_MAX_CHARS),
         sku=_text(obj["sku"], "sku", _SKU_RE, SKU_MAX_CHARS),
         qty=_quantity(obj["qty"]),
     )
+
+
+def order_event(order: Order) -> Event:
+    """The event an order is recorded as."""
+    data = {"sku": order["sku"], "qty": order["qty"]}
+    return Event(id=order["id"], type=ORDER_PLACED, key=order["sku"], data=data)
+
+
+def order_canonical(order: Order) -> str:
+    """canonical_json(order_event(order)), written directly: every order is one."""
+    sku = order["sku"]
+    return (
+        f'{{"data":{{"qty":{order["qty"]},"sku":"{sku}"}},"id":"{order["id"]}",'
+        f'"key":"{sku}","type":"{ORDER_PLACED}"}}'
+    )
+
+
+def placed_order(event: Event) -> Order | None:
+    """The order an `order.placed` event records, None for any other event (or one
+    whose data is not an order's)."""
+    if event["type"] != ORDER_PLACED:
+        return None
+    data = event["data"]
+    if set(data) != {"sku", "qty"}:
+        return None
+    qty = data["qty"]
+    if type(qty) is float and qty.is_integer():
+        qty = int(qty)  # 7.0 and 7 are one canonical form, so one order
+    try:
+        return validate_order({"id": event["id"], "sku": data["sku"], "qty": qty})
+    except InvalidEvent:
+        return None
+
+
+def previous_canonical(order: Order) -> str:
+    """The canonical form of the previous release, whose events were orders: what
+    the ACK digest of a request in that format is over."""
+    return f'{{"id":"{order["id"]}","qty":{order["qty"]},"sku":"{order["sku"]}"}}'
+
+
+# ---------------------------------------------------------------------- fields
 
 
 def validate_event_id(value: object) -> str:
@@ -61,39 +324,33 @@ def validate_event_id(value: object) -> str:
     return _text(value, "id", _ID_RE, ID_MAX_CHARS)
 
 
+def validate_key(value: object) -> str:
+    """Return `value` if it is a well-formed ordering key, else raise InvalidEvent."""
+    return _text(value, "key", _KEY_RE, KEY_MAX_CHARS)
+
+
+def validate_type(value: object) -> str:
+    """Return `value` if it is a well-formed event type, else raise InvalidEvent."""
+    return _text(value, "type", _TYPE_RE, TYPE_MAX_CHARS)
+
+
 def validate_sku(value: object) -> str:
     """Return `value` if it is a well-formed SKU, else raise InvalidEvent."""
     return _text(value, "sku", _SKU_RE, SKU_MAX_CHARS)
 
 
-def canonical_json(event: Event) -> str:
-    """The one serialisation used for storage, comparison and digests: sorted keys, no
-    spaces, ASCII only (what json.dumps gives with sort_keys, compact separators)."""
-    event_id, sku, qty = event.get("id"), event.get("sku"), event.get("qty")
-    if (
-        len(event) == len(FIELDS)
-        and type(qty) is int
-        and isinstance(event_id, str)
-        and isinstance(sku, str)
-        and PLAIN_TEXT.fullmatch(event_id)
-        and PLAIN_TEXT.fullmatch(sku)
-    ):
-        # Text of the event alphabet needs no escaping: the same string, several times
-        # faster (it is written for every event on both sides).
-        return f'{{"id":"{event_id}","qty":{qty},"sku":"{sku}"}}'
-    return json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def _text(value: object, field: str, pattern: re.Pattern[str], max_chars: int) -> str:
+def _text(
+    value: object, field: str, pattern: re.Pattern[str], max_chars: int, at: str | None = None
+) -> str:
+    """`value` if it is text of `field`'s rules; else InvalidEvent naming `at` (a
+    JSON pointer into an event), or the field itself (an order's, a path's)."""
+    where = field if at is None else at
     if not isinstance(value, str):
-        raise InvalidEvent(field, f"must be a string, not {_json_type(value)}")
+        raise InvalidEvent(where, f"must be a string, not {_json_type(value)}")
     if not 1 <= len(value) <= max_chars:
-        raise InvalidEvent(field, f"must be 1 to {max_chars} characters, got {len(value)}")
+        raise InvalidEvent(where, f"must be 1 to {max_chars} characters, got {len(value)}")
     if pattern.fullmatch(value) is None:
-        rule = "A-Z a-z 0-9 . _ : -"
-        if field == "id":
-            rule += ", starting with a letter or digit"
-        raise InvalidEvent(field, f"may only use {rule}")
+        raise InvalidEvent(where, f"may only use {_RULES[field]}")
     return value
 
 

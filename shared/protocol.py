@@ -8,11 +8,17 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from shared.event import MAX_DATA_BYTES_LIMIT
+
 # A batch holds 1 to MAX_BATCH events: the most the publisher reads for one dispatch
 # and the most the sink's batch route takes in one request.
 MAX_BATCH: Final = 16
-MAX_BODY_BYTES: Final = 16 * 1024  # one event (or one order at intake)
-MAX_BATCH_BODY_BYTES: Final = 64 * 1024  # one batch request
+# One event's request: room for the largest data any publisher may allow
+# (--max-data-bytes up to 1 MiB), its envelope and some escaping.
+MAX_BODY_BYTES: Final = MAX_DATA_BYTES_LIMIT + 64 * 1024
+# One batch request: the relay cuts a batch where its body would pass this (an event
+# that alone is larger goes alone, as a batch of one).
+MAX_BATCH_BODY_BYTES: Final = 2 * MAX_BODY_BYTES
 
 # The predecessor check: a pipelined request names the last event of the request
 # sent just before it, and the sink applies nothing of it unless that event is in its
@@ -25,7 +31,7 @@ PREDECESSOR_HEADER: Final = "Outbox-After"
 PREDECESSOR_CHECK_HEADER: Final = "Outbox-Fencing"
 PREDECESSOR_CHECK_ENFORCED: Final = "enforced"
 
-# Several relay workers on one outbox: each line (the one global line, or one SKU's
+# Several relay workers on one outbox: each line (the one global line, or one key's
 # lane) is delivered only by the worker holding its lease, and every takeover raises
 # the line's epoch (a fencing token). Each request of a leased line carries
 # `Outbox-Lease: SOURCE LINE EPOCH`; the sink refuses (409, nothing applied), in the
@@ -33,9 +39,10 @@ PREDECESSOR_CHECK_ENFORCED: Final = "enforced"
 # for that source and line. SOURCE names the outbox (every worker of one outbox
 # sends the same), so lines of two publishers never meet.
 LEASE_HEADER: Final = "Outbox-Lease"
-GLOBAL_LINE: Final = "*"  # the line of global order; a lane is named by its SKU
+GLOBAL_LINE: Final = "*"  # the line of global order; a lane is named by its key
 MAX_EPOCH: Final = 2**63 - 1
 _NAME: Final = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_LINE: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # an ordering key
 _EPOCH: Final = re.compile(r"[1-9][0-9]{0,18}")
 
 
@@ -51,8 +58,8 @@ class Lease:
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.source):
             raise ValueError(f"lease source {self.source!r} is not 1-64 of A-Z a-z 0-9 . _ : -")
-        if self.line != GLOBAL_LINE and not _NAME.fullmatch(self.line):
-            raise ValueError(f"lease line {self.line!r} is neither {GLOBAL_LINE!r} nor a SKU")
+        if self.line != GLOBAL_LINE and not _LINE.fullmatch(self.line):
+            raise ValueError(f"lease line {self.line!r} is neither {GLOBAL_LINE!r} nor a key")
         if not 1 <= self.epoch <= MAX_EPOCH:
             raise ValueError(f"lease epoch {self.epoch} is not between 1 and {MAX_EPOCH}")
 
