@@ -10,6 +10,7 @@ from aiohttp import hdrs, web
 
 from plumbing.http_errors import JSON_TYPE, Handler, Middleware, error
 from plumbing.net import is_loopback
+from shared.cloudevents import is_json_media, media_type
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,9 @@ def http_guard(guard: HttpGuard) -> Middleware:
 
 
 def _body_refusal(request: web.Request) -> web.Response | None:
-    """415 unless the body is declared plain JSON: `application/json`, no encoding."""
+    """415 unless the body is declared JSON (`application/json`, or a JSON type such
+    as CloudEvents' `application/cloudevents+json`: none of them can a page of another
+    site send without a preflight) and is not encoded."""
     headers = request.headers
     encoding = headers.get(hdrs.CONTENT_ENCODING)
     if encoding is not None and encoding.strip().lower() != "identity":
@@ -113,10 +116,11 @@ def _body_refusal(request: web.Request) -> web.Response | None:
             "Content-Encoding is not accepted: send the body unencoded",
             content_encoding=encoding,
         )
-    if headers.get(hdrs.CONTENT_TYPE) != JSON_TYPE and request.content_type != JSON_TYPE:
+    content_type = headers.get(hdrs.CONTENT_TYPE)
+    if content_type != JSON_TYPE and not is_json_media(media_type(content_type)):
         return error(
             415,
-            f"the body must be sent as Content-Type: {JSON_TYPE}",
-            content_type=headers.get(hdrs.CONTENT_TYPE),
+            f"the body must be sent as JSON: Content-Type {JSON_TYPE} or application/*+json",
+            content_type=content_type,
         )
     return None

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -27,14 +27,25 @@ from plumbing.probes import healthz, metrics_response, readiness
 from plumbing.storage import parse_location
 from publisher.console import CONSOLE_PATH, ConsoleSettings, Source, add_console
 from publisher.driver import AfterDelivery
-from publisher.http import CONNECT_TIMEOUT_S, TIMEOUT_S, HttpSender
-from publisher.intake import MAX_BATCH_BODY_BYTES, RESULTS, batch_orders, batch_reply
+from publisher.http import CONNECT_TIMEOUT_S, DEFAULT_SOURCE, TIMEOUT_S, HttpSender
+from publisher.intake import (
+    EVENTS_BATCH_BODY_BYTES,
+    MAX_BATCH_BODY_BYTES,
+    ORDER_MAX_BODY_BYTES,
+    RESULTS,
+    SchemaCheck,
+    batch_items,
+    batch_reply,
+    event_body_bytes,
+    event_check,
+)
 from publisher.lines_view import lines_view
 from publisher.metrics import PublisherMetrics
 from publisher.relay import Relay
 from publisher.settings import DEFAULT_LEASE_TTL_S, RelaySettings, for_location
-from publisher.store import Outbox
-from shared import MAX_BODY_BYTES, Conflict, InvalidEvent
+from publisher.store import EventCheck, IntakeOutcome, Outbox
+from shared import Conflict, InvalidEvent
+from shared.event import MAX_DATA_BYTES, MAX_DATA_BYTES_LIMIT
 
 
 @dataclass(frozen=True)
@@ -48,15 +59,20 @@ class ServiceSettings:
     allowed_hosts: tuple[str, ...] = ()
     token: str | None = None
     send_timeout_s: float = TIMEOUT_S
-    max_body_bytes: int = MAX_BODY_BYTES
+    max_body_bytes: int = ORDER_MAX_BODY_BYTES  # POST /orders
     max_batch_body_bytes: int = MAX_BATCH_BODY_BYTES  # POST /orders/batch
-    intake_token: str | None = None  # bearer token POST /orders needs, if set
+    max_data_bytes: int = MAX_DATA_BYTES  # an event's canonical data (POST /events)
+    schemas: SchemaCheck | None = None  # the JSON Schemas of event types, if any
+    source: str = DEFAULT_SOURCE  # the CloudEvents `source` of the events it sends
+    intake_token: str | None = None  # bearer token intake (orders, events) needs, if set
     guard: HttpGuard = field(default_factory=HttpGuard)
     relay: RelaySettings = field(default_factory=RelaySettings)
     console: ConsoleSettings | None = field(default_factory=ConsoleSettings)  # None: off
 
     def __post_init__(self) -> None:
         parse_location(self.db)  # BadLocation now, before anything opens
+        if not 1 <= self.max_data_bytes <= MAX_DATA_BYTES_LIMIT:
+            raise ValueError(f"max_data_bytes must be 1 to {MAX_DATA_BYTES_LIMIT:,}")
         if self.relay.worker is None:
             # Several services may share a PostgreSQL outbox: each delivers a line only
             # under its lease, never without one.
@@ -65,6 +81,16 @@ class ServiceSettings:
     @property
     def sinks(self) -> tuple[str, ...]:
         return (self.sink,) if isinstance(self.sink, str) else tuple(self.sink)
+
+    @property
+    def event_body_bytes(self) -> int:
+        """The largest body of POST /events."""
+        return event_body_bytes(self.max_data_bytes)
+
+    @property
+    def check(self) -> EventCheck:
+        """How intake checks an event: its limits, then its type's schema."""
+        return event_check(self.max_data_bytes, self.schemas)
 
     @property
     def lease_ttl_s(self) -> float:
@@ -93,7 +119,12 @@ def create_app(
     if settings.console is not None:  # the console's page calls its own routes
         guard = dataclasses.replace(guard, own_page_paths=(f"{CONSOLE_PATH}/",))
     app = web.Application(
-        client_max_size=max(settings.max_body_bytes, settings.max_batch_body_bytes),
+        client_max_size=max(
+            settings.max_body_bytes,
+            settings.max_batch_body_bytes,
+            settings.event_body_bytes,
+            EVENTS_BATCH_BODY_BYTES,
+        ),
         middlewares=[json_errors, http_guard(guard)],
     )
     app[SETTINGS] = settings
@@ -106,6 +137,8 @@ def create_app(
     app.cleanup_ctx.append(functools.partial(_run_relay, after_delivery=after_delivery))
     app.router.add_post("/orders", post_order)
     app.router.add_post("/orders/batch", post_orders)
+    app.router.add_post("/events", post_event)
+    app.router.add_post("/events/batch", post_events)
     app.router.add_get("/status", get_status)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", healthz)
@@ -127,6 +160,7 @@ async def _run_relay(
         timeout_s=settings.send_timeout_s,
         token=settings.token,
         on_failover=metrics.failover,
+        source=settings.source,
     )
     async with Outbox.open(settings.db) as outbox, one_relay(outbox, settings.db), sender:
         relay = Relay(
@@ -166,8 +200,45 @@ def unauthorized(request: web.Request) -> web.Response | None:
 
 
 async def post_order(request: web.Request) -> web.Response:
-    """Record an order and its outbox entry; 201 accepted, 200 duplicate. The outbox
-    validates the order (once: the body goes to it as parsed)."""
+    """Record an order and its outbox entry (the event order.placed); 201 accepted,
+    200 duplicate. The outbox validates the order (once: the body goes to it as parsed)."""
+    settings = request.app[SETTINGS]
+    return await _intake_one(request, settings.max_body_bytes, request.app[OUTBOX].accept_many)
+
+
+async def post_event(request: web.Request) -> web.Response:
+    """Record an event's outbox entry; 201 accepted, 200 duplicate, 409 conflict."""
+    settings, outbox = request.app[SETTINGS], request.app[OUTBOX]
+    check = settings.check
+    return await _intake_one(
+        request, settings.event_body_bytes, lambda events: outbox.publish_many(events, check)
+    )
+
+
+async def post_orders(request: web.Request) -> web.Response:
+    """Record 1 to 500 orders in one transaction; 200 with one result per order, in
+    the request's order, once they are durable. A body that is not a batch is
+    refused whole (400, 413), as is the batch when storage fails (503): nothing
+    of it is written then."""
+    settings = request.app[SETTINGS]
+    return await _intake_many(
+        request, "orders", settings.max_batch_body_bytes, request.app[OUTBOX].accept_many
+    )
+
+
+async def post_events(request: web.Request) -> web.Response:
+    """Record 1 to 500 events in one transaction, as POST /orders/batch does orders."""
+    settings, outbox = request.app[SETTINGS], request.app[OUTBOX]
+    check = settings.check
+    return await _intake_many(
+        request, "events", EVENTS_BATCH_BODY_BYTES, lambda items: outbox.publish_many(items, check)
+    )
+
+
+Record = Callable[[Sequence[object]], Awaitable[list[IntakeOutcome]]]
+
+
+async def _intake_one(request: web.Request, max_bytes: int, record: Record) -> web.Response:
     app = request.app
     intake = app[METRICS].intake
     refused = unauthorized(request)
@@ -175,8 +246,10 @@ async def post_order(request: web.Request) -> web.Response:
         return refused
     try:
         with app[OUTBOX].arriving():  # how it commits is the outbox's own choice
-            body = await read_json(request, app[SETTINGS].max_body_bytes)
-            result = await app[OUTBOX].accept(body)
+            body = await read_json(request, max_bytes)
+            [result] = await record([body])
+            if isinstance(result, Exception):
+                raise result
     except BadRequest as exc:
         intake.labels(exc.kind).inc()
         raise
@@ -189,17 +262,15 @@ async def post_order(request: web.Request) -> web.Response:
     intake.labels(result).inc()
     if result == "accepted":
         app[RELAY].wake()
-    assert isinstance(body, dict)  # accepted as an event: an object with an ID
+    assert isinstance(body, dict)  # recorded: an object with an ID
     return web.json_response(
         {"id": body["id"], "result": result}, status=201 if result == "accepted" else 200
     )
 
 
-async def post_orders(request: web.Request) -> web.Response:
-    """Record 1 to 500 orders in one transaction; 200 with one result per order, in
-    the request's order, once they are durable. A body that is not a batch is
-    refused whole (400, 413), as is the batch when storage fails (503): nothing
-    of it is written then."""
+async def _intake_many(
+    request: web.Request, name: str, max_bytes: int, record: Record
+) -> web.Response:
     app = request.app
     intake = app[METRICS].intake
     refused = unauthorized(request)
@@ -207,11 +278,11 @@ async def post_orders(request: web.Request) -> web.Response:
         return refused
     with app[OUTBOX].arriving():
         try:
-            items = batch_orders(await read_json(request, app[SETTINGS].max_batch_body_bytes))
+            items = batch_items(await read_json(request, max_bytes), name)
         except BadRequest as exc:
             intake.labels(exc.kind).inc()
             raise
-        reply = batch_reply(items, await app[OUTBOX].accept_many(items))
+        reply = batch_reply(items, await record(items))
     for result in RESULTS:
         if reply[result]:
             intake.labels(result).inc(reply[result])

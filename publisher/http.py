@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +24,7 @@ from publisher.errors import (
 from publisher.targets import check_target
 from shared import (
     LEASE_HEADER,
+    MAX_BATCH_BODY_BYTES,
     PREDECESSOR_CHECK_ENFORCED,
     PREDECESSOR_CHECK_HEADER,
     PREDECESSOR_HEADER,
@@ -32,7 +34,9 @@ from shared import (
     payload_digest,
     verify_ack,
 )
-from shared.ack import check_ack, parse_reply
+from shared.ack import check_ack, digest_of, parse_reply
+from shared.cloudevents import BATCHED, JSON, STRUCTURED, batched, structured
+from shared.event import canonical_parts
 
 MAX_REPLY_BYTES: Final = 4096
 CHECKED_REPLIES_KEPT: Final = 4096  # requests whose reply's predecessor check is remembered
@@ -51,7 +55,33 @@ UNREACHABLE: Final = (
     aiohttp.ClientOSError,  # reset or broken pipe before the status line
 )
 
+# A sink that answers a batch with one of these takes no batches (an endpoint of
+# another kind of consumer): its events go one per request from then on.
+BATCHES_REFUSED: Final = frozenset({404, 405, 415})
+DEFAULT_SOURCE: Final = "urn:outbox-relay:publisher"
+
 log = logging.getLogger(__name__)
+
+
+def _now() -> str:
+    """The CloudEvents `time` of a send: RFC 3339, UTC, to the millisecond."""
+    moment = datetime.datetime.now(datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _cuts(sizes: Sequence[int], most: int) -> list[int]:
+    """Where to cut a batch of bodies of `sizes` bytes so that no request is over
+    `most` (a body that alone is larger goes alone): the end index of each part."""
+    ends: list[int] = []
+    start = total = 0
+    for index, size in enumerate(sizes):
+        if index > start and total + size + 1 > most:
+            ends.append(index)
+            start, total = index, 0
+        total += size + 1
+    ends.append(len(sizes))
+    return ends
+
 
 OnFailover = Callable[[URL, URL], None]
 
@@ -97,8 +127,14 @@ class HttpSender:
         max_reply_bytes: int = MAX_REPLY_BYTES,
         token: str | None = None,
         on_failover: OnFailover | None = None,
+        source: str = DEFAULT_SOURCE,
+        max_batch_body_bytes: int = MAX_BATCH_BODY_BYTES,
     ) -> None:
         self.urls = sink_urls(urls, allowed_hosts)
+        self.source = source  # the CloudEvents `source` of every event sent
+        self.max_batch_body_bytes = max_batch_body_bytes
+        # Set once a sink answered 404, 405 or 415 to a batch: it takes none.
+        self.one_per_request = False
         self._preferred = 0
         self._on_failover = on_failover
         self._failover_log = Throttled(log)
@@ -178,9 +214,20 @@ class HttpSender:
         and answers 409, raised as FencedBySink.
         """
         event_id = event["id"]
-        body = json.dumps(event).encode()
-        status, reply = await self._request("POST", "", event_id, body, after=after, lease=lease)
-        return check_reply(status, reply, event_id, payload_digest(event), lease)
+        body, digest = self._wire(event)
+        status, reply = await self._request(
+            "POST", "", event_id, body.encode(), after=after, lease=lease, media=STRUCTURED
+        )
+        return check_reply(status, reply, event_id, digest, lease)
+
+    def _wire(self, event: Event) -> tuple[str, str]:
+        """The event as a structured-mode CloudEvent, and the digest of its canonical
+        form (what the ACK must name)."""
+        data_text, canonical = canonical_parts(event)
+        body = structured(
+            event["id"], event["type"], event.get("key"), data_text, self.source, _now()
+        )
+        return body, digest_of(canonical)
 
     async def deliver_batch(
         self, events: Sequence[Event], after: str | None = None, lease: Lease | None = None
@@ -194,13 +241,61 @@ class HttpSender:
         """
         if not events:
             return []
-        body = json.dumps({"events": list(events)}).encode()
-        first = events[0]["id"]
-        cap = self._max_reply_bytes * len(events)
-        status, reply = await self._request(
-            "POST", "batch", first, body, cap, after=after, lease=lease
+        if self.one_per_request:
+            return await self._deliver_each(events, after, lease)
+        wired = [self._wire(event) for event in events]
+        results: list[BatchResult] = []
+        start = 0
+        for end in _cuts([len(body) for body, _ in wired], self.max_batch_body_bytes):
+            part = events[start:end]
+            body = batched([body for body, _ in wired[start:end]]).encode()
+            status, reply = await self._request(
+                "POST",
+                "batch",
+                part[0]["id"],
+                body,
+                self._max_reply_bytes * len(part),
+                after=after,
+                lease=lease,
+                media=BATCHED,
+            )
+            if start == 0 and status in BATCHES_REFUSED:
+                self._batches_refused(status)
+                return await self._deliver_each(events, after, lease)
+            digests = [digest for _, digest in wired[start:end]]
+            done = check_batch_reply(status, reply, part, lease, digests)
+            results.extend(done)
+            if len(done) < len(part) or any(isinstance(r, DeliveryError) for r in done):
+                return results
+            start, after = end, part[-1]["id"]
+        return results
+
+    def _batches_refused(self, status: int) -> None:
+        """The sink does not take batches: one event per request from now on."""
+        self.one_per_request = True
+        log.warning(
+            "sink %s answered %d to a batch: delivering one event per request from now on",
+            self.url,
+            status,
+            extra={"sink": str(self.url), "status": status},
         )
-        return check_batch_reply(status, reply, events, lease)
+
+    async def _deliver_each(
+        self, events: Sequence[Event], after: str | None, lease: Lease | None
+    ) -> list[BatchResult]:
+        """A batch's events one per request, in order, each naming the one before:
+        the verified prefix, then the first failure."""
+        results: list[BatchResult] = []
+        for event in events:
+            try:
+                results.append(await self.deliver(event, after, lease))
+            except DeliveryError as exc:
+                if not results:
+                    raise
+                results.append(exc)
+                return results
+            after = event["id"]
+        return results
 
     async def lookup(self, event_id: str) -> dict[str, object] | None:
         """The sink's inbox record for `event_id` (GET /events/{id}), None if it has none."""
@@ -226,12 +321,13 @@ class HttpSender:
         cap: int = 0,
         after: str | None = None,
         lease: Lease | None = None,
+        media: str = JSON,
     ) -> tuple[int, bytes]:
         """Send to the preferred URL (`path` below it), then to the next ones while
         none of them can be reached; the first reply is returned."""
         if self._session is None:
             raise RuntimeError("HttpSender is not open: use 'async with HttpSender(url)'")
-        headers = request_headers(body is not None, after, lease)
+        headers = request_headers(body is not None, after, lease, media)
         cap = cap or self._max_reply_bytes
         unreachable: list[tuple[URL, _Unreachable]] = []
         for index in failover_order(self._preferred, len(self.urls)):
@@ -321,9 +417,11 @@ def failover_order(first: int, count: int) -> list[int]:
     return [(first + step) % count for step in range(count)]
 
 
-def request_headers(has_body: bool, after: str | None, lease: Lease | None) -> dict[str, str]:
+def request_headers(
+    has_body: bool, after: str | None, lease: Lease | None, media: str = JSON
+) -> dict[str, str]:
     """The headers of one request beyond the session's. Pure."""
-    headers = {"Content-Type": "application/json"} if has_body else {}
+    headers = {"Content-Type": media} if has_body else {}
     if after is not None:
         headers[PREDECESSOR_HEADER] = after
     if lease is not None:
@@ -413,7 +511,11 @@ BatchResult = dict[str, object] | DeliveryError
 
 
 def check_batch_reply(
-    status: int, reply: bytes, events: Sequence[Event], lease: Lease | None = None
+    status: int,
+    reply: bytes,
+    events: Sequence[Event],
+    lease: Lease | None = None,
+    digests: Sequence[str] | None = None,
 ) -> list[BatchResult]:
     """Verify a batch reply position by position. Pure.
 
@@ -432,10 +534,12 @@ def check_batch_reply(
     acks = parsed.get("acks") if isinstance(parsed, dict) else None
     if not isinstance(acks, list) or len(acks) > len(events):
         raise NotAcknowledged(f"{events[0]['id']}: batch reply has no valid acks list")
+    if digests is None:
+        digests = [payload_digest(event) for event in events]
     results: list[BatchResult] = []
-    for event, ack in zip(events, acks, strict=False):
+    for event, ack, digest in zip(events, acks, digests, strict=False):
         try:
-            results.append(check_ack(ack, event["id"], payload_digest(event)))
+            results.append(check_ack(ack, event["id"], digest))
         except InvalidAck as exc:
             results.append(NotAcknowledged(f"{event['id']}: {exc}", status=status))
             return results

@@ -1,9 +1,10 @@
-"""`publisher accept --file`: orders from a JSON Lines file, fed to the outbox in
-batches.
+"""`publisher accept --file`: orders and events from a JSON Lines file, fed to the
+outbox in batches.
 
-One order (a JSON object) per line; blank lines are skipped. Up to MAX_ACCEPT lines
-go to `Outbox.accept_many` at a time, one transaction each. A line that fails (not
-JSON, longer than an order may be, not a valid order, a conflict) fails alone and
+One order `{id, sku, qty}` or event `{id, type, key, data}` (a JSON object) per line;
+blank lines are skipped. Up to MAX_ACCEPT lines go to `Outbox.record_many` at a time,
+one transaction each. A line that fails (not JSON, longer than an event may be, not
+a valid order or event, a conflict) fails alone and
 changes nothing; it is reported as `NAME:LINE: what` and the other lines of its batch
 are recorded. A batch the database cannot take is not written at all: it is reported
 with its line range, and nothing after it is read.
@@ -20,14 +21,22 @@ from typing import BinaryIO, Final
 from plumbing.bodies import parse_json
 from plumbing.http_errors import BadRequest
 from plumbing.storage import StorageError
-from publisher.store import MAX_ACCEPT, IntakeOutcome, Outbox
-from shared import MAX_BODY_BYTES, Conflict, InvalidEvent
+from publisher.store import (
+    MAX_ACCEPT,
+    EventCheck,
+    IntakeOutcome,
+    Outbox,
+    Publication,
+    checked,
+    checked_order,
+)
+from shared import MAX_BODY_BYTES, Conflict, InvalidEvent, checked_event
 
 SKIP_CHUNK_BYTES: Final = 64 * 1024  # how much of an overlong line is read at a time
 
 
 class TooLong(Exception):
-    """The line is longer than an order may be (MAX_BODY_BYTES, as POST /orders)."""
+    """The line is longer than an event may be (MAX_BODY_BYTES)."""
 
 
 @dataclass
@@ -81,23 +90,28 @@ def what_failed(exc: Exception) -> str:
         detail = exc.body.get("detail")
         return f"{exc}: {detail}" if detail else str(exc)
     if isinstance(exc, InvalidEvent):
-        return f"invalid order: {exc}"
+        return f"invalid {'event' if exc.field.startswith('/') else 'order'}: {exc}"
     if isinstance(exc, Conflict):
         return f"conflict: {exc}"
     return str(exc)
 
 
 async def feed(
-    outbox: Outbox, lines: Iterator[Line], name: str, report: Callable[[str], None]
+    outbox: Outbox,
+    lines: Iterator[Line],
+    name: str,
+    report: Callable[[str], None],
+    check: EventCheck = checked_event,
 ) -> Tally:
-    """Accept every line's order, MAX_ACCEPT lines per transaction; `report` gets one
+    """Record every line's order or event (`is_order` tells them apart; an event is
+    validated by `check`), MAX_ACCEPT lines per transaction; `report` gets one
     `NAME:LINE: what` message per failed line, in line order. If the database fails
     a batch, one `NAME:FIRST-LAST: ...` message for its lines, and nothing more is
     read (`stopped`)."""
     tally = Tally()
     while batch := list(itertools.islice(lines, MAX_ACCEPT)):
         try:
-            outcomes = await _accept_lines(outbox, batch)
+            outcomes = await _accept_lines(outbox, batch, check)
         except StorageError as exc:
             first, last = batch[0][0], batch[-1][0]
             where = f"{first}-{last}" if last > first else str(first)
@@ -116,10 +130,20 @@ async def feed(
 
 
 async def _accept_lines(
-    outbox: Outbox, batch: list[Line]
+    outbox: Outbox, batch: list[Line], check: EventCheck
 ) -> list[IntakeOutcome | BadRequest | TooLong]:
-    """Each line's outcome, the lines that hold JSON accepted in one transaction."""
+    """Each line's outcome, the lines that hold JSON recorded in one transaction."""
     values = [parsed(text) for _, text in batch]
-    orders = [value for value in values if not isinstance(value, BadRequest | TooLong)]
-    recorded = iter(await outbox.accept_many(orders) if orders else [])
+    items: list[Publication | InvalidEvent] = [
+        checked_order(value) if is_order(value) else checked(value, check)
+        for value in values
+        if not isinstance(value, BadRequest | TooLong)
+    ]
+    recorded = iter(await outbox.record_many(items) if items else [])
     return [v if isinstance(v, BadRequest | TooLong) else next(recorded) for v in values]
+
+
+def is_order(value: object) -> bool:
+    """Whether a line holds an order of the example's intake (`{id, sku, qty}`, no
+    `type`) rather than an event."""
+    return isinstance(value, dict) and "type" not in value and ("sku" in value or "qty" in value)

@@ -82,7 +82,7 @@ class Relay:
         self._global = self._runner.line(None)
         self._lanes = (
             LanesSupervisor(outbox, self._runner, policy, self._signals, settings, self.keeper)
-            if settings.ordering == "sku"
+            if settings.ordering == "key"
             else None
         )
 

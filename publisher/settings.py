@@ -37,7 +37,7 @@ RENEWALS_PER_TTL: Final = 3
 MARGIN_SHARE: Final = 0.2  # of the ttl: the worker's view ends this much before the outbox's
 _WORKER_ID: Final = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 
-Ordering = Literal["global", "sku"]
+Ordering = Literal["global", "key", "sku"]  # "sku": the name "key" had for orders
 
 
 def default_worker_id() -> str:
@@ -117,8 +117,9 @@ class RelaySettings:
     per request (POST /events). `pipeline`: requests in flight per line (1 to 16);
     above 1 each names the one before for the sink's predecessor check, and more
     than one is in flight only once the sink's replies say it enforces that check.
-    `ordering`: one line for every entry (global), or one lane per SKU with up to
-    `max_lanes` in flight. `poll_interval_s`: how often to look for entries written
+    `ordering`: one line for every entry (global), or one lane per event key with up
+    to `max_lanes` in flight ("key"; events without a key share the lane "*"; "sku"
+    is taken as "key"). `poll_interval_s`: how often to look for entries written
     by other processes (at once instead where the outbox signals intake:
     PostgreSQL's NOTIFY), and for a blocked head that an operator took out of the
     line. `retry`: the waits after a failure, and the opt-in quarantine after N
@@ -140,7 +141,9 @@ class RelaySettings:
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
-        if self.ordering not in ("global", "sku") or self.max_lanes < 1:
+        if self.ordering == "sku":
+            object.__setattr__(self, "ordering", "key")
+        if self.ordering not in ("global", "key") or self.max_lanes < 1:
             raise ValueError(f"bad ordering {self.ordering!r} or max_lanes {self.max_lanes}")
         if not 1 <= self.pipeline <= MAX_DEPTH:
             raise ValueError(f"pipeline depth {self.pipeline} is not between 1 and {MAX_DEPTH}")

@@ -13,14 +13,28 @@ from __future__ import annotations
 
 import contextlib
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 from plumbing.storage import Opening, StoreBase
-from shared import MAX_BATCH, Conflict, Event, InvalidEvent, Lease, validate_event
+from shared import (
+    GLOBAL_LINE,
+    MAX_BATCH,
+    Conflict,
+    Event,
+    InvalidEvent,
+    Lease,
+    checked_event,
+    order_canonical,
+    order_event,
+    validate_order,
+)
+from shared import Order as OrderFields
+
+T = TypeVar("T")
 
 MAX_READ: Final = 256  # entries one pending read may return (a pipelined relay reads ahead)
 PRUNE_BATCH: Final = 500  # sent rows deleted per transaction by prune
@@ -28,12 +42,32 @@ DELIVERED_PAST_KEPT: Final = 100  # IDs kept in a quarantine record's delivered_
 WORKERS_KEPT_S: Final = 3600.0  # a relay worker not seen for this long is forgotten
 MAX_PAGE: Final = 1000  # entries one entries() page may return
 MAX_INTERVALS: Final = 1000  # spans one sent_per_interval() read may count
-MAX_ACCEPT: Final = 500  # orders one accept_many call (one POST /orders/batch) may hold
+MAX_ACCEPT: Final = 500  # events one publish_many (or accept_many) call may hold
 
 Intake = Literal["accepted", "duplicate"]
-# One order's outcome in accept_many: what accept would have returned, or the
-# exception it would have raised for that order alone.
+# One event's outcome in publish_many: what publish would have returned, or the
+# exception it would have raised for that event alone.
 IntakeOutcome = Intake | Conflict | InvalidEvent
+# How intake validates an event: the validated event and its canonical form, or
+# InvalidEvent. The default is shared.checked_event; a service adds its limits and
+# schemas (publisher.event_rules).
+EventCheck = Callable[[object], "tuple[Event, str]"]
+
+
+def lane_of(event: Event) -> str:
+    """The lane an event is on in order by key: its key's, or the global line's for
+    an event without a key (no key is "*": the global line's name is not a key)."""
+    return event.get("key", GLOBAL_LINE)
+
+
+class Publication(NamedTuple):
+    """One validated event to record: the event, its canonical form (what the outbox
+    stores, compares and digests), and the order it records when it came through
+    the order intake (the example's `orders` row is written with its entry)."""
+
+    event: Event
+    canonical: str
+    order: OrderFields | None = None
 
 
 class State(StrEnum):
@@ -43,9 +77,9 @@ class State(StrEnum):
 
 
 class Pending(NamedTuple):
-    """One pending entry as the relay reads it. `lane` is its line in per-SKU order,
-    as the outbox stored it (every backend fills it); None from a store that knows no
-    lanes (the library's dispatch over a plain store)."""
+    """One pending entry as the relay reads it. `lane` is its line in order by key:
+    the event's key as the outbox stored it (None for an event without a key, and
+    from a store that knows no lanes: the library's dispatch over a plain store)."""
 
     seq: int
     event: Event
@@ -63,12 +97,12 @@ class Mark(NamedTuple):
 
 @dataclass(frozen=True)
 class Entry:
-    """One outbox row as an operator sees it; `lane` is its line in per-SKU order,
-    as the outbox stored it."""
+    """One outbox row as an operator sees it; `lane` is its line in order by key,
+    as the outbox stored it (None: the event has no key)."""
 
     seq: int
     event: Event
-    lane: str
+    lane: str | None
     state: State
     queued_at: float
     sent_at: float | None
@@ -239,12 +273,28 @@ def check_ttl(ttl_s: float) -> None:
         raise ValueError(f"a lease lasts a positive number of seconds, not {ttl_s!r}")
 
 
-def _checked(event: object) -> Event | InvalidEvent:
-    """The validated event (a copy), or the InvalidEvent that says what is wrong."""
+def checked(event: object, check: EventCheck = checked_event) -> Publication | InvalidEvent:
+    """The validated event to record, or the InvalidEvent that says what is wrong."""
     try:
-        return validate_event(event)
+        return Publication(*check(event))
     except InvalidEvent as exc:
         return exc
+
+
+def checked_order(order: object) -> Publication | InvalidEvent:
+    """The order.placed event of a validated order, or the InvalidEvent that says
+    what is wrong with the order."""
+    try:
+        valid = validate_order(order)
+    except InvalidEvent as exc:
+        return exc
+    return Publication(order_event(valid), order_canonical(valid), valid)
+
+
+def _capped(events: Sequence[T]) -> Sequence[T]:
+    if len(events) > MAX_ACCEPT:
+        raise ValueError(f"at most {MAX_ACCEPT} events in one call, got {len(events)}")
+    return events
 
 
 def check_limit(limit: object, most: int = MAX_BATCH) -> int:
@@ -257,8 +307,10 @@ def check_limit(limit: object, most: int = MAX_BATCH) -> int:
 NO_SEQ_ABOVE: Final = 2**62  # above every seq: where a page of sent entries starts
 
 
-def page_params(state: State, limit: int, after: int | None, sku: str | None) -> dict[str, object]:
-    """The parameters of one page of entries() (limit, after, sku), checked: ValueError
+def page_params(
+    state: State, limit: int, after: int | None, key: str | None, event_type: str | None = None
+) -> dict[str, object]:
+    """The parameters of one page of entries() (limit, after, key, type), checked: ValueError
     for a `limit` outside 1 to MAX_PAGE or an `after` that is no seq (0 or more).
     Sent entries are listed newest first, so their page starts below `after`."""
     check_limit(limit, MAX_PAGE)
@@ -266,7 +318,7 @@ def page_params(state: State, limit: int, after: int | None, sku: str | None) ->
         raise ValueError(f"after must be a seq (an integer from 0), got {after!r}")
     if after is None:
         after = NO_SEQ_ABOVE if state is State.SENT else 0
-    return {"limit": limit, "after": after, "sku": sku}
+    return {"limit": limit, "after": after, "key": key, "type": event_type}
 
 
 def interval_params(interval_s: float, intervals: int, now: float) -> dict[str, object]:
@@ -337,38 +389,58 @@ class Outbox(StoreBase):
         thread only while no other is in progress); this default ignores it."""
         return contextlib.nullcontext()
 
-    async def accept(self, event: object) -> Intake:
-        """Validate the event and record the order and its outbox entry in one
-        transaction: both or neither. The same ID with the same payload again is
-        "duplicate" and changes nothing; with another payload, Conflict. Returns once
-        the order is durable. Concurrent calls may share a transaction (group
-        commit); each still succeeds or fails on its own."""
-        [outcome] = await self.accept_many([event])
+    async def publish(self, event: object, check: EventCheck = checked_event) -> Intake:
+        """Validate the event (`check`) and record its outbox entry in one
+        transaction. The same ID with the same canonical event again is "duplicate"
+        and changes nothing; with anything different (type, key or data), Conflict.
+        Returns once the entry is durable. Concurrent calls may share a transaction
+        (group commit); each still succeeds or fails on its own."""
+        [outcome] = await self.publish_many([event], check)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
-    async def accept_many(self, events: Sequence[object]) -> list[IntakeOutcome]:
-        """Validate and record up to MAX_ACCEPT orders (ValueError for more) in one
-        transaction, and return one outcome per order, in their order: "accepted",
-        "duplicate", or the Conflict or InvalidEvent that order alone failed with
+    async def publish_many(
+        self, events: Sequence[object], check: EventCheck = checked_event
+    ) -> list[IntakeOutcome]:
+        """Validate and record up to MAX_ACCEPT events (ValueError for more) in one
+        transaction, and return one outcome per event, in their order: "accepted",
+        "duplicate", or the Conflict or InvalidEvent that event alone failed with
         (it changed nothing; the others are recorded). The same ID twice in the
         list is judged as two calls one after the other would be. StorageError if
         the database cannot take them: then nothing of them is written."""
-        if len(events) > MAX_ACCEPT:
-            raise ValueError(f"at most {MAX_ACCEPT} orders in one call, got {len(events)}")
-        checked = [_checked(event) for event in events]
-        valid = [event for event in checked if not isinstance(event, InvalidEvent)]
+        return await self.record_many([checked(event, check) for event in _capped(events)])
+
+    async def accept(self, order: object) -> Intake:
+        """`publish` for an order of the example's intake (`{id, sku, qty}`): its
+        `orders` row and its entry, the event `order.placed`, in one transaction."""
+        [outcome] = await self.accept_many([order])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def accept_many(self, orders: Sequence[object]) -> list[IntakeOutcome]:
+        """`publish_many` for orders (see `accept`)."""
+        return await self.record_many([checked_order(order) for order in _capped(orders)])
+
+    async def record_many(
+        self, checked: Sequence[Publication | InvalidEvent]
+    ) -> list[IntakeOutcome]:
+        """Record events validated already (`checked`, `checked_order`), orders and
+        other events mixed, in one transaction, as publish_many does; an InvalidEvent
+        among them is its own outcome."""
+        valid = [item for item in _capped(checked) if not isinstance(item, InvalidEvent)]
         recorded = iter(await self._queue(valid) if valid else [])
         return [
             outcome if isinstance(outcome, InvalidEvent) else next(recorded) for outcome in checked
         ]
 
     @abstractmethod
-    async def _queue(self, events: list[Event]) -> list[Intake | Conflict]:
-        """Record validated orders and their outbox entries in one transaction (each
-        order all or nothing), durable before this returns; one outcome per order.
-        StorageError, nothing written, if the database cannot take them."""
+    async def _queue(self, items: list[Publication]) -> list[Intake | Conflict]:
+        """Record validated events (and the orders among them) and their outbox
+        entries in one transaction (each event all or nothing), durable before this
+        returns; one outcome per event. StorageError, nothing written, if the
+        database cannot take them."""
 
     # ------------------------------------------------------------------ the relay
 
@@ -500,13 +572,20 @@ class Outbox(StoreBase):
 
     @abstractmethod
     async def entries(
-        self, state: State, limit: int = 100, *, after: int | None = None, sku: str | None = None
+        self,
+        state: State,
+        limit: int = 100,
+        *,
+        after: int | None = None,
+        key: str | None = None,
+        type: str | None = None,
     ) -> list[Entry]:
         """Entries in one state: pending and quarantined oldest first, sent newest first.
 
         A page: `after` is the seq of the last entry of the previous page (the next
         page starts past it in the listing's order: above it for pending and
-        quarantined, below it for sent); `sku` keeps the entries of that SKU only.
+        quarantined, below it for sent); `key` keeps the entries of that key only (its
+        lane; "*" for events without a key), `type` those of that event type.
         ValueError for a `limit` outside 1 to MAX_PAGE or a negative `after`."""
 
     @abstractmethod

@@ -18,6 +18,7 @@ from publisher.http import HttpSender
 from publisher.lines_view import LinesView, describe_lease, lines_view
 from publisher.store import Entry, LineLease, Order, Outbox, QuarantineRecord, Snapshot, State
 from shared import GLOBAL_LINE, payload_digest
+from shared.event import data_preview
 
 
 class Proof(StrEnum):
@@ -81,7 +82,7 @@ def build_trace(
     global line, those that were ever leased.
     """
     stages = [
-        _accepted(order),
+        _accepted(order, entry),
         _queued(order, entry),
         _received(entry, sink),
         _acknowledged(order, entry),
@@ -96,7 +97,7 @@ def build_trace(
 
 def _lines_of(order: Order | None, entry: Entry | None, leases: LinesView) -> list[LineLease]:
     # The entry's lane as the outbox stored it; once the entry is pruned, its order's
-    # SKU (the lane it had).
+    # SKU (the lane an order's event had).
     lane = entry.lane if entry is not None else None if order is None else order.sku
     names = [GLOBAL_LINE] if lane is None else [lane, GLOBAL_LINE]
     return [lease for name in names if (lease := leases.of(name)) is not None]
@@ -114,16 +115,24 @@ def _waiting_behind(entry: Entry, snapshot: Snapshot) -> list[str]:
     for lane in snapshot.blocked_lanes:
         if lane.lane == entry.lane and lane.id != entry.id:
             lines.append(
-                f"per-SKU order: behind lane {lane.lane} head {lane.id}, "
+                f"order by key: behind lane {lane.lane} head {lane.id}, "
                 f"blocked since {when(lane.blocked_since)}"
             )
     return lines
 
 
-def _accepted(order: Order | None) -> Stage:
-    if order is None:
-        return Stage("accepted", Proof.NOT_PROVEN, "no order row")
-    detail = f"order row {order.sku} x{order.qty}, {when(order.accepted_at)}"
+def _accepted(order: Order | None, entry: Entry | None) -> Stage:
+    """An order is accepted with its order row; any other event with its entry (the
+    same transaction records both)."""
+    if order is not None:
+        detail = f"order row {order.sku} x{order.qty}, {when(order.accepted_at)}"
+        return Stage("accepted", Proof.PROVEN, detail)
+    if entry is None:
+        return Stage("accepted", Proof.NOT_PROVEN, "no order row and no outbox row")
+    event = entry.event
+    key = event.get("key")
+    detail = f"event {event['type']}" + ("" if key is None else f" key {key}")
+    detail += f" data {data_preview(event['data'], 60)}, {when(entry.queued_at)}"
     return Stage("accepted", Proof.PROVEN, detail)
 
 

@@ -7,6 +7,7 @@ made in one place.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,7 +56,15 @@ async def connect(path: str | Path) -> aiosqlite.Connection:
 
 
 def prepare(conn: sqlite3.Connection, migrations: Sequence[str]) -> None:
-    """Set the pragmas and bring the schema up to date (on the database thread)."""
+    """Set the pragmas, add our functions and bring the schema up to date (on the
+    database thread)."""
     for pragma in PRAGMAS:
         conn.execute(pragma)
+    conn.create_function("sha256_hex", 1, sha256_hex, deterministic=True)
     migrate(conn, migrations)
+
+
+def sha256_hex(text: str | None) -> str | None:
+    """SQL `sha256_hex(text)`: SHA-256 of the text's UTF-8 form, in hex (PostgreSQL's
+    `encode(sha256(convert_to(text, 'UTF8')), 'hex')`); NULL for NULL."""
+    return None if text is None else hashlib.sha256(text.encode()).hexdigest()

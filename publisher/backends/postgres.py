@@ -70,6 +70,7 @@ from publisher.store import (
     Order,
     Outbox,
     Pending,
+    Publication,
     QuarantineRecord,
     RelayWorker,
     Snapshot,
@@ -79,9 +80,10 @@ from publisher.store import (
     check_ttl,
     counts_by_interval,
     interval_params,
+    lane_of,
     page_params,
 )
-from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json
+from shared import MAX_BATCH, Conflict, Lease
 from shared.ack import ack_json
 
 T = TypeVar("T")
@@ -112,7 +114,7 @@ class PostgresOutbox(Outbox):
         self._marks: GroupCommit[_Marks, None] = GroupCommit(
             db, lambda conn, calls: _mark_groups(conn, calls, source)
         )
-        self._intake: GroupCommit[list[Event], list[Intake | Conflict]] = GroupCommit(
+        self._intake: GroupCommit[list[Publication], list[Intake | Conflict]] = GroupCommit(
             db, self._accept_group
         )
 
@@ -217,14 +219,14 @@ class PostgresOutbox(Outbox):
 
     # ------------------------------------------------------------------ intake
 
-    async def _queue(self, events: list[Event]) -> list[Intake | Conflict]:
+    async def _queue(self, items: list[Publication]) -> list[Intake | Conflict]:
         """Record the orders and their outbox entries in one transaction, in one
         round trip. Intake asked for while another is being committed is committed
         together in the next transaction (group commit): the commit-order lock, held
         until commit, is then taken once for the group instead of once per order,
         and the relay hears one NOTIFY for the group (the server delivers a
         transaction's identical notifications once)."""
-        return await self._intake.submit(events)
+        return await self._intake.submit(items)
 
     # ------------------------------------------------------------------ the relay
 
@@ -410,14 +412,20 @@ class PostgresOutbox(Outbox):
         return entry_of(rows[0]) if rows else None
 
     async def entries(
-        self, state: State, limit: int = 100, *, after: int | None = None, sku: str | None = None
+        self,
+        state: State,
+        limit: int = 100,
+        *,
+        after: int | None = None,
+        key: str | None = None,
+        type: str | None = None,
     ) -> list[Entry]:
         query = {
             State.PENDING: sql.ENTRIES_PENDING,
             State.QUARANTINED: sql.ENTRIES_QUARANTINED,
             State.SENT: sql.ENTRIES_SENT,
         }[state]
-        params = page_params(state, limit, after, sku)
+        params = page_params(state, limit, after, key, type)
         return [entry_of(row) for row in await self._db.query(query, params)]
 
     async def sent_per_interval(self, interval_s: float, intervals: int) -> list[int]:
@@ -471,7 +479,7 @@ class PostgresOutbox(Outbox):
     # ------------------------------------------------------------------ helpers
 
     async def _accept_group(
-        self, conn: Conn, calls: list[list[Event]]
+        self, conn: Conn, calls: list[list[Publication]]
     ) -> list[list[Intake | Conflict] | Exception]:
         """Intake of several callers in one transaction, one statement sent with its
         BEGIN and COMMIT as one message; one outcome per call. Should the transaction
@@ -485,9 +493,9 @@ class PostgresOutbox(Outbox):
             if len(calls) == 1:
                 raise
         outcomes: list[list[Intake | Conflict] | Exception] = []
-        for events in calls:
+        for items in calls:
             try:
-                outcomes.append(await _accept_together(conn, events, now))
+                outcomes.append(await _accept_together(conn, items, now))
             except psycopg.Error as exc:
                 outcomes.append(StorageError(f"{self.location}: {describe(exc)}"))
         return outcomes
@@ -501,26 +509,31 @@ class PostgresOutbox(Outbox):
                 return await read(conn)
 
 
-def accept_params(event: Event, now: float) -> dict[str, Any]:
+def accept_params(item: Publication, now: float) -> dict[str, Any]:
     """The parameters of postgres_sql.ACCEPT for one validated event."""
+    event, order = item.event, item.order
     return {
         "id": event["id"],
-        "sku": event["sku"],
-        "qty": event["qty"],
+        "type": event["type"],
+        "key": lane_of(event),
+        "sku": None if order is None else order["sku"],
+        "qty": None if order is None else order["qty"],
         "now": now,
-        "payload": canonical_json(event),
+        "payload": item.canonical,
         "lock_ns": sql.INTAKE_LOCK_NS,
         "channel": sql.CHANNEL,
     }
 
 
-def intake_result(event: Event, queued: object, stored: str | None) -> Intake:
-    """ "accepted" if ACCEPT queued the entry; else the order was there already, and
-    `stored` is what the outbox holds for its ID (STORED_PAYLOAD, None if nothing):
-    "duplicate" if it is the same payload, Conflict if not (rows.judged_again)."""
+def intake_result(item: Publication, queued: object, known: tuple[Any, ...] | None) -> Intake:
+    """ "accepted" if ACCEPT queued the entry; else the ID was known already, and
+    `known` is what the outbox holds for it (KNOWN's row: the stored payload and the
+    pruned digest): "duplicate" if it is the same event, Conflict if not
+    (rows.judged_again)."""
     if queued is not None:
         return "accepted"
-    return judged_again(event, stored)
+    stored, digest = (None, None) if known is None else known
+    return judged_again(item, stored, digest)
 
 
 async def _find(conn: Conn, event_id: str) -> Entry:
@@ -533,26 +546,30 @@ async def _find(conn: Conn, event_id: str) -> Entry:
 
 
 def _per_call(
-    calls: list[list[Event]], outcomes: list[Intake | Conflict]
+    calls: list[list[Publication]], outcomes: list[Intake | Conflict]
 ) -> list[list[Intake | Conflict] | Exception]:
     """The outcomes of the calls' events, all in one list, cut back into one per call."""
-    ends = list(itertools.accumulate(len(events) for events in calls))
-    return [outcomes[end - len(events) : end] for events, end in zip(calls, ends, strict=True)]
+    ends = list(itertools.accumulate(len(items) for items in calls))
+    return [outcomes[end - len(items) : end] for items, end in zip(calls, ends, strict=True)]
 
 
-async def _accept_together(conn: Conn, events: list[Event], now: float) -> list[Intake | Conflict]:
-    """Intake of `events` in one durable transaction, one message to the server
-    (ACCEPT_MANY): the first order of each ID goes in, and every order is judged
-    against the payload then stored for its ID, as calls one after another would be."""
-    firsts: dict[str, Event] = {}
-    for event in events:
-        firsts.setdefault(event["id"], event)
-    payloads = [canonical_json(event) for event in firsts.values()]
+async def _accept_together(
+    conn: Conn, items: list[Publication], now: float
+) -> list[Intake | Conflict]:
+    """Intake of `items` in one durable transaction, one message to the server
+    (ACCEPT_MANY): the first event of each ID goes in, and every event is judged
+    against what is then known of its ID, as calls one after another would be."""
+    firsts: dict[str, Publication] = {}
+    for item in items:
+        firsts.setdefault(item.event["id"], item)
+    orders = [item.order for item in firsts.values()]
     params = {
         "ids": list(firsts),
-        "skus": [event["sku"] for event in firsts.values()],
-        "qtys": [event["qty"] for event in firsts.values()],
-        "payloads": payloads,
+        "types": [item.event["type"] for item in firsts.values()],
+        "keys": [lane_of(item.event) for item in firsts.values()],
+        "payloads": [item.canonical for item in firsts.values()],
+        "skus": [None if order is None else order["sku"] for order in orders],
+        "qtys": [None if order is None else order["qty"] for order in orders],
         "now": now,
         "lock_ns": sql.INTAKE_LOCK_NS,
         "channel": sql.CHANNEL,
@@ -560,25 +577,26 @@ async def _accept_together(conn: Conn, events: list[Event], now: float) -> list[
     row = await in_one_round_trip(conn, sql.ACCEPT_MANY.encode(), params)
     assert row is not None, "an aggregate returns one row"
     queued = {event_id for event_id, new in zip(firsts, row[0], strict=True) if new}
-    stored: dict[str, str] = {
-        event_id: payload
-        for event_id, payload in zip(firsts, row[1], strict=True)
-        if payload is not None
+    known: dict[str, tuple[str | None, str | None]] = {
+        event_id: (payload, digest)
+        for event_id, payload, digest in zip(firsts, row[1], row[2], strict=True)
+        if payload is not None or digest is not None
     }
-    # Queued by its first order: a later one in `events` is judged against that.
-    stored.update((i, payload) for i, payload in zip(firsts, payloads, strict=True) if i in queued)
-    raced = [i for i in firsts if i not in stored]
+    # Queued by its first event: a later one in `items` is judged against that.
+    known.update((i, (item.canonical, None)) for i, item in firsts.items() if i in queued)
+    raced = [i for i in firsts if i not in known]
     if raced:  # committed by a concurrent intake while ours waited for it: read it now
-        cursor = await conn.execute(sql.STORED_PAYLOADS.encode(), (raced,))
-        stored.update(await cursor.fetchall())
+        cursor = await conn.execute(sql.KNOWN_MANY.encode(), (raced,))
+        known.update((i, (payload, digest)) for i, payload, digest in await cursor.fetchall())
         await conn.rollback()
     outcomes: list[Intake | Conflict] = []
-    for event in events:
-        if event is firsts[event["id"]] and event["id"] in queued:
+    for item in items:
+        event_id = item.event["id"]
+        if item is firsts[event_id] and event_id in queued:
             outcomes.append("accepted")
             continue
         try:
-            outcomes.append(judged_again(event, stored.get(event["id"])))
+            outcomes.append(judged_again(item, *known.get(event_id, (None, None))))
         except Conflict as exc:
             outcomes.append(exc)
     return outcomes

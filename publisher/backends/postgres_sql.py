@@ -19,6 +19,24 @@ CHANNEL: Final = "outbox_intake"  # NOTIFY on it when an entry is queued: a sign
 INTAKE_LOCK_NS: Final = 0x6F627869  # held by each intake transaction until it commits
 RELAY_LOCK_NS: Final = 0x6F627872  # held by the relay's own connection while it delivers
 
+
+def _order_canonical(event_id: str, sku: str, qty: str) -> str:
+    """SQL for the canonical order.placed event of an order, from SQL expressions of
+    its fields (shared.event.order_canonical; an ID and a SKU need no JSON escaping)."""
+    return (
+        f"""'{{"data":{{"qty":' || {qty} || ',"sku":"' || {sku} || '"}},"id":"' || {event_id}"""
+        f""" || '","key":"' || {sku} || '","type":"order.placed"}}'"""
+    )
+
+
+def _sha256(text: str) -> str:
+    """SQL for the SHA-256 (hex) of a text expression's UTF-8 form (shared.digest_of)."""
+    return f"encode(sha256(convert_to({text}, 'UTF8')), 'hex')"
+
+
+_PREVIOUS_SKU: Final = "(payload::json ->> 'sku')"
+_PREVIOUS_QTY: Final = "(payload::json ->> 'qty')"
+
 MIGRATIONS: Final = (
     """
     CREATE TABLE orders (
@@ -94,104 +112,118 @@ MIGRATIONS: Final = (
     INSERT INTO outbox_source (id, source)
     VALUES (1, left(replace(gen_random_uuid()::text, '-', ''), 16));
     """,
+    # 3: events of any type. An entry's payload becomes the canonical event (RFC 8785
+    # of {id, type, key, data}) and its type a column; the previous release's entries,
+    # orders, become order.placed events keyed by their SKU (the canonical text
+    # shared.event.order_canonical writes). Entries no longer need an order, and what
+    # judges a known ID once its entry is pruned is the digest kept in outbox_pruned.
+    f"""
+    ALTER TABLE outbox DROP CONSTRAINT IF EXISTS outbox_id_fkey;
+    ALTER TABLE quarantines DROP CONSTRAINT IF EXISTS quarantines_id_fkey;
+    ALTER TABLE outbox ADD COLUMN type TEXT;
+    UPDATE outbox SET type = 'order.placed',
+        payload = {_order_canonical("id", _PREVIOUS_SKU, _PREVIOUS_QTY)},
+        lane = {_PREVIOUS_SKU};
+    ALTER TABLE outbox ALTER COLUMN type SET NOT NULL;
+    CREATE TABLE outbox_pruned (
+        id     TEXT PRIMARY KEY,
+        digest TEXT NOT NULL
+    );
+    INSERT INTO outbox_pruned (id, digest)
+    SELECT o.id, {_sha256(_order_canonical("o.id", "o.sku", "o.qty::text"))}
+    FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox AS e WHERE e.id = o.id);
+    """,
 )
 
 OUTBOX_OID: Final = "SELECT 'outbox'::regclass::oid::bigint"
 
 IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 
-# Intake, in one statement: the order, unless its ID is known; then the commit-order
-# lock; then the entry, whose seq (the identity's next value) is taken only once the
-# lock is held. The lock is held until the transaction ends, so no entry takes a seq
-# while one with a lower seq is still uncommitted: entries become visible in seq
+# Intake, in one statement: the commit-order lock, then the entry unless its ID is
+# known (in the outbox, or pruned from it), then the order row of an order whose
+# entry went in. The entry's seq (the identity's next value) is taken only once the
+# lock is held, and the lock is held until the transaction ends, so no entry takes a
+# seq while one with a lower seq is still uncommitted: entries become visible in seq
 # order, and a reader can never see seq 11 and later find seq 10 (see the README).
 # The lock's key is this outbox's (INTAKE_LOCK_NS and the OID of the `outbox` table
 # the statement writes to). NOTIFY is sent at commit. Returns one row (the seq) if
-# the entry was queued. accept_in (publisher.in_transaction) runs the same statement
-# in the caller's transaction.
-ACCEPT: Final = """
-    WITH new_order AS (
-        INSERT INTO orders (id, sku, qty, accepted_at)
-        VALUES (%(id)s, %(sku)s, %(qty)s, %(now)s)
-        ON CONFLICT (id) DO NOTHING
-        RETURNING id
-    ), in_commit_order AS (
+# the entry was queued. publish_in (publisher.in_transaction) runs the same
+# statement in the caller's transaction.
+_ENTRY: Final = """
+    INSERT INTO outbox (id, type, payload, queued_at, lane)
+    SELECT %(id)s, %(type)s, %(payload)s, %(now)s, %(key)s {source}
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_pruned WHERE id = %(id)s)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, seq
+"""
+_ORDER_OF_ENTRY: Final = """
+    INSERT INTO orders (id, sku, qty, accepted_at)
+    SELECT entry.id, %(sku)s, %(qty)s, %(now)s FROM entry WHERE %(sku)s::text IS NOT NULL
+    ON CONFLICT (id) DO NOTHING
+"""
+ACCEPT: Final = f"""
+    WITH in_commit_order AS (
         SELECT pg_advisory_xact_lock((%(lock_ns)s::bigint << 32) | 'outbox'::regclass::oid::bigint)
-        FROM new_order
-    ), entry AS (
-        INSERT INTO outbox (id, payload, queued_at, lane)
-        SELECT new_order.id, %(payload)s, %(now)s, %(sku)s FROM new_order, in_commit_order
-        RETURNING seq
-    )
+    ), entry AS ({_ENTRY.format(source="FROM in_commit_order")}
+    ), new_order AS ({_ORDER_OF_ENTRY})
     SELECT seq, pg_notify(%(channel)s, '') FROM entry
 """
 # The same without the lock, to show what it prevents (tests only).
-ACCEPT_WITHOUT_COMMIT_ORDER: Final = """
-    WITH new_order AS (
-        INSERT INTO orders (id, sku, qty, accepted_at)
-        VALUES (%(id)s, %(sku)s, %(qty)s, %(now)s)
-        ON CONFLICT (id) DO NOTHING
-        RETURNING id
-    ), entry AS (
-        INSERT INTO outbox (id, payload, queued_at, lane)
-        SELECT new_order.id, %(payload)s, %(now)s, %(sku)s FROM new_order
-        RETURNING seq
-    )
+ACCEPT_WITHOUT_COMMIT_ORDER: Final = f"""
+    WITH entry AS ({_ENTRY.format(source="")}
+    ), new_order AS ({_ORDER_OF_ENTRY})
     SELECT seq, pg_notify(%(channel)s, '') FROM entry
 """
 FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = %s"
-# What an order whose ID is known is judged against (rows.judged_again): the payload
-# the outbox stored for that ID. Once its entry is pruned (sent, then deleted), the
-# order row stands in: today an event is exactly its order's fields, so that row's
-# JSON is the payload it had (judged_again makes it canonical).
-_STORED: Final = (
-    "coalesce(stored.payload,"
-    " json_build_object('id', orders.id, 'qty', orders.qty, 'sku', orders.sku)::text)"
-)
+# What an event whose ID is known is judged against (rows.judged_again): the
+# canonical event its entry stores, or the digest kept once the entry was pruned.
 # Read after ACCEPT when it queued nothing, in a statement of its own (it sees an
-# order committed by a concurrent intake of the same ID, which ON CONFLICT waited for).
-STORED_PAYLOAD: Final = f"""
-    SELECT {_STORED} FROM orders LEFT JOIN outbox AS stored ON stored.id = orders.id
-    WHERE orders.id = %s
+# entry committed by a concurrent intake of the same ID, which ON CONFLICT waited for).
+KNOWN: Final = """
+    SELECT (SELECT payload FROM outbox WHERE id = %(id)s),
+        (SELECT digest FROM outbox_pruned WHERE id = %(id)s)
 """
-# A group's intake (every order of its calls, each ID once, in call order) in one
-# statement, as ACCEPT for each: the orders whose IDs are new, then the commit-order
-# lock, then their entries, whose seqs are taken in the orders' order (the identity
-# default is evaluated above the sort). One row of arrays in the orders' order:
-# whether each was queued, and the payload stored for an order known before the
-# statement began (_STORED; NULL for one queued now, or one a concurrent intake
-# committed meanwhile, which ON CONFLICT waited for: STORED_PAYLOADS reads those
-# afterwards). The stored entry is looked up by the ID of a known order: for a new
-# order that ID is NULL, which the outbox's ID index answers without a read.
-ACCEPT_MANY: Final = f"""
+# A group's intake (every event of its calls, each ID once, in call order) in one
+# statement, as ACCEPT for each: the commit-order lock, then the entries whose IDs
+# are new, their seqs taken in the events' order (the identity default is evaluated
+# above the sort), then the order rows of the orders among them. One row of arrays
+# in the events' order: whether each was queued, and what was known of its ID before
+# the statement began (the stored payload, or the pruned digest; NULL for one queued
+# now, or one a concurrent intake committed meanwhile, which ON CONFLICT waited for:
+# KNOWN_MANY reads those afterwards).
+ACCEPT_MANY: Final = """
     WITH batch AS (
-        SELECT * FROM unnest(%(ids)s::text[], %(skus)s::text[], %(qtys)s::bigint[],
-                             %(payloads)s::text[])
-                      WITH ORDINALITY AS b(id, sku, qty, payload, n)
-    ), new_order AS (
-        INSERT INTO orders (id, sku, qty, accepted_at)
-        SELECT id, sku, qty, %(now)s FROM batch ORDER BY n
-        ON CONFLICT (id) DO NOTHING
-        RETURNING id
+        SELECT * FROM unnest(%(ids)s::text[], %(types)s::text[], %(keys)s::text[],
+                             %(payloads)s::text[], %(skus)s::text[], %(qtys)s::bigint[])
+                      WITH ORDINALITY AS b(id, type, key, payload, sku, qty, n)
     ), in_commit_order AS (
         SELECT pg_advisory_xact_lock((%(lock_ns)s::bigint << 32) | 'outbox'::regclass::oid::bigint)
-        WHERE EXISTS (SELECT FROM new_order)
     ), entry AS (
-        INSERT INTO outbox (id, payload, queued_at, lane)
-        SELECT batch.id, batch.payload, %(now)s, batch.sku
-        FROM batch JOIN new_order USING (id), in_commit_order
+        INSERT INTO outbox (id, type, payload, queued_at, lane)
+        SELECT batch.id, batch.type, batch.payload, %(now)s, batch.key
+        FROM batch, in_commit_order
+        WHERE NOT EXISTS (SELECT 1 FROM outbox_pruned AS p WHERE p.id = batch.id)
         ORDER BY batch.n
+        ON CONFLICT (id) DO NOTHING
         RETURNING id, pg_notify(%(channel)s, '')
+    ), new_order AS (
+        INSERT INTO orders (id, sku, qty, accepted_at)
+        SELECT batch.id, batch.sku, batch.qty, %(now)s FROM batch JOIN entry USING (id)
+        WHERE batch.sku IS NOT NULL
+        ON CONFLICT (id) DO NOTHING
     )
     SELECT array_agg(entry.id IS NOT NULL ORDER BY batch.n),
-           array_agg(CASE WHEN orders.id IS NOT NULL THEN {_STORED} END ORDER BY batch.n)
-    FROM batch LEFT JOIN entry USING (id) LEFT JOIN orders USING (id)
-        LEFT JOIN outbox AS stored ON stored.id = orders.id
+           array_agg(stored.payload ORDER BY batch.n),
+           array_agg(pruned.digest ORDER BY batch.n)
+    FROM batch LEFT JOIN entry USING (id)
+        LEFT JOIN outbox AS stored ON stored.id = batch.id
+        LEFT JOIN outbox_pruned AS pruned ON pruned.id = batch.id
 """
-STORED_PAYLOADS: Final = f"""
-    SELECT orders.id, {_STORED}
-    FROM orders LEFT JOIN outbox AS stored ON stored.id = orders.id
-    WHERE orders.id = ANY(%s::text[])
+KNOWN_MANY: Final = """
+    SELECT k.id, stored.payload, pruned.digest
+    FROM unnest(%s::text[]) AS k(id)
+        LEFT JOIN outbox AS stored ON stored.id = k.id
+        LEFT JOIN outbox_pruned AS pruned ON pruned.id = k.id
 """
 
 PENDING: Final = (
@@ -326,7 +358,10 @@ ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = %s"
 ENTRY_BY_ID_FOR_UPDATE: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = %s FOR UPDATE"
 # One page of a listing: past the seq of the previous page's last entry, of one SKU
 # (its lane) if one is asked for (sku NULL: every SKU).
-_PAGE: Final = "(%(sku)s::text IS NULL OR lane = %(sku)s::text)"
+_PAGE: Final = (
+    "(%(key)s::text IS NULL OR lane = %(key)s::text)"
+    " AND (%(type)s::text IS NULL OR type = %(type)s::text)"
+)
 ENTRIES_PENDING: Final = (
     f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE {IS_PENDING} AND seq > %(after)s AND {_PAGE}"
     " ORDER BY seq LIMIT %(limit)s"
@@ -493,10 +528,18 @@ FENCED_RECORD_FAILURE: Final = """
     SELECT (SELECT epoch FROM fence)
 """
 
-PRUNE_SENT: Final = """
-    DELETE FROM outbox WHERE seq IN (
-        SELECT seq FROM outbox WHERE sent = 1 AND sent_at < %s ORDER BY sent_at LIMIT %s
+# Pruning keeps each entry's digest (outbox_pruned): a known ID is judged by it.
+# The statement's row count is the number of entries deleted.
+PRUNE_SENT: Final = f"""
+    WITH gone AS (
+        DELETE FROM outbox WHERE seq IN (
+            SELECT seq FROM outbox WHERE sent = 1 AND sent_at < %s ORDER BY sent_at LIMIT %s
+        )
+        RETURNING id, payload
     )
+    INSERT INTO outbox_pruned (id, digest)
+    SELECT id, {_sha256("payload")} FROM gone
+    ON CONFLICT (id) DO UPDATE SET digest = excluded.digest
 """
 
 # The relay lock: a session-level advisory lock on a connection of its own, waited

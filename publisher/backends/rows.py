@@ -16,11 +16,12 @@ from publisher.store import (
     Intake,
     LineLease,
     Pending,
+    Publication,
     QuarantineRecord,
     RelayWorker,
     State,
 )
-from shared import Conflict, Event, Lease, payload_digest
+from shared import Conflict, Lease, digest_of
 
 
 def pending_of(row: tuple[Any, ...]) -> Pending:
@@ -49,14 +50,17 @@ def entry_of(row: tuple[Any, ...]) -> Entry:
     )
 
 
-def judged_again(event: Event, stored: str | None) -> Intake:
-    """The outcome of an order whose ID the outbox already holds: "duplicate" if
-    `stored`, the JSON the outbox keeps for that ID (the backend's STORED_PAYLOAD),
-    has the digest of the event's canonical form; else Conflict (also when nothing is
-    stored). The stored JSON is made canonical again first, so that its key order and
-    spacing do not count, only its content."""
-    if stored is None or payload_digest(json.loads(stored)) != payload_digest(event):
-        raise Conflict(event["id"])
+def judged_again(item: Publication, stored: str | None, digest: str | None = None) -> Intake:
+    """The outcome of an event whose ID the outbox already holds: "duplicate" if it
+    is the same canonical event; else Conflict (also when nothing is known). What is
+    known is the canonical form its entry stores (`stored`) or, once that entry was
+    pruned, the digest kept of it (`digest`)."""
+    if stored is not None:
+        same = stored == item.canonical
+    else:
+        same = digest is not None and digest == digest_of(item.canonical)
+    if not same:
+        raise Conflict(item.event["id"])
     return "duplicate"
 
 

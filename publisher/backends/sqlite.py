@@ -47,6 +47,7 @@ from publisher.store import (
     Order,
     Outbox,
     Pending,
+    Publication,
     QuarantineRecord,
     RelayWorker,
     Snapshot,
@@ -56,9 +57,10 @@ from publisher.store import (
     check_ttl,
     counts_by_interval,
     interval_params,
+    lane_of,
     page_params,
 )
-from shared import MAX_BATCH, Conflict, Event, Lease, canonical_json
+from shared import MAX_BATCH, Conflict, Lease
 from shared.ack import ack_json
 from sqlite_tx import Database, InlineWrites, SqliteFile, transaction, unsynced
 
@@ -78,9 +80,9 @@ class _Marks(NamedTuple):
 
 
 class _Intake(NamedTuple):
-    """One intake call (accept, accept_many): its validated orders, and their time."""
+    """One intake call (publish_many, accept_many): its validated events, and their time."""
 
-    events: list[Event]
+    items: list[Publication]
     now: float
 
 
@@ -154,12 +156,12 @@ class SqliteOutbox(SqliteFile, Outbox):
         process dies (see publisher.backends.relay_lock)."""
         return relay_lock.relay_lock(self.path, owner)
 
-    async def _queue(self, events: list[Event]) -> list[Intake | Conflict]:
+    async def _queue(self, items: list[Publication]) -> list[Intake | Conflict]:
         """Intake asked for while another write is being committed is committed with
         the marks and intake waiting with it, in the next transaction (group commit),
         each call in a savepoint of its own; a group is taken after GATHER_PASSES
         passes of the loop and committed as _commit says."""
-        outcomes = await self._writes.submit(_Intake(events, time.time()))
+        outcomes = await self._writes.submit(_Intake(items, time.time()))
         assert outcomes is not None
         return outcomes
 
@@ -283,7 +285,13 @@ class SqliteOutbox(SqliteFile, Outbox):
         return None if row is None else entry_of(row)
 
     async def entries(
-        self, state: State, limit: int = 100, *, after: int | None = None, sku: str | None = None
+        self,
+        state: State,
+        limit: int = 100,
+        *,
+        after: int | None = None,
+        key: str | None = None,
+        type: str | None = None,
     ) -> list[Entry]:
         """Entries in one state: pending and quarantined oldest first, sent newest first."""
         query = {
@@ -291,7 +299,7 @@ class SqliteOutbox(SqliteFile, Outbox):
             State.QUARANTINED: sql.ENTRIES_QUARANTINED,
             State.SENT: sql.ENTRIES_SENT,
         }[state]
-        params = page_params(state, limit, after, sku)
+        params = page_params(state, limit, after, key, type)
         rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
         return [entry_of(row) for row in rows]
 
@@ -329,24 +337,34 @@ class SqliteOutbox(SqliteFile, Outbox):
         deleted = 0
         while True:
             # One short transaction per batch: intake waits at most one batch for the lock.
-            count = await self._db.run(
-                lambda conn: conn.execute(sql.PRUNE_SENT, (cutoff, batch)).rowcount
-            )
+            count = await self._db.run(lambda conn: _prune_batch(conn, cutoff, batch))
             deleted += count
             if count < batch:
                 return deleted
 
 
-def queue_order(conn: sqlite3.Connection, event: Event, now: float) -> Intake:
-    """The order and its outbox entry, in the transaction `conn` is in (intake's own,
-    or the caller's through publisher.in_transaction). SQLite lets one writer at a time take a
-    seq and commit, so entries become visible in seq order without a lock of ours."""
-    known = conn.execute(sql.STORED_PAYLOAD, (event["id"],)).fetchone()
-    if known is not None:
-        return judged_again(event, known[0])  # "duplicate", or Conflict
-    conn.execute(sql.INSERT_ORDER, (event["id"], event["sku"], event["qty"], now))
-    conn.execute(sql.INSERT_ENTRY, (event["id"], canonical_json(event), now, event["sku"]))
+def queue_event(conn: sqlite3.Connection, item: Publication, now: float) -> Intake:
+    """The event's outbox entry (and its order row, for an order), in the transaction
+    `conn` is in (intake's own, or the caller's through publisher.in_transaction).
+    SQLite lets one writer at a time take a seq and commit, so entries become visible
+    in seq order without a lock of ours."""
+    event, order = item.event, item.order
+    stored, digest = conn.execute(sql.KNOWN, {"id": event["id"]}).fetchone()
+    if stored is not None or digest is not None:
+        return judged_again(item, stored, digest)  # "duplicate", or Conflict
+    if order is not None:
+        conn.execute(sql.INSERT_ORDER, (order["id"], order["sku"], order["qty"], now))
+    row = (event["id"], event["type"], item.canonical, now, lane_of(event))
+    conn.execute(sql.INSERT_ENTRY, row)
     return "accepted"
+
+
+def _prune_batch(conn: sqlite3.Connection, cutoff: float, batch: int) -> int:
+    """Delete up to `batch` sent entries older than `cutoff`, keeping their digests."""
+    params = {"cutoff": cutoff, "batch": batch}
+    with transaction(conn):
+        conn.execute(sql.KEEP_PRUNED_DIGESTS, params)
+        return conn.execute(sql.PRUNE_SENT, params).rowcount
 
 
 def _pending_lanes(
@@ -417,20 +435,17 @@ def _write_groups(
 def _intake_all_new(
     conn: sqlite3.Connection, calls: list[_Write]
 ) -> list[_Written | Exception] | None:
-    """The common case of a group of several orders, in three statements: every
-    order new and each ID once, all accepted (one outcome per call, None for marks).
+    """The common case of a group of several events, in three statements: every
+    event new and each ID once, all accepted (one outcome per call, None for marks).
     None, with nothing written, in any other case (a known or repeated ID, or an
     insert that fails), for each call to be made on its own."""
     rows = [
-        [event["id"], event["sku"], event["qty"], call.now, canonical_json(event)]
-        for call in calls
-        if isinstance(call, _Intake)
-        for event in call.events
+        _row(item, call.now) for call in calls if isinstance(call, _Intake) for item in call.items
     ]
     ids = [row[0] for row in rows]
     if len(rows) < 2 or len(set(ids)) != len(ids):
         return None
-    if conn.execute(sql.ANY_ORDER_KNOWN, (json.dumps(ids),)).fetchone()[0]:
+    if conn.execute(sql.ANY_KNOWN, {"ids": json.dumps(ids)}).fetchone()[0]:
         return None
     batch = json.dumps(rows)
     conn.execute("SAVEPOINT all_new")
@@ -442,17 +457,22 @@ def _intake_all_new(
         conn.execute("RELEASE all_new")
         return None
     conn.execute("RELEASE all_new")
-    return [
-        ["accepted"] * len(call.events) if isinstance(call, _Intake) else None for call in calls
-    ]
+    return [["accepted"] * len(call.items) if isinstance(call, _Intake) else None for call in calls]
+
+
+def _row(item: Publication, now: float) -> list[object]:
+    """One event as a row of INSERT_ORDERS and INSERT_ENTRIES' JSON array."""
+    order, event = item.order, item.event
+    sku, qty = (None, None) if order is None else (order["sku"], order["qty"])
+    return [event["id"], sku, qty, now, item.canonical, lane_of(event), event["type"]]
 
 
 def _intake_call(conn: sqlite3.Connection, call: _Intake) -> list[Intake | Conflict] | Exception:
-    """One intake call's orders, in the caller's transaction: each order's outcome,
+    """One intake call's events, in the caller's transaction: each event's outcome,
     or the StorageError that undid all of them."""
     conn.execute("SAVEPOINT one_call")
     try:
-        outcomes = [_queue_or_conflict(conn, event, call.now) for event in call.events]
+        outcomes = [_queue_or_conflict(conn, item, call.now) for item in call.items]
     except sqlite3.Error as exc:
         conn.execute("ROLLBACK TO one_call")
         conn.execute("RELEASE one_call")
@@ -463,10 +483,12 @@ def _intake_call(conn: sqlite3.Connection, call: _Intake) -> list[Intake | Confl
     return outcomes
 
 
-def _queue_or_conflict(conn: sqlite3.Connection, event: Event, now: float) -> Intake | Conflict:
+def _queue_or_conflict(
+    conn: sqlite3.Connection, item: Publication, now: float
+) -> Intake | Conflict:
     try:
-        return queue_order(conn, event, now)
-    except Conflict as exc:  # raised before the order wrote anything
+        return queue_event(conn, item, now)
+    except Conflict as exc:  # raised before the event wrote anything
         return exc
 
 

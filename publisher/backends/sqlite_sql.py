@@ -4,6 +4,19 @@ from __future__ import annotations
 
 from typing import Final
 
+
+def _order_canonical(event_id: str, sku: str, qty: str) -> str:
+    """SQL for the canonical order.placed event of an order, from SQL expressions of
+    its fields (shared.event.order_canonical; an ID and a SKU need no JSON escaping)."""
+    return (
+        f"""'{{"data":{{"qty":' || {qty} || ',"sku":"' || {sku} || '"}},"id":"' || {event_id}"""
+        f""" || '","key":"' || {sku} || '","type":"order.placed"}}'"""
+    )
+
+
+_PREVIOUS_SKU: Final = "json_extract(payload, '$.sku')"
+_PREVIOUS_QTY: Final = "json_extract(payload, '$.qty')"
+
 MIGRATIONS: Final = (
     """
     CREATE TABLE orders (
@@ -85,38 +98,107 @@ MIGRATIONS: Final = (
     );
     INSERT INTO outbox_source (id, source) VALUES (1, lower(hex(randomblob(8))));
     """,
+    # 5: events of any type. An entry's payload becomes the canonical event (RFC 8785
+    # of {id, type, key, data}) and its type a column; the previous release's entries,
+    # orders, become order.placed events keyed by their SKU (written here as the
+    # canonical text shared.event.order_canonical writes). Entries no longer need an
+    # order (the tables are rebuilt without that reference, seqs kept), and what
+    # judges a known ID once its entry is pruned is the digest kept in outbox_pruned.
+    f"""
+    CREATE TABLE outbox_next (
+        seq              INTEGER PRIMARY KEY AUTOINCREMENT,
+        id               TEXT NOT NULL UNIQUE,
+        type             TEXT NOT NULL,
+        payload          TEXT NOT NULL,
+        queued_at        REAL NOT NULL,
+        sent             INTEGER NOT NULL DEFAULT 0 CHECK (sent IN (0, 1)),
+        sent_at          REAL,
+        ack              TEXT,
+        attempts         INTEGER NOT NULL DEFAULT 0,
+        last_error       TEXT,
+        last_attempt_at  REAL,
+        first_failure_at REAL,
+        quarantined      INTEGER NOT NULL DEFAULT 0 CHECK (quarantined IN (0, 1)),
+        lane             TEXT,
+        CHECK (NOT (sent = 1 AND quarantined = 1))
+    );
+    INSERT INTO outbox_next (seq, id, type, payload, queued_at, sent, sent_at, ack, attempts,
+        last_error, last_attempt_at, first_failure_at, quarantined, lane)
+    SELECT seq, id, 'order.placed', {_order_canonical("id", _PREVIOUS_SKU, _PREVIOUS_QTY)},
+        queued_at, sent, sent_at, ack, attempts, last_error, last_attempt_at,
+        first_failure_at, quarantined, {_PREVIOUS_SKU}
+    FROM outbox ORDER BY seq;
+    DELETE FROM sqlite_sequence WHERE name = 'outbox_next';
+    INSERT INTO sqlite_sequence (name, seq)
+    SELECT 'outbox_next', seq FROM sqlite_sequence WHERE name = 'outbox';
+    DROP TABLE outbox;
+    ALTER TABLE outbox_next RENAME TO outbox;
+    CREATE INDEX outbox_pending ON outbox (seq) WHERE sent = 0 AND quarantined = 0;
+    CREATE INDEX outbox_quarantined ON outbox (seq) WHERE quarantined = 1;
+    CREATE INDEX outbox_sent_at ON outbox (sent_at) WHERE sent = 1;
+    CREATE INDEX outbox_lane_pending ON outbox (lane, seq) WHERE sent = 0 AND quarantined = 0;
+    CREATE TABLE quarantines_next (
+        n                    INTEGER PRIMARY KEY AUTOINCREMENT,
+        id                   TEXT NOT NULL,
+        seq                  INTEGER NOT NULL,
+        reason               TEXT NOT NULL,
+        quarantined_by       TEXT NOT NULL,
+        quarantined_at       REAL NOT NULL,
+        released_by          TEXT,
+        released_at          REAL,
+        released_as          TEXT CHECK (released_as IN ('redriven', 'delivered')),
+        delivered_past_count INTEGER,
+        delivered_past       TEXT
+    );
+    INSERT INTO quarantines_next SELECT * FROM quarantines ORDER BY n;
+    DELETE FROM sqlite_sequence WHERE name = 'quarantines_next';
+    INSERT INTO sqlite_sequence (name, seq)
+    SELECT 'quarantines_next', seq FROM sqlite_sequence WHERE name = 'quarantines';
+    DROP TABLE quarantines;
+    ALTER TABLE quarantines_next RENAME TO quarantines;
+    CREATE INDEX quarantines_id ON quarantines (id);
+    CREATE TABLE outbox_pruned (
+        id     TEXT PRIMARY KEY,
+        digest TEXT NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO outbox_pruned (id, digest)
+    SELECT o.id, sha256_hex({_order_canonical("o.id", "o.sku", "o.qty")})
+    FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox AS e WHERE e.id = o.id);
+    """,
 )
 
 IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 
 FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = ?"
-# What an order whose ID is known is judged against (rows.judged_again): the payload
-# the outbox stored for that ID, found by the ID alone (the orders key, then the
-# outbox's unique ID index; a new ID costs the first lookup only). Once its entry is
-# pruned (sent, then deleted), the order row stands in: today an event is exactly
-# its order's fields, so that row's JSON is the payload it had.
-STORED_PAYLOAD: Final = """
-    SELECT coalesce(e.payload, json_object('id', o.id, 'qty', o.qty, 'sku', o.sku))
-    FROM orders AS o LEFT JOIN outbox AS e ON e.id = o.id WHERE o.id = ?
+# What an event whose ID is known is judged against (rows.judged_again): the
+# canonical event its entry stores, or the digest kept once the entry was pruned.
+# One row, both NULL for a new ID (two lookups by key).
+KNOWN: Final = """
+    SELECT (SELECT payload FROM outbox WHERE id = :id),
+        (SELECT digest FROM outbox_pruned WHERE id = :id)
 """
 INSERT_ORDER: Final = "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)"
-INSERT_ENTRY: Final = "INSERT INTO outbox (id, payload, queued_at, lane) VALUES (?, ?, ?, ?)"
-# A group's new orders in one statement each: a JSON array of [id, sku, qty, now,
-# payload] rows, inserted in array order (the entries' seq order). One statement
-# for many rows: on the database thread each statement waits to take the GIL back.
-ANY_ORDER_KNOWN: Final = (
-    "SELECT EXISTS (SELECT 1 FROM orders WHERE id IN (SELECT value FROM json_each(?)))"
+INSERT_ENTRY: Final = (
+    "INSERT INTO outbox (id, type, payload, queued_at, lane) VALUES (?, ?, ?, ?, ?)"
 )
+# A group's new events in one statement each: a JSON array of [id, sku, qty, now,
+# payload, key, type] rows (sku and qty null for an event that is not an order),
+# inserted in array order (the entries' seq order). One statement for many rows: on
+# the database thread each statement waits to take the GIL back.
+ANY_KNOWN: Final = """
+    SELECT EXISTS (SELECT 1 FROM outbox WHERE id IN (SELECT value FROM json_each(:ids)))
+        OR EXISTS (SELECT 1 FROM outbox_pruned WHERE id IN (SELECT value FROM json_each(:ids)))
+"""
 INSERT_ORDERS: Final = (
     "INSERT INTO orders (id, sku, qty, accepted_at)"
     " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
     " json_extract(value, '$[2]'), json_extract(value, '$[3]')"
-    " FROM json_each(?) ORDER BY key"
+    " FROM json_each(?) WHERE json_extract(value, '$[1]') IS NOT NULL ORDER BY key"
 )
 INSERT_ENTRIES: Final = (
-    "INSERT INTO outbox (id, payload, queued_at, lane)"
-    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[4]'),"
-    " json_extract(value, '$[3]'), json_extract(value, '$[1]')"
+    "INSERT INTO outbox (id, type, payload, queued_at, lane)"
+    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[6]'),"
+    " json_extract(value, '$[4]'), json_extract(value, '$[3]'), json_extract(value, '$[5]')"
     " FROM json_each(?) ORDER BY key"
 )
 
@@ -188,9 +270,9 @@ ENTRY_COLUMNS: Final = (
     " last_attempt_at, first_failure_at, quarantined"
 )
 ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = ?"
-# One page of a listing: past the seq of the previous page's last entry, of one SKU
-# (its lane) if one is asked for (:sku NULL: every SKU).
-_PAGE: Final = "(:sku IS NULL OR lane = :sku)"
+# One page of a listing: past the seq of the previous page's last entry, of one key
+# (its lane) and of one type if asked for (NULL: every key, every type).
+_PAGE: Final = "(:key IS NULL OR lane = :key) AND (:type IS NULL OR type = :type)"
 ENTRIES_PENDING: Final = (
     f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE {IS_PENDING} AND seq > :after AND {_PAGE}"
     " ORDER BY seq LIMIT :limit"
@@ -304,8 +386,13 @@ HELD_BY_OTHERS: Final = """
 # holds the write lock, so no take can come in between the check and the write).
 LEASE_EPOCH: Final = "SELECT epoch FROM line_leases WHERE line = ?"
 
-PRUNE_SENT: Final = """
-    DELETE FROM outbox WHERE seq IN (
-        SELECT seq FROM outbox WHERE sent = 1 AND sent_at < ? ORDER BY sent_at LIMIT ?
-    )
+# Pruning keeps each entry's digest (outbox_pruned): a known ID is judged by it.
+_PRUNED_BATCH: Final = """
+    SELECT seq FROM outbox WHERE sent = 1 AND sent_at < :cutoff ORDER BY sent_at, seq
+    LIMIT :batch
 """
+KEEP_PRUNED_DIGESTS: Final = f"""
+    INSERT OR REPLACE INTO outbox_pruned (id, digest)
+    SELECT id, sha256_hex(payload) FROM outbox WHERE seq IN ({_PRUNED_BATCH})
+"""
+PRUNE_SENT: Final = f"DELETE FROM outbox WHERE seq IN ({_PRUNED_BATCH})"

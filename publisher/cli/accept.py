@@ -1,5 +1,5 @@
-"""`publisher accept`: record orders and their outbox entries, one from the options
-or one per line of a file."""
+"""`publisher accept`: record orders and events and their outbox entries, one order
+from the options or one order or event per line of a file."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def add_parsers(command: AddCommand) -> None:
     accept = command(
         "accept",
         "record orders and their outbox entries: one given by --id, --sku and --qty,"
-        " or one per line of a --file",
+        " or orders and events, one per line of a --file",
     )
     add_option(accept, "--id", help="business ID of the order")
     add_option(accept, "--sku", help="stock keeping unit")
@@ -36,8 +36,9 @@ def add_parsers(command: AddCommand) -> None:
         accept,
         "--file",
         metavar="PATH",
-        help="JSON Lines, one order (a JSON object) per line, - for stdin: recorded"
-        f" {MAX_ACCEPT} lines per transaction, a line that fails reported as PATH:LINE",
+        help="JSON Lines, one order {id, sku, qty} or event {id, type, key, data} per line,"
+        f" - for stdin: recorded {MAX_ACCEPT} lines per transaction, a line that fails"
+        " reported as PATH:LINE",
     )
 
 

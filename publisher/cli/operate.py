@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Final
 
 from plumbing.cli import EXIT_OK, add_option, duration_s, fail, non_empty, positive_int
@@ -26,7 +27,8 @@ from publisher.lines_view import LinesView, describe_lease, describe_worker, lin
 from publisher.settings import DEFAULT_LEASE_TTL_S
 from publisher.store import Entry, Outbox, QuarantineRecord, State
 from publisher.trace import collect_trace, render_trace, when
-from shared import GLOBAL_LINE
+from shared import GLOBAL_LINE, InvalidEvent
+from shared.event import data_preview, validate_key, validate_type
 
 
 def add_parsers(command: AddCommand) -> None:
@@ -49,6 +51,10 @@ def add_parsers(command: AddCommand) -> None:
         help="which entries",
     )
     add_option(listing, "--limit", type=positive_int, default=100, help="at most this many")
+    add_option(listing, "--type", type=event_type, help="only events of this type")
+    add_option(
+        listing, "--key", type=event_key, help="only events of this key (*: those without one)"
+    )
     add_option(listing, "--json", action="store_true", help="one JSON object per line")
 
     quarantine = command("quarantine", "take a pending entry out of the line")
@@ -104,7 +110,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 def _print_lines(lines: LinesView, ttl_s: float) -> None:
     """The workers and the lines they hold; lines released or expired without an
-    owner are counted, not listed (there is one per SKU ever delivered)."""
+    owner are counted, not listed (there is one per key ever delivered)."""
     workers = ", ".join(lines.workers) or "none"
     print(f"workers      {len(lines.workers)} holding leases: {workers}")
     for worker in lines.relay_workers:
@@ -117,9 +123,26 @@ def _print_lines(lines: LinesView, ttl_s: float) -> None:
         print(f"lines free   {len(lines.leases) - len(shown)} (released, any worker may take them)")
 
 
+def event_type(text: str) -> str:
+    """argparse type for --type: a well-formed event type."""
+    return _field(validate_type, text)
+
+
+def event_key(text: str) -> str:
+    """argparse type for --key: a well-formed ordering key, or "*" (events without one)."""
+    return text if text == GLOBAL_LINE else _field(validate_key, text)
+
+
+def _field(validate: Callable[[object], str], text: str) -> str:
+    try:
+        return validate(text)
+    except InvalidEvent as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from exc
+
+
 async def cmd_list(args: argparse.Namespace) -> int:
     async with Outbox.open(args.db) as outbox:
-        entries = await outbox.entries(State(args.state), args.limit)
+        entries = await outbox.entries(State(args.state), args.limit, key=args.key, type=args.type)
         history = await outbox.quarantine_history([e.id for e in entries])
         lines = await lines_view(outbox)
     for entry in entries:
@@ -136,7 +159,7 @@ def _delivered_by(entry: Entry, lines: LinesView) -> dict[str, object] | None:
     line's, whichever a worker holds (None: no worker holds either now)."""
     if entry.state is not State.PENDING:
         return None
-    for line in (entry.lane, GLOBAL_LINE):
+    for line in (entry.lane or GLOBAL_LINE, GLOBAL_LINE):
         lease = lines.of(line)
         if lease is not None and lease.held:
             return lease.to_dict()
@@ -155,8 +178,8 @@ def _entry_json(
 
 def _entry_line(entry: Entry, records: list[QuarantineRecord], lines: LinesView) -> str:
     line = (
-        f"{entry.seq:>8} {entry.id} {entry.event['sku']} x{entry.event['qty']} "
-        f"{entry.state} attempts={entry.attempts}"
+        f"{entry.seq:>8} {entry.id} {entry.event['type']} key={entry.event.get('key', '-')} "
+        f"{data_preview(entry.event['data'], 60)} {entry.state} attempts={entry.attempts}"
     )
     lease = _delivered_by(entry, lines)
     if lease is not None:

@@ -38,7 +38,7 @@ from publisher.cli.options import (
     worker_id,
 )
 from publisher.console import ConsoleSettings
-from publisher.http import TIMEOUT_S
+from publisher.http import DEFAULT_SOURCE, TIMEOUT_S
 from publisher.retry import RetryPolicy
 from publisher.settings import (
     DEFAULT_DEPTH,
@@ -50,6 +50,8 @@ from publisher.settings import (
     worker_id_for,
 )
 from shared import MAX_BATCH
+from shared.event import MAX_DATA_BYTES, MAX_DATA_BYTES_LIMIT
+from shared.schemas import SchemaError, Schemas
 
 DEFAULT_PORT: Final = 8000
 CONSOLE_TOKEN_ENV: Final = "OUTBOX_CONSOLE_TOKEN"
@@ -133,16 +135,17 @@ def _add_delivery_options(serve: ArgumentParser) -> None:
     add_option(
         serve,
         "--ordering",
-        choices=["global", "sku"],
+        choices=["global", "key", "sku"],
         default="global",
-        help="global: one line for all entries; sku: order per SKU, SKUs in parallel",
+        help="global: one line for all entries; key: order per event key, keys in parallel"
+        " (events without a key share one lane); sku: the same as key",
     )
     add_option(
         serve,
         "--lanes",
         type=positive_int,
         default=MAX_LANES,
-        help="with --ordering sku: at most this many SKUs in flight at once",
+        help="with --ordering key: at most this many keys in flight at once",
     )
     add_option(
         serve,
@@ -162,12 +165,52 @@ def _add_delivery_options(serve: ArgumentParser) -> None:
     )
 
 
+def _add_event_options(serve: ArgumentParser) -> None:
+    """What intake takes as an event, and how the events are named on the wire."""
+    add_option(
+        serve,
+        "--max-data-bytes",
+        type=data_bytes,
+        default=MAX_DATA_BYTES,
+        help=f"the most an event's data may take, encoded (1 to {MAX_DATA_BYTES_LIMIT:,})",
+    )
+    add_option(
+        serve,
+        "--schemas",
+        metavar="DIR",
+        help="a directory of JSON Schemas (2020-12), one TYPE.json per event type:"
+        " an event of a type that has one must match it",
+    )
+    add_option(
+        serve,
+        "--strict-types",
+        action="store_true",
+        help="with --schemas: refuse an event whose type has no schema",
+    )
+    add_option(
+        serve,
+        "--source",
+        default=DEFAULT_SOURCE,
+        help="the CloudEvents source attribute of the events sent (a URI reference)",
+    )
+
+
+def data_bytes(text: str) -> int:
+    """argparse type for --max-data-bytes."""
+    value = positive_int(text)
+    if value > MAX_DATA_BYTES_LIMIT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_DATA_BYTES_LIMIT:,}")
+    return value
+
+
 def _add_service_options(serve: ArgumentParser) -> None:
     """What the service takes: tokens, the console, the HTTP side, its logs."""
+    _add_event_options(serve)
     add_option(
         serve,
         "--intake-token-file",
-        help=f"file holding the bearer token POST /orders needs (or {INTAKE_TOKEN_ENV})",
+        help="file holding the bearer token intake (POST /orders, POST /events) needs"
+        f" (or {INTAKE_TOKEN_ENV})",
     )
     add_option(
         serve,
@@ -207,6 +250,14 @@ async def cmd_serve(args: argparse.Namespace) -> int:
             f"--intake-token-file or {INTAKE_TOKEN_ENV}, or say --insecure"
         )
         return fail(PROG, message, EXIT_USAGE)
+    if args.strict_types and args.schemas is None:
+        return fail(PROG, "--strict-types needs --schemas DIR", EXIT_USAGE)
+    try:
+        schemas = (
+            None if args.schemas is None else Schemas.load(args.schemas, strict=args.strict_types)
+        )
+    except SchemaError as exc:
+        return fail(PROG, str(exc), EXIT_USAGE)
     setup_logging(args.log_format)
     settings = ServiceSettings(
         db=args.db,
@@ -215,6 +266,9 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         token=load_token(args.token_file),
         send_timeout_s=args.send_timeout,
         intake_token=intake_token,
+        max_data_bytes=args.max_data_bytes,
+        schemas=schemas,
+        source=args.source,
         guard=http_guard_of(args),
         relay=RelaySettings(
             limit=args.limit,

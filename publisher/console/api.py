@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from aiohttp import web
 
@@ -27,7 +27,7 @@ from publisher.errors import InvalidTransition, UnknownEntry
 from publisher.http import HttpSender
 from publisher.store import MAX_PAGE, NO_SEQ_ABOVE, Outbox, State
 from publisher.trace import collect_trace
-from shared import InvalidEvent, validate_event_id, validate_sku
+from shared import GLOBAL_LINE, InvalidEvent, validate_event_id, validate_key, validate_type
 
 COOKIE: Final = "outbox_console"
 CSRF_HEADER: Final = "X-CSRF-Token"
@@ -140,21 +140,37 @@ async def get_overview(request: web.Request) -> web.Response:
     return web.json_response(await read_overview(_outbox(request)))
 
 
-def _page(query: Mapping[str, str]) -> tuple[State, int, int | None, str | None]:
-    """state, limit, after and sku of GET /console/api/entries, or BadRequest 400."""
+class Page(NamedTuple):
+    state: State
+    limit: int
+    after: int | None
+    key: str | None
+    type: str | None
+
+
+def _page(query: Mapping[str, str]) -> Page:
+    """state, limit, after, key and type of GET /console/api/entries (`sku` is taken
+    as `key`, its name when every event was an order), or BadRequest 400."""
     try:
         state = State(query.get("state", State.PENDING.value))
     except ValueError:
         raise BadRequest(400, "invalid", "state must be pending, quarantined or sent") from None
     limit = _number(query, "limit", 1, MAX_PAGE)
     after = _number(query, "after", 0, NO_SEQ_ABOVE)
-    sku = query.get("sku") or None
-    if sku is not None:
-        try:
-            validate_sku(sku)
-        except InvalidEvent as exc:
-            raise BadRequest(400, "invalid", f"bad SKU: {exc.problem}", field="sku") from exc
-    return state, PAGE_SIZE if limit is None else limit, after, sku
+    key = query.get("key") or query.get("sku") or None
+    if key is not None and key != GLOBAL_LINE:
+        _checked_field(validate_key, key, "key")
+    event_type = query.get("type") or None
+    if event_type is not None:
+        _checked_field(validate_type, event_type, "type")
+    return Page(state, PAGE_SIZE if limit is None else limit, after, key, event_type)
+
+
+def _checked_field(validate: Callable[[object], str], text: str, name: str) -> None:
+    try:
+        validate(text)
+    except InvalidEvent as exc:
+        raise BadRequest(400, "invalid", f"bad {name}: {exc.problem}", field=name) from exc
 
 
 def _number(query: Mapping[str, str], name: str, low: int, high: int) -> int | None:
@@ -170,16 +186,18 @@ def _number(query: Mapping[str, str], name: str, low: int, high: int) -> int | N
 
 
 async def get_entries(request: web.Request) -> web.Response:
-    """One page of entries in one state, optionally of one SKU, or the one entry
+    """One page of entries in one state, optionally of one key and one type, or the one entry
     with `id`; `next_after` is the `after` of the next page (null: no more)."""
     outbox = _outbox(request)
     if request.query.get("id"):
         found = await outbox.entry(_checked_id(request.query["id"]))
         entries = [] if found is None else [found]
         return web.json_response({"entries": [e.to_dict() for e in entries], "next_after": None})
-    state, limit, after, sku = _page(request.query)
-    entries = await outbox.entries(state, limit, after=after, sku=sku)
-    more = entries[-1].seq if len(entries) == limit else None
+    page = _page(request.query)
+    entries = await outbox.entries(
+        page.state, page.limit, after=page.after, key=page.key, type=page.type
+    )
+    more = entries[-1].seq if len(entries) == page.limit else None
     return web.json_response({"entries": [e.to_dict() for e in entries], "next_after": more})
 
 
