@@ -23,7 +23,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.procs import ChaosError, read_first_line, terminate
-from shared import Event, Receipt, make_ack, payload_digest
+from shared import Event, Order, Receipt, make_ack, order_event, payload_digest, validate_order
 
 if TYPE_CHECKING:
     from conftest import RunCli
@@ -81,14 +81,20 @@ def stop_process(proc: subprocess.Popen[bytes]) -> int:
 # ---------------------------------------------------------------- test data
 
 
-def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
-    """An order as a client sends it and the sink receives it."""
+def event(event_id: str, sku: str = "snack", qty: int = 1) -> Order:
+    """An order as a client sends it to the order intake (POST /orders, accept)."""
     return {"id": event_id, "sku": sku, "qty": qty}
 
 
-def ack(one: Event, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
-    """The ACK a sink gives for `one`: applied unless `receipt` says otherwise."""
-    return make_ack(one["id"], receipt, payload_digest(one))
+def as_event(one: Event | Order) -> Event:
+    """`one` as the event the relay sends: an order becomes its order.placed event."""
+    return one if "type" in one else order_event(validate_order(one))  # type: ignore[return-value]
+
+
+def ack(one: Event | Order, receipt: Receipt = Receipt.APPLIED) -> dict[str, str]:
+    """The ACK a sink gives for `one` (an event, or an order as the event it is sent
+    as): applied unless `receipt` says otherwise."""
+    return make_ack(one["id"], receipt, payload_digest(as_event(one)))
 
 
 def padded(document: object, size: int) -> bytes:
@@ -96,6 +102,28 @@ def padded(document: object, size: int) -> bytes:
     body = json.dumps(document).encode()
     assert len(body) <= size
     return body + b" " * (size - len(body))
+
+
+def sent_events(body: Any) -> list[Event]:
+    """The events a parsed request body of the publisher carries: a CloudEvent
+    (structured mode), an array of them (batched mode), or the previous release's
+    `{"events": [...]}` of orders."""
+    if isinstance(body, dict) and "events" in body:
+        return [as_event(one) for one in body["events"]]
+    envelopes = body if isinstance(body, list) else [body]
+    events: list[Event] = []
+    for envelope in envelopes:
+        one: Event = {"id": envelope["id"], "type": envelope["type"], "data": envelope["data"]}
+        if "partitionkey" in envelope:
+            one["key"] = envelope["partitionkey"]
+        events.append(one)
+    return events
+
+
+def placed(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
+    """The order.placed event the order `event(event_id, sku, qty)` is recorded as:
+    what the relay sends and the sink stores."""
+    return order_event(validate_order(event(event_id, sku, qty)))
 
 
 def numbered_event(n: int, sku: str = "snack", qty: int = 1) -> Event:

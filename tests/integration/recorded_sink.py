@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 from relay_lines import Line, lines
-from support import ASYNC_POLL_S, WAIT_S
+from support import ASYNC_POLL_S, WAIT_S, sent_events
 
 from plumbing.http_errors import Handler, Middleware
 from publisher.http import BatchResult, HttpSender
@@ -60,7 +60,7 @@ class Recorder:
     handling: dict[Line, list[Seen]] = field(default_factory=dict)
 
     def arrive(self, events: list[Any], after: str | None) -> Seen:
-        line = events[0]["sku"] if self.by_sku else None
+        line = events[0].get("key") if self.by_sku else None
         current = self.handling.setdefault(line, [])
         seen = Seen(
             len(self.requests),
@@ -96,7 +96,7 @@ class Recorder:
 
 
 def posted_events(request: web.Request, body: Any) -> list[Any]:
-    return list(body["events"]) if request.path.endswith("/batch") else [body]
+    return sent_events(body)
 
 
 def recording(recorder: Recorder) -> Middleware:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from support import LOOPBACK
+from support import LOOPBACK, sent_events
 
 from shared import LEASE_HEADER, make_ack, payload_digest
 from shared.ack import Receipt
@@ -35,13 +35,13 @@ class StubSink:
         return app
 
     async def _one(self, request: web.Request) -> web.Response:
-        sent = await self._record(request)
+        [sent] = sent_events(await self._record(request))
         if self.status != 200:
             return web.json_response({"error": "stub"}, status=self.status)
         return web.json_response(make_ack(sent["id"], Receipt.APPLIED, payload_digest(sent)))
 
     async def _batch(self, request: web.Request) -> web.Response:
-        sent = (await self._record(request))["events"]
+        sent = sent_events(await self._record(request))
         if self.status != 200:
             return web.json_response({"error": "stub"}, status=self.status)
         acks = [make_ack(e["id"], Receipt.APPLIED, payload_digest(e)) for e in sent]

@@ -26,7 +26,7 @@ from publisher import HttpSender, Outbox
 from publisher.cli.dispatch import deliver_pending
 from publisher.settings import RelaySettings
 from publisher.store import State
-from shared import Conflict
+from shared import Conflict, digest_of, order_canonical, order_event, validate_order
 from sink import Inbox, create_app
 
 if TYPE_CHECKING:
@@ -88,6 +88,29 @@ async def test_both_sides_open_and_every_row_is_there(written: Written) -> None:
         assert record is not None and record.deliveries == 1
 
 
+async def test_its_entries_become_order_placed_events_in_their_canonical_form(
+    written: Written,
+) -> None:
+    async with Outbox.open(written.source) as outbox:
+        assert await outbox.pending() == [
+            order_event(validate_order({"id": "o-4", "sku": "snack", "qty": 4})),
+            order_event(validate_order({"id": "o-5", "sku": "juice", "qty": 5})),
+            order_event(validate_order({"id": "o-6", "sku": "tea", "qty": 6})),
+        ]
+    rows = query(
+        written.source,
+        "SELECT o.id, o.sku, o.qty, e.type, e.payload, e.lane"
+        " FROM outbox AS e JOIN orders AS o ON o.id = e.id ORDER BY e.seq",
+    )
+    assert len(rows) == 5
+    for event_id, sku, qty, event_type, payload, lane in rows:
+        order = validate_order({"id": event_id, "sku": sku, "qty": qty})
+        assert (event_type, payload, lane) == ("order.placed", order_canonical(order), sku)
+    pruned = query(written.source, "SELECT id, digest FROM outbox_pruned")
+    o1 = order_canonical(validate_order({"id": "o-1", "sku": "snack", "qty": 1}))
+    assert pruned == [("o-1", digest_of(o1))]
+
+
 async def test_a_known_id_is_judged_against_what_the_previous_release_stored(
     written: Written,
 ) -> None:
@@ -97,7 +120,7 @@ async def test_a_known_id_is_judged_against_what_the_previous_release_stored(
         assert await outbox.accept({"id": "o-2", "sku": "juice", "qty": 2}) == "duplicate"
         assert await outbox.accept({"id": "o-5", "sku": "juice", "qty": 5}) == "duplicate"
         for changed in (
-            {"id": "o-1", "sku": "snack", "qty": 9},  # pruned: judged by its order row
+            {"id": "o-1", "sku": "snack", "qty": 9},  # pruned: judged by the digest kept
             {"id": "o-2", "sku": "tea", "qty": 2},
             {"id": "o-5", "sku": "juice", "qty": 6},
         ):
