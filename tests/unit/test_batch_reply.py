@@ -6,14 +6,14 @@ import json
 from typing import Any
 
 import pytest
-from support import ack
+from support import ack, placed
 
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.http import check_batch_reply, check_reply
 from shared import Receipt, make_ack, payload_digest
 from shared.event import Event
 
-EVENTS: list[Event] = [{"id": f"order-{n}", "sku": "snack", "qty": n} for n in range(1, 6)]
+EVENTS: list[Event] = [placed(f"order-{n}", "snack", n) for n in range(1, 6)]
 
 
 def body(acks: list[Any], rejected: object = None) -> bytes:
@@ -74,7 +74,7 @@ def test_acks_in_swapped_order_fail_at_the_first_swap(k: int) -> None:
 @pytest.mark.parametrize("k", [0, 3])
 def test_digest_mismatch_at_position_k_ends_the_prefix_there(k: int) -> None:
     acks = [ack(e) for e in EVENTS]
-    stored_other: Event = {**EVENTS[k], "qty": EVENTS[k]["qty"] + 1}
+    stored_other = placed(EVENTS[k]["id"], "snack", EVENTS[k]["data"]["qty"] + 1)
     acks[k] = make_ack(EVENTS[k]["id"], Receipt.APPLIED, payload_digest(stored_other))
     results = check_batch_reply(200, body(acks), EVENTS)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import placed
 
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected
 from publisher.http import check_reply
 from shared import Receipt, make_ack, payload_digest
 from shared.event import Event
 
-EVENT: Event = {"id": "order-1", "sku": "snack", "qty": 7}
+EVENT: Event = placed("order-1", "snack", 7)
 DIGEST = payload_digest(EVENT)
 GOOD = json.dumps(make_ack("order-1", Receipt.APPLIED, DIGEST)).encode()
 REDIRECTS = [300, 301, 302, 303, 307, 308]
@@ -56,7 +57,7 @@ def test_200_with_ack_for_another_id_is_not_acknowledged() -> None:
 
 
 def test_200_with_a_different_digest_is_not_acknowledged() -> None:
-    other = payload_digest({"id": "order-1", "sku": "snack", "qty": 8})
+    other = payload_digest(placed("order-1", "snack", 8))
     reply = json.dumps(make_ack("order-1", Receipt.APPLIED, other)).encode()
     assert not isinstance(failure(200, reply), Rejected)
 

@@ -1,0 +1,151 @@
+"""What the relay puts on the wire: CloudEvents in structured mode for one event and
+batched mode for a batch, cut at the byte cap, and one event per request for a
+consumer that takes no batches. Real aiohttp servers on loopback that record each
+request as it arrived."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from aiohttp import web
+from support import placed
+
+from publisher import HttpSender
+from shared import PREDECESSOR_HEADER, Event, Receipt, make_ack, payload_digest
+from shared.cloudevents import BATCHED, STRUCTURED
+
+if TYPE_CHECKING:
+    from conftest import Serve
+
+PAYMENT: Event = {
+    "id": "p-1",
+    "type": "payment.captured",
+    "key": "c-9",
+    "data": {"amount_cents": 1999, "note": "caf\u00e9 \U0001f600", "lines": [{"x": 1.5}]},
+}
+KEYLESS: Event = {"id": "p-2", "type": "audit.noted", "data": {"by": "alice"}}
+
+
+@dataclass
+class Consumer:
+    """ACKs what it is sent; with `batches=False` it answers 404 to /events/batch,
+    as a consumer that takes one event per request does."""
+
+    batches: bool = True
+    requests: list[tuple[str, str, str | None, Any]] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/events", self._one)
+        app.router.add_post("/events/batch", self._batch)
+        return app
+
+    def _record(self, request: web.Request, body: Any) -> None:
+        self.requests.append(
+            (request.path, request.content_type, request.headers.get(PREDECESSOR_HEADER), body)
+        )
+
+    async def _one(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self._record(request, body)
+        return web.json_response(make_ack(body["id"], Receipt.APPLIED, _digest(body)))
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self._record(request, body)
+        if not self.batches:
+            return web.json_response({"error": "no such route"}, status=404)
+        acks = [make_ack(one["id"], Receipt.APPLIED, _digest(one)) for one in body]
+        return web.json_response({"acks": acks, "rejected": None})
+
+
+def _digest(envelope: dict[str, Any]) -> str:
+    event: Event = {"id": envelope["id"], "type": envelope["type"], "data": envelope["data"]}
+    if "partitionkey" in envelope:
+        event["key"] = envelope["partitionkey"]
+    return payload_digest(event)
+
+
+async def _url(serve: Serve, consumer: Consumer) -> str:
+    return f"{await serve(consumer.app())}/events"
+
+
+async def test_one_event_goes_in_structured_mode(serve: Serve) -> None:
+    consumer = Consumer()
+    async with HttpSender(await _url(serve, consumer), source="urn:shop:payments") as sender:
+        ack = await sender.deliver(PAYMENT)
+    assert ack["sha256"] == payload_digest(PAYMENT)
+    [(path, media, _, body)] = consumer.requests
+    assert (path, media) == ("/events", STRUCTURED)
+    assert body["specversion"] == "1.0"
+    assert (body["id"], body["type"], body["source"]) == (
+        "p-1",
+        "payment.captured",
+        "urn:shop:payments",
+    )
+    assert (body["partitionkey"], body["datacontenttype"]) == ("c-9", "application/json")
+    assert body["data"] == PAYMENT["data"]
+    assert body["time"].endswith("Z")
+
+
+async def test_a_batch_goes_in_batched_mode_and_an_event_without_a_key_has_no_partitionkey(
+    serve: Serve,
+) -> None:
+    consumer = Consumer()
+    async with HttpSender(await _url(serve, consumer)) as sender:
+        results = await sender.deliver_batch([PAYMENT, KEYLESS])
+    assert [r["ack"] for r in results if isinstance(r, dict)] == ["p-1", "p-2"]
+    [(path, media, _, body)] = consumer.requests
+    assert (path, media) == ("/events/batch", BATCHED)
+    assert [one["id"] for one in body] == ["p-1", "p-2"]
+    assert "partitionkey" not in body[1]
+
+
+async def test_a_batch_over_the_byte_cap_is_cut_in_order_each_part_naming_the_one_before(
+    serve: Serve,
+) -> None:
+    consumer = Consumer()
+    events = [placed(f"o-{n}") for n in range(6)]
+    one_body = 260  # each structured body of these is a little under this
+    async with HttpSender(await _url(serve, consumer), max_batch_body_bytes=2 * one_body) as sender:
+        results = await sender.deliver_batch(events, after="o-before")
+    assert [r["ack"] for r in results if isinstance(r, dict)] == [e["id"] for e in events]
+    parts = [[one["id"] for one in body] for *_, body in consumer.requests]
+    assert [i for part in parts for i in part] == [e["id"] for e in events]
+    assert len(parts) > 1 and all(len(part) <= 2 for part in parts)
+    afters = [after for _, _, after, _ in consumer.requests]
+    assert afters == ["o-before"] + [part[-1] for part in parts[:-1]]
+
+
+async def test_a_consumer_that_takes_no_batches_gets_one_event_per_request_from_then_on(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    consumer = Consumer(batches=False)
+    caplog.set_level(logging.WARNING, logger="publisher.http")
+    async with HttpSender(await _url(serve, consumer)) as sender:
+        first = await sender.deliver_batch([PAYMENT, KEYLESS])
+        second = await sender.deliver_batch([placed("o-1"), placed("o-2")])
+    assert [r["ack"] for r in first + second if isinstance(r, dict)] == ["p-1", "p-2", "o-1", "o-2"]
+    paths = [path for path, *_ in consumer.requests]
+    assert paths == ["/events/batch"] + ["/events"] * 4  # one refused batch, then singles
+    assert [after for _, _, after, _ in consumer.requests[1:3]] == [None, "p-1"]
+    said = [r.getMessage() for r in caplog.records if "one event per request" in r.getMessage()]
+    assert len(said) == 1 and "404" in said[0]
+
+
+async def test_a_sink_that_stored_something_else_is_not_acknowledged(serve: Serve) -> None:
+    async def wrong(request: web.Request) -> web.Response:
+        body = await request.json()
+        other = dict(body, data={**body["data"], "amount_cents": 1})
+        return web.json_response(make_ack(body["id"], Receipt.APPLIED, _digest(other)))
+
+    app = web.Application()
+    app.router.add_post("/events", wrong)
+    async with HttpSender(f"{await serve(app)}/events") as sender:
+        with pytest.raises(Exception, match="digest"):
+            await sender.deliver(PAYMENT)
+    assert json.dumps(PAYMENT)  # the event itself is plain JSON
