@@ -29,8 +29,18 @@ from hypothesis import strategies as st
 from plumbing.openapi import OPENAPI_PATH, document_bytes, load_document
 from publisher.app import ServiceSettings
 from publisher.app import create_app as create_publisher
-from shared import MAX_BATCH, InvalidEvent, validate_event, validate_event_id, validate_sku
-from shared.event import FIELDS, ID_MAX_CHARS, QTY_MAX, QTY_MIN, SKU_MAX_CHARS
+from shared import MAX_BATCH, InvalidEvent, validate_event_id, validate_sku
+from shared.event import (
+    EVENT_FIELDS,
+    FIELDS,
+    ID_MAX_CHARS,
+    KEY_MAX_CHARS,
+    QTY_MAX,
+    QTY_MIN,
+    SKU_MAX_CHARS,
+    TYPE_MAX_CHARS,
+    validate_order,
+)
 from sink import create_app as create_sink
 
 if TYPE_CHECKING:
@@ -59,6 +69,8 @@ PINNED: dict[str, dict[tuple[str, str], set[int]]] = {
     "publisher": {
         ("POST", "/orders"): {200, 201, 400, 401, 409} | POST | GUARD | STORAGE,
         ("POST", "/orders/batch"): {200, 400, 401} | POST | GUARD | STORAGE,
+        ("POST", "/events"): {200, 201, 400, 401, 409} | POST | GUARD | STORAGE,
+        ("POST", "/events/batch"): {200, 400, 401} | POST | GUARD | STORAGE,
         ("GET", "/status"): {200} | GUARD | STORAGE,
         ("GET", "/metrics"): {200} | GUARD | STORAGE,
         ("GET", "/healthz"): {200} | GUARD,
@@ -222,10 +234,15 @@ def event_schemas(name: str) -> dict[str, Any]:
 
 def test_the_event_schema_is_the_one_shared_enforces(name: str) -> None:
     schemas = event_schemas(name)
+    order = schemas["Order"]
+    assert order["required"] == list(FIELDS) and list(order["properties"]) == list(FIELDS)
+    assert order["additionalProperties"] is False
     event = schemas["Event"]
-    assert event["required"] == list(FIELDS) and list(event["properties"]) == list(FIELDS)
-    assert event["additionalProperties"] is False
-    qty = event["properties"]["qty"]
+    assert event["required"] == ["id", "type", "data"] and event["additionalProperties"] is False
+    assert list(event["properties"]) == list(EVENT_FIELDS)
+    for schema, most in (("EventType", TYPE_MAX_CHARS), ("Key", KEY_MAX_CHARS)):
+        assert (schemas[schema]["minLength"], schemas[schema]["maxLength"]) == (1, most)
+    qty = order["properties"]["qty"]
     assert (qty["type"], qty["minimum"], qty["maximum"]) == ("integer", QTY_MIN, QTY_MAX)
     assert (schemas["EventId"]["minLength"], schemas["EventId"]["maxLength"]) == (1, ID_MAX_CHARS)
     assert (schemas["Sku"]["minLength"], schemas["Sku"]["maxLength"]) == (1, SKU_MAX_CHARS)
@@ -263,9 +280,9 @@ def test_id_and_sku_patterns_agree_with_the_validators(value: str) -> None:
 
 def test_a_qty_of_7_0_is_refused_although_json_schema_calls_it_an_integer() -> None:
     """The one rule JSON Schema cannot state; the documents say it in words."""
-    assert not accepts(validate_event, {"id": "a", "sku": "b", "qty": 7.0})
-    assert "7.0" in event_schemas("sink")["Event"]["description"]
-    assert "7.0" in event_schemas("publisher")["Event"]["description"]
+    assert not accepts(validate_order, {"id": "a", "sku": "b", "qty": 7.0})
+    assert "7.0" in event_schemas("sink")["Order"]["description"]
+    assert "7.0" in event_schemas("publisher")["Order"]["description"]
 
 
 # ---------------------------------------------------------------- served, and guarded
