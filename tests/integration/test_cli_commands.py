@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from cli_support import Ran, assert_one_line_error, run_publisher, run_sink
 
+from shared import MAX_BODY_BYTES
+
 if TYPE_CHECKING:
     from conftest import AcceptOrders, Query
 
@@ -140,7 +142,7 @@ def test_accept_file_records_the_good_lines_and_reports_each_bad_one_by_its_numb
             ORDER,  # known as it is
             {"id": "a", "sku": "tea", "qty": 1},  # again in the file
             '{"id": "d", "id": "d", "sku": "tea", "qty": 1}',
-            "x" * (16 * 1024 + 1),
+            "x" * (MAX_BODY_BYTES + 1),  # longer than any event may be
             {"id": "e", "sku": "juice", "qty": 5},
         )
     )
@@ -156,7 +158,7 @@ def test_accept_file_records_the_good_lines_and_reports_each_bad_one_by_its_numb
         " quotes at column 26",
         f"{orders}:5: conflict: event 'order-1' was already recorded with a different payload",
         f"{orders}:8: duplicate key 'id' in a JSON object",
-        f"{orders}:9: line is over 16384 bytes",
+        f"{orders}:9: line is over {MAX_BODY_BYTES} bytes",
     ]
     assert db_rows(source, "SELECT id, sku, qty FROM orders ORDER BY id") == [
         ("a", "tea", 1),

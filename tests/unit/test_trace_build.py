@@ -10,9 +10,9 @@ import pytest
 from publisher.lines_view import LinesView
 from publisher.store import Entry, Head, LineLease, Order, QuarantineRecord, Snapshot, State
 from publisher.trace import PRUNED, Proof, SinkView, Trace, build_trace, render_trace
-from shared import GLOBAL_LINE, Event, payload_digest
+from shared import GLOBAL_LINE, Event, order_event, payload_digest
 
-EVENT: Event = {"id": "order-1", "sku": "snack", "qty": 7}
+EVENT: Event = order_event({"id": "order-1", "sku": "snack", "qty": 7})
 DIGEST = payload_digest(EVENT)
 ACCEPTED_AT = 1_700_000_000.0
 STAGES = ["accepted", "queued", "received", "acknowledged", "marked"]
@@ -29,7 +29,7 @@ def entry(
     attempts: int = 0,
     last_error: str | None = None,
     event: Event = EVENT,
-    lane: str = "snack",
+    lane: str | None = "snack",
 ) -> Entry:
     sent = state is State.SENT
     return Entry(
@@ -145,7 +145,7 @@ def test_marked_without_a_stored_ack_does_not_claim_the_ack() -> None:
 
 
 def test_sink_holding_another_payload_is_not_proof_of_receipt() -> None:
-    other = payload_digest({"id": "order-1", "sku": "snack", "qty": 8})
+    other = payload_digest(order_event({"id": "order-1", "sku": "snack", "qty": 8}))
     trace = build_trace("order-1", ORDER, entry(attempts=2, last_error="digest"), [], inbox(other))
 
     assert proofs(trace) == [P, P, N, N, N]
@@ -160,7 +160,8 @@ def test_sink_record_without_a_digest_is_not_proof_of_receipt() -> None:
 
 def test_digest_is_compared_with_the_entry_payload_not_the_order() -> None:
     # A digest over the same fields in another key order is the same canonical payload.
-    reordered: Event = {"qty": 7, "sku": "snack", "id": "order-1"}
+    data = {"qty": 7, "sku": "snack"}
+    reordered: Event = {"data": data, "key": "snack", "type": "order.placed", "id": "order-1"}
     trace = build_trace("order-1", ORDER, entry(event=reordered), [], inbox(DIGEST))
     assert trace.stages[2].proof is P
 
@@ -288,8 +289,8 @@ def test_a_pending_entry_names_the_failing_heads_it_waits_behind() -> None:
 
     assert len(trace.waiting_behind) == 2
     assert trace.waiting_behind[0].startswith("global order: behind head poison-1")
-    assert trace.waiting_behind[1].startswith("per-SKU order: behind lane snack head old-1")
-    assert "waiting: per-SKU order" in render_trace(trace)
+    assert trace.waiting_behind[1].startswith("order by key: behind lane snack head old-1")
+    assert "waiting: order by key" in render_trace(trace)
 
 
 def test_an_entry_does_not_wait_behind_itself_or_other_lanes_or_when_sent() -> None:
@@ -307,7 +308,7 @@ def test_an_entry_waits_behind_the_head_of_the_lane_the_outbox_stored_not_of_its
     moved = entry(lane="elsewhere")  # its event's SKU is still "snack"
 
     [waiting] = build_trace("order-1", ORDER, moved, [], NOT_IN_INBOX, blocked).waiting_behind
-    assert waiting.startswith("per-SKU order: behind lane elsewhere head x-1")
+    assert waiting.startswith("order by key: behind lane elsewhere head x-1")
     of_its_sku = Snapshot(ACCEPTED_AT, 2, 0, None, [blocked_head("x-1", "snack")])
     assert build_trace("order-1", ORDER, moved, [], NOT_IN_INBOX, of_its_sku).waiting_behind == []
 
@@ -329,3 +330,33 @@ def test_the_lines_named_are_the_stored_lane_and_the_global_line() -> None:
     assert [held.line for held in pruned.lines] == ["snack", GLOBAL_LINE]
     unknown = build_trace("order-9", None, None, [], NOT_IN_INBOX, None, leases)
     assert [held.line for held in unknown.lines] == [GLOBAL_LINE]
+
+
+# ---------------------------------------------------------------- events of any type
+
+PAYMENT: Event = {
+    "id": "pay-1",
+    "type": "payment.captured",
+    "key": "cust-9",
+    "data": {"amount": 1250, "note": "<script>x</script>\u0007\u00e9"},
+}
+
+
+def test_a_generic_event_is_accepted_by_its_entry_with_type_key_and_escaped_data() -> None:
+    trace = build_trace("pay-1", None, entry(event=PAYMENT, lane="cust-9"), [], NOT_IN_INBOX)
+
+    assert proofs(trace) == [P, P, N, N, N]
+    accepted = evidence(trace, "accepted")
+    assert accepted.startswith("event payment.captured key cust-9 data {")
+    assert "\\u0007" in accepted and "\\u00e9" in accepted
+    assert accepted.isascii() and accepted.isprintable()
+
+
+def test_a_generic_event_without_a_key_says_no_key_and_its_line_is_the_global_one() -> None:
+    keyless: Event = {"id": "tick-1", "type": "clock.tick", "data": {}}
+    leases = LinesView([lease(GLOBAL_LINE), lease("snack")])
+    keyless_entry = entry(event=keyless, lane=None)
+    trace = build_trace("tick-1", None, keyless_entry, [], NOT_IN_INBOX, leases=leases)
+
+    assert evidence(trace, "accepted").startswith("event clock.tick data {}, ")
+    assert [lease.line for lease in trace.lines] == [GLOBAL_LINE]
