@@ -9,6 +9,10 @@ a reason that is markup (shown as text, no dialog) and the later entries flow;
 redrive puts it back. A POST without a session or without its CSRF token is refused
 and changes nothing. With CONSOLE_SCREENSHOTS set to a folder (`make screenshots`),
 the screenshots the README shows are written there too.
+
+Events of any type: the entries table shows each one's type, key and a bounded view
+of its data, the search filters by type and key, and data that is markup, control
+characters or non-ASCII text is shown as escaped text, never run or rendered.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import LOOPBACK, post_order, serve_args, wait_until
+from support import LOOPBACK, http_request, post_order, serve_args, wait_until
 
 from publisher.console.app import SECURITY_HEADERS
 
@@ -215,4 +219,101 @@ def test_the_operator_unblocks_a_poison_head_from_the_page(
     expect(page.locator("#rate-caption")).to_contain_text(f"{len(LATER)} marked sent")
     screenshot(page, folders, "overview")
     assert dialogs == []  # the markup never ran
+    page.close()
+
+
+# ---------------------------------------------------------------- events of any type
+
+HOSTILE_TEXT = "<script>document.title='pwned'</script>\u0007\u001b[31m\u202e\u00e9\U0001f600"
+HOSTILE_SHOWN = (  # as escapedJson writes it: printable ASCII only
+    "<script>document.title='pwned'</script>\\u0007\\u001b[31m\\u202e\\u00e9\\ud83d\\ude00"
+)
+GENERIC = [
+    {"id": "pay-1", "type": "payment.captured", "key": "cust-1", "data": {"amount": 1250}},
+    {"id": "pay-2", "type": "payment.captured", "key": "cust-2", "data": {"amount": 99}},
+    {"id": "tick-1", "type": "clock.tick", "data": {"n": 1}},
+    {"id": "note-1", "type": "note.added", "key": "cust-1", "data": {"text": HOSTILE_TEXT}},
+    {"id": "big-1", "type": "note.added", "key": "cust-3", "data": {"text": "x" * 20_000}},
+]
+DATA_SHOWN_CHARS = 16 * 1024  # console.js
+
+
+def search(page: Page, *, type: str = "", key: str = "") -> None:
+    page.get_by_label("Type").fill(type)
+    page.get_by_label("Key").fill(key)
+    page.get_by_role("button", name="Search").click()
+
+
+@pytest.mark.parametrize("databases", ["sqlite"], indirect=True)
+def test_the_console_lists_and_filters_events_by_type_and_key_and_escapes_their_data(
+    browser: BrowserContext,
+    databases: Databases,
+    publisher_process: StartPublisher,
+) -> None:
+    from playwright.sync_api import expect
+
+    # No sink listens: every entry stays pending, in the order it was recorded.
+    publisher = publisher_process(*serve_args(databases.source, f"http://{LOOPBACK}:9/events"))
+    for event in GENERIC:
+        assert http_request(publisher.port, "POST", "/events", event)[0] == 201
+    assert post_order(publisher.port, {"id": "order-1", "sku": "snack", "qty": 2})[0] == 201
+    dialogs: list[str] = []
+    page = browser.new_page()
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(f"http://{LOOPBACK}:{publisher.port}/console#entries")
+    rows = page.locator("#entry-table tbody tr")
+
+    expect(rows).to_have_count(len(GENERIC) + 1, timeout=WAIT_MS)
+    expect(page.locator("#entry-table thead")).to_contain_text("TypeKeyData")
+    cells = [rows.nth(n).locator("td").all_inner_texts()[1:5] for n in (0, 1, 2, 5)]
+    assert cells == [
+        ["pay-1", "payment.captured", "cust-1", '{"amount":1250}'],
+        ["pay-2", "payment.captured", "cust-2", '{"amount":99}'],
+        ["tick-1", "clock.tick", "(none)", '{"n":1}'],
+        ["order-1", "order.placed", "snack", '{"qty":2,"sku":"snack"}'],
+    ]
+
+    # Markup, control characters and non-ASCII text: escaped text, cut at 80 characters.
+    note = rows.nth(3).locator("td").nth(4)
+    expect(note).to_have_text(f'{{"text":"{HOSTILE_SHOWN}"}}'[:77] + "...")
+    big = rows.nth(4).locator("td").nth(4).inner_text()
+    assert len(big) == 80 and big.endswith("...")
+
+    search(page, type="payment.captured")
+    expect(rows).to_have_count(2)
+    search(page, key="cust-1")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#entry-table tbody")).to_contain_text("note-1")
+    search(page, type="note.added", key="cust-1")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("note-1")
+    search(page, key="*")  # the events without a key
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("tick-1")
+    search(page, type="no.such.type")
+    expect(page.locator("#entries-error")).to_have_text("No entries match.")
+    search(page, type="bad type!")
+    expect(page.locator("#entries-error")).to_contain_text("bad type")
+
+    # One event: its type, its key and its data as indented JSON, escaped.
+    page.goto(f"http://{LOOPBACK}:{publisher.port}/console#event/note-1")
+    expect(page.locator("#event-type")).to_have_text("note.added")
+    expect(page.locator("#event-key")).to_have_text("cust-1")
+    expect(page.locator("#event-data")).to_have_text(f'{{\n  "text": "{HOSTILE_SHOWN}"\n}}')
+    expect(page.locator("#event-data-note")).to_have_text("")
+    page.goto(f"http://{LOOPBACK}:{publisher.port}/console#event/tick-1")
+    expect(page.locator("#event-key")).to_have_text("(none)")
+    expect(page.locator("#event-data")).to_have_text('{\n  "n": 1\n}')
+
+    # Data over the bound is cut, and the page says so.
+    page.goto(f"http://{LOOPBACK}:{publisher.port}/console#event/big-1")
+    whole = len(json.dumps(GENERIC[4]["data"], indent=2))
+    expect(page.locator("#event-data-note")).to_have_text(
+        f"Cut: the first {DATA_SHOWN_CHARS:,} of {whole:,} characters are shown."
+    )
+    assert len(page.locator("#event-data").inner_text()) == DATA_SHOWN_CHARS
+
+    assert page.locator("main script").count() == 0
+    assert page.title() == "Outbox console"
+    assert dialogs == []
     page.close()

@@ -33,6 +33,30 @@ function row(cells) {
   return tr;
 }
 
+// Event data is anyone's JSON: it is shown as JSON text with every character outside
+// printable ASCII written as \uXXXX (as `publisher list` does), so no control
+// character, bidi override or look-alike letter changes what the operator reads.
+const PREVIEW_CHARS = 80;
+const DATA_SHOWN_CHARS = 16 * 1024;
+
+// JSON.stringify writes a newline inside a string as \n: a raw newline is only the
+// indentation's.
+function escapedJson(value, indent) {
+  return JSON.stringify(value, null, indent).replace(
+    /[^\x20-\x7e\n]/g,
+    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
+  );
+}
+
+function dataPreview(data) {
+  const text = escapedJson(data);
+  return text.length <= PREVIEW_CHARS ? text : `${text.slice(0, PREVIEW_CHARS - 3)}...`;
+}
+
+function keyText(key) {
+  return key === undefined || key === null ? "(none)" : key;
+}
+
 function eventLink(id) {
   const a = el("a", id);
   a.href = `#event/${encodeURIComponent(id)}`;
@@ -171,9 +195,11 @@ function live() {
 function entriesQuery(after) {
   const query = new URLSearchParams({ state: $("state").value });
   const id = $("search-id").value.trim();
-  const sku = $("search-sku").value.trim();
+  const type = $("search-type").value.trim();
+  const key = $("search-key").value.trim();
   if (id) query.set("id", id);
-  if (sku) query.set("sku", sku);
+  if (type) query.set("type", type);
+  if (key) query.set("key", key);
   if (after !== null) query.set("after", String(after));
   return query;
 }
@@ -184,7 +210,10 @@ async function loadEntries(after) {
     const page = await call("GET", `/entries?${entriesQuery(after)}`);
     $("entry-table").tBodies[0].replaceChildren(
       ...page.entries.map((e) =>
-        row([e.seq, eventLink(e.id), e.sku, e.qty, e.state, e.attempts, e.last_error, when(e.queued_at)]),
+        row([
+          e.seq, eventLink(e.id), e.type, keyText(e.key), el("code", dataPreview(e.data)),
+          e.state, e.attempts, e.last_error, when(e.queued_at),
+        ]),
       ),
     );
     state.page.after = page.next_after;
@@ -207,15 +236,30 @@ async function loadEvent(id) {
     $("event-error").textContent = error.message;
     $("evidence").tBodies[0].replaceChildren();
     $("records").tBodies[0].replaceChildren();
+    showEntry(null);
   }
+}
+
+function showEntry(entry) {
+  $("event-detail").hidden = entry === null;
+  $("event-state").textContent = entry
+    ? `seq ${entry.seq}, ${entry.state}`
+    : "no outbox entry (pruned)";
+  if (entry === null) return;
+  $("event-type").textContent = entry.type;
+  $("event-key").textContent = keyText(entry.key);
+  const text = escapedJson(entry.data, 2);
+  const cut = text.length > DATA_SHOWN_CHARS;
+  $("event-data").textContent = cut ? text.slice(0, DATA_SHOWN_CHARS) : text;
+  $("event-data-note").textContent = cut
+    ? `Cut: the first ${DATA_SHOWN_CHARS.toLocaleString("en")} of ${text.length.toLocaleString("en")} characters are shown.`
+    : "";
 }
 
 function showEvent(data) {
   const trace = data.trace;
   const entry = data.entry;
-  $("event-state").textContent = entry
-    ? `${entry.sku} x${entry.qty}, seq ${entry.seq}, ${entry.state}`
-    : "no outbox entry (pruned)";
+  showEntry(entry);
   $("evidence").tBodies[0].replaceChildren(
     ...trace.stages.map((s, n) => {
       const tr = row([n + 1, s.name, s.proof, s.evidence]);
