@@ -123,6 +123,16 @@ def assert_clean_verdict(figures: dict[str, Any], events: int, kills: int) -> No
     assert figures["duplicates"] <= figures["resends"], figures
 
 
+def write(db: Path, sql: str, params: tuple[object, ...] = ()) -> None:
+    """One write to a SQLite file through a connection of the test's own."""
+    conn = sqlite3.connect(db, timeout=5)
+    try:
+        with conn:
+            conn.execute(sql, params)
+    finally:
+        conn.close()
+
+
 def backend_args(backend: str, request: pytest.FixtureRequest) -> list[str]:
     """The chaos options for a backend: SQLite files, or schemas in the process's
     database on the session's PostgreSQL server (the pg_schemas fixture: chaos takes
@@ -142,20 +152,30 @@ def located(figures: dict[str, Any]) -> tuple[Path | str, Path | str]:
 
 
 def files_agree(
-    databases: tuple[Path | str, Path | str], db_rows: Query, events: int, ordering: str = "global"
+    databases: tuple[Path | str, Path | str],
+    db_rows: Query,
+    events: int,
+    ordering: str = "global",
+    orders: int | None = None,
 ) -> None:
-    """The verdict's numbers, checked against both databases with this process's own reads."""
+    """The verdict's numbers, checked against both databases with this process's own
+    reads: `events` delivered, `orders` of them orders (default: all)."""
     source, sink = databases
-    assert db_rows(source, "SELECT count(*) FROM orders") == [(events,)]
+    orders = events if orders is None else orders
+    assert db_rows(source, "SELECT count(*) FROM orders") == [(orders,)]
     assert db_rows(source, "SELECT count(*) FROM outbox WHERE sent = 1") == [(events,)]
     assert db_rows(sink, "SELECT count(*) FROM inbox") == [(events,)]
+    # Each event's canonical form, one text on both sides.
+    stored = dict(db_rows(source, "SELECT id, payload FROM outbox"))
+    assert dict(db_rows(sink, "SELECT id, payload FROM inbox")) == stored
     want = db_rows(source, "SELECT sku, sum(qty) FROM orders GROUP BY sku ORDER BY sku")
     assert db_rows(sink, "SELECT sku, qty FROM inventory ORDER BY sku") == want
-    # No quarantine in a run: the sink first applied each line exactly in seq order.
+    # No quarantine in a run: the sink first applied each line exactly in seq order,
+    # a line per event key ("*" for none) in order by key.
     assert db_rows(source, "SELECT count(*) FROM quarantines") == [(0,)]
     line = {
-        i: (lane if ordering == "sku" else "")
-        for i, lane in db_rows(source, "SELECT id, lane FROM outbox")
+        i: (json.loads(payload).get("key", "*") if ordering != "global" else "")
+        for i, payload in stored.items()
     }
     outbox = [(line[i], i) for (i,) in db_rows(source, "SELECT id FROM outbox ORDER BY seq")]
     inbox = [(line[i], i) for (i,) in db_rows(sink, "SELECT id FROM inbox ORDER BY applied_seq")]
@@ -170,14 +190,16 @@ def files_agree(
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.usefixtures("reaper")
 @pytest.mark.parametrize(
-    ("backend", "target", "events", "kills", "kinds", "ordering", "delivery"),
+    ("backend", "target", "events", "kills", "kinds", "ordering", "delivery", "mix"),
     [
-        ("sqlite", "both", 60, 6, {"publisher", "sink"}, "global", "batch"),
-        ("sqlite", "sink", 40, 4, {"sink"}, "global", "batch"),
-        ("sqlite", "publisher", 40, 4, {"publisher"}, "global", "batch"),
-        ("sqlite", "both", 40, 6, {"publisher", "sink"}, "sku", "single"),
-        ("postgres", "both", 60, 6, {"publisher", "sink"}, "global", "batch"),
-        ("postgres", "both", 40, 6, {"publisher", "sink"}, "sku", "single"),
+        ("sqlite", "both", 60, 6, {"publisher", "sink"}, "global", "batch", "orders"),
+        ("sqlite", "sink", 40, 4, {"sink"}, "global", "batch", "orders"),
+        ("sqlite", "publisher", 40, 4, {"publisher"}, "global", "batch", "orders"),
+        ("sqlite", "both", 40, 6, {"publisher", "sink"}, "sku", "single", "orders"),
+        ("sqlite", "both", 60, 6, {"publisher", "sink"}, "key", "batch", "mixed"),
+        ("sqlite", "both", 40, 6, {"publisher", "sink"}, "global", "single", "generic"),
+        ("postgres", "both", 60, 6, {"publisher", "sink"}, "global", "batch", "orders"),
+        ("postgres", "both", 60, 6, {"publisher", "sink"}, "key", "single", "mixed"),
     ],
 )
 def test_run_loses_nothing_and_applies_nothing_twice(
@@ -192,10 +214,12 @@ def test_run_loses_nothing_and_applies_nothing_twice(
     kinds: set[str],
     ordering: str,
     delivery: str,
+    mix: str,
 ) -> None:
     workdir = tmp_path / "run"
     args = ["--events", str(events), "--kills", str(kills), "--seed", "7", "--target", target]
     args += ["--ordering", ordering, "--delivery", delivery, *backend_args(backend, request)]
+    args += ["--events-mix", mix]
 
     done = chaos(child_env, tmp_path, "run", *args, "--json", "--workdir", str(workdir))
 
@@ -206,14 +230,36 @@ def test_run_loses_nothing_and_applies_nothing_twice(
     assert (figures["ordering"], figures["delivery"]) == (ordering, delivery)
     log = (workdir / "publisher.log").read_text().splitlines()
     started = [line for line in log if "relay started" in line]
-    assert started and all(f"ordering={ordering}" in line for line in started), started
+    relay_ordering = "key" if ordering == "sku" else ordering  # sku: key's former name
+    assert started and all(f"ordering={relay_ordering}" in line for line in started), started
+    assert_the_mix(figures, mix, events)
     assert figures["drained"] is True
     assert figures["pending"] == 0
     assert {kind.partition(":")[0] for kind in figures["kill_kinds"]} <= kinds
     planned = plan_kills(random.Random(7), events, kills, target)  # type: ignore[arg-type]
     assert figures["kill_kinds"] == sorted(set(planned.values()))
-    files_agree(located(figures), db_rows, events, ordering)
+    orders = figures["accepted"] - figures["generic"]
+    files_agree(located(figures), db_rows, events, ordering, orders)
     assert leftovers(workdir) == []
+
+
+def assert_the_mix(figures: dict[str, Any], mix: str, events: int) -> None:
+    """What the run fed and through which intake routes, as its report says."""
+    assert figures["events_mix"] == mix
+    assert figures["payload_mismatches"] == figures["unknown"] == 0, figures
+    types = figures["event_types"]
+    assert sum(types.values()) == events, types
+    generic = events - types.get("order.placed", 0)
+    assert figures["generic"] == generic, figures
+    posts = figures["intake_posts"]
+    if mix == "orders":
+        assert (set(types), set(posts)) == ({"order.placed"}, {"/orders"}), figures
+        return
+    assert generic > 0 and len(set(types) - {"order.placed"}) >= 2, types
+    assert {"/events", "/events/batch"} <= set(posts), posts
+    assert ("/orders" in posts) == (mix == "mixed"), posts
+    if figures["ordering"] != "global":  # events without a key: their own line
+        assert "*" in figures["lines"], figures["lines"]
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 30)
@@ -224,13 +270,13 @@ def test_same_seed_same_orders_and_same_plan(
     results = []
     for name in ("first", "second"):
         workdir = tmp_path / name
-        args = ["--events", "15", "--kills", "3", "--seed", "11", "--json"]
-        done = chaos(child_env, tmp_path, "run", *args, "--workdir", str(workdir))
+        args = ["--events", "15", "--kills", "3", "--seed", "11", "--events-mix", "mixed"]
+        done = chaos(child_env, tmp_path, "run", *args, "--json", "--workdir", str(workdir))
         assert done.returncode == 0, done.stderr
         figures = one_json(done.stdout)
-        orders = db_rows(workdir / "source.db", "SELECT id, sku, qty FROM orders ORDER BY id")
+        fed = db_rows(workdir / "source.db", "SELECT id, payload FROM outbox ORDER BY id")
         stock = db_rows(workdir / "sink.db", "SELECT sku, qty FROM inventory ORDER BY sku")
-        results.append((figures["kills"], figures["kill_kinds"], orders, stock))
+        results.append((figures["kills"], figures["kill_kinds"], fed, stock))
 
     assert results[0] == results[1]
     assert len(results[0][2]) == 15
@@ -247,7 +293,10 @@ def test_human_output_ends_with_the_verdict_line(tmp_path: Path, child_env: dict
     assert done.returncode == 0, done.stderr
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("OK: 10 accepted, 10 delivered, "), done.stdout
-    assert last.endswith("0 lost, 0 applied twice, 0 order inversions (global order)"), done.stdout
+    assert last.endswith(
+        "0 lost, 0 applied twice, 0 payloads differing, 0 unknown, "
+        "0 order inversions (global order)"
+    ), done.stdout
     assert "order_inversions       0" in done.stdout
     assert "[chaos] fed 10/10 orders" in done.stderr
 
@@ -258,19 +307,20 @@ def test_the_verdict_fails_on_tampered_files(
     tmp_path: Path, child_env: dict[str, str], db_rows: Query
 ) -> None:
     workdir = tmp_path / "kept"
-    args = ["--events", "20", "--kills", "2", "--seed", "3", "--json"]
+    args = ["--events", "20", "--kills", "2", "--seed", "3", "--events-mix", "mixed", "--json"]
     done = chaos(child_env, tmp_path, "run", *args, "--workdir", str(workdir))
     assert done.returncode == 0, done.stderr
     source, sink = workdir / "source.db", workdir / "sink.db"
     assert read_verdict(source, sink, {}).ok is True
+    generic = "SELECT id FROM outbox WHERE type <> 'order.placed' ORDER BY seq DESC LIMIT 1"
+    ((last,),) = db_rows(source, generic)
+    # The same event, written as other JSON text: not its canonical form.
+    write(sink, "UPDATE inbox SET payload = payload || ' ' WHERE id = ?", (last,))
+    differing = read_verdict(source, sink, {})
+    assert (differing.payload_mismatches, differing.lost, differing.ok) == (1, 0, False)
 
     ((sku,),) = db_rows(sink, "SELECT sku FROM inventory ORDER BY sku LIMIT 1")
-    conn = sqlite3.connect(sink, timeout=5)
-    try:
-        with conn:
-            conn.execute("UPDATE inventory SET qty = qty + 1 WHERE sku = ?", (sku,))
-    finally:
-        conn.close()
+    write(sink, "UPDATE inventory SET qty = qty + 1 WHERE sku = ?", (sku,))
 
     tampered = read_verdict(source, sink, {})
     assert tampered.ok is False
@@ -279,17 +329,19 @@ def test_the_verdict_fails_on_tampered_files(
     assert tampered.lost == 0
 
     ((event_id,),) = db_rows(source, "SELECT id FROM outbox ORDER BY seq LIMIT 1")
-    conn = sqlite3.connect(source, timeout=5)
-    try:
-        with conn:
-            conn.execute("UPDATE outbox SET sent = 0, sent_at = NULL WHERE id = ?", (event_id,))
-    finally:
-        conn.close()
+    assert event_id != last
+    write(source, "UPDATE outbox SET sent = 0, sent_at = NULL WHERE id = ?", (event_id,))
 
     unmarked = read_verdict(source, sink, {})
     assert unmarked.lost == 1
     assert unmarked.pending == 1
     assert unmarked.ok is False
+
+    # A generic event the sink never applied: no inventory shows it.
+    write(sink, "DELETE FROM inbox WHERE id = ?", (last,))
+
+    missing = read_verdict(source, sink, {})
+    assert (missing.lost, missing.payload_mismatches, missing.unknown) == (2, 0, 0)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
@@ -305,16 +357,12 @@ def test_the_order_check_fails_on_a_reordered_inbox(
     assert read_verdict(source, sink, {}).order_inversions == 0
 
     ((first,),) = db_rows(source, "SELECT id FROM outbox ORDER BY seq LIMIT 1")
-    conn = sqlite3.connect(sink, timeout=5)
-    try:
-        with conn:  # as if the sink had first applied the first order last
-            conn.execute(
-                "UPDATE inbox SET applied_seq = (SELECT max(applied_seq) + 1 FROM inbox)"
-                " WHERE id = ?",
-                (first,),
-            )
-    finally:
-        conn.close()
+    # As if the sink had first applied the first order last.
+    write(
+        sink,
+        "UPDATE inbox SET applied_seq = (SELECT max(applied_seq) + 1 FROM inbox) WHERE id = ?",
+        (first,),
+    )
 
     moved = read_verdict(source, sink, {})
     assert moved.order_inversions == 19  # it and each of the 19 that went before it

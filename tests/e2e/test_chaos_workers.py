@@ -1,7 +1,7 @@
 """`python -m chaos run --backend postgres --workers K --sinks M --pauses P`: a short
-run of several workers and sinks, killed, paused and with a PostgreSQL restart, read
-back through its report and the databases; and the options it refuses (in
-test_pg_chaos_options.py, with the other PostgreSQL options)."""
+run of several workers and sinks, killed, paused and with a PostgreSQL restart, fed
+orders and generic events, read back through its report and the databases; and the
+options it refuses (in test_pg_chaos_options.py, with the other PostgreSQL options)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from support import run_module
 from test_chaos import leftovers
 
+from chaos.feed import ACCOUNTS
 from chaos.run import MANY_SKUS, plan_pauses
 
 pytestmark = pytest.mark.e2e
@@ -32,12 +33,13 @@ def test_the_pause_plan_is_the_seeds_and_about_half_outlast_the_lease() -> None:
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.usefixtures("pg_server")  # no PostgreSQL here: a skip, or a failure under CI
-def test_workers_and_sinks_killed_and_paused_lose_nothing_and_keep_sku_order(
+def test_workers_and_sinks_killed_and_paused_lose_nothing_and_keep_key_order(
     tmp_path: Path, child_env: dict[str, str]
 ) -> None:
     workdir = tmp_path / "run"
     args = ["--events", "160", "--kills", "6", "--pauses", "8", "--pg-restarts", "1"]
-    args += ["--workers", "3", "--sinks", "2", "--ordering", "sku", "--seed", "4"]
+    args += ["--workers", "3", "--sinks", "2", "--ordering", "key", "--seed", "4"]
+    args += ["--events-mix", "mixed"]
 
     done = run_module(
         "chaos", "run", "--backend", "postgres", *args, "--json", "--workdir", str(workdir),
@@ -48,6 +50,8 @@ def test_workers_and_sinks_killed_and_paused_lose_nothing_and_keep_sku_order(
     figures = json.loads(done.stdout)
     assert figures["ok"] is True and figures["drained"] is True, figures
     assert (figures["lost"], figures["applied_twice"], figures["order_inversions"]) == (0, 0, 0)
+    assert (figures["payload_mismatches"], figures["unknown"]) == (0, 0)
+    assert 0 < figures["generic"] < 160 and figures["events_mix"] == "mixed"
     assert (figures["workers"], figures["sinks"], figures["lease_ttl_s"]) == (3, 2, 2.0)
     assert figures["accepted"] == figures["delivered"] == 160
     assert figures["pauses"] == sum(figures["pauses_by_service"].values()) >= 1
@@ -58,9 +62,11 @@ def test_workers_and_sinks_killed_and_paused_lose_nothing_and_keep_sku_order(
         >= 6
     )
     assert set(figures["exit_statuses"]) == {"w1", "w2", "w3", "sink-1", "sink-2"}
-    # Per SKU at the sink: every SKU of the run its own line, none reordered.
+    # Per key at the sink: every key of the run its own line (SKUs, the accounts, and
+    # "*" for events without a key), none reordered.
     lines = figures["lines"]
-    assert set(lines) <= set(MANY_SKUS) and len(lines) >= 8
+    assert set(lines) <= {*MANY_SKUS, *ACCOUNTS, "*"} and len(lines) >= 8
+    assert "*" in lines and set(ACCOUNTS) <= set(lines)
     assert sum(line["applied"] for line in lines.values()) == 160
     assert all(line["inversions"] == 0 for line in lines.values()), lines
     # Each worker's log counts what it delivered; all of them add up to every entry.
