@@ -85,15 +85,17 @@ demo-postgres: venv postgres-binaries
 	$(BIN)/python -m chaos scenario crash-after-ack drop-after-commit --backend postgres
 	$(BIN)/python -m chaos run --backend postgres --events 200 --kills 6 --pg-restarts 2 --seed 1
 
-# A longer run: 500 orders, 10 kills of either service at random moments.
+# A longer run: 500 events, orders and generic events mixed, 10 kills of either
+# service at random moments.
 chaos: venv
-	$(BIN)/python -m chaos run --events 500 --kills 10 --seed 1
+	$(BIN)/python -m chaos run --events 500 --kills 10 --seed 1 --events-mix mixed
 
-# Not part of `make test`: 1,000 kills over 5,000 orders, in global order with batch
-# delivery, then per SKU with single delivery. Each run stops at its time limit.
+# Not part of `make test`: 1,000 kills over 5,000 events (orders and generic events
+# mixed), in global order with batch delivery, then per key with single delivery.
+# Each run stops at its time limit.
 soak: venv
-	$(BIN)/python -m chaos run --events 5000 --kills 1000 --seed 1 --ordering global --delivery batch --time-limit 1800
-	$(BIN)/python -m chaos run --events 5000 --kills 1000 --seed 2 --ordering sku --delivery single --time-limit 1800
+	$(BIN)/python -m chaos run --events 5000 --kills 1000 --seed 1 --events-mix mixed --ordering global --delivery batch --time-limit 1800
+	$(BIN)/python -m chaos run --events 5000 --kills 1000 --seed 2 --events-mix mixed --ordering key --delivery single --time-limit 1800
 
 # Not part of `make test`: three relay workers and two sinks on a throwaway PostgreSQL
 # server through 525 faults (kills, SIGSTOP/SIGCONT pauses, server restarts).
