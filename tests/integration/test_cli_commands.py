@@ -6,6 +6,7 @@ process shows: signals, crashes, ports held by another process, a service servin
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import sqlite3
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from cli_support import Ran, assert_one_line_error, run_publisher, run_sink
 
+from publisher.store import Outbox
 from shared import MAX_BODY_BYTES
 
 if TYPE_CHECKING:
@@ -334,3 +336,76 @@ def test_sink_with_a_garbage_db_file_exits_with_one_line_and_leaves_it_alone(
     # A database thread still running once main() returns is what, in a process of
     # its own, would print a thread's traceback after the one line.
     assert set(threading.enumerate()) <= threads
+
+
+# ---------------------------------------------------------------- events of any type
+
+EVENTS: list[dict[str, Any]] = [
+    {"id": "pay-1", "type": "payment.captured", "key": "cust-1", "data": {"amount": 1250}},
+    {"id": "tick-1", "type": "clock.tick", "data": {"n": 1}},
+    {"id": "pay-2", "type": "payment.captured", "key": "cust-2", "data": {"amount": 99}},
+    {"id": "note-1", "type": "note.added", "key": "cust-1", "data": {"text": "<b>\u0007\u00e9"}},
+]
+
+
+def publish(db: Path, *events: dict[str, Any]) -> None:
+    async def run() -> None:
+        async with Outbox.open(db) as outbox:
+            for event in events:
+                assert await outbox.publish(dict(event)) == "accepted"
+
+    asyncio.run(run())
+
+
+def listed(capsys: Capsys, db: Path, *args: str) -> list[str]:
+    """The event IDs `publisher list` prints, in its order."""
+    ran = run_publisher(capsys, "list", "--db", str(db), *args)
+    assert ran.status == 0 and ran.err == ""
+    return [line.split()[1] for line in ran.out.splitlines()]
+
+
+def test_list_shows_type_key_and_escaped_data_and_filters_by_type_and_key(
+    source: Path, capsys: Capsys
+) -> None:
+    publish(source, *EVENTS)
+
+    ran = run_publisher(capsys, "list", "--db", str(source))
+    lines = ran.out.splitlines()
+    assert lines[0].split()[1:5] == [
+        "order-1",
+        "order.placed",
+        "key=snack",
+        '{"qty":7,"sku":"snack"}',
+    ]
+    assert lines[1].split()[1:5] == ["pay-1", "payment.captured", "key=cust-1", '{"amount":1250}']
+    assert lines[2].split()[1:4] == ["tick-1", "clock.tick", "key=-"]
+    assert '{"text":"<b>\\u0007\\u00e9"}' in lines[4]
+    assert ran.out.isascii() and "\x07" not in ran.out
+
+    assert listed(capsys, source, "--type", "payment.captured") == ["pay-1", "pay-2"]
+    assert listed(capsys, source, "--key", "cust-1") == ["pay-1", "note-1"]
+    assert listed(capsys, source, "--type", "note.added", "--key", "cust-1") == ["note-1"]
+    assert listed(capsys, source, "--key", "*") == ["tick-1"]
+    assert listed(capsys, source, "--type", "order.placed") == ["order-1"]
+    assert listed(capsys, source, "--type", "no.such.type") == []
+
+
+def test_trace_of_a_generic_event_is_accepted_by_its_entry(source: Path, capsys: Capsys) -> None:
+    publish(source, *EVENTS)
+
+    ran = run_publisher(capsys, "trace", "--db", str(source), "note-1")
+
+    assert ran.status == 0, ran.err
+    [accepted] = [line for line in ran.out.splitlines() if " accepted " in line]
+    assert "proven" in accepted and "not proven" not in accepted
+    assert 'event note.added key cust-1 data {"text":"<b>\\u0007\\u00e9"}, ' in accepted
+    queued = next(line for line in ran.out.splitlines() if " queued " in line)
+    assert "proven" in queued and "outbox seq 5" in queued
+
+    keyless = run_publisher(capsys, "trace", "--db", str(source), "tick-1", "--json")
+    stages = json.loads(keyless.out)["stages"]
+    assert stages[0]["proof"] == "proven"
+    assert stages[0]["evidence"].startswith('event clock.tick data {"n":1}, ')
+
+    unknown = run_publisher(capsys, "trace", "--db", str(source), "nope-1")
+    assert unknown.status == 1

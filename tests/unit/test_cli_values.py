@@ -108,3 +108,29 @@ def test_well_formed_values_still_work(capsys: pytest.CaptureFixture[str]) -> No
     argv = ["accept", "--db", "source.db", "--id", "o-1", "--sku", "snack", "--qty", "1000"]
     assert publisher_main(argv) == 0
     assert capsys.readouterr().out == "accepted o-1\n"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--type", "bad type"),
+        ("--type", "payment/captured"),
+        ("--type", ""),
+        ("--type", "t" * 129),
+        ("--type", "caf\u00e9"),
+        ("--key", "cust 1"),
+        ("--key", "**"),
+        ("--key", ""),
+        ("--key", "k" * 129),
+        ("--key", "a\u202eb"),
+        ("--key", "a\x1b[31m"),
+    ],
+)
+def test_list_type_and_key_are_well_formed_or_one_usage_line(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    err = usage_error(publisher_main, ["list", "--db", "source.db", flag, value], capsys)
+    assert flag in err
+    line = err.removesuffix("\n")
+    assert line.isascii() and line.isprintable()  # the value is not echoed raw
+    assert list(tmp_path.iterdir()) == []  # refused before the database is opened
