@@ -287,6 +287,12 @@ async def test_another_origin_is_refused_and_the_consoles_own_only_under_console
         "after=-1",
         "after=1.5",
         "sku=bad%20sku",
+        "key=bad%20key",
+        "key=%2A%2A",
+        "key=" + "k" * 129,
+        "type=bad%20type",
+        "type=payment%2Fcaptured",
+        "type=" + "t" * 129,
         "id=-bad",
     ],
 )
@@ -344,6 +350,45 @@ async def test_entries_page_on_and_search_by_id_and_sku(
     assert [(e["id"], e["state"]) for e in page["entries"]] == [("o-2", "pending")]
     _, page, _ = await call(client, "GET", f"{base}{API}/entries?id=o-9")
     assert page == {"entries": [], "next_after": None}
+
+
+EVENTS: list[dict[str, Any]] = [
+    {"id": "pay-1", "type": "payment.captured", "key": "cust-1", "data": {"amount": 1250}},
+    {"id": "tick-1", "type": "clock.tick", "data": {"n": 1}},
+    {"id": "pay-2", "type": "payment.captured", "key": "cust-2", "data": {"amount": 99}},
+    {"id": "note-1", "type": "note.added", "key": "cust-1", "data": {"text": "<b>\u0007"}},
+]
+
+
+async def test_entries_of_any_type_are_listed_and_searched_by_type_and_key(
+    client: aiohttp.ClientSession, base: str
+) -> None:
+    for event in EVENTS:
+        assert (await call(client, "POST", f"{base}/events", event))[0] == 201
+
+    async def ids(query: str) -> list[str]:
+        status, page, _ = await call(client, "GET", f"{base}{API}/entries?{query}")
+        assert status == 200, page
+        return [e["id"] for e in page["entries"]]
+
+    _, page, _ = await call(client, "GET", f"{base}{API}/entries")
+    assert [{k: e.get(k) for k in ("id", "type", "key", "data")} for e in page["entries"]] == [
+        {**event, "key": event.get("key")} for event in EVENTS
+    ]
+    assert "key" not in page["entries"][1] and "sku" not in page["entries"][0]
+    assert await ids("type=payment.captured") == ["pay-1", "pay-2"]
+    assert await ids("key=cust-1") == ["pay-1", "note-1"]
+    assert await ids("sku=cust-1") == ["pay-1", "note-1"]  # its name when all were orders
+    assert await ids("type=note.added&key=cust-1") == ["note-1"]
+    assert await ids("key=%2A") == ["tick-1"]  # the events without a key
+    assert await ids("type=no.such.type") == []
+
+    status, body, _ = await call(client, "GET", f"{base}{API}/events/note-1")
+    assert status == 200
+    assert body["entry"]["type"] == "note.added" and body["entry"]["key"] == "cust-1"
+    assert body["entry"]["data"] == EVENTS[3]["data"]
+    assert body["trace"]["stages"][0]["proof"] == "proven"
+    assert body["trace"]["stages"][0]["evidence"].startswith("event note.added key cust-1 data")
 
 
 async def test_the_event_view_is_the_trace_the_cli_builds(
