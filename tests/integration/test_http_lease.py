@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 from aiohttp import web
 from stub_sink import StubSink
-from support import numbered_event
+from support import as_event, numbered_event
 
 from publisher import HttpSender, NotAcknowledged, Rejected, dispatch
 from publisher.driver import Driver
@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 SOURCE = "0123456789abcdef"
 LANE = Lease(SOURCE, "snack", 7)
+
+
+def numbered(n: int, sku: str = "snack", qty: int = 1) -> Event:
+    """The `n`th order as the order.placed event the relay sends (ID order-<n>)."""
+    return as_event(numbered_event(n, sku, qty))
 
 
 @pytest.fixture
@@ -61,9 +66,9 @@ async def test_a_leased_request_carries_the_lease_as_sent(recorder: tuple[StubSi
     global_lease = Lease(SOURCE, GLOBAL_LINE, 2**63 - 1)
 
     async with HttpSender(url) as sender:
-        await sender.deliver(numbered_event(1), lease=LANE)
-        await sender.deliver_batch([numbered_event(2), numbered_event(3)], lease=global_lease)
-        await sender.deliver(numbered_event(4), after="order-3", lease=LANE)
+        await sender.deliver(numbered(1), lease=LANE)
+        await sender.deliver_batch([numbered(2), numbered(3)], lease=global_lease)
+        await sender.deliver(numbered(4), after="order-3", lease=LANE)
 
     assert seen.paths == ["/events", "/events/batch", "/events"]
     assert seen.leases == [
@@ -79,9 +84,9 @@ async def test_a_request_without_a_lease_carries_no_lease_header(
     seen, url = recorder
 
     async with HttpSender(url) as sender:
-        await sender.deliver(numbered_event(1))
-        await sender.deliver_batch([numbered_event(2)], after="order-1")
-        await sender.deliver(numbered_event(3), after=None, lease=None)
+        await sender.deliver(numbered(1))
+        await sender.deliver_batch([numbered(2)], after="order-1")
+        await sender.deliver(numbered(3), after=None, lease=None)
 
     assert seen.leases == [None, None, None]
 
@@ -90,7 +95,7 @@ class Entries:
     """A line's store in memory: the given entries pending, the marks kept in order."""
 
     def __init__(self, *events: Event) -> None:
-        self.rows = [Pending(seq, e, 0, e["sku"]) for seq, e in enumerate(events, start=1)]
+        self.rows = [Pending(seq, e, 0, e.get("key")) for seq, e in enumerate(events, start=1)]
         self.marks: list[Mark] = []
 
     async def read(self, limit: int, skip: Collection[str]) -> list[Pending]:
@@ -106,7 +111,7 @@ async def test_the_driver_hands_the_lease_to_the_sender(
     recorder: tuple[StubSink, str], batch: bool
 ) -> None:
     seen, url = recorder
-    entries = Entries(numbered_event(1), numbered_event(2))
+    entries = Entries(numbered(1), numbered(2))
     settings = RelaySettings(limit=2, batch=batch, pipeline=1, worker=None)
 
     async with HttpSender(url) as sender:
@@ -123,7 +128,7 @@ async def test_a_plain_send_callback_that_takes_no_lease_still_works_without_one
 
     class Store:
         async def pending(self, limit: int = 16) -> list[Event]:
-            return [numbered_event(1)][: 0 if marked else 1]
+            return [numbered(1)][: 0 if marked else 1]
 
         async def mark_sent(self, event_id: str) -> None:
             marked.append(event_id)
@@ -135,7 +140,7 @@ async def test_a_plain_send_callback_that_takes_no_lease_still_works_without_one
     assert await dispatch(Store(), plain) == ["order-1"]
 
     assert marked == ["order-1"]
-    assert calls == [(numbered_event(1),)]
+    assert calls == [(numbered(1),)]
 
 
 # ---------------------------------------------------------------- the real sink's fence
@@ -148,16 +153,14 @@ async def test_the_real_sink_refuses_a_stale_epoch_as_fenced_by_sink(
     url = f"{await serve_sink(db)}/events"
 
     async with HttpSender(url) as sender:
-        await sender.deliver(numbered_event(1), lease=Lease(SOURCE, "snack", 3))
+        await sender.deliver(numbered(1), lease=Lease(SOURCE, "snack", 3))
         with pytest.raises(FencedBySink) as single:
-            await sender.deliver(numbered_event(2), lease=Lease(SOURCE, "snack", 2))
+            await sender.deliver(numbered(2), lease=Lease(SOURCE, "snack", 2))
         with pytest.raises(FencedBySink) as batch:
-            await sender.deliver_batch(
-                [numbered_event(3), numbered_event(4)], lease=Lease(SOURCE, "snack", 1)
-            )
+            await sender.deliver_batch([numbered(3), numbered(4)], lease=Lease(SOURCE, "snack", 1))
         # The line's current epoch and other lines are not fenced.
-        await sender.deliver(numbered_event(5), lease=Lease(SOURCE, "snack", 3))
-        await sender.deliver(numbered_event(6, "tea"), lease=Lease(SOURCE, "tea", 1))
+        await sender.deliver(numbered(5), lease=Lease(SOURCE, "snack", 3))
+        await sender.deliver(numbered(6, "tea"), lease=Lease(SOURCE, "tea", 1))
 
     assert (single.value.line, single.value.epoch, single.value.status) == ("snack", 2, 409)
     assert (batch.value.line, batch.value.epoch) == ("snack", 1)
@@ -175,9 +178,9 @@ async def test_a_conflict_under_a_good_lease_is_still_rejected(
     url = f"{await serve_sink(tmp_path / 'sink.db')}/events"
 
     async with HttpSender(url) as sender:
-        await sender.deliver(numbered_event(1, qty=1), lease=LANE)
+        await sender.deliver(numbered(1, qty=1), lease=LANE)
         with pytest.raises(Rejected) as caught:
-            await sender.deliver(numbered_event(1, qty=2), lease=LANE)
+            await sender.deliver(numbered(1, qty=2), lease=LANE)
 
     assert not isinstance(caught.value, LeaseLost)
     assert (caught.value.status, caught.value.retryable) == (409, False)
@@ -195,9 +198,9 @@ async def test_a_fenced_409_raises_fenced_by_sink_for_the_whole_request(
     async with HttpSender(url) as sender:
         with pytest.raises(FencedBySink) as caught:
             if batch:
-                await sender.deliver_batch([numbered_event(1), numbered_event(2)], lease=LANE)
+                await sender.deliver_batch([numbered(1), numbered(2)], lease=LANE)
             else:
-                await sender.deliver(numbered_event(1), lease=LANE)
+                await sender.deliver(numbered(1), lease=LANE)
 
     assert (caught.value.line, caught.value.epoch) == ("snack", 7)
     assert "epoch 9 has been seen" in str(caught.value)
@@ -219,7 +222,7 @@ async def test_a_409_without_a_fenced_object_is_rejected(
 
     async with HttpSender(url) as sender:
         with pytest.raises(Rejected) as caught:
-            await sender.deliver(numbered_event(1), lease=LANE)
+            await sender.deliver(numbered(1), lease=LANE)
 
     assert not isinstance(caught.value, LeaseLost)
 
@@ -233,7 +236,7 @@ async def test_a_fenced_409_to_a_request_without_a_lease_is_not_acknowledged(
 
     async with HttpSender(url) as sender:
         with pytest.raises(NotAcknowledged) as caught:
-            await sender.deliver(numbered_event(1))
+            await sender.deliver(numbered(1))
 
     assert not isinstance(caught.value, Rejected | LeaseLost)
     assert caught.value.retryable is True
@@ -242,7 +245,7 @@ async def test_a_fenced_409_to_a_request_without_a_lease_is_not_acknowledged(
 async def test_a_batch_item_refused_as_fenced_is_fenced_by_sink(serve: Serve) -> None:
     """Not what the sink does (a stale lease refuses the whole request), but a reply
     that says so of one item must not count as the event refused."""
-    first = numbered_event(1)
+    first = numbered(1)
     reply = {
         "acks": [make_ack("order-1", Receipt.APPLIED, payload_digest(first))],
         "rejected": {"index": 1, "status": 409, **FENCED_BODY},
@@ -257,9 +260,7 @@ async def test_a_batch_item_refused_as_fenced_is_fenced_by_sink(serve: Serve) ->
     url = f"{await serve(app)}/events"
 
     async with HttpSender(url) as sender:
-        results: Sequence[object] = await sender.deliver_batch(
-            [first, numbered_event(2)], lease=LANE
-        )
+        results: Sequence[object] = await sender.deliver_batch([first, numbered(2)], lease=LANE)
 
     assert isinstance(results[0], dict)
     assert isinstance(results[1], FencedBySink)
