@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from support import as_event
 
 from chaos.dbs import is_postgres
 from chaos.procs import ChaosError
@@ -79,7 +80,7 @@ class Files:
     async def receive(self, *orders: dict[str, Any]) -> None:
         async with Inbox.open(self.sink) as inbox:
             for order in orders:
-                await inbox.receive(dict(order))
+                await inbox.receive(as_event(order))
 
     async def deliver(self, *orders: dict[str, Any]) -> None:
         """Received by the sink, then marked sent: the normal path."""
