@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 from cli_support import as_a_child_process, run_publisher
+from support import LOOPBACK, http_request, serve_args
 
 if TYPE_CHECKING:
-    from conftest import AcceptOrders, Query, RunCli, StartSink
+    from conftest import AcceptOrders, Query, RunCli, StartPublisher, StartSink
 
 pytestmark = pytest.mark.e2e
 
@@ -66,6 +67,42 @@ def test_dispatch_with_limit_sends_only_that_many_in_order(
         ("m-third", 0),
     ]
     assert db_rows(tmp_path / "sink.db", "SELECT qty FROM inventory") == [(3,)]
+
+
+# ---------------------------------------------------------------- events of any type
+
+
+# Recorded by a real `publisher serve` (POST /events), read by real `list` and `trace`.
+def test_list_and_trace_read_events_of_any_type_by_type_and_key(
+    tmp_path: Path, publisher_process: StartPublisher, run_cli: RunCli
+) -> None:
+    source = str(tmp_path / "source.db")
+    publisher = publisher_process(*serve_args(source, f"http://{LOOPBACK}:9/events"))
+    events = [
+        {"id": "pay-1", "type": "payment.captured", "key": "cust-1", "data": {"amount": 5}},
+        {"id": "tick-1", "type": "clock.tick", "data": {"at": "\u001b[2J"}},
+        {"id": "pay-2", "type": "payment.captured", "key": "cust-2", "data": {"amount": 7}},
+    ]
+    for event in events:
+        assert http_request(publisher.port, "POST", "/events", event)[0] == 201
+
+    def listed(*args: str) -> list[str]:
+        result = run_cli("publisher", "list", "--db", source, *args)
+        assert (result.returncode, result.stderr) == (0, "")
+        return [line.split()[1] for line in result.stdout.splitlines()]
+
+    assert listed("--type", "payment.captured") == ["pay-1", "pay-2"]
+    assert listed("--key", "*") == ["tick-1"]
+    whole = run_cli("publisher", "list", "--db", source).stdout
+    assert "\x1b" not in whole and '{"at":"\\u001b[2J"}' in whole
+
+    traced = run_cli("publisher", "trace", "--db", source, "tick-1")
+    assert traced.returncode == 0, traced.stderr
+    assert "event clock.tick data" in traced.stdout and "\x1b" not in traced.stdout
+
+    refused = run_cli("publisher", "list", "--db", source, "--type", "no type")
+    assert refused.returncode == 2 and "--type" in refused.stderr
+    assert_one_line_error(refused)
 
 
 # ---------------------------------------------------------------- sink
