@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
-from support import event, eventually, try_write_lock
+from support import eventually, placed, try_write_lock
 
 from shared import Receipt
 from sink.backends.sqlite import SqliteInbox
+from sink.store import Incoming
 from sqlite_tx import BUSY_TIMEOUT_MS, Database, StorageError, transaction
 
 if TYPE_CHECKING:
@@ -348,7 +349,8 @@ async def test_healthz_answers_while_a_post_waits_for_the_write_lock(
 async def test_a_batch_that_waited_for_the_write_lock_applies_every_event(
     inbox: SqliteInbox, sink_db: Path, db_rows: Query
 ) -> None:
-    events = [event("e0", qty=1), event("e1", "juice", 2), event("e2", qty=4)]
+    orders = [placed("e0", qty=1), placed("e1", "juice", 2), placed("e2", qty=4)]
+    events = [Incoming.checked(one) for one in orders]
     with write_lock(sink_db) as lock:
         call = asyncio.create_task(inbox.receive_batch(events))
         try:
