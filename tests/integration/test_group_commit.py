@@ -34,7 +34,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import pytest
-from support import ManualClock, event, eventually, inbox_ids, inventory, post_json, settle
+from support import (
+    ManualClock,
+    as_event,
+    event,
+    eventually,
+    inbox_ids,
+    inventory,
+    placed,
+    post_json,
+    settle,
+)
 
 from publisher.app import OUTBOX, ServiceSettings, create_app
 from publisher.backends.sqlite import GATHER_PASSES, SqliteOutbox
@@ -45,7 +55,7 @@ from shared import Conflict, Event, Receipt, canonical_json, make_ack, payload_d
 from sink.app import INBOX
 from sink.backends.sqlite import SqliteInbox
 from sink.chaos import Chaos, chaos_app
-from sink.store import BatchReceipt
+from sink.store import BatchReceipt, Incoming
 from sqlite_tx import INLINE_BACKOFF_S, Database, InlineWrites, StorageError
 from sqlite_tx.aiosqlite_internals import raw_connection
 
@@ -174,7 +184,9 @@ async def test_a_groups_new_orders_are_inserted_in_one_statement_a_table_as_each
     assert [row[:4] for row in entries] == [
         (e["id"], e["sku"], e["qty"], "integer") for e in written
     ]
-    assert [(row[5], row[6]) for row in entries] == [(canonical_json(e), e["sku"]) for e in written]
+    assert [(row[5], row[6]) for row in entries] == [
+        (canonical_json(as_event(e)), e["sku"]) for e in written
+    ]
     times = [row[4] for row in entries[1:]]
     assert times == [row[7] for row in entries[1:]] and set(times) <= set(stamps)
     assert times[1] == times[2] != times[0]  # one call's orders: its one time
@@ -204,6 +216,11 @@ def others_in_progress(inbox: SqliteInbox) -> Iterator[None]:
         yield
 
 
+def taken(events: list[Event]) -> list[Incoming]:
+    """The events as the inbox takes them, validated."""
+    return [Incoming.checked(one) for one in events]
+
+
 def receipts(result: object) -> list[tuple[Receipt, str]]:
     assert isinstance(result, BatchReceipt), result
     return [(r.receipt, r.digest) for r in result.received]
@@ -223,14 +240,14 @@ def received_at(db_rows: Query, db: Path, ids: list[str]) -> set[float]:
 async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its_own_receipts(
     inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    known = event("known", "tea", 9)
-    await inbox.receive_batch([known])
-    calls = [[event(f"c{k}-{n}", f"sku{k}", 10 * k + n + 1) for n in range(3)] for k in range(5)]
+    known = placed("known", "tea", 9)
+    await inbox.receive_batch(taken([known]))
+    calls = [[placed(f"c{k}-{n}", f"sku{k}", 10 * k + n + 1) for n in range(3)] for k in range(5)]
     calls[3].insert(1, known)  # one call also repeats an event: applied, duplicate, applied...
     trips = watch(inbox._db, monkeypatch)
 
     with others_in_progress(inbox):
-        results = await all_of(*(inbox.receive_batch(c) for c in calls))
+        results = await all_of(*(inbox.receive_batch(taken(c)) for c in calls))
 
     for call, result in zip(calls, results, strict=True):
         assert isinstance(result, BatchReceipt) and result.conflict is None
@@ -254,19 +271,24 @@ async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its
 async def test_a_conflict_in_one_grouped_call_stops_that_call_only(
     inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    known = event("known", "tea", 9)
-    await inbox.receive_batch([known])
-    a = [event("a0", "apple", 1), event("a1", "apple", 2), event("known", "tea", 10), event("a3")]
-    b = [event("b0", "bean", 4), event("b1", "bean", 8)]
-    c = [event("c0", "corn", 16)]
+    known = placed("known", "tea", 9)
+    await inbox.receive_batch(taken([known]))
+    a = [
+        placed("a0", "apple", 1),
+        placed("a1", "apple", 2),
+        placed("known", "tea", 10),
+        placed("a3"),
+    ]
+    b = [placed("b0", "bean", 4), placed("b1", "bean", 8)]
+    c = [placed("c0", "corn", 16)]
     trips = watch(inbox._db, monkeypatch)
 
     with others_in_progress(inbox):
         got_a, got_b, got_single, got_c = await all_of(
-            inbox.receive_batch(a),
-            inbox.receive_batch(b),
-            inbox.receive_with_digest({**known, "qty": 11}),
-            inbox.receive_batch(c),
+            inbox.receive_batch(taken(a)),
+            inbox.receive_batch(taken(b)),
+            inbox.receive_with_digest(Incoming.checked(placed("known", "tea", 11))),
+            inbox.receive_batch(taken(c)),
         )
 
     assert receipts(got_a) == applied(*a[:2])
@@ -286,13 +308,13 @@ async def test_a_conflict_in_one_grouped_call_stops_that_call_only(
 async def test_a_new_id_in_two_grouped_calls_is_applied_by_the_first_and_a_duplicate_in_the_second(
     inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    x = event("x", "tea", 5)
-    first, second = [x, event("a1", "apple", 1)], [event("b1", "bean", 2), x]
+    x = placed("x", "tea", 5)
+    first, second = [x, placed("a1", "apple", 1)], [placed("b1", "bean", 2), x]
     trips = watch(inbox._db, monkeypatch)
 
     with others_in_progress(inbox):
         got_first, got_second = await all_of(
-            inbox.receive_batch(first), inbox.receive_batch(second)
+            inbox.receive_batch(taken(first)), inbox.receive_batch(taken(second))
         )
 
     assert receipts(got_first) == applied(*first)
@@ -312,13 +334,13 @@ async def test_a_write_alone_commits_inline_and_a_shared_one_on_the_worker_threa
     trips = watch(inbox._db, monkeypatch)
     loop_thread = threading.get_ident()
 
-    alone = await inbox.receive_batch([event("alone", qty=2)])
+    alone = await inbox.receive_batch(taken([placed("alone", qty=2)]))
     assert (trips.inline, trips.worker) == ([loop_thread], [])
     with others_in_progress(inbox):
-        shared = await inbox.receive_with_digest(event("shared", qty=3))
+        shared = await inbox.receive_with_digest(Incoming.checked(placed("shared", qty=3)))
 
-    assert receipts(alone) == applied(event("alone", qty=2))
-    assert (shared.receipt, shared.digest) == applied(event("shared", qty=3))[0]
+    assert receipts(alone) == applied(placed("alone", qty=2))
+    assert (shared.receipt, shared.digest) == applied(placed("shared", qty=3))[0]
     assert trips.inline == [loop_thread]
     assert len(trips.worker) == 1 and trips.worker[0] != loop_thread
     assert inbox_ids(sink_db) == ["alone", "shared"]
@@ -331,13 +353,13 @@ async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
     trips = watch(inbox._db, monkeypatch)
     with trips.hold() as gate:
         with others_in_progress(inbox):
-            first = asyncio.create_task(inbox.receive_batch([event("e1")]))
+            first = asyncio.create_task(inbox.receive_batch(taken([placed("e1")])))
             await eventually(gate.started.is_set)
         assert inbox.writes_in_progress == 0  # the next call is alone: not shared
-        unshared = asyncio.create_task(inbox.receive_batch([event("e2")]))
+        unshared = asyncio.create_task(inbox.receive_batch(taken([placed("e2")])))
         await asyncio.sleep(ARRIVAL_S)  # each call in its own turn of the loop
         with others_in_progress(inbox):
-            shared = asyncio.create_task(inbox.receive_batch([event("e3")]))
+            shared = asyncio.create_task(inbox.receive_batch(taken([placed("e3")])))
             await asyncio.sleep(ARRIVAL_S)  # it decides how to commit as it starts
         try:
             await asyncio.sleep(PENDING_S)
@@ -350,7 +372,7 @@ async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
             await settle(first, unshared, shared)
 
     assert [receipts(t.result()) for t in (first, unshared, shared)] == [
-        applied(event(i)) for i in ("e1", "e2", "e3")
+        applied(placed(i)) for i in ("e1", "e2", "e3")
     ]
     # The held group, then one more with both calls that came while it ran.
     assert len(trips.worker) == 2 and trips.inline == []
@@ -365,13 +387,15 @@ async def test_a_grouped_call_whose_sql_fails_gets_a_storage_error_and_leaves_no
     inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     poison(sink_db, "inbox", "INSERT", "b-poison")
-    a = [event("a0", "apple", 1), event("a1", "apple", 2)]
-    b = [event("b0", "bean", 4), event("b-poison", "bean", 8), event("b2", "bean", 16)]
-    c = [event("c0", "corn", 32)]
+    a = [placed("a0", "apple", 1), placed("a1", "apple", 2)]
+    b = [placed("b0", "bean", 4), placed("b-poison", "bean", 8), placed("b2", "bean", 16)]
+    c = [placed("c0", "corn", 32)]
     trips = watch(inbox._db, monkeypatch)
 
     with others_in_progress(inbox):
-        got_a, got_b, got_c = await all_of(*(inbox.receive_batch(call) for call in (a, b, c)))
+        got_a, got_b, got_c = await all_of(
+            *(inbox.receive_batch(taken(call)) for call in (a, b, c))
+        )
 
     assert isinstance(got_b, StorageError) and "poisoned row" in str(got_b)
     assert receipts(got_a) == applied(*a) and receipts(got_c) == applied(*c)
@@ -379,7 +403,7 @@ async def test_a_grouped_call_whose_sql_fails_gets_a_storage_error_and_leaves_no
     assert inbox_ids(sink_db) == ["a0", "a1", "c0"]
     assert inventory(sink_db) == {"apple": 3, "corn": 32}
     # The committer is not stuck: the next write alone commits inline again.
-    assert receipts(await inbox.receive_batch([b[0]])) == applied(b[0])
+    assert receipts(await inbox.receive_batch(taken([b[0]]))) == applied(b[0])
     assert trips.inline == [threading.get_ident()]
 
 
@@ -388,10 +412,10 @@ async def test_a_cancelled_shared_write_still_commits_and_later_writes_go_inline
 ) -> None:
     trips = watch(inbox._db, monkeypatch)
     with trips.hold() as gate, others_in_progress(inbox):
-        running = asyncio.create_task(inbox.receive_batch([event("e1")]))
+        running = asyncio.create_task(inbox.receive_batch(taken([placed("e1")])))
         await eventually(gate.started.is_set)
-        queued = asyncio.create_task(inbox.receive_batch([event("e2")]))
-        waited = asyncio.create_task(inbox.receive_batch([event("e3")]))
+        queued = asyncio.create_task(inbox.receive_batch(taken([placed("e2")])))
+        waited = asyncio.create_task(inbox.receive_batch(taken([placed("e3")])))
         await asyncio.sleep(0)
         try:
             await settle(running, queued)  # one in the held transaction, one queued
@@ -403,10 +427,10 @@ async def test_a_cancelled_shared_write_still_commits_and_later_writes_go_inline
             await settle(waited)
 
     assert running.cancelled() and queued.cancelled()
-    assert receipts(result) == applied(event("e3"))
+    assert receipts(result) == applied(placed("e3"))
     assert inbox_ids(sink_db) == ["e1", "e2", "e3"]
     assert len(trips.worker) == 2 and trips.inline == []
-    assert receipts(await inbox.receive_batch([event("e4")])) == applied(event("e4"))
+    assert receipts(await inbox.receive_batch(taken([placed("e4")]))) == applied(placed("e4"))
     assert trips.inline == [threading.get_ident()] and len(trips.worker) == 2
     assert inventory(sink_db) == {"snack": 4}
 
@@ -436,11 +460,11 @@ async def test_concurrent_batch_posts_share_commits_and_each_gets_its_own_acks(
     stalled_sink: Served, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     url = f"{stalled_sink.base}/events/batch"
-    known = event("known", "tea", 9)
+    known = placed("known", "tea", 9)
     assert (await post_json(client, url, {"events": [known]}))[0] == 200
     assert (len(stalled_sink.trips.inline), stalled_sink.trips.worker) == (1, [])  # alone
-    bodies = [[event(f"r{k}-{n}", f"sku{k}", n + 1) for n in range(3)] for k in range(REQUESTS)]
-    bodies[1][1] = {**known, "qty": 10}  # conflicts: r1-0 commits, r1-2 does not
+    bodies = [[placed(f"r{k}-{n}", f"sku{k}", n + 1) for n in range(3)] for k in range(REQUESTS)]
+    bodies[1][1] = placed("known", "tea", 10)  # conflicts: r1-0 commits, r1-2 does not
 
     replies = await all_of(*(post_json(client, url, {"events": body}) for body in bodies))
 
@@ -470,7 +494,7 @@ async def test_concurrent_event_posts_share_commits_and_each_gets_its_own_ack(
     stalled_sink: Served, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     url = f"{stalled_sink.base}/events"
-    events = [event(f"p{k}", f"sku{k % 2}", k + 1) for k in range(REQUESTS)]
+    events = [placed(f"p{k}", f"sku{k % 2}", k + 1) for k in range(REQUESTS)]
     events.append(events[0])  # the same event again: a duplicate
 
     replies = await all_of(*(post_json(client, url, e) for e in events))
