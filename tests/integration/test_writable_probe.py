@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from small_disk import fill, small_disk
+from support import placed
 
 from plumbing.storage import StorageError
 from publisher.backends import sqlite_sql as outbox_sql
@@ -30,7 +31,7 @@ async def test_a_full_disk_fails_the_probe_of_both_sides_and_freeing_it_passes_a
     with small_disk(tmp_path / "disk") as disk:
         async with Outbox.open(disk / "source.db") as outbox, Inbox.open(disk / "sink.db") as inbox:
             await outbox.accept({"id": "a", "sku": "snack", "qty": 1})
-            await inbox.receive({"id": "a", "sku": "snack", "qty": 1})
+            await inbox.receive(placed("a"))
             await outbox.check_writable()
             await inbox.check_writable()
             filler = fill(disk)
@@ -44,7 +45,7 @@ async def test_a_full_disk_fails_the_probe_of_both_sides_and_freeing_it_passes_a
             await outbox.check_writable()
             await inbox.check_writable()
             assert await outbox.accept({"id": "b", "sku": "snack", "qty": 1}) == "accepted"
-            receipt = await inbox.receive({"id": "b", "sku": "snack", "qty": 1})
+            receipt = await inbox.receive(placed("b"))
             assert receipt is Receipt.APPLIED
         assert db_rows(disk / "source.db", "SELECT id FROM outbox ORDER BY seq") == [("a",), ("b",)]
         assert db_rows(disk / "sink.db", "SELECT qty FROM inventory") == [(2,)]
