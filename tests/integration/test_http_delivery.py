@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import aiohttp
 import pytest
 from aiohttp import web
-from support import padded
+from support import padded, placed
 
 from publisher import DeliveryError, HttpSender, NotAcknowledged, Rejected, TargetNotAllowed
 from publisher.http import MAX_REPLY_BYTES, send_http
@@ -23,7 +23,7 @@ from shared import Event, payload_digest
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink, StartRaw
 
-EVENT: Event = {"id": "order-1", "sku": "snack", "qty": 7}
+EVENT: Event = placed("order-1", "snack", 7)
 ACK: dict[str, str] = {"ack": "order-1", "status": "applied"}
 FAST_FAIL_S = 2.0
 PROXIES = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
@@ -74,7 +74,7 @@ async def test_verified_ack_from_the_real_sink_is_true(
     async with HttpSender(url) as send:
         assert await send(as_event(EVENT)) is True
         again = await send.deliver(as_event(EVENT))
-        assert await send({"id": "order-2", "sku": "snack", "qty": 5}) is True
+        assert await send(placed("order-2", "snack", 5)) is True
 
     assert (again["ack"], again["status"]) == ("order-1", "duplicate")
     assert again["sha256"] == payload_digest(EVENT)
@@ -310,7 +310,7 @@ async def test_invalid_event_rejected_by_the_sink_is_not_retryable(
     url = f"{await serve_sink(tmp_path / 'sink.db')}/events"
 
     with pytest.raises(Rejected) as caught:
-        await deliver(url, {"id": "order-1", "sku": "snack", "qty": 0})
+        await deliver(url, {**EVENT, "type": "order placed"})
 
     assert (caught.value.status, caught.value.retryable) == (400, False)
     assert db_rows(tmp_path / "sink.db", "SELECT * FROM inbox") == []
@@ -323,7 +323,7 @@ async def test_conflict_rejected_by_the_sink_is_not_retryable(
     assert await deliver(url) is True
 
     with pytest.raises(Rejected) as caught:
-        await deliver(url, {"id": "order-1", "sku": "snack", "qty": 8})
+        await deliver(url, placed("order-1", "snack", 8))
 
     assert (caught.value.status, caught.value.retryable) == (409, False)
     assert db_rows(tmp_path / "sink.db", "SELECT qty FROM inventory") == [(7,)]
@@ -437,7 +437,7 @@ async def test_proxy_variables_are_ignored(
     url = f"{await serve_sink(tmp_path / 'sink.db')}/events"
 
     assert await deliver(url) is True
-    assert await send_http(url, {"id": "order-2", "sku": "snack", "qty": 1}) is True
+    assert await send_http(url, placed("order-2", "snack", 1)) is True
     assert proxy.connections == 0
     assert db_rows(tmp_path / "sink.db", "SELECT count(*) FROM inbox") == [(2,)]
 

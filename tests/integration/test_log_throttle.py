@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from relay_lines import FAST, POLL_INTERVAL_S, relay_of, running, sender_for
 from small_disk import fill, small_disk
-from support import eventually
+from support import eventually, sent_events
 
 from publisher.store import Outbox
 from shared import Receipt, make_ack, payload_digest
@@ -111,7 +111,7 @@ async def test_a_sink_that_keeps_failing_blocks_the_head_with_one_line_per_inter
     async def events(request: web.Request) -> web.Response:
         nonlocal requests
         requests += 1
-        event = await request.json()
+        [event] = sent_events(await request.json())
         if broken:
             return web.json_response({"error": "overloaded"}, status=503)
         return web.json_response(make_ack(event["id"], Receipt.APPLIED, payload_digest(event)))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
+from support import placed
 
 from publisher.errors import DeliveryError, NotAcknowledged, Rejected, TargetNotAllowed
 from publisher.http import HttpSender
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 TOKEN = "correct-horse-battery-staple-42"
 WRONG = "correct-horse-battery-staple-43"
 EVENT: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
+PLACED = placed("order-1", "snack", 7)  # EVENT as the sender sends it
 UNAUTHORIZED = re.compile(r"^sink_unauthorized_requests_total\s+(\S+)$", re.MULTILINE)
 
 
@@ -198,7 +200,7 @@ async def test_without_a_token_setting_the_sink_is_open(
 
 async def test_sender_with_the_token_delivers(base: str, sink_db: Path, db_rows: Query) -> None:
     async with HttpSender(f"{base}/events", token=TOKEN) as sender:
-        ack = await sender.deliver(dict(EVENT))  # type: ignore[arg-type]
+        ack = await sender.deliver(PLACED)
         record = await sender.lookup("order-1")
 
     assert ack["ack"] == "order-1"
@@ -209,9 +211,9 @@ async def test_sender_with_the_token_delivers(base: str, sink_db: Path, db_rows:
 async def test_sender_batch_with_the_token_delivers(
     base: str, sink_db: Path, db_rows: Query
 ) -> None:
-    events = [dict(EVENT), {"id": "order-2", "sku": "juice", "qty": 2}]
+    events = [PLACED, placed("order-2", "juice", 2)]
     async with HttpSender(f"{base}/events", token=TOKEN) as sender:
-        results = await sender.deliver_batch(events)  # type: ignore[arg-type]
+        results = await sender.deliver_batch(events)
 
     assert [r["ack"] for r in results if isinstance(r, dict)] == ["order-1", "order-2"]
     assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
@@ -230,7 +232,7 @@ async def test_sender_without_the_right_token_is_not_acknowledged(
 ) -> None:
     async with HttpSender(f"{base}/events", token=token) as sender:
         with pytest.raises(NotAcknowledged) as raised:
-            await sender.deliver(dict(EVENT))  # type: ignore[arg-type]
+            await sender.deliver(PLACED)
 
     error = raised.value
     assert not isinstance(error, Rejected)
