@@ -39,8 +39,19 @@ from hypothesis.stateful import (
 from publisher import MAX_BATCH, NotAcknowledged, Outbox, dispatch
 from publisher.errors import InvalidTransition, UnknownEntry
 from publisher.store import State
-from shared import Conflict, Event, InvalidEvent, Receipt, payload_digest, validate_event
+from shared import (
+    ORDER_PLACED,
+    Conflict,
+    Event,
+    InvalidEvent,
+    Order,
+    Receipt,
+    order_canonical,
+    order_event,
+    payload_digest,
+)
 from sink import Inbox
+from sink.store import Incoming
 
 T = TypeVar("T")
 
@@ -80,8 +91,8 @@ NOT_TRUE: Final[tuple[object, ...]] = (False, None, 1, "ok", {"ack": "order-0"},
 BAD_LIMITS: Final[tuple[object, ...]] = (0, -1, MAX_BATCH + 1, True, 2.0, None, "4")
 
 
-def invalid_events(order_id: str) -> list[tuple[object, str]]:
-    """Events that break the contract, each with the field the error must name.
+def invalid_orders(order_id: str) -> list[tuple[object, str]]:
+    """Orders that break the intake's contract, each with the field the error must name.
 
     They use a pool ID, so a validator that let one through would really record it.
     """
@@ -103,6 +114,32 @@ def invalid_events(order_id: str) -> list[tuple[object, str]]:
     ]
 
 
+def invalid_events(order_id: str) -> list[tuple[object, str]]:
+    """Events that break the contract, each with the place (a JSON pointer) the error
+    must name: what the sink's inbox and the publisher's `publish` refuse.
+
+    They use a pool ID, so a validator that let one through would really record it.
+    """
+    good = {"id": order_id, "type": ORDER_PLACED, "key": "snack"}
+    data = {"sku": "snack", "qty": 2}
+    return [
+        (good, "/data"),
+        ({**good, "data": [data]}, "/data"),
+        ({"id": order_id, "key": "snack", "data": data}, "/type"),
+        ({**good, "type": "order placed", "data": data}, "/type"),
+        ({**good, "data": data, "note": "x"}, "/note"),
+        ({**good, "id": f"-{order_id}", "data": data}, "/id"),
+        ({**good, "id": f"{order_id} ", "data": data}, "/id"),
+        ({**good, "id": order_id + "x" * 128, "data": data}, "/id"),
+        ({**good, "key": "", "data": data}, "/key"),
+        ({**good, "key": "sn ack", "data": data}, "/key"),
+        ({**good, "data": {**data, "qty": 2**53}}, "/data/qty"),
+        ({**good, "data": {**data, "qty": float("nan")}}, "/data/qty"),
+        ([order_id, ORDER_PLACED, data], ""),
+        (None, ""),
+    ]
+
+
 class SendFailed(Exception):
     """The send failed before the sink committed anything (connection refused, say)."""
 
@@ -117,9 +154,14 @@ class CrashAfterAck(Exception):
 
 @dataclass
 class ModelOrder:
-    event: Event
+    order: Order  # as accepted at the intake
     rank: int  # acceptance order: seq must sort the entries the same way
     state: StateName = "pending"
+
+    @property
+    def event(self) -> Event:
+        """The order.placed event the order is recorded, relayed and applied as."""
+        return order_event(self.order)
 
 
 @dataclass
@@ -266,7 +308,7 @@ class OutboxRelayMachine(RuleBasedStateMachine):
         """Hand the event to the real sink and check its receipt against the model."""
         event_id = event["id"]
         first = event_id not in self.applied
-        received = await inbox.receive_with_digest(validate_event(dict(event)))
+        received = await inbox.receive_with_digest(Incoming.checked(dict(event)))
         assert received.receipt is (Receipt.APPLIED if first else Receipt.DUPLICATE)
         assert received.digest == payload_digest(self.orders[event_id].event)
         if first:
@@ -284,7 +326,7 @@ class OutboxRelayMachine(RuleBasedStateMachine):
     def accept_first_orders(self, first: list[tuple[str, str, int]]) -> None:
         # Start most runs with a backlog, so that steps are not spent waiting for intake.
         for order_id, sku, qty in first:
-            self.intake(Event(id=order_id, sku=sku, qty=qty))
+            self.intake(Order(id=order_id, sku=sku, qty=qty))
 
     @rule(
         order_id=st.sampled_from(ORDER_IDS),
@@ -296,23 +338,23 @@ class OutboxRelayMachine(RuleBasedStateMachine):
         known = self.orders.get(order_id)
         if known is not None and repeat:
             # Drawing the same payload by chance is rare; this makes duplicates common.
-            self.intake(Event(**known.event))
+            self.intake(Order(**known.order))
         else:
-            self.intake(Event(id=order_id, sku=sku, qty=qty))
+            self.intake(Order(id=order_id, sku=sku, qty=qty))
 
-    def intake(self, event: Event) -> None:
-        order_id = event["id"]
+    def intake(self, order: Order) -> None:
+        order_id = order["id"]
         known = self.orders.get(order_id)
         if known is None:
-            assert self.run(self.ob.accept(dict(event))) == "accepted"
-            self.orders[order_id] = ModelOrder(event, rank=len(self.orders))
+            assert self.run(self.ob.accept(dict(order))) == "accepted"
+            self.orders[order_id] = ModelOrder(order, rank=len(self.orders))
             return
         before = self.dump()
-        if known.event == event:
-            assert self.run(self.ob.accept(dict(event))) == "duplicate"
+        if known.order == order:
+            assert self.run(self.ob.accept(dict(order))) == "duplicate"
         else:
             with pytest.raises(Conflict) as caught:
-                self.run(self.ob.accept(dict(event)))
+                self.run(self.ob.accept(dict(order)))
             assert caught.value.event_id == order_id
         assert self.dump() == before, "a duplicate or a conflict changed the databases"
 
@@ -349,7 +391,7 @@ class OutboxRelayMachine(RuleBasedStateMachine):
                 return data.draw(st.sampled_from(NOT_TRUE), label=f"reply for {event_id}")
             if data.draw(st.booleans(), label=f"send mutates its copy of {event_id}"):
                 # The callback's copy is its own: the mark must still use the selected ID.
-                event["id"], event["qty"] = "mutated", QTY_MAX + 1
+                event["id"], event["data"]["qty"] = "mutated", QTY_MAX + 1
             acked.append(event_id)
             return True
 
@@ -473,24 +515,32 @@ class OutboxRelayMachine(RuleBasedStateMachine):
 
     def refuse_invalid_event(self, data: st.DataObject) -> None:
         order_id = data.draw(st.sampled_from(ORDER_IDS), label="ID used")
-        bad, named = data.draw(st.sampled_from(invalid_events(order_id)), label="invalid event")
+        order, field = data.draw(st.sampled_from(invalid_orders(order_id)), label="invalid order")
+        bad, pointer = data.draw(st.sampled_from(invalid_events(order_id)), label="invalid event")
         before = self.dump()
         with pytest.raises(InvalidEvent) as at_intake:
-            self.run(self.ob.accept(bad))
+            self.run(self.ob.accept(order))
+        with pytest.raises(InvalidEvent) as at_publish:
+            self.run(self.ob.publish(bad))
         with pytest.raises(InvalidEvent) as at_sink:
             self.run(self.ib.receive(bad))
-        assert at_intake.value.field == named
-        assert at_sink.value.field == named
+        assert at_intake.value.field == field
+        assert at_publish.value.field == pointer
+        assert at_sink.value.field == pointer
         assert self.dump() == before, "invalid input changed the databases"
 
     def refuse_conflict_at_sink(self, data: st.DataObject) -> None:
         order_id = data.draw(st.sampled_from(self.applied), label="applied order")
-        held = self.orders[order_id].event
+        held = self.orders[order_id].order
         changed = data.draw(
             st.sampled_from(
                 [
-                    {**held, "qty": held["qty"] % QTY_MAX + 1},
-                    {**held, "sku": SKUS[(SKUS.index(held["sku"]) + 1) % len(SKUS)]},
+                    Incoming.of_order({**held, "qty": held["qty"] % QTY_MAX + 1}),
+                    Incoming.of_order(
+                        {**held, "sku": SKUS[(SKUS.index(held["sku"]) + 1) % len(SKUS)]}
+                    ),
+                    # The same key and data under another type is another event.
+                    Incoming.checked({**self.orders[order_id].event, "type": "order.cancelled"}),
                 ]
             ),
             label="conflicting payload",
@@ -559,8 +609,8 @@ class OutboxRelayMachine(RuleBasedStateMachine):
         assert len(ids) == len(set(ids)), f"the inbox holds an ID twice: {ids}"
         expected: Counter[str] = Counter()
         for _, payload in disk["inbox"]:
-            event = json.loads(payload)
-            expected[event["sku"]] += event["qty"]
+            order = json.loads(payload)["data"]  # every event here is an order.placed
+            expected[order["sku"]] += order["qty"]
         inventory = {sku: qty for sku, qty in disk["inventory"] if qty}
         assert inventory == dict(expected), "inventory is not the sum of the applied events"
 
@@ -591,13 +641,15 @@ class OutboxRelayMachine(RuleBasedStateMachine):
 
     def disk_matches_model(self, disk: dict[str, Rows]) -> None:
         orders = {event_id: (sku, qty) for event_id, sku, qty in disk["orders"]}
-        assert orders == {i: (o.event["sku"], o.event["qty"]) for i, o in self.orders.items()}
+        assert orders == {i: (o.order["sku"], o.order["qty"]) for i, o in self.orders.items()}
         ids = [row[1] for row in disk["outbox"]]
         assert ids == sorted(self.orders, key=lambda i: self.orders[i].rank), (
             "outbox seq order is not acceptance order"
         )
         for _, event_id, payload, sent, quarantined in disk["outbox"]:
             assert json.loads(payload) == self.orders[event_id].event
+            # Stored in its canonical form (RFC 8785), which the digests are over.
+            assert payload == order_canonical(self.orders[event_id].order)
             state = "sent" if sent else "quarantined" if quarantined else "pending"
             assert state == self.orders[event_id].state, f"{event_id} is {state} on disk"
         applied = [row[0] for row in disk["inbox"]]
