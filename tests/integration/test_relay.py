@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import accept, eventually, sent_ids
+from support import accept, eventually, placed, sent_events, sent_ids
 
 from publisher.head_policy import AUTO_QUARANTINE_BY
 from publisher.http import HttpSender
 from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from publisher.store import Outbox, State
-from shared import Event, Receipt, make_ack, payload_digest
+from shared import Receipt, make_ack, payload_digest
 
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink
@@ -57,7 +57,7 @@ class FakeSink:
     on_request: Callable[[str], Any] | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
-        event = json.loads(await request.read())
+        (event,) = sent_events(json.loads(await request.read()))
         self.received.append(event["id"])
         self.times.append(time.monotonic())
         self.started.set()
@@ -70,7 +70,9 @@ class FakeSink:
         if self.fail_first > 0:
             self.fail_first -= 1
             return web.json_response({"error": "overloaded"}, status=503)
-        stored = {**event, "qty": event["qty"] + 1} if self.store_other else event
+        stored = event.copy()
+        if self.store_other:
+            stored["data"] = {**event["data"], "qty": event["data"]["qty"] + 1}
         return web.json_response(make_ack(event["id"], Receipt.APPLIED, payload_digest(stored)))
 
     def count(self, event_id: str) -> int:
@@ -160,7 +162,7 @@ async def test_delivers_everything_in_order_to_the_real_sink(
     assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(60,)]
     for event_id in ids:
         stored = json.loads(row(db_rows, db, event_id)["ack"])
-        event: Event = {"id": event_id, "sku": "snack", "qty": 3}
+        event = placed(event_id, "snack", 3)
         assert stored == {"ack": event_id, "status": "applied", "sha256": payload_digest(event)}
 
 
