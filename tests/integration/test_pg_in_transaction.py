@@ -6,17 +6,16 @@ behaviour suite."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import psycopg
 import pytest
 from relay_lines import relay_of, running
-from support import event, eventually, query
+from support import as_event, event, eventually, placed, query
 
 from plumbing.storage import StorageError
 from publisher import NotInTransaction, accept_in_async
 from publisher.store import Outbox
-from shared import Conflict, Event, InvalidEvent, Lease, Receipt, canonical_json, make_ack
+from shared import Conflict, Event, InvalidEvent, Lease, Order, Receipt, canonical_json, make_ack
 
 LONG_POLL_S = 30.0  # the relay would not look again for this long: only NOTIFY wakes it
 
@@ -91,11 +90,12 @@ async def test_conflicts_bad_events_and_a_failed_transaction_are_the_projects_er
     assert query(pg_database, "SELECT id FROM orders") == [("a",)]
 
 
-def store_payload(url: str, event_id: str, event: dict[str, Any]) -> None:
-    """Write an entry's payload by hand (its order row left as it is)."""
+def store_payload(url: str, event_id: str, order: Order) -> None:
+    """Write an entry's payload by hand, the event of `order` (its order row left as it is)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            b"UPDATE outbox SET payload = %s WHERE id = %s", (canonical_json(event), event_id)
+            b"UPDATE outbox SET payload = %s WHERE id = %s",
+            (canonical_json(as_event(order)), event_id),
         )
 
 
@@ -126,7 +126,7 @@ async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed
         assert await accept_in_async(conn, event("a")) == "accepted"
         # The entry holds qty 2 while its order row says 1: the payload is what counts.
         await conn.execute(
-            b"UPDATE outbox SET payload = %s WHERE id = 'a'", (canonical_json(event("a", qty=2)),)
+            b"UPDATE outbox SET payload = %s WHERE id = 'a'", (canonical_json(placed("a", qty=2)),)
         )
         same = asyncio.ensure_future(pg_outbox.accept(event("a", qty=2)))
         other = asyncio.ensure_future(pg_outbox.accept(event("a", qty=1)))
@@ -137,5 +137,5 @@ async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed
     with pytest.raises(Conflict):
         await other
     assert query(pg_database, "SELECT id, payload FROM outbox") == [
-        ("a", canonical_json(event("a", qty=2)))
+        ("a", canonical_json(placed("a", qty=2)))
     ]

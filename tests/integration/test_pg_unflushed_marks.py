@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 from pg_faults import PgAccess
-from support import scrape, value
+from support import as_event, scrape, value
 
 from plumbing.pgserver import ThrowawayServer, throwaway_server
 from publisher.cli.dispatch import deliver_pending
@@ -68,7 +68,7 @@ async def test_marks_undone_by_a_crash_of_the_server_are_sent_again_and_applied_
         async with Outbox.open(url) as outbox:
             assert await outbox.accept_many([LATE, *ORDERS]) == ["accepted"] * (1 + len(ORDERS))
             async with HttpSender(f"{sink}/events") as sender:
-                ack = await sender.deliver(LATE)
+                ack = await sender.deliver(as_event(LATE))
             assert ack["ack"] == "late" and ack["status"] == Receipt.APPLIED
             await outbox.quarantine("late", "looked stuck", "op")
             await outbox.mark_sent_many([("late", ack)])
