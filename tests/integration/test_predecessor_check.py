@@ -18,6 +18,7 @@ being handled at once. Databases are read through independent sqlite3 connection
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -41,7 +42,7 @@ from relay_lines import (
     running,
     sender_for,
 )
-from support import accept_events, eventually, sent_ids
+from support import accept_events, eventually, placed, sent_events, sent_ids
 
 import publisher.http as publisher_http
 from publisher.errors import NotAcknowledged, Rejected
@@ -50,6 +51,7 @@ from publisher.relay import Relay
 from publisher.settings import DEFAULT_DEPTH, Ordering
 from publisher.store import Outbox
 from shared import (
+    MAX_BODY_BYTES,
     PREDECESSOR_CHECK_ENFORCED,
     PREDECESSOR_CHECK_HEADER,
     PREDECESSOR_HEADER,
@@ -85,7 +87,7 @@ class LegacySink:
     `check_header` is the Outbox-Fencing value its replies carry (None: no header), read
     when each reply is made; `off_at` turns it off (None) when the request of that
     arrival index comes in. `fail_next` answers that many requests 503, unapplied.
-    With `check_header_skus`, only replies to requests of those SKUs carry the header.
+    With `check_header_skus`, only replies to requests of those keys carry the header.
     """
 
     recorder: Recorder = field(default_factory=Recorder)
@@ -110,8 +112,7 @@ class LegacySink:
         return await self._handle(request, batch=True)
 
     async def _handle(self, request: web.Request, *, batch: bool) -> web.Response:
-        body = json.loads(await request.read())
-        events: list[Event] = body["events"] if batch else [body]
+        events = sent_events(json.loads(await request.read()))
         seen = self.recorder.arrive(events, request.headers.get(PREDECESSOR_HEADER))
         if seen.index == self.off_at:
             self.check_header, self.off_time = None, time.monotonic()
@@ -127,7 +128,7 @@ class LegacySink:
             seen.status = response.status
         finally:
             self.recorder.leave(seen)
-        says = self.check_header_skus is None or events[0]["sku"] in self.check_header_skus
+        says = self.check_header_skus is None or events[0].get("key") in self.check_header_skus
         if self.check_header is not None and says:
             response.headers[PREDECESSOR_CHECK_HEADER] = self.check_header
         return response
@@ -277,7 +278,13 @@ async def call(
     headers: Mapping[str, str] | None = None,
 ) -> tuple[int, str | None]:
     """(status, Outbox-Fencing header) of one request."""
-    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    # Bytes are sent as they are (a malformed or an oversized body), from a stream:
+    # aiohttp warns of a large body given as bytes.
+    data = (
+        None
+        if body is None
+        else io.BytesIO(body if isinstance(body, bytes) else json.dumps(body).encode())
+    )
     async with client.request(
         method, url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
     ) as response:
@@ -323,7 +330,7 @@ async def test_every_reply_of_the_sink_says_it_enforces_the_predecessor_check(
         {"id": "e2", "sku": "tea", "qty": 1},
         {PREDECESSOR_HEADER: "e1"},
     )
-    replies["too large"] = await call(client, "POST", f"{base}/events", b" " * (17 * 1024))
+    replies["too large"] = await call(client, "POST", f"{base}/events", b" " * (MAX_BODY_BYTES + 1))
     batch = {"events": [{"id": "e3", "sku": "tea", "qty": 1}, {"id": "e4", "sku": "tea", "qty": 1}]}
     replies["batch"] = await call(client, "POST", f"{base}/events/batch", batch)
     replies["batch invalid"] = await call(client, "POST", f"{base}/events/batch", {"events": []})
@@ -408,7 +415,7 @@ async def test_sender_says_no_predecessor_check_until_a_reply_of_the_real_sink_s
     serve: Serve, sink_db: Path, db_rows: Query
 ) -> None:
     url = f"{await serve(create_app(sink_db))}/events"
-    event: Event = {"id": "e1", "sku": "tea", "qty": 5}
+    event = placed("e1", "tea", 5)
 
     async with sender_for(url) as sender:
         assert sender.enforces_predecessor_check() is False  # before any request
@@ -417,7 +424,7 @@ async def test_sender_says_no_predecessor_check_until_a_reply_of_the_real_sink_s
         assert sender.enforces_predecessor_check() is True
         # Any reply of the sink says so, refusals and lookups included.
         with pytest.raises(Rejected):
-            await sender.deliver({**event, "qty": 6})
+            await sender.deliver(placed("e1", "tea", 6))
         assert sender.enforces_predecessor_check() is True
         assert await sender.lookup("never-sent") is None
         assert sender.enforces_predecessor_check() is True
@@ -430,7 +437,7 @@ async def test_sender_says_no_predecessor_check_until_a_reply_of_the_real_sink_s
 async def test_sender_predecessor_check_follows_the_last_reply(serve: Serve) -> None:
     legacy = LegacySink()
     legacy_url = await start_legacy(serve, legacy)
-    events: list[Event] = [{"id": f"e{n}", "sku": "tea", "qty": n} for n in range(1, 9)]
+    events = [placed(f"e{n}", "tea", n) for n in range(1, 9)]
     said: list[tuple[str | None, bool]] = []
 
     async with sender_for(legacy_url) as sender:
@@ -506,7 +513,7 @@ async def test_sender_predecessor_check_flips_between_a_legacy_sink_and_the_real
         async with sender_for(proxy_url) as sender:
             for n, name in enumerate(["real", "legacy", "real", "legacy", "real"]):
                 target["url"] = real_url if name == "real" else legacy_url
-                await sender.deliver({"id": f"e{n}", "sku": "tea", "qty": 1})
+                await sender.deliver(placed(f"e{n}", "tea"))
                 said.append((name, sender.enforces_predecessor_check()))
 
     assert said == [
@@ -593,8 +600,8 @@ async def test_sender_remembers_what_each_requests_reply_said(
         check_header=PREDECESSOR_CHECK_ENFORCED, check_header_skus=frozenset({"juice"})
     )
     url = await start_legacy(serve, legacy)
-    juice: list[Event] = [{"id": f"j{n}", "sku": "juice", "qty": 1} for n in range(4)]
-    snack: Event = {"id": "s0", "sku": "snack", "qty": 1}
+    juice = [placed(f"j{n}", "juice") for n in range(4)]
+    snack = placed("s0", "snack")
 
     async with sender_for(url) as sender:
         assert sender.predecessor_checked("j0") is False  # no reply yet
