@@ -23,8 +23,8 @@ from publisher import accept_in_async
 from publisher.backends import postgres_sql
 from publisher.backends.postgres import accept_params
 from publisher.settings import Ordering
-from publisher.store import Outbox
-from shared import Conflict, Event, Lease, Receipt, make_ack, validate_event
+from publisher.store import Outbox, Publication, checked_order
+from shared import Conflict, Event, Lease, Receipt, make_ack
 
 HELD_S = 0.3  # how long an intake transaction is held open
 SKUS = ("snack", "juice", "tea")
@@ -79,7 +79,8 @@ async def test_without_the_lock_a_reader_sees_a_later_seq_before_an_earlier_one(
     pg_outbox: Outbox, pg_database: str
 ) -> None:
     # The pitfall the lock prevents, shown with intake's statement minus the lock.
-    first = validate_event(event("first"))
+    first = checked_order(event("first"))
+    assert isinstance(first, Publication)
     lockless = postgres_sql.ACCEPT_WITHOUT_COMMIT_ORDER.encode()
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         async with conn.transaction():
