@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from support import placed
 
 from publisher.backends.sqlite import LANE_SCAN_ROWS, SqliteOutbox
-from publisher.store import Outbox
+from publisher.store import Outbox, lane_of
 from shared import Event, canonical_json
 from sqlite_tx.aiosqlite_internals import raw_connection
 
@@ -31,26 +32,20 @@ T = TypeVar("T")
 
 
 def add_entries(db: Path, lane: str, count: int, start: int) -> list[str]:
-    """`count` pending orders of SKU `lane`, each with its outbox entry, in one
-    transaction; returns their IDs in seq order."""
-    return add_events(
-        db, [{"id": f"{lane}-{n:06d}", "sku": lane, "qty": 1} for n in range(start, start + count)]
-    )
+    """`count` pending order.placed events of key `lane`, in one transaction;
+    returns their IDs in seq order."""
+    return add_events(db, [placed(f"{lane}-{n:06d}", lane) for n in range(start, start + count)])
 
 
 def add_events(db: Path, events: list[Event]) -> list[str]:
-    """Pending orders with their outbox entries, in this order, in one transaction."""
+    """Pending outbox entries of these events, in this order, in one transaction."""
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         now = time.time()
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
-            "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)",
-            [(e["id"], e["sku"], e["qty"], now) for e in events],
-        )
-        conn.executemany(
-            "INSERT INTO outbox (id, payload, queued_at, lane) VALUES (?, ?, ?, ?)",
-            [(e["id"], canonical_json(e), now, e["sku"]) for e in events],
+            "INSERT INTO outbox (id, type, payload, queued_at, lane) VALUES (?, ?, ?, ?, ?)",
+            [(e["id"], e["type"], canonical_json(e), now, lane_of(e)) for e in events],
         )
         conn.execute("COMMIT")
     finally:
@@ -135,7 +130,7 @@ async def test_finding_lanes_to_start_does_not_grow_with_the_number_of_lanes(
             add_events(
                 db,
                 [
-                    {"id": f"sku{lane:05d}-{n}", "sku": f"sku{lane:05d}", "qty": 1}
+                    placed(f"sku{lane:05d}-{n}", f"sku{lane:05d}")
                     for n in range(2)
                     for lane in range(count)
                 ],
