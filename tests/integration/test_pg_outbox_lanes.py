@@ -8,23 +8,28 @@ import psycopg
 
 from publisher.backends.postgres import LANE_SCAN_ROWS
 from publisher.store import Outbox
+from shared import Event, canonical_json
 
 BACKLOG = LANE_SCAN_ROWS + 10
 
 
 def queue(url: str, lane: str, count: int) -> None:
-    """`count` pending entries of SKU `lane`, after every entry there is."""
+    """`count` pending events of key `lane`, after every entry there is, each stored
+    in its canonical form (an entry needs no order row)."""
+    events = [
+        Event(id=f"{lane}-{n}", type="lane.tested", key=lane, data={}) for n in range(1, count + 1)
+    ]
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            b"INSERT INTO orders (id, sku, qty, accepted_at)"
-            b" SELECT %(lane)s || '-' || n, %(lane)s, 1, 0 FROM generate_series(1, %(count)s) n",
-            {"lane": lane, "count": count},
-        )
-        conn.execute(
-            b"INSERT INTO outbox (id, payload, queued_at, lane)"
-            b" SELECT %(lane)s || '-' || n, '{}', 0, %(lane)s"
-            b" FROM generate_series(1, %(count)s) n ORDER BY n",
-            {"lane": lane, "count": count},
+            b"INSERT INTO outbox (id, type, payload, queued_at, lane)"
+            b" SELECT id, 'lane.tested', payload, 0, %(lane)s"
+            b" FROM unnest(%(ids)s::text[], %(payloads)s::text[]) WITH ORDINALITY"
+            b" AS e (id, payload, n) ORDER BY n",
+            {
+                "lane": lane,
+                "ids": [one["id"] for one in events],
+                "payloads": [canonical_json(one) for one in events],
+            },
         )
 
 
