@@ -12,13 +12,14 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from support import event, query
+from support import event, placed, query
 
 from plumbing.storage import BadLocation, StorageError
 from publisher.backends import sqlite_sql as outbox_sql
 from publisher.backends.sqlite import SqliteOutbox
 from publisher.store import Outbox, State
-from shared import Conflict, canonical_json
+from shared import Conflict, Order
+from shared.event import previous_canonical
 
 
 def execute(db: Path, *statements: str) -> None:
@@ -226,7 +227,8 @@ OLD_ROWS = [("old-1", "snack", 2, 1), ("old-2", "juice", 3, 0), ("old-3", "snack
 
 def write_before_lanes(db: Path) -> None:
     """A file as the release before lanes left it: migration 1 only, no lane column,
-    old-1 sent and pruned since (its order row kept)."""
+    payloads in that release's canonical form of an order, old-1 sent and pruned since
+    (its order row kept)."""
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.executescript(outbox_sql.MIGRATIONS[0])
@@ -235,7 +237,7 @@ def write_before_lanes(db: Path) -> None:
             conn.execute("INSERT INTO orders VALUES (?, ?, ?, 1.0)", (event_id, sku, qty))
             conn.execute(
                 "INSERT INTO outbox (id, payload, queued_at, sent) VALUES (?, ?, 1.0, ?)",
-                (event_id, canonical_json({"id": event_id, "sku": sku, "qty": qty}), sent),
+                (event_id, previous_canonical(Order(id=event_id, sku=sku, qty=qty)), sent),
             )
         conn.execute("DELETE FROM outbox WHERE sent = 1")
     finally:
@@ -249,9 +251,9 @@ async def test_entries_written_before_lanes_come_back_with_their_lane_and_are_ju
     async with Outbox.open(db) as outbox:
         assert query(db, "PRAGMA user_version") == [(len(outbox_sql.MIGRATIONS),)]
         pending = await outbox.pending_batch(16)
-        assert [(row.event["id"], row.lane) for row in pending] == [
-            ("old-2", "juice"),
-            ("old-3", "snack"),
+        assert [(row.event, row.lane) for row in pending] == [
+            (placed("old-2", "juice", 3), "juice"),
+            (placed("old-3", "snack", 5), "snack"),
         ]
         assert [row.lane for row in await outbox.pending_batch(16, "snack")] == ["snack"]
         listed = await outbox.entries(State.PENDING)
