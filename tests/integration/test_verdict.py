@@ -15,6 +15,7 @@ from chaos.dbs import is_postgres
 from chaos.procs import ChaosError
 from chaos.verdict import Ordering, Verdict, order_inversions, read_verdict
 from publisher import Outbox
+from shared import canonical_json
 from sink import Inbox
 
 if TYPE_CHECKING:
@@ -72,6 +73,11 @@ class Files:
             for order in orders:
                 assert await outbox.accept(dict(order)) == "accepted"
 
+    async def publish(self, *events: dict[str, Any]) -> None:
+        async with Outbox.open(self.source) as outbox:
+            for one in events:
+                assert await outbox.publish(dict(one)) == "accepted"
+
     async def mark(self, *ids: str) -> None:
         async with Outbox.open(self.source) as outbox:
             for event_id in ids:
@@ -88,13 +94,17 @@ class Files:
         await self.mark(*(o["id"] for o in orders))
 
     def verdict(
-        self, expected: dict[str, tuple[str, int]] | None = None, ordering: Ordering = "global"
+        self,
+        expected: dict[str, tuple[str, int]] | None = None,
+        ordering: Ordering = "global",
+        published: dict[str, str] | None = None,
     ) -> Verdict:
         return read_verdict(
             self.source,
             self.sink,
             expected_of(ORDERS) if expected is None else expected,
             ordering,
+            published=published,
         )
 
     def inversions(self, ordering: Ordering) -> int:
@@ -446,3 +456,77 @@ async def test_a_cut_short_record_does_not_explain_a_passer_before_its_list(file
 async def test_an_unknown_ordering_is_an_error(files: Files) -> None:
     with pytest.raises(ValueError, match="ordering"):
         files.inversions("lanes")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- generic events
+#
+# Published after ORDERS: g-1 (key snack, seq 5), g-2 (no key: the line "*", seq 6).
+
+GENERIC: list[dict[str, Any]] = [
+    {"id": "g-1", "type": "payment.captured", "key": "snack", "data": {"amount": 3}},
+    {"id": "g-2", "type": "audit.noted", "data": {"note": "x"}},
+]
+
+
+def published_of(events: list[dict[str, Any]]) -> dict[str, str]:
+    """What the runner knows it published: each event's canonical form, by ID."""
+    return {one["id"]: canonical_json(as_event(one)) for one in events}
+
+
+@pytest.fixture
+async def mixed(files: Files) -> Files:
+    await files.publish(*GENERIC)
+    return files
+
+
+async def test_generic_events_delivered_are_ok_and_leave_inventory_alone(mixed: Files) -> None:
+    await mixed.deliver(*ORDERS, *GENERIC)
+
+    verdict = mixed.verdict(published=published_of(ORDERS + GENERIC))
+
+    assert (verdict.accepted, verdict.generic, verdict.delivered) == (6, 2, 6)
+    assert (verdict.lost, verdict.payload_mismatches, verdict.unknown) == (0, 0, 0)
+    assert (verdict.inventory_ok, verdict.applied_twice, verdict.ok) == (True, 0, True)
+
+
+async def test_a_generic_event_the_sink_never_applied_is_lost(mixed: Files) -> None:
+    await mixed.deliver(*ORDERS, GENERIC[0])
+    await mixed.mark(GENERIC[1]["id"])
+
+    verdict = mixed.verdict()
+
+    assert (verdict.lost, verdict.delivered, verdict.inventory_ok) == (1, 6, True)
+    assert verdict.ok is False
+
+
+async def test_a_payload_unlike_the_published_one_is_a_mismatch(mixed: Files) -> None:
+    await mixed.deliver(*ORDERS, *GENERIC)
+    published = published_of(ORDERS + GENERIC)
+    published["g-1"] = canonical_json(as_event({**GENERIC[0], "data": {"amount": 4}}))
+
+    verdict = mixed.verdict(published=published)
+
+    assert (verdict.payload_mismatches, verdict.lost, verdict.ok) == (1, 0, False)
+
+
+async def test_an_event_the_source_never_accepted_is_unknown(mixed: Files) -> None:
+    await mixed.deliver(*ORDERS, *GENERIC)
+    await mixed.receive({"id": "g-ghost", "type": "audit.noted", "data": {}})
+
+    verdict = mixed.verdict()
+
+    assert (verdict.unknown, verdict.lost, verdict.ok) == (1, 0, False)
+
+
+async def test_a_generic_event_is_in_its_keys_line_and_a_keyless_one_in_the_global_line(
+    mixed: Files,
+) -> None:
+    await mixed.receive(BY_ID["o-1"], GENERIC[1], GENERIC[0], *(BY_ID[i] for i in ("o-2", "o-3")))
+    await mixed.deliver(BY_ID["o-4"])
+    await mixed.mark("o-1", "o-2", "o-3", "g-1", "g-2")
+
+    # Global: g-2 and g-1 both before o-2, o-3, o-4 (6 pairs), g-2 before g-1 (1).
+    assert mixed.inversions("global") == 7
+    # By key: snack is o-1, g-1, o-3 (one pair); "*" holds g-2 alone.
+    assert mixed.inversions("key") == 1
+    assert mixed.verdict(ordering="key").ok is False
