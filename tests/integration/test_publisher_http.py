@@ -13,13 +13,23 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 from aiohttp import web
-from support import eventually, get_json, post_body, scrape, value
+from support import (
+    as_event,
+    eventually,
+    get_json,
+    padded,
+    post_body,
+    scrape,
+    sent_events,
+    value,
+)
 
 from publisher.app import ServiceSettings, create_app
 from publisher.retry import RetryPolicy
 from publisher.settings import RelaySettings, worker_id_for
 from publisher.store import Outbox
-from shared import Event, Receipt, make_ack, payload_digest
+from shared import Event, Receipt, canonical_json, make_ack, payload_digest
+from shared.schemas import Schemas
 
 if TYPE_CHECKING:
     from conftest import Query, Serve
@@ -42,13 +52,22 @@ StartPublisher = Callable[..., Awaitable[str]]
 
 @pytest.fixture
 def start_publisher(serve: Serve, db: Path) -> StartPublisher:
-    async def start(sink_url: str, send_timeout_s: float = 2.0, **relay: Any) -> str:
+    async def start(
+        sink_url: str,
+        send_timeout_s: float = 2.0,
+        service: dict[str, Any] | None = None,
+        **relay: Any,
+    ) -> str:
         relay.setdefault("poll_interval_s", 0.1)
         relay.setdefault("retry", RetryPolicy(base_s=0.05, cap_s=0.3))
         # The misbehaving sinks here speak POST /events only: one request per entry.
         relay.setdefault("batch", False)
         settings = ServiceSettings(
-            db=str(db), sink=sink_url, send_timeout_s=send_timeout_s, relay=RelaySettings(**relay)
+            db=str(db),
+            sink=sink_url,
+            send_timeout_s=send_timeout_s,
+            relay=RelaySettings(**relay),
+            **(service or {}),
         )
         return await serve(create_app(settings))
 
@@ -354,6 +373,283 @@ async def test_a_batch_the_database_cannot_take_is_503_and_nothing_of_it_is_writ
     assert (status, reply["accepted"]) == (200, 4)
 
 
+# ---------------------------------------------------------------- events of any type
+
+PAYMENT: Event = {
+    "id": "pay-1",
+    "type": "payment.captured",
+    "key": "acct-9",
+    "data": {"amount": 1250, "currency": "EUR", "lines": [{"sku": "tea", "n": 2}]},
+}
+TOKEN = "intake-token-of-the-tests-0001"
+
+
+def event_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
+    return db_rows(db, "SELECT id, type, lane, payload FROM outbox ORDER BY seq")
+
+
+async def post_as(
+    client: aiohttp.ClientSession, url: str, body: object, token: str | None
+) -> tuple[int, Any]:
+    """POST `body` as JSON with `token` (if any) as the bearer token; (status, JSON)."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with client.post(url, data=json.dumps(body).encode(), headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def test_post_event_accepted_then_duplicate_and_delivered_as_recorded(
+    client: aiohttp.ClientSession,
+    publisher: str,
+    db: Path,
+    sink_db: Path,
+    db_rows: Query,
+) -> None:
+    assert await post_body(client, f"{publisher}/events", PAYMENT) == (
+        201,
+        "application/json",
+        {"id": "pay-1", "result": "accepted"},
+    )
+    # The same event written otherwise (member order, 1250.0 for 1250) is the same event.
+    again = {"data": {**PAYMENT["data"], "amount": 1250.0}, "key": "acct-9"}
+    again |= {"type": "payment.captured", "id": "pay-1"}
+    assert await post_body(client, f"{publisher}/events", again) == (
+        200,
+        "application/json",
+        {"id": "pay-1", "result": "duplicate"},
+    )
+
+    assert event_rows(db_rows, db) == [
+        ("pay-1", "payment.captured", "acct-9", canonical_json(PAYMENT))
+    ]
+    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)])
+    assert db_rows(sink_db, "SELECT id, type, payload, deliveries FROM inbox") == [
+        ("pay-1", "payment.captured", canonical_json(PAYMENT), 1)
+    ]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {**PAYMENT, "type": "payment.refunded"},
+        {**PAYMENT, "key": "acct-10"},
+        {key: value for key, value in PAYMENT.items() if key != "key"},
+        {**PAYMENT, "data": {**PAYMENT["data"], "amount": 1251}},
+    ],
+    ids=["type", "key", "no-key", "data"],
+)
+async def test_an_event_changed_in_type_key_or_data_is_409_and_changes_nothing(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query, changed: object
+) -> None:
+    assert (await post_body(client, f"{publisher}/events", PAYMENT))[0] == 201
+    before = event_rows(db_rows, db)
+
+    status, kind, body = await post_body(client, f"{publisher}/events", changed)
+
+    assert (status, kind) == (409, "application/json")
+    assert (body["error"], body["id"]) == ("conflict", "pay-1")
+    assert event_rows(db_rows, db) == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({**PAYMENT, "data": {"a": [2**53]}}, "/data/a/0"),
+        ({**PAYMENT, "data": {"a": [-(2**53)]}}, "/data/a/0"),
+        ({**PAYMENT, "data": {"x/y": {"m~n": 1.5, "deep": [True, 2**60]}}}, "/data/x~1y/deep/1"),
+        ({**PAYMENT, "data": [1]}, "/data"),
+        ({key: value for key, value in PAYMENT.items() if key != "type"}, "/type"),
+        ({**PAYMENT, "type": "has space"}, "/type"),
+        ({**PAYMENT, "key": ""}, "/key"),
+        ({**PAYMENT, "id": "-bad"}, "/id"),
+        ({**PAYMENT, "note": "extra"}, "/note"),
+        ([PAYMENT], ""),
+    ],
+    ids=[
+        "big",
+        "big-negative",
+        "escaped",
+        "array",
+        "no-type",
+        "type",
+        "key",
+        "id",
+        "extra",
+        "list",
+    ],
+)
+async def test_an_invalid_event_is_400_with_a_json_pointer_and_changes_nothing(
+    client: aiohttp.ClientSession,
+    publisher: str,
+    db: Path,
+    db_rows: Query,
+    body: object,
+    field: str,
+) -> None:
+    status, kind, reply = await post_body(client, f"{publisher}/events", body)
+
+    assert (status, kind) == (400, "application/json")
+    assert (reply["error"], reply["field"]) == ("invalid event", field)
+    assert reply["detail"]
+    assert event_rows(db_rows, db) == []
+
+
+async def test_max_data_bytes_bounds_the_data_and_the_body_is_413_past_it_and_its_envelope(
+    client: aiohttp.ClientSession,
+    start_publisher: StartPublisher,
+    sink_base: str,
+    db: Path,
+    db_rows: Query,
+) -> None:
+    settings = {"max_data_bytes": 100}
+    publisher = await start_publisher(f"{sink_base}/events", service=settings)
+    url = f"{publisher}/events"
+    cap = ServiceSettings(db=str(db), sink=f"{sink_base}/events", **settings).event_body_bytes
+
+    def sized(event_id: str, data_bytes: int) -> dict[str, Any]:
+        # '{"pad":"' + n x + '"}' is canonical data of n + 10 bytes
+        return {"id": event_id, "type": "blob.put", "data": {"pad": "x" * (data_bytes - 10)}}
+
+    assert (await post_body(client, url, sized("fits", 100)))[0] == 201
+    status, _, reply = await post_body(client, url, sized("over", 101))
+    assert (status, reply["field"]) == (400, "/data")
+    assert "100" in reply["detail"]
+
+    status, _, reply = await post_body(client, url, padded(sized("big-body", 50), cap + 1))
+    assert status == 413
+    assert "error" in reply
+    # A body of exactly the cap is read (its whitespace does not count against the data).
+    assert (await post_body(client, url, padded(sized("at-cap", 50), cap)))[0] == 201
+    assert [row[0] for row in event_rows(db_rows, db)] == ["fits", "at-cap"]
+
+
+async def test_an_events_batch_is_answered_per_event_and_only_its_good_events_are_written(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
+) -> None:
+    assert (await post_body(client, f"{publisher}/events", PAYMENT))[0] == 201
+    keyless: Event = {"id": "tick-1", "type": "clock.ticked", "data": {}}
+    body = {
+        "events": [
+            keyless,
+            PAYMENT,  # as recorded before
+            {**PAYMENT, "key": "acct-10"},  # another key
+            {**PAYMENT, "id": "pay-2", "data": {"a": [2**53]}},
+            "not an event",
+            {**PAYMENT, "id": "pay-3"},
+        ]
+    }
+    status, kind, reply = await post_body(client, f"{publisher}/events/batch", body)
+
+    assert (status, kind) == (200, "application/json")
+    results = reply["results"]
+    assert {name: reply[name] for name in ("accepted", "duplicate", "conflict", "invalid")} == {
+        "accepted": 2,
+        "duplicate": 1,
+        "conflict": 1,
+        "invalid": 2,
+    }
+    assert [(r["index"], r["id"], r["result"]) for r in results] == [
+        (0, "tick-1", "accepted"),
+        (1, "pay-1", "duplicate"),
+        (2, "pay-1", "conflict"),
+        (3, "pay-2", "invalid"),
+        (4, None, "invalid"),
+        (5, "pay-3", "accepted"),
+    ]
+    assert results[2]["error"] == "conflict"
+    assert (results[3]["error"], results[3]["field"]) == ("invalid event", "/data/a/0")
+    assert results[4]["field"] == ""
+    assert [row[:3] for row in event_rows(db_rows, db)] == [
+        ("pay-1", "payment.captured", "acct-9"),
+        ("tick-1", "clock.ticked", "*"),
+        ("pay-3", "payment.captured", "acct-9"),
+    ]
+
+
+@pytest.mark.parametrize("body", [{"orders": [PAYMENT]}, {"events": []}, [PAYMENT]])
+async def test_a_body_that_is_not_an_events_batch_is_400_and_writes_nothing(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query, body: object
+) -> None:
+    status, _, reply = await post_body(client, f"{publisher}/events/batch", body)
+
+    assert status == 400
+    assert reply["field"] == "events"
+    assert event_rows(db_rows, db) == []
+
+
+@pytest.mark.parametrize("path", ["/events", "/events/batch"])
+async def test_the_intake_token_guards_post_events(
+    client: aiohttp.ClientSession,
+    start_publisher: StartPublisher,
+    sink_base: str,
+    db: Path,
+    db_rows: Query,
+    path: str,
+) -> None:
+    publisher = await start_publisher(f"{sink_base}/events", service={"intake_token": TOKEN})
+    url = f"{publisher}{path}"
+    body: object = PAYMENT if path == "/events" else {"events": [PAYMENT]}
+
+    for token in (None, TOKEN[:-1], TOKEN.upper()):
+        status, reply = await post_as(client, url, body, token)
+        assert status == 401, token
+        assert "error" in reply
+    assert event_rows(db_rows, db) == []
+
+    status, _ = await post_as(client, url, body, TOKEN)
+    assert status == (201 if path == "/events" else 200)
+    assert [row[0] for row in event_rows(db_rows, db)] == ["pay-1"]
+
+
+async def test_with_schemas_an_event_its_schema_refuses_is_400_naming_the_place_and_the_rule(
+    client: aiohttp.ClientSession,
+    start_publisher: StartPublisher,
+    sink_base: str,
+    tmp_path: Path,
+    db: Path,
+    db_rows: Query,
+) -> None:
+    folder = tmp_path / "schemas"
+    folder.mkdir()
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "required": ["amount"],
+        "properties": {
+            "amount": {"type": "integer", "minimum": 1},
+            "lines": {"type": "array", "items": {"type": "object", "required": ["sku"]}},
+        },
+    }
+    (folder / "payment.captured.json").write_text(json.dumps(schema))
+    service = {"schemas": Schemas.load(folder)}
+    publisher = await start_publisher(f"{sink_base}/events", service=service)
+    url = f"{publisher}/events"
+
+    refusals = [
+        ({**PAYMENT, "data": {"amount": 0}}, "/data/amount", "minimum"),
+        (
+            {**PAYMENT, "data": {"amount": 5, "lines": [{"sku": "a"}, {}]}},
+            "/data/lines/1",
+            "required",
+        ),
+        ({**PAYMENT, "data": {"currency": "EUR"}}, "/data", "required"),
+    ]
+    for body, field, rule in refusals:
+        status, _, reply = await post_body(client, url, body)
+        assert (status, reply["field"]) == (400, field), reply
+        assert reply["detail"].startswith("does not match the schema of 'payment.captured'")
+        assert f"{rule}:" in reply["detail"], reply
+    status, _, reply = await post_body(client, f"{publisher}/events/batch", {"events": [body]})
+    assert (status, reply["results"][0]["field"]) == (200, "/data")
+    assert event_rows(db_rows, db) == []
+
+    assert (await post_body(client, url, PAYMENT))[0] == 201
+    # A type without a schema is not checked (not strict).
+    assert (await post_body(client, url, {"id": "t", "type": "clock.ticked", "data": {}}))[0] == 201
+    assert [row[0] for row in event_rows(db_rows, db)] == ["pay-1", "t"]
+
+
 # ---------------------------------------------------------------- status and metrics
 
 
@@ -424,7 +720,7 @@ async def rejecting_sink(serve: Serve) -> tuple[str, list[str]]:
     received: list[str] = []
 
     async def handle(request: web.Request) -> web.Response:
-        event = json.loads(await request.read())
+        [event] = sent_events(json.loads(await request.read()))
         received.append(event["id"])
         if event["id"] == "order-1":
             return web.json_response({"error": "conflict"}, status=409)
@@ -550,7 +846,7 @@ async def test_sink_event_record_counts_deliveries_and_carries_the_digest(
     assert status == 200
     assert record["id"] == "order-1"
     assert record["deliveries"] == 2
-    assert record["sha256"] == payload_digest(EVENT)
+    assert record["sha256"] == payload_digest(as_event(EVENT))  # of the event it records
     assert before <= record["received_at"] <= record["last_delivery_at"] <= time.time()
     assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'order-1'") == [(2,)]
 
