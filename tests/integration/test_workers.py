@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 from recorded_sink import WrappedSender
 from relay_lines import FAST, STOP_TIMEOUT_S, sender_for
-from support import accept_events, eventually
+from support import accept_events, eventually, placed
 
 from publisher.cli.dispatch import LineHeld, deliver_pending
 from publisher.leases import LeaseKeeper, Share
 from publisher.relay import Relay
 from publisher.settings import RelaySettings, WorkerSettings
 from publisher.store import LineLease, Outbox
-from shared import GLOBAL_LINE, Event, Lease
+from shared import GLOBAL_LINE, Event, Lease, Order
 
 if TYPE_CHECKING:
     from conftest import Databases, Query, ServeSink
@@ -77,10 +77,10 @@ class Metrics:
 
 @dataclass
 class Sent:
-    """One request a worker sent: its events' IDs and SKUs, and its lease."""
+    """One request a worker sent: its events' IDs and keys, and its lease."""
 
     ids: list[str]
-    skus: set[str]
+    keys: set[str]
     lease: Lease | None
 
 
@@ -125,7 +125,7 @@ class Recording(WrappedSender):
         send: Callable[[], Awaitable[T]],
         lease: Lease | None,
     ) -> T:
-        self.sent.append(Sent([e["id"] for e in events], {e["sku"] for e in events}, lease))
+        self.sent.append(Sent([e["id"] for e in events], {e["key"] for e in events}, lease))
         if self.hold.intersection(e["id"] for e in events):
             self.held.set()
             await self.go.wait()
@@ -164,7 +164,7 @@ async def worker(
                     task.cancel()
 
 
-def orders(count: int, skus: Sequence[str], start: int = 0) -> list[Event]:
+def orders(count: int, skus: Sequence[str], start: int = 0) -> list[Order]:
     return [
         {"id": f"o{n:04d}", "sku": skus[n % len(skus)], "qty": 1}
         for n in range(start, start + count)
@@ -176,14 +176,14 @@ def pending(db_rows: Query, db: Path | str) -> int:
 
 
 def applied(db_rows: Query, sink: Path | str) -> list[tuple[str, str]]:
-    """(id, sku) of each event applied at the sink, in the order it was applied."""
+    """(id, key) of each event applied at the sink, in the order it was applied."""
     rows = db_rows(sink, "SELECT id, payload FROM inbox ORDER BY applied_seq")
-    return [(i, json.loads(payload)["sku"]) for i, payload in rows]
+    return [(i, json.loads(payload)["key"]) for i, payload in rows]
 
 
 def seq_order(db_rows: Query, db: Path | str) -> list[tuple[str, str]]:
     rows = db_rows(db, "SELECT id, payload FROM outbox ORDER BY seq")
-    return [(i, json.loads(payload)["sku"]) for i, payload in rows]
+    return [(i, json.loads(payload)["key"]) for i, payload in rows]
 
 
 def per_sku(rows: list[tuple[str, str]]) -> dict[str, list[str]]:
@@ -310,7 +310,7 @@ async def test_a_request_the_sink_fences_is_counted_and_stops_the_line(
             # The new owner's first request reaches the sink before w1's late one.
             async with sender_for(url) as sender:
                 lease = Lease(outbox.source, GLOBAL_LINE, epoch)
-                await sender.deliver({"id": "o0000", "sku": "snack", "qty": 1}, lease=lease)
+                await sender.deliver(placed("o0000"), lease=lease)
             recording.go.set()
             await eventually(lambda: one.metrics.fenced_requests == 1)
             assert one.keeper.lines == []
@@ -372,7 +372,7 @@ async def test_per_sku_lanes_spread_over_three_workers_and_keep_seq_order_per_sk
         assert max(counts) <= math.ceil(sum(counts) / 3) + 2, held
     # Every request went out under the lease of its own lane.
     for w in workers:
-        assert all(s.lease is not None and s.skus == {s.lease.line} for s in w.sent)
+        assert all(s.lease is not None and s.keys == {s.lease.line} for s in w.sent)
     # Per SKU, the sink applied the entries in seq order, each once.
     assert per_sku(applied(db_rows, databases.sink)) == per_sku(
         seq_order(db_rows, databases.source)
