@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import inspect
 import logging
 import time
@@ -295,7 +296,7 @@ class Driver:
         ):
             rows = [run.queue.popleft() for _ in range(min(size, len(run.queue)))]
             after = run.after if run.trusted else None
-            copies = [row.event.copy() for row in rows]  # events hold only str and int
+            copies = [copy.deepcopy(row.event) for row in rows]  # data may nest: a callback must not touch the row
             task = asyncio.ensure_future(self._send(copies, after))
             run.in_flight.append(Request(rows, task, time.perf_counter(), after is not None))
             run.after = rows[-1].event["id"]
@@ -339,7 +340,7 @@ class Driver:
 
     async def _resend(self, request: Request) -> Sequence[Result]:
         try:
-            return await self._send([row.event.copy() for row in request.rows], None)
+            return await self._send([copy.deepcopy(row.event) for row in request.rows], None)
         except Exception as exc:
             self._told([], request.rows[0], exc, request.started)
             raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import sqlite3
 import time
@@ -20,7 +21,17 @@ import aiohttp
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import Callables, ack, event, eventually, inbox_ids, inventory, sent_flags
+from support import (
+    Callables,
+    ack,
+    event,
+    eventually,
+    inbox_ids,
+    inventory,
+    placed,
+    sent_events,
+    sent_flags,
+)
 
 from publisher.cli.dispatch import deliver_pending
 from publisher.dispatch import dispatch_batch
@@ -30,7 +41,7 @@ from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from publisher.settings import RelaySettings
 from publisher.store import Outbox
-from shared import Event, Lease, Receipt, canonical_json, make_ack
+from shared import MAX_BATCH_BODY_BYTES, Event, Lease, Receipt, canonical_json, make_ack
 from sink import create_app
 from sqlite_tx import StorageError
 
@@ -47,7 +58,8 @@ async def post_batch(
     body: object,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    # From a stream: aiohttp warns of a large body given as bytes.
+    data = io.BytesIO(body if isinstance(body, bytes) else json.dumps(body).encode())
     headers = {"Content-Type": "application/json", **(headers or {})}
     async with client.post(f"{base}/events/batch", data=data, headers=headers) as response:
         text = await response.text()
@@ -60,9 +72,9 @@ async def post_batch(
 async def test_batch_applies_every_event_in_the_order_sent(
     sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
-    # Not in text order, two SKUs, the full 16.
+    # Not in text order, two keys, the full 16.
     events = [
-        event(f"z{n:02d}" if n % 2 else f"a{n:02d}", "snack" if n % 3 else "juice", n + 1)
+        placed(f"z{n:02d}" if n % 2 else f"a{n:02d}", "snack" if n % 3 else "juice", n + 1)
         for n in range(16)
     ]
 
@@ -72,8 +84,8 @@ async def test_batch_applies_every_event_in_the_order_sent(
     assert reply == {"acks": [ack(e) for e in events], "rejected": None}
     assert inbox_ids(sink_db) == [e["id"] for e in events]
     assert inventory(sink_db) == {
-        "snack": sum(e["qty"] for e in events if e["sku"] == "snack"),
-        "juice": sum(e["qty"] for e in events if e["sku"] == "juice"),
+        "snack": sum(e["data"]["qty"] for e in events if e["key"] == "snack"),
+        "juice": sum(e["data"]["qty"] for e in events if e["key"] == "juice"),
     }
     payloads = dict(db_rows(sink_db, "SELECT id, payload FROM inbox"))
     assert all(payloads[e["id"]] == canonical_json(e) for e in events)
@@ -83,9 +95,9 @@ async def test_batch_applies_every_event_in_the_order_sent(
 async def test_a_conflict_at_k_applies_the_prefix_and_nothing_from_k_on(
     sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query, k: int
 ) -> None:
-    events = [event(f"e{n}", qty=10**n) for n in range(5)]
+    events = [placed(f"e{n}", qty=10**n) for n in range(5)]
     # The same ID already holds another payload at the sink.
-    async with client.post(f"{sink_base}/events", json={**events[k], "qty": 7}) as response:
+    async with client.post(f"{sink_base}/events", json=placed(f"e{k}", qty=7)) as response:
         assert response.status == 200
 
     status, reply = await post_batch(client, sink_base, {"events": events})
@@ -97,22 +109,35 @@ async def test_a_conflict_at_k_applies_the_prefix_and_nothing_from_k_on(
     assert rejected["id"] == events[k]["id"]
     assert inbox_ids(sink_db) == [events[k]["id"]] + [e["id"] for e in events[:k]]
     assert db_rows(sink_db, "SELECT payload, deliveries FROM inbox WHERE id = ?", (f"e{k}",)) == [
-        (canonical_json({**events[k], "qty": 7}), 1)
+        (canonical_json(placed(f"e{k}", qty=7)), 1)
     ]
-    assert inventory(sink_db) == {"snack": 7 + sum(e["qty"] for e in events[:k])}
+    assert inventory(sink_db) == {"snack": 7 + sum(e["data"]["qty"] for e in events[:k])}
 
 
 @pytest.mark.parametrize(
     ("item", "field"),
     [
-        ({"id": "e2", "sku": "snack", "qty": True}, "qty"),
-        ({"id": "e2", "sku": "snack", "qty": 1.0}, "qty"),
-        ({"id": "e2", "sku": "snack"}, "qty"),
-        ({"id": "e2", "sku": "snack", "qty": 1, "note": "x"}, None),
-        ({"id": "-e2", "sku": "snack", "qty": 1}, "id"),
+        ({"id": "e2", "type": "order.placed", "key": "snack"}, "/data"),
+        ({"id": "e2", "type": "order.placed", "key": "snack", "data": [1]}, "/data"),
+        ({"id": "e2", "key": "snack", "data": {}}, "/type"),
+        ({**placed("e2"), "note": "x"}, "/note"),
+        ({**placed("e2"), "id": "-e2"}, "/id"),
+        ({**placed("e2"), "key": "a b"}, "/key"),
+        ({**placed("e2"), "data": {"n": 2**53}}, "/data/n"),
+        ({"id": "e2", "sku": "snack", "qty": True}, "qty"),  # an order of the previous release
         ("e2", None),
     ],
-    ids=["bool-qty", "float-qty", "missing-qty", "extra-field", "bad-id", "not-an-object"],
+    ids=[
+        "missing-data",
+        "data-not-an-object",
+        "missing-type",
+        "extra-field",
+        "bad-id",
+        "bad-key",
+        "not-i-json",
+        "previous-release-bool-qty",
+        "not-an-object",
+    ],
 )
 async def test_an_invalid_item_at_k_applies_the_prefix_and_nothing_from_k_on(
     sink_base: str,
@@ -122,8 +147,8 @@ async def test_an_invalid_item_at_k_applies_the_prefix_and_nothing_from_k_on(
     item: object,
     field: str | None,
 ) -> None:
-    before = [event("e0", qty=1), event("e1", qty=2)]
-    after = [event("e3", qty=4), event("e4", qty=8)]
+    before = [placed("e0", qty=1), placed("e1", qty=2)]
+    after = [placed("e3", qty=4), placed("e4", qty=8)]
 
     status, reply = await post_batch(client, sink_base, {"events": [*before, item, *after]})
 
@@ -141,7 +166,7 @@ async def test_an_invalid_item_at_k_applies_the_prefix_and_nothing_from_k_on(
 async def test_an_already_applied_id_in_a_batch_is_a_duplicate_with_no_second_effect(
     sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
-    a, b = event("a", qty=3), event("b", "juice", 5)
+    a, b = placed("a", qty=3), placed("b", "juice", 5)
     async with client.post(f"{sink_base}/events", json=a) as response:
         assert response.status == 200
 
@@ -167,13 +192,13 @@ async def test_an_already_applied_id_in_a_batch_is_a_duplicate_with_no_second_ef
 @pytest.mark.parametrize(
     "body",
     [
-        [event("e0")],
-        {"events": [event("e0")], "extra": 1},
-        {"event": [event("e0")]},
+        [placed("e0")],
+        {"events": [placed("e0")], "extra": 1},
+        {"event": [placed("e0")]},
         {},
         {"events": []},
-        {"events": [event(f"e{n}") for n in range(17)]},
-        {"events": event("e0")},
+        {"events": [placed(f"e{n}") for n in range(17)]},
+        {"events": placed("e0")},
         {"events": "e0"},
         {"events": None},
         b'{"events": [',
@@ -208,7 +233,7 @@ async def test_sixteen_events_is_the_most_accepted(
     sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
     status, reply = await post_batch(
-        client, sink_base, {"events": [event(f"e{n:02d}") for n in range(16)]}
+        client, sink_base, {"events": [placed(f"e{n:02d}") for n in range(16)]}
     )
     assert status == 200, reply
     assert len(inbox_ids(sink_db)) == 16
@@ -217,8 +242,9 @@ async def test_sixteen_events_is_the_most_accepted(
 async def test_a_body_over_the_batch_cap_is_413_and_changes_nothing(
     sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
 ) -> None:
-    events = [event(f"e{n:02d}") for n in range(16)]
-    body = json.dumps({"events": events}).encode() + b" " * (64 * 1024)
+    events = [placed(f"e{n:02d}") for n in range(16)]
+    body = json.dumps({"events": events}).encode()
+    body += b" " * (MAX_BATCH_BODY_BYTES + 1 - len(body))
 
     status, reply = await post_batch(client, sink_base, body)
 
@@ -231,7 +257,7 @@ async def test_a_batch_body_under_the_documented_64_kib_cap_is_read(
 ) -> None:
     # README: "413 over 64 KiB" for the batch route. A valid batch laid out with
     # generous whitespace (20 KB) is well under that.
-    events = [event(f"e{n:02d}") for n in range(16)]
+    events = [placed(f"e{n:02d}") for n in range(16)]
     body = json.dumps({"events": events}, indent=64).encode()
     body += b" " * (20_000 - len(body))
     assert 16 * 1024 < len(body) < 64 * 1024
@@ -247,7 +273,7 @@ async def test_the_batch_route_needs_the_token_when_one_is_configured(
 ) -> None:
     sink_db = tmp_path / "guarded.db"
     guarded = await serve(create_app(sink_db, token="s3cret-token"))
-    events = [event("e0", qty=2), event("e1", qty=3)]
+    events = [placed("e0", qty=2), placed("e1", qty=3)]
 
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"}):
         status, _ = await post_batch(client, guarded, {"events": events}, headers)
@@ -280,7 +306,12 @@ async def test_a_storage_failure_on_the_third_item_commits_nothing_of_the_batch(
         conn.commit()
     finally:
         conn.close()
-    events = [event("e0", qty=1), event("e1", qty=2), event("e2", "boom", 4), event("e3", qty=8)]
+    events = [
+        placed("e0", qty=1),
+        placed("e1", qty=2),
+        placed("e2", "boom", 4),
+        placed("e3", qty=8),
+    ]
 
     try:
         status, reply = await post_batch(client, sink_base, {"events": events})
@@ -505,9 +536,10 @@ async def test_the_callback_gets_copies_and_cannot_redirect_the_marks(
     def mutate(events: list[Event]) -> list[object]:
         for e in events:
             e["id"] = "hijacked"
-            e["qty"] = 999
+            e["key"] = "hijacked"
+            e["data"]["qty"] = 999
         events.reverse()
-        events.append(event("extra"))
+        events.append(placed("extra"))
         return [True, True, True, True, True]
 
     send = BatchSender(mutate)
@@ -517,7 +549,8 @@ async def test_the_callback_gets_copies_and_cannot_redirect_the_marks(
     assert marked == IDS
     assert sent_flags(db) == dict.fromkeys(IDS, 1)
     assert [e["id"] for e in store.pending_returned] == IDS
-    assert [e["qty"] for e in store.pending_returned] == [1, 2, 3, 4, 5]
+    assert [e["key"] for e in store.pending_returned] == ["snack"] * 5
+    assert [e["data"]["qty"] for e in store.pending_returned] == [1, 2, 3, 4, 5]
     assert db_rows(db, "SELECT count(*) FROM outbox WHERE id = 'hijacked'") == [(0,)]
 
 
@@ -557,7 +590,7 @@ def batch_app(handler: Callable[[list[Event]], web.StreamResponse | Any]) -> web
     """A loopback sink whose /events/batch answers what `handler` returns for the events."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        events = json.loads(await request.read())["events"]
+        events = sent_events(json.loads(await request.read()))
         result = handler(events)
         if asyncio.iscoroutine(result):
             result = await result
@@ -573,7 +606,7 @@ async def sender_for(url: str, **options: Any) -> HttpSender:
     return HttpSender(url, timeout_s=3.0, connect_timeout_s=1.0, **options)
 
 
-FIVE = [event(f"e{n}", qty=n + 1) for n in range(5)]
+FIVE = [placed(f"e{n}", qty=n + 1) for n in range(5)]
 
 
 @pytest.mark.parametrize("k", [0, 2, 4])
@@ -626,7 +659,7 @@ async def test_an_oversized_batch_reply_is_not_acknowledged_and_nothing_verified
     size = {"bytes": cap}
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        body = padded_reply(json.loads(await request.read())["events"], size["bytes"])
+        body = padded_reply(sent_events(json.loads(await request.read())), size["bytes"])
         if not chunked:
             return web.Response(body=body, content_type="application/json")
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -655,7 +688,7 @@ async def test_an_oversized_batch_reply_is_not_acknowledged_and_nothing_verified
 
 async def test_an_endless_chunked_batch_reply_fails_fast(serve: Serve) -> None:
     async def handle(request: web.Request) -> web.StreamResponse:
-        events = json.loads(await request.read())["events"]
+        events = sent_events(json.loads(await request.read()))
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)
@@ -685,7 +718,7 @@ async def test_a_redirect_is_not_acknowledged_and_not_followed(serve: Serve, sta
         return web.Response(status=status, headers={"Location": "/elsewhere/batch"})
 
     async def elsewhere(request: web.Request) -> web.Response:
-        events = json.loads(await request.read())["events"]
+        events = sent_events(json.loads(await request.read()))
         followed.append(request.path)
         return web.json_response({"acks": [ack(e) for e in events], "rejected": None})
 
@@ -724,7 +757,7 @@ async def test_a_connection_closed_after_the_commit_is_a_delivery_error(
 async def test_the_real_sink_reply_verifies_position_by_position(
     sink_base: str, sink_db: Path, db_rows: Query, client: aiohttp.ClientSession
 ) -> None:
-    async with client.post(f"{sink_base}/events", json={**FIVE[3], "qty": 99}) as response:
+    async with client.post(f"{sink_base}/events", json=placed("e3", qty=99)) as response:
         assert response.status == 200
 
     async with await sender_for(f"{sink_base}/events") as sender:

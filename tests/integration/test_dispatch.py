@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import event, query, sent_flags, sent_ids
+from support import as_event, event, query, sent_flags, sent_ids
 
 from publisher import MAX_BATCH, NotAcknowledged, Outbox, dispatch
-from shared import Event
+from shared import Event, canonical_json
 
 WAIT_S = 5.0
 
@@ -48,6 +48,12 @@ def write_with_no_wait(db: Path, event_id: str) -> None:
 
 
 order = partial(event, qty=7)  # the orders of these tests: qty 7 unless said
+
+
+def recorded(event_id: str, sku: str = "snack", qty: int = 7) -> Event:
+    """The order.placed event `order(event_id, sku, qty)` is recorded as: what dispatch
+    hands to the send callback."""
+    return as_event(order(event_id, sku, qty=qty))
 
 
 async def ack(event: Event) -> bool:
@@ -108,7 +114,7 @@ async def test_dispatch_sends_the_stored_events(outbox: Outbox) -> None:
     await outbox.accept(order("b", "tea", qty=2))
     send = Recorder()
     await dispatch(outbox, send)
-    assert send.received == [order("a", "snack", qty=7), order("b", "tea", qty=2)]
+    assert send.received == [recorded("a", "snack", qty=7), recorded("b", "tea", qty=2)]
 
 
 async def test_dispatch_of_an_empty_outbox_returns_nothing(outbox: Outbox) -> None:
@@ -270,16 +276,22 @@ async def test_mutating_the_argument_changes_neither_the_batch_nor_the_store(
     store = WatchedStore(outbox)
 
     async def send(event: Event) -> bool:
-        event["qty"] = 999
-        event["sku"] = "changed"
+        event["data"]["qty"] = 999
+        event["data"]["sku"] = "changed"
+        event["key"] = "changed"
+        event["type"] = "changed"
         event["id"] = "zzz"
         return False
 
     with pytest.raises(NotAcknowledged):
         await dispatch(store, send)
 
-    assert store.batches == [[order("a"), order("b")]]
-    assert await outbox.pending() == [order("a"), order("b")]
+    assert store.batches == [[recorded("a"), recorded("b")]]
+    assert await outbox.pending() == [recorded("a"), recorded("b")]
+    assert query(db, "SELECT id, payload FROM outbox ORDER BY id") == [
+        ("a", canonical_json(recorded("a"))),
+        ("b", canonical_json(recorded("b"))),
+    ]
     assert query(db, "SELECT id, sku, qty FROM orders ORDER BY id") == [
         ("a", "snack", 7),
         ("b", "snack", 7),
