@@ -296,7 +296,7 @@ class Driver:
         ):
             rows = [run.queue.popleft() for _ in range(min(size, len(run.queue)))]
             after = run.after if run.trusted else None
-            copies = [copy.deepcopy(row.event) for row in rows]  # data may nest: a callback must not touch the row
+            copies = [copy.deepcopy(row.event) for row in rows]  # data nests: callbacks get copies
             task = asyncio.ensure_future(self._send(copies, after))
             run.in_flight.append(Request(rows, task, time.perf_counter(), after is not None))
             run.after = rows[-1].event["id"]
