@@ -3,7 +3,7 @@
 This is the one place where the delivery contract is carried out. The library's
 `dispatch` and `dispatch_batch`, `publisher dispatch` and the relay in every mode
 (one event or a batch per request, one or several requests in flight, global order
-or one lane per SKU) all run a `Driver`:
+or one lane per key) all run a `Driver`:
 
 - Entries are read in seq order, and sent as copies: a callback that mutates its
   argument cannot redirect the mark. A read has finished, and holds no lock, before

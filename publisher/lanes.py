@@ -1,7 +1,7 @@
-"""The lanes supervisor: per-SKU order, with up to `max_lanes` lanes in flight.
+"""The lanes supervisor: order by key (one lane per key), up to `max_lanes` lanes in flight.
 
-Entries of one SKU go in seq order with stop-on-first-failure inside that lane, so
-a blocked head stalls only its own SKU. Each lane in flight runs in a task of its
+Entries of one key go in seq order with stop-on-first-failure inside that lane, so
+a blocked head stalls only its own key. Each lane in flight runs in a task of its
 own; a lane that is drained or backing off frees its slot for the lane with the
 oldest pending head.
 
@@ -75,7 +75,7 @@ class LanesSupervisor:
         """Fill free slots with the lanes whose pending heads are oldest.
 
         One query reads up to LANE_CANDIDATES lanes, and slots that free up later take
-        the next of them, so with thousands of SKUs a query is not paid per lane. The
+        the next of them, so with thousands of keys a query is not paid per lane. The
         list is read again when it runs short, when a lane's backoff has ended since
         (it may now go first), and at least every poll interval (other writers, a
         redrive). New intake needs none of these: its entries are the youngest, so

@@ -1,7 +1,7 @@
 """The lease keeper: which lines this relay worker may deliver, and for how long.
 
 Several `publisher serve` processes (workers) share one outbox. A worker delivers
-a line (the global line `shared.GLOBAL_LINE`, or one SKU's lane) only while it
+a line (the global line `shared.GLOBAL_LINE`, or one key's lane) only while it
 holds that line's lease in the outbox: taken atomically, every take raising the
 line's epoch (the fencing token), renewed by a heartbeat every ttl/3, released
 when the line is drained, given away, or the worker stops.

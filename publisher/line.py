@@ -1,7 +1,7 @@
 """The line runner: one ordering line delivered by the driver, its failures handed
 to the head-failure policy.
 
-A line is the global order (key None: every pending entry) or one SKU's lane. Each
+A line is the global order (key None: every pending entry) or one key's lane. Each
 step runs the driver until the line is drained, the relay stops, or a request
 fails, and says how long the line waits before the next step.
 
@@ -54,7 +54,7 @@ class Line:
 
     @property
     def name(self) -> str:
-        """The line's name in its lease: GLOBAL_LINE, or the lane's SKU."""
+        """The line's name in its lease: GLOBAL_LINE, or the lane's key."""
         return GLOBAL_LINE if self.key is None else self.key
 
     def waiting(self, now: float) -> bool:

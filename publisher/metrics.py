@@ -35,7 +35,7 @@ class PublisherMetrics:
         )
         self.blocked_lanes = Gauge(
             "publisher_outbox_blocked_lanes",
-            "Lanes (SKUs) whose head entry has failed and is not yet delivered.",
+            "Lanes (keys) whose head entry has failed and is not yet delivered.",
             registry=r,
         )
         self.attempts = Counter(
@@ -49,7 +49,7 @@ class PublisherMetrics:
         )
         self.owned = Gauge(
             "publisher_lines_owned",
-            "Lines (the global line, or SKU lanes) whose lease this worker holds.",
+            "Lines (the global line, or key lanes) whose lease this worker holds.",
             registry=r,
         )
         self.live_workers = Gauge(

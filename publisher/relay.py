@@ -1,15 +1,15 @@
-"""The relay: deliver the outbox to the sink until stopped, in global or per-SKU order.
+"""The relay: deliver the outbox to the sink until stopped, in global order or by key.
 
 The parts, each in a module of its own: the delivery driver (`driver`, the
 send-verify-hook-mark contract), the line runner (`line`, one ordering line), the
-head-failure policy (`head_policy`), the lanes supervisor (`lanes`, per-SKU order),
+head-failure policy (`head_policy`), the lanes supervisor (`lanes`, order by key),
 the lease keeper (`leases`: which lines this worker may deliver) and the delivery
 log (`delivery_log`). `Relay` puts them together from one `RelaySettings`
 (`settings`), which it passes down as it is.
 
 Several relays (workers) may run on one outbox: each line is delivered only under
 its lease. In global order one worker holds the global line and the others stand
-by, trying again at each renewal; in per-SKU order each lane is a line of its own.
+by, trying again at each renewal; in order by key each lane is a line of its own.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Relay:
     """Delivers until stopped, backing off while a head fails.
 
     Global order (the default): one line, stop-on-first-failure across all entries.
-    Per-SKU order: stop-on-first-failure inside each SKU's lane, lanes in parallel.
+    Order by key: stop-on-first-failure inside each key's lane, lanes in parallel.
     Requests go through `sender` (HttpSender), one batch or one event each as the
     settings say.
     """
@@ -88,14 +88,14 @@ class Relay:
 
     @property
     def blocked(self) -> Blocked | None:
-        """The blocked head (global order), or the oldest blocked lane head (per SKU)."""
+        """The blocked head (global order), or the oldest blocked lane head (by key)."""
         if self._lanes is None:
             return self._global.head.blocked
         return min(self._lanes.blocked.values(), key=lambda b: b.since, default=None)
 
     @property
     def blocked_lanes(self) -> dict[str, Blocked]:
-        """Per-SKU order: each lane whose head is failing."""
+        """Order by key: each lane whose head is failing."""
         return {} if self._lanes is None else self._lanes.blocked
 
     def wake(self) -> None:

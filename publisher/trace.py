@@ -77,7 +77,7 @@ def build_trace(
     """The five stages of SPEC's evidence table for one event. Pure.
 
     With a `snapshot`, a pending entry also says which failing heads it waits behind:
-    the global head (global order) and the head of its own lane (per-SKU order).
+    the global head (global order) and the head of its own lane (ordering by key).
     With `leases`, the trace names who holds the event's lines: its lane and the
     global line, those that were ever leased.
     """

@@ -178,7 +178,7 @@ def _entry_json(
 
 def _entry_line(entry: Entry, records: list[QuarantineRecord], lines: LinesView) -> str:
     line = (
-        f"{entry.seq:>8} {entry.id} {entry.event['type']} key={entry.event.get('key', '-')} "
+        f"{entry.seq:>8} {entry.id} {entry.event['type']} key={entry.event.get('key', '*')} "
         f"{data_preview(entry.event['data'], 60)} {entry.state} attempts={entry.attempts}"
     )
     lease = _delivered_by(entry, lines)
@@ -223,7 +223,7 @@ async def cmd_trace(args: argparse.Namespace) -> int:
                 trace = await collect_trace(outbox, args.id, sender)
     print(json.dumps(trace.to_dict()) if args.json else render_trace(trace))
     if trace.stages[0].proof.value != "proven":
-        return fail(PROG, f"no order with ID {args.id!r} in {redacted(args.db)}")
+        return fail(PROG, f"no event with ID {args.id!r} in {redacted(args.db)}")
     return EXIT_OK
 
 

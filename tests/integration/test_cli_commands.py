@@ -378,7 +378,7 @@ def test_list_shows_type_key_and_escaped_data_and_filters_by_type_and_key(
         '{"qty":7,"sku":"snack"}',
     ]
     assert lines[1].split()[1:5] == ["pay-1", "payment.captured", "key=cust-1", '{"amount":1250}']
-    assert lines[2].split()[1:4] == ["tick-1", "clock.tick", "key=-"]
+    assert lines[2].split()[1:4] == ["tick-1", "clock.tick", "key=*"]
     assert '{"text":"<b>\\u0007\\u00e9"}' in lines[4]
     assert ran.out.isascii() and "\x07" not in ran.out
 
