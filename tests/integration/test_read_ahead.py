@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiohttp import web
 from relay_lines import relay_of
-from support import accept_numbered, eventually, sent_ids
+from support import accept_numbered, ack, eventually, placed, sent_events, sent_ids
 
 from publisher.cli.dispatch import deliver_pending
 from publisher.driver import Driver, OutboxLine
@@ -31,7 +31,7 @@ from publisher.relay import Relay
 from publisher.retry import RetryPolicy
 from publisher.settings import RelaySettings
 from publisher.store import Outbox, State
-from shared import MAX_BATCH, Event, Receipt, make_ack, payload_digest
+from shared import MAX_BATCH, Event, Receipt, make_ack
 
 if TYPE_CHECKING:
     from conftest import Query, Serve
@@ -101,7 +101,7 @@ OnRequest = Callable[[int, list[str]], Awaitable[None]]
 
 
 def acks(events: list[Event]) -> list[dict[str, str]]:
-    return [make_ack(e["id"], Receipt.APPLIED, payload_digest(e)) for e in events]
+    return [ack(e) for e in events]
 
 
 def conflict_at(events: list[Event], k: int) -> web.Response:
@@ -134,10 +134,14 @@ class Sink:
     requests: list[list[str]] = field(default_factory=list)
 
     async def post_event(self, request: web.Request) -> web.Response:
-        return await self._reply([json.loads(await request.read())], single=True)
+        body = json.loads(await request.read())
+        assert isinstance(body, dict)  # one CloudEvent, structured mode
+        return await self._reply(sent_events(body), single=True)
 
     async def post_batch(self, request: web.Request) -> web.Response:
-        return await self._reply(json.loads(await request.read())["events"], single=False)
+        body = json.loads(await request.read())
+        assert isinstance(body, list)  # an array of CloudEvents, batched mode
+        return await self._reply(sent_events(body), single=False)
 
     async def _reply(self, events: list[Event], single: bool) -> web.Response:
         ids = [e["id"] for e in events]
@@ -245,10 +249,7 @@ async def test_batch_mode_reads_each_next_batch_while_the_current_one_is_in_flig
     assert sent_ids(db) == ids
     assert attempts(db_rows, db) == dict.fromkeys(ids, 1)
     stored: dict[str, str] = dict(db_rows(db, "SELECT id, ack FROM outbox"))
-    assert {i: json.loads(stored[i]) for i in ids} == {
-        i: make_ack(i, Receipt.APPLIED, payload_digest({"id": i, "sku": "snack", "qty": 1}))
-        for i in ids
-    }
+    assert {i: json.loads(stored[i]) for i in ids} == {i: ack(placed(i)) for i in ids}
 
 
 async def test_an_entry_quarantined_after_it_was_read_ahead_is_sent_and_closed_as_delivered(
