@@ -138,8 +138,9 @@ def canonical_data(data: object, pointer: str) -> str:
     rules checked are types, integer range, finite numbers, depth and lone surrogates.
 
     Serialised by `json.dumps` with sorted keys when that is provably the RFC 8785
-    text (no float anywhere, no key outside the Basic Multilingual Plane: then
-    escaping, number text and key order agree), else by the `rfc8785` package.
+    text (no float that Python writes otherwise than ECMAScript, no key outside the
+    Basic Multilingual Plane: then escaping, number text and key order agree), else
+    by the `rfc8785` package.
     """
     try:
         exact = _check(data, 1)
@@ -183,7 +184,11 @@ def _check(value: object, depth: int) -> bool:
         if MAX_SAFE_INTEGER < abs(value) < 1e21 and value.is_integer():  # type: ignore[arg-type,attr-defined]
             # RFC 8785 writes it as an integer, which would then be out of range.
             raise _NotIJson(f"{value!r} is a whole number outside +/-(2^53-1) (I-JSON)")
-        return False
+        # Python's repr and ECMAScript both write the shortest digits that read back,
+        # the closest of them on a tie, in plain notation for a fraction of magnitude
+        # 1e-4 to 1e16; outside that range (exponents) or for a whole float ("7.0"
+        # against "7") they differ, and rfc8785 writes the text.
+        return not value.is_integer() and 1e-4 <= abs(value) < 1e16  # type: ignore[attr-defined,arg-type]
     if depth > MAX_DEPTH:
         raise _NotIJson(f"is nested over {MAX_DEPTH} deep")
     exact = True
