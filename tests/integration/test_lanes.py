@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import pytest
 from aiohttp import web
 from relay_lines import relay_of, running, sender_for
-from support import eventually, sent_flags
+from support import ack, eventually, placed, sent_events, sent_flags
 
 from publisher.relay import Relay
 from publisher.retry import RetryPolicy
-from publisher.store import Outbox
-from shared import Event, Receipt, canonical_json, make_ack
+from publisher.store import Outbox, Pending
+from shared import Event, Order, Receipt
+from shared.event import previous_canonical
 from sink import Inbox
+from sink.store import Incoming
 from sqlite_tx import StorageError
 
 if TYPE_CHECKING:
@@ -44,12 +46,14 @@ MODES: list[Mode] = ["batch", "single"]
 class LaneSink:
     """/events and /events/batch over a real Inbox, with failures injected.
 
-    `reject` answers that status for every event of those SKUs (a batch applies the
-    items before the first such event and names it in `rejected`). With
-    `failure_rate`, that share of requests fails: half with 503 before anything is
-    applied, half by closing the connection after the commit; `script` names how the
-    first requests fail ("503" or "drop"), before the dice decide. `delay_s` holds each
-    request; `in_flight` and `max_in_flight` count requests being handled at once.
+    Requests carry CloudEvents (one object, or a batch array), read back as events
+    whose key is their lane (the SKU). `reject` answers that status for every event
+    of those keys (a batch applies the items before the first such event and names it
+    in `rejected`). With `failure_rate`, that share of requests fails: half with 503
+    before anything is applied, half by closing the connection after the commit;
+    `script` names how the first requests fail ("503" or "drop"), before the dice
+    decide. `delay_s` holds each request; `in_flight` and `max_in_flight` count
+    requests being handled at once.
     """
 
     inbox: Inbox
@@ -73,11 +77,11 @@ class LaneSink:
         return app
 
     async def single(self, request: web.Request) -> web.StreamResponse:
-        e = json.loads(await request.read())
+        (e,) = sent_events(json.loads(await request.read()))
         return await self._handle(request, [e], batch=False)
 
     async def batch(self, request: web.Request) -> web.StreamResponse:
-        events = json.loads(await request.read())["events"]
+        events = sent_events(json.loads(await request.read()))
         return await self._handle(request, events, batch=True)
 
     async def _handle(
@@ -95,14 +99,16 @@ class LaneSink:
             if roll < self.failure_rate / 2:
                 self.failed_before += 1
                 return web.json_response({"error": "overloaded"}, status=503)
-            take = next((n for n, e in enumerate(events) if e["sku"] in self.reject), len(events))
-            receipt = await self.inbox.receive_batch(events[:take])
+            take = next(
+                (n for n, e in enumerate(events) if e.get("key") in self.reject), len(events)
+            )
+            receipt = await self.inbox.receive_batch([Incoming.checked(e) for e in events[:take]])
             assert receipt.conflict is None
             acks = []
             for e, done in zip(events, receipt.received, strict=False):
                 if done.receipt is Receipt.APPLIED:
                     self.applications.append(e["id"])
-                acks.append(make_ack(e["id"], done.receipt, done.digest))
+                acks.append(ack(e, done.receipt))
             if roll < self.failure_rate:
                 self.dropped_after += 1
                 assert request.transport is not None
@@ -143,14 +149,16 @@ async def running_relay(
             yield relay
 
 
-def seq_order(db_rows: Query, db: Path, sku: str) -> list[str]:
+def seq_order(db_rows: Query, db: Path, lane: str) -> list[str]:
+    """The outbox's IDs of events keyed `lane`, in seq order."""
     rows = db_rows(db, "SELECT id, payload FROM outbox ORDER BY seq")
-    return [i for i, payload in rows if json.loads(payload)["sku"] == sku]
+    return [i for i, payload in rows if json.loads(payload).get("key") == lane]
 
 
-def inbox_order(db_rows: Query, sink_db: Path, sku: str) -> list[str]:
-    rows = db_rows(sink_db, "SELECT id, payload FROM inbox ORDER BY rowid")
-    return [i for i, payload in rows if json.loads(payload)["sku"] == sku]
+def inbox_order(db_rows: Query, sink_db: Path, lane: str) -> list[str]:
+    """The inbox's IDs of events keyed `lane`, in the order they were first applied."""
+    rows = db_rows(sink_db, "SELECT id, payload FROM inbox ORDER BY applied_seq")
+    return [i for i, payload in rows if json.loads(payload).get("key") == lane]
 
 
 # ---------------------------------------------------------------- a blocked lane
@@ -363,7 +371,8 @@ def make_v1_db(path: Path) -> None:
         conn.executescript(V1_SCHEMA)
         conn.execute("BEGIN")
         for event_id, sku, qty, was_sent in V1_ROWS:
-            payload = canonical_json({"id": event_id, "sku": sku, "qty": qty})
+            # That release stored the order itself, in its canonical form.
+            payload = previous_canonical(Order(id=event_id, sku=sku, qty=qty))
             conn.execute("INSERT INTO orders VALUES (?, ?, ?, 1.0)", (event_id, sku, qty))
             conn.execute(
                 "INSERT INTO outbox (id, payload, queued_at, sent, sent_at)"
@@ -384,12 +393,14 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
     url = f"{await serve_sink(sink_db)}/events"
 
     async with Outbox.open(db) as outbox:
-        assert db_rows(db, "PRAGMA user_version") == [(4,)]  # 2: lanes, 3: health, 4: leases
+        assert db_rows(db, "PRAGMA user_version") == [(5,)]  # lanes, health, leases, events
         assert db_rows(db, "SELECT id, lane FROM outbox ORDER BY seq") == [
             (event_id, sku) for event_id, sku, _, _ in V1_ROWS
         ]
         assert await outbox.pending_lanes(10) == ["juice", "snack"]
-        assert [row.event["id"] for row in await outbox.pending_batch(16, "snack")] == ["old-3"]
+        assert [row.event for row in await outbox.pending_batch(16, "snack")] == [
+            placed("old-3", "snack", 5)
+        ]
         assert await outbox.accept({"id": "new-1", "sku": "tea", "qty": 1}) == "accepted"
 
         async with running_relay(outbox, url, "batch", ordering="sku"):
@@ -407,7 +418,7 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
     # Opening again changes nothing: the migration ran once.
     async with Outbox.open(db):
         pass
-    assert db_rows(db, "PRAGMA user_version") == [(4,)]  # 2: lanes, 3: health, 4: leases
+    assert db_rows(db, "PRAGMA user_version") == [(5,)]  # lanes, health, leases, events
 
 
 async def test_many_blocked_lanes_do_not_starve_a_healthy_one(
@@ -552,7 +563,7 @@ async def test_a_lane_that_failed_outside_delivery_waits_its_backoff_before_it_s
 
     async def failing_once(
         limit: int = 16, lane: str | None = None, skip: Iterable[str] = ()
-    ) -> list[tuple[int, Event, int]]:
+    ) -> list[Pending]:
         if lane == "old":
             reads.append(time.monotonic())
             if len(reads) == 1:
