@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import inspect
 import logging
 import time
@@ -203,6 +202,9 @@ class Driver:
         # Repeated failures are logged once per interval with a count (plumbing.logs).
         self._log = Throttled(logging.getLogger(__name__)) if log is None else log
         self._sender = sender
+        # A sender gets copies of the events it may change (data nests); one that says
+        # it only reads them (HttpSender) gets them as read, with their stored text.
+        self._copies = not getattr(sender, "reads_events_only", False)
         self._settings = settings
         self._once = once
         self._read_size = read_size(settings, once)
@@ -296,8 +298,8 @@ class Driver:
         ):
             rows = [run.queue.popleft() for _ in range(min(size, len(run.queue)))]
             after = run.after if run.trusted else None
-            copies = [copy.deepcopy(row.event) for row in rows]  # data nests: callbacks get copies
-            task = asyncio.ensure_future(self._send(copies, after))
+            events = [row.sent(self._copies) for row in rows]
+            task = asyncio.ensure_future(self._send(events, after))
             run.in_flight.append(Request(rows, task, time.perf_counter(), after is not None))
             run.after = rows[-1].event["id"]
 
@@ -340,7 +342,7 @@ class Driver:
 
     async def _resend(self, request: Request) -> Sequence[Result]:
         try:
-            return await self._send([copy.deepcopy(row.event) for row in request.rows], None)
+            return await self._send([row.sent(self._copies) for row in request.rows], None)
         except Exception as exc:
             self._told([], request.rows[0], exc, request.started)
             raise

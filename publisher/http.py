@@ -36,7 +36,7 @@ from shared import (
 )
 from shared.ack import check_ack, digest_of, parse_reply
 from shared.cloudevents import BATCHED, JSON, STRUCTURED, batched, structured
-from shared.event import canonical_parts
+from shared.event import canonical_parts, stored_data
 
 MAX_REPLY_BYTES: Final = 4096
 CHECKED_REPLIES_KEPT: Final = 4096  # requests whose reply's predecessor check is remembered
@@ -131,6 +131,8 @@ class HttpSender:
         max_batch_body_bytes: int = MAX_BATCH_BODY_BYTES,
     ) -> None:
         self.urls = sink_urls(urls, allowed_hosts)
+        # It never changes an event it is given: the relay hands it events as read.
+        self.reads_events_only = True
         self.source = source  # the CloudEvents `source` of every event sent
         self.max_batch_body_bytes = max_batch_body_bytes
         # Set once a sink answered 404, 405 or 415 to a batch: it takes none.
@@ -214,18 +216,23 @@ class HttpSender:
         and answers 409, raised as FencedBySink.
         """
         event_id = event["id"]
-        body, digest = self._wire(event)
+        body, digest = self._wire(event, _now())
         status, reply = await self._request(
             "POST", "", event_id, body.encode(), after=after, lease=lease, media=STRUCTURED
         )
         return check_reply(status, reply, event_id, digest, lease)
 
-    def _wire(self, event: Event) -> tuple[str, str]:
-        """The event as a structured-mode CloudEvent, and the digest of its canonical
-        form (what the ACK must name)."""
-        data_text, canonical = canonical_parts(event)
+    def _wire(self, event: Event, time: str) -> tuple[str, str]:
+        """The event as a structured-mode CloudEvent sent at `time`, and the digest of
+        its canonical form (what the ACK must name). An event read from the outbox
+        carries the canonical text it is stored as: its data is cut out of that text,
+        and the digest is of it, so the relay neither parses nor writes the data."""
+        canonical = getattr(event, "canonical", None)
+        data_text = None if canonical is None else stored_data(event, canonical)
+        if data_text is None or canonical is None:
+            data_text, canonical = canonical_parts(event)
         body = structured(
-            event["id"], event["type"], event.get("key"), data_text, self.source, _now()
+            event["id"], event["type"], event.get("key"), data_text, self.source, time
         )
         return body, digest_of(canonical)
 
@@ -243,7 +250,8 @@ class HttpSender:
             return []
         if self.one_per_request:
             return await self._deliver_each(events, after, lease)
-        wired = [self._wire(event) for event in events]
+        now = _now()  # one request: one time for its events
+        wired = [self._wire(event, now) for event in events]
         results: list[BatchResult] = []
         start = 0
         for end in _cuts([len(body) for body, _ in wired], self.max_batch_body_bytes):

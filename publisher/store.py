@@ -12,6 +12,7 @@ Every backend passes the same behaviour suite (tests/behaviour/test_outbox_store
 from __future__ import annotations
 
 import contextlib
+import copy
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from shared import (
     validate_order,
 )
 from shared import Order as OrderFields
+from shared.event import StoredEvent
 
 T = TypeVar("T")
 
@@ -85,6 +87,16 @@ class Pending(NamedTuple):
     event: Event
     attempts: int  # failed or successful attempts so far
     lane: str | None
+    payload: str | None = None  # the canonical text stored (None: not read from storage)
+
+    def sent(self, copied: bool) -> Event:
+        """The event to hand a sender: a deep copy (`copied`, for a sender that may
+        change it), else the event itself, carrying its stored canonical text."""
+        if copied:
+            return copy.deepcopy(self.event)
+        if self.payload is None:
+            return self.event
+        return StoredEvent(self.event, self.payload)  # type: ignore[return-value]
 
 
 class Mark(NamedTuple):

@@ -14,6 +14,7 @@ Pure functions only: no I/O, so both sides and the tests share one definition.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -242,12 +243,42 @@ def _no_surrogate(text: str, pointer: str) -> None:
         raise InvalidEvent(pointer, "holds a lone surrogate, not Unicode text (I-JSON)") from exc
 
 
+_DATA_PREFIX: Final = '{"data":'
+
+
 def _assemble(event: Event, data_text: str) -> str:
     """The canonical event around its canonical data: id, type and key are of
     alphabets JSON writes as they are, and "data" < "id" < "key" < "type"."""
     key = event.get("key")
     keyed = "" if key is None else f',"key":"{key}"'
-    return f'{{"data":{data_text},"id":"{event["id"]}"{keyed},"type":"{event["type"]}"}}'
+    return f'{_DATA_PREFIX}{data_text},"id":"{event["id"]}"{keyed},"type":"{event["type"]}"}}'
+
+
+class StoredEvent(dict):  # type: ignore[type-arg]
+    """An event read back from the outbox with the canonical text it is stored as
+    (`canonical`), so that a sender need not canonicalise it again (`stored_data`).
+    Read only: a copy that is changed must not keep `canonical` (copy.deepcopy and
+    dict() give a plain dict of the same fields)."""
+
+    __slots__ = ("canonical",)
+
+    def __init__(self, event: Event, canonical: str) -> None:
+        super().__init__(event)
+        self.canonical = canonical
+
+    def __deepcopy__(self, memo: dict[int, object]) -> dict[str, Any]:
+        return copy.deepcopy(dict(self), memo)
+
+
+def stored_data(event: Event, canonical: str) -> str | None:
+    """The canonical text of the event's data, cut out of the event's canonical form
+    (`canonical`) without a parse: the form is `{"data":DATA` followed by the plain
+    text of id, key and type. None when `canonical` is not laid out so."""
+    rest = _assemble(event, "")[len(_DATA_PREFIX) :]
+    if not canonical.startswith(_DATA_PREFIX) or not canonical.endswith(rest):
+        return None
+    data = canonical[len(_DATA_PREFIX) : len(canonical) - len(rest)]
+    return data if data.startswith("{") and data.endswith("}") else None
 
 
 def _escape(token: str) -> str:

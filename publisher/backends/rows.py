@@ -28,7 +28,7 @@ def pending_of(row: tuple[Any, ...]) -> Pending:
     """A pending read's row (the backend's PENDING columns: seq, payload, attempts,
     lane) as a Pending."""
     seq, payload, attempts, lane = row
-    return Pending(seq, json.loads(payload), attempts, lane)
+    return Pending(seq, json.loads(payload), attempts, lane, payload)
 
 
 def entry_of(row: tuple[Any, ...]) -> Entry:

@@ -5,6 +5,7 @@ request as it arrived."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from dataclasses import dataclass, field
@@ -15,8 +16,9 @@ from aiohttp import web
 from support import placed
 
 from publisher import HttpSender
-from shared import PREDECESSOR_HEADER, Event, Receipt, make_ack, payload_digest
+from shared import PREDECESSOR_HEADER, Event, Receipt, canonical_json, make_ack, payload_digest
 from shared.cloudevents import BATCHED, STRUCTURED
+from shared.event import StoredEvent
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -149,3 +151,35 @@ async def test_a_sink_that_stored_something_else_is_not_acknowledged(serve: Serv
         with pytest.raises(Exception, match="digest"):
             await sender.deliver(PAYMENT)
     assert json.dumps(PAYMENT)  # the event itself is plain JSON
+
+
+async def test_an_event_read_from_the_outbox_goes_out_as_its_stored_text(serve: Serve) -> None:
+    # The relay's events carry the canonical text the outbox stored: the data on the
+    # wire is cut from that text and the digest the ACK must name is of it, not of a
+    # form made again from the parsed event (which here differs on purpose).
+    stored = canonical_json(PAYMENT)
+    altered: Event = {**PAYMENT, "data": {"amount_cents": 1}}
+    consumer = Consumer()
+    async with HttpSender(await _url(serve, consumer)) as sender:
+        ack = await sender.deliver(StoredEvent(altered, stored))  # type: ignore[arg-type]
+        batch = await sender.deliver_batch(
+            [StoredEvent(altered, stored), StoredEvent(KEYLESS, canonical_json(KEYLESS))]  # type: ignore[list-item]
+        )
+    assert ack["sha256"] == payload_digest(PAYMENT)
+    assert [r["sha256"] for r in batch if isinstance(r, dict)] == [
+        payload_digest(PAYMENT),
+        payload_digest(KEYLESS),
+    ]
+    (_, _, _, one), (_, _, _, many) = consumer.requests
+    assert one["data"] == PAYMENT["data"] == many[0]["data"]
+    assert many[0]["time"] == many[1]["time"]  # one request, one time
+
+
+def test_a_copy_of_a_stored_event_is_a_plain_event() -> None:
+    # A sender that may change what it is given gets copies: they must not keep the
+    # stored text, which would then no longer be theirs.
+    original = StoredEvent(PAYMENT, canonical_json(PAYMENT))
+    copied = copy.deepcopy(original)
+    assert type(copied) is dict and copied == PAYMENT
+    copied["data"]["amount_cents"] = 5
+    assert original["data"]["amount_cents"] == 1999

@@ -43,9 +43,11 @@ from shared.event import (
     SKU_MAX_CHARS,
     TYPE_MAX_CHARS,
     BigInteger,
+    canonical_parts,
     data_preview,
     placed_order,
     previous_canonical,
+    stored_data,
 )
 
 ALPHABET = string.ascii_letters + string.digits + "._:-"  # of an ID, a key, a SKU
@@ -1085,3 +1087,21 @@ def test_placed_order_depends_only_on_the_canonical_form() -> None:
     as_int, same = checked_event({**spelled, "data": {"sku": "snack", "qty": 7}})
     assert canonical == same
     assert placed_order(as_float) == placed_order(as_int)
+
+
+@given(event_id=valid_ids, event_type=valid_types, key=st.none() | valid_keys, data=json_data)
+def test_stored_data_is_the_data_cut_from_the_canonical_form(
+    event_id: str, event_type: str, key: str | None, data: dict[str, Any]
+) -> None:
+    obj = {"id": event_id, "type": event_type, "key": key, "data": data}
+    checked, canonical = checked_event(obj)
+    assert stored_data(checked, canonical) == canonical_parts(checked)[0]
+
+
+def test_stored_data_is_none_for_text_not_laid_out_as_that_event() -> None:
+    keyed = validate_event(KEYED)
+    canonical = canonical_json(keyed)
+    assert stored_data(keyed, canonical.replace('{"data":', '{"data": ', 1)) is None
+    assert stored_data({**keyed, "id": "other"}, canonical) is None
+    assert stored_data({**keyed, "key": "k-2"}, canonical) is None
+    assert stored_data(validate_event(VALID), canonical) is None  # no key: another layout
