@@ -10,6 +10,8 @@ Options the project adds to the URI (removed before libpq sees it):
   mode (a prepared statement lives on one server connection, which such a pooler
   does not keep for a client).
 - `pool_max=N`: the most connections the pool opens (default 8).
+- `schema=NAME`: the schema the side's tables are in, named in every statement
+  (`names`), whatever the connection's search_path; created if missing.
 
 The modules, one concept each:
 - `settings`: the URI checked and split into libpq's part and the options above;
@@ -18,6 +20,7 @@ The modules, one concept each:
   SNAPSHOT), one in a single round trip;
 - `arrays`: array parameters written as one literal;
 - `migrations`: each side's versioned schema;
+- `names`: table names qualified by the schema;
 - `errors`: driver errors translated into StorageError;
 - `database`: PgDatabase, the handle a backend holds;
 - `group`: group commit on a pooled connection;
@@ -29,7 +32,7 @@ from .arrays import array_literal
 from .database import PROBE_LOCK_WAIT_MS, PgDatabase
 from .errors import describe, translated_sync
 from .group import GroupCommit
-from .migrations import VERSIONS_TABLE
+from .names import Qualify, check_schema, qualifier
 from .pool import POOL_WAIT_S, Conn, Pool, PoolTimeout, close_quietly
 from .settings import CONNECT_TIMEOUT_S, DEFAULT_POOL_MAX, Settings, parse
 from .transactions import (
@@ -50,18 +53,20 @@ __all__ = [
     "PROBE_LOCK_WAIT_MS",
     "SNAPSHOT",
     "UNFLUSHED",
-    "VERSIONS_TABLE",
     "Conn",
     "GroupCommit",
     "PgDatabase",
     "Pool",
     "PoolTimeout",
+    "Qualify",
     "Settings",
     "array_literal",
+    "check_schema",
     "close_quietly",
     "describe",
     "durable",
     "in_one_round_trip",
     "parse",
+    "qualifier",
     "translated_sync",
 ]

@@ -15,10 +15,12 @@ from typing import Any, Final, TypeVar
 
 import psycopg
 
+from plumbing.schema import VERSIONS_TABLE, Schema
 from plumbing.storage import StorageError
 
 from .errors import first_line, translated
-from .migrations import migrate
+from .migrations import LEGACY_VERSIONS_TABLE, migrate
+from .names import Qualify, qualifier
 from .pool import Conn, Pool, close_quietly
 from .settings import Settings, connection_kwargs, parse
 from .transactions import SNAPSHOT, durable
@@ -41,31 +43,39 @@ class PgDatabase:
         return self.settings.display
 
     @classmethod
-    async def open(
-        cls, url: str, *, side: str, migrations: Sequence[str], probe_table: str
-    ) -> PgDatabase:
-        """Connect, bring `side`'s schema to the newest of `migrations` (each applied
-        once; those still to apply together in one transaction, under an advisory lock
-        so that processes starting together migrate once), and open the pool. StorageError if the
-        server cannot be reached or its schema is newer than `migrations` knows."""
+    async def open(cls, url: str, schema: Schema) -> PgDatabase:
+        """Connect, bring the side's tables to the newest `schema` (those still to
+        apply together in one transaction, under an advisory lock so that processes
+        starting together migrate once), and open the pool. With a schema named in
+        the URI (`schema=NAME`), it is created if missing and every table of the side
+        is named in it (`qualify`). StorageError if the server cannot be reached or
+        its schema is newer than this program knows."""
         settings = parse(url)
-        kwargs = connection_kwargs(settings, side)
+        kwargs = connection_kwargs(settings, schema.side)
+        qualify = qualifier(
+            settings.schema, {*schema.tables, VERSIONS_TABLE, LEGACY_VERSIONS_TABLE}
+        )
         try:
             first = await psycopg.AsyncConnection.connect(settings.conninfo, **kwargs)
         except psycopg.Error as exc:
             raise StorageError(f"{settings.display}: cannot connect: {first_line(exc)}") from exc
         try:
             async with translated(settings.display):
-                await migrate(first, side, migrations)
+                if settings.schema is not None:
+                    await first.execute(f'CREATE SCHEMA IF NOT EXISTS "{settings.schema}"'.encode())
+                    await first.commit()
+                await migrate(first, schema, qualify)
         except BaseException:
             await close_quietly(first)
             raise
         pool = Pool(settings, kwargs)
         pool.adopt(first)  # the pool's first connection
-        db = cls(pool, settings, side)
-        db._probe_table = probe_table
+        db = cls(pool, settings, schema.side)
+        db.qualify = qualify
+        db._probe_table = qualify(schema.probe_table)
         return db
 
+    qualify: Qualify = staticmethod(qualifier(None, ()))  # type: ignore[assignment]
     _probe_table = ""
 
     # ------------------------------------------------------------------ transactions

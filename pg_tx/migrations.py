@@ -1,4 +1,4 @@
-"""Each side's schema, brought up to date by numbered migrations.
+"""Each side's schema, created or brought up to date (see plumbing.schema).
 
 Both sides may share one database, so the version is kept per side, one row each in
 VERSIONS_TABLE, and one advisory lock for both makes processes that start together
@@ -7,41 +7,77 @@ migrate once. A schema newer than the program is refused rather than used.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Final
 
+from plumbing.schema import VERSIONS_TABLE, Schema
 from plumbing.storage import StorageError
 
+from .names import Qualify
 from .pool import Conn
 
-VERSIONS_TABLE: Final = "schema_versions"  # one row per side; both sides may share a database
+# Where releases before VERSIONS_TABLE kept each side's version (side, version).
+LEGACY_VERSIONS_TABLE: Final = "schema_versions"
 
 
-async def migrate(conn: Conn, side: str, migrations: Sequence[str]) -> None:
-    """Bring `side`'s schema to the newest of `migrations`, each applied once;
-    StorageError if the schema is newer than `migrations` knows."""
+async def migrate(conn: Conn, schema: Schema, qualify: Qualify) -> None:
+    """Bring `schema.side`'s tables to the newest version, each statement qualified
+    by `qualify`; StorageError if they are newer than this program knows."""
+    versions = qualify(VERSIONS_TABLE)
     async with conn.transaction():
         # One migrating process at a time per database (both sides share the lock).
         await conn.execute(b"SELECT pg_advisory_xact_lock(hashtext('outbox-relay schema'))")
         await conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {VERSIONS_TABLE} ("
+            f"CREATE TABLE IF NOT EXISTS {versions} ("
             " side TEXT PRIMARY KEY, version INTEGER NOT NULL)".encode()
         )
         row = await (
             await conn.execute(
-                f"SELECT version FROM {VERSIONS_TABLE} WHERE side = %s".encode(), (side,)
+                f"SELECT version FROM {versions} WHERE side = %s".encode(), (schema.side,)
             )
         ).fetchone()
-        version = 0 if row is None else int(row[0])
-        if version > len(migrations):
+        legacy = None if row is not None else await _legacy_version(conn, schema, qualify)
+        version = int(row[0]) if row is not None else legacy or 0
+        if version > schema.version:
             raise StorageError(
-                f"the {side} schema is version {version}, newer than this program knows"
-                f" ({len(migrations)}): run the release that wrote it, or a newer one"
+                f"the {schema.side} schema is version {version}, newer than this program"
+                f" knows ({schema.version}): run the release that wrote it, or a newer one"
             )
-        for number, script in enumerate(migrations[version:], start=version + 1):
-            await conn.execute(script.encode())
+        if version == schema.version:
+            return
+        scripts = [schema.fresh] if version == 0 else schema.migrations[version:]
+        for script in scripts:
+            await conn.execute(qualify(script).encode())
+        await conn.execute(
+            f"INSERT INTO {versions} (side, version) VALUES (%s, %s)"
+            " ON CONFLICT (side) DO UPDATE SET version = excluded.version".encode(),
+            (schema.side, schema.version),
+        )
+        if legacy:  # an earlier release reads this: it must now refuse the database
             await conn.execute(
-                f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES (%s, %s)"
-                " ON CONFLICT (side) DO UPDATE SET version = excluded.version".encode(),
-                (side, number),
+                f"UPDATE {qualify(LEGACY_VERSIONS_TABLE)} SET version = %s"
+                " WHERE side = %s".encode(),
+                (schema.version, schema.side),
             )
+
+
+async def _legacy_version(conn: Conn, schema: Schema, qualify: Qualify) -> int | None:
+    """The side's version as a release before VERSIONS_TABLE kept it, where that
+    release's table of the side is there with its columns; else None."""
+    table = qualify(schema.legacy_table)
+    columns = await (
+        await conn.execute(
+            b"SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            b" AND attname = ANY(%s) AND NOT attisdropped",
+            (table, sorted(schema.legacy_columns)),
+        )
+    ).fetchone()
+    legacy = qualify(LEGACY_VERSIONS_TABLE)
+    found = await (await conn.execute(b"SELECT to_regclass(%s)", (legacy,))).fetchone()
+    if columns is None or columns[0] != len(schema.legacy_columns) or found is None:
+        return None
+    if found[0] is None:
+        return None
+    row = await (
+        await conn.execute(f"SELECT version FROM {legacy} WHERE side = %s".encode(), (schema.side,))
+    ).fetchone()
+    return None if row is None else int(row[0])

@@ -17,6 +17,7 @@ import psycopg.conninfo
 from plumbing.storage import BadLocation, redacted
 
 from .errors import first_line
+from .names import check_schema
 
 CONNECT_TIMEOUT_S: Final = 5  # to reach the server at all
 DEFAULT_POOL_MAX: Final = 8
@@ -32,7 +33,7 @@ class Settings:
             params = parse_qsl(parts.query, keep_blank_values=True)
         except ValueError as exc:
             raise BadLocation(f"{self.display}: not a valid PostgreSQL URI ({exc})") from None
-        ours = {k: v for k, v in params if k in ("prepare", "pool_max")}
+        ours = {k: v for k, v in params if k in ("prepare", "pool_max", "schema")}
         self.conninfo = urlunsplit(
             parts._replace(query=urlencode([(k, v) for k, v in params if k not in ours]))
         )
@@ -44,6 +45,11 @@ class Settings:
         if not pool_max.isdigit() or not 1 <= int(pool_max) <= 100:
             raise BadLocation(f"{self.display}: pool_max must be from 1 to 100, not {pool_max!r}")
         self.pool_max = int(pool_max)
+        schema = ours.get("schema")
+        try:
+            self.schema = None if schema is None else check_schema(schema)
+        except BadLocation as exc:
+            raise BadLocation(f"{self.display}: {exc}") from None
         try:
             psycopg.conninfo.conninfo_to_dict(self.conninfo)
         except psycopg.ProgrammingError as exc:

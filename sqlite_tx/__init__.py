@@ -12,7 +12,7 @@ The modules, one concept each:
 - `inline`: InlineWrites, when a write may commit on the event loop's thread;
 - `group`: group commit on the database thread;
 - `connect`: how a file is opened (flags, PRAGMAS, the busy timeout);
-- `migrations`: the schema's numbered migrations;
+- `migrations`: the side's schema, created or brought up to date;
 - `file`: SqliteFile, what every SQLite backend shares;
 - `aiosqlite_internals`: every use of aiosqlite's private names.
 """

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Sequence
 from pathlib import Path
 
 import aiosqlite
 
+from plumbing.schema import Schema
 from plumbing.storage import StorageError
 
 from .aiosqlite_internals import join_worker
@@ -55,13 +55,13 @@ async def connect(path: str | Path) -> aiosqlite.Connection:
     return connection
 
 
-def prepare(conn: sqlite3.Connection, migrations: Sequence[str]) -> None:
+def prepare(conn: sqlite3.Connection, schema: Schema) -> None:
     """Set the pragmas, add our functions and bring the schema up to date (on the
     database thread)."""
     for pragma in PRAGMAS:
         conn.execute(pragma)
     conn.create_function("sha256_hex", 1, sha256_hex, deterministic=True)
-    migrate(conn, migrations)
+    migrate(conn, schema)
 
 
 def sha256_hex(text: str | None) -> str | None:

@@ -15,12 +15,13 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import aiosqlite
 
+from plumbing.schema import Schema
 from plumbing.storage import StorageError
 
 from .aiosqlite_internals import AiosqliteChanged, check_internals, raw_connection, run_on_worker
@@ -29,9 +30,9 @@ from .transactions import is_busy, transaction
 
 T = TypeVar("T")
 
-# The writability probe: one row, updated in place by a committed transaction. Each
-# side's migrations create `health` with that row.
-PROBE_WRITE = "UPDATE health SET at = ? WHERE id = 1"
+# The writability probe: one row of the side's probe table (Schema.probe_table),
+# updated in place by a committed transaction.
+PROBE_WRITE = "UPDATE {table} SET at = ? WHERE id = 1"
 
 
 class Database:
@@ -52,9 +53,10 @@ class Database:
         self._busy_timeout_ms = BUSY_TIMEOUT_MS
         self._file = _identity(self.path)  # the file opened, to tell if it goes away
         self._probing: asyncio.Future[None] | None = None  # the probe in progress
+        self._probe_write = ""  # set by open
 
     @classmethod
-    async def open(cls, path: str | Path, migrations: Sequence[str]) -> Database:
+    async def open(cls, path: str | Path, schema: Schema) -> Database:
         """Open (or create) the file, set the pragmas and bring the schema up to date.
 
         Raises StorageError; its subclass AiosqliteChanged if the installed aiosqlite
@@ -70,8 +72,9 @@ class Database:
                 await connection.close()
             raise
         db = cls(connection, str(path))
+        db._probe_write = PROBE_WRITE.format(table=schema.probe_table)
         try:
-            await db.run(lambda conn: prepare(conn, migrations))
+            await db.run(lambda conn: prepare(conn, schema))
         except BaseException:
             await connection.close()
             raise
@@ -164,7 +167,7 @@ class Database:
         """On the worker thread."""
         self._check_file()
         with transaction(conn):
-            if conn.execute(PROBE_WRITE, (time.time(),)).rowcount != 1:
+            if conn.execute(self._probe_write, (time.time(),)).rowcount != 1:
                 raise StorageError(f"{self.path}: the health row is missing")
 
     def _check_file(self) -> None:

@@ -1,23 +1,24 @@
 """SqliteFile: the part every SQLite backend shares, whatever its interface.
 
-A backend subclasses it with its MIGRATIONS and gets the opening of its file, its
+A backend subclasses it with its SCHEMA and gets the opening of its file, its
 location, the writability probe and close.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Self
+
+from plumbing.schema import Schema
 
 from .database import Database
 
 
 class SqliteFile:
     """What every SQLite backend is on top of its interface: one file, opened with its
-    migrations, and closed. `connect` is what a backend's factory awaits."""
+    schema, and closed. `connect` is what a backend's factory awaits."""
 
-    MIGRATIONS: ClassVar[Sequence[str]] = ()
+    SCHEMA: ClassVar[Schema]
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -25,7 +26,7 @@ class SqliteFile:
     @classmethod
     async def connect(cls, path: str | Path) -> Self:
         """Open (or create) the file and bring its schema up to date."""
-        return cls(await Database.open(path, cls.MIGRATIONS))
+        return cls(await Database.open(path, cls.SCHEMA))
 
     @property
     def location(self) -> str:

@@ -1,0 +1,48 @@
+"""A side's tables as its storage packages create and upgrade them.
+
+A database that holds none of a side's tables gets the newest schema at once
+(`fresh`), so no table of an earlier release's name is ever created beside the
+user's own tables. A database an earlier release wrote is brought up by the
+`migrations` after its version, the history each release added to, ending in the
+newest schema as well: a test checks that both roads lead to the same tables.
+
+The version of each side is a row in VERSIONS_TABLE, a table of its own in the
+database, never SQLite's `user_version` or any other setting of the user's database.
+Releases before that table kept it elsewhere (`user_version` on SQLite,
+`schema_versions` on PostgreSQL): that is read, only where the side's tables of
+that release are (`legacy_table`, with its columns), and then set to the newest version too, so that
+an earlier release refuses the upgraded database instead of misreading it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+VERSIONS_TABLE: Final = "outbox_relay_versions"  # one row per side; both may share a database
+
+
+@dataclass(frozen=True)
+class Schema:
+    """How a side's tables are made. `tables` names every table its statements may
+    name, of this release and of earlier ones (the names that a schema qualifies on
+    PostgreSQL); `probe_table` is the one-row table of the writability probe."""
+
+    side: str
+    fresh: str
+    migrations: Sequence[str]
+    tables: frozenset[str]
+    probe_table: str
+    legacy_table: str  # a table of the release before VERSIONS_TABLE ...
+    legacy_columns: frozenset[str]  # ... with these columns (a user's own table has others)
+
+    @property
+    def version(self) -> int:
+        """The newest version: that of `fresh`, and of the last migration."""
+        return len(self.migrations)
+
+
+def statements(script: str) -> list[str]:
+    """A script's statements, split on `;` (none of ours holds one but as a terminator)."""
+    return [part.strip() for part in script.split(";") if part.strip()]
