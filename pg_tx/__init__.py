@@ -32,7 +32,7 @@ from .arrays import array_literal
 from .database import PROBE_LOCK_WAIT_MS, PgDatabase
 from .errors import describe, translated_sync
 from .group import GroupCommit
-from .names import Qualify, check_schema, qualifier
+from .names import Qualify, check_schema, qualified, qualifier
 from .pool import POOL_WAIT_S, Conn, Pool, PoolTimeout, close_quietly
 from .settings import CONNECT_TIMEOUT_S, DEFAULT_POOL_MAX, Settings, parse
 from .transactions import (
@@ -67,6 +67,7 @@ __all__ = [
     "durable",
     "in_one_round_trip",
     "parse",
+    "qualified",
     "qualifier",
     "translated_sync",
 ]

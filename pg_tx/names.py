@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import Final
+from types import ModuleType, SimpleNamespace
+from typing import Any, Final
 
 from plumbing.storage import BadLocation
 
@@ -43,3 +44,15 @@ def qualifier(schema: str | None, tables: Iterable[str]) -> Qualify:
 
 def _unchanged(statement: str) -> str:
     return statement
+
+
+def qualified(module: ModuleType, qualify: Qualify) -> Any:
+    """A backend's SQL module as its statements run: each of its upper-case text
+    constants with its tables qualified, every other constant as it is."""
+    return SimpleNamespace(
+        **{
+            name: qualify(value) if isinstance(value, str) else value
+            for name, value in vars(module).items()
+            if name.isupper()
+        }
+    )

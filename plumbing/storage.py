@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Generic, Literal, Protocol, Self, TypeVar
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 SQLITE_SCHEME: Final = "sqlite:"
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
@@ -58,6 +59,25 @@ def parse_location(text: str) -> Location:
             f"unknown database URL scheme {scheme[0]!r}: give a file path or a postgresql:// URL"
         )
     return Location("sqlite", text)
+
+
+def with_schema(text: str, schema: str | None) -> str:
+    """A `--db` value with `--schema NAME` applied: the PostgreSQL URI with
+    `schema=NAME` among its parameters (pg_tx names every table of ours in it).
+    BadLocation for a SQLite file (a file has no schemas) or a URI that names
+    another schema already."""
+    if schema is None:
+        return text
+    if parse_location(text).backend != "postgres":
+        raise BadLocation("--schema is for a PostgreSQL database; a SQLite file has none")
+    parts = urlsplit(text)
+    named = [value for key, value in parse_qsl(parts.query) if key == "schema"]
+    if named and named != [schema]:
+        raise BadLocation(f"--schema {schema!r} and the URI's schema={named[0]!r} differ")
+    if named:
+        return text
+    query = f"{parts.query}&schema={schema}" if parts.query else f"schema={schema}"
+    return urlunsplit(parts._replace(query=query))
 
 
 def redacted(url: str) -> str:
