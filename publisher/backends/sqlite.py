@@ -97,7 +97,7 @@ class SqliteOutbox(SqliteFile, Outbox):
     one relay per file, so its worker always wins its leases. A fenced write checks
     its line's epoch inside its own BEGIN IMMEDIATE: no take can come in between."""
 
-    MIGRATIONS = sql.MIGRATIONS
+    SCHEMA = sql.SCHEMA
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from plumbing.schema import Schema
+
 
 def _order_canonical(event_id: str, sku: str, qty: str) -> str:
     """SQL for the canonical order.placed event of an order, from SQL expressions of
@@ -104,8 +106,12 @@ MIGRATIONS: Final = (
     # canonical text shared.event.order_canonical writes). Entries no longer need an
     # order (the tables are rebuilt without that reference, seqs kept), and what
     # judges a known ID once its entry is pruned is the digest kept in outbox_pruned.
+    # Every table (and index) of the outbox is named outbox_* from here on, so that
+    # they can live in a user's database beside the user's own `orders`: the rebuilt
+    # tables are made under their new names, the others renamed (SQLite renames
+    # their automatic indexes, and sqlite_sequence rows, with them).
     f"""
-    CREATE TABLE outbox_next (
+    CREATE TABLE outbox_entries (
         seq              INTEGER PRIMARY KEY AUTOINCREMENT,
         id               TEXT NOT NULL UNIQUE,
         type             TEXT NOT NULL,
@@ -122,22 +128,22 @@ MIGRATIONS: Final = (
         lane             TEXT,
         CHECK (NOT (sent = 1 AND quarantined = 1))
     );
-    INSERT INTO outbox_next (seq, id, type, payload, queued_at, sent, sent_at, ack, attempts,
-        last_error, last_attempt_at, first_failure_at, quarantined, lane)
+    INSERT INTO outbox_entries (seq, id, type, payload, queued_at, sent, sent_at, ack,
+        attempts, last_error, last_attempt_at, first_failure_at, quarantined, lane)
     SELECT seq, id, 'order.placed', {_order_canonical("id", _PREVIOUS_SKU, _PREVIOUS_QTY)},
         queued_at, sent, sent_at, ack, attempts, last_error, last_attempt_at,
         first_failure_at, quarantined, {_PREVIOUS_SKU}
     FROM outbox ORDER BY seq;
-    DELETE FROM sqlite_sequence WHERE name = 'outbox_next';
+    DELETE FROM sqlite_sequence WHERE name = 'outbox_entries';
     INSERT INTO sqlite_sequence (name, seq)
-    SELECT 'outbox_next', seq FROM sqlite_sequence WHERE name = 'outbox';
+    SELECT 'outbox_entries', seq FROM sqlite_sequence WHERE name = 'outbox';
     DROP TABLE outbox;
-    ALTER TABLE outbox_next RENAME TO outbox;
-    CREATE INDEX outbox_pending ON outbox (seq) WHERE sent = 0 AND quarantined = 0;
-    CREATE INDEX outbox_quarantined ON outbox (seq) WHERE quarantined = 1;
-    CREATE INDEX outbox_sent_at ON outbox (sent_at) WHERE sent = 1;
-    CREATE INDEX outbox_lane_pending ON outbox (lane, seq) WHERE sent = 0 AND quarantined = 0;
-    CREATE TABLE quarantines_next (
+    CREATE INDEX outbox_pending ON outbox_entries (seq) WHERE sent = 0 AND quarantined = 0;
+    CREATE INDEX outbox_quarantined ON outbox_entries (seq) WHERE quarantined = 1;
+    CREATE INDEX outbox_sent_at ON outbox_entries (sent_at) WHERE sent = 1;
+    CREATE INDEX outbox_lane_pending ON outbox_entries (lane, seq)
+        WHERE sent = 0 AND quarantined = 0;
+    CREATE TABLE outbox_quarantines (
         n                    INTEGER PRIMARY KEY AUTOINCREMENT,
         id                   TEXT NOT NULL,
         seq                  INTEGER NOT NULL,
@@ -150,115 +156,209 @@ MIGRATIONS: Final = (
         delivered_past_count INTEGER,
         delivered_past       TEXT
     );
-    INSERT INTO quarantines_next SELECT * FROM quarantines ORDER BY n;
-    DELETE FROM sqlite_sequence WHERE name = 'quarantines_next';
+    INSERT INTO outbox_quarantines SELECT * FROM quarantines ORDER BY n;
+    DELETE FROM sqlite_sequence WHERE name = 'outbox_quarantines';
     INSERT INTO sqlite_sequence (name, seq)
-    SELECT 'quarantines_next', seq FROM sqlite_sequence WHERE name = 'quarantines';
+    SELECT 'outbox_quarantines', seq FROM sqlite_sequence WHERE name = 'quarantines';
     DROP TABLE quarantines;
-    ALTER TABLE quarantines_next RENAME TO quarantines;
-    CREATE INDEX quarantines_id ON quarantines (id);
+    CREATE INDEX outbox_quarantines_id ON outbox_quarantines (id);
     CREATE TABLE outbox_pruned (
         id     TEXT PRIMARY KEY,
         digest TEXT NOT NULL
     ) WITHOUT ROWID;
     INSERT INTO outbox_pruned (id, digest)
     SELECT o.id, sha256_hex({_order_canonical("o.id", "o.sku", "o.qty")})
-    FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox AS e WHERE e.id = o.id);
+    FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox_entries AS e WHERE e.id = o.id);
+    ALTER TABLE orders RENAME TO outbox_orders;
+    ALTER TABLE health RENAME TO outbox_health;
+    ALTER TABLE line_leases RENAME TO outbox_line_leases;
+    ALTER TABLE relay_workers RENAME TO outbox_relay_workers;
     """,
+)
+
+# The newest schema at once, for a file that holds none of the outbox's tables: what
+# MIGRATIONS reach, written out (a test compares the two). Every table and index is
+# named outbox_*: a user's own tables (`orders`, say) may share the file.
+FRESH: Final = """
+    CREATE TABLE outbox_orders (
+        id          TEXT PRIMARY KEY,
+        sku         TEXT NOT NULL,
+        qty         INTEGER NOT NULL,
+        accepted_at REAL NOT NULL
+    );
+    CREATE TABLE outbox_entries (
+        seq              INTEGER PRIMARY KEY AUTOINCREMENT,
+        id               TEXT NOT NULL UNIQUE,
+        type             TEXT NOT NULL,
+        payload          TEXT NOT NULL,
+        queued_at        REAL NOT NULL,
+        sent             INTEGER NOT NULL DEFAULT 0 CHECK (sent IN (0, 1)),
+        sent_at          REAL,
+        ack              TEXT,
+        attempts         INTEGER NOT NULL DEFAULT 0,
+        last_error       TEXT,
+        last_attempt_at  REAL,
+        first_failure_at REAL,
+        quarantined      INTEGER NOT NULL DEFAULT 0 CHECK (quarantined IN (0, 1)),
+        lane             TEXT,
+        CHECK (NOT (sent = 1 AND quarantined = 1))
+    );
+    CREATE INDEX outbox_pending ON outbox_entries (seq) WHERE sent = 0 AND quarantined = 0;
+    CREATE INDEX outbox_quarantined ON outbox_entries (seq) WHERE quarantined = 1;
+    CREATE INDEX outbox_sent_at ON outbox_entries (sent_at) WHERE sent = 1;
+    CREATE INDEX outbox_lane_pending ON outbox_entries (lane, seq)
+        WHERE sent = 0 AND quarantined = 0;
+    CREATE TABLE outbox_quarantines (
+        n                    INTEGER PRIMARY KEY AUTOINCREMENT,
+        id                   TEXT NOT NULL,
+        seq                  INTEGER NOT NULL,
+        reason               TEXT NOT NULL,
+        quarantined_by       TEXT NOT NULL,
+        quarantined_at       REAL NOT NULL,
+        released_by          TEXT,
+        released_at          REAL,
+        released_as          TEXT CHECK (released_as IN ('redriven', 'delivered')),
+        delivered_past_count INTEGER,
+        delivered_past       TEXT
+    );
+    CREATE INDEX outbox_quarantines_id ON outbox_quarantines (id);
+    CREATE TABLE outbox_health (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        at REAL NOT NULL
+    );
+    INSERT INTO outbox_health (id, at) VALUES (1, 0);
+    CREATE TABLE outbox_line_leases (
+        line       TEXT PRIMARY KEY,
+        owner      TEXT,
+        epoch      INTEGER NOT NULL CHECK (epoch >= 1),
+        expires_at REAL NOT NULL,
+        taken_at   REAL,
+        renewed_at REAL
+    );
+    CREATE TABLE outbox_relay_workers (
+        worker     TEXT PRIMARY KEY,
+        seen_at    REAL NOT NULL,
+        started_at REAL NOT NULL
+    );
+    CREATE TABLE outbox_source (
+        id     INTEGER PRIMARY KEY CHECK (id = 1),
+        source TEXT NOT NULL
+    );
+    INSERT INTO outbox_source (id, source) VALUES (1, lower(hex(randomblob(8))));
+    CREATE TABLE outbox_pruned (
+        id     TEXT PRIMARY KEY,
+        digest TEXT NOT NULL
+    ) WITHOUT ROWID;
+"""
+
+SCHEMA: Final = Schema(
+    side="publisher",
+    fresh=FRESH,
+    migrations=MIGRATIONS,
+    # Of this release, and of the earlier ones MIGRATIONS name.
+    tables=frozenset(
+        {"outbox_orders", "outbox_entries", "outbox_quarantines", "outbox_health"}
+        | {"outbox_line_leases", "outbox_relay_workers", "outbox_source", "outbox_pruned"}
+        | {"orders", "outbox", "quarantines", "health", "line_leases", "relay_workers"}
+    ),
+    probe_table="outbox_health",
+    legacy_table="outbox",
+    legacy_columns=frozenset({"seq", "payload", "sent", "quarantined"}),
 )
 
 IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 
-FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = ?"
+FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM outbox_orders WHERE id = ?"
 # What an event whose ID is known is judged against (rows.judged_again): the
 # canonical event its entry stores, or the digest kept once the entry was pruned.
 # One row, both NULL for a new ID (two lookups by key).
 KNOWN: Final = """
-    SELECT (SELECT payload FROM outbox WHERE id = :id),
+    SELECT (SELECT payload FROM outbox_entries WHERE id = :id),
         (SELECT digest FROM outbox_pruned WHERE id = :id)
 """
-INSERT_ORDER: Final = "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)"
+INSERT_ORDER: Final = "INSERT INTO outbox_orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)"
 INSERT_ENTRY: Final = (
-    "INSERT INTO outbox (id, type, payload, queued_at, lane) VALUES (?, ?, ?, ?, ?)"
+    "INSERT INTO outbox_entries (id, type, payload, queued_at, lane) VALUES (?, ?, ?, ?, ?)"
 )
 # A group's new events in one statement each: a JSON array of [id, sku, qty, now,
 # payload, key, type] rows (sku and qty null for an event that is not an order),
 # inserted in array order (the entries' seq order). One statement for many rows: on
 # the database thread each statement waits to take the GIL back.
 ANY_KNOWN: Final = """
-    SELECT EXISTS (SELECT 1 FROM outbox WHERE id IN (SELECT value FROM json_each(:ids)))
+    SELECT EXISTS (SELECT 1 FROM outbox_entries WHERE id IN (SELECT value FROM json_each(:ids)))
         OR EXISTS (SELECT 1 FROM outbox_pruned WHERE id IN (SELECT value FROM json_each(:ids)))
 """
 INSERT_ORDERS: Final = (
-    "INSERT INTO orders (id, sku, qty, accepted_at)"
+    "INSERT INTO outbox_orders (id, sku, qty, accepted_at)"
     " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
     " json_extract(value, '$[2]'), json_extract(value, '$[3]')"
     " FROM json_each(?) WHERE json_extract(value, '$[1]') IS NOT NULL ORDER BY key"
 )
 INSERT_ENTRIES: Final = (
-    "INSERT INTO outbox (id, type, payload, queued_at, lane)"
+    "INSERT INTO outbox_entries (id, type, payload, queued_at, lane)"
     " SELECT json_extract(value, '$[0]'), json_extract(value, '$[6]'),"
     " json_extract(value, '$[4]'), json_extract(value, '$[3]'), json_extract(value, '$[5]')"
     " FROM json_each(?) ORDER BY key"
 )
 
 PENDING: Final = (
-    f"SELECT seq, payload, attempts, lane FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT ?"
+    f"SELECT seq, payload, attempts, lane FROM outbox_entries WHERE {IS_PENDING}"
+    " ORDER BY seq LIMIT ?"
 )
 # Leaving out entries whose mark is still being committed (the relay overlaps the
 # mark of one batch with the send of the next).
 PENDING_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox
+    SELECT seq, payload, attempts, lane FROM outbox_entries
     WHERE {IS_PENDING} AND id NOT IN (SELECT value FROM json_each(:skip))
     ORDER BY seq LIMIT :limit
 """
 # The same for one lane, on the lane's own index: it reads that lane's entries only,
 # however many entries of other lanes are pending before them.
 PENDING_IN_LANE_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox
+    SELECT seq, payload, attempts, lane FROM outbox_entries
     WHERE {IS_PENDING} AND lane = :lane AND id NOT IN (SELECT value FROM json_each(:skip))
     ORDER BY seq LIMIT :limit
 """
 PENDING_IN_LANE: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox WHERE {IS_PENDING} AND lane = ?
+    SELECT seq, payload, attempts, lane FROM outbox_entries WHERE {IS_PENDING} AND lane = ?
     ORDER BY seq LIMIT ?
 """
-HEAD_ID: Final = f"SELECT id FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1"
+HEAD_ID: Final = f"SELECT id FROM outbox_entries WHERE {IS_PENDING} ORDER BY seq LIMIT 1"
 HEAD_ID_IN_LANE: Final = (
-    f"SELECT id FROM outbox WHERE {IS_PENDING} AND lane = ? ORDER BY seq LIMIT 1"
+    f"SELECT id FROM outbox_entries WHERE {IS_PENDING} AND lane = ? ORDER BY seq LIMIT 1"
 )
 # The lane of each pending entry, in seq order (read until enough lanes are named).
-PENDING_LANE_OF_EACH: Final = f"SELECT lane FROM outbox WHERE {IS_PENDING} ORDER BY seq"
+PENDING_LANE_OF_EACH: Final = f"SELECT lane FROM outbox_entries WHERE {IS_PENDING} ORDER BY seq"
 # Lanes with pending entries, the one whose head is oldest first. The lanes are
 # found by hopping along the lane index (the next lane name after this one), and each
 # head by one lookup in it: the cost follows the number of lanes, not of entries (a
 # GROUP BY would read every pending entry).
 PENDING_LANES: Final = f"""
     WITH RECURSIVE lanes (lane) AS (
-        SELECT min(lane) FROM outbox WHERE {IS_PENDING}
+        SELECT min(lane) FROM outbox_entries WHERE {IS_PENDING}
         UNION ALL
-        SELECT (SELECT min(lane) FROM outbox WHERE {IS_PENDING} AND lane > lanes.lane)
+        SELECT (SELECT min(lane) FROM outbox_entries WHERE {IS_PENDING} AND lane > lanes.lane)
         FROM lanes WHERE lanes.lane IS NOT NULL
     )
     SELECT lane FROM lanes
     WHERE lane IS NOT NULL AND lane NOT IN (SELECT value FROM json_each(:skip))
-    ORDER BY (SELECT min(seq) FROM outbox WHERE {IS_PENDING} AND lane = lanes.lane)
+    ORDER BY (SELECT min(seq) FROM outbox_entries WHERE {IS_PENDING} AND lane = lanes.lane)
     LIMIT :limit
 """
 
 MARK_SENT: Final = """
-    UPDATE outbox SET sent = 1, quarantined = 0, sent_at = :now, ack = :ack,
+    UPDATE outbox_entries SET sent = 1, quarantined = 0, sent_at = :now, ack = :ack,
         attempts = attempts + 1, last_attempt_at = :now
     WHERE id = :id AND sent = 0
 """
 # The common case, without reading the row first: a pending, unquarantined entry.
 MARK_PENDING_SENT: Final = """
-    UPDATE outbox SET sent = 1, sent_at = :now, ack = :ack,
+    UPDATE outbox_entries SET sent = 1, sent_at = :now, ack = :ack,
         attempts = attempts + 1, last_attempt_at = :now
     WHERE id = :id AND sent = 0 AND quarantined = 0
 """
 RECORD_FAILURE: Final = """
-    UPDATE outbox SET attempts = attempts + 1, last_error = :error, last_attempt_at = :now,
+    UPDATE outbox_entries SET attempts = attempts + 1, last_error = :error, last_attempt_at = :now,
         first_failure_at = coalesce(first_failure_at, :now)
     WHERE id = :id AND sent = 0
 """
@@ -269,70 +369,70 @@ ENTRY_COLUMNS: Final = (
     "seq, lane, payload, queued_at, sent, sent_at, ack, attempts, last_error,"
     " last_attempt_at, first_failure_at, quarantined"
 )
-ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = ?"
+ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE id = ?"
 # One page of a listing: past the seq of the previous page's last entry, of one key
 # (its lane) and of one type if asked for (NULL: every key, every type).
 _PAGE: Final = "(:key IS NULL OR lane = :key) AND (:type IS NULL OR type = :type)"
 ENTRIES_PENDING: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE {IS_PENDING} AND seq > :after AND {_PAGE}"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE {IS_PENDING} AND seq > :after AND {_PAGE}"
     " ORDER BY seq LIMIT :limit"
 )
 ENTRIES_QUARANTINED: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE quarantined = 1 AND seq > :after AND {_PAGE}"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE quarantined = 1 AND seq > :after AND {_PAGE}"
     " ORDER BY seq LIMIT :limit"
 )
 ENTRIES_SENT: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE sent = 1 AND seq < :after AND {_PAGE}"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE sent = 1 AND seq < :after AND {_PAGE}"
     " ORDER BY seq DESC LIMIT :limit"
 )
 # Marks per interval from :start, on the sent_at index: the cost follows the marks
 # in the window, not the sent rows kept.
 SENT_PER_INTERVAL: Final = """
-    SELECT CAST((sent_at - :start) / :interval AS INTEGER), count(*) FROM outbox
+    SELECT CAST((sent_at - :start) / :interval AS INTEGER), count(*) FROM outbox_entries
     WHERE sent = 1 AND sent_at >= :start AND sent_at < :end GROUP BY 1
 """
 
 QUARANTINE: Final = (
-    "UPDATE outbox SET quarantined = 1 WHERE id = ? AND sent = 0 AND quarantined = 0"
+    "UPDATE outbox_entries SET quarantined = 1 WHERE id = ? AND sent = 0 AND quarantined = 0"
 )
 INSERT_QUARANTINE: Final = """
-    INSERT INTO quarantines (id, seq, reason, quarantined_by, quarantined_at)
+    INSERT INTO outbox_quarantines (id, seq, reason, quarantined_by, quarantined_at)
     VALUES (:id, :seq, :reason, :by, :now)
 """
 OPEN_QUARANTINE: Final = """
-    SELECT n, quarantined_at FROM quarantines
+    SELECT n, quarantined_at FROM outbox_quarantines
     WHERE id = ? AND released_at IS NULL ORDER BY n DESC LIMIT 1
 """
 DELIVERED_PAST: Final = """
-    SELECT id FROM outbox WHERE seq > :seq AND sent = 1 AND sent_at >= :since ORDER BY seq
+    SELECT id FROM outbox_entries WHERE seq > :seq AND sent = 1 AND sent_at >= :since ORDER BY seq
 """
 # A redriven entry starts a fresh failure streak: its blocked-since time restarts.
 REDRIVE: Final = """
-    UPDATE outbox SET quarantined = 0, first_failure_at = NULL
+    UPDATE outbox_entries SET quarantined = 0, first_failure_at = NULL
     WHERE id = ? AND quarantined = 1
 """
 CLOSE_QUARANTINE: Final = """
-    UPDATE quarantines SET released_by = :by, released_at = :now, released_as = :how,
+    UPDATE outbox_quarantines SET released_by = :by, released_at = :now, released_as = :how,
         delivered_past_count = :count, delivered_past = :ids
     WHERE n = :n
 """
 QUARANTINES_OF: Final = """
     SELECT reason, quarantined_by, quarantined_at, released_by, released_at, released_as,
         delivered_past_count, delivered_past
-    FROM quarantines WHERE id = ? ORDER BY n
+    FROM outbox_quarantines WHERE id = ? ORDER BY n
 """
 
-COUNT_PENDING: Final = f"SELECT count(*) FROM outbox WHERE {IS_PENDING}"
-COUNT_QUARANTINED: Final = "SELECT count(*) FROM outbox WHERE quarantined = 1"
+COUNT_PENDING: Final = f"SELECT count(*) FROM outbox_entries WHERE {IS_PENDING}"
+COUNT_QUARANTINED: Final = "SELECT count(*) FROM outbox_entries WHERE quarantined = 1"
 HEAD: Final = f"""
     SELECT seq, id, queued_at, attempts, last_error, first_failure_at
-    FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1
+    FROM outbox_entries WHERE {IS_PENDING} ORDER BY seq LIMIT 1
 """
 # The head of every lane that has failed and is not yet delivered.
 BLOCKED_LANE_HEADS: Final = f"""
     SELECT o.seq, o.id, o.queued_at, o.attempts, o.last_error, o.first_failure_at, o.lane
-    FROM (SELECT min(seq) AS head FROM outbox WHERE {IS_PENDING} GROUP BY lane) AS h
-    JOIN outbox AS o ON o.seq = h.head
+    FROM (SELECT min(seq) AS head FROM outbox_entries WHERE {IS_PENDING} GROUP BY lane) AS h
+    JOIN outbox_entries AS o ON o.seq = h.head
     WHERE o.first_failure_at IS NOT NULL
     ORDER BY o.seq
 """
@@ -343,56 +443,58 @@ BLOCKED_LANE_HEADS: Final = f"""
 SOURCE: Final = "SELECT source FROM outbox_source WHERE id = 1"
 
 WORKER_SEEN: Final = """
-    INSERT INTO relay_workers (worker, seen_at, started_at) VALUES (:worker, :now, :now)
+    INSERT INTO outbox_relay_workers (worker, seen_at, started_at) VALUES (:worker, :now, :now)
     ON CONFLICT (worker) DO UPDATE SET seen_at = excluded.seen_at
 """
-FORGET_WORKERS: Final = "DELETE FROM relay_workers WHERE seen_at < :forgotten AND worker <> :worker"
-LIVE_WORKERS: Final = "SELECT count(*) FROM relay_workers WHERE seen_at >= :now - :ttl"
-WORKER_GONE: Final = "DELETE FROM relay_workers WHERE worker = ?"
+FORGET_WORKERS: Final = (
+    "DELETE FROM outbox_relay_workers WHERE seen_at < :forgotten AND worker <> :worker"
+)
+LIVE_WORKERS: Final = "SELECT count(*) FROM outbox_relay_workers WHERE seen_at >= :now - :ttl"
+WORKER_GONE: Final = "DELETE FROM outbox_relay_workers WHERE worker = ?"
 WORKERS: Final = """
     SELECT worker, started_at, seen_at, :now - seen_at, seen_at >= :now - :ttl
-    FROM relay_workers WHERE seen_at >= :now - :kept ORDER BY worker
+    FROM outbox_relay_workers WHERE seen_at >= :now - :kept ORDER BY worker
 """
 
 # A take succeeds on a line never leased (epoch 1), released (no owner), expired, or
 # held by the same worker; it always raises the epoch. No row returned: refused.
 TAKE_LEASE: Final = """
-    INSERT INTO line_leases (line, owner, epoch, expires_at, taken_at, renewed_at)
+    INSERT INTO outbox_line_leases (line, owner, epoch, expires_at, taken_at, renewed_at)
     VALUES (:line, :worker, 1, :now + :ttl, :now, :now)
-    ON CONFLICT (line) DO UPDATE SET owner = excluded.owner, epoch = line_leases.epoch + 1,
+    ON CONFLICT (line) DO UPDATE SET owner = excluded.owner, epoch = outbox_line_leases.epoch + 1,
         expires_at = excluded.expires_at, taken_at = excluded.taken_at,
         renewed_at = excluded.renewed_at
-    WHERE line_leases.owner IS NULL OR line_leases.owner = excluded.owner
-        OR line_leases.expires_at < excluded.taken_at
+    WHERE outbox_line_leases.owner IS NULL OR outbox_line_leases.owner = excluded.owner
+        OR outbox_line_leases.expires_at < excluded.taken_at
     RETURNING epoch
 """
 RENEW_LEASE: Final = """
-    UPDATE line_leases SET expires_at = :now + :ttl, renewed_at = :now
+    UPDATE outbox_line_leases SET expires_at = :now + :ttl, renewed_at = :now
     WHERE line = :line AND owner = :worker AND epoch = :epoch
 """
 RELEASE_LEASE: Final = """
-    UPDATE line_leases SET owner = NULL, expires_at = 0
+    UPDATE outbox_line_leases SET owner = NULL, expires_at = 0
     WHERE line = :line AND owner = :worker AND epoch = :epoch
 """
 LEASE_COLUMNS: Final = "line, owner, epoch, expires_at, expires_at - :now, taken_at, renewed_at"
-LEASES: Final = f"SELECT {LEASE_COLUMNS} FROM line_leases ORDER BY line"
-LEASE_OF: Final = f"SELECT {LEASE_COLUMNS} FROM line_leases WHERE line = :line"
+LEASES: Final = f"SELECT {LEASE_COLUMNS} FROM outbox_line_leases ORDER BY line"
+LEASE_OF: Final = f"SELECT {LEASE_COLUMNS} FROM outbox_line_leases WHERE line = :line"
 # The lines another owner holds unexpired: their lanes are not this worker's to start.
 HELD_BY_OTHERS: Final = """
-    SELECT line FROM line_leases
+    SELECT line FROM outbox_line_leases
     WHERE owner IS NOT NULL AND owner <> :worker AND expires_at >= :now
 """
 # A fenced write reads its line's epoch in its own transaction (BEGIN IMMEDIATE
 # holds the write lock, so no take can come in between the check and the write).
-LEASE_EPOCH: Final = "SELECT epoch FROM line_leases WHERE line = ?"
+LEASE_EPOCH: Final = "SELECT epoch FROM outbox_line_leases WHERE line = ?"
 
 # Pruning keeps each entry's digest (outbox_pruned): a known ID is judged by it.
 _PRUNED_BATCH: Final = """
-    SELECT seq FROM outbox WHERE sent = 1 AND sent_at < :cutoff ORDER BY sent_at, seq
+    SELECT seq FROM outbox_entries WHERE sent = 1 AND sent_at < :cutoff ORDER BY sent_at, seq
     LIMIT :batch
 """
 KEEP_PRUNED_DIGESTS: Final = f"""
     INSERT OR REPLACE INTO outbox_pruned (id, digest)
-    SELECT id, sha256_hex(payload) FROM outbox WHERE seq IN ({_PRUNED_BATCH})
+    SELECT id, sha256_hex(payload) FROM outbox_entries WHERE seq IN ({_PRUNED_BATCH})
 """
-PRUNE_SENT: Final = f"DELETE FROM outbox WHERE seq IN ({_PRUNED_BATCH})"
+PRUNE_SENT: Final = f"DELETE FROM outbox_entries WHERE seq IN ({_PRUNED_BATCH})"
