@@ -37,6 +37,8 @@ class PgDatabase:
         self.pool = pool
         self.settings = settings
         self.side = side
+        # The side's table names written in its schema (pg_tx.names), set by open.
+        self.qualify: Qualify = qualifier(None, ())
 
     @property
     def location(self) -> str:
@@ -75,7 +77,6 @@ class PgDatabase:
         db._probe_table = qualify(schema.probe_table)
         return db
 
-    qualify: Qualify = staticmethod(qualifier(None, ()))  # type: ignore[assignment]
     _probe_table = ""
 
     # ------------------------------------------------------------------ transactions

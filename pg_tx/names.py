@@ -33,11 +33,13 @@ def qualifier(schema: str | None, tables: Iterable[str]) -> Qualify:
     """The function that writes each of `tables` in a statement as `"schema".table`
     (the identity without a schema). A name is replaced where it stands as a word of
     its own and is not already qualified: `FROM outbox_entries AS e`, and inside the
-    literal of `'outbox_entries'::regclass`; not `outbox_entries_pkey`, not `e.seq`."""
+    literal of `'outbox_entries'::regclass`; not `outbox_entries_pkey`, not `e.seq`,
+    not the new name of `ALTER TABLE ... RENAME TO` (which must be unqualified)."""
     if schema is None:
         return _unchanged
     names = "|".join(sorted((re.escape(t) for t in tables), key=len, reverse=True))
-    pattern = re.compile(rf'(?<![\w."$])({names})(?![\w"$])')
+    # Not after RENAME TO: the new name of a table stays in the table's schema.
+    pattern = re.compile(rf'(?<![\w."$])(?<!RENAME TO )({names})(?![\w"$])')
     prefix = f'"{check_schema(schema)}".'
     return lambda statement: pattern.sub(lambda m: prefix + m.group(1), statement)
 
@@ -48,11 +50,15 @@ def _unchanged(statement: str) -> str:
 
 def qualified(module: ModuleType, qualify: Qualify) -> Any:
     """A backend's SQL module as its statements run: each of its upper-case text
-    constants with its tables qualified, every other constant as it is."""
+    (or bytes) constants with its tables qualified, every other constant as it is."""
+
+    def statement(value: object) -> object:
+        if isinstance(value, str):
+            return qualify(value)
+        if isinstance(value, bytes):
+            return qualify(value.decode()).encode()
+        return value
+
     return SimpleNamespace(
-        **{
-            name: qualify(value) if isinstance(value, str) else value
-            for name, value in vars(module).items()
-            if name.isupper()
-        }
+        **{name: statement(value) for name, value in vars(module).items() if name.isupper()}
     )

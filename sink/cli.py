@@ -14,7 +14,7 @@ from plumbing.host_guard import HttpGuard
 from plumbing.http_options import add_http_options, http_guard_of, http_limits_of
 from plumbing.net import TOKEN_ENV, TokenError, is_loopback, load_token
 from plumbing.serving import serve_app
-from plumbing.storage import BadLocation, StorageError
+from plumbing.storage import BadLocation, StorageError, with_schema
 from sink.app import create_app
 from sink.chaos import CHAOS_HELP, Chaos, chaos_app, parse_chaos
 
@@ -33,6 +33,12 @@ def build_parser() -> ArgumentParser:
         "--db",
         required=True,
         help="sink database: a file path, a sqlite: URL or a postgresql:// URI",
+    )
+    add_option(
+        parser,
+        "--schema",
+        help="PostgreSQL only: the schema the inbox's tables are in, named in every"
+        " statement (created if missing; the same as schema=NAME in the URI)",
     )
     add_option(parser, "--host", default="127.0.0.1", help="address to listen on")
     add_option(parser, "--port", type=port, default=DEFAULT_PORT, help="port (0: any free port)")
@@ -65,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return fail(PROG, message, EXIT_USAGE)
     try:
-        app = build_app(args.db, token, args.chaos, http_guard_of(args))
+        db = with_schema(args.db, args.schema)
+        app = build_app(db, token, args.chaos, http_guard_of(args))
     except BadLocation as exc:  # before anything is opened or logged
         return fail(PROG, exc, EXIT_USAGE)
     setup_logging(args.log_format)

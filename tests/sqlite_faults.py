@@ -117,7 +117,7 @@ def _refusing_health_writes(path: Path) -> Iterator[None]:
     conn = sqlite3.connect(path, timeout=5, isolation_level=None)
     try:
         conn.execute(
-            "CREATE TRIGGER read_only BEFORE UPDATE ON health"
+            f"CREATE TRIGGER read_only BEFORE UPDATE ON {_probe_table(conn)}"
             " BEGIN SELECT RAISE(ABORT, 'attempt to write a readonly database'); END"
         )
         try:
@@ -162,9 +162,18 @@ def other_writer_fails(path: Path) -> bool:
         return True
     conn = sqlite3.connect(path, timeout=0, isolation_level=None)
     try:
-        conn.execute("UPDATE health SET at = at WHERE id = 1")
+        conn.execute(f"UPDATE {_probe_table(conn)} SET at = at WHERE id = 1")
     except sqlite3.Error:
         return True
     finally:
         conn.close()
     return False
+
+
+def _probe_table(conn: sqlite3.Connection) -> str:
+    """The file's writability probe table: the outbox's or the inbox's."""
+    row = conn.execute(
+        "SELECT name FROM sqlite_master WHERE name IN ('outbox_health', 'inbox_health')"
+    ).fetchone()
+    assert row is not None, "neither side's probe table is in the file"
+    return str(row[0])

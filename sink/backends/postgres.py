@@ -36,16 +36,15 @@ from typing import Any, Final, TypeVar
 
 import psycopg.errors
 
-from pg_tx import DURABLE, Conn, PgDatabase, describe, in_one_round_trip
+from pg_tx import DURABLE, Conn, PgDatabase, describe, in_one_round_trip, qualified
 from plumbing.group_commit import GroupCommit
 from plumbing.storage import StorageError
 from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
-from sink.backends import postgres_sql as sql
+from sink.backends import postgres_sql
 from sink.backends.sharing import Arrivals, Call
 from sink.store import BatchReceipt, Inbox, InboxRecord, Incoming, Received
 
 T = TypeVar("T")
-SIDE: Final = "sink"
 ATTEMPTS: Final = 3  # a transaction that PostgreSQL chose to abort (deadlock) is run again
 # Aborted whole, so running them again is safe (nothing of them committed).
 _RETRYABLE: Final = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -56,6 +55,7 @@ class PostgresInbox(Inbox):
 
     def __init__(self, db: PgDatabase) -> None:
         self._db = db
+        self._sql = qualified(postgres_sql, db.qualify)  # its statements, in its schema
         self._arrivals = Arrivals()
         self._groups: GroupCommit[Call, BatchReceipt] = GroupCommit(self._commit_group)
 
@@ -68,10 +68,7 @@ class PostgresInbox(Inbox):
     async def connect(cls, url: str) -> PostgresInbox:
         """Connect and bring the sink's schema up to date (StorageError if the server
         cannot be reached or its schema is newer than this program)."""
-        db = await PgDatabase.open(
-            url, side=SIDE, migrations=sql.MIGRATIONS, probe_table=sql.PROBE_TABLE
-        )
-        return cls(db)
+        return cls(await PgDatabase.open(url, postgres_sql.SCHEMA))
 
     @property
     def location(self) -> str:
@@ -128,7 +125,7 @@ class PostgresInbox(Inbox):
         at once. Their receipts (fewer than the calls when one stopped them)."""
         params = _calls_columns(calls, now)
         async with self._db.connection() as conn:
-            row = await in_one_round_trip(conn, sql.INSERT_CALLS, params)
+            row = await in_one_round_trip(conn, self._sql.INSERT_CALLS, params)
         went = 0 if row is None else int(row[0])
         return [_all_applied(call.items) for call in calls[:went]]
 
@@ -152,14 +149,14 @@ class PostgresInbox(Inbox):
             await conn.execute(DURABLE)
             if isolated:
                 return [await self._isolated(conn, call, now) for call in calls]
-            return await _receive_calls(conn, calls, now)
+            return await _receive_calls(self._sql, conn, calls, now)
 
     async def _isolated(self, conn: Conn, call: Call, now: float) -> BatchReceipt | Exception:
         """One call of a group in a savepoint of its own: its outcome, or the error
         it alone failed with."""
         try:
             async with conn.transaction():
-                return await _receive_in(conn, call, now)
+                return await _receive_in(self._sql, conn, call, now)
         except (PredecessorMissing, StaleLease) as exc:
             return exc
         except psycopg.Error as exc:
@@ -170,18 +167,18 @@ class PostgresInbox(Inbox):
     # ------------------------------------------------------------------ reads
 
     async def knows(self, event_id: str) -> bool:
-        return await self._one(sql.FIND, (event_id,)) is not None
+        return await self._one(self._sql.FIND, (event_id,)) is not None
 
     async def inventory(self, sku: str) -> int:
-        row = await self._one(sql.INVENTORY, (sku,))
+        row = await self._one(self._sql.INVENTORY, (sku,))
         return 0 if row is None else int(row[0])
 
     async def record(self, event_id: str) -> InboxRecord | None:
-        row = await self._one(sql.RECORD, (event_id,))
+        row = await self._one(self._sql.RECORD, (event_id,))
         return None if row is None else InboxRecord.stored(event_id, *row)
 
     async def count(self) -> int:
-        row = await self._one(sql.COUNT_EVENTS, ())
+        row = await self._one(self._sql.COUNT_EVENTS, ())
         return 0 if row is None else int(row[0])
 
     async def _one(self, statement: bytes, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -195,7 +192,7 @@ class PostgresInbox(Inbox):
 
 
 async def _receive_calls(
-    conn: Conn, calls: list[Call], now: float
+    sql: Any, conn: Conn, calls: list[Call], now: float
 ) -> list[BatchReceipt | Exception]:
     """Inside a transaction: several calls' batches. First every call that can be
     is tried as all new, the statements of all of them sent at once (one round
@@ -206,7 +203,7 @@ async def _receive_calls(
     call of the group is checked again after it."""
     outcomes: list[BatchReceipt | Exception | None] = [None] * len(calls)
     tried = [
-        None if lease is not None else await _try_all_new(conn, items, after, now)
+        None if lease is not None else await _try_all_new(sql, conn, items, after, now)
         for items, after, lease in calls
     ]  # a leased call is checked before it tries anything: in the second pass
     for index, attempt in enumerate(tried):
@@ -215,21 +212,21 @@ async def _receive_calls(
     for index, call in enumerate(calls):
         if outcomes[index] is None:
             try:
-                outcomes[index] = await _receive_in(conn, call, now)
+                outcomes[index] = await _receive_in(sql, conn, call, now)
             except (PredecessorMissing, StaleLease) as exc:  # raised before the call wrote events
                 outcomes[index] = exc
     return [outcome for outcome in outcomes if outcome is not None]
 
 
 async def _try_all_new(
-    conn: Conn, items: list[Incoming], after: str | None, now: float
+    sql: Any, conn: Conn, items: list[Incoming], after: str | None, now: float
 ) -> psycopg.AsyncCursor[Any] | None:
     """Send INSERT_IF_ALL_NEW for a batch whose IDs are distinct (None for one
     whose are not); its row is fetched later."""
     ids = [item.event["id"] for item in items]
     if len(set(ids)) != len(ids):
         return None
-    params = {**_columns(items), "now": now, "slots": sql.TALLY_SLOTS, "after": after}
+    params = {**_columns(items), "now": now, "slots": postgres_sql.TALLY_SLOTS, "after": after}
     return await conn.execute(sql.INSERT_IF_ALL_NEW, params)
 
 
@@ -252,24 +249,24 @@ def _all_applied(items: list[Incoming]) -> BatchReceipt:
     return BatchReceipt([Received(Receipt.APPLIED, i.canonical) for i in items], None)
 
 
-async def _receive_in(conn: Conn, call: Call, now: float) -> BatchReceipt:
+async def _receive_in(sql: Any, conn: Conn, call: Call, now: float) -> BatchReceipt:
     """Inside a transaction: check the lease and the predecessor, then apply in order,
     stopping at the first conflict. No event is written before both are known to
     hold."""
     items, after, lease = call
     if lease is not None:
-        await _check_lease(conn, lease)
-    attempt = await _try_all_new(conn, items, after, now)
+        await _check_lease(sql, conn, lease)
+    attempt = await _try_all_new(sql, conn, items, after, now)
     if attempt is not None:
         applied = await _all_new_outcome(attempt, call)
         if applied is not None:
             return applied
     if after is not None and await (await conn.execute(sql.FIND, (after,))).fetchone() is None:
         raise PredecessorMissing(after)
-    return await _one_by_one(conn, items, now)
+    return await _one_by_one(sql, conn, items, now)
 
 
-async def _check_lease(conn: Conn, lease: Lease) -> None:
+async def _check_lease(sql: Any, conn: Conn, lease: Lease) -> None:
     """Inside a transaction: StaleLease if a higher epoch of its line was seen, else
     its epoch is the highest seen (RAISE_LEASE), the line's row locked to the commit."""
     key = (lease.source, lease.line)
@@ -308,7 +305,7 @@ def _calls_columns(calls: list[Call], now: float) -> dict[str, Any]:
         "lines": [None if lease is None else lease.line for lease in leases],
         "epochs": [None if lease is None else lease.epoch for lease in leases],
         "now": now,
-        "slots": sql.TALLY_SLOTS,
+        "slots": postgres_sql.TALLY_SLOTS,
     }
 
 
@@ -335,11 +332,11 @@ def _one_params(item: Incoming, now: float) -> dict[str, Any]:
         "sku": None if order is None else order["sku"],
         "qty": None if order is None else order["qty"],
         "now": now,
-        "slots": sql.TALLY_SLOTS,
+        "slots": postgres_sql.TALLY_SLOTS,
     }
 
 
-async def _one_by_one(conn: Conn, items: list[Incoming], now: float) -> BatchReceipt:
+async def _one_by_one(sql: Any, conn: Conn, items: list[Incoming], now: float) -> BatchReceipt:
     """Inside the transaction: apply in order, counting duplicates, stopping at the
     first conflict (the prefix commits; nothing of the conflicting event ran)."""
     done: list[Received] = []

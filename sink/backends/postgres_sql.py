@@ -1,13 +1,18 @@
 """Every SQL statement of the PostgreSQL inbox, named.
 
 The tables have the SQLite backend's names and columns (the chaos verdict and the
-behaviour suite read them); the probe row is in `inbox_health`, as the publisher's
-is in `outbox_health`, since both sides may share one database.
+behaviour suite read them), each with the inbox_ prefix, since both sides and the
+user's own tables may share one database; with a schema named, every statement
+names them in it (pg_tx.names).
 """
 
 from __future__ import annotations
 
 from typing import Final
+
+from plumbing.schema import Schema
+
+SIDE: Final = "sink"  # this side's row in outbox_relay_versions
 
 MIGRATIONS: Final = (
     """
@@ -57,12 +62,14 @@ MIGRATIONS: Final = (
         PRIMARY KEY (source, line)
     );
     """,
-    # Events of any type. A row's payload is its event's canonical form (RFC 8785 of
-    # {id, type, key, data}) and its type a column. Every row before this one is an
-    # order of the previous release, {"id","qty","sku"}: it becomes the order.placed
-    # event it records, keyed by its SKU, in exactly the text of
-    # shared.event.order_canonical (written by concatenation: PostgreSQL's own JSON
-    # output has spaces, and an ID or a SKU needs no escaping).
+    # Events of any type, and every table named with the inbox_ prefix, so that the
+    # inbox can live in a database beside the user's own tables. A row's payload is
+    # its event's canonical form (RFC 8785 of {id, type, key, data}) and its type a
+    # column. Every row before this one is an order of the previous release,
+    # {"id","qty","sku"}: it becomes the order.placed event it records, keyed by its
+    # SKU, in exactly the text of shared.event.order_canonical (written by
+    # concatenation: PostgreSQL's own JSON output has spaces, and an ID or a SKU needs
+    # no escaping).
     """
     ALTER TABLE inbox ADD COLUMN type TEXT;
     UPDATE inbox SET
@@ -73,11 +80,73 @@ MIGRATIONS: Final = (
             || '","key":"' || (payload::json ->> 'sku')
             || '","type":"order.placed"}';
     ALTER TABLE inbox ALTER COLUMN type SET NOT NULL;
+    ALTER TABLE inbox RENAME TO inbox_events;
+    ALTER TABLE inbox_events RENAME CONSTRAINT inbox_pkey TO inbox_events_pkey;
+    ALTER TABLE inbox_events RENAME CONSTRAINT inbox_applied_seq_key
+        TO inbox_events_applied_seq_key;
+    ALTER TABLE inventory RENAME TO inbox_inventory;
+    ALTER TABLE inbox_inventory RENAME CONSTRAINT inventory_pkey TO inbox_inventory_pkey;
+    ALTER TABLE lease_fences RENAME TO inbox_lease_fences;
+    ALTER TABLE inbox_lease_fences RENAME CONSTRAINT lease_fences_pkey
+        TO inbox_lease_fences_pkey;
     """,
 )
-PROBE_TABLE: Final = "inbox_health"
+# The newest schema at once, for a database that has none of the inbox's tables:
+# what MIGRATIONS reach (a test compares the two).
+FRESH: Final = """
+    CREATE SEQUENCE inbox_applied_seq AS BIGINT;
+    CREATE TABLE inbox_events (
+        id               TEXT PRIMARY KEY,
+        payload          TEXT NOT NULL,
+        received_at      DOUBLE PRECISION NOT NULL,
+        deliveries       INTEGER NOT NULL DEFAULT 1,
+        last_delivery_at DOUBLE PRECISION NOT NULL,
+        applied_seq      BIGINT NOT NULL UNIQUE DEFAULT nextval('inbox_applied_seq'),
+        type             TEXT NOT NULL
+    );
+    ALTER SEQUENCE inbox_applied_seq OWNED BY inbox_events.applied_seq;
+    CREATE TABLE inbox_inventory (
+        sku TEXT PRIMARY KEY,
+        qty BIGINT NOT NULL
+    );
+    CREATE TABLE inbox_health (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        at DOUBLE PRECISION NOT NULL
+    );
+    INSERT INTO inbox_health (id, at) VALUES (1, 0);
+    CREATE TABLE inbox_tally (
+        slot   INTEGER PRIMARY KEY,
+        events BIGINT NOT NULL
+    );
+    CREATE FUNCTION inbox_raced() RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+    BEGIN
+        RAISE EXCEPTION 'events of this transaction were committed meanwhile by another one'
+            USING ERRCODE = 'serialization_failure';
+    END $$;
+    CREATE TABLE inbox_lease_fences (
+        source TEXT NOT NULL,
+        line   TEXT NOT NULL,
+        epoch  BIGINT NOT NULL,
+        PRIMARY KEY (source, line)
+    );
+"""
+# Every name a statement of the inbox gives a table, a sequence or a function of its
+# own, of this release and earlier ones: what a schema qualifies (pg_tx.names).
+SCHEMA: Final = Schema(
+    side=SIDE,
+    fresh=FRESH,
+    migrations=MIGRATIONS,
+    tables=frozenset(
+        {"inbox", "inventory", "lease_fences", "inbox_events", "inbox_inventory"}
+        | {"inbox_health", "inbox_tally", "inbox_lease_fences", "inbox_raced"}
+        | {"inbox_applied_seq"}
+    ),
+    probe_table="inbox_health",
+    legacy_table="inbox",
+    legacy_columns=frozenset({"id", "payload", "received_at", "deliveries"}),
+)
 
-FIND: Final = b"SELECT payload FROM inbox WHERE id = %s"
+FIND: Final = b"SELECT payload FROM inbox_events WHERE id = %s"
 # A lease's epoch becomes the highest seen for its line unless a higher one was: no
 # row returned is a stale lease. An upsert, not a read: under READ COMMITTED a read
 # sees the snapshot of its statement's start, while ON CONFLICT waits for the row's
@@ -85,14 +154,14 @@ FIND: Final = b"SELECT payload FROM inbox WHERE id = %s"
 # serialise on the row, and the lock (taken even when nothing is updated) is held to
 # the commit.
 RAISE_LEASE: Final = b"""
-INSERT INTO lease_fences (source, line, epoch) VALUES (%s, %s, %s)
+INSERT INTO inbox_lease_fences (source, line, epoch) VALUES (%s, %s, %s)
 ON CONFLICT (source, line) DO UPDATE SET epoch = excluded.epoch
-WHERE lease_fences.epoch <= excluded.epoch
+WHERE inbox_lease_fences.epoch <= excluded.epoch
 RETURNING epoch
 """
 # After RAISE_LEASE refused, in the same transaction: the row is locked by it, and
 # this statement's snapshot is newer than the version that refused.
-LEASE_SEEN: Final = b"SELECT epoch FROM lease_fences WHERE source = %s AND line = %s"
+LEASE_SEEN: Final = b"SELECT epoch FROM inbox_lease_fences WHERE source = %s AND line = %s"
 # The common case of a batch in one statement: if it passes the predecessor check (no
 # `after`, or that event in the inbox) and none of its events (IDs distinct within it) is known,
 # they are recorded in their order, each taking the next applied_seq, and the
@@ -107,21 +176,21 @@ WITH batch AS (
                          %(skus)s::text[], %(qtys)s::bigint[])
                   WITH ORDINALITY AS b(id, type, payload, sku, qty, n)
 ), predecessor AS (
-    SELECT %(after)s::text IS NULL OR EXISTS (SELECT FROM inbox WHERE id = %(after)s) AS met
+    SELECT %(after)s::text IS NULL OR EXISTS (SELECT FROM inbox_events WHERE id = %(after)s) AS met
 ), known AS (
-    SELECT EXISTS (SELECT FROM inbox WHERE id = ANY (%(ids)s::text[])) AS found
+    SELECT EXISTS (SELECT FROM inbox_events WHERE id = ANY (%(ids)s::text[])) AS found
 ), new AS (
-    INSERT INTO inbox (id, type, payload, received_at, last_delivery_at)
+    INSERT INTO inbox_events (id, type, payload, received_at, last_delivery_at)
     SELECT id, type, payload, %(now)s, %(now)s FROM batch
     WHERE (SELECT met FROM predecessor) AND NOT (SELECT found FROM known)
     ORDER BY n
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), applied AS (
-    INSERT INTO inventory (sku, qty)
+    INSERT INTO inbox_inventory (sku, qty)
     SELECT sku, sum(qty) FROM batch JOIN new USING (id) WHERE sku IS NOT NULL
     GROUP BY sku ORDER BY sku
-    ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
+    ON CONFLICT (sku) DO UPDATE SET qty = inbox_inventory.qty + excluded.qty
 ), tallied AS (
     INSERT INTO inbox_tally (slot, events)
     SELECT mod(pg_backend_pid(), %(slots)s), count(*) FROM new HAVING count(*) > 0
@@ -153,16 +222,16 @@ WITH batch AS (
     SELECT * FROM unnest(%(afters)s::text[], %(inside)s::boolean[])
                   WITH ORDINALITY AS f(after, inside, c)
 ), known AS (
-    SELECT DISTINCT batch.c FROM batch JOIN inbox USING (id)
+    SELECT DISTINCT batch.c FROM batch JOIN inbox_events USING (id)
 ), leases AS (
     SELECT * FROM unnest(%(sources)s::text[], %(lines)s::text[], %(epochs)s::bigint[])
                   WITH ORDINALITY AS l(source, line, epoch, c)
     WHERE source IS NOT NULL
 ), raised AS (
-    INSERT INTO lease_fences (source, line, epoch)
+    INSERT INTO inbox_lease_fences (source, line, epoch)
     SELECT source, line, max(epoch) FROM leases GROUP BY source, line ORDER BY source, line
     ON CONFLICT (source, line) DO UPDATE SET epoch = excluded.epoch
-    WHERE lease_fences.epoch <= excluded.epoch
+    WHERE inbox_lease_fences.epoch <= excluded.epoch
     RETURNING source, line, epoch
 ), stale AS (
     SELECT l.c FROM leases l WHERE NOT EXISTS (
@@ -171,20 +240,20 @@ WITH batch AS (
     SELECT coalesce(min(f.c), cardinality(%(afters)s::text[]) + 1) AS c FROM predecessors f
     WHERE f.c IN (SELECT c FROM known)
        OR f.c IN (SELECT c FROM stale)
-       OR NOT (f.inside OR f.after IS NULL OR EXISTS (SELECT FROM inbox WHERE id = f.after))
+       OR NOT (f.inside OR f.after IS NULL OR EXISTS (SELECT FROM inbox_events WHERE id = f.after))
 ), taken AS (
     SELECT * FROM batch WHERE c < (SELECT c FROM stop)
 ), new AS (
-    INSERT INTO inbox (id, type, payload, received_at, last_delivery_at)
+    INSERT INTO inbox_events (id, type, payload, received_at, last_delivery_at)
     SELECT id, type, payload, %(now)s, %(now)s FROM taken
     ORDER BY n
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), applied AS (
-    INSERT INTO inventory (sku, qty)
+    INSERT INTO inbox_inventory (sku, qty)
     SELECT sku, sum(qty) FROM taken JOIN new USING (id) WHERE sku IS NOT NULL
     GROUP BY sku ORDER BY sku
-    ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
+    ON CONFLICT (sku) DO UPDATE SET qty = inbox_inventory.qty + excluded.qty
 ), tallied AS (
     INSERT INTO inbox_tally (slot, events)
     SELECT mod(pg_backend_pid(), %(slots)s), count(*) FROM new HAVING count(*) > 0
@@ -199,14 +268,14 @@ SELECT (SELECT c FROM stop) - 1,
 # else nothing; returns a row only when it was new.
 INSERT_ONE: Final = b"""
 WITH new AS (
-    INSERT INTO inbox (id, type, payload, received_at, last_delivery_at)
+    INSERT INTO inbox_events (id, type, payload, received_at, last_delivery_at)
     VALUES (%(id)s, %(type)s, %(payload)s, %(now)s, %(now)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), applied AS (
-    INSERT INTO inventory (sku, qty)
+    INSERT INTO inbox_inventory (sku, qty)
     SELECT %(sku)s::text, %(qty)s::bigint FROM new WHERE %(sku)s::text IS NOT NULL
-    ON CONFLICT (sku) DO UPDATE SET qty = inventory.qty + excluded.qty
+    ON CONFLICT (sku) DO UPDATE SET qty = inbox_inventory.qty + excluded.qty
 ), tallied AS (
     INSERT INTO inbox_tally (slot, events) SELECT mod(pg_backend_pid(), %(slots)s), 1 FROM new
     ON CONFLICT (slot) DO UPDATE SET events = inbox_tally.events + excluded.events
@@ -214,12 +283,12 @@ WITH new AS (
 SELECT id FROM new
 """
 COUNT_DUPLICATE: Final = (
-    b"UPDATE inbox SET deliveries = deliveries + 1, last_delivery_at = %s WHERE id = %s"
+    b"UPDATE inbox_events SET deliveries = deliveries + 1, last_delivery_at = %s WHERE id = %s"
 )
-INVENTORY: Final = b"SELECT qty FROM inventory WHERE sku = %s"
+INVENTORY: Final = b"SELECT qty FROM inbox_inventory WHERE sku = %s"
 RECORD: Final = (
     b"SELECT payload, received_at, deliveries, last_delivery_at, applied_seq"
-    b" FROM inbox WHERE id = %s"
+    b" FROM inbox_events WHERE id = %s"
 )
 TALLY_SLOTS: Final = 64
 COUNT_EVENTS: Final = b"SELECT coalesce(sum(events), 0) FROM inbox_tally"

@@ -34,7 +34,7 @@ class SqliteInbox(SqliteFile, Inbox):
     too.
     """
 
-    MIGRATIONS = sql.MIGRATIONS
+    SCHEMA = sql.SCHEMA
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)

@@ -64,7 +64,7 @@ class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
     """A SQLite file in the test's temporary directory, read with the sqlite3 module."""
 
     def ids_in_arrival_order(self) -> list[str]:
-        return [row[0] for row in self.query("SELECT id FROM inbox ORDER BY rowid")]
+        return [row[0] for row in self.query("SELECT id FROM inbox_events ORDER BY rowid")]
 
 
 class PostgresBackend(pg_faults.PgAccess, Backend):
@@ -73,7 +73,7 @@ class PostgresBackend(pg_faults.PgAccess, Backend):
     database (read-only, gone) take that whole database, as they would an operator's."""
 
     def ids_in_arrival_order(self) -> list[str]:
-        return [row[0] for row in self.query("SELECT id FROM inbox ORDER BY applied_seq")]
+        return [row[0] for row in self.query("SELECT id FROM inbox_events ORDER BY applied_seq")]
 
 
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]

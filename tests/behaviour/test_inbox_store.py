@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from inbox_backends import BACKENDS, FAULTS, Backend, Fault, Row
+from inbox_backends import BACKENDS, FAULTS, Backend, Fault, Row, SqliteBackend
 from support import in_progress, json_of_python
 
 import sink.store
@@ -93,13 +93,13 @@ Snapshot = tuple[list[Row], list[Row]]
 def snapshot(backend: Backend) -> Snapshot:
     """Every row of both tables, in a fixed order."""
     return (
-        backend.query("SELECT * FROM inbox ORDER BY id"),
-        backend.query("SELECT * FROM inventory ORDER BY sku"),
+        backend.query("SELECT * FROM inbox_events ORDER BY id"),
+        backend.query("SELECT * FROM inbox_inventory ORDER BY sku"),
     )
 
 
 def stock(backend: Backend) -> dict[str, int]:
-    return dict(backend.query("SELECT sku, qty FROM inventory"))
+    return dict(backend.query("SELECT sku, qty FROM inbox_inventory"))
 
 
 # ---------------------------------------------------------------- receive
@@ -112,8 +112,8 @@ async def test_first_receive_applies_and_the_same_event_again_is_a_duplicate(
     assert await inbox.receive(dict(EVENT)) is Receipt.DUPLICATE
 
     assert await inbox.inventory("snack") == 7
-    assert backend.query("SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
-    assert backend.query("SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+    assert backend.query("SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]
+    assert backend.query("SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
 
 
 async def test_duplicate_updates_the_delivery_record_only(inbox: Inbox) -> None:
@@ -139,7 +139,7 @@ async def test_the_digest_is_of_the_stored_payload_also_for_a_duplicate(
 
     assert (applied.receipt, applied.digest) == (Receipt.APPLIED, digest(EVENT))
     assert (again.receipt, again.digest) == (Receipt.DUPLICATE, digest(EVENT))
-    assert backend.query("SELECT payload FROM inbox") == [(canonical_json(EVENT),)]
+    assert backend.query("SELECT payload FROM inbox_events") == [(canonical_json(EVENT),)]
     record = await inbox.record("order-1")
     assert record is not None and (record.id, record.digest) == ("order-1", digest(EVENT))
 
@@ -150,7 +150,7 @@ async def test_events_for_the_same_sku_add_up(inbox: Inbox, backend: Backend) ->
     await inbox.receive(event("c", "drink"))
 
     assert await inbox.inventory("snack") == 12
-    assert backend.query("SELECT sku, qty FROM inventory ORDER BY sku") == [
+    assert backend.query("SELECT sku, qty FROM inbox_inventory ORDER BY sku") == [
         ("drink", 1),
         ("snack", 12),
     ]
@@ -185,7 +185,7 @@ async def test_conflicting_payload_raises_and_changes_nothing(
 
     assert caught.value.event_id == "order-1"
     assert snapshot(backend) == before
-    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'order-1'") == [(1,)]
+    assert backend.query("SELECT deliveries FROM inbox_events WHERE id = 'order-1'") == [(1,)]
 
 
 VALID: dict[str, Any] = {"id": "x", "type": "thing.done", "key": "k", "data": {}}
@@ -275,9 +275,9 @@ async def test_events_of_any_type_are_stored_in_canonical_form_with_their_type(
     for one in OTHERS:
         assert await inbox.receive(one) is Receipt.APPLIED
 
-    rows = backend.query("SELECT id, type, payload FROM inbox ORDER BY applied_seq")
+    rows = backend.query("SELECT id, type, payload FROM inbox_events ORDER BY applied_seq")
     assert rows == [(one["id"], one["type"], canonical_json(one)) for one in OTHERS]
-    assert backend.query("SELECT * FROM inventory") == []  # no order: no effect
+    assert backend.query("SELECT * FROM inbox_inventory") == []  # no order: no effect
     for one in OTHERS:
         record = await inbox.record(one["id"])
         assert record is not None
@@ -291,7 +291,7 @@ async def test_an_event_of_any_type_again_is_a_duplicate_and_changed_a_conflict(
 ) -> None:
     for one in OTHERS:
         await inbox.receive(one)
-    before = backend.query("SELECT id, payload FROM inbox ORDER BY id")
+    before = backend.query("SELECT id, payload FROM inbox_events ORDER BY id")
 
     for one in OTHERS:
         # The same event, its data's members in another order: the same canonical form.
@@ -307,8 +307,9 @@ async def test_an_event_of_any_type_again_is_a_duplicate_and_changed_a_conflict(
         with pytest.raises(Conflict):
             await inbox.receive(other)
 
-    assert backend.query("SELECT id, payload FROM inbox ORDER BY id") == before
-    assert dict(backend.query("SELECT id, deliveries FROM inbox")) == dict.fromkeys(OTHER_IDS, 2)
+    assert backend.query("SELECT id, payload FROM inbox_events ORDER BY id") == before
+    delivered = dict(backend.query("SELECT id, deliveries FROM inbox_events"))
+    assert delivered == dict.fromkeys(OTHER_IDS, 2)
 
 
 @pytest.mark.parametrize(
@@ -323,7 +324,7 @@ async def test_an_order_placed_event_whose_data_is_no_order_is_recorded_without_
 
     assert await inbox.receive(odd) is Receipt.APPLIED
 
-    assert backend.query("SELECT id, type FROM inbox") == [("odd", "order.placed")]
+    assert backend.query("SELECT id, type FROM inbox_events") == [("odd", "order.placed")]
     assert stock(backend) == {}
 
 
@@ -348,7 +349,7 @@ async def test_a_batch_mixing_orders_and_other_events_applies_only_the_orders_to
     assert [r.digest for r in receipts[1].received] == [digest(one) for one in second]
     assert backend.ids_in_arrival_order() == ["o1", "p-123", "o2", "s-1", "o3", "u:1"]
     assert stock(backend) == {"tea": 5, "corn": 5}
-    types = dict(backend.query("SELECT id, type FROM inbox"))
+    types = dict(backend.query("SELECT id, type FROM inbox_events"))
     assert types == {
         "o1": "order.placed",
         "o2": "order.placed",
@@ -382,32 +383,32 @@ async def test_calls_of_orders_and_other_events_in_progress_together_each_get_th
 async def test_receive_is_atomic_when_the_inventory_insert_fails(
     inbox: Inbox, backend: Backend
 ) -> None:
-    with backend.refusing("inventory", ("INSERT", "UPDATE"), "boom"):
+    with backend.refusing("inbox_inventory", ("INSERT", "UPDATE"), "boom"):
         with pytest.raises(StorageError, match="boom"):
             await inbox.receive(dict(EVENT))
 
-        assert backend.query("SELECT id FROM inbox WHERE id = 'order-1'") == []
-        assert backend.query("SELECT * FROM inventory") == []
+        assert backend.query("SELECT id FROM inbox_events WHERE id = 'order-1'") == []
+        assert backend.query("SELECT * FROM inbox_inventory") == []
 
     assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
-    assert backend.query("SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert backend.query("SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert backend.query("SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
+    assert backend.query("SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
 
 
 async def test_receive_is_atomic_when_the_inventory_update_fails(
     inbox: Inbox, backend: Backend
 ) -> None:
     await inbox.receive(event("first", qty=3))
-    with backend.refusing("inventory", ("UPDATE",), "boom"):
+    with backend.refusing("inbox_inventory", ("UPDATE",), "boom"):
         with pytest.raises(StorageError, match="boom"):
             await inbox.receive(dict(EVENT))
 
-        assert backend.query("SELECT id FROM inbox ORDER BY id") == [("first",)]
-        assert backend.query("SELECT sku, qty FROM inventory") == [("snack", 3)]
+        assert backend.query("SELECT id FROM inbox_events ORDER BY id") == [("first",)]
+        assert backend.query("SELECT sku, qty FROM inbox_inventory") == [("snack", 3)]
 
     assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
     assert await inbox.receive(dict(EVENT)) is Receipt.DUPLICATE
-    assert backend.query("SELECT sku, qty FROM inventory") == [("snack", 10)]
+    assert backend.query("SELECT sku, qty FROM inbox_inventory") == [("snack", 10)]
 
 
 async def test_committed_events_survive_closing_and_reopening(backend: Backend) -> None:
@@ -417,7 +418,7 @@ async def test_committed_events_survive_closing_and_reopening(backend: Backend) 
     async with Inbox.open(backend.location) as second:
         assert await second.receive(dict(EVENT)) is Receipt.DUPLICATE
         assert await second.inventory("snack") == 7
-    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'order-1'") == [(2,)]
+    assert backend.query("SELECT deliveries FROM inbox_events WHERE id = 'order-1'") == [(2,)]
 
 
 async def test_two_connections_racing_on_one_id_apply_it_once(backend: Backend) -> None:
@@ -427,8 +428,8 @@ async def test_two_connections_racing_on_one_id_apply_it_once(backend: Backend) 
         )
 
     assert sorted(receipts) == sorted([Receipt.APPLIED] + [Receipt.DUPLICATE] * 19)
-    assert backend.query("SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
-    assert backend.query("SELECT deliveries FROM inbox") == [(20,)]
+    assert backend.query("SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]
+    assert backend.query("SELECT deliveries FROM inbox_events") == [(20,)]
 
 
 # ---------------------------------------------------------------- batches
@@ -448,7 +449,8 @@ async def test_a_new_id_twice_in_one_batch_is_applied_then_duplicate_and_counted
         (Receipt.DUPLICATE, digest(a)),
     ]
     assert receipt.conflict is None
-    assert backend.query("SELECT id, deliveries FROM inbox ORDER BY id") == [("a", 2), ("b", 1)]
+    deliveries = backend.query("SELECT id, deliveries FROM inbox_events ORDER BY id")
+    assert deliveries == [("a", 2), ("b", 1)]
     assert backend.ids_in_arrival_order() == ["a", "b"]
     assert stock(backend) == {"snack": 3, "juice": 5}
 
@@ -464,7 +466,7 @@ async def test_a_new_id_again_in_one_batch_with_another_payload_stops_the_batch_
     assert isinstance(receipt.conflict, Conflict)
     assert receipt.conflict.event_id == "a"
     assert backend.ids_in_arrival_order() == ["a", "b"]
-    assert backend.query("SELECT id, payload, deliveries FROM inbox ORDER BY id") == [
+    assert backend.query("SELECT id, payload, deliveries FROM inbox_events ORDER BY id") == [
         ("a", canonical_json(a), 1),
         ("b", canonical_json(b), 1),
     ]
@@ -509,7 +511,7 @@ async def test_concurrent_batches_each_succeed_or_fail_on_their_own(
     assert fig == [Receipt.APPLIED, Receipt.DUPLICATE]  # x: applied by one, once
     assert all(g.conflict is None for g in got[1:])
     assert sorted(backend.ids_in_arrival_order()) == ["a0", "b0", "c0", "known", "x"]
-    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'known'") == [(2,)]
+    assert backend.query("SELECT deliveries FROM inbox_events WHERE id = 'known'") == [(2,)]
     assert stock(backend) == {"tea": 9, "apple": 1, "bean": 4, "corn": 16, "fig": 1}
 
 
@@ -525,14 +527,14 @@ async def test_applied_seq_is_the_order_of_first_application_and_a_duplicate_kee
     )
 
     assert stopped.conflict is not None and stopped.conflict.event_id == "d"
-    rows = backend.query("SELECT id, applied_seq FROM inbox ORDER BY applied_seq")
+    rows = backend.query("SELECT id, applied_seq FROM inbox_events ORDER BY applied_seq")
     assert [event_id for event_id, _ in rows] == ["c", "a", "b", "d", "e", "f"]
     numbers = [number for _, number in rows]
     assert numbers[0] >= 1 and numbers == sorted(set(numbers))  # increasing, never shared
     records = {event_id: await inbox.record(event_id) for event_id, _ in rows}
     assert {i: r.applied_seq for i, r in records.items() if r is not None} == dict(rows)
     assert first_a is not None and first_a.applied_seq == dict(rows)["a"]
-    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'a'") == [(2,)]
+    assert backend.query("SELECT deliveries FROM inbox_events WHERE id = 'a'") == [(2,)]
 
 
 # ---------------------------------------------------------------- lookups and predecessors
@@ -545,7 +547,7 @@ async def test_knows_says_whether_the_inbox_holds_an_event(inbox: Inbox, backend
     assert await inbox.knows("e1") is True
     assert await inbox.knows("E1") is False
     assert await inbox.knows("e2") is False
-    assert backend.query("SELECT deliveries FROM inbox WHERE id = 'e1'") == [(1,)]
+    assert backend.query("SELECT deliveries FROM inbox_events WHERE id = 'e1'") == [(1,)]
 
 
 async def test_knows_finds_what_an_earlier_process_applied(backend: Backend) -> None:
@@ -590,7 +592,7 @@ def lease(epoch: int, line: str = GLOBAL_LINE, source: str = SOURCE) -> Lease:
 
 
 def fences(backend: Backend) -> list[Row]:
-    return backend.query("SELECT source, line, epoch FROM lease_fences ORDER BY source, line")
+    return backend.query("SELECT source, line, epoch FROM inbox_lease_fences ORDER BY source, line")
 
 
 @SHARED
@@ -717,6 +719,47 @@ async def test_concurrent_calls_of_one_line_apply_no_lower_epoch_after_a_higher_
 
 async def test_the_location_is_where_it_was_opened(inbox: Inbox, backend: Backend) -> None:
     assert inbox.location == backend.location
+
+
+# ---------------------------------------------------------------- beside the user's own tables
+
+# Tables a user's database may hold already, with the names an inbox could have
+# wanted and shapes of the user's own: the inbox's tables are named inbox_...
+USERS_OWN = (
+    "CREATE TABLE inbox (message TEXT PRIMARY KEY, body TEXT)",
+    "CREATE TABLE inventory (item TEXT, count INTEGER)",
+    "CREATE TABLE orders (n INTEGER PRIMARY KEY, total INTEGER)",
+    "CREATE TABLE health (probe TEXT)",
+    "INSERT INTO inbox VALUES ('m-1', 'hello')",
+    "INSERT INTO inventory VALUES ('snack', 40)",
+    "INSERT INTO orders VALUES (1, 999)",
+)
+
+
+async def test_the_inbox_opens_beside_the_users_own_tables_and_leaves_them_alone(
+    backend: Backend,
+) -> None:
+    backend.execute(*USERS_OWN)
+    sqlite = isinstance(backend, SqliteBackend)
+    if sqlite:  # a setting of the user's file, which the inbox does not use
+        backend.execute("PRAGMA user_version = 7")
+    async with Inbox.open(backend.location) as inbox:
+        assert await inbox.receive(event("o-1", "snack", 2)) is Receipt.APPLIED
+        assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
+        assert await inbox.inventory("snack") == 2 + EVENT["data"]["qty"]
+        assert await inbox.count() == 2
+    async with Inbox.open(backend.location) as inbox:  # opened again: nothing to migrate
+        assert await inbox.receive(event("o-1", "snack", 2)) is Receipt.DUPLICATE
+    assert backend.query("SELECT message, body FROM inbox") == [("m-1", "hello")]
+    assert backend.query("SELECT item, count FROM inventory") == [("snack", 40)]
+    assert backend.query("SELECT n, total FROM orders") == [(1, 999)]
+    assert backend.query("SELECT probe FROM health") == []
+    assert backend.query("SELECT sku, qty FROM inbox_inventory") == [("snack", 9)]
+    assert sorted(row[0] for row in backend.query("SELECT id FROM inbox_events")) == sorted(
+        ["o-1", EVENT["id"]]
+    )
+    if sqlite:
+        assert backend.query("PRAGMA user_version") == [(7,)]
 
 
 # ---------------------------------------------------------------- the seam
