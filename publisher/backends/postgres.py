@@ -43,10 +43,11 @@ from pg_tx import (
     describe,
     durable,
     in_one_round_trip,
+    qualified,
     translated_sync,
 )
 from plumbing.storage import StorageError
-from publisher.backends import postgres_sql as sql
+from publisher.backends import postgres_sql
 from publisher.backends.rows import (
     entry_of,
     fence_error,
@@ -87,6 +88,9 @@ from shared import MAX_BATCH, Conflict, Lease
 from shared.ack import ack_json
 
 T = TypeVar("T")
+# postgres_sql's statements as they run: each table written in the outbox's schema, if
+# one is named (pg_tx.qualified). Passed to the functions below that run statements.
+Sql = Any
 
 LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
 RELAY_LOCK_WAIT_MS: Final = 300  # a holder that just died may still be ending its session
@@ -104,15 +108,17 @@ class _Marks(NamedTuple):
 
 
 class PostgresOutbox(Outbox):
-    """Orders and outbox entries in one PostgreSQL database (the schema the URI's
-    search_path names first)."""
+    """Orders and outbox entries in one PostgreSQL database: in the schema the URI
+    names (`schema=NAME`, written in every statement), else where its search_path
+    finds them (made in the first schema it names)."""
 
     def __init__(self, db: PgDatabase, table_oid: int, source: str) -> None:
         self._db = db
+        self._sql: Sql = qualified(postgres_sql, db.qualify)  # its statements, in its schema
         self._source = source
-        self.relay_lock_key = sql.RELAY_LOCK_NS << 32 | table_oid
+        self.relay_lock_key = postgres_sql.RELAY_LOCK_NS << 32 | table_oid
         self._marks: GroupCommit[_Marks, None] = GroupCommit(
-            db, lambda conn, calls: _mark_groups(conn, calls, source)
+            db, lambda conn, calls: _mark_groups(self._sql, conn, calls, source)
         )
         self._intake: GroupCommit[list[Publication], list[Intake | Conflict]] = GroupCommit(
             db, self._accept_group
@@ -121,12 +127,10 @@ class PostgresOutbox(Outbox):
     @classmethod
     async def connect(cls, url: str) -> PostgresOutbox:
         """Connect and bring the schema up to date (StorageError if it cannot)."""
-        db = await PgDatabase.open(
-            url, side=sql.SIDE, migrations=sql.MIGRATIONS, probe_table=sql.PROBE_TABLE
-        )
+        db = await PgDatabase.open(url, postgres_sql.SCHEMA)
         try:
-            [(oid,)] = await db.query(sql.OUTBOX_OID)
-            [(source,)] = await db.query(sql.SOURCE)
+            [(oid,)] = await db.query(db.qualify(postgres_sql.ENTRIES_OID))
+            [(source,)] = await db.query(db.qualify(postgres_sql.SOURCE))
         except BaseException:
             await db.close()
             raise
@@ -156,7 +160,7 @@ class PostgresOutbox(Outbox):
         does not hold): the relay polls alone."""
         if not self._db.settings.prepare:
             return None
-        return self._db.notifications(sql.CHANNEL)
+        return self._db.notifications(self._sql.CHANNEL)
 
     @contextlib.asynccontextmanager
     async def relay_lock(self, owner: str) -> AsyncIterator[None]:
@@ -180,9 +184,9 @@ class PostgresOutbox(Outbox):
         conn = await self._db.dedicated(name)
         try:
             with translated_sync(self.location):
-                await conn.execute(sql.RELAY_LOCK_WAIT.encode(), (f"{wait_ms}ms",))
+                await conn.execute(self._sql.RELAY_LOCK_WAIT.encode(), (f"{wait_ms}ms",))
                 try:
-                    await conn.execute(sql.RELAY_LOCK.encode(), (self.relay_lock_key,))
+                    await conn.execute(self._sql.RELAY_LOCK.encode(), (self.relay_lock_key,))
                 except psycopg.errors.LockNotAvailable:
                     holder = await _holder(conn, self.relay_lock_key)
                     raise RelayAlreadyRunning(self.location, holder) from None
@@ -238,11 +242,15 @@ class PostgresOutbox(Outbox):
         query: str
         params: Any
         if skip:
-            query = sql.PENDING_SKIPPING if lane is None else sql.PENDING_IN_LANE_SKIPPING
+            query = (
+                self._sql.PENDING_SKIPPING if lane is None else self._sql.PENDING_IN_LANE_SKIPPING
+            )
             params = {"lane": lane, "skip": skip, "limit": limit}
         else:
             query, params = (
-                (sql.PENDING, (limit,)) if lane is None else (sql.PENDING_IN_LANE, (lane, limit))
+                (self._sql.PENDING, (limit,))
+                if lane is None
+                else (self._sql.PENDING_IN_LANE, (lane, limit))
             )
         rows = await self._db.query(query, params)
         return [pending_of(row) for row in rows]
@@ -257,10 +265,10 @@ class PostgresOutbox(Outbox):
         check_limit(limit, most=sys.maxsize)
         skip = set(skip)
         if worker is None:
-            query = sql.PENDING_LANES_OF_FIRST
+            query = self._sql.PENDING_LANES_OF_FIRST
             rows = await self._db.query(query, {"rows": LANE_SCAN_ROWS + 1})
         else:
-            query = sql.PENDING_LANES_OF_FIRST_FOR
+            query = self._sql.PENDING_LANES_OF_FIRST_FOR
             rows = await self._db.query(query, {"rows": LANE_SCAN_ROWS + 1, "worker": worker})
         skip |= {row[0] for row in rows if row[2:] == (True,)}  # another owner's
         lanes = [row[0] for row in rows if row[0] is not None and row[0] not in skip][:limit]
@@ -268,15 +276,15 @@ class PostgresOutbox(Outbox):
         if len(lanes) == limit or read <= LANE_SCAN_ROWS:
             return lanes  # enough, or every pending entry was read
         params = {"limit": limit, "skip": sorted(skip), "worker": worker}
-        return [lane for (lane,) in await self._db.query(sql.PENDING_LANES, params)]
+        return [lane for (lane,) in await self._db.query(self._sql.PENDING_LANES, params)]
 
     async def head_ids(self, lanes: Sequence[str | None]) -> dict[str | None, str | None]:
         async def read(conn: Conn) -> dict[str | None, str | None]:
             cursors = [
                 await (
-                    conn.execute(sql.HEAD_ID.encode())
+                    conn.execute(self._sql.HEAD_ID.encode())
                     if lane is None
-                    else conn.execute(sql.HEAD_ID_IN_LANE.encode(), (lane,))
+                    else conn.execute(self._sql.HEAD_ID_IN_LANE.encode(), (lane,))
                 )
                 for lane in lanes
             ]
@@ -314,14 +322,14 @@ class PostgresOutbox(Outbox):
         params: dict[str, Any] = {"id": event_id, "error": error, "now": time.time()}
         if lease is None:
             async with self._db.transaction(pipeline=True) as conn:
-                await conn.execute(sql.RECORD_FAILURE.encode(), params)
+                await conn.execute(self._sql.RECORD_FAILURE.encode(), params)
             return
         foreign = fence_error(lease, self._source, lease.epoch)  # another outbox's lease
         if foreign is not None:
             raise foreign
         params |= {"line": lease.line, "epoch": lease.epoch}
         async with self._db.transaction() as conn:
-            cursor = await conn.execute(sql.FENCED_RECORD_FAILURE.encode(), params)
+            cursor = await conn.execute(self._sql.FENCED_RECORD_FAILURE.encode(), params)
             [(epoch_now,)] = await cursor.fetchall()
         refused = fence_error(lease, self._source, epoch_now)
         if refused is not None:
@@ -332,23 +340,23 @@ class PostgresOutbox(Outbox):
     async def worker_seen(self, worker: str, ttl_s: float) -> int:
         check_ttl(ttl_s)
         params = {"worker": worker, "ttl": ttl_s, "kept": WORKERS_KEPT_S}
-        row = await self._lease_write(sql.WORKER_SEEN, params)
+        row = await self._lease_write(self._sql.WORKER_SEEN, params)
         assert row is not None  # the statement counts this worker at least
         return int(row[0])
 
     async def worker_gone(self, worker: str) -> None:
         async with self._db.transaction() as conn:
-            await conn.execute(sql.WORKER_GONE.encode(), (worker,))
+            await conn.execute(self._sql.WORKER_GONE.encode(), (worker,))
 
     async def workers(self, ttl_s: float) -> list[RelayWorker]:
         check_ttl(ttl_s)
         params = {"ttl": ttl_s, "kept": WORKERS_KEPT_S}
-        return [relay_worker_of(row) for row in await self._db.query(sql.WORKERS, params)]
+        return [relay_worker_of(row) for row in await self._db.query(self._sql.WORKERS, params)]
 
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
         check_lease_request(line, ttl_s)
         params = {"line": line, "worker": worker, "ttl": ttl_s}
-        row = await self._lease_write(sql.TAKE_LEASE, params)
+        row = await self._lease_write(self._sql.TAKE_LEASE, params)
         return None if row is None else int(row[0])
 
     async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:
@@ -356,12 +364,12 @@ class PostgresOutbox(Outbox):
         if not held:
             return set()
         params = {**_held_params(worker, held), "ttl": ttl_s}
-        row = await self._lease_write(sql.RENEW_LEASES, params)
+        row = await self._lease_write(self._sql.RENEW_LEASES, params)
         return set() if row is None else set(row[0])
 
     async def release_leases(self, worker: str, held: Mapping[str, int]) -> None:
         if held:
-            await self._lease_write(sql.RELEASE_LEASES, _held_params(worker, held))
+            await self._lease_write(self._sql.RELEASE_LEASES, _held_params(worker, held))
 
     async def _lease_write(self, statement: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
         """A lease statement in a durable transaction of its own, sent as one message
@@ -372,10 +380,10 @@ class PostgresOutbox(Outbox):
             return await in_one_round_trip(conn, statement.encode(), params)
 
     async def leases(self) -> list[LineLease]:
-        return [line_lease_of(row) for row in await self._db.query(sql.LEASES)]
+        return [line_lease_of(row) for row in await self._db.query(self._sql.LEASES)]
 
     async def lease_of(self, line: str) -> LineLease | None:
-        rows = await self._db.query(sql.LEASE_OF, (line,))
+        rows = await self._db.query(self._sql.LEASE_OF, (line,))
         return line_lease_of(rows[0]) if rows else None
 
     # ------------------------------------------------------------------ operators
@@ -386,29 +394,33 @@ class PostgresOutbox(Outbox):
         params = {"id": event_id, "reason": reason, "by": by, "now": time.time()}
         async with self._db.transaction() as conn:
             if lease is not None:  # the lease's row first, as every fenced write
-                refused = await _fenced(conn, [lease], self._source)
+                refused = await _fenced(self._sql, conn, [lease], self._source)
                 if refused[0] is not None:
                     raise refused[0]
-            entry = await _find(conn, event_id)
+            entry = await _find(self._sql, conn, event_id)
             if entry.state is not State.PENDING:
                 raise InvalidTransition(f"entry {entry.id!r} is {entry.state}, not pending")
             async with conn.pipeline():
-                await conn.execute(sql.QUARANTINE.encode(), (event_id,))
-                await conn.execute(sql.INSERT_QUARANTINE.encode(), {**params, "seq": entry.seq})
+                await conn.execute(self._sql.QUARANTINE.encode(), (event_id,))
+                await conn.execute(
+                    self._sql.INSERT_QUARANTINE.encode(), {**params, "seq": entry.seq}
+                )
 
     async def redrive(self, event_id: str, by: str) -> QuarantineRecord:
         now = time.time()
         async with self._db.transaction() as conn:
-            entry = await _find(conn, event_id)
+            entry = await _find(self._sql, conn, event_id)
             if entry.state is not State.QUARANTINED:
                 raise InvalidTransition(f"entry {event_id!r} is {entry.state}, not quarantined")
-            await _release(conn, entry, by, now, "redriven")
-            await conn.execute(sql.REDRIVE.encode(), (event_id,))
-            rows = await (await conn.execute(sql.QUARANTINES_OF.encode(), (event_id,))).fetchall()
+            await _release(self._sql, conn, entry, by, now, "redriven")
+            await conn.execute(self._sql.REDRIVE.encode(), (event_id,))
+            rows = await (
+                await conn.execute(self._sql.QUARANTINES_OF.encode(), (event_id,))
+            ).fetchall()
             return quarantine_record_of(rows[-1])
 
     async def entry(self, event_id: str) -> Entry | None:
-        rows = await self._db.query(sql.ENTRY_BY_ID, (event_id,))
+        rows = await self._db.query(self._sql.ENTRY_BY_ID, (event_id,))
         return entry_of(rows[0]) if rows else None
 
     async def entries(
@@ -421,9 +433,9 @@ class PostgresOutbox(Outbox):
         type: str | None = None,
     ) -> list[Entry]:
         query = {
-            State.PENDING: sql.ENTRIES_PENDING,
-            State.QUARANTINED: sql.ENTRIES_QUARANTINED,
-            State.SENT: sql.ENTRIES_SENT,
+            State.PENDING: self._sql.ENTRIES_PENDING,
+            State.QUARANTINED: self._sql.ENTRIES_QUARANTINED,
+            State.SENT: self._sql.ENTRIES_SENT,
         }[state]
         params = page_params(state, limit, after, key, type)
         return [entry_of(row) for row in await self._db.query(query, params)]
@@ -431,18 +443,18 @@ class PostgresOutbox(Outbox):
     async def sent_per_interval(self, interval_s: float, intervals: int) -> list[int]:
         # The marks' sent_at comes from the workers' clocks, so "now" is this one's.
         params = interval_params(interval_s, intervals, time.time())
-        rows = await self._db.query(sql.SENT_PER_INTERVAL, params)
+        rows = await self._db.query(self._sql.SENT_PER_INTERVAL, params)
         return counts_by_interval(rows, intervals)
 
     async def order(self, event_id: str) -> Order | None:
-        rows = await self._db.query(sql.FIND_ORDER, (event_id,))
+        rows = await self._db.query(self._sql.FIND_ORDER, (event_id,))
         return Order(event_id, *rows[0]) if rows else None
 
     async def quarantine_history(self, ids: list[str]) -> dict[str, list[QuarantineRecord]]:
         history: dict[str, list[QuarantineRecord]] = {}
         if not ids:
             return history
-        for event_id, *record in await self._db.query(sql.QUARANTINES_OF_ANY, (list(ids),)):
+        for event_id, *record in await self._db.query(self._sql.QUARANTINES_OF_ANY, (list(ids),)):
             history.setdefault(event_id, []).append(quarantine_record_of(tuple(record)))
         return {event_id: history[event_id] for event_id in ids if event_id in history}
 
@@ -451,10 +463,10 @@ class PostgresOutbox(Outbox):
         now = time.time()
 
         async def read(conn: Conn) -> Snapshot:
-            pending = await conn.execute(sql.COUNT_PENDING.encode())
-            quarantined = await conn.execute(sql.COUNT_QUARANTINED.encode())
-            head = await conn.execute(sql.HEAD.encode())
-            blocked = await conn.execute(sql.BLOCKED_LANE_HEADS.encode())
+            pending = await conn.execute(self._sql.COUNT_PENDING.encode())
+            quarantined = await conn.execute(self._sql.COUNT_QUARANTINED.encode())
+            head = await conn.execute(self._sql.HEAD.encode())
+            blocked = await conn.execute(self._sql.BLOCKED_LANE_HEADS.encode())
             [(n_pending,)] = await pending.fetchall()
             [(n_quarantined,)] = await quarantined.fetchall()
             row = await head.fetchone()
@@ -470,7 +482,7 @@ class PostgresOutbox(Outbox):
         while True:
             # One short transaction per batch: intake waits at most one batch.
             async with self._db.transaction(pipeline=True) as conn:
-                cursor = await conn.execute(sql.PRUNE_SENT.encode(), (cutoff, batch))
+                cursor = await conn.execute(self._sql.PRUNE_SENT.encode(), (cutoff, batch))
             count = cursor.rowcount
             deleted += count
             if count < batch:
@@ -488,14 +500,14 @@ class PostgresOutbox(Outbox):
         now = time.time()
         try:
             every = list(itertools.chain.from_iterable(calls))
-            return _per_call(calls, await _accept_together(conn, every, now))
+            return _per_call(calls, await _accept_together(self._sql, conn, every, now))
         except psycopg.Error:
             if len(calls) == 1:
                 raise
         outcomes: list[list[Intake | Conflict] | Exception] = []
         for items in calls:
             try:
-                outcomes.append(await _accept_together(conn, items, now))
+                outcomes.append(await _accept_together(self._sql, conn, items, now))
             except psycopg.Error as exc:
                 outcomes.append(StorageError(f"{self.location}: {describe(exc)}"))
         return outcomes
@@ -520,8 +532,8 @@ def accept_params(item: Publication, now: float) -> dict[str, Any]:
         "qty": None if order is None else order["qty"],
         "now": now,
         "payload": item.canonical,
-        "lock_ns": sql.INTAKE_LOCK_NS,
-        "channel": sql.CHANNEL,
+        "lock_ns": postgres_sql.INTAKE_LOCK_NS,
+        "channel": postgres_sql.CHANNEL,
     }
 
 
@@ -536,7 +548,7 @@ def intake_result(item: Publication, queued: object, known: tuple[Any, ...] | No
     return judged_again(item, stored, digest)
 
 
-async def _find(conn: Conn, event_id: str) -> Entry:
+async def _find(sql: Sql, conn: Conn, event_id: str) -> Entry:
     """The entry, its row locked until the transaction ends (UnknownEntry if none)."""
     cursor = await conn.execute(sql.ENTRY_BY_ID_FOR_UPDATE.encode(), (event_id,))
     row = await cursor.fetchone()
@@ -554,7 +566,7 @@ def _per_call(
 
 
 async def _accept_together(
-    conn: Conn, items: list[Publication], now: float
+    sql: Sql, conn: Conn, items: list[Publication], now: float
 ) -> list[Intake | Conflict]:
     """Intake of `items` in one durable transaction, one message to the server
     (ACCEPT_MANY): the first event of each ID goes in, and every event is judged
@@ -571,8 +583,8 @@ async def _accept_together(
         "skus": [None if order is None else order["sku"] for order in orders],
         "qtys": [None if order is None else order["qty"] for order in orders],
         "now": now,
-        "lock_ns": sql.INTAKE_LOCK_NS,
-        "channel": sql.CHANNEL,
+        "lock_ns": postgres_sql.INTAKE_LOCK_NS,
+        "channel": postgres_sql.CHANNEL,
     }
     row = await in_one_round_trip(conn, sql.ACCEPT_MANY.encode(), params)
     assert row is not None, "an aggregate returns one row"
@@ -602,7 +614,9 @@ async def _accept_together(
     return outcomes
 
 
-async def _mark_groups(conn: Conn, calls: list[_Marks], source: str) -> list[Exception | None]:
+async def _mark_groups(
+    sql: Sql, conn: Conn, calls: list[_Marks], source: str
+) -> list[Exception | None]:
     """Marks of several calls, committed before this returns; one error (or None)
     per call. The common case (every lease at its epoch, every entry pending and
     unquarantined) is one statement for the whole group, its transaction one
@@ -610,14 +624,14 @@ async def _mark_groups(conn: Conn, calls: list[_Marks], source: str) -> list[Exc
     marked on its own in one transaction (`_mark_each`)."""
     if all(c.lease is None or c.lease.source == source for c in calls):
         try:
-            if await _mark_all(conn, calls):
+            if await _mark_all(sql, conn, calls):
                 return [None] * len(calls)
         except psycopg.Error:
             pass  # some call's entry, maybe: each call on its own finds out
-    return await _mark_each(conn, calls, source)
+    return await _mark_each(sql, conn, calls, source)
 
 
-async def _mark_all(conn: Conn, calls: list[_Marks]) -> bool:
+async def _mark_all(sql: Sql, conn: Conn, calls: list[_Marks]) -> bool:
     """All the marks in one statement (MARK_ALL_PENDING_SENT, or its FENCED form
     when calls name leases), BEGIN to COMMIT sent as one message: whether they were
     all made (else none was)."""
@@ -636,29 +650,31 @@ async def _mark_all(conn: Conn, calls: list[_Marks]) -> bool:
             return False  # one line under two epochs: one of them is lost
         statement = sql.MARK_ALL_PENDING_SENT_FENCED
         params |= {"lines": list(fences), "epochs": list(fences.values())}
-    row = await in_one_round_trip(conn, statement, params, flush=False)
+    row = await in_one_round_trip(conn, statement.encode(), params, flush=False)
     marked = 0 if row is None else int(row[0])
     # The rows are locked before any is marked: all of them or none.
     assert marked in (0, len(every)), f"{marked} of {len(every)} marks made"
     return marked == len(every)
 
 
-async def _mark_each(conn: Conn, calls: list[_Marks], source: str) -> list[Exception | None]:
+async def _mark_each(
+    sql: Sql, conn: Conn, calls: list[_Marks], source: str
+) -> list[Exception | None]:
     """Each call's marks in a savepoint of its own, in one transaction, so that a
     call fails alone and all of it; a call whose lease is lost fails with LeaseLost
     and writes nothing. The lease rows are locked first, all together."""
     # Waits for its flush: a mark here may close a quarantine (_mark_one), and one a
     # crash undid would leave the entry quarantined, not pending again.
     async with conn.pipeline(), durable(conn):
-        refused = await _fenced(conn, [c.lease for c in calls], source)
+        refused = await _fenced(sql, conn, [c.lease for c in calls], source)
         return [
-            why if why is not None else await _mark_call(conn, call.params)
+            why if why is not None else await _mark_call(sql, conn, call.params)
             for call, why in zip(calls, refused, strict=True)
         ]
 
 
 async def _fenced(
-    conn: Conn, leases: Sequence[Lease | None], source: str
+    sql: Sql, conn: Conn, leases: Sequence[Lease | None], source: str
 ) -> list[LeaseLost | None]:
     """Why each write under `leases` must be refused (None: it may be made, or names
     no lease), their rows locked in line order until the transaction ends (FENCES)."""
@@ -677,12 +693,12 @@ def _held_params(worker: str, held: Mapping[str, int]) -> dict[str, Any]:
     return {"worker": worker, "lines": list(held), "epochs": list(held.values())}
 
 
-async def _mark_call(conn: Conn, params: list[dict[str, Any]]) -> Exception | None:
+async def _mark_call(sql: Sql, conn: Conn, params: list[dict[str, Any]]) -> Exception | None:
     """One call's marks, each entry its own way, all or none of them."""
     try:
         async with conn.transaction():  # a savepoint
             for one in params:
-                await _mark_one(conn, one)
+                await _mark_one(sql, conn, one)
     except (InvalidTransition, UnknownEntry) as exc:
         return exc
     except psycopg.Error as exc:
@@ -690,18 +706,18 @@ async def _mark_call(conn: Conn, params: list[dict[str, Any]]) -> Exception | No
     return None
 
 
-async def _mark_one(conn: Conn, params: dict[str, Any]) -> None:
-    entry = await _find(conn, params["id"])
+async def _mark_one(sql: Sql, conn: Conn, params: dict[str, Any]) -> None:
+    entry = await _find(sql, conn, params["id"])
     if entry.state is State.SENT:
         return  # sent before (its first ACK and time are kept), or just now
     if entry.state is State.QUARANTINED:
         # Quarantined while its send was in flight, and the ACK proves it arrived:
         # the truth is "delivered", and the quarantine record says so.
-        await _release(conn, entry, "relay", params["now"], "delivered")
+        await _release(sql, conn, entry, "relay", params["now"], "delivered")
     await conn.execute(sql.MARK_SENT.encode(), params)
 
 
-async def _release(conn: Conn, entry: Entry, by: str, now: float, how: str) -> None:
+async def _release(sql: Sql, conn: Conn, entry: Entry, by: str, now: float, how: str) -> None:
     found = await (await conn.execute(sql.OPEN_QUARANTINE.encode(), (entry.id,))).fetchone()
     assert found is not None, f"entry {entry.id!r} is quarantined without an open record"
     n, since = found
@@ -717,7 +733,7 @@ async def _release(conn: Conn, entry: Entry, by: str, now: float, how: str) -> N
 async def _holder(conn: Conn, key: int) -> str:
     """Who holds the relay lock, as its session's application_name says."""
     params = {"classid": key >> 32, "objid": key & 0xFFFFFFFF}
-    rows = await (await conn.execute(sql.RELAY_HOLDER.encode(), params)).fetchall()
+    rows = await (await conn.execute(postgres_sql.RELAY_HOLDER.encode(), params)).fetchall()
     if not rows:
         return "a process that has just let it go"
     name, started, backend = rows[0]

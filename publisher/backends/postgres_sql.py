@@ -1,20 +1,25 @@
 """Every SQL statement of the PostgreSQL outbox, named.
 
-The tables and columns are the SQLite backend's (`orders`, `outbox`, `quarantines`),
-with the same meaning: times are seconds since the epoch (double precision), the
-`sent` and `quarantined` flags are 0 or 1 (smallint), payloads and ACKs are the
-JSON text the SQLite backend keeps. So a query written for one runs on the other.
+The tables and columns are the SQLite backend's (`outbox_orders`, `outbox_entries`,
+`outbox_quarantines`, ...), with the same meaning: times are seconds since the epoch
+(double precision), the `sent` and `quarantined` flags are 0 or 1 (smallint),
+payloads and ACKs are the JSON text the SQLite backend keeps. So a query written
+for one runs on the other.
+
+Each statement names the tables as they are written here; with a schema named
+(`schema=NAME`), the backend runs them with every table of SCHEMA.tables written
+in it (pg_tx.qualified), whatever the connection's search_path.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-SIDE: Final = "publisher"  # this side's row in schema_versions
-PROBE_TABLE: Final = "outbox_health"  # the writability probe's one row
+from plumbing.schema import Schema
+
 CHANNEL: Final = "outbox_intake"  # NOTIFY on it when an entry is queued: a signal only
 
-# The advisory locks of one outbox, keyed by the OID of its `outbox` table, so that
+# The advisory locks of one outbox, keyed by the OID of its `outbox_entries` table, so that
 # outboxes in two schemas of one database do not share them: key = NS << 32 | oid.
 INTAKE_LOCK_NS: Final = 0x6F627869  # held by each intake transaction until it commits
 RELAY_LOCK_NS: Final = 0x6F627872  # held by the relay's own connection while it delivers
@@ -117,6 +122,10 @@ MIGRATIONS: Final = (
     # orders, become order.placed events keyed by their SKU (the canonical text
     # shared.event.order_canonical writes). Entries no longer need an order, and what
     # judges a known ID once its entry is pruned is the digest kept in outbox_pruned.
+    # Every table, index, constraint and sequence of the outbox is named outbox_*
+    # from here on, so that they can live in a user's schema beside the user's own
+    # `orders`. Its index and sequences are renamed where their tables are, whatever
+    # the search_path (the names of a table's constraints are the table's own).
     f"""
     ALTER TABLE outbox DROP CONSTRAINT IF EXISTS outbox_id_fkey;
     ALTER TABLE quarantines DROP CONSTRAINT IF EXISTS quarantines_id_fkey;
@@ -132,10 +141,139 @@ MIGRATIONS: Final = (
     INSERT INTO outbox_pruned (id, digest)
     SELECT o.id, {_sha256(_order_canonical("o.id", "o.sku", "o.qty::text"))}
     FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox AS e WHERE e.id = o.id);
+    ALTER TABLE orders RENAME TO outbox_orders;
+    ALTER TABLE outbox_orders RENAME CONSTRAINT orders_pkey TO outbox_orders_pkey;
+    ALTER TABLE outbox RENAME TO outbox_entries;
+    ALTER TABLE outbox_entries RENAME CONSTRAINT outbox_pkey TO outbox_entries_pkey;
+    ALTER TABLE outbox_entries RENAME CONSTRAINT outbox_id_key TO outbox_entries_id_key;
+    ALTER TABLE outbox_entries RENAME CONSTRAINT outbox_sent_check TO outbox_entries_sent_check;
+    ALTER TABLE outbox_entries
+        RENAME CONSTRAINT outbox_quarantined_check TO outbox_entries_quarantined_check;
+    ALTER TABLE outbox_entries RENAME CONSTRAINT outbox_check TO outbox_entries_check;
+    ALTER TABLE quarantines RENAME TO outbox_quarantines;
+    ALTER TABLE outbox_quarantines RENAME CONSTRAINT quarantines_pkey TO outbox_quarantines_pkey;
+    ALTER TABLE outbox_quarantines
+        RENAME CONSTRAINT quarantines_released_as_check TO outbox_quarantines_released_as_check;
+    ALTER TABLE line_leases RENAME TO outbox_line_leases;
+    ALTER TABLE outbox_line_leases RENAME CONSTRAINT line_leases_pkey TO outbox_line_leases_pkey;
+    ALTER TABLE outbox_line_leases
+        RENAME CONSTRAINT line_leases_epoch_check TO outbox_line_leases_epoch_check;
+    ALTER TABLE relay_workers RENAME TO outbox_relay_workers;
+    ALTER TABLE outbox_relay_workers
+        RENAME CONSTRAINT relay_workers_pkey TO outbox_relay_workers_pkey;
+    DO $$
+    BEGIN
+        EXECUTE format('ALTER INDEX %s RENAME TO outbox_quarantines_id', (
+            SELECT i.indexrelid::regclass FROM pg_index AS i
+            JOIN pg_class AS c ON c.oid = i.indexrelid
+            WHERE i.indrelid = 'outbox_quarantines'::regclass AND c.relname = 'quarantines_id'
+        ));
+        EXECUTE format('ALTER SEQUENCE %s RENAME TO outbox_entries_seq_seq',
+            pg_get_serial_sequence('outbox_entries', 'seq'));
+        EXECUTE format('ALTER SEQUENCE %s RENAME TO outbox_quarantines_n_seq',
+            pg_get_serial_sequence('outbox_quarantines', 'n'));
+    END
+    $$;
     """,
 )
 
-OUTBOX_OID: Final = "SELECT 'outbox'::regclass::oid::bigint"
+# The newest schema at once, for a database that holds none of the outbox's tables:
+# what MIGRATIONS reach, written out (a test compares the two). Every table, index,
+# constraint and sequence is named outbox_*: a user's own tables (`orders`, say)
+# may share the schema.
+FRESH: Final = """
+    CREATE TABLE outbox_orders (
+        id          TEXT PRIMARY KEY,
+        sku         TEXT NOT NULL,
+        qty         INTEGER NOT NULL,
+        accepted_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE outbox_entries (
+        seq              BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+        id               TEXT NOT NULL UNIQUE,
+        payload          TEXT NOT NULL,
+        queued_at        DOUBLE PRECISION NOT NULL,
+        sent             SMALLINT NOT NULL DEFAULT 0 CHECK (sent IN (0, 1)),
+        sent_at          DOUBLE PRECISION,
+        ack              TEXT,
+        attempts         INTEGER NOT NULL DEFAULT 0,
+        last_error       TEXT,
+        last_attempt_at  DOUBLE PRECISION,
+        first_failure_at DOUBLE PRECISION,
+        quarantined      SMALLINT NOT NULL DEFAULT 0 CHECK (quarantined IN (0, 1)),
+        lane             TEXT,
+        type             TEXT NOT NULL,
+        CHECK (NOT (sent = 1 AND quarantined = 1))
+    );
+    -- Partial indexes keep the hot reads (pending batch, gauges, prune) proportional
+    -- to what they return, however many sent rows pile up.
+    CREATE INDEX outbox_pending ON outbox_entries (seq) WHERE sent = 0 AND quarantined = 0;
+    CREATE INDEX outbox_lane_pending ON outbox_entries (lane, seq)
+        WHERE sent = 0 AND quarantined = 0;
+    CREATE INDEX outbox_quarantined ON outbox_entries (seq) WHERE quarantined = 1;
+    CREATE INDEX outbox_sent_at ON outbox_entries (sent_at) WHERE sent = 1;
+    CREATE TABLE outbox_quarantines (
+        n                    BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+        id                   TEXT NOT NULL,
+        seq                  BIGINT NOT NULL,
+        reason               TEXT NOT NULL,
+        quarantined_by       TEXT NOT NULL,
+        quarantined_at       DOUBLE PRECISION NOT NULL,
+        released_by          TEXT,
+        released_at          DOUBLE PRECISION,
+        released_as          TEXT CHECK (released_as IN ('redriven', 'delivered')),
+        delivered_past_count INTEGER,
+        delivered_past       TEXT
+    );
+    CREATE INDEX outbox_quarantines_id ON outbox_quarantines (id);
+    -- The writability probe (check_writable) updates this one row in place.
+    CREATE TABLE outbox_health (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        at DOUBLE PRECISION NOT NULL
+    );
+    INSERT INTO outbox_health (id, at) VALUES (1, 0);
+    CREATE TABLE outbox_line_leases (
+        line       TEXT PRIMARY KEY,
+        owner      TEXT,
+        epoch      BIGINT NOT NULL CHECK (epoch >= 1),
+        expires_at DOUBLE PRECISION NOT NULL,
+        taken_at   DOUBLE PRECISION,
+        renewed_at DOUBLE PRECISION
+    );
+    CREATE TABLE outbox_relay_workers (
+        worker     TEXT PRIMARY KEY,
+        seen_at    DOUBLE PRECISION NOT NULL,
+        started_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE outbox_source (
+        id     INTEGER PRIMARY KEY CHECK (id = 1),
+        source TEXT NOT NULL
+    );
+    INSERT INTO outbox_source (id, source)
+    VALUES (1, left(replace(gen_random_uuid()::text, '-', ''), 16));
+    CREATE TABLE outbox_pruned (
+        id     TEXT PRIMARY KEY,
+        digest TEXT NOT NULL
+    );
+"""
+
+SCHEMA: Final = Schema(
+    side="publisher",
+    fresh=FRESH,
+    migrations=MIGRATIONS,
+    # Of this release, and of the earlier ones MIGRATIONS name: each is written in
+    # the schema named (pg_tx.names), in every statement here.
+    tables=frozenset(
+        {"outbox_orders", "outbox_entries", "outbox_quarantines", "outbox_health"}
+        | {"outbox_line_leases", "outbox_relay_workers", "outbox_source", "outbox_pruned"}
+        | {"orders", "outbox", "quarantines", "line_leases", "relay_workers"}
+    ),
+    probe_table="outbox_health",
+    legacy_table="outbox",
+    legacy_columns=frozenset({"seq", "payload", "sent", "quarantined"}),
+)
+
+ENTRIES_OID: Final = "SELECT 'outbox_entries'::regclass::oid::bigint"
 
 IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 
@@ -145,25 +283,27 @@ IS_PENDING: Final = "sent = 0 AND quarantined = 0"
 # lock is held, and the lock is held until the transaction ends, so no entry takes a
 # seq while one with a lower seq is still uncommitted: entries become visible in seq
 # order, and a reader can never see seq 11 and later find seq 10 (see the README).
-# The lock's key is this outbox's (INTAKE_LOCK_NS and the OID of the `outbox` table
+# The lock's key is this outbox's (INTAKE_LOCK_NS and the OID of the `outbox_entries` table
 # the statement writes to). NOTIFY is sent at commit. Returns one row (the seq) if
 # the entry was queued. publish_in (publisher.in_transaction) runs the same
 # statement in the caller's transaction.
 _ENTRY: Final = """
-    INSERT INTO outbox (id, type, payload, queued_at, lane)
+    INSERT INTO outbox_entries (id, type, payload, queued_at, lane)
     SELECT %(id)s, %(type)s, %(payload)s, %(now)s, %(key)s {source}
     WHERE NOT EXISTS (SELECT 1 FROM outbox_pruned WHERE id = %(id)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id, seq
 """
 _ORDER_OF_ENTRY: Final = """
-    INSERT INTO orders (id, sku, qty, accepted_at)
+    INSERT INTO outbox_orders (id, sku, qty, accepted_at)
     SELECT entry.id, %(sku)s, %(qty)s, %(now)s FROM entry WHERE %(sku)s::text IS NOT NULL
     ON CONFLICT (id) DO NOTHING
 """
 ACCEPT: Final = f"""
     WITH in_commit_order AS (
-        SELECT pg_advisory_xact_lock((%(lock_ns)s::bigint << 32) | 'outbox'::regclass::oid::bigint)
+        SELECT pg_advisory_xact_lock(
+            (%(lock_ns)s::bigint << 32) | 'outbox_entries'::regclass::oid::bigint
+        )
     ), entry AS ({_ENTRY.format(source="FROM in_commit_order")}
     ), new_order AS ({_ORDER_OF_ENTRY})
     SELECT seq, pg_notify(%(channel)s, '') FROM entry
@@ -174,13 +314,13 @@ ACCEPT_WITHOUT_COMMIT_ORDER: Final = f"""
     ), new_order AS ({_ORDER_OF_ENTRY})
     SELECT seq, pg_notify(%(channel)s, '') FROM entry
 """
-FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM orders WHERE id = %s"
+FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM outbox_orders WHERE id = %s"
 # What an event whose ID is known is judged against (rows.judged_again): the
 # canonical event its entry stores, or the digest kept once the entry was pruned.
 # Read after ACCEPT when it queued nothing, in a statement of its own (it sees an
 # entry committed by a concurrent intake of the same ID, which ON CONFLICT waited for).
 KNOWN: Final = """
-    SELECT (SELECT payload FROM outbox WHERE id = %(id)s),
+    SELECT (SELECT payload FROM outbox_entries WHERE id = %(id)s),
         (SELECT digest FROM outbox_pruned WHERE id = %(id)s)
 """
 # A group's intake (every event of its calls, each ID once, in call order) in one
@@ -197,9 +337,11 @@ ACCEPT_MANY: Final = """
                              %(payloads)s::text[], %(skus)s::text[], %(qtys)s::bigint[])
                       WITH ORDINALITY AS b(id, type, key, payload, sku, qty, n)
     ), in_commit_order AS (
-        SELECT pg_advisory_xact_lock((%(lock_ns)s::bigint << 32) | 'outbox'::regclass::oid::bigint)
+        SELECT pg_advisory_xact_lock(
+            (%(lock_ns)s::bigint << 32) | 'outbox_entries'::regclass::oid::bigint
+        )
     ), entry AS (
-        INSERT INTO outbox (id, type, payload, queued_at, lane)
+        INSERT INTO outbox_entries (id, type, payload, queued_at, lane)
         SELECT batch.id, batch.type, batch.payload, %(now)s, batch.key
         FROM batch, in_commit_order
         WHERE NOT EXISTS (SELECT 1 FROM outbox_pruned AS p WHERE p.id = batch.id)
@@ -207,7 +349,7 @@ ACCEPT_MANY: Final = """
         ON CONFLICT (id) DO NOTHING
         RETURNING id, pg_notify(%(channel)s, '')
     ), new_order AS (
-        INSERT INTO orders (id, sku, qty, accepted_at)
+        INSERT INTO outbox_orders (id, sku, qty, accepted_at)
         SELECT batch.id, batch.sku, batch.qty, %(now)s FROM batch JOIN entry USING (id)
         WHERE batch.sku IS NOT NULL
         ON CONFLICT (id) DO NOTHING
@@ -216,41 +358,42 @@ ACCEPT_MANY: Final = """
            array_agg(stored.payload ORDER BY batch.n),
            array_agg(pruned.digest ORDER BY batch.n)
     FROM batch LEFT JOIN entry USING (id)
-        LEFT JOIN outbox AS stored ON stored.id = batch.id
+        LEFT JOIN outbox_entries AS stored ON stored.id = batch.id
         LEFT JOIN outbox_pruned AS pruned ON pruned.id = batch.id
 """
 KNOWN_MANY: Final = """
     SELECT k.id, stored.payload, pruned.digest
     FROM unnest(%s::text[]) AS k(id)
-        LEFT JOIN outbox AS stored ON stored.id = k.id
+        LEFT JOIN outbox_entries AS stored ON stored.id = k.id
         LEFT JOIN outbox_pruned AS pruned ON pruned.id = k.id
 """
 
 PENDING: Final = (
-    f"SELECT seq, payload, attempts, lane FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %s"
+    f"SELECT seq, payload, attempts, lane FROM outbox_entries WHERE {IS_PENDING}"
+    " ORDER BY seq LIMIT %s"
 )
 PENDING_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox
+    SELECT seq, payload, attempts, lane FROM outbox_entries
     WHERE {IS_PENDING} AND id <> ALL (%(skip)s::text[])
     ORDER BY seq LIMIT %(limit)s
 """
 PENDING_IN_LANE: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox WHERE {IS_PENDING} AND lane = %s
+    SELECT seq, payload, attempts, lane FROM outbox_entries WHERE {IS_PENDING} AND lane = %s
     ORDER BY seq LIMIT %s
 """
 PENDING_IN_LANE_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox
+    SELECT seq, payload, attempts, lane FROM outbox_entries
     WHERE {IS_PENDING} AND lane = %(lane)s AND id <> ALL (%(skip)s::text[])
     ORDER BY seq LIMIT %(limit)s
 """
-HEAD_ID: Final = f"SELECT id FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1"
+HEAD_ID: Final = f"SELECT id FROM outbox_entries WHERE {IS_PENDING} ORDER BY seq LIMIT 1"
 HEAD_ID_IN_LANE: Final = (
-    f"SELECT id FROM outbox WHERE {IS_PENDING} AND lane = %s ORDER BY seq LIMIT 1"
+    f"SELECT id FROM outbox_entries WHERE {IS_PENDING} AND lane = %s ORDER BY seq LIMIT 1"
 )
 # Whether another owner than %(worker)s holds the lease of the lane `lane` names
 # unexpired (false with no worker: NULL compares to nothing).
 _HELD_BY_OTHERS: Final = """EXISTS (
-        SELECT 1 FROM line_leases AS l,
+        SELECT 1 FROM outbox_line_leases AS l,
             (SELECT extract(epoch FROM clock_timestamp())::float8 AS now) AS clock
         WHERE l.line = {lane} AND l.owner <> %(worker)s AND l.expires_at >= clock.now
     )"""
@@ -260,13 +403,13 @@ _HELD_BY_OTHERS: Final = """EXISTS (
 # owner holds each lane's lease.
 PENDING_LANES_OF_FIRST: Final = f"""
     WITH first AS (
-        SELECT lane, seq FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %(rows)s
+        SELECT lane, seq FROM outbox_entries WHERE {IS_PENDING} ORDER BY seq LIMIT %(rows)s
     )
     SELECT lane, (SELECT count(*) FROM first) FROM first GROUP BY lane ORDER BY min(seq)
 """
 PENDING_LANES_OF_FIRST_FOR: Final = f"""
     WITH first AS (
-        SELECT lane, seq FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT %(rows)s
+        SELECT lane, seq FROM outbox_entries WHERE {IS_PENDING} ORDER BY seq LIMIT %(rows)s
     )
     SELECT lane, (SELECT count(*) FROM first), {_HELD_BY_OTHERS.format(lane="first.lane")}
     FROM first GROUP BY lane ORDER BY min(seq)
@@ -275,26 +418,26 @@ PENDING_LANES_OF_FIRST_FOR: Final = f"""
 # along the lane index: the cost follows the number of lanes, not of entries.
 PENDING_LANES: Final = f"""
     WITH RECURSIVE lanes (lane) AS (
-        SELECT min(lane) FROM outbox WHERE {IS_PENDING}
+        SELECT min(lane) FROM outbox_entries WHERE {IS_PENDING}
         UNION ALL
-        SELECT (SELECT min(lane) FROM outbox WHERE {IS_PENDING} AND lane > lanes.lane)
+        SELECT (SELECT min(lane) FROM outbox_entries WHERE {IS_PENDING} AND lane > lanes.lane)
         FROM lanes WHERE lanes.lane IS NOT NULL
     )
     SELECT lane FROM lanes
     WHERE lane IS NOT NULL AND lane <> ALL (%(skip)s::text[])
         AND NOT {_HELD_BY_OTHERS.format(lane="lanes.lane")}
-    ORDER BY (SELECT min(seq) FROM outbox WHERE {IS_PENDING} AND lane = lanes.lane)
+    ORDER BY (SELECT min(seq) FROM outbox_entries WHERE {IS_PENDING} AND lane = lanes.lane)
     LIMIT %(limit)s
 """
 
 MARK_SENT: Final = """
-    UPDATE outbox SET sent = 1, quarantined = 0, sent_at = %(now)s, ack = %(ack)s,
+    UPDATE outbox_entries SET sent = 1, quarantined = 0, sent_at = %(now)s, ack = %(ack)s,
         attempts = attempts + 1, last_attempt_at = %(now)s
     WHERE id = %(id)s AND sent = 0
 """
 # The common case, without reading the row first: a pending, unquarantined entry.
 MARK_PENDING_SENT: Final = """
-    UPDATE outbox SET sent = 1, sent_at = %(now)s, ack = %(ack)s,
+    UPDATE outbox_entries SET sent = 1, sent_at = %(now)s, ack = %(ack)s,
         attempts = attempts + 1, last_attempt_at = %(now)s
     WHERE id = %(id)s AND sent = 0 AND quarantined = 0
 """
@@ -312,20 +455,20 @@ WITH marks AS (
     SELECT * FROM unnest(%(ids)s::text[], %(acks)s::text[], %(nows)s::float8[])
                   AS m(id, ack, now)
 ),{fenced} locked AS MATERIALIZED (
-    SELECT outbox.id, outbox.sent, outbox.quarantined FROM outbox
-    WHERE outbox.id = ANY (%(ids)s::text[]){fence}
-    ORDER BY outbox.id FOR UPDATE
+    SELECT e.id, e.sent, e.quarantined FROM outbox_entries AS e
+    WHERE e.id = ANY (%(ids)s::text[]){fence}
+    ORDER BY e.id FOR UPDATE
 ), marked AS (
-    UPDATE outbox SET sent = 1, sent_at = marks.now, ack = marks.ack,
-        attempts = attempts + 1, last_attempt_at = marks.now
+    UPDATE outbox_entries AS e SET sent = 1, sent_at = marks.now, ack = marks.ack,
+        attempts = e.attempts + 1, last_attempt_at = marks.now
     FROM marks
-    WHERE outbox.id = ANY (%(ids)s::text[]) AND outbox.id = marks.id
+    WHERE e.id = ANY (%(ids)s::text[]) AND e.id = marks.id
         AND (SELECT count(*) FROM locked WHERE sent = 0 AND quarantined = 0) = %(n)s
     RETURNING 1
 )
 SELECT count(*) FROM marked
 """
-MARK_ALL_PENDING_SENT: Final = _MARK_ALL.format(fenced="", fence="").encode()
+MARK_ALL_PENDING_SENT: Final = _MARK_ALL.format(fenced="", fence="")
 # The same for a group with leases: the lease rows of its lines (%(lines)s, each
 # once, in byte order, with their epochs %(epochs)s) are locked first (FOR SHARE, in
 # line order: see FENCES), and no entry is locked, nor marked, unless every one of
@@ -334,15 +477,15 @@ MARK_ALL_PENDING_SENT: Final = _MARK_ALL.format(fenced="", fence="").encode()
 MARK_ALL_PENDING_SENT_FENCED: Final = _MARK_ALL.format(
     fenced="""
 fenced AS MATERIALIZED (
-    SELECT line, epoch FROM line_leases WHERE line = ANY (%(lines)s::text[])
+    SELECT line, epoch FROM outbox_line_leases WHERE line = ANY (%(lines)s::text[])
     ORDER BY line FOR SHARE
 ),""",
     fence="""
         AND (SELECT array_agg(epoch ORDER BY line COLLATE "C") FROM fenced)
             = %(epochs)s::bigint[]""",
-).encode()
+)
 RECORD_FAILURE: Final = """
-    UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s,
+    UPDATE outbox_entries SET attempts = attempts + 1, last_error = %(error)s,
         last_attempt_at = %(now)s, first_failure_at = coalesce(first_failure_at, %(now)s)
     WHERE id = %(id)s AND sent = 0
 """
@@ -353,9 +496,11 @@ ENTRY_COLUMNS: Final = (
     "seq, lane, payload, queued_at, sent, sent_at, ack, attempts, last_error,"
     " last_attempt_at, first_failure_at, quarantined"
 )
-ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = %s"
+ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE id = %s"
 # The row locked: a quarantine, redrive or mark of it waits for another in progress.
-ENTRY_BY_ID_FOR_UPDATE: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE id = %s FOR UPDATE"
+ENTRY_BY_ID_FOR_UPDATE: Final = (
+    f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE id = %s FOR UPDATE"
+)
 # One page of a listing: past the seq of the previous page's last entry, of one SKU
 # (its lane) if one is asked for (sku NULL: every SKU).
 _PAGE: Final = (
@@ -363,45 +508,45 @@ _PAGE: Final = (
     " AND (%(type)s::text IS NULL OR type = %(type)s::text)"
 )
 ENTRIES_PENDING: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE {IS_PENDING} AND seq > %(after)s AND {_PAGE}"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE {IS_PENDING} AND seq > %(after)s AND {_PAGE}"
     " ORDER BY seq LIMIT %(limit)s"
 )
 ENTRIES_QUARANTINED: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE quarantined = 1 AND seq > %(after)s"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE quarantined = 1 AND seq > %(after)s"
     f" AND {_PAGE} ORDER BY seq LIMIT %(limit)s"
 )
 ENTRIES_SENT: Final = (
-    f"SELECT {ENTRY_COLUMNS} FROM outbox WHERE sent = 1 AND seq < %(after)s AND {_PAGE}"
+    f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE sent = 1 AND seq < %(after)s AND {_PAGE}"
     " ORDER BY seq DESC LIMIT %(limit)s"
 )
 # Marks per interval from start, on the sent_at index: the cost follows the marks in
 # the window, not the sent rows kept.
 SENT_PER_INTERVAL: Final = """
     SELECT floor((sent_at - %(start)s) / %(interval)s)::integer, count(*)::integer
-    FROM outbox WHERE sent = 1 AND sent_at >= %(start)s AND sent_at < %(end)s GROUP BY 1
+    FROM outbox_entries WHERE sent = 1 AND sent_at >= %(start)s AND sent_at < %(end)s GROUP BY 1
 """
 
 QUARANTINE: Final = (
-    "UPDATE outbox SET quarantined = 1 WHERE id = %s AND sent = 0 AND quarantined = 0"
+    "UPDATE outbox_entries SET quarantined = 1 WHERE id = %s AND sent = 0 AND quarantined = 0"
 )
 INSERT_QUARANTINE: Final = """
-    INSERT INTO quarantines (id, seq, reason, quarantined_by, quarantined_at)
+    INSERT INTO outbox_quarantines (id, seq, reason, quarantined_by, quarantined_at)
     VALUES (%(id)s, %(seq)s, %(reason)s, %(by)s, %(now)s)
 """
 OPEN_QUARANTINE: Final = """
-    SELECT n, quarantined_at FROM quarantines
+    SELECT n, quarantined_at FROM outbox_quarantines
     WHERE id = %s AND released_at IS NULL ORDER BY n DESC LIMIT 1
 """
 DELIVERED_PAST: Final = """
-    SELECT id FROM outbox
+    SELECT id FROM outbox_entries
     WHERE seq > %(seq)s AND sent = 1 AND sent_at >= %(since)s ORDER BY seq
 """
 REDRIVE: Final = """
-    UPDATE outbox SET quarantined = 0, first_failure_at = NULL
+    UPDATE outbox_entries SET quarantined = 0, first_failure_at = NULL
     WHERE id = %s AND quarantined = 1
 """
 CLOSE_QUARANTINE: Final = """
-    UPDATE quarantines SET released_by = %(by)s, released_at = %(now)s,
+    UPDATE outbox_quarantines SET released_by = %(by)s, released_at = %(now)s,
         released_as = %(how)s, delivered_past_count = %(count)s, delivered_past = %(ids)s
     WHERE n = %(n)s
 """
@@ -409,21 +554,24 @@ QUARANTINE_COLUMNS: Final = (
     "reason, quarantined_by, quarantined_at, released_by, released_at, released_as,"
     " delivered_past_count, delivered_past"
 )
-QUARANTINES_OF: Final = f"SELECT {QUARANTINE_COLUMNS} FROM quarantines WHERE id = %s ORDER BY n"
+QUARANTINES_OF: Final = (
+    f"SELECT {QUARANTINE_COLUMNS} FROM outbox_quarantines WHERE id = %s ORDER BY n"
+)
 QUARANTINES_OF_ANY: Final = (
-    f"SELECT id, {QUARANTINE_COLUMNS} FROM quarantines WHERE id = ANY (%s::text[]) ORDER BY n"
+    f"SELECT id, {QUARANTINE_COLUMNS} FROM outbox_quarantines"
+    " WHERE id = ANY (%s::text[]) ORDER BY n"
 )
 
-COUNT_PENDING: Final = f"SELECT count(*) FROM outbox WHERE {IS_PENDING}"
-COUNT_QUARANTINED: Final = "SELECT count(*) FROM outbox WHERE quarantined = 1"
+COUNT_PENDING: Final = f"SELECT count(*) FROM outbox_entries WHERE {IS_PENDING}"
+COUNT_QUARANTINED: Final = "SELECT count(*) FROM outbox_entries WHERE quarantined = 1"
 HEAD: Final = f"""
     SELECT seq, id, queued_at, attempts, last_error, first_failure_at
-    FROM outbox WHERE {IS_PENDING} ORDER BY seq LIMIT 1
+    FROM outbox_entries WHERE {IS_PENDING} ORDER BY seq LIMIT 1
 """
 BLOCKED_LANE_HEADS: Final = f"""
     SELECT o.seq, o.id, o.queued_at, o.attempts, o.last_error, o.first_failure_at, o.lane
-    FROM (SELECT min(seq) AS head FROM outbox WHERE {IS_PENDING} GROUP BY lane) AS h
-    JOIN outbox AS o ON o.seq = h.head
+    FROM (SELECT min(seq) AS head FROM outbox_entries WHERE {IS_PENDING} GROUP BY lane) AS h
+    JOIN outbox_entries AS o ON o.seq = h.head
     WHERE o.first_failure_at IS NOT NULL
     ORDER BY o.seq
 """
@@ -438,21 +586,22 @@ SOURCE: Final = "SELECT source FROM outbox_source WHERE id = 1"
 # Forgets workers not seen for %(kept)s seconds, notes this one, counts the live.
 WORKER_SEEN: Final = f"""
     WITH forgotten AS (
-        DELETE FROM relay_workers USING {CLOCK}
+        DELETE FROM outbox_relay_workers USING {CLOCK}
         WHERE seen_at < clock.now - %(kept)s AND worker <> %(worker)s
     ), seen AS (
-        INSERT INTO relay_workers (worker, seen_at, started_at)
+        INSERT INTO outbox_relay_workers (worker, seen_at, started_at)
         SELECT %(worker)s, now, now FROM {CLOCK}
         ON CONFLICT (worker) DO UPDATE SET seen_at = excluded.seen_at
         RETURNING seen_at
     )
-    SELECT 1 + count(*) FROM relay_workers, seen
-    WHERE relay_workers.worker <> %(worker)s AND relay_workers.seen_at >= seen.seen_at - %(ttl)s
+    SELECT 1 + count(*) FROM outbox_relay_workers AS w, seen
+    WHERE w.worker <> %(worker)s AND w.seen_at >= seen.seen_at - %(ttl)s
 """
-WORKER_GONE: Final = "DELETE FROM relay_workers WHERE worker = %s"
+WORKER_GONE: Final = "DELETE FROM outbox_relay_workers WHERE worker = %s"
 WORKERS: Final = f"""
     SELECT worker, started_at, seen_at, clock.now - seen_at, seen_at >= clock.now - %(ttl)s
-    FROM relay_workers, {CLOCK} WHERE seen_at >= clock.now - %(kept)s ORDER BY worker COLLATE "C"
+    FROM outbox_relay_workers, {CLOCK} WHERE seen_at >= clock.now - %(kept)s
+    ORDER BY worker COLLATE "C"
 """
 
 # A take succeeds on a line never leased (epoch 1), released (no owner), expired, or
@@ -460,7 +609,7 @@ WORKERS: Final = f"""
 # ON CONFLICT locks the line's row and judges the latest version of it: of two
 # workers racing, one takes it and the other is refused.
 TAKE_LEASE: Final = f"""
-    INSERT INTO line_leases AS l (line, owner, epoch, expires_at, taken_at, renewed_at)
+    INSERT INTO outbox_line_leases AS l (line, owner, epoch, expires_at, taken_at, renewed_at)
     SELECT %(line)s, %(worker)s, 1, now + %(ttl)s, now, now FROM {CLOCK}
     ON CONFLICT (line) DO UPDATE SET owner = excluded.owner, epoch = l.epoch + 1,
         expires_at = excluded.expires_at, taken_at = excluded.taken_at,
@@ -477,7 +626,7 @@ _HELD_AND_LOCKED: Final = """
     WITH held AS (
         SELECT * FROM unnest(%(lines)s::text[], %(epochs)s::bigint[]) AS h(line, epoch)
     ), locked AS MATERIALIZED (
-        SELECT l.line FROM line_leases AS l JOIN held USING (line)
+        SELECT l.line FROM outbox_line_leases AS l JOIN held USING (line)
         WHERE l.owner = %(worker)s AND l.epoch = held.epoch
         ORDER BY l.line FOR UPDATE OF l
     )
@@ -487,7 +636,7 @@ _HELD_AND_LOCKED: Final = """
 RENEW_LEASES: Final = (
     _HELD_AND_LOCKED
     + f""", renewed AS (
-        UPDATE line_leases AS l SET expires_at = clock.now + %(ttl)s, renewed_at = clock.now
+        UPDATE outbox_line_leases AS l SET expires_at = clock.now + %(ttl)s, renewed_at = clock.now
         FROM locked, {CLOCK}
         WHERE l.line = locked.line
         RETURNING l.line
@@ -498,7 +647,7 @@ RENEW_LEASES: Final = (
 RELEASE_LEASES: Final = (
     _HELD_AND_LOCKED
     + """
-    UPDATE line_leases AS l SET owner = NULL, expires_at = 0
+    UPDATE outbox_line_leases AS l SET owner = NULL, expires_at = 0
     FROM locked WHERE l.line = locked.line
     RETURNING l.line
 """
@@ -506,22 +655,22 @@ RELEASE_LEASES: Final = (
 LEASE_COLUMNS: Final = (
     "line, owner, epoch, expires_at, expires_at - clock.now, taken_at, renewed_at"
 )
-LEASES: Final = f'SELECT {LEASE_COLUMNS} FROM line_leases, {CLOCK} ORDER BY line COLLATE "C"'
-LEASE_OF: Final = f"SELECT {LEASE_COLUMNS} FROM line_leases, {CLOCK} WHERE line = %s"
+LEASES: Final = f'SELECT {LEASE_COLUMNS} FROM outbox_line_leases, {CLOCK} ORDER BY line COLLATE "C"'
+LEASE_OF: Final = f"SELECT {LEASE_COLUMNS} FROM outbox_line_leases, {CLOCK} WHERE line = %s"
 # A fenced write locks its line's lease row (FOR SHARE: writes of one line do not
 # wait for each other, a take waits for them) and reads its epoch, in the write's
 # own transaction and before the entry's row is locked. A take that committed while
 # the write waited for the lock is seen (READ COMMITTED reads the newest version of
 # a row it has waited for). Several lines: in line order (see RENEW_LEASES).
 FENCES: Final = """
-    SELECT line, epoch FROM line_leases WHERE line = ANY (%(lines)s::text[])
+    SELECT line, epoch FROM outbox_line_leases WHERE line = ANY (%(lines)s::text[])
     ORDER BY line FOR SHARE
 """
 FENCED_RECORD_FAILURE: Final = """
     WITH fence AS MATERIALIZED (
-        SELECT epoch FROM line_leases WHERE line = %(line)s FOR SHARE
+        SELECT epoch FROM outbox_line_leases WHERE line = %(line)s FOR SHARE
     ), failed AS (
-        UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s,
+        UPDATE outbox_entries SET attempts = attempts + 1, last_error = %(error)s,
             last_attempt_at = %(now)s, first_failure_at = coalesce(first_failure_at, %(now)s)
         WHERE id = %(id)s AND sent = 0 AND (SELECT epoch FROM fence) = %(epoch)s
     )
@@ -532,8 +681,8 @@ FENCED_RECORD_FAILURE: Final = """
 # The statement's row count is the number of entries deleted.
 PRUNE_SENT: Final = f"""
     WITH gone AS (
-        DELETE FROM outbox WHERE seq IN (
-            SELECT seq FROM outbox WHERE sent = 1 AND sent_at < %s ORDER BY sent_at LIMIT %s
+        DELETE FROM outbox_entries WHERE seq IN (
+            SELECT seq FROM outbox_entries WHERE sent = 1 AND sent_at < %s ORDER BY sent_at LIMIT %s
         )
         RETURNING id, payload
     )
