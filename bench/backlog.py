@@ -59,8 +59,10 @@ def insert_entries(
     conn = sqlite3.connect(location, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(_insert("orders", ORDER_COLUMNS), [r.order for r in rows if r.order])
-        conn.executemany(_insert("outbox", _entry_columns(sent)), [r.entry for r in rows])
+        conn.executemany(
+            _insert("outbox_orders", ORDER_COLUMNS), [r.order for r in rows if r.order]
+        )
+        conn.executemany(_insert("outbox_entries", _entry_columns(sent)), [r.entry for r in rows])
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
@@ -85,11 +87,13 @@ def _copy_rows(url: str, rows: list[Row], sent: bool) -> None:
 
     with psycopg.connect(parse(url).conninfo) as conn:
         with conn.cursor() as cur:
-            with cur.copy(f"COPY orders ({', '.join(ORDER_COLUMNS)}) FROM STDIN") as copy:
+            with cur.copy(f"COPY outbox_orders ({', '.join(ORDER_COLUMNS)}) FROM STDIN") as copy:
                 for row in rows:
                     if row.order is not None:
                         copy.write_row(row.order)
-            with cur.copy(f"COPY outbox ({', '.join(_entry_columns(sent))}) FROM STDIN") as copy:
+            with cur.copy(
+                f"COPY outbox_entries ({', '.join(_entry_columns(sent))}) FROM STDIN"
+            ) as copy:
                 for row in rows:
                     copy.write_row(row.entry)
         conn.commit()
@@ -119,11 +123,11 @@ def create_naive_source(path: Path, count: int) -> None:
     try:
         orders = [order(n) for n in range(count)]
         conn.executemany(
-            "INSERT INTO orders (id, sku, qty) VALUES (?, ?, ?)",
+            "INSERT INTO outbox_orders (id, sku, qty) VALUES (?, ?, ?)",
             [(o["id"], o["sku"], o["qty"]) for o in orders],
         )
         conn.executemany(
-            "INSERT INTO outbox (id, payload) VALUES (?, ?)",
+            "INSERT INTO outbox_entries (id, payload) VALUES (?, ?)",
             [(o["id"], naive.payload(o)) for o in orders],
         )
         conn.commit()

@@ -61,8 +61,8 @@ STALLED_SINK_S: Final = 2.0
 STALL_SETTLE_S: Final = 0.5
 PENDING_TAIL: Final = 100
 MANY_SKUS: Final = 2_000
-SINK_APPLIED: Final = "SELECT count(*) FROM inbox"
-SOURCE_SENT: Final = "SELECT count(*) FROM outbox WHERE sent = 1"
+SINK_APPLIED: Final = "SELECT count(*) FROM inbox_events"
+SOURCE_SENT: Final = "SELECT count(*) FROM outbox_entries WHERE sent = 1"
 COMMIT_TABLE: Final = "CREATE TABLE t (n INTEGER PRIMARY KEY, v TEXT NOT NULL)"
 
 

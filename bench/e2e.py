@@ -60,9 +60,9 @@ NOT_BUILT: Final = frozenset({404, 405})
 OK: Final = frozenset({200})
 ACCEPTED: Final = frozenset({201})
 BULK_ANSWERED: Final = frozenset({200, 201, 207})  # whichever the batch route answers
-RECEIVED: Final = "SELECT id, received_at FROM inbox"
-QUEUED: Final = "SELECT id, queued_at FROM outbox"
-ENTRIES: Final = "SELECT count(*) FROM outbox"
+RECEIVED: Final = "SELECT id, received_at FROM inbox_events"
+QUEUED: Final = "SELECT id, queued_at FROM outbox_entries"
+ENTRIES: Final = "SELECT count(*) FROM outbox_entries"
 
 
 def drain_timeout_s(orders: int) -> float:

@@ -48,7 +48,7 @@ POLL_INTERVAL_S: Final = 0.1
 WATCH_S: Final = 0.02
 FAILOVER_BACKLOG: Final = 20_000
 FAILOVER_WAIT_S: Final = 30.0
-RESENDS: Final = "SELECT coalesce(sum(deliveries - 1), 0) FROM inbox"
+RESENDS: Final = "SELECT coalesce(sum(deliveries - 1), 0) FROM inbox_events"
 _ID_NUMBER: Final = re.compile(r"-(\d+)$")
 
 
@@ -180,7 +180,7 @@ async def _drain(ctx: Context, name: str, workers: int, backlog: int) -> Figures
         "elapsed_s": elapsed,
         "events_per_s": backlog / elapsed,
         "duplicates": count_rows(sink_db, RESENDS),
-        "applied_at_sink": count_rows(sink_db, "SELECT count(*) FROM inbox"),
+        "applied_at_sink": count_rows(sink_db, "SELECT count(*) FROM inbox_events"),
         "delivered_by_worker": delivered,
         "cpu_s_per_1k": spent,
     }
@@ -236,7 +236,7 @@ async def _owned_once_delivering(source: DbLocation, victim: Child) -> set[str]:
     while time.monotonic() < deadline:
         if deliveries(victim.log):
             found = await asyncio.to_thread(
-                rows, source, "SELECT line FROM line_leases WHERE owner = 'w1'"
+                rows, source, "SELECT line FROM outbox_line_leases WHERE owner = 'w1'"
             )
             if found:
                 return {str(line) for (line,) in found}

@@ -135,11 +135,11 @@ def applied_ids(reader: Reader) -> list[str]:
     """The sink's inbox IDs in the order of first application: by `applied_seq` where the
     schema has it; an older SQLite file by rowid (rows are only ever inserted, on the
     first delivery)."""
-    if "applied_seq" in reader.columns("inbox"):
+    if "applied_seq" in reader.columns("inbox_events"):
         tie = ", rowid" if isinstance(reader, _SqliteReader) else ""
-        return [i for (i,) in reader.rows(f"SELECT id FROM inbox ORDER BY applied_seq{tie}")]
+        return [i for (i,) in reader.rows(f"SELECT id FROM inbox_events ORDER BY applied_seq{tie}")]
     if isinstance(reader, _SqliteReader):
-        return [i for (i,) in reader.rows("SELECT id FROM inbox ORDER BY rowid")]
+        return [i for (i,) in reader.rows("SELECT id FROM inbox_events ORDER BY rowid")]
     raise ChaosError("the sink's inbox has no applied_seq column: its order cannot be read")
 
 

@@ -277,7 +277,7 @@ def _json_lines(path: Path) -> list[dict[str, Any]]:
 def event_types(source_db: DbLocation) -> dict[str, int]:
     """Outbox entries by event type."""
     with reading(source_db) as source:
-        found = source.rows("SELECT type, count(*) FROM outbox GROUP BY type ORDER BY type")
+        found = source.rows("SELECT type, count(*) FROM outbox_entries GROUP BY type ORDER BY type")
         return {str(kind): int(n) for kind, n in found}
 
 
@@ -287,7 +287,7 @@ def lease_epochs(source_db: DbLocation) -> dict[str, int]:
         if not source.columns("line_leases"):
             return {}
         return {str(line): int(epoch) for line, epoch in source.rows(
-            "SELECT line, epoch FROM line_leases ORDER BY line")}  # fmt: skip
+            "SELECT line, epoch FROM outbox_line_leases ORDER BY line")}  # fmt: skip
 
 
 @dataclass

@@ -105,9 +105,9 @@ def _resend_story(
         trace(say, source, sink, "order-1")
     finally:
         sink.stop()
-    deliveries = one(sink_db, "SELECT deliveries FROM inbox WHERE id = 'order-1'")
-    stock = one(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'")
-    sent = as_int(one(source, "SELECT sent FROM outbox WHERE id = 'order-1'"))
+    deliveries = one(sink_db, "SELECT deliveries FROM inbox_events WHERE id = 'order-1'")
+    stock = one(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'")
+    sent = as_int(one(source, "SELECT sent FROM outbox_entries WHERE id = 'order-1'"))
     ok = (first.returncode, again.returncode, deliveries, stock, sent) == (expect, 0, 2, 7, 1)
     result = f"delivered {deliveries} times, applied once"
     if stock != 7:
@@ -120,7 +120,7 @@ def _leases_held(source: DbLocation) -> bool:
     """Whether any line's lease is held unexpired (PostgreSQL: by the server's clock)."""
     held = value(
         source,
-        "SELECT count(*) FROM line_leases WHERE owner IS NOT NULL"
+        "SELECT count(*) FROM outbox_line_leases WHERE owner IS NOT NULL"
         " AND expires_at > extract(epoch FROM clock_timestamp())",
     )
     return as_int(held) > 0
@@ -175,7 +175,7 @@ def poison_head(workdir: Path, say: Say, databases: Pair) -> Outcome:
         sink.start()  # the fix: the sink now knows the SKU
         say("  the sink is fixed and restarted")
         say("  " + cli("publisher", "redrive", "poison-1", *db, *by).stdout.strip())
-        sql = "SELECT sent FROM outbox WHERE id = 'poison-1'"
+        sql = "SELECT sent FROM outbox_entries WHERE id = 'poison-1'"
         wait_until(lambda: as_int(one(source, sql)) == 1, "the redriven entry to be delivered")
         trace(say, source, sink, "poison-1")
     finally:

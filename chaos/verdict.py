@@ -97,8 +97,8 @@ class _Source:
 
     @classmethod
     def read(cls, source: Reader) -> _Source:
-        orders = source.rows("SELECT id, sku, qty FROM orders")
-        entries = source.rows("SELECT id, sent, quarantined, payload FROM outbox")
+        orders = source.rows("SELECT id, sku, qty FROM outbox_orders")
+        entries = source.rows("SELECT id, sent, quarantined, payload FROM outbox_entries")
         return cls(
             orders={i: (sku, qty) for i, sku, qty in orders},
             states={i: as_int(sent) + 2 * as_int(gone) for i, sent, gone, _ in entries},
@@ -117,12 +117,12 @@ class _Sink:
 
     @classmethod
     def read(cls, sink: Reader) -> _Sink:
-        rows = sink.rows("SELECT id, deliveries, payload FROM inbox")
+        rows = sink.rows("SELECT id, deliveries, payload FROM inbox_events")
         return cls(
             deliveries={i: n for i, n, _ in rows},
             payloads={i: as_text(payload) for i, _, payload in rows},
             rows_per_id=Counter(i for i, _, _ in rows),
-            stock=dict(sink.rows("SELECT sku, qty FROM inventory")),
+            stock=dict(sink.rows("SELECT sku, qty FROM inbox_inventory")),
         )
 
 
@@ -237,7 +237,7 @@ def _line_orders(source: Reader, sink: Reader, ordering: Ordering) -> dict[str, 
     by_key = ordering != "global"
     entries = {
         event_id: (seq, line_of(payload) if by_key else GLOBAL_LINE)
-        for seq, event_id, payload in source.rows("SELECT seq, id, payload FROM outbox")
+        for seq, event_id, payload in source.rows("SELECT seq, id, payload FROM outbox_entries")
     }
     applied = [i for i in applied_ids(sink) if i in entries]
     lines: defaultdict[str, list[str]] = defaultdict(list)
@@ -265,7 +265,7 @@ def line_of(payload: object) -> str:
 
 def _excuses(source: Reader, entries: dict[str, tuple[int, str]]) -> dict[str, _Excuse]:
     excuses: defaultdict[str, _Excuse] = defaultdict(_Excuse)
-    rows = source.rows("SELECT id, delivered_past, delivered_past_count FROM quarantines")
+    rows = source.rows("SELECT id, delivered_past, delivered_past_count FROM outbox_quarantines")
     for event_id, past, count in rows:
         listed = [str(i) for i in as_json(past)] if past else []
         excuse = excuses[event_id]
