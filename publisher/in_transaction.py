@@ -17,13 +17,19 @@ its transaction; nothing here commits, rolls back or begins one:
 - `await publish_in_async(conn, event)`: a psycopg `AsyncConnection`; or a SQLAlchemy
   `AsyncConnection` or `AsyncSession` (`sqlite+aiosqlite`, `postgresql+psycopg`).
 - `accept_in` / `accept_in_async`: the same for an order of the example's intake
-  (`{id, sku, qty}`), which also writes its `orders` row.
+  (`{id, sku, qty}`), which also writes its `outbox_orders` row.
 
 With SQLAlchemy (optional: imported only once the caller has) the entry is written
 by `exec_driver_sql` on the Session's connection, in the caller's SQLAlchemy
 transaction; one not begun yet is begun as its next statement would begin it
 (autobegin), and stays the caller's to commit or roll back. A Session's pending
 objects are not flushed here: they go in at its next flush, in the same transaction.
+
+On PostgreSQL, an outbox whose tables are in a schema of their own (opened with
+`schema=NAME` in its URI, or `--schema NAME`) is named by `schema="NAME"`: every
+table is then written in that schema, whatever the connection's search_path (which
+stays the caller's). Without it, the tables are those the search_path finds. A
+SQLite file has no schemas: `schema=` is refused there (ValueError).
 
 All validate the event (InvalidEvent), and return "accepted" or "duplicate" as
 `Outbox.publish` does (Conflict for the same ID with another canonical event). The schema must
@@ -65,28 +71,33 @@ class NotInTransaction(ValueError):
     transaction): the event and the caller's rows would not commit together."""
 
 
-def publish_in(conn: Any, event: object, check: EventCheck = checked_event) -> Intake:
+def publish_in(
+    conn: Any, event: object, check: EventCheck = checked_event, *, schema: str | None = None
+) -> Intake:
     """Record the event's outbox entry in `conn`'s current transaction (a psycopg or
-    sqlite3 Connection, a SQLAlchemy Connection or Session), without committing it."""
-    return _record_in(conn, Publication(*check(event)))
+    sqlite3 Connection, a SQLAlchemy Connection or Session), without committing it;
+    on PostgreSQL, in the outbox whose tables are in `schema` if one is named."""
+    return _record_in(conn, Publication(*check(event)), schema)
 
 
-async def publish_in_async(conn: Any, event: object, check: EventCheck = checked_event) -> Intake:
+async def publish_in_async(
+    conn: Any, event: object, check: EventCheck = checked_event, *, schema: str | None = None
+) -> Intake:
     """Record the event's outbox entry in `conn`'s current transaction (a psycopg
     AsyncConnection, a SQLAlchemy AsyncConnection or AsyncSession), without
-    committing it."""
-    return await _record_in_async(conn, Publication(*check(event)))
+    committing it; in the outbox whose tables are in `schema` if one is named."""
+    return await _record_in_async(conn, Publication(*check(event)), schema)
 
 
-def accept_in(conn: Any, order: object) -> Intake:
+def accept_in(conn: Any, order: object, *, schema: str | None = None) -> Intake:
     """`publish_in` for an order of the example's intake (`{id, sku, qty}`): its
-    `orders` row and its entry, the event `order.placed`."""
-    return _record_in(conn, _order_publication(order))
+    `outbox_orders` row and its entry, the event `order.placed`."""
+    return _record_in(conn, _order_publication(order), schema)
 
 
-async def accept_in_async(conn: Any, order: object) -> Intake:
+async def accept_in_async(conn: Any, order: object, *, schema: str | None = None) -> Intake:
     """`publish_in_async` for an order of the example's intake (`{id, sku, qty}`)."""
-    return await _record_in_async(conn, _order_publication(order))
+    return await _record_in_async(conn, _order_publication(order), schema)
 
 
 def _order_publication(order: object) -> Publication:
@@ -94,13 +105,13 @@ def _order_publication(order: object) -> Publication:
     return Publication(order_event(valid), order_canonical(valid), valid)
 
 
-def _record_in(conn: Any, item: Publication) -> Intake:
+def _record_in(conn: Any, item: Publication, schema: str | None) -> Intake:
     if _is_one_of(conn, (("psycopg", "Connection"),)):
-        return _record_postgres(conn, conn, item)
+        return _record_postgres(conn, conn, item, schema)
     if _is_one_of(conn, (("sqlite3", "Connection"),)):
-        return _record_sqlite(conn, conn, item)
+        return _record_sqlite(conn, conn, item, schema)
     if _is_one_of(conn, _SQLALCHEMY_SYNC):
-        return _record_sqlalchemy(conn, item)
+        return _record_sqlalchemy(conn, item, schema)
     raise TypeError(
         "publish_in takes a psycopg.Connection, a sqlite3.Connection or a SQLAlchemy"
         f" Connection or Session, not {type(conn)!r} (publish_in_async takes the"
@@ -108,11 +119,11 @@ def _record_in(conn: Any, item: Publication) -> Intake:
     )
 
 
-async def _record_in_async(conn: Any, item: Publication) -> Intake:
+async def _record_in_async(conn: Any, item: Publication, schema: str | None) -> Intake:
     if _is_one_of(conn, _SQLALCHEMY_ASYNC):
         # The same path as the sync objects, on the sync Connection or Session the
         # async one wraps: under run_sync its statements await the driver.
-        intake: Intake = await conn.run_sync(_record_sqlalchemy, item)
+        intake: Intake = await conn.run_sync(_record_sqlalchemy, item, schema)
         return intake
     if not _is_one_of(conn, (("psycopg", "AsyncConnection"),)):
         raise TypeError(
@@ -120,16 +131,17 @@ async def _record_in_async(conn: Any, item: Publication) -> Intake:
             f" AsyncConnection or AsyncSession, not {type(conn)!r}"
         )
     import pg_tx
-    from publisher.backends import postgres, postgres_sql
+    from publisher.backends import postgres
 
+    sql = _pg_statements(schema)
     _check_psycopg_transaction(conn)
     with pg_tx.translated_sync(_pg_where(conn)):
         params = postgres.accept_params(item, time.time())
-        queued = await conn.execute(postgres_sql.ACCEPT.encode(), params)
+        queued = await conn.execute(sql.ACCEPT.encode(), params)
         entry = await queued.fetchone()
         known = None
         if entry is None:  # the ID is known: what was stored for it
-            stored = await conn.execute(postgres_sql.KNOWN.encode(), {"id": item.event["id"]})
+            stored = await conn.execute(sql.KNOWN.encode(), {"id": item.event["id"]})
             known = await stored.fetchone()
     return postgres.intake_result(item, entry, known)
 
@@ -144,22 +156,34 @@ def _is_one_of(conn: Any, classes: tuple[tuple[str, str], ...]) -> bool:
     return False
 
 
-def _record_postgres(statements: Any, driver: Any, item: Publication) -> Intake:
+def _record_postgres(statements: Any, driver: Any, item: Publication, schema: str | None) -> Intake:
     """ACCEPT, then KNOWN for an ID already known, run by `statements` (the psycopg
     Connection `driver`, or _DriverSql) in the transaction of `driver` (a psycopg
-    Connection or AsyncConnection)."""
+    Connection or AsyncConnection), each table written in `schema` if one is named."""
     import pg_tx
-    from publisher.backends import postgres, postgres_sql
+    from publisher.backends import postgres
 
+    sql = _pg_statements(schema)
     _check_psycopg_transaction(driver)
     with pg_tx.translated_sync(_pg_where(driver)):
         params = postgres.accept_params(item, time.time())
-        entry = statements.execute(postgres_sql.ACCEPT, params).fetchone()
+        entry = statements.execute(sql.ACCEPT, params).fetchone()
         known = None
         if entry is None:  # the ID is known: what was stored for it
-            stored = statements.execute(postgres_sql.KNOWN, {"id": item.event["id"]})
+            stored = statements.execute(sql.KNOWN, {"id": item.event["id"]})
             known = stored.fetchone()
     return postgres.intake_result(item, entry, known)
+
+
+@functools.cache
+def _pg_statements(schema: str | None) -> Any:
+    """postgres_sql's statements with each table written in `schema` (as the outbox
+    opened with `schema=NAME` runs them); as written without one. BadLocation for a
+    name that is not a plain identifier."""
+    import pg_tx
+    from publisher.backends import postgres_sql
+
+    return pg_tx.qualified(postgres_sql, pg_tx.qualifier(schema, postgres_sql.SCHEMA.tables))
 
 
 def _check_psycopg_transaction(conn: Any) -> None:
@@ -191,13 +215,15 @@ class _DriverSql(NamedTuple):
     execute: Callable[[str, Any], Any]
 
 
-def _record_sqlite(statements: Any, driver: Any, item: Publication) -> Intake:
+def _record_sqlite(statements: Any, driver: Any, item: Publication, schema: str | None) -> Intake:
     """queue_event run by `statements` (the sqlite3.Connection `driver`, or
     _DriverSql) in the transaction of `driver` (a sqlite3.Connection, or aiosqlite's,
     which answers the same attributes)."""
     import sqlite3
 
     from publisher.backends.sqlite import queue_event
+
+    _refuse_schema_on_sqlite(schema)
 
     if not driver.in_transaction and (
         driver.isolation_level is None or getattr(driver, "autocommit", None) is True
@@ -212,11 +238,19 @@ def _record_sqlite(statements: Any, driver: Any, item: Publication) -> Intake:
         raise _sqlite_failed(exc) from exc
 
 
+def _refuse_schema_on_sqlite(schema: str | None) -> None:
+    if schema is not None:
+        raise ValueError(
+            f"schema={schema!r} names a PostgreSQL schema: a SQLite file has none"
+            " (its outbox tables are the file's own)"
+        )
+
+
 def _sqlite_failed(exc: BaseException) -> StorageError:
     return StorageError(f"SQLite outbox: {exc}")
 
 
-def _record_sqlalchemy(conn: Any, item: Publication) -> Intake:
+def _record_sqlalchemy(conn: Any, item: Publication, schema: str | None) -> Intake:
     """Through a SQLAlchemy Connection or Session (or the sync side of an async one,
     under run_sync): the backend's own path above, its driver-style SQL passed
     through `exec_driver_sql` so that SQLAlchemy's transaction is the one it joins."""
@@ -225,18 +259,22 @@ def _record_sqlalchemy(conn: Any, item: Publication) -> Intake:
     connection = conn.connection() if isinstance(conn, orm.Session) else conn
     driver = connection.connection.driver_connection
     record, failed = _sqlalchemy_backend(connection.dialect, driver)
+    if record is _record_sqlite:
+        _refuse_schema_on_sqlite(schema)  # before any transaction is begun for it
     if not connection.in_transaction():
         # What its next statement would do (autobegin), done before the checks so
         # that they see the transaction as it will be (a "begin" event that emits
         # BEGIN, the SQLite recipe): the caller's still, to commit or roll back.
         connection.begin()
     with _driver_errors(failed):
-        return record(_DriverSql(connection.exec_driver_sql), driver, item)
+        return record(_DriverSql(connection.exec_driver_sql), driver, item, schema)
 
 
 def _sqlalchemy_backend(
     dialect: Any, driver: Any
-) -> tuple[Callable[[Any, Any, Publication], Intake], Callable[[BaseException], StorageError]]:
+) -> tuple[
+    Callable[[Any, Any, Publication, str | None], Intake], Callable[[BaseException], StorageError]
+]:
     """The backend's path for a SQLAlchemy dialect and its driver's connection, and
     what a driver error becomes on it; TypeError for one not taken."""
     if dialect.name == "sqlite":  # pysqlite, aiosqlite: sqlite3's paramstyles
