@@ -18,7 +18,7 @@ from typing import Final
 from plumbing import event_loop
 from plumbing.cli import EXIT_FAILED, EXIT_USAGE, ArgumentParser, fail
 from plumbing.net import TokenError
-from plumbing.storage import BadLocation, StorageError
+from plumbing.storage import BadLocation, StorageError, with_schema
 from publisher.cli import accept, dispatch, operate, serve
 from publisher.cli.options import PROG, Check, Command, add_db_option
 from publisher.errors import DeliveryError, LeaseLost, OutboxError, TargetNotAllowed
@@ -50,6 +50,10 @@ def build_parser() -> ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        args.db = with_schema(args.db, args.schema)  # --schema: the URI's schema=NAME
+    except BadLocation as exc:
+        return fail(PROG, exc, EXIT_USAGE)
     check = CHECKS.get(args.command)
     if check is not None:
         check(parser, args)

@@ -1,5 +1,5 @@
 """What the publisher's subcommands share: the program's name, argparse types, and
-the options several subcommands take (`--db`, the sink's, `--chaos`)."""
+the options several subcommands take (`--db` and `--schema`, the sink's, `--chaos`)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,12 @@ def add_db_option(sub: ArgumentParser) -> None:
         required=True,
         help="source database: a file path, a sqlite: URL or a postgresql:// URI"
         " (its password from PGPASSWORD or a .pgpass file, never in the URI)",
+    )
+    add_option(
+        sub,
+        "--schema",
+        help="PostgreSQL only: the schema the outbox's tables are in, named in every"
+        " statement (created if missing; the same as schema=NAME in the URI)",
     )
 
 
