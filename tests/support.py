@@ -181,35 +181,37 @@ def query(db: Path | str, sql: str, params: tuple[object, ...] = ()) -> list[tup
 
 def sent_ids(source: Path | str) -> list[str]:
     """The outbox's entries marked sent, in seq order."""
-    return [r[0] for r in query(source, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")]
+    return [
+        r[0] for r in query(source, "SELECT id FROM outbox_entries WHERE sent = 1 ORDER BY seq")
+    ]
 
 
 def sent_flags(source: Path | str) -> dict[str, int]:
     """ID -> its sent flag (1 once marked sent), for every outbox entry."""
-    return dict(query(source, "SELECT id, sent FROM outbox ORDER BY seq"))
+    return dict(query(source, "SELECT id, sent FROM outbox_entries ORDER BY seq"))
 
 
 def inbox_ids(sink: Path | str) -> list[str]:
     """The inbox's IDs in the order the sink applied them."""
-    return [r[0] for r in query(sink, "SELECT id FROM inbox ORDER BY applied_seq")]
+    return [r[0] for r in query(sink, "SELECT id FROM inbox_events ORDER BY applied_seq")]
 
 
 def inventory(sink: Path | str) -> dict[str, int]:
     """SKU -> quantity, as the sink's inventory holds them."""
-    return dict(query(sink, "SELECT sku, qty FROM inventory"))
+    return dict(query(sink, "SELECT sku, qty FROM inbox_inventory"))
 
 
 def deliveries(sink: Path | str) -> dict[str, int]:
     """ID -> how many times the sink received it."""
-    return dict(query(sink, "SELECT id, deliveries FROM inbox"))
+    return dict(query(sink, "SELECT id, deliveries FROM inbox_events"))
 
 
 def snapshot(sink: Path | str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Every row of the sink's inbox and inventory, in a fixed order: equal before and
     after a request only if it changed nothing."""
     return (
-        query(sink, "SELECT * FROM inbox ORDER BY id"),
-        query(sink, "SELECT * FROM inventory ORDER BY sku"),
+        query(sink, "SELECT * FROM inbox_events ORDER BY id"),
+        query(sink, "SELECT * FROM inbox_inventory ORDER BY sku"),
     )
 
 
