@@ -1,11 +1,12 @@
 """The backends the outbox behaviour suite runs on, and how a test reaches each one.
 
 A test gets an outbox opened with `Outbox.open(backend.location)`, and through
-`backend` a way to the tables behind it (`orders`, `outbox`, `outbox_pruned`,
-`quarantines`, and the relay workers' `line_leases` and `relay_workers`) that does
-not go through the outbox: a connection of the test's own, opened for each call, as
-another process would see the data; and the connections a program that writes its
-own rows beside the outbox would hold (`user_connection`, `async_user_connection`).
+`backend` a way to the tables behind it (`outbox_orders`, `outbox_entries`,
+`outbox_pruned`, `outbox_quarantines`, and the relay workers' `outbox_line_leases`
+and `outbox_relay_workers`) that does not go through the outbox: a connection of
+the test's own, opened for each call, as another process would see the data; and
+the connections a program that writes its own rows beside the outbox would hold
+(`user_connection`, `async_user_connection`).
 
 A new backend plugs in with one class that implements `Backend` and one factory in
 `BACKENDS`; the tests are not copied. The suite writes its SQL with `?` placeholders

@@ -83,10 +83,10 @@ placed_event = partial(placed, qty=7)  # the order.placed event `order(...)` is 
 def contents(backend: Backend) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of the four tables intake and prune write, in a fixed order."""
     return {
-        "orders": backend.query("SELECT * FROM orders ORDER BY id"),
-        "outbox": backend.query("SELECT * FROM outbox ORDER BY seq"),
+        "outbox_orders": backend.query("SELECT * FROM outbox_orders ORDER BY id"),
+        "outbox_entries": backend.query("SELECT * FROM outbox_entries ORDER BY seq"),
         "outbox_pruned": backend.query("SELECT * FROM outbox_pruned ORDER BY id"),
-        "quarantines": backend.query("SELECT * FROM quarantines ORDER BY n"),
+        "outbox_quarantines": backend.query("SELECT * FROM outbox_quarantines ORDER BY n"),
     }
 
 
@@ -96,16 +96,22 @@ def count(backend: Backend, table: str) -> int:
 
 
 def unsent(backend: Backend) -> list[str]:
-    return [i for i, sent in backend.query("SELECT id, sent FROM outbox ORDER BY seq") if not sent]
+    return [
+        i
+        for i, sent in backend.query("SELECT id, sent FROM outbox_entries ORDER BY seq")
+        if not sent
+    ]
 
 
 def states(backend: Backend) -> dict[str, tuple[int, int]]:
     """id -> (sent, quarantined)."""
-    return {i: (s, q) for i, s, q in backend.query("SELECT id, sent, quarantined FROM outbox")}
+    return {
+        i: (s, q) for i, s, q in backend.query("SELECT id, sent, quarantined FROM outbox_entries")
+    }
 
 
 def seqs(backend: Backend) -> dict[str, int]:
-    return dict(backend.query("SELECT id, seq FROM outbox"))
+    return dict(backend.query("SELECT id, seq FROM outbox_entries"))
 
 
 # ---------------------------------------------------------------- opening
@@ -119,7 +125,7 @@ async def test_reopening_keeps_the_data(backend: Backend) -> None:
     async with Outbox.open(backend.location) as outbox:
         assert await outbox.pending() == [placed_event("b")]
         assert await outbox.accept(order("a")) == "duplicate"
-    assert count(backend, "orders") == 2
+    assert count(backend, "outbox_orders") == 2
 
 
 async def test_the_seq_of_a_deleted_entry_is_never_given_again(
@@ -127,7 +133,7 @@ async def test_the_seq_of_a_deleted_entry_is_never_given_again(
 ) -> None:
     await outbox.accept(order("a"))
     await outbox.accept(order("b"))
-    backend.execute("DELETE FROM outbox WHERE id = 'b'")
+    backend.execute("DELETE FROM outbox_entries WHERE id = 'b'")
     await outbox.accept(order("c"))
     by_id = seqs(backend)
     assert by_id["c"] > by_id["a"] + 1  # the seq of the deleted entry is never reused
@@ -140,8 +146,8 @@ async def test_accept_writes_the_order_and_its_order_placed_entry(
     outbox: Outbox, backend: Backend
 ) -> None:
     assert await outbox.accept(order("a", "snack", qty=7)) == "accepted"
-    assert backend.query("SELECT id, sku, qty FROM orders") == [("a", "snack", 7)]
-    assert backend.query("SELECT id, type, lane, payload, sent FROM outbox") == [
+    assert backend.query("SELECT id, sku, qty FROM outbox_orders") == [("a", "snack", 7)]
+    assert backend.query("SELECT id, type, lane, payload, sent FROM outbox_entries") == [
         (
             "a",
             "order.placed",
@@ -159,7 +165,7 @@ async def test_same_payload_again_is_a_harmless_duplicate(outbox: Outbox, backen
     assert await outbox.accept(order("a")) == "duplicate"
     assert await outbox.accept({"qty": 7, "sku": "snack", "id": "a"}) == "duplicate"
     assert contents(backend) == before
-    assert (count(backend, "orders"), count(backend, "outbox")) == (1, 1)
+    assert (count(backend, "outbox_orders"), count(backend, "outbox_entries")) == (1, 1)
 
 
 async def test_duplicate_of_a_sent_entry_does_not_queue_it_again(
@@ -186,7 +192,7 @@ async def test_same_id_with_another_payload_is_a_conflict(
 
 def store_payload(backend: Backend, event_id: str, payload: str) -> None:
     """Write an entry's payload by hand (its order row left as it is; no single quote in it)."""
-    backend.execute(f"UPDATE outbox SET payload = '{payload}' WHERE id = '{event_id}'")
+    backend.execute(f"UPDATE outbox_entries SET payload = '{payload}' WHERE id = '{event_id}'")
 
 
 async def test_a_known_id_is_judged_by_the_payload_the_outbox_stored_not_its_order_row(
@@ -196,8 +202,8 @@ async def test_a_known_id_is_judged_by_the_payload_the_outbox_stored_not_its_ord
     # Written by hand: the entries hold qty 8 while their order rows still say 7.
     for event_id in ("a", "b"):
         store_payload(backend, event_id, canonical_json(placed_event(event_id, qty=8)))
-    known = "SELECT * FROM orders WHERE id IN ('a', 'b') ORDER BY id"
-    entries = "SELECT * FROM outbox WHERE id IN ('a', 'b') ORDER BY id"
+    known = "SELECT * FROM outbox_orders WHERE id IN ('a', 'b') ORDER BY id"
+    entries = "SELECT * FROM outbox_entries WHERE id IN ('a', 'b') ORDER BY id"
     before = (backend.query(known), backend.query(entries))
 
     assert await outbox.accept(order("a", qty=8)) == "duplicate"
@@ -245,28 +251,28 @@ async def test_accept_stores_a_copy_not_the_callers_object(
     await outbox.accept(event)
     event["qty"] = 99
     assert await outbox.pending() == [placed_event("a")]
-    assert backend.query("SELECT qty FROM orders") == [(7,)]
+    assert backend.query("SELECT qty FROM outbox_orders") == [(7,)]
 
 
 async def test_accept_is_atomic_when_the_outbox_insert_fails(
     outbox: Outbox, backend: Backend
 ) -> None:
-    with backend.refusing_inserts("outbox", "boom"):
+    with backend.refusing_inserts("outbox_entries", "boom"):
         with pytest.raises(StorageError, match="boom"):
             await outbox.accept(order("a"))
-        assert backend.query("SELECT * FROM orders WHERE id = 'a'") == []
-        assert count(backend, "outbox") == 0
+        assert backend.query("SELECT * FROM outbox_orders WHERE id = 'a'") == []
+        assert count(backend, "outbox_entries") == 0
 
     assert await outbox.accept(order("a")) == "accepted"
-    assert (count(backend, "orders"), count(backend, "outbox")) == (1, 1)
+    assert (count(backend, "outbox_orders"), count(backend, "outbox_entries")) == (1, 1)
 
 
 async def test_accept_is_atomic_when_the_order_insert_fails(
     outbox: Outbox, backend: Backend
 ) -> None:
-    with backend.refusing_inserts("orders", "no orders"), pytest.raises(StorageError):
+    with backend.refusing_inserts("outbox_orders", "no orders"), pytest.raises(StorageError):
         await outbox.accept(order("a"))
-    assert (count(backend, "orders"), count(backend, "outbox")) == (0, 0)
+    assert (count(backend, "outbox_orders"), count(backend, "outbox_entries")) == (0, 0)
 
 
 # ---------------------------------------------------------------- many orders at once
@@ -275,8 +281,8 @@ async def test_accept_is_atomic_when_the_order_insert_fails(
 def accepted_rows(backend: Backend) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """(id, sku, qty) of every order, and (id, payload) of every entry in seq order."""
     return (
-        backend.query("SELECT id, sku, qty FROM orders ORDER BY id"),
-        backend.query("SELECT id, payload FROM outbox ORDER BY seq"),
+        backend.query("SELECT id, sku, qty FROM outbox_orders ORDER BY id"),
+        backend.query("SELECT id, payload FROM outbox_entries ORDER BY seq"),
     )
 
 
@@ -343,7 +349,7 @@ async def test_accept_many_writes_nothing_when_the_database_refuses_one_order(
 ) -> None:
     await accept(outbox, "known")
     before = contents(backend)
-    with backend.refusing_inserts("outbox", "boom"):
+    with backend.refusing_inserts("outbox_entries", "boom"):
         with pytest.raises(StorageError, match="boom"):
             # Each order inserts its order row before its entry: none may be left.
             await outbox.accept_many([order("a"), order("known", qty=1), order("b")])
@@ -372,7 +378,7 @@ async def test_concurrent_accepts_fail_alone_and_the_others_are_durable(
     # the order the calls were made.
     entries = [row[0] for row in accepted_rows(backend)[1]]
     assert entries == ["known", *(f"c{n}" for n in good)]
-    assert count(backend, "orders") == len(good) + 1
+    assert count(backend, "outbox_orders") == len(good) + 1
 
 
 async def test_concurrent_accepts_and_batches_all_fail_when_storage_fails_and_write_nothing(
@@ -380,7 +386,7 @@ async def test_concurrent_accepts_and_batches_all_fail_when_storage_fails_and_wr
 ) -> None:
     await accept(outbox, "known")
     before = contents(backend)
-    with backend.refusing_inserts("outbox", "boom"):
+    with backend.refusing_inserts("outbox_entries", "boom"):
         results = await asyncio.gather(
             *(outbox.accept(order(f"c{n}")) for n in range(8)),
             outbox.accept_many([order("m0"), order("m1")]),
@@ -460,7 +466,7 @@ CANONICAL = {
 
 def entry_rows(backend: Backend) -> list[tuple[Any, ...]]:
     """(id, type, lane, payload) of every entry, in seq order."""
-    return backend.query("SELECT id, type, lane, payload FROM outbox ORDER BY seq")
+    return backend.query("SELECT id, type, lane, payload FROM outbox_entries ORDER BY seq")
 
 
 def stored(*events: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -486,7 +492,7 @@ async def test_publish_stores_the_canonical_text_and_reads_back_the_event(
     entry = await outbox.entry(one["id"])
     assert entry is not None
     assert (row.event, row.lane) == (entry.event, entry.lane) == (one, one.get("key", "*"))
-    assert count(backend, "orders") == 0  # an event is not an order: no order row
+    assert count(backend, "outbox_orders") == 0  # an event is not an order: no order row
     assert await outbox.publish(one) == "duplicate"
 
 
@@ -528,7 +534,7 @@ async def test_events_published_together_keep_their_order_types_lanes_and_text(
     assert payloads["note-1"] == CANONICAL["unicode"]
     assert payloads["read-1"] == CANONICAL["floats"]
     assert await outbox.pending(len(events)) == events
-    assert count(backend, "orders") == 0
+    assert count(backend, "outbox_orders") == 0
 
 
 # The event that the duplicate and conflict cases start from.
@@ -692,7 +698,7 @@ async def test_an_id_names_one_event_whether_it_came_as_an_order_or_as_an_event(
         await outbox.accept(order("pay-1"))
     assert await outbox.publish(placed_event("b")) == "accepted"
     assert await outbox.accept(order("b")) == "duplicate"
-    assert backend.query("SELECT id FROM orders") == [("a",)]
+    assert backend.query("SELECT id FROM outbox_orders") == [("a",)]
     assert entry_rows(backend) == stored(placed_event("a"), PAYMENT, placed_event("b"))
 
 
@@ -768,7 +774,9 @@ async def test_accept_in_the_callers_transaction_commits_with_it_and_is_delivere
         assert accept_in(conn, order("a", "tea", qty=2)) == "accepted"
         conn.commit()
     assert backend.query("SELECT * FROM accounts") == [("acct", 5)]
-    assert backend.query("SELECT id, sku, qty FROM orders WHERE id = 'a'") == [("a", "tea", 2)]
+    assert backend.query("SELECT id, sku, qty FROM outbox_orders WHERE id = 'a'") == [
+        ("a", "tea", 2)
+    ]
     assert await outbox.pending() == [placed("before"), placed("a", "tea", qty=2)]
     sent: list[dict[str, Any]] = []
 
@@ -849,7 +857,7 @@ async def test_publish_in_the_callers_transaction_commits_with_it_and_is_deliver
         conn.commit()
     assert backend.query("SELECT * FROM accounts") == [("acct", 5)]
     assert entry_rows(backend) == stored(KEYLESS, *events)
-    assert count(backend, "orders") == 0
+    assert count(backend, "outbox_orders") == 0
     assert await outbox.pending() == [KEYLESS, *events]
     sent: list[dict[str, Any]] = []
 
@@ -923,7 +931,7 @@ async def test_publish_in_async_takes_an_asynchronous_connection_only(
 ) -> None:
     with backend.user_connection() as conn, pytest.raises(TypeError, match="AsyncConnection"):
         await publish_in_async(conn, PAYMENT)
-    assert count(backend, "outbox") == 0
+    assert count(backend, "outbox_entries") == 0
 
 
 async def test_accept_in_and_publish_in_refuse_a_connection_outside_any_transaction(
@@ -934,7 +942,7 @@ async def test_accept_in_and_publish_in_refuse_a_connection_outside_any_transact
             accept_in(conn, order("a"))
         with pytest.raises(NotInTransaction):
             publish_in(conn, PAYMENT)
-    assert (count(backend, "orders"), count(backend, "outbox")) == (0, 0)
+    assert (count(backend, "outbox_orders"), count(backend, "outbox_entries")) == (0, 0)
 
 
 # ---------------------------------------------------------------- no lock while sending
@@ -954,7 +962,7 @@ async def test_others_write_and_commit_while_an_entry_is_being_sent(
             # would, and an independent writer too: neither waits for a lock.
             assert await other.accept(order(f"during-{event['id']}")) == "accepted"
             backend.execute(
-                "INSERT INTO orders (id, sku, qty, accepted_at)"
+                "INSERT INTO outbox_orders (id, sku, qty, accepted_at)"
                 f" VALUES ('side-{event['id']}', 'side', 1, 0)"
             )
             took.append(time.monotonic() - started)
@@ -964,7 +972,7 @@ async def test_others_write_and_commit_while_an_entry_is_being_sent(
 
     assert max(took) < 1.0  # a lock wait would be the lock timeout (5 s) or an error
     assert unsent(backend) == ["during-a", "during-b"]
-    assert {"side-a", "side-b"} <= {i for (i,) in backend.query("SELECT id FROM orders")}
+    assert {"side-a", "side-b"} <= {i for (i,) in backend.query("SELECT id FROM outbox_orders")}
 
 
 # ---------------------------------------------------------------- pending
@@ -979,7 +987,9 @@ async def test_pending_is_in_insertion_order_not_id_order(outbox: Outbox) -> Non
 async def test_pending_ignores_accepted_at_timestamps(outbox: Outbox, backend: Backend) -> None:
     for event_id in ["z", "a", "m"]:
         await outbox.accept(order(event_id))
-    backend.execute("UPDATE orders SET accepted_at = 0", "UPDATE outbox SET queued_at = 0")
+    backend.execute(
+        "UPDATE outbox_orders SET accepted_at = 0", "UPDATE outbox_entries SET queued_at = 0"
+    )
     assert [e["id"] for e in await outbox.pending()] == ["z", "a", "m"]
 
 
@@ -1077,7 +1087,7 @@ async def test_pending_rows_and_entries_carry_the_lane_the_outbox_stored(
         assert accept_in(conn, order("e", "tea")) == "accepted"
         conn.commit()
     # Written by hand: d's lane is not its payload's SKU. The lane column says.
-    backend.execute("UPDATE outbox SET lane = 'moved' WHERE id = 'd'")
+    backend.execute("UPDATE outbox_entries SET lane = 'moved' WHERE id = 'd'")
     lanes = {"a": "snack", "b": "tea", "c": "tea", "d": "moved", "e": "tea"}
 
     rows = await outbox.pending_batch(16)
@@ -1113,7 +1123,7 @@ async def test_pending_lanes_orders_by_the_oldest_pending_head_and_honours_limit
     # Lane b's head delivered: its next entry is younger than a's and c's heads.
     await outbox.mark_sent_many([(event_id, None) for event_id in first_b])
     assert await outbox.pending_lanes(10) == ["a", "c", "b"]
-    assert sum(sent for (sent,) in backend.query("SELECT sent FROM outbox")) == 2
+    assert sum(sent for (sent,) in backend.query("SELECT sent FROM outbox_entries")) == 2
     await outbox.quarantine("a-000000", "test", "tester")
     await outbox.quarantine("a-000001", "test", "tester")
     assert await outbox.pending_lanes(10) == ["c", "b"]  # a holds nothing pending
@@ -1237,14 +1247,14 @@ async def test_mark_sent_marks_the_entry(outbox: Outbox, backend: Backend) -> No
     await outbox.accept(order("a"))
     await outbox.accept(order("b"))
     await outbox.mark_sent("a")
-    assert backend.query("SELECT id, sent FROM outbox ORDER BY seq") == [("a", 1), ("b", 0)]
-    assert backend.query("SELECT sent_at IS NOT NULL FROM outbox WHERE id = 'a'") == [(1,)]
+    assert backend.query("SELECT id, sent FROM outbox_entries ORDER BY seq") == [("a", 1), ("b", 0)]
+    assert backend.query("SELECT sent_at IS NOT NULL FROM outbox_entries WHERE id = 'a'") == [(1,)]
 
 
 async def test_mark_sent_keeps_the_ack(outbox: Outbox, backend: Backend) -> None:
     await outbox.accept(order("a"))
     await outbox.mark_sent("a", {"ack": "a", "status": "applied"})
-    (ack,) = backend.query("SELECT ack FROM outbox WHERE id = 'a'")[0]
+    (ack,) = backend.query("SELECT ack FROM outbox_entries WHERE id = 'a'")[0]
     assert ack is not None
     assert '"ack": "a"' in ack
 
@@ -1255,7 +1265,7 @@ async def test_mark_sent_is_idempotent(outbox: Outbox, backend: Backend) -> None
     before = contents(backend)
     await outbox.mark_sent("a")
     assert contents(backend) == before
-    assert backend.query("SELECT sent FROM outbox") == [(1,)]
+    assert backend.query("SELECT sent FROM outbox_entries") == [(1,)]
 
 
 async def test_mark_sent_again_keeps_the_first_ack_and_time(
@@ -1263,10 +1273,10 @@ async def test_mark_sent_again_keeps_the_first_ack_and_time(
 ) -> None:
     await accept(outbox, "a")
     await outbox.mark_sent("a", ACK)
-    before = backend.query("SELECT * FROM outbox")
+    before = backend.query("SELECT * FROM outbox_entries")
     await asyncio.sleep(TICK_S)
     await outbox.mark_sent("a", {"ack": "a", "status": "duplicate"})
-    assert backend.query("SELECT * FROM outbox") == before
+    assert backend.query("SELECT * FROM outbox_entries") == before
 
 
 async def test_mark_sent_of_an_unknown_id_is_unknown_entry(
@@ -1310,7 +1320,7 @@ async def test_marks_survive_the_end_of_the_process_that_made_them(
         check=False,
     )
     assert child.returncode == 0, child.stderr
-    assert backend.query("SELECT id, sent FROM outbox ORDER BY seq") == [
+    assert backend.query("SELECT id, sent FROM outbox_entries ORDER BY seq") == [
         ("a", 1),
         ("b", 1),
         ("c", 0),
@@ -1320,22 +1330,22 @@ async def test_marks_survive_the_end_of_the_process_that_made_them(
 
 async def test_mark_sent_does_not_touch_the_order(outbox: Outbox, backend: Backend) -> None:
     await outbox.accept(order("a"))
-    before = backend.query("SELECT * FROM orders")
+    before = backend.query("SELECT * FROM outbox_orders")
     await outbox.mark_sent("a")
-    assert backend.query("SELECT * FROM orders") == before
+    assert backend.query("SELECT * FROM outbox_orders") == before
 
 
 async def test_failures_are_recorded_on_the_entry(outbox: Outbox, backend: Backend) -> None:
     await accept(outbox, "a")
     await outbox.record_failure("a", "connection refused")
     [(first_fail, first_last)] = backend.query(
-        "SELECT first_failure_at, last_attempt_at FROM outbox WHERE id = 'a'"
+        "SELECT first_failure_at, last_attempt_at FROM outbox_entries WHERE id = 'a'"
     )
     await asyncio.sleep(TICK_S)
     await outbox.record_failure("a", "sink answered 503")
 
     [(attempts, error, last_at, first_at)] = backend.query(
-        "SELECT attempts, last_error, last_attempt_at, first_failure_at FROM outbox"
+        "SELECT attempts, last_error, last_attempt_at, first_failure_at FROM outbox_entries"
     )
     assert (attempts, error) == (2, "sink answered 503")
     assert first_at == first_fail == first_last
@@ -1348,9 +1358,9 @@ async def test_failures_are_recorded_on_the_entry(outbox: Outbox, backend: Backe
 async def test_failure_on_a_sent_entry_changes_nothing(outbox: Outbox, backend: Backend) -> None:
     await accept(outbox, "a")
     await outbox.mark_sent("a", ACK)
-    before = backend.query("SELECT * FROM outbox")
+    before = backend.query("SELECT * FROM outbox_entries")
     await outbox.record_failure("a", "late error")
-    assert backend.query("SELECT * FROM outbox") == before
+    assert backend.query("SELECT * FROM outbox_entries") == before
 
 
 async def test_mark_sent_many_marks_an_entry_quarantined_in_flight_and_closes_it_as_delivered(
@@ -1367,11 +1377,13 @@ async def test_mark_sent_many_marks_an_entry_quarantined_in_flight_and_closes_it
 
     await outbox.mark_sent_many([Mark(i, ack[i]) for i in ids])
 
-    rows = backend.query("SELECT id, sent, quarantined, attempts, ack FROM outbox ORDER BY seq")
+    rows = backend.query(
+        "SELECT id, sent, quarantined, attempts, ack FROM outbox_entries ORDER BY seq"
+    )
     assert [(i, s, q, n, json.loads(x)) for i, s, q, n, x in rows] == [
         (i, 1, 0, 1, ack[i]) for i in ids
     ]
-    [(sent_at,)] = backend.query("SELECT DISTINCT sent_at FROM outbox")  # one transaction
+    [(sent_at,)] = backend.query("SELECT DISTINCT sent_at FROM outbox_entries")  # one transaction
     entry = await outbox.entry(b)
     assert entry is not None and (entry.state, entry.ack) == (State.SENT, ack[b])
     [record] = await outbox.quarantines(b)
@@ -1379,8 +1391,8 @@ async def test_mark_sent_many_marks_an_entry_quarantined_in_flight_and_closes_it
     assert (record.quarantined_by, record.released_at) == ("alice", sent_at)
     assert (await outbox.snapshot()).quarantined == 0
     assert await outbox.entries(State.QUARANTINED) == []
-    assert backend.query("SELECT id, released_as FROM quarantines") == [(b, "delivered")]
-    assert {a, c}.isdisjoint(r[0] for r in backend.query("SELECT id FROM quarantines"))
+    assert backend.query("SELECT id, released_as FROM outbox_quarantines") == [(b, "delivered")]
+    assert {a, c}.isdisjoint(r[0] for r in backend.query("SELECT id FROM outbox_quarantines"))
 
 
 async def test_mark_sent_many_leaves_an_already_sent_entry_as_it_was(
@@ -1389,19 +1401,19 @@ async def test_mark_sent_many_leaves_an_already_sent_entry_as_it_was(
     a, b, c = "a", "b", "c"
     await accept(outbox, a, b, c)
     await outbox.mark_sent(b, make_ack(b, Receipt.APPLIED))
-    before = backend.query("SELECT * FROM outbox WHERE id = ?", b)
+    before = backend.query("SELECT * FROM outbox_entries WHERE id = ?", b)
     await asyncio.sleep(TICK_S)
 
     await outbox.mark_sent_many(
         [Mark(a, make_ack(a, Receipt.APPLIED)), Mark(b, make_ack(b, Receipt.DUPLICATE)), Mark(c)]
     )
 
-    assert backend.query("SELECT * FROM outbox WHERE id = ?", b) == before
-    rows = backend.query("SELECT id, sent, attempts, sent_at FROM outbox ORDER BY seq")
+    assert backend.query("SELECT * FROM outbox_entries WHERE id = ?", b) == before
+    rows = backend.query("SELECT id, sent, attempts, sent_at FROM outbox_entries ORDER BY seq")
     assert [(i, s, n) for i, s, n, _ in rows] == [(a, 1, 1), (b, 1, 1), (c, 1, 1)]
     times = {i: t for i, _, _, t in rows}
     assert times[a] == times[c] > times[b]
-    assert count(backend, "quarantines") == 0
+    assert count(backend, "outbox_quarantines") == 0
 
 
 @pytest.mark.parametrize("limit", [0, -1, 1.5, True])
@@ -1430,7 +1442,8 @@ async def test_quarantined_entry_is_neither_pending_nor_sent(
     assert (held.id, held.state, held.sent_at) == ("a", State.QUARANTINED, None)
     assert states(backend) == {"a": (0, 1), "b": (0, 0), "c": (0, 0)}
     [(reason, by, at, released)] = backend.query(
-        "SELECT reason, quarantined_by, quarantined_at, released_at FROM quarantines WHERE id = 'a'"
+        "SELECT reason, quarantined_by, quarantined_at, released_at FROM outbox_quarantines"
+        " WHERE id = 'a'"
     )
     assert (reason, by, released) == ("sku retired", "alice", None)
     assert abs(at - time.time()) < 60
@@ -1444,20 +1457,20 @@ async def test_quarantine_of_a_sent_entry_is_refused_and_changes_nothing(
 ) -> None:
     await accept(outbox, "a")
     await outbox.mark_sent("a", ACK)
-    before = backend.query("SELECT * FROM outbox")
+    before = backend.query("SELECT * FROM outbox_entries")
 
     with pytest.raises(InvalidTransition, match="sent"):
         await outbox.quarantine("a", "too late", "alice")
 
-    assert backend.query("SELECT * FROM outbox") == before
-    assert count(backend, "quarantines") == 0
+    assert backend.query("SELECT * FROM outbox_entries") == before
+    assert count(backend, "outbox_quarantines") == 0
 
 
 async def test_quarantine_of_an_unknown_entry_is_refused(outbox: Outbox, backend: Backend) -> None:
     await accept(outbox, "a")
     with pytest.raises(UnknownEntry, match="nope"):
         await outbox.quarantine("nope", "typo", "alice")
-    assert count(backend, "quarantines") == 0
+    assert count(backend, "outbox_quarantines") == 0
 
 
 async def test_quarantine_twice_is_refused_and_keeps_one_record(
@@ -1467,7 +1480,7 @@ async def test_quarantine_twice_is_refused_and_keeps_one_record(
     await outbox.quarantine("a", "first", "alice")
     with pytest.raises(InvalidTransition, match="quarantined"):
         await outbox.quarantine("a", "second", "bob")
-    assert backend.query("SELECT reason FROM quarantines") == [("first",)]
+    assert backend.query("SELECT reason FROM outbox_quarantines") == [("first",)]
 
 
 async def test_mark_sent_of_an_entry_quarantined_in_flight_closes_it_as_delivered(
@@ -1500,10 +1513,10 @@ async def test_mark_sent_of_an_entry_quarantined_in_flight_closes_it_as_delivere
 
 async def test_redrive_of_a_pending_entry_is_refused(outbox: Outbox, backend: Backend) -> None:
     await accept(outbox, "a")
-    before = backend.query("SELECT * FROM outbox")
+    before = backend.query("SELECT * FROM outbox_entries")
     with pytest.raises(InvalidTransition, match="pending"):
         await outbox.redrive("a", "alice")
-    assert backend.query("SELECT * FROM outbox") == before
+    assert backend.query("SELECT * FROM outbox_entries") == before
 
 
 async def test_redrive_of_a_sent_or_unknown_entry_is_refused(outbox: Outbox) -> None:
@@ -1555,7 +1568,7 @@ async def test_redrive_records_what_was_delivered_past_it(outbox: Outbox, backen
     assert record.released_at is not None and record.released_at >= record.quarantined_at
     [row] = backend.query(
         "SELECT released_by, released_as, delivered_past_count, delivered_past"
-        " FROM quarantines WHERE id = 'b'"
+        " FROM outbox_quarantines WHERE id = 'b'"
     )
     assert row == ("bob", "redriven", 2, '["c", "e"]')
     assert await outbox.quarantines("b") == [record]
@@ -1706,7 +1719,9 @@ async def test_sent_per_interval_counts_the_marks_of_each_recent_interval(
     now = time.time()
     # r0 marked 25 s ago, r1 and r2 15 s ago, r3 an hour ago; r4-r6 just now.
     for event_id, age_s in (("r0", 25), ("r1", 15), ("r2", 15), ("r3", 3600)):
-        backend.execute(f"UPDATE outbox SET sent_at = {now - age_s} WHERE id = '{event_id}'")
+        backend.execute(
+            f"UPDATE outbox_entries SET sent_at = {now - age_s} WHERE id = '{event_id}'"
+        )
 
     assert await outbox.sent_per_interval(10.0, 3) == [1, 2, 3]
     assert await outbox.sent_per_interval(30.0, 1) == [6]
@@ -1736,8 +1751,8 @@ async def test_prune_deletes_only_sent_entries_older_than_the_cutoff(
     await outbox.quarantine("o6", "x", "alice")
     # o0-o3 were sent two hours ago; o4, o5 just now. Every row was queued long ago.
     backend.execute(
-        "UPDATE outbox SET sent_at = sent_at - 7200 WHERE id IN ('o0','o1','o2','o3')",
-        "UPDATE outbox SET queued_at = queued_at - 86400",
+        "UPDATE outbox_entries SET sent_at = sent_at - 7200 WHERE id IN ('o0','o1','o2','o3')",
+        "UPDATE outbox_entries SET queued_at = queued_at - 86400",
     )
 
     deleted = await outbox.prune(older_than_s=3600, batch=3)
@@ -1745,7 +1760,7 @@ async def test_prune_deletes_only_sent_entries_older_than_the_cutoff(
     assert deleted == 4
     assert sorted(states(backend)) == ["o4", "o5", "o6", "o7", "o8", "o9"]
     assert states(backend)["o6"] == (0, 1)
-    assert count(backend, "orders") == 10
+    assert count(backend, "outbox_orders") == 10
     assert await pending_ids(outbox) == ["o7", "o8", "o9"]
     assert await outbox.prune(older_than_s=3600, batch=3) == 0
 
@@ -1762,7 +1777,7 @@ async def test_prune_works_through_any_number_of_batches(
 
     assert await outbox.prune(older_than_s=0, batch=batch) == sent
 
-    assert backend.query("SELECT id FROM outbox") == [("pending-1",)]
+    assert backend.query("SELECT id FROM outbox_entries") == [("pending-1",)]
 
 
 async def test_prune_never_touches_pending_or_quarantined_however_old(
@@ -1770,12 +1785,12 @@ async def test_prune_never_touches_pending_or_quarantined_however_old(
 ) -> None:
     await accept(outbox, "p", "q")
     await outbox.quarantine("q", "x", "alice")
-    backend.execute("UPDATE outbox SET queued_at = queued_at - 10 * 86400")
-    before = backend.query("SELECT * FROM outbox ORDER BY seq")
+    backend.execute("UPDATE outbox_entries SET queued_at = queued_at - 10 * 86400")
+    before = backend.query("SELECT * FROM outbox_entries ORDER BY seq")
 
     assert await outbox.prune(older_than_s=0) == 0
 
-    assert backend.query("SELECT * FROM outbox ORDER BY seq") == before
+    assert backend.query("SELECT * FROM outbox_entries ORDER BY seq") == before
 
 
 async def test_prune_keeps_the_seq_of_what_remains(outbox: Outbox, backend: Backend) -> None:
@@ -1869,8 +1884,8 @@ async def test_snapshot_counts_and_oldest_age(outbox: Outbox, backend: Backend) 
     await outbox.mark_sent("a", ACK)
     await outbox.quarantine("c", "x", "alice")
     backend.execute(
-        "UPDATE outbox SET queued_at = queued_at - 100 WHERE id = 'b'",
-        "UPDATE outbox SET queued_at = queued_at - 500 WHERE id IN ('a', 'c')",
+        "UPDATE outbox_entries SET queued_at = queued_at - 100 WHERE id = 'b'",
+        "UPDATE outbox_entries SET queued_at = queued_at - 500 WHERE id IN ('a', 'c')",
     )
 
     snapshot = await outbox.snapshot()
@@ -2064,12 +2079,12 @@ TTL_S = 30.0  # long enough never to run out by itself during a test
 
 
 def lease_rows(backend: Backend) -> list[tuple[Any, ...]]:
-    return backend.query("SELECT line, owner, epoch FROM line_leases ORDER BY line")
+    return backend.query("SELECT line, owner, epoch FROM outbox_line_leases ORDER BY line")
 
 
 def expire(backend: Backend, line: str) -> None:
     """Time passing: the line's lease ran out (its owner and epoch stay)."""
-    backend.execute(f"UPDATE line_leases SET expires_at = 1 WHERE line = '{line}'")
+    backend.execute(f"UPDATE outbox_line_leases SET expires_at = 1 WHERE line = '{line}'")
 
 
 def lease(outbox: Outbox, line: str, epoch: int) -> Lease:
@@ -2103,10 +2118,10 @@ async def test_another_owner_is_refused_while_the_lease_holds(
     outbox: Outbox, backend: Backend
 ) -> None:
     assert await outbox.take_lease(GLOBAL_LINE, "w1", TTL_S) == 1
-    before = backend.query("SELECT * FROM line_leases")
+    before = backend.query("SELECT * FROM outbox_line_leases")
     async with Outbox.open(backend.location) as other:
         assert await other.take_lease(GLOBAL_LINE, "w2", TTL_S) is None
-    assert backend.query("SELECT * FROM line_leases") == before
+    assert backend.query("SELECT * FROM outbox_line_leases") == before
 
 
 async def test_an_expired_lease_is_taken_over_under_the_next_epoch(
@@ -2155,9 +2170,9 @@ async def test_renewal_loses_a_line_taken_over_and_leaves_it_to_its_new_owner(
     assert await outbox.take_lease("snack", "w1", TTL_S) == 1
     expire(backend, "snack")
     assert await outbox.take_lease("snack", "w2", TTL_S) == 2
-    before = backend.query("SELECT * FROM line_leases WHERE line = 'snack'")
+    before = backend.query("SELECT * FROM outbox_line_leases WHERE line = 'snack'")
     assert await outbox.renew_leases("w1", {"juice": 1, "snack": 1}, TTL_S) == {"juice"}
-    assert backend.query("SELECT * FROM line_leases WHERE line = 'snack'") == before
+    assert backend.query("SELECT * FROM outbox_line_leases WHERE line = 'snack'") == before
     # The owner's name alone is not enough: the epoch must match too.
     assert await outbox.renew_leases("w2", {"snack": 1}, TTL_S) == set()
 
@@ -2181,12 +2196,12 @@ async def test_a_release_under_a_lost_epoch_changes_nothing(
     assert await outbox.take_lease("snack", "w1", TTL_S) == 1
     expire(backend, "snack")
     assert await outbox.take_lease("snack", "w2", TTL_S) == 2
-    before = backend.query("SELECT * FROM line_leases")
+    before = backend.query("SELECT * FROM outbox_line_leases")
     await outbox.release_leases("w1", {"snack": 1})
     await outbox.release_leases("w1", {"snack": 2})  # not w1's epoch ever
     await outbox.release_leases("w2", {"snack": 1})
     await outbox.release_leases("w2", {})
-    assert backend.query("SELECT * FROM line_leases") == before
+    assert backend.query("SELECT * FROM outbox_line_leases") == before
 
 
 async def test_leases_lists_every_line_in_line_order(outbox: Outbox, backend: Backend) -> None:
@@ -2260,7 +2275,7 @@ async def test_a_write_under_the_current_epoch_is_made_even_once_expired(
     assert await outbox.take_lease("snack", "w1", TTL_S) == 1
     expire(backend, "snack")
     await FENCED_WRITES[write](outbox, lease(outbox, "snack", 1))
-    written = backend.query("SELECT attempts, sent, quarantined FROM outbox WHERE id = 'a'")
+    written = backend.query("SELECT attempts, sent, quarantined FROM outbox_entries WHERE id = 'a'")
     assert written == [WRITTEN[write]]
 
 
@@ -2335,11 +2350,16 @@ async def test_worker_seen_counts_the_workers_seen_within_one_ttl(
     async with Outbox.open(backend.location) as other:
         assert await other.worker_seen("w2", TTL_S) == 2
     assert await outbox.worker_seen("w3", TTL_S) == 3
-    backend.execute(f"UPDATE relay_workers SET seen_at = seen_at - {2 * TTL_S} WHERE worker = 'w2'")
+    backend.execute(
+        f"UPDATE outbox_relay_workers SET seen_at = seen_at - {2 * TTL_S} WHERE worker = 'w2'"
+    )
     assert await outbox.worker_seen("w1", TTL_S) == 2  # w2 stopped beating
     await outbox.worker_gone("w3")
     assert await outbox.worker_seen("w1", TTL_S) == 1
-    assert backend.query("SELECT worker FROM relay_workers ORDER BY worker") == [("w1",), ("w2",)]
+    assert backend.query("SELECT worker FROM outbox_relay_workers ORDER BY worker") == [
+        ("w1",),
+        ("w2",),
+    ]
 
 
 async def test_workers_lists_every_worker_remembered_live_or_gone(
@@ -2356,12 +2376,15 @@ async def test_workers_lists_every_worker_remembered_live_or_gone(
         assert -1 < w.seen_ago_s < 5
     # w2 stopped beating (killed, paused): still listed, not live; w3 stopped cleanly:
     # forgotten; one not seen for longer than WORKERS_KEPT_S is not listed either.
-    backend.execute(f"UPDATE relay_workers SET seen_at = seen_at - {3 * TTL_S} WHERE worker = 'w2'")
+    backend.execute(
+        f"UPDATE outbox_relay_workers SET seen_at = seen_at - {3 * TTL_S} WHERE worker = 'w2'"
+    )
     await outbox.worker_gone("w3")
     kept = publisher.store.WORKERS_KEPT_S + 60
     backend.execute(
-        f"INSERT INTO relay_workers (worker, seen_at, started_at) SELECT 'w0', seen_at - {kept},"
-        f" started_at - {kept} FROM relay_workers WHERE worker = 'w1'"
+        "INSERT INTO outbox_relay_workers (worker, seen_at, started_at)"
+        f" SELECT 'w0', seen_at - {kept}, started_at - {kept}"
+        " FROM outbox_relay_workers WHERE worker = 'w1'"
     )
     w1, w2 = await outbox.workers(TTL_S)
     assert (w1.worker, w1.live, w2.worker, w2.live) == ("w1", True, "w2", False)
@@ -2377,14 +2400,18 @@ async def test_workers_not_seen_for_long_are_forgotten(outbox: Outbox, backend: 
     for worker in ("w1", "w2", "w3"):
         await outbox.worker_seen(worker, TTL_S)
     backend.execute(
-        f"UPDATE relay_workers SET seen_at = seen_at - {publisher.store.WORKERS_KEPT_S + 60}"
+        f"UPDATE outbox_relay_workers SET seen_at = seen_at - {publisher.store.WORKERS_KEPT_S + 60}"
         " WHERE worker <> 'w2'"
     )
-    started = dict(backend.query("SELECT worker, started_at FROM relay_workers"))
+    started = dict(backend.query("SELECT worker, started_at FROM outbox_relay_workers"))
     assert await outbox.worker_seen("w1", TTL_S) == 2
-    assert backend.query("SELECT worker FROM relay_workers ORDER BY worker") == [("w1",), ("w2",)]
+    assert backend.query("SELECT worker FROM outbox_relay_workers ORDER BY worker") == [
+        ("w1",),
+        ("w2",),
+    ]
     assert (
-        dict(backend.query("SELECT worker, started_at FROM relay_workers"))["w1"] == started["w1"]
+        dict(backend.query("SELECT worker, started_at FROM outbox_relay_workers"))["w1"]
+        == started["w1"]
     )
 
 
@@ -2403,4 +2430,4 @@ async def test_a_lease_of_a_bad_line_or_ttl_is_refused_and_changes_nothing(
             await outbox.renew_leases("w1", {"snack": 1}, ttl_s)
         with pytest.raises(ValueError, match="positive number of seconds"):
             await outbox.worker_seen("w1", ttl_s)
-        assert count(backend, "relay_workers") == 0
+        assert count(backend, "outbox_relay_workers") == 0

@@ -100,7 +100,7 @@ async def test_its_entries_become_order_placed_events_in_their_canonical_form(
     rows = query(
         written.source,
         "SELECT o.id, o.sku, o.qty, e.type, e.payload, e.lane"
-        " FROM outbox AS e JOIN orders AS o ON o.id = e.id ORDER BY e.seq",
+        " FROM outbox_entries AS e JOIN outbox_orders AS o ON o.id = e.id ORDER BY e.seq",
     )
     assert len(rows) == 5
     for event_id, sku, qty, event_type, payload, lane in rows:
@@ -114,7 +114,9 @@ async def test_its_entries_become_order_placed_events_in_their_canonical_form(
 async def test_a_known_id_is_judged_against_what_the_previous_release_stored(
     written: Written,
 ) -> None:
-    before = query(written.source, "SELECT id, sent, quarantined FROM outbox ORDER BY seq")
+    # The previous release's table, under its name then; this release's afterwards.
+    entries = "SELECT id, sent, quarantined FROM {} ORDER BY seq"
+    before = query(written.source, entries.format("outbox"))
     async with Outbox.open(written.source) as outbox:
         assert await outbox.accept({"id": "o-1", "sku": "snack", "qty": 1}) == "duplicate"
         assert await outbox.accept({"id": "o-2", "sku": "juice", "qty": 2}) == "duplicate"
@@ -126,8 +128,8 @@ async def test_a_known_id_is_judged_against_what_the_previous_release_stored(
         ):
             with pytest.raises(Conflict):
                 await outbox.accept(changed)
-    assert query(written.source, "SELECT id, sent, quarantined FROM outbox ORDER BY seq") == before
-    assert query(written.source, "SELECT count(*) FROM orders") == [(6,)]
+    assert query(written.source, entries.format("outbox_entries")) == before
+    assert query(written.source, "SELECT count(*) FROM outbox_orders") == [(6,)]
 
 
 async def test_the_pending_entries_are_delivered_and_the_one_applied_before_is_a_duplicate(
