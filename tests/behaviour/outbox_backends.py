@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import pg_faults
 import psycopg
@@ -31,6 +32,8 @@ import pytest
 import sqlite_faults
 from sqlite_faults import FAULTS as FAULTS  # the faults every backend can make
 from sqlite_faults import Fault as Fault
+
+from plumbing.storage import with_schema
 
 Row = tuple[Any, ...]
 
@@ -131,6 +134,24 @@ class PostgresBackend(pg_faults.PgAccess, Backend):
             await conn.close()
 
 
+class PostgresSchemaBackend(PostgresBackend):
+    """PostgreSQL with the outbox's tables in a schema of their own (`ob`), named in
+    every statement (`schema=ob` in the URI the outbox is opened with): the outbox's
+    connections have as their search_path another schema, one without its tables, so
+    a statement that did not name the schema would fail. The test's own connections,
+    and the user's, find the tables by their search_path."""
+
+    SCHEMA = "ob"
+
+    def __init__(self, url: str, outbox_url: str) -> None:
+        super().__init__(url)
+        self._outbox_url = outbox_url
+
+    @property
+    def location(self) -> str:
+        return self._outbox_url
+
+
 BackendFactory = Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Backend]]
 
 
@@ -145,6 +166,20 @@ def postgres_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     yield PostgresBackend(request.getfixturevalue("pg_database"))
 
 
+@contextlib.contextmanager
+def postgres_schema_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    elsewhere: str = request.getfixturevalue("pg_database")  # an empty schema's search_path
+    database = urlsplit(elsewhere)._replace(query="").geturl()
+    search_path = quote(f"-csearch_path={PostgresSchemaBackend.SCHEMA}", safe="")
+    yield PostgresSchemaBackend(
+        f"{database}?options={search_path}", with_schema(elsewhere, PostgresSchemaBackend.SCHEMA)
+    )
+
+
 # name -> factory: the behaviour suite runs once per entry. A backend that needs a
 # server the machine may lack skips (pytest.skip) in its factory, it does not leave.
-BACKENDS: dict[str, BackendFactory] = {"sqlite": sqlite_backend, "postgres": postgres_backend}
+BACKENDS: dict[str, BackendFactory] = {
+    "sqlite": sqlite_backend,
+    "postgres": postgres_backend,
+    "postgres-schema": postgres_schema_backend,
+}
