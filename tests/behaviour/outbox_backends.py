@@ -170,10 +170,11 @@ def postgres_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 def postgres_schema_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     elsewhere: str = request.getfixturevalue("pg_database")  # an empty schema's search_path
     database = urlsplit(elsewhere)._replace(query="").geturl()
-    search_path = quote(f"-csearch_path={PostgresSchemaBackend.SCHEMA}", safe="")
-    yield PostgresSchemaBackend(
-        f"{database}?options={search_path}", with_schema(elsewhere, PostgresSchemaBackend.SCHEMA)
-    )
+    schema = PostgresSchemaBackend.SCHEMA
+    with psycopg.connect(database, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"'.encode())  # the user's tables may be there first
+    search_path = quote(f"-csearch_path={schema}", safe="")
+    yield PostgresSchemaBackend(f"{database}?options={search_path}", with_schema(elsewhere, schema))
 
 
 # name -> factory: the behaviour suite runs once per entry. A backend that needs a

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from outbox_backends import BACKENDS, FAULTS, Backend, Fault
+from outbox_backends import BACKENDS, FAULTS, Backend, Fault, SqliteBackend
 from support import accept, event, json_of_python, pending_ids, placed
 
 import publisher.store
@@ -137,6 +137,49 @@ async def test_the_seq_of_a_deleted_entry_is_never_given_again(
     await outbox.accept(order("c"))
     by_id = seqs(backend)
     assert by_id["c"] > by_id["a"] + 1  # the seq of the deleted entry is never reused
+
+
+# Tables a user's database may hold already, under names the outbox's tables once had
+# and with shapes of the user's own (`outbox` with three of the four columns an
+# earlier release's had): the outbox's tables are named outbox_..., and leave them be.
+USERS_OWN = (
+    "CREATE TABLE orders (n INTEGER PRIMARY KEY, total INTEGER NOT NULL)",
+    "CREATE TABLE outbox (seq INTEGER PRIMARY KEY, payload TEXT, sent INTEGER)",
+    "CREATE TABLE quarantines (reason TEXT)",
+    "CREATE TABLE health (probe TEXT)",
+    "INSERT INTO orders (n, total) VALUES (1, 999)",
+    "INSERT INTO outbox (seq, payload, sent) VALUES (1, 'mail the invoice', 0)",
+)
+
+
+async def test_the_outbox_opens_beside_the_users_own_tables_and_leaves_them_alone(
+    backend: Backend,
+) -> None:
+    backend.execute(*USERS_OWN)
+    sqlite = isinstance(backend, SqliteBackend)
+    if sqlite:  # a setting of the user's file, which the outbox does not use
+        backend.execute("PRAGMA user_version = 7")
+    async with Outbox.open(backend.location) as outbox:
+        await outbox.check_writable()
+        assert await outbox.accept(order("a")) == "accepted"
+        with backend.user_connection() as conn:  # the user's row and its event, together
+            conn.execute("INSERT INTO orders (n, total) VALUES (2, 42)")
+            assert publish_in(conn, PAYMENT) == "accepted"
+            conn.commit()
+        assert await outbox.pending() == [placed_event("a"), PAYMENT]
+        await outbox.mark_sent("a", ACK)
+    async with Outbox.open(backend.location) as outbox:  # opened again: nothing to migrate
+        assert await outbox.pending() == [PAYMENT]
+        assert [entry.id for entry in await outbox.entries(State.SENT)] == ["a"]
+        assert await outbox.accept(order("a")) == "duplicate"
+    assert backend.query("SELECT n, total FROM orders ORDER BY n") == [(1, 999), (2, 42)]
+    assert backend.query("SELECT * FROM outbox") == [(1, "mail the invoice", 0)]
+    assert backend.query("SELECT * FROM quarantines") == []
+    assert backend.query("SELECT * FROM health") == []
+    assert backend.query("SELECT id, sku, qty FROM outbox_orders") == [("a", "snack", 7)]
+    assert backend.query("SELECT id FROM outbox_entries ORDER BY seq") == [("a",), ("pay-1",)]
+    if sqlite:
+        assert backend.query("PRAGMA user_version") == [(7,)]
 
 
 # ---------------------------------------------------------------- accept (orders)
