@@ -260,7 +260,7 @@ def _record_sqlalchemy(conn: Any, item: Publication, schema: str | None) -> Inta
     driver = connection.connection.driver_connection
     record, failed = _sqlalchemy_backend(connection.dialect, driver)
     if record is _record_sqlite:
-        _refuse_schema_on_sqlite(schema)  # before any transaction is begun for it
+        _refuse_schema_on_sqlite(schema)  # before a Connection's transaction is begun
     if not connection.in_transaction():
         # What its next statement would do (autobegin), done before the checks so
         # that they see the transaction as it will be (a "begin" event that emits
