@@ -305,6 +305,9 @@ class RequestClock:
     sender: HttpSender
     seconds: float = 0.0
     requests: int = 0
+    # It hands the events to the HttpSender unchanged: the relay may give it events
+    # as read, with their stored text (publisher.driver), as it would the HttpSender.
+    reads_events_only: bool = True
 
     async def deliver(
         self, event: Event, /, *, after: str | None = None, lease: Lease | None = None

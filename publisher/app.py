@@ -44,7 +44,7 @@ from publisher.metrics import PublisherMetrics
 from publisher.relay import Relay
 from publisher.settings import DEFAULT_LEASE_TTL_S, RelaySettings, for_location
 from publisher.store import EventCheck, IntakeOutcome, Outbox
-from shared import Conflict, InvalidEvent
+from shared import ORDER_PLACED, Conflict, InvalidEvent
 from shared.event import MAX_DATA_BYTES, MAX_DATA_BYTES_LIMIT
 
 
@@ -260,9 +260,10 @@ async def _intake_one(request: web.Request, max_bytes: int, record: Record) -> w
         intake.labels("conflict").inc()
         raise BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc)) from exc
     intake.labels(result).inc()
-    if result == "accepted":
-        app[RELAY].wake()
     assert isinstance(body, dict)  # recorded: an object with an ID
+    if result == "accepted":
+        app[METRICS].published.count(_type_of(body))
+        app[RELAY].wake()
     return web.json_response(
         {"id": body["id"], "result": result}, status=201 if result == "accepted" else 200
     )
@@ -282,13 +283,24 @@ async def _intake_many(
         except BadRequest as exc:
             intake.labels(exc.kind).inc()
             raise
-        reply = batch_reply(items, await record(items))
+        outcomes = await record(items)
+        reply = batch_reply(items, outcomes)
+    for item, outcome in zip(items, outcomes, strict=True):
+        if outcome == "accepted" and isinstance(item, dict):
+            app[METRICS].published.count(_type_of(item))
     for result in RESULTS:
         if reply[result]:
             intake.labels(result).inc(reply[result])
     if reply["accepted"]:
         app[RELAY].wake()  # once for the batch
     return web.json_response(reply)
+
+
+def _type_of(recorded: dict[str, object]) -> str:
+    """The type of an event or order the intake recorded (an order has none of its
+    own: it is recorded as an order.placed event)."""
+    event_type = recorded.get("type", ORDER_PLACED)
+    return event_type if isinstance(event_type, str) else ORDER_PLACED
 
 
 async def get_status(request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from publisher.errors import LeaseLost
@@ -17,7 +18,8 @@ RELAY_LOG = logging.getLogger("publisher.relay")
 
 
 class Observer(Protocol):
-    """Receives one call per delivery outcome (metrics)."""
+    """Receives one call per delivery outcome (metrics). An observer that also has
+    `delivered(event_type)` is told the type of each event delivered."""
 
     def delivery(self, outcome: str) -> None: ...
 
@@ -44,6 +46,7 @@ class DeliveryLog:
     def __init__(self, observer: Observer | None, batches: bool) -> None:
         self._observer = observer
         self._batches = batches
+        self._by_type: Callable[[str], object] | None = getattr(observer, "delivered", None)
 
     def __call__(
         self,
@@ -69,8 +72,10 @@ class DeliveryLog:
         }
         RELAY_LOG.info("delivery", extra=fields)
         if self._observer is not None:
-            for _ in rows:
+            for row in rows:
                 self._observer.delivery("delivered")
+                if self._by_type is not None:
+                    self._by_type(row.event["type"])
 
     def attempt(self, row: Pending, started: float, error: BaseException | None = None) -> None:
         """One line for one entry's attempt: delivered, or failed with `error`."""
@@ -81,6 +86,8 @@ class DeliveryLog:
         RELAY_LOG.log(logging.INFO if error is None else logging.WARNING, "delivery", extra=fields)
         if self._observer is not None:
             self._observer.delivery(outcome)
+            if error is None and self._by_type is not None:
+                self._by_type(row.event["type"])
 
 
 def _fields(row: Pending, outcome: str, started: float) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from plumbing.capped_labels import CountByType
 from publisher.store import Snapshot
 
 DELIVERY_OUTCOMES: Final = ("delivered", "transient", "permanent", "fenced")
@@ -75,6 +76,14 @@ class PublisherMetrics:
             "Requests of this worker the sink refused (409) for a stale lease epoch.",
             registry=r,
         )
+        # Events by type (CountByType bounds the label set): those the intake
+        # accepted, and those the relay delivered (verified ACKs).
+        self.published = CountByType(
+            "publisher_events_published", "Events the intake API recorded as new.", r
+        )
+        self.delivered_events = CountByType(
+            "publisher_events_delivered", "Events delivered with a verified ACK.", r
+        )
         self.failovers = Counter(
             "publisher_sink_failovers",
             "Requests sent to the next --sink URL because one could not be reached.",
@@ -87,6 +96,9 @@ class PublisherMetrics:
 
     def delivery(self, outcome: str) -> None:
         self.attempts.labels(outcome).inc()
+
+    def delivered(self, event_type: str) -> None:
+        self.delivered_events.count(event_type)
 
     # A LeaseObserver (publisher.leases):
 

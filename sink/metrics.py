@@ -6,14 +6,10 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from plumbing.capped_labels import CountByType
 from shared import LEASE_HEADER, PREDECESSOR_HEADER
 
 RESULTS: Final = ("applied", "duplicate", "conflict", "invalid")
-# Event types are the senders' to choose: a label value for each would let them grow
-# the series without bound. The first MAX_TYPE_LABELS types applied have their own;
-# the rest share OTHER_TYPES, which no type can be (parentheses are not in a type).
-MAX_TYPE_LABELS: Final = 50
-OTHER_TYPES: Final = "(other)"
 
 
 class SinkMetrics:
@@ -46,15 +42,8 @@ class SinkMetrics:
             f" {LEASE_HEADER} was below one seen for its source and line.",
             registry=self.registry,
         )
-        self.applied = Counter(
-            "sink_events_applied",
-            f"Events applied (duplicates not counted), by type: each of the first"
-            f" {MAX_TYPE_LABELS} types this process applied has a series of its own, any"
-            f" later type counts under type={OTHER_TYPES!r}.",
-            ["type"],
-            registry=self.registry,
-        )
-        self._applied: dict[str, Counter] = {}  # a type's series, once it has one
+        # Applied, duplicates not counted; the label set is bounded (CountByType).
+        self.applied = CountByType("sink_events_applied", "Events applied.", self.registry)
         self.predecessor_missing = Counter(
             "sink_predecessor_missing_requests",
             f"Requests refused by the predecessor check (412), nothing applied: the event"
@@ -68,15 +57,4 @@ class SinkMetrics:
 
     def count_applied(self, event_type: str, count: int = 1) -> None:
         """Count `count` events of `event_type` applied."""
-        series = self._applied.get(event_type)
-        if series is None:
-            series = self._series_of(event_type)
-        series.inc(count)
-
-    def _series_of(self, event_type: str) -> Counter:
-        """The series of a type not counted before: its own while there is room, else
-        OTHER_TYPES's (the first types seen keep theirs for the life of the process)."""
-        if len(self._applied) >= MAX_TYPE_LABELS:
-            return self.applied.labels(OTHER_TYPES)
-        series = self._applied[event_type] = self.applied.labels(event_type)
-        return series
+        self.applied.count(event_type, count)

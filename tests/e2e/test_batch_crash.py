@@ -13,9 +13,9 @@ import signal
 from typing import TYPE_CHECKING
 
 import pytest
-from support import STOP_TIMEOUT_S, dispatch, post_order, serve_args, wait_until
+from support import STOP_TIMEOUT_S, ack, dispatch, event, post_order, serve_args, wait_until
 
-from shared import payload_digest
+from shared import Receipt
 
 if TYPE_CHECKING:
     from conftest import Databases, Query, RunCli, StartPublisher, StartSink
@@ -72,9 +72,9 @@ def test_crash_after_a_batch_ack_marks_nothing_and_the_rerun_is_absorbed(
     ]
     marks = db_rows(source, "SELECT id, sent, ack FROM outbox ORDER BY seq")
     assert [(event_id, sent) for event_id, sent, _ in marks] == [(i, 1) for i in ids]
-    assert [json.loads(ack) for _, _, ack in marks] == [
-        {"ack": i, "status": "duplicate", "sha256": payload_digest({"id": i, "sku": s, "qty": q})}
-        for i, s, q in ORDERS
+    # Each ACK carries the digest of the order.placed event the order was recorded as.
+    assert [json.loads(stored) for _, _, stored in marks] == [
+        ack(event(i, s, q), Receipt.DUPLICATE) for i, s, q in ORDERS
     ]
     assert sink.proc.poll() is None, "the sink process should still be serving"
 
@@ -123,7 +123,8 @@ def test_serve_with_sku_ordering_delivers_posted_orders_and_sigterm_exits_zero(
     assert proc.wait(timeout=STOP_TIMEOUT_S) == 0, log.read_text()
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     started = [r for r in records if r.get("message") == "relay started"]
-    assert [r.get("ordering") for r in started] == ["sku"]
+    # "sku" is the name "key" ordering had for orders: taken, and reported, as "key".
+    assert [r.get("ordering") for r in started] == ["key"]
     # A line covers one request: its entries in `event_ids` when it carried several.
     delivered = [
         event_id

@@ -4,8 +4,9 @@ clients post orders (one per request, and batches) concurrently.
 A reply goes out only after its order is durable, and a group commits all or nothing
 per order: so every order that was answered accepted (or duplicate) is on disk, and
 no order is there without its outbox entry or the other way round, whether its reply
-arrived or not. Read through connections of the test's own (SQLite or PostgreSQL:
-the test runs on both).
+arrived or not. An order is recorded as its order.placed event: the entry stores
+that event's canonical text, its type, and its lane (the SKU). Read through
+connections of the test's own (SQLite or PostgreSQL: the test runs on both).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import psycopg
 import pytest
-from support import LOOPBACK, post_json, serve_args
+from support import LOOPBACK, placed, post_json, serve_args
+
+from shared import ORDER_PLACED, canonical_json
 
 if TYPE_CHECKING:
     from conftest import Databases, Query, StartPublisher, StartSink
@@ -36,8 +39,8 @@ BATCH_SIZE = 20
 KILL_AFTER = 150  # orders answered before the kill
 RUN_S = 20.0  # the whole intake, bounded
 BOTH_TABLES = """
-    SELECT 'order', id, sku, qty, NULL FROM orders
-    UNION ALL SELECT 'entry', id, NULL, NULL, payload FROM outbox
+    SELECT 'order', id, sku, qty, NULL, NULL, NULL FROM orders
+    UNION ALL SELECT 'entry', id, NULL, NULL, type, lane, payload FROM outbox
 """
 
 
@@ -131,13 +134,18 @@ def test_sigkill_during_concurrent_intake_keeps_every_answered_order_and_halves_
     # separate reads.
     both = db_rows(source, BOTH_TABLES)
     orders = {r[1]: (r[2], r[3]) for r in both if r[0] == "order"}
-    entries = {r[1]: json.loads(r[4]) for r in both if r[0] == "entry"}
+    entries = {r[1]: (r[4], r[5], r[6]) for r in both if r[0] == "entry"}
+
+    def entry_of(event_id: str, sku: str, qty: int) -> tuple[str, str, str]:
+        """The entry of that order: its order.placed event, whole, in its SKU's lane."""
+        return ORDER_PLACED, sku, canonical_json(placed(event_id, sku, qty))
+
     # Every order answered is durable, as it was sent.
     for event_id, sent in seen.acknowledged.items():
         assert orders.get(event_id) == (sent["sku"], sent["qty"]), event_id
-        assert entries.get(event_id) == sent, event_id
+        assert entries.get(event_id) == entry_of(event_id, sent["sku"], sent["qty"]), event_id
     # None half-written: an order and its entry, or neither; nothing nobody sent.
     assert set(orders) == set(entries)
     assert set(orders) <= set(seen.acknowledged) | seen.unknown
     for event_id, (sku, qty) in orders.items():
-        assert entries[event_id] == {"id": event_id, "sku": sku, "qty": qty}
+        assert entries[event_id] == entry_of(event_id, sku, qty), event_id

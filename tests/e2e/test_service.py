@@ -26,6 +26,7 @@ from support import (
     LOOPBACK,
     STARTUP_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    placed,
     post_event,
     post_order,
     sent_flags,
@@ -304,7 +305,7 @@ def test_sigkill_mid_stream_then_restart_delivers_every_order_exactly_once(
     inbox = db_rows(sink.db, "SELECT id, payload FROM inbox ORDER BY id")
     assert [r[0] for r in inbox] == [r[0] for r in source_orders]  # each ID once
     for (event_id, payload), (_, sku, qty) in zip(inbox, source_orders, strict=True):
-        assert json.loads(payload) == {"id": event_id, "sku": sku, "qty": qty}
+        assert json.loads(payload) == placed(event_id, sku, qty)
     expected: dict[str, int] = {}
     for item in orders:
         expected[item["sku"]] = expected.get(item["sku"], 0) + item["qty"]
@@ -434,9 +435,7 @@ def test_trace_and_prune_from_the_command_line(
         "marked",
     ]
     assert [s["proof"] for s in delivered["stages"]] == ["proven"] * 5
-    assert (
-        payload_digest({"id": "a", "sku": "snack", "qty": 1}) in delivered["stages"][3]["evidence"]
-    )
+    assert payload_digest(placed("a", "snack", 1)) in delivered["stages"][3]["evidence"]
 
     pending = cli_json(run_cli, "trace", "c", "--db", db, "--sink", sink.url, "--json")
     assert [s["proof"] for s in pending["stages"]] == ["proven", "proven"] + ["not proven"] * 3

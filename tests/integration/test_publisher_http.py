@@ -714,6 +714,24 @@ async def test_status_and_metrics_after_traffic(
     assert worker["started_at"] <= worker["seen_at"] and 0 <= worker["seen_seconds_ago"] < 30
 
 
+async def test_metrics_count_events_published_and_delivered_by_type(
+    client: aiohttp.ClientSession, publisher: str, db: Path, db_rows: Query
+) -> None:
+    payment = {"id": "pay-1", "type": "payment.captured", "key": "c-1", "data": {"n": 1}}
+    refund = {"id": "ref-1", "type": "payment.refunded", "data": {}}
+    assert (await post_body(client, f"{publisher}/events", payment))[0] == 201
+    assert (await post_body(client, f"{publisher}/events", payment))[0] == 200  # not new
+    batch = {"events": [refund, {**refund, "id": "ref-2"}, {"id": "bad"}]}
+    assert (await post_body(client, f"{publisher}/events/batch", batch))[0] == 200
+    assert (await post_body(client, f"{publisher}/orders", EVENT))[0] == 201
+    await eventually(lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(4,)])
+
+    samples = await scrape(client, f"{publisher}/metrics")
+    for name in ("publisher_events_published_total", "publisher_events_delivered_total"):
+        by_type = {dict(labels)["type"]: v for (n, labels), v in samples.items() if n == name}
+        assert by_type == {"payment.captured": 1, "payment.refunded": 2, "order.placed": 1}
+
+
 @pytest.fixture
 async def rejecting_sink(serve: Serve) -> tuple[str, list[str]]:
     """A sink that rejects order-1 with 409 and ACKs everything else properly."""

@@ -92,13 +92,18 @@ async def fake_url(serve: Serve, fake: FakeSink) -> str:
 
 
 class Outcomes:
-    """An Observer that keeps every delivery outcome."""
+    """An Observer that keeps every delivery outcome, and the type of each event
+    delivered."""
 
     def __init__(self) -> None:
         self.seen: list[str] = []
+        self.types: list[str] = []
 
     def delivery(self, outcome: str) -> None:
         self.seen.append(outcome)
+
+    def delivered(self, event_type: str) -> None:
+        self.types.append(event_type)
 
 
 @contextlib.asynccontextmanager
@@ -194,6 +199,7 @@ async def test_transient_503_is_retried_until_delivered_and_every_attempt_record
     assert entry["last_attempt_at"] > entry["first_failure_at"]
     assert fake.received == ["a", "a", "a"]
     assert outcomes.seen == ["transient", "transient", "delivered"]
+    assert outcomes.types == ["order.placed"]  # delivered once
     deliveries = [r for r in caplog.records if r.getMessage() == "delivery"]
     assert [(r.event_id, r.seq, r.attempt, r.outcome) for r in deliveries] == [  # type: ignore[attr-defined]
         ("a", 1, 1, "transient"),

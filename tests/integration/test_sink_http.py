@@ -22,6 +22,7 @@ import pytest
 import yarl
 from support import padded, post_body, scrape, snapshot
 
+from plumbing.capped_labels import MAX_TYPE_LABELS, OTHER_TYPES
 from shared import (
     MAX_BODY_BYTES,
     Event,
@@ -33,7 +34,6 @@ from shared import (
     order_event,
 )
 from shared.event import previous_canonical
-from sink.metrics import MAX_TYPE_LABELS, OTHER_TYPES
 
 if TYPE_CHECKING:
     from conftest import Query, ServeSink
