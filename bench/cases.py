@@ -33,6 +33,7 @@ from bench.backlog import count_rows, create_naive_source, create_source, insert
 from bench.events import SKUS, Kind, event, order
 from bench.procs import BenchError, Child, Children
 from chaos.dbs import Backend, DbLocation, Place
+from plumbing.schema import history
 from publisher import HttpSender, Outbox
 from publisher.driver import Result, Verified
 from publisher.metrics import PublisherMetrics
@@ -228,7 +229,7 @@ async def ceiling(ctx: Context) -> Figures:
 
 async def commit_ceiling(ctx: Context) -> Figures:
     """Durable commits per second: sqlite_tx.Database, one INSERT per transaction."""
-    db = await Database.open(ctx.workdir / "commits.db", (COMMIT_TABLE,))
+    db = await Database.open(ctx.workdir / "commits.db", history("bench", (COMMIT_TABLE,)))
 
     def insert(conn: sqlite3.Connection) -> None:
         with transaction(conn):

@@ -46,3 +46,17 @@ class Schema:
 def statements(script: str) -> list[str]:
     """A script's statements, split on `;` (none of ours holds one but as a terminator)."""
     return [part.strip() for part in script.split(";") if part.strip()]
+
+
+def history(side: str, migrations: Sequence[str], probe_table: str = "") -> Schema:
+    """A schema of tables no earlier release kept anywhere else: its fresh tables are
+    its migrations run in order (a store of tests' own, the bench's commit table)."""
+    return Schema(
+        side=side,
+        fresh=";\n".join(migrations),
+        migrations=tuple(migrations),
+        tables=frozenset(),
+        probe_table=probe_table,
+        legacy_table="",
+        legacy_columns=frozenset(),
+    )

@@ -47,15 +47,15 @@ def test_crash_after_a_batch_ack_marks_nothing_and_the_rerun_is_absorbed(
     assert status == CHAOS_EXIT, stderr
     assert stdout == ""
     # The one batch request applied all three before the publisher died...
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY applied_seq") == [
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events ORDER BY applied_seq") == [
         (event_id, 1) for event_id in ids
     ]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory ORDER BY sku") == [
         ("juice", 3),
         ("snack", 12),
     ]
     # ...and not one of them is marked: the hook ran before the mark.
-    assert db_rows(source, "SELECT id, sent, ack FROM outbox ORDER BY seq") == [
+    assert db_rows(source, "SELECT id, sent, ack FROM outbox_entries ORDER BY seq") == [
         (event_id, 0, None) for event_id in ids
     ]
 
@@ -63,14 +63,14 @@ def test_crash_after_a_batch_ack_marks_nothing_and_the_rerun_is_absorbed(
 
     assert status == 0, stderr
     assert stdout.strip() == "delivered 3: order-1 order-2 order-3"
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY applied_seq") == [
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events ORDER BY applied_seq") == [
         (event_id, 2) for event_id in ids
     ]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory ORDER BY sku") == [
         ("juice", 3),
         ("snack", 12),
     ]
-    marks = db_rows(source, "SELECT id, sent, ack FROM outbox ORDER BY seq")
+    marks = db_rows(source, "SELECT id, sent, ack FROM outbox_entries ORDER BY seq")
     assert [(event_id, sent) for event_id, sent, _ in marks] == [(i, 1) for i in ids]
     # Each ACK carries the digest of the order.placed event the order was recorded as.
     assert [json.loads(stored) for _, _, stored in marks] == [
@@ -102,22 +102,22 @@ def test_serve_with_sku_ordering_delivers_posted_orders_and_sigterm_exits_zero(
         assert post_order(port, order) == (201, {"id": order["id"], "result": "accepted"})
 
     def all_sent() -> bool:
-        states = dict(db_rows(source, "SELECT id, sent FROM outbox"))
+        states = dict(db_rows(source, "SELECT id, sent FROM outbox_entries"))
         return len(states) == len(orders) and all(states.values())
 
     wait_until(all_sent)
-    applied = [r[0] for r in db_rows(sink.db, "SELECT id FROM inbox ORDER BY applied_seq")]
+    applied = [r[0] for r in db_rows(sink.db, "SELECT id FROM inbox_events ORDER BY applied_seq")]
     assert sorted(applied) == [o["id"] for o in orders]
     for sku in ("snack", "juice", "tea", "soap"):
         expected = [o["id"] for o in orders if o["sku"] == sku]
         assert [i for i in applied if i in expected] == expected, sku
-    inventory = dict(db_rows(sink.db, "SELECT sku, qty FROM inventory"))
+    inventory = dict(db_rows(sink.db, "SELECT sku, qty FROM inbox_inventory"))
     assert inventory == {
         sku: sum(o["qty"] for o in orders if o["sku"] == sku)
         for sku in ("snack", "juice", "tea", "soap")
     }
-    assert db_rows(sink.db, "SELECT max(deliveries) FROM inbox") == [(1,)]
-    assert db_rows(source, "SELECT count(*) FROM outbox WHERE ack IS NULL") == [(0,)]
+    assert db_rows(sink.db, "SELECT max(deliveries) FROM inbox_events") == [(1,)]
+    assert db_rows(source, "SELECT count(*) FROM outbox_entries WHERE ack IS NULL") == [(0,)]
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=STOP_TIMEOUT_S) == 0, log.read_text()

@@ -162,23 +162,27 @@ def files_agree(
     reads: `events` delivered, `orders` of them orders (default: all)."""
     source, sink = databases
     orders = events if orders is None else orders
-    assert db_rows(source, "SELECT count(*) FROM orders") == [(orders,)]
-    assert db_rows(source, "SELECT count(*) FROM outbox WHERE sent = 1") == [(events,)]
-    assert db_rows(sink, "SELECT count(*) FROM inbox") == [(events,)]
+    assert db_rows(source, "SELECT count(*) FROM outbox_orders") == [(orders,)]
+    assert db_rows(source, "SELECT count(*) FROM outbox_entries WHERE sent = 1") == [(events,)]
+    assert db_rows(sink, "SELECT count(*) FROM inbox_events") == [(events,)]
     # Each event's canonical form, one text on both sides.
-    stored = dict(db_rows(source, "SELECT id, payload FROM outbox"))
-    assert dict(db_rows(sink, "SELECT id, payload FROM inbox")) == stored
-    want = db_rows(source, "SELECT sku, sum(qty) FROM orders GROUP BY sku ORDER BY sku")
-    assert db_rows(sink, "SELECT sku, qty FROM inventory ORDER BY sku") == want
+    stored = dict(db_rows(source, "SELECT id, payload FROM outbox_entries"))
+    assert dict(db_rows(sink, "SELECT id, payload FROM inbox_events")) == stored
+    want = db_rows(source, "SELECT sku, sum(qty) FROM outbox_orders GROUP BY sku ORDER BY sku")
+    assert db_rows(sink, "SELECT sku, qty FROM inbox_inventory ORDER BY sku") == want
     # No quarantine in a run: the sink first applied each line exactly in seq order,
     # a line per event key ("*" for none) in order by key.
-    assert db_rows(source, "SELECT count(*) FROM quarantines") == [(0,)]
+    assert db_rows(source, "SELECT count(*) FROM outbox_quarantines") == [(0,)]
     line = {
         i: (json.loads(payload).get("key", "*") if ordering != "global" else "")
         for i, payload in stored.items()
     }
-    outbox = [(line[i], i) for (i,) in db_rows(source, "SELECT id FROM outbox ORDER BY seq")]
-    inbox = [(line[i], i) for (i,) in db_rows(sink, "SELECT id FROM inbox ORDER BY applied_seq")]
+    outbox = [
+        (line[i], i) for (i,) in db_rows(source, "SELECT id FROM outbox_entries ORDER BY seq")
+    ]
+    inbox = [
+        (line[i], i) for (i,) in db_rows(sink, "SELECT id FROM inbox_events ORDER BY applied_seq")
+    ]
     assert inbox != [] and sorted(inbox) == sorted(outbox)
     for key in {k for k, _ in outbox}:
         assert [i for k, i in inbox if k == key] == [i for k, i in outbox if k == key], key
@@ -274,8 +278,8 @@ def test_same_seed_same_orders_and_same_plan(
         done = chaos(child_env, tmp_path, "run", *args, "--json", "--workdir", str(workdir))
         assert done.returncode == 0, done.stderr
         figures = one_json(done.stdout)
-        fed = db_rows(workdir / "source.db", "SELECT id, payload FROM outbox ORDER BY id")
-        stock = db_rows(workdir / "sink.db", "SELECT sku, qty FROM inventory ORDER BY sku")
+        fed = db_rows(workdir / "source.db", "SELECT id, payload FROM outbox_entries ORDER BY id")
+        stock = db_rows(workdir / "sink.db", "SELECT sku, qty FROM inbox_inventory ORDER BY sku")
         results.append((figures["kills"], figures["kill_kinds"], fed, stock))
 
     assert results[0] == results[1]
@@ -312,15 +316,15 @@ def test_the_verdict_fails_on_tampered_files(
     assert done.returncode == 0, done.stderr
     source, sink = workdir / "source.db", workdir / "sink.db"
     assert read_verdict(source, sink, {}).ok is True
-    generic = "SELECT id FROM outbox WHERE type <> 'order.placed' ORDER BY seq DESC LIMIT 1"
+    generic = "SELECT id FROM outbox_entries WHERE type <> 'order.placed' ORDER BY seq DESC LIMIT 1"
     ((last,),) = db_rows(source, generic)
     # The same event, written as other JSON text: not its canonical form.
-    write(sink, "UPDATE inbox SET payload = payload || ' ' WHERE id = ?", (last,))
+    write(sink, "UPDATE inbox_events SET payload = payload || ' ' WHERE id = ?", (last,))
     differing = read_verdict(source, sink, {})
     assert (differing.payload_mismatches, differing.lost, differing.ok) == (1, 0, False)
 
-    ((sku,),) = db_rows(sink, "SELECT sku FROM inventory ORDER BY sku LIMIT 1")
-    write(sink, "UPDATE inventory SET qty = qty + 1 WHERE sku = ?", (sku,))
+    ((sku,),) = db_rows(sink, "SELECT sku FROM inbox_inventory ORDER BY sku LIMIT 1")
+    write(sink, "UPDATE inbox_inventory SET qty = qty + 1 WHERE sku = ?", (sku,))
 
     tampered = read_verdict(source, sink, {})
     assert tampered.ok is False
@@ -328,9 +332,9 @@ def test_the_verdict_fails_on_tampered_files(
     assert tampered.inventory_ok is False
     assert tampered.lost == 0
 
-    ((event_id,),) = db_rows(source, "SELECT id FROM outbox ORDER BY seq LIMIT 1")
+    ((event_id,),) = db_rows(source, "SELECT id FROM outbox_entries ORDER BY seq LIMIT 1")
     assert event_id != last
-    write(source, "UPDATE outbox SET sent = 0, sent_at = NULL WHERE id = ?", (event_id,))
+    write(source, "UPDATE outbox_entries SET sent = 0, sent_at = NULL WHERE id = ?", (event_id,))
 
     unmarked = read_verdict(source, sink, {})
     assert unmarked.lost == 1
@@ -338,7 +342,7 @@ def test_the_verdict_fails_on_tampered_files(
     assert unmarked.ok is False
 
     # A generic event the sink never applied: no inventory shows it.
-    write(sink, "DELETE FROM inbox WHERE id = ?", (last,))
+    write(sink, "DELETE FROM inbox_events WHERE id = ?", (last,))
 
     missing = read_verdict(source, sink, {})
     assert (missing.lost, missing.payload_mismatches, missing.unknown) == (2, 0, 0)
@@ -356,11 +360,11 @@ def test_the_order_check_fails_on_a_reordered_inbox(
     source, sink = workdir / "source.db", workdir / "sink.db"
     assert read_verdict(source, sink, {}).order_inversions == 0
 
-    ((first,),) = db_rows(source, "SELECT id FROM outbox ORDER BY seq LIMIT 1")
+    ((first,),) = db_rows(source, "SELECT id FROM outbox_entries ORDER BY seq LIMIT 1")
     # As if the sink had first applied the first order last.
     write(
         sink,
-        "UPDATE inbox SET applied_seq = (SELECT max(applied_seq) + 1 FROM inbox) WHERE id = ?",
+        "UPDATE inbox_events SET applied_seq = (SELECT max(applied_seq) + 1 FROM inbox_events) WHERE id = ?",
         (first,),
     )
 
@@ -456,9 +460,9 @@ def test_scenario(
     if backend == "sqlite":
         assert (source, sink) == (workdir / name / "source.db", workdir / name / "sink.db")
     if name in ("crash-after-ack", "drop-after-commit"):  # what the verdict says, read again
-        assert db_rows(sink, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-        assert db_rows(sink, "SELECT sku, qty FROM inventory") == [("snack", 7)]
-        assert db_rows(source, "SELECT id, sent FROM outbox") == [("order-1", 1)]
+        assert db_rows(sink, "SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
+        assert db_rows(sink, "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
+        assert db_rows(source, "SELECT id, sent FROM outbox_entries") == [("order-1", 1)]
     assert leftovers(workdir) == []
     if name == "poison-head":
         assert_the_quarantine_record_explains_the_order(workdir / name, tmp_path / "copy.db")
@@ -476,7 +480,7 @@ def assert_the_quarantine_record_explains_the_order(workdir: Path, copy: Path) -
     conn = sqlite3.connect(copy)
     try:
         with conn:
-            assert conn.execute("DELETE FROM quarantines").rowcount == 1
+            assert conn.execute("DELETE FROM outbox_quarantines").rowcount == 1
     finally:
         conn.close()
     assert order_inversions(copy, sink) == 2

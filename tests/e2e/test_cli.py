@@ -61,12 +61,12 @@ def test_dispatch_with_limit_sends_only_that_many_in_order(
     ran = run_publisher(capsys, "dispatch", "--db", str(source), "--sink", sink.url, "--limit", "2")
 
     assert (ran.status, ran.out.strip()) == (0, "delivered 2: z-first a-second")
-    assert db_rows(source, "SELECT id, sent FROM outbox ORDER BY seq") == [
+    assert db_rows(source, "SELECT id, sent FROM outbox_entries ORDER BY seq") == [
         ("z-first", 1),
         ("a-second", 1),
         ("m-third", 0),
     ]
-    assert db_rows(tmp_path / "sink.db", "SELECT qty FROM inventory") == [(3,)]
+    assert db_rows(tmp_path / "sink.db", "SELECT qty FROM inbox_inventory") == [(3,)]
 
 
 # ---------------------------------------------------------------- events of any type

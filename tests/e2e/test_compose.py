@@ -503,8 +503,8 @@ def test_service_commands_run_locally_with_the_same_flags(stack: Stack, db_rows:
     # Both databases are where the named volumes are mounted.
     sink_db = stack.mounts["sink"][PurePosixPath("/data")] / "sink.db"
     source_db = stack.mounts["publisher"][PurePosixPath("/data")] / "source.db"
-    assert db_rows(sink_db, "SELECT id FROM inbox") == [(order["id"],)]
-    assert db_rows(source_db, "SELECT id FROM orders") == [(order["id"],)]
+    assert db_rows(sink_db, "SELECT id FROM inbox_events") == [(order["id"],)]
+    assert db_rows(source_db, "SELECT id FROM outbox_orders") == [(order["id"],)]
 
     for running in (publisher, sink):  # dependents first, as compose stops them
         status = running.stop()
@@ -527,8 +527,8 @@ def test_the_postgres_service_commands_run_locally_with_the_same_flags(
         {"id": order["id"], "result": "accepted"},
     )
     wait_for_inventory(sink.port, str(order["sku"]), pg_stack.token, 4)
-    assert db_rows(pg_stack.databases["sink"], "SELECT id FROM inbox") == [(order["id"],)]
-    assert db_rows(pg_stack.databases["source"], "SELECT id, sent FROM outbox") == [
+    assert db_rows(pg_stack.databases["sink"], "SELECT id FROM inbox_events") == [(order["id"],)]
+    assert db_rows(pg_stack.databases["source"], "SELECT id, sent FROM outbox_entries") == [
         (order["id"], 1)
     ]
     for running in (publisher, sink):

@@ -190,7 +190,7 @@ def test_a_slow_body_is_answered_408_and_closed(
         assert "did not arrive" in json.loads(body)["error"]
         assert time.monotonic() - started < 4.0
         assert closed_within(sock, 5.0) is not None, "kept open after the 408"
-    assert db_rows(tmp_path / "sink.db", "SELECT count(*) FROM inbox") == [(0,)]
+    assert db_rows(tmp_path / "sink.db", "SELECT count(*) FROM inbox_events") == [(0,)]
 
 
 def test_beyond_the_cap_with_every_connection_busy_a_new_one_gets_503(start: object) -> None:

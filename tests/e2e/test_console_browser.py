@@ -94,14 +94,14 @@ def screenshot(page: Page, folders: list[Path], name: str) -> None:
 def entry_state(db_rows: Query, db: Path | str, event_id: str) -> tuple[bool, bool]:
     """(sent, quarantined) of one outbox entry, read with the test's own connection."""
     [(sent, quarantined)] = db_rows(
-        db, "SELECT sent, quarantined FROM outbox WHERE id = ?", (event_id,)
+        db, "SELECT sent, quarantined FROM outbox_entries WHERE id = ?", (event_id,)
     )
     return bool(sent), bool(quarantined)
 
 
 def records(db_rows: Query, db: Path | str) -> list[tuple[Any, ...]]:
     return db_rows(
-        db, "SELECT id, reason, quarantined_by, released_by, released_as FROM quarantines"
+        db, "SELECT id, reason, quarantined_by, released_by, released_as FROM outbox_quarantines"
     )
 
 

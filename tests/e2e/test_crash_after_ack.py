@@ -34,17 +34,17 @@ def test_crash_after_ack_keeps_the_entry_and_the_resend_is_a_duplicate(
     status, _, stderr = dispatch(run_cli, source, sink.url, "--chaos", "exit-after-ack")
 
     assert status == CHAOS_EXIT, stderr
-    assert db_rows(source, "SELECT sent FROM outbox WHERE id = 'order-1'") == [(0,)]
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(source, "SELECT sent FROM outbox_entries WHERE id = 'order-1'") == [(0,)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
 
     status, stdout, stderr = dispatch(run_cli, source, sink.url)
 
     assert status == 0, stderr
     assert stdout.strip() == "delivered 1: order-1"
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
-    assert db_rows(source, "SELECT sent FROM outbox WHERE id = 'order-1'") == [(1,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(source, "SELECT sent FROM outbox_entries WHERE id = 'order-1'") == [(1,)]
     assert sink.proc.poll() is None, "the sink process should still be serving"
 
 
@@ -66,25 +66,25 @@ def test_crash_after_the_first_of_two_acks_marks_neither_and_rerun_applies_each_
     status, _, stderr = dispatch(run_cli, source, sink.url, "--chaos", "exit-after-ack")
 
     assert status == CHAOS_EXIT, stderr
-    assert db_rows(source, "SELECT id, sent FROM outbox ORDER BY seq") == [
+    assert db_rows(source, "SELECT id, sent FROM outbox_entries ORDER BY seq") == [
         ("order-1", 0),
         ("order-2", 0),
     ]
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
 
     status, stdout, stderr = dispatch(run_cli, source, sink.url)
 
     assert status == 0, stderr
     assert stdout.strip() == "delivered 2: order-1 order-2"
-    assert db_rows(source, "SELECT id, sent FROM outbox ORDER BY seq") == [
+    assert db_rows(source, "SELECT id, sent FROM outbox_entries ORDER BY seq") == [
         ("order-1", 1),
         ("order-2", 1),
     ]
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY id") == [
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events ORDER BY id") == [
         ("order-1", 2),
         ("order-2", 1),
     ]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory ORDER BY sku") == [
         ("drink", 3),
         ("snack", 7),
     ]
@@ -104,7 +104,7 @@ async def test_commit_survives_sigkill_of_the_sink(
 
         assert (status, ack["ack"], ack["status"]) == (200, "order-1", "applied")
         assert killed == -signal.SIGKILL
-        assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+        assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
 
         restarted = sink_process(sink_db)
         async with session.get(f"{restarted.base}/inventory/snack") as response:
@@ -113,5 +113,5 @@ async def test_commit_survives_sigkill_of_the_sink(
             again = await response.json()
 
     assert (again["ack"], again["status"]) == ("order-1", "duplicate")
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]

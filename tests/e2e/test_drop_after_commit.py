@@ -33,17 +33,17 @@ def test_dropped_reply_keeps_the_entry_and_the_resend_gets_a_duplicate_ack(
     assert len(stderr.splitlines()) == 1, stderr
     assert "order-1" in stderr
     assert stdout == ""
-    assert db_rows(source, "SELECT sent FROM outbox WHERE id = 'order-1'") == [(0,)]
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(source, "SELECT sent FROM outbox_entries WHERE id = 'order-1'") == [(0,)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
 
     status, stdout, stderr = dispatch(run_cli, source, sink.url)
 
     assert status == 0, stderr
     assert stdout.strip() == "delivered 1: order-1"
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
-    assert db_rows(source, "SELECT sent FROM outbox WHERE id = 'order-1'") == [(1,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(source, "SELECT sent FROM outbox_entries WHERE id = 'order-1'") == [(1,)]
 
 
 def test_dropped_reply_stops_the_batch_before_later_entries(
@@ -64,21 +64,21 @@ def test_dropped_reply_stops_the_batch_before_later_entries(
     status, _, stderr = dispatch(run_cli, source, sink.url)
 
     assert status == 1, stderr
-    assert db_rows(source, "SELECT id, sent FROM outbox ORDER BY seq") == [
+    assert db_rows(source, "SELECT id, sent FROM outbox_entries ORDER BY seq") == [
         ("order-1", 0),
         ("order-2", 0),
     ]
-    assert db_rows(sink_db, "SELECT id FROM inbox") == [("order-1",)]
+    assert db_rows(sink_db, "SELECT id FROM inbox_events") == [("order-1",)]
 
     status, stdout, stderr = dispatch(run_cli, source, sink.url)
 
     assert status == 0, stderr
     assert stdout.strip() == "delivered 2: order-1 order-2"
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY id") == [
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events ORDER BY id") == [
         ("order-1", 2),
         ("order-2", 1),
     ]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory ORDER BY sku") == [
         ("drink", 3),
         ("snack", 7),
     ]

@@ -119,10 +119,10 @@ def test_each_service_runs_on_the_loop_it_is_given_and_an_order_gets_through(
 
     item = {"id": "order-1", "sku": "snack", "qty": 3}
     assert post_order(publisher.port, item) == (201, {"id": "order-1", "result": "accepted"})
-    wait_until(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)])
+    wait_until(lambda: db_rows(db, "SELECT sent FROM outbox_entries") == [(1,)])
 
-    assert db_rows(sink.db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert db_rows(sink.db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(3,)]
+    assert db_rows(sink.db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
+    assert db_rows(sink.db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(3,)]
     sink_loop = listening_record(sink.log)["event_loop"]
     publisher_loop = listening_record(publisher.log)["event_loop"]
     if expected is None:  # the flag on one side, the environment on the other
@@ -183,7 +183,7 @@ def test_a_sink_out_of_descriptors_serves_again_once_they_are_back(
         assert health(port, 5.0) == 200
         event = {"id": "order-1", "sku": "snack", "qty": 4}
         assert post_event(port, event) == 200
-        assert db_rows(db, "SELECT id FROM inbox") == [("order-1",)]
+        assert db_rows(db, "SELECT id FROM inbox_events") == [("order-1",)]
         assert proc.poll() is None, "the sink died"
         text = log.read_text()
         assert "Traceback" not in text, text[-2000:]

@@ -39,8 +39,8 @@ BATCH_SIZE = 20
 KILL_AFTER = 150  # orders answered before the kill
 RUN_S = 20.0  # the whole intake, bounded
 BOTH_TABLES = """
-    SELECT 'order', id, sku, qty, NULL, NULL, NULL FROM orders
-    UNION ALL SELECT 'entry', id, NULL, NULL, type, lane, payload FROM outbox
+    SELECT 'order', id, sku, qty, NULL, NULL, NULL FROM outbox_orders
+    UNION ALL SELECT 'entry', id, NULL, NULL, type, lane, payload FROM outbox_entries
 """
 
 

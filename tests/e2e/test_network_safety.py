@@ -232,10 +232,10 @@ def test_sink_with_a_token_on_an_open_address(
     assert request("GET", f"{sink.loopback_base}/healthz")[0] == 200
     assert request("POST", f"{sink.loopback_base}/events", event)[0] == 401
     assert request("POST", f"{sink.loopback_base}/events", event, WRONG)[0] == 401
-    assert db_rows(tmp_path / "sink.db", "SELECT * FROM inbox") == []
+    assert db_rows(tmp_path / "sink.db", "SELECT * FROM inbox_events") == []
     status, ack = request("POST", f"{sink.loopback_base}/events", event, TOKEN)
     assert (status, ack["ack"]) == (200, "order-1")
-    assert db_rows(tmp_path / "sink.db", "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(tmp_path / "sink.db", "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
 
     argv = cmdline(sink.proc.pid)
     assert not any(TOKEN in arg for arg in argv), argv
@@ -322,8 +322,8 @@ def test_dispatch_with_the_token_delivers(
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "delivered 1: order-1"
-    assert db_rows(source, "SELECT sent FROM outbox WHERE id = 'order-1'") == [(1,)]
-    assert db_rows(guarded_sink.db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(source, "SELECT sent FROM outbox_entries WHERE id = 'order-1'") == [(1,)]
+    assert db_rows(guarded_sink.db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
     assert unauthorized_total(guarded_sink.base) == 0
 
 
@@ -347,9 +347,11 @@ def test_dispatch_without_the_right_token_fails_and_keeps_the_entry(
     assert "401" in line
     assert WRONG not in line
     assert done.stdout == ""
-    assert db_rows(source, "SELECT sent, attempts FROM outbox WHERE id = 'order-1'") == [(0, 1)]
-    assert db_rows(guarded_sink.db, "SELECT * FROM inbox") == []
-    assert db_rows(guarded_sink.db, "SELECT * FROM inventory") == []
+    assert db_rows(source, "SELECT sent, attempts FROM outbox_entries WHERE id = 'order-1'") == [
+        (0, 1)
+    ]
+    assert db_rows(guarded_sink.db, "SELECT * FROM inbox_events") == []
+    assert db_rows(guarded_sink.db, "SELECT * FROM inbox_inventory") == []
     assert unauthorized_total(guarded_sink.base) == 1
 
 
@@ -370,8 +372,10 @@ def test_dispatch_with_a_missing_token_file_sends_nothing(
 
     assert done.returncode == 2, done.stderr
     assert "no-such-token" in one_line(done.stderr)
-    assert db_rows(source, "SELECT sent, attempts FROM outbox WHERE id = 'order-1'") == [(0, 0)]
-    assert db_rows(guarded_sink.db, "SELECT * FROM inbox") == []
+    assert db_rows(source, "SELECT sent, attempts FROM outbox_entries WHERE id = 'order-1'") == [
+        (0, 0)
+    ]
+    assert db_rows(guarded_sink.db, "SELECT * FROM inbox_events") == []
     assert unauthorized_total(guarded_sink.base) == 0
 
 
@@ -386,7 +390,9 @@ def test_dispatch_with_a_short_token_sends_nothing(
 
     assert done.returncode == 2, done.stderr
     assert "too-short" not in one_line(done.stderr)
-    assert db_rows(source, "SELECT sent, attempts FROM outbox WHERE id = 'order-1'") == [(0, 0)]
+    assert db_rows(source, "SELECT sent, attempts FROM outbox_entries WHERE id = 'order-1'") == [
+        (0, 0)
+    ]
     assert unauthorized_total(guarded_sink.base) == 0
 
 
@@ -431,7 +437,9 @@ def test_dispatch_refuses_a_host_that_is_not_allowed(
 
     assert done.returncode == 2, done.stderr
     assert "refused sink URL" in one_line(done.stderr)
-    assert db_rows(source, "SELECT sent, attempts FROM outbox WHERE id = 'order-1'") == [(0, 0)]
+    assert db_rows(source, "SELECT sent, attempts FROM outbox_entries WHERE id = 'order-1'") == [
+        (0, 0)
+    ]
 
 
 def test_an_allowed_host_does_not_allow_another(
@@ -445,7 +453,9 @@ def test_an_allowed_host_does_not_allow_another(
 
     assert done.returncode == 2, done.stderr
     assert "other.invalid" in one_line(done.stderr)
-    assert db_rows(source, "SELECT sent, attempts FROM outbox WHERE id = 'order-1'") == [(0, 0)]
+    assert db_rows(source, "SELECT sent, attempts FROM outbox_entries WHERE id = 'order-1'") == [
+        (0, 0)
+    ]
 
 
 def test_a_serve_refusal_happens_before_listening(
@@ -536,7 +546,7 @@ def test_publisher_with_an_intake_token_on_an_open_address(
     assert request("GET", f"{publisher.loopback_base}/healthz")[0] == 200
     assert request("POST", orders, ORDER_BODY)[0] == 401
     assert request("POST", orders, ORDER_BODY, WRONG)[0] == 401
-    assert db_rows(tmp_path / "served.db", "SELECT * FROM orders") == []
+    assert db_rows(tmp_path / "served.db", "SELECT * FROM outbox_orders") == []
     status, reply = request("POST", orders, ORDER_BODY, TOKEN)
     assert (status, reply["result"]) == (201, "accepted")
     assert not any(TOKEN in arg for arg in cmdline(publisher.proc.pid))

@@ -294,7 +294,7 @@ def test_sink_conforms_and_only_acknowledged_events_change_the_inbox(
         "the fuzzer never had an event applied: nothing was checked"
     )
 
-    rows = db_rows(db, "SELECT id, type, payload, deliveries FROM inbox")
+    rows = db_rows(db, "SELECT id, type, payload, deliveries FROM inbox_events")
     inbox = {row[0]: row[1:] for row in rows}
     assert set(inbox) == set(applied), "inbox rows that no ACK accounts for, or ACKs not on disk"
     # A refused request (a conflict, say) left the event as it was applied.
@@ -310,7 +310,7 @@ def test_sink_conforms_and_only_acknowledged_events_change_the_inbox(
         order = placed_order(one)
         if order is not None:
             expected[order["sku"]] += order["qty"]
-    assert dict(db_rows(db, "SELECT sku, qty FROM inventory")) == dict(expected)
+    assert dict(db_rows(db, "SELECT sku, qty FROM inbox_inventory")) == dict(expected)
 
 
 # ---------------------------------------------------------------- the publisher
@@ -394,11 +394,13 @@ def check_outbox(db: Path, db_rows: Query, exchanges: list[Exchange], intake: st
             assert accepted.get(one["id"]) == one, f"a duplicate of another event: {item}"
     assert accepted, f"the fuzzer never had an {intake} route accept: nothing was checked"
 
-    rows = db_rows(db, "SELECT id, sku, qty FROM orders")
+    rows = db_rows(db, "SELECT id, sku, qty FROM outbox_orders")
     assert {row[0]: (row[1], row[2]) for row in rows} == orders, (
         "orders that no 201 accounts for, or 201s not on disk"
     )
-    outbox = {row[0]: row[1:] for row in db_rows(db, "SELECT id, type, payload, lane FROM outbox")}
+    outbox = {
+        row[0]: row[1:] for row in db_rows(db, "SELECT id, type, payload, lane FROM outbox_entries")
+    }
     assert set(outbox) == set(accepted), "entries that no 201 accounts for, or 201s not on disk"
     for event_id, (event_type, payload, lane) in outbox.items():
         one = accepted[event_id]

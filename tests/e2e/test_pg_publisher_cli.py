@@ -40,7 +40,7 @@ def execute(url: str, statement: str) -> None:
 
 
 def sent(url: str) -> dict[str, int]:
-    return dict(rows(url, "SELECT id, sent FROM outbox"))
+    return dict(rows(url, "SELECT id, sent FROM outbox_entries"))
 
 
 def publisher(capsys: Capsys, *args: str) -> str:
@@ -79,7 +79,7 @@ def test_every_command_works_on_a_postgresql_database(
     )
     assert [stage["proof"] for stage in trace["stages"]] == ["proven"] * len(trace["stages"])
     assert sent(pg_database) == {"o-1": 1, "o-2": 1, "o-3": 1}
-    execute(pg_database, "UPDATE outbox SET sent_at = sent_at - 7200 WHERE id = 'o-1'")
+    execute(pg_database, "UPDATE outbox_entries SET sent_at = sent_at - 7200 WHERE id = 'o-1'")
     assert publisher(capsys, "prune", "--db", pg_database, "--older-than", "1h") == (
         "pruned 1 sent entries\n"
     )
@@ -127,7 +127,9 @@ def test_a_second_serve_on_the_same_database_is_a_standby_worker_that_takes_over
     accept(capsys, pg_database, "beside")
     wait_until(lambda: sent(pg_database).get("beside") == 1)
     assert second.proc.poll() is None
-    assert rows(pg_database, "SELECT line, owner, epoch FROM line_leases") == [("*", "w1", 1)]
+    assert rows(pg_database, "SELECT line, owner, epoch FROM outbox_line_leases") == [
+        ("*", "w1", 1)
+    ]
     refused = run_publisher(capsys, "dispatch", "--db", pg_database, "--sink", sink.url)
     assert refused.status == 1
     assert refused.err.count("\n") == 1, refused.err
@@ -135,10 +137,12 @@ def test_a_second_serve_on_the_same_database_is_a_standby_worker_that_takes_over
     first.kill()  # SIGKILL: its lease runs out within a ttl, and w2 takes the line over
     accept(capsys, pg_database, "after")
     wait_until(lambda: sent(pg_database).get("after") == 1, timeout_s=10)
-    assert rows(pg_database, "SELECT line, owner, epoch FROM line_leases") == [("*", "w2", 2)]
+    assert rows(pg_database, "SELECT line, owner, epoch FROM outbox_line_leases") == [
+        ("*", "w2", 2)
+    ]
     second.stop()  # SIGTERM: releases the line and forgets the worker
-    assert rows(pg_database, "SELECT owner FROM line_leases") == [(None,)]
+    assert rows(pg_database, "SELECT owner FROM outbox_line_leases") == [(None,)]
     # w1, killed, is left until it is forgotten (not live: not seen within a ttl).
-    assert rows(pg_database, "SELECT worker FROM relay_workers") == [("w1",)]
+    assert rows(pg_database, "SELECT worker FROM outbox_relay_workers") == [("w1",)]
     out = publisher(capsys, "dispatch", "--db", pg_database, "--sink", sink.url)
     assert out == "delivered 0\n"

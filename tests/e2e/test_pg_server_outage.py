@@ -164,17 +164,17 @@ def test_intake_sink_and_relay_ride_out_a_stopped_server(
     )
 
     # Nothing half-written: every order row has its outbox row, and the other way round.
-    assert db_rows(source, "SELECT count(*) FROM orders") == db_rows(
-        source, "SELECT count(*) FROM outbox"
+    assert db_rows(source, "SELECT count(*) FROM outbox_orders") == db_rows(
+        source, "SELECT count(*) FROM outbox_entries"
     )
-    orphans = "SELECT count(*) FROM orders o LEFT JOIN outbox x ON x.id = o.id WHERE x.id IS NULL"
+    orphans = "SELECT count(*) FROM outbox_orders o LEFT JOIN outbox_entries x ON x.id = o.id WHERE x.id IS NULL"
     assert db_rows(source, orphans) == [(0,)]
     verdict = read_verdict(source, sink_db, feeder.accepted)
     assert (verdict.lost, verdict.applied_twice, verdict.order_inversions) == (0, 0, 0), verdict
     assert verdict.inventory_ok and verdict.pending == 0, verdict
     # A refused order is either absent or (its commit went through as the server went
     # down) whole and delivered like any other: never half there.
-    stored = {i for (i,) in db_rows(source, "SELECT id FROM orders")}
+    stored = {i for (i,) in db_rows(source, "SELECT id FROM outbox_orders")}
     assert set(feeder.accepted) <= stored
     assert stored <= set(feeder.accepted) | set(feeder.refused)
     assert verdict.accepted == len(stored) and verdict.delivered == len(stored)

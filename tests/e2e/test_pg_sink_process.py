@@ -62,8 +62,8 @@ def test_a_sink_killed_after_its_ack_is_replaced_by_one_that_knows_the_event(
         assert stop_process(second) == 0
 
     database = PgAccess(pg_database, "inbox_health")
-    rows = database.query("SELECT id, applied_seq FROM inbox ORDER BY applied_seq")
+    rows = database.query("SELECT id, applied_seq FROM inbox_events ORDER BY applied_seq")
     assert [event_id for event_id, _ in rows] == [e["id"] for e in EVENTS]
     applied_seq: dict[str, int] = dict(rows)
     assert applied_seq["order-3"] == record["applied_seq"]
-    assert database.query("SELECT qty FROM inventory") == [(6,)]
+    assert database.query("SELECT qty FROM inbox_inventory") == [(6,)]

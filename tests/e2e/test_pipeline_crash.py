@@ -78,7 +78,7 @@ def assert_all_applied_once_in_order(
     db_rows: Query, source: Path, sink_db: Path, events: list[dict[str, Any]], by_sku: bool
 ) -> None:
     ids = [e["id"] for e in events]
-    marks = db_rows(source, "SELECT id, sent, ack FROM outbox ORDER BY seq")
+    marks = db_rows(source, "SELECT id, sent, ack FROM outbox_entries ORDER BY seq")
     assert [(i, s) for i, s, _ in marks] == [(i, 1) for i in ids]
     assert [json.loads(ack)["ack"] for _, _, ack in marks] == ids
     applied = inbox_ids(sink_db)
@@ -87,7 +87,7 @@ def assert_all_applied_once_in_order(
     totals: dict[str, int] = {}
     for e in events:
         totals[e["sku"]] = totals.get(e["sku"], 0) + e["qty"]
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == totals
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory")) == totals
 
 
 def settled_inbox(db_rows: Query, sink_db: Path) -> list[str]:
@@ -189,10 +189,10 @@ def test_exit_after_a_pipelined_ack_leaves_it_unmarked_and_the_restart_absorbs_t
     assert inbox_record(sink.port, crashed)["deliveries"] == 2
     # Everything applied but not marked before the crash was sent again once and
     # absorbed; the rest was sent once.
-    delivered: dict[str, int] = dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox"))
+    delivered: dict[str, int] = dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox_events"))
     resent = set(applied) - set(marked_before)
     assert delivered == {i: 2 if i in resent else 1 for i in ids}
-    [(crashed_ack,)] = db_rows(source, "SELECT ack FROM outbox WHERE id = ?", (crashed,))
+    [(crashed_ack,)] = db_rows(source, "SELECT ack FROM outbox_entries WHERE id = ?", (crashed,))
     assert json.loads(crashed_ack)["status"] == "duplicate"
     assert sink.proc.poll() is None, "the sink process should still be serving"
 
@@ -275,6 +275,6 @@ def test_sigkill_mid_drain_loses_nothing_and_applies_nothing_twice(
     assert_all_applied_once_in_order(db_rows, source, sink_db, events, by_sku)
     # Marked before the kill: never sent again. Applied but not marked: sent again
     # once and absorbed. Not applied: sent once, by the restarted publisher.
-    delivered: dict[str, int] = dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox"))
+    delivered: dict[str, int] = dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox_events"))
     assert delivered == {i: 2 if i in unmarked else 1 for i in ids}
     assert sink.proc.poll() is None, "the sink process should still be serving"

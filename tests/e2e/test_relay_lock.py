@@ -40,7 +40,7 @@ def accept_by_cli(run_cli: RunCli, db: Path, *ids: str) -> None:
 
 
 def unsent(db_rows: Query, db: Path) -> int:
-    n: int = db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 0")[0][0]
+    n: int = db_rows(db, "SELECT count(*) FROM outbox_entries WHERE sent = 0")[0][0]
     return n
 
 
@@ -161,7 +161,7 @@ def test_an_in_process_relay_restarted_after_a_sigkill_takes_its_lines_back_at_o
     took_s = wait_until(lambda: unsent(db_rows, db) == 0, timeout_s=DEFAULT_LEASE_TTL_S * 0.8)
     assert took_s < DEFAULT_LEASE_TTL_S * 0.8
     assert deliveries(sink_db) == {"a": 1, "b": 1}
-    lease = "SELECT owner, epoch FROM line_leases WHERE line = ?"
+    lease = "SELECT owner, epoch FROM outbox_line_leases WHERE line = ?"
     assert db_rows(db, lease, (GLOBAL_LINE,)) == [(worker_id_for(str(db), None), 2)]
 
 
@@ -181,7 +181,9 @@ def test_operator_commands_work_beside_a_running_relay(
         "publisher", "accept", "--db", str(db), "--id", "x", "--sku", "bad", "--qty", "1"
     )
     assert done.returncode == 0, done.stderr
-    wait_until(lambda: db_rows(db, "SELECT attempts > 0 FROM outbox WHERE id = 'x'") == [(1,)])
+    wait_until(
+        lambda: db_rows(db, "SELECT attempts > 0 FROM outbox_entries WHERE id = 'x'") == [(1,)]
+    )
 
     def ok(*args: str) -> str:
         result = run_cli("publisher", *args)
@@ -195,7 +197,7 @@ def test_operator_commands_work_beside_a_running_relay(
     ok("trace", "x", *where)
     ok("quarantine", "x", *where, "--reason", "refused by the sink")
     accept_by_cli(run_cli, db, "y")
-    wait_until(lambda: db_rows(db, "SELECT sent FROM outbox WHERE id = 'y'") == [(1,)])
+    wait_until(lambda: db_rows(db, "SELECT sent FROM outbox_entries WHERE id = 'y'") == [(1,)])
     ok("redrive", "x", *where)
     ok("prune", *where, "--older-than", "7d")
     assert deliveries(sink_db) == {"y": 1}

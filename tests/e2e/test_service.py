@@ -101,9 +101,9 @@ def test_posted_orders_are_delivered_logged_as_json_and_sigterm_exits_zero(
     took = wait_until(all_sent(db_rows, db, 5))
 
     assert took < 3.0
-    inbox = db_rows(sink.db, "SELECT id, deliveries FROM inbox ORDER BY rowid")
+    inbox = db_rows(sink.db, "SELECT id, deliveries FROM inbox_events ORDER BY rowid")
     assert inbox == [(item["id"], 1) for item in orders]
-    assert db_rows(sink.db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(15,)]
+    assert db_rows(sink.db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(15,)]
 
     publisher.signal(signal.SIGTERM)
     assert publisher.wait() == 0
@@ -155,10 +155,10 @@ def test_signal_stops_intake_waits_for_the_send_in_flight_and_exits_zero(
 
     assert status == 0, publisher.log.read_text()
     assert 1.0 <= took < 4.5, "it should wait for the in-flight send to time out, then exit"
-    [(sent, attempts, error)] = db_rows(db, "SELECT sent, attempts, last_error FROM outbox")
+    [(sent, attempts, error)] = db_rows(db, "SELECT sent, attempts, last_error FROM outbox_entries")
     assert (sent, attempts) == (0, 1)
     assert "no reply in time" in error
-    assert db_rows(db, "SELECT id FROM orders") == [("order-001",)]
+    assert db_rows(db, "SELECT id FROM outbox_orders") == [("order-001",)]
 
 
 def test_orders_accepted_by_another_process_are_picked_up_by_polling(
@@ -179,8 +179,8 @@ def test_orders_accepted_by_another_process_are_picked_up_by_polling(
     assert result.stdout.strip() == "accepted cli-1"
 
     wait_until(all_sent(db_rows, db, 1), 5.0)
-    assert db_rows(sink.db, "SELECT id, deliveries FROM inbox") == [("cli-1", 1)]
-    assert db_rows(sink.db, "SELECT qty FROM inventory WHERE sku = 'x'") == [(4,)]
+    assert db_rows(sink.db, "SELECT id, deliveries FROM inbox_events") == [("cli-1", 1)]
+    assert db_rows(sink.db, "SELECT qty FROM inbox_inventory WHERE sku = 'x'") == [(4,)]
 
 
 def test_env_variables_work_instead_of_flags(
@@ -205,7 +205,7 @@ def test_env_variables_work_instead_of_flags(
 
     assert post_order(publisher.port, order(1, qty=3))[0] == 201
     wait_until(all_sent(db_rows, db, 1))
-    assert db_rows(sink.db, "SELECT qty FROM inventory") == [(3,)]
+    assert db_rows(sink.db, "SELECT qty FROM inbox_inventory") == [(3,)]
     status = subprocess.run(
         [sys.executable, "-m", "publisher", "status", "--json"],
         capture_output=True,
@@ -299,17 +299,17 @@ def test_sigkill_mid_stream_then_restart_delivers_every_order_exactly_once(
 
     second.signal(signal.SIGTERM)
     assert second.wait() == 0
-    source_orders = db_rows(db, "SELECT id, sku, qty FROM orders ORDER BY id")
+    source_orders = db_rows(db, "SELECT id, sku, qty FROM outbox_orders ORDER BY id")
     assert [r[0] for r in source_orders] == sorted(item["id"] for item in orders)
     assert set(sent_flags(db).values()) == {1}
-    inbox = db_rows(sink.db, "SELECT id, payload FROM inbox ORDER BY id")
+    inbox = db_rows(sink.db, "SELECT id, payload FROM inbox_events ORDER BY id")
     assert [r[0] for r in inbox] == [r[0] for r in source_orders]  # each ID once
     for (event_id, payload), (_, sku, qty) in zip(inbox, source_orders, strict=True):
         assert json.loads(payload) == placed(event_id, sku, qty)
     expected: dict[str, int] = {}
     for item in orders:
         expected[item["sku"]] = expected.get(item["sku"], 0) + item["qty"]
-    assert dict(db_rows(sink.db, "SELECT sku, qty FROM inventory")) == expected
+    assert dict(db_rows(sink.db, "SELECT sku, qty FROM inbox_inventory")) == expected
 
 
 # ---------------------------------------------------------------- operations commands
@@ -349,7 +349,7 @@ def test_quarantine_list_redrive_and_status_from_the_command_line(
     pending_redrive = run_cli("publisher", "redrive", "b", "--db", db)
     assert pending_redrive.returncode == 1
     assert "pending" in pending_redrive.stderr
-    assert db_rows(three_pending, "SELECT count(*) FROM quarantines") == [(1,)]
+    assert db_rows(three_pending, "SELECT count(*) FROM outbox_quarantines") == [(1,)]
 
     [held] = cli_lines(run_cli, "list", "--db", db, "--state", "quarantined", "--json")
     assert (held["id"], held["seq"], held["state"]) == ("a", 1, "quarantined")
@@ -361,7 +361,7 @@ def test_quarantine_list_redrive_and_status_from_the_command_line(
 
     delivered = run_cli("publisher", "dispatch", "--db", db, "--sink", sink.url)
     assert delivered.returncode == 0, delivered.stderr
-    assert db_rows(sink.db, "SELECT id FROM inbox ORDER BY rowid") == [("b",), ("c",)]
+    assert db_rows(sink.db, "SELECT id FROM inbox_events ORDER BY rowid") == [("b",), ("c",)]
 
     redriven = run_cli("publisher", "redrive", "a", "--db", db, "--by", "bob")
     assert redriven.returncode == 0, redriven.stderr
@@ -379,8 +379,12 @@ def test_quarantine_list_redrive_and_status_from_the_command_line(
     assert run_cli("publisher", "dispatch", "--db", db, "--sink", sink.url).returncode == 0
     sent = cli_lines(run_cli, "list", "--db", db, "--state", "sent", "--json")
     assert [e["id"] for e in sent] == ["c", "b", "a"]  # newest first by seq
-    assert db_rows(sink.db, "SELECT id FROM inbox ORDER BY rowid") == [("b",), ("c",), ("a",)]
-    assert db_rows(sink.db, "SELECT qty FROM inventory") == [(6,)]
+    assert db_rows(sink.db, "SELECT id FROM inbox_events ORDER BY rowid") == [
+        ("b",),
+        ("c",),
+        ("a",),
+    ]
+    assert db_rows(sink.db, "SELECT qty FROM inbox_inventory") == [(6,)]
 
 
 def test_blocked_head_from_a_running_service_in_status_and_trace(
@@ -464,8 +468,8 @@ def test_trace_and_prune_from_the_command_line(
     time.sleep(0.01)
     pruned = run_cli("publisher", "prune", "--db", db, "--older-than", "0s")
     assert (pruned.returncode, pruned.stdout.strip()) == (0, "pruned 2 sent entries")
-    assert db_rows(three_pending, "SELECT id, sent FROM outbox") == [("c", 0)]
-    assert db_rows(three_pending, "SELECT count(*) FROM orders") == [(3,)]
+    assert db_rows(three_pending, "SELECT id, sent FROM outbox_entries") == [("c", 0)]
+    assert db_rows(three_pending, "SELECT count(*) FROM outbox_orders") == [(3,)]
 
     after = cli_json(run_cli, "trace", "a", "--db", db, "--sink", sink.url, "--json")
     assert [s["proof"] for s in after["stages"]] == [

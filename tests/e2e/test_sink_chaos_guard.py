@@ -41,7 +41,7 @@ def test_a_configured_host_name_is_allowed_and_others_are_not(
     event = {"id": "order-1", "sku": "snack", "qty": 1}
     assert post_with_host(port, "evil.example", event) == 421
     assert post_with_host(port, f"sink.internal:{port}", event) == 200
-    assert db_rows(sink_db, "SELECT id FROM inbox") == [("order-1",)]
+    assert db_rows(sink_db, "SELECT id FROM inbox_events") == [("order-1",)]
 
 
 def test_a_stalled_request_whose_sender_is_gone_is_still_applied_once_its_body_is_in(
@@ -64,8 +64,8 @@ def test_a_stalled_request_whose_sender_is_gone_is_still_applied_once_its_body_i
         time.sleep(0.1)  # inside the stall
     # The connection is closed now, before the stall ends.
 
-    wait_until(lambda: db_rows(sink_db, "SELECT id FROM inbox") == [("order-1",)], 8.0)
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(2,)]
+    wait_until(lambda: db_rows(sink_db, "SELECT id FROM inbox_events") == [("order-1",)], 8.0)
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(2,)]
 
 
 def raw_reply(port: int, head: bytes, body: bytes, timeout_s: float = 10.0) -> tuple[int, Any]:
@@ -109,4 +109,4 @@ def test_a_stall_leaves_the_size_and_time_checks_as_they_are(
     assert status == 408, reply
     assert "did not arrive" in reply["error"]
     assert time.monotonic() - started < 5.0
-    assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(0,)]
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox_events") == [(0,)]

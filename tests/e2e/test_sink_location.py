@@ -67,8 +67,8 @@ def test_a_sqlite_url_opens_that_file(
     status, ack = post_event(port, EVENT)
 
     assert (status, ack["ack"], ack["status"]) == (200, "order-1", "applied")
-    assert db_rows(path, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert db_rows(path, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(path, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
+    assert db_rows(path, "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
     assert sorted(p.name for p in (tmp_path / "data").iterdir() if p.suffix == ".db") == [
         "inbox.db"
     ]
@@ -86,6 +86,6 @@ def test_a_postgresql_uri_opens_that_database(
 
     assert (status, ack["ack"], ack["status"]) == (200, "order-1", "applied")
     database = PgAccess(pg_database, "inbox_health")
-    assert database.query("SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert database.query("SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert database.query("SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
+    assert database.query("SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
     assert list(tmp_path.glob("*.db")) == []

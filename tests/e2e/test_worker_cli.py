@@ -25,7 +25,7 @@ Capsys = pytest.CaptureFixture[str]
 
 
 def sent(db_rows: Query, db: Path) -> dict[str, int]:
-    return dict(db_rows(db, "SELECT id, sent FROM outbox"))
+    return dict(db_rows(db, "SELECT id, sent FROM outbox_entries"))
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -53,7 +53,7 @@ def test_a_sink_url_that_cannot_be_reached_is_failed_over_to_the_next(
         status, _ = post_order(serve.port, {"id": f"o{n}", "sku": "snack", "qty": 1})
         assert status == 201
     wait_until(lambda: sent(db_rows, db) == {"o0": 1, "o1": 1, "o2": 1})
-    assert db_rows(tmp_path / "sink.db", "SELECT count(*) FROM inbox") == [(3,)]
+    assert db_rows(tmp_path / "sink.db", "SELECT count(*) FROM inbox_events") == [(3,)]
     assert metrics(serve.port)["publisher_sink_failovers_total"] >= 1
 
 
@@ -106,11 +106,11 @@ def test_status_list_trace_and_metrics_show_the_lines_a_worker_holds(
 
     serve.stop()  # SIGTERM: every lease released, the worker forgotten
     assert serve.proc.returncode == 0
-    assert db_rows(db, "SELECT line, owner FROM line_leases ORDER BY line") == [
+    assert db_rows(db, "SELECT line, owner FROM outbox_line_leases ORDER BY line") == [
         ("bad", None),
         ("snack", None),
     ]
-    assert db_rows(db, "SELECT count(*) FROM relay_workers") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM outbox_relay_workers") == [(0,)]
 
 
 def test_status_lists_standby_and_gone_workers_with_the_lines_each_holds(
@@ -147,12 +147,12 @@ def test_status_lists_standby_and_gone_workers_with_the_lines_each_holds(
     def rows() -> list[tuple[Any, ...]]:  # each worker and how long ago it beat
         return db_rows(
             pg_database,
-            "SELECT worker, extract(epoch FROM clock_timestamp()) - seen_at FROM relay_workers"
+            "SELECT worker, extract(epoch FROM clock_timestamp()) - seen_at FROM outbox_relay_workers"
             " ORDER BY worker",
         )
 
     w1 = start("w1")
-    wait_until(lambda: db_rows(pg_database, "SELECT owner FROM line_leases") == [("w1",)])
+    wait_until(lambda: db_rows(pg_database, "SELECT owner FROM outbox_line_leases") == [("w1",)])
     w2 = start("w2")
     wait_until(lambda: len(rows()) == 2)
     figures = status()

@@ -240,7 +240,7 @@ def leases(source: str) -> dict[str, LeaseRow]:
     import psycopg
 
     with psycopg.connect(source, autocommit=True, connect_timeout=5) as conn:
-        found = conn.execute("SELECT line, owner, epoch FROM line_leases").fetchall()
+        found = conn.execute("SELECT line, owner, epoch FROM outbox_line_leases").fetchall()
     return {line: LeaseRow(line, owner, int(epoch)) for line, owner, epoch in found}
 
 
@@ -252,7 +252,7 @@ def sent_count(source: str) -> int:
     import psycopg
 
     with psycopg.connect(source, autocommit=True, connect_timeout=5) as conn:
-        row = conn.execute("SELECT count(*) FROM outbox WHERE sent = 1").fetchone()
+        row = conn.execute("SELECT count(*) FROM outbox_entries WHERE sent = 1").fetchone()
     return int(row[0]) if row else 0
 
 

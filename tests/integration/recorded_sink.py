@@ -182,10 +182,10 @@ def assert_applied_in_order(
     """Every entry marked sent with the ACK that names it, applied by the sink, each
     line in seq order, the inventory totals right."""
     ids = [e["id"] for e in events]
-    rows = db_rows(db, "SELECT id, sent, ack FROM outbox ORDER BY seq")
+    rows = db_rows(db, "SELECT id, sent, ack FROM outbox_entries ORDER BY seq")
     assert [(i, s) for i, s, _ in rows] == [(i, 1) for i in ids]
     assert [json.loads(ack)["ack"] for *_, ack in rows] == ids
-    applied = [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
+    applied = [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY rowid")]
     assert sorted(applied) == sorted(ids)
     for line in lines(events, ordering).values():
         members = set(line)
@@ -193,4 +193,4 @@ def assert_applied_in_order(
     totals: dict[str, int] = {}
     for e in events:
         totals[e["sku"]] = totals.get(e["sku"], 0) + e["qty"]
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == totals
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory")) == totals

@@ -87,7 +87,7 @@ async def test_batch_applies_every_event_in_the_order_sent(
         "snack": sum(e["data"]["qty"] for e in events if e["key"] == "snack"),
         "juice": sum(e["data"]["qty"] for e in events if e["key"] == "juice"),
     }
-    payloads = dict(db_rows(sink_db, "SELECT id, payload FROM inbox"))
+    payloads = dict(db_rows(sink_db, "SELECT id, payload FROM inbox_events"))
     assert all(payloads[e["id"]] == canonical_json(e) for e in events)
 
 
@@ -108,9 +108,9 @@ async def test_a_conflict_at_k_applies_the_prefix_and_nothing_from_k_on(
     assert (rejected["index"], rejected["status"], rejected["error"]) == (k, 409, "conflict")
     assert rejected["id"] == events[k]["id"]
     assert inbox_ids(sink_db) == [events[k]["id"]] + [e["id"] for e in events[:k]]
-    assert db_rows(sink_db, "SELECT payload, deliveries FROM inbox WHERE id = ?", (f"e{k}",)) == [
-        (canonical_json(placed(f"e{k}", qty=7)), 1)
-    ]
+    assert db_rows(
+        sink_db, "SELECT payload, deliveries FROM inbox_events WHERE id = ?", (f"e{k}",)
+    ) == [(canonical_json(placed(f"e{k}", qty=7)), 1)]
     assert inventory(sink_db) == {"snack": 7 + sum(e["data"]["qty"] for e in events[:k])}
 
 
@@ -182,7 +182,7 @@ async def test_an_already_applied_id_in_a_batch_is_a_duplicate_with_no_second_ef
         ],
         "rejected": None,
     }
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY rowid") == [
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events ORDER BY rowid") == [
         ("a", 3),
         ("b", 2),
     ]
@@ -551,7 +551,7 @@ async def test_the_callback_gets_copies_and_cannot_redirect_the_marks(
     assert [e["id"] for e in store.pending_returned] == IDS
     assert [e["key"] for e in store.pending_returned] == ["snack"] * 5
     assert [e["data"]["qty"] for e in store.pending_returned] == [1, 2, 3, 4, 5]
-    assert db_rows(db, "SELECT count(*) FROM outbox WHERE id = 'hijacked'") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM outbox_entries WHERE id = 'hijacked'") == [(0,)]
 
 
 async def test_publisher_dispatch_keeps_each_verified_ack_with_its_mark(
@@ -574,9 +574,9 @@ async def test_publisher_dispatch_keeps_each_verified_ack_with_its_mark(
 
     assert excinfo.value is failure
     # The attempt is recorded on the entry the failure is about, and only there.
-    failed = "SELECT id, attempts, last_error FROM outbox WHERE sent = 0 AND attempts > 0"
+    failed = "SELECT id, attempts, last_error FROM outbox_entries WHERE sent = 0 AND attempts > 0"
     assert db_rows(db, failed) == [("m3", 1, str(failure))]
-    acks = dict(db_rows(db, "SELECT id, ack FROM outbox WHERE sent = 1"))
+    acks = dict(db_rows(db, "SELECT id, ack FROM outbox_entries WHERE sent = 1"))
     assert {k: json.loads(v) for k, v in acks.items()} == {
         "z1": ack(events[0]),
         "a2": ack(events[1]),
@@ -821,13 +821,13 @@ async def test_relay_in_batch_mode_drains_forty_entries_in_order_with_every_ack(
 
     assert sizes[:3] == [16, 16, 8]
     assert inbox_ids(sink_db) == [e["id"] for e in events]
-    seq_order = [r[0] for r in db_rows(db, "SELECT id FROM outbox ORDER BY seq")]
+    seq_order = [r[0] for r in db_rows(db, "SELECT id FROM outbox_entries ORDER BY seq")]
     assert inbox_ids(sink_db) == seq_order
-    acks = dict(db_rows(db, "SELECT id, ack FROM outbox"))
+    acks = dict(db_rows(db, "SELECT id, ack FROM outbox_entries"))
     for e in events:
         assert acks[e["id"]] is not None, e["id"]
         assert json.loads(acks[e["id"]]) == ack(e)
-    assert db_rows(sink_db, "SELECT max(deliveries) FROM inbox") == [(1,)]
+    assert db_rows(sink_db, "SELECT max(deliveries) FROM inbox_events") == [(1,)]
 
 
 @pytest.mark.parametrize("k", [0, 5, 15])
@@ -848,10 +848,10 @@ async def test_relay_in_batch_mode_marks_the_prefix_and_blocks_at_a_rejected_ite
     assert "400" in blocked.reason
     assert sent_flags(db) == {i: int(n < k) for n, i in enumerate(ids)}
     assert inbox_ids(sink_db) == ids[:k]
-    acks = dict(db_rows(db, "SELECT id, ack FROM outbox WHERE sent = 1"))
+    acks = dict(db_rows(db, "SELECT id, ack FROM outbox_entries WHERE sent = 1"))
     assert {i: json.loads(a)["ack"] for i, a in acks.items()} == {i: i for i in ids[:k]}
     [(attempts, last_error)] = db_rows(
-        db, "SELECT attempts, last_error FROM outbox WHERE id = ?", (ids[k],)
+        db, "SELECT attempts, last_error FROM outbox_entries WHERE id = ?", (ids[k],)
     )
     assert attempts >= 1 and "400" in last_error
-    assert db_rows(db, "SELECT max(attempts) FROM outbox WHERE seq > ?", (k + 1,)) == [(0,)]
+    assert db_rows(db, "SELECT max(attempts) FROM outbox_entries WHERE seq > ?", (k + 1,)) == [(0,)]

@@ -124,7 +124,10 @@ async def test_the_stored_payloads_are_the_runners_canonical_forms(recorded: Dat
 async def test_an_event_payload_changed_in_the_inbox_is_a_mismatch(recorded: Databases) -> None:
     await apply(recorded, *BY_ID)
     stored = BY_ID["e-1"].canonical.replace("🦄", "\\ud83e\\udd84")  # same JSON, other text
-    assert change(recorded.sink, "UPDATE inbox SET payload = ? WHERE id = 'e-1'", (stored,)) == 1
+    assert (
+        change(recorded.sink, "UPDATE inbox_events SET payload = ? WHERE id = 'e-1'", (stored,))
+        == 1
+    )
 
     found = verdict(recorded)
 

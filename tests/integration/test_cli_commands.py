@@ -41,8 +41,8 @@ def source(tmp_path: Path, accept_orders: AcceptOrders) -> Path:
 
 def state(db_rows: Query, db: Path) -> SourceState:
     return (
-        db_rows(db, "SELECT * FROM orders ORDER BY id"),
-        db_rows(db, "SELECT * FROM outbox ORDER BY seq"),
+        db_rows(db, "SELECT * FROM outbox_orders ORDER BY id"),
+        db_rows(db, "SELECT * FROM outbox_entries ORDER BY seq"),
     )
 
 
@@ -71,8 +71,8 @@ def test_accept_prints_accepted_then_duplicate(
     assert (second.status, second.out.strip()) == (0, "duplicate order-1")
 
     assert state(db_rows, db) == after_first
-    assert db_rows(db, "SELECT id, sku, qty FROM orders") == [("order-1", "snack", 7)]
-    assert db_rows(db, "SELECT id, sent FROM outbox") == [("order-1", 0)]
+    assert db_rows(db, "SELECT id, sku, qty FROM outbox_orders") == [("order-1", "snack", 7)]
+    assert db_rows(db, "SELECT id, sent FROM outbox_entries") == [("order-1", 0)]
 
 
 def test_accept_conflict_exits_1_with_one_line_and_changes_nothing(
@@ -162,12 +162,12 @@ def test_accept_file_records_the_good_lines_and_reports_each_bad_one_by_its_numb
         f"{orders}:8: duplicate key 'id' in a JSON object",
         f"{orders}:9: line is over {MAX_BODY_BYTES} bytes",
     ]
-    assert db_rows(source, "SELECT id, sku, qty FROM orders ORDER BY id") == [
+    assert db_rows(source, "SELECT id, sku, qty FROM outbox_orders ORDER BY id") == [
         ("a", "tea", 1),
         ("e", "juice", 5),
         ("order-1", "snack", 7),
     ]
-    assert [r[0] for r in db_rows(source, "SELECT id FROM outbox ORDER BY seq")] == [
+    assert [r[0] for r in db_rows(source, "SELECT id FROM outbox_entries ORDER BY seq")] == [
         "order-1",
         "a",
         "e",
@@ -186,7 +186,7 @@ def test_accept_file_reads_stdin_and_feeds_many_batches_in_line_order(
 
     assert (ran.status, ran.err) == (0, "")
     assert ran.out == "accepted 1234, duplicate 0, failed 0\n"
-    assert [r[0] for r in db_rows(db, "SELECT id FROM outbox ORDER BY seq")] == ids
+    assert [r[0] for r in db_rows(db, "SELECT id FROM outbox_entries ORDER BY seq")] == ids
 
 
 def test_accept_file_stops_at_a_batch_the_database_refuses_and_writes_none_of_it(
@@ -213,7 +213,7 @@ def test_accept_file_stops_at_a_batch_the_database_refuses_and_writes_none_of_it
     [line] = ran.err.splitlines()
     assert line.startswith(f"{orders}:501-1000: not written (nor any line after it): ")
     assert "disk trouble" in line
-    written = [r[0] for r in db_rows(db, "SELECT id FROM orders ORDER BY id")]
+    written = [r[0] for r in db_rows(db, "SELECT id FROM outbox_orders ORDER BY id")]
     assert written == [*(f"o{n:04d}" for n in range(500)), "order-1"]
 
 
@@ -278,7 +278,7 @@ def test_dispatch_to_a_closed_port_exits_1_with_one_line(
     assert ran.status == 1
     assert_one_line_error(ran)
     assert "order-1" in ran.err
-    assert db_rows(source, "SELECT id, sent FROM outbox") == [("order-1", 0)]
+    assert db_rows(source, "SELECT id, sent FROM outbox_entries") == [("order-1", 0)]
 
 
 def test_dispatch_of_an_empty_outbox_exits_0_without_connecting(

@@ -89,8 +89,8 @@ def tables(query: Query, db: Path) -> Callable[[], tuple[Any, ...]]:
     """What an action would change: the outbox states and the quarantine records."""
 
     def read() -> tuple[Any, ...]:
-        outbox = query(db, "SELECT id, sent, quarantined FROM outbox ORDER BY seq")
-        return outbox, query(db, "SELECT * FROM quarantines ORDER BY n")
+        outbox = query(db, "SELECT id, sent, quarantined FROM outbox_entries ORDER BY seq")
+        return outbox, query(db, "SELECT * FROM outbox_quarantines ORDER BY n")
 
     return read
 
@@ -179,14 +179,16 @@ async def test_signed_actions_are_the_stores_and_name_the_operator(
         client, "POST", f"{url}/quarantine", {"reason": "bad sku"}, signed
     )
     assert (status, reply) == (200, {"id": "o-1", "result": "quarantined", "by": "alice"})
-    assert db_rows(db, "SELECT quarantined FROM outbox WHERE id = 'o-1'") == [(1,)]
-    assert db_rows(db, "SELECT reason, quarantined_by FROM quarantines") == [("bad sku", "alice")]
+    assert db_rows(db, "SELECT quarantined FROM outbox_entries WHERE id = 'o-1'") == [(1,)]
+    assert db_rows(db, "SELECT reason, quarantined_by FROM outbox_quarantines") == [
+        ("bad sku", "alice")
+    ]
     status, reply, _ = await call(client, "POST", f"{url}/quarantine", {"reason": "again"}, signed)
     assert status == 409  # not pending any more: the store's InvalidTransition
     status, reply, _ = await call(client, "POST", f"{url}/redrive", {}, signed)
     assert status == 200 and reply["record"]["released_by"] == "alice"
-    assert db_rows(db, "SELECT quarantined FROM outbox WHERE id = 'o-1'") == [(0,)]
-    assert db_rows(db, "SELECT released_by, released_as FROM quarantines") == [
+    assert db_rows(db, "SELECT quarantined FROM outbox_entries WHERE id = 'o-1'") == [(0,)]
+    assert db_rows(db, "SELECT released_by, released_as FROM outbox_quarantines") == [
         ("alice", "redriven")
     ]
 
@@ -203,7 +205,7 @@ async def test_a_nameless_sign_in_acts_as_console_and_sign_out_ends_the_session(
     }
     url = f"{base}{API}/events/o-1/quarantine"
     assert (await call(client, "POST", url, {"reason": "r"}, signed))[0] == 200
-    assert db_rows(db, "SELECT quarantined_by FROM quarantines") == [("console",)]
+    assert db_rows(db, "SELECT quarantined_by FROM outbox_quarantines") == [("console",)]
     status, body, _ = await call(client, "GET", f"{base}{API}/session", headers=signed)
     assert body["signed_in"] is True
     assert (await call(client, "POST", f"{base}{API}/sign-out", {}, signed))[0] == 200

@@ -22,11 +22,11 @@ WAIT_S = 5.0
 
 
 def unsent_ids(db: Path) -> list[str]:
-    return [r[0] for r in query(db, "SELECT id FROM outbox WHERE sent = 0 ORDER BY seq")]
+    return [r[0] for r in query(db, "SELECT id FROM outbox_entries WHERE sent = 0 ORDER BY seq")]
 
 
 def is_sent(db: Path, event_id: str) -> int:
-    flag: int = query(db, "SELECT sent FROM outbox WHERE id = ?", (event_id,))[0][0]
+    flag: int = query(db, "SELECT sent FROM outbox_entries WHERE id = ?", (event_id,))[0][0]
     return flag
 
 
@@ -39,7 +39,7 @@ def write_with_no_wait(db: Path, event_id: str) -> None:
     try:
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(
-            "INSERT INTO orders (id, sku, qty, accepted_at) VALUES (?, 'side', 1, 0)",
+            "INSERT INTO outbox_orders (id, sku, qty, accepted_at) VALUES (?, 'side', 1, 0)",
             (event_id,),
         )
         conn.execute("COMMIT")
@@ -288,11 +288,11 @@ async def test_mutating_the_argument_changes_neither_the_batch_nor_the_store(
 
     assert store.batches == [[recorded("a"), recorded("b")]]
     assert await outbox.pending() == [recorded("a"), recorded("b")]
-    assert query(db, "SELECT id, payload FROM outbox ORDER BY id") == [
+    assert query(db, "SELECT id, payload FROM outbox_entries ORDER BY id") == [
         ("a", canonical_json(recorded("a"))),
         ("b", canonical_json(recorded("b"))),
     ]
-    assert query(db, "SELECT id, sku, qty FROM orders ORDER BY id") == [
+    assert query(db, "SELECT id, sku, qty FROM outbox_orders ORDER BY id") == [
         ("a", "snack", 7),
         ("b", "snack", 7),
     ]
@@ -396,7 +396,7 @@ async def test_another_connection_can_write_during_a_send(outbox: Outbox, db: Pa
 
     assert await dispatch(outbox, send) == ["a", "b"]
     assert written == ["side-a", "side-b"]
-    assert {"side-a", "side-b"} <= {r[0] for r in query(db, "SELECT id FROM orders")}
+    assert {"side-a", "side-b"} <= {r[0] for r in query(db, "SELECT id FROM outbox_orders")}
 
 
 async def test_no_reader_snapshot_is_held_during_a_send(outbox: Outbox, db: Path) -> None:
@@ -430,7 +430,7 @@ async def test_another_connection_can_write_while_a_send_hangs(outbox: Outbox, d
 
     assert await dispatch(outbox, hanging_send, limit=1) == ["a"]
     assert outcome == ["a"]
-    assert {"during-a", "after-a"} <= {r[0] for r in query(db, "SELECT id FROM orders")}
+    assert {"during-a", "after-a"} <= {r[0] for r in query(db, "SELECT id FROM outbox_orders")}
 
 
 async def test_writes_in_a_parallel_task_succeed_while_send_is_blocked(

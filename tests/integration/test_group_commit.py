@@ -160,24 +160,27 @@ async def test_a_groups_new_orders_are_inserted_in_one_statement_a_table_as_each
         outbox.accept(grouped[0]), outbox.accept_many(grouped[1:]), outbox.accept(event("n4"))
     )
     assert results == ["accepted", ["accepted", "accepted"], "accepted"]
-    assert inserts == ["INSERT INTO orders", "INSERT INTO outbox"]  # four orders, two inserts
+    assert inserts == [
+        "INSERT INTO outbox_orders",
+        "INSERT INTO outbox_entries",
+    ]  # four orders, two inserts
 
     # A known ID, or one twice in a group: each call on its own, as before.
     inserts.clear()
     known = await all_of(outbox.accept(event("a0", "lane-a")), outbox.accept(event("n5", "jam", 5)))
     assert known == ["duplicate", "accepted"]
-    assert inserts == ["INSERT INTO orders", "INSERT INTO outbox"]  # n5's
+    assert inserts == ["INSERT INTO outbox_orders", "INSERT INTO outbox_entries"]  # n5's
     inserts.clear()
     twice = await all_of(outbox.accept(event("n6")), outbox.accept_many([event("n7")] * 2))
     assert twice == ["accepted", ["accepted", "duplicate"]]
-    assert inserts == ["INSERT INTO orders", "INSERT INTO outbox"] * 2  # n6's, n7's
+    assert inserts == ["INSERT INTO outbox_orders", "INSERT INTO outbox_entries"] * 2  # n6's, n7's
 
     # Written the same either way: the order's fields and time, the entry's canonical
     # payload, lane and time, in the order the calls were made.
     entries = db_rows(
         db,
         "SELECT o.id, o.sku, o.qty, typeof(o.qty), o.accepted_at, e.payload, e.lane,"
-        " e.queued_at FROM outbox e JOIN orders o USING (id) ORDER BY e.seq",
+        " e.queued_at FROM outbox_entries e JOIN outbox_orders o USING (id) ORDER BY e.seq",
     )
     written = [event("a0", "lane-a"), *grouped, event("n4"), event("n5", "jam", 5)]
     written += [event("n6"), event("n7")]
@@ -233,7 +236,8 @@ def applied(*events: Event) -> list[tuple[Receipt, str]]:
 def received_at(db_rows: Query, db: Path, ids: list[str]) -> set[float]:
     marks = ",".join("?" * len(ids))
     return {
-        r[0] for r in db_rows(db, f"SELECT received_at FROM inbox WHERE id IN ({marks})", (*ids,))
+        r[0]
+        for r in db_rows(db, f"SELECT received_at FROM inbox_events WHERE id IN ({marks})", (*ids,))
     }
 
 
@@ -261,7 +265,7 @@ async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its
     new = [e["id"] for call in calls for e in call if e is not known]
     assert inbox_ids(sink_db) == ["known", *new]
     assert len(received_at(db_rows, sink_db, new)) == 1  # one `now` for the whole group
-    assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'known'") == [(2,)]
+    assert db_rows(sink_db, "SELECT deliveries FROM inbox_events WHERE id = 'known'") == [(2,)]
     assert inventory(sink_db) == {
         "tea": 9,
         **{f"sku{k}": sum(10 * k + n + 1 for n in range(3)) for k in range(5)},
@@ -299,7 +303,7 @@ async def test_a_conflict_in_one_grouped_call_stops_that_call_only(
     assert len(trips.worker) == 1 and trips.inline == []
     # Nothing of a's conflicting item or what follows it; the known row is as it was.
     assert inbox_ids(sink_db) == ["known", "a0", "a1", "b0", "b1", "c0"]
-    assert db_rows(sink_db, "SELECT payload, deliveries FROM inbox WHERE id = 'known'") == [
+    assert db_rows(sink_db, "SELECT payload, deliveries FROM inbox_events WHERE id = 'known'") == [
         (canonical_json(known), 1)
     ]
     assert inventory(sink_db) == {"tea": 9, "apple": 3, "bean": 12, "corn": 16}
@@ -320,7 +324,7 @@ async def test_a_new_id_in_two_grouped_calls_is_applied_by_the_first_and_a_dupli
     assert receipts(got_first) == applied(*first)
     assert receipts(got_second) == [*applied(second[0]), (Receipt.DUPLICATE, payload_digest(x))]
     assert len(trips.worker) == 1
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY rowid") == [
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events ORDER BY rowid") == [
         ("x", 2),
         ("a1", 1),
         ("b1", 1),
@@ -481,9 +485,9 @@ async def test_concurrent_batch_posts_share_commits_and_each_gets_its_own_acks(
             assert (answer["rejected"]["status"], answer["rejected"]["id"]) == (409, "known")
         else:
             assert answer["rejected"] is None
-    stored = {r[0] for r in db_rows(sink_db, "SELECT id FROM inbox")}
+    stored = {r[0] for r in db_rows(sink_db, "SELECT id FROM inbox_events")}
     assert stored == {"known"} | {e["id"] for body in bodies for e in body} - {"r1-2"}
-    assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'known'") == [(1,)]
+    assert db_rows(sink_db, "SELECT deliveries FROM inbox_events WHERE id = 'known'") == [(1,)]
     trips = stalled_sink.trips
     grouped = len(trips.worker) + len(trips.inline) - 1
     assert 1 <= len(trips.worker) and grouped < REQUESTS
@@ -507,7 +511,7 @@ async def test_concurrent_event_posts_share_commits_and_each_gets_its_own_ack(
         (200, make_ack("p0", kind, payload_digest(events[0])))
         for kind in (Receipt.APPLIED, Receipt.DUPLICATE)
     ]
-    assert dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox")) == {
+    assert dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox_events")) == {
         e["id"]: 2 if e is events[0] else 1 for e in events[:-1]
     }
     assert inventory(sink_db) == {"sku0": 1 + 3 + 5, "sku1": 2 + 4 + 6}
@@ -553,7 +557,7 @@ def acked(ids: list[str]) -> list[tuple[str, dict[str, str]]]:
 
 def outbox_rows(db_rows: Query, db: Path) -> dict[str, tuple[Any, ...]]:
     """id -> (sent, attempts, ack) for every entry."""
-    rows = db_rows(db, "SELECT id, sent, attempts, ack FROM outbox ORDER BY seq")
+    rows = db_rows(db, "SELECT id, sent, attempts, ack FROM outbox_entries ORDER BY seq")
     return {i: (sent, n, None if ack is None else json.loads(ack)) for i, sent, n, ack in rows}
 
 
@@ -584,7 +588,7 @@ async def test_marks_asked_for_while_one_commits_are_committed_together_next(
         try:
             await asyncio.sleep(PENDING_S)
             assert not any(t.done() for t in (*first, *later))
-            assert db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(0,)]
+            assert db_rows(db, "SELECT count(*) FROM outbox_entries WHERE sent = 1") == [(0,)]
         finally:
             gate.release.set()
             async with asyncio.timeout(WAIT_S):
@@ -598,7 +602,7 @@ async def test_marks_asked_for_while_one_commits_are_committed_together_next(
     assert outbox_rows(db_rows, db) == marked([i for call in calls for i in call])
     for call in calls:  # each call's marks carry the one time it was asked at
         marks = ",".join("?" * len(call))
-        query = f"SELECT DISTINCT sent_at FROM outbox WHERE id IN ({marks})"
+        query = f"SELECT DISTINCT sent_at FROM outbox_entries WHERE id IN ({marks})"
         assert len(db_rows(db, query, (*call,))) == 1
 
 
@@ -683,8 +687,8 @@ async def test_a_grouped_mark_whose_sql_fails_fails_alone(
 def order_ids(db_rows: Query, db: Path) -> tuple[list[str], list[str]]:
     """The IDs of every order, and of every entry in seq order."""
     return (
-        [r[0] for r in db_rows(db, "SELECT id FROM orders ORDER BY id")],
-        [r[0] for r in db_rows(db, "SELECT id FROM outbox ORDER BY seq")],
+        [r[0] for r in db_rows(db, "SELECT id FROM outbox_orders ORDER BY id")],
+        [r[0] for r in db_rows(db, "SELECT id FROM outbox_entries ORDER BY seq")],
     )
 
 
@@ -887,9 +891,9 @@ class SyncLevels:
             self._level = sql.removeprefix("PRAGMA synchronous = ")
         elif sql.startswith("BEGIN"):
             self._wrote = set()
-        elif sql.startswith("INSERT INTO orders"):
+        elif sql.startswith("INSERT INTO outbox_orders"):
             self._wrote.add("intake")
-        elif sql.lstrip().startswith("UPDATE outbox SET sent = 1"):
+        elif sql.lstrip().startswith("UPDATE outbox_entries SET sent = 1"):
             self._wrote.add("marks")
         elif sql == "ROLLBACK TO all_pending":  # not every entry pending: none marked
             self._wrote.discard("marks")
@@ -941,14 +945,14 @@ async def test_marks_alone_commit_without_a_sync_and_every_transaction_with_inta
     ]
     level = await outbox._db.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
     assert level == (2,)  # FULL
-    assert db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq") == [
+    assert db_rows(db, "SELECT id FROM outbox_entries WHERE sent = 1 ORDER BY seq") == [
         ("a0",),
         ("b0",),
         ("c0",),
         ("q0",),
         ("d0",),
     ]
-    assert db_rows(db, "SELECT id, released_as FROM quarantines") == [("q0", "delivered")]
+    assert db_rows(db, "SELECT id, released_as FROM outbox_quarantines") == [("q0", "delivered")]
 
 
 async def test_an_inline_group_of_intake_and_marks_syncs_and_an_inline_group_of_marks_does_not(
@@ -973,7 +977,7 @@ async def test_an_inline_group_of_intake_and_marks_syncs_and_an_inline_group_of_
     assert (trips.inline, trips.worker) == ([threading.get_ident()] * 2, [])
     level = await outbox._db.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
     assert level == (2,)  # FULL
-    sent = db_rows(db, "SELECT id FROM outbox WHERE sent = 1 ORDER BY seq")
+    sent = db_rows(db, "SELECT id FROM outbox_entries WHERE sent = 1 ORDER BY seq")
     assert sent == [("a0",), ("b0",), ("c0",)]
 
 
@@ -1018,7 +1022,7 @@ class IntakeCommits:
     def statement(self, sql: str) -> None:
         if sql.startswith("BEGIN"):
             self._orders = False
-        elif sql.startswith("INSERT INTO orders"):
+        elif sql.startswith("INSERT INTO outbox_orders"):
             self._orders = True
         elif sql == "COMMIT" and self._orders:
             self.threads.append(threading.get_ident())
@@ -1055,7 +1059,7 @@ async def publisher(
         201,
         {"id": "warm", "result": "accepted"},
     )
-    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)])
+    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox_entries") == [(1,)])
     await asyncio.sleep(PENDING_S)  # the relay's reads after the mark, done
     outbox, commits = app[OUTBOX], IntakeCommits()
     assert isinstance(outbox, SqliteOutbox)
@@ -1138,7 +1142,9 @@ async def test_after_a_slow_write_an_order_posted_while_another_is_in_progress_c
     assert publisher.commits.threads == [loop_thread]  # alone: inline, and slow
     # Its delivery and mark done, and the relay's reads after them: the worker
     # thread is idle again, so only the backoff keeps the next commit off the loop.
-    await eventually(lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)])
+    await eventually(
+        lambda: db_rows(db, "SELECT count(*) FROM outbox_entries WHERE sent = 0") == [(0,)]
+    )
     await asyncio.sleep(PENDING_S)
     async with body_still_arriving(publisher.base, event("slow")) as finish:
         assert await post_json(client, f"{publisher.base}/orders", event("quick")) == (

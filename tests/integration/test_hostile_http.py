@@ -377,7 +377,7 @@ async def test_loopback_names_and_configured_names_are_allowed_hosts(
         event = json.dumps({**EVENT, "id": f"order-{n}"}).encode()
         status, _, body = await raw(base, request_to("/events", host, event))
         assert status == 200, (host, body)
-    assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(len(hosts),)]
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox_events") == [(len(hosts),)]
 
 
 async def test_an_origin_is_403_unless_allowed(
@@ -431,7 +431,7 @@ async def test_the_intake_token_guards_post_orders(
     auth = {**JSON, "Authorization": f"Bearer {TOKEN}"}
     status, body, _ = await post_bytes(client, f"{publisher}/orders", PLAIN, auth)
     assert (status, body["result"]) == (201, "accepted")
-    assert db_rows(db, "SELECT id FROM orders") == [("order-1",)]
+    assert db_rows(db, "SELECT id FROM outbox_orders") == [("order-1",)]
     async with client.get(f"{publisher}/status") as response:  # reads stay open
         assert response.status == 200
 

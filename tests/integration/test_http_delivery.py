@@ -78,7 +78,7 @@ async def test_verified_ack_from_the_real_sink_is_true(
 
     assert (again["ack"], again["status"]) == ("order-1", "duplicate")
     assert again["sha256"] == payload_digest(EVENT)
-    assert db_rows(tmp_path / "sink.db", "SELECT qty FROM inventory") == [(12,)]
+    assert db_rows(tmp_path / "sink.db", "SELECT qty FROM inbox_inventory") == [(12,)]
 
 
 async def test_send_http_returns_true_for_a_verified_ack(
@@ -87,7 +87,9 @@ async def test_send_http_returns_true_for_a_verified_ack(
     url = f"{await serve_sink(tmp_path / 'sink.db')}/events"
 
     assert await send_http(url, as_event(EVENT)) is True
-    assert db_rows(tmp_path / "sink.db", "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(tmp_path / "sink.db", "SELECT id, deliveries FROM inbox_events") == [
+        ("order-1", 1)
+    ]
 
 
 async def test_ack_without_digest_from_another_server_is_accepted(
@@ -313,7 +315,7 @@ async def test_invalid_event_rejected_by_the_sink_is_not_retryable(
         await deliver(url, {**EVENT, "type": "order placed"})
 
     assert (caught.value.status, caught.value.retryable) == (400, False)
-    assert db_rows(tmp_path / "sink.db", "SELECT * FROM inbox") == []
+    assert db_rows(tmp_path / "sink.db", "SELECT * FROM inbox_events") == []
 
 
 async def test_conflict_rejected_by_the_sink_is_not_retryable(
@@ -326,7 +328,7 @@ async def test_conflict_rejected_by_the_sink_is_not_retryable(
         await deliver(url, placed("order-1", "snack", 8))
 
     assert (caught.value.status, caught.value.retryable) == (409, False)
-    assert db_rows(tmp_path / "sink.db", "SELECT qty FROM inventory") == [(7,)]
+    assert db_rows(tmp_path / "sink.db", "SELECT qty FROM inbox_inventory") == [(7,)]
 
 
 async def test_oversized_event_rejected_by_the_sink_is_not_retryable(
@@ -338,7 +340,7 @@ async def test_oversized_event_rejected_by_the_sink_is_not_retryable(
         await deliver(url)
 
     assert (caught.value.status, caught.value.retryable) == (413, False)
-    assert db_rows(tmp_path / "sink.db", "SELECT * FROM inbox") == []
+    assert db_rows(tmp_path / "sink.db", "SELECT * FROM inbox_events") == []
 
 
 # ---------------------------------------------------------------- no reply at all
@@ -367,11 +369,11 @@ async def test_sink_that_commits_then_drops_the_connection_is_a_delivery_error(
     with pytest.raises(DeliveryError) as caught:
         await deliver(url)
     assert not isinstance(caught.value, NotAcknowledged)
-    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
 
     assert await deliver(url) is True
-    assert db_rows(db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-    assert db_rows(db, "SELECT qty FROM inventory") == [(7,)]
+    assert db_rows(db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
+    assert db_rows(db, "SELECT qty FROM inbox_inventory") == [(7,)]
 
 
 async def test_server_that_never_answers_fails_within_the_timeout(
@@ -439,7 +441,7 @@ async def test_proxy_variables_are_ignored(
     assert await deliver(url) is True
     assert await send_http(url, placed("order-2", "snack", 1)) is True
     assert proxy.connections == 0
-    assert db_rows(tmp_path / "sink.db", "SELECT count(*) FROM inbox") == [(2,)]
+    assert db_rows(tmp_path / "sink.db", "SELECT count(*) FROM inbox_events") == [(2,)]
 
     # The same environment does steer a client that trusts it to the proxy.
     async with aiohttp.ClientSession(trust_env=True) as session:

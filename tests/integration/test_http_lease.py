@@ -168,7 +168,7 @@ async def test_the_real_sink_refuses_a_stale_epoch_as_fenced_by_sink(
     assert not isinstance(batch.value, Rejected)
     assert "epoch 3 has been seen" in str(single.value)
     assert "order-3" in str(batch.value)
-    ids = db_rows(db, "SELECT id FROM inbox ORDER BY id")
+    ids = db_rows(db, "SELECT id FROM inbox_events ORDER BY id")
     assert ids == [("order-1",), ("order-5",), ("order-6",)]
 
 

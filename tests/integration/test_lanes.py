@@ -151,13 +151,13 @@ async def running_relay(
 
 def seq_order(db_rows: Query, db: Path, lane: str) -> list[str]:
     """The outbox's IDs of events keyed `lane`, in seq order."""
-    rows = db_rows(db, "SELECT id, payload FROM outbox ORDER BY seq")
+    rows = db_rows(db, "SELECT id, payload FROM outbox_entries ORDER BY seq")
     return [i for i, payload in rows if json.loads(payload).get("key") == lane]
 
 
 def inbox_order(db_rows: Query, sink_db: Path, lane: str) -> list[str]:
     """The inbox's IDs of events keyed `lane`, in the order they were first applied."""
-    rows = db_rows(sink_db, "SELECT id, payload FROM inbox ORDER BY applied_seq")
+    rows = db_rows(sink_db, "SELECT id, payload FROM inbox_events ORDER BY applied_seq")
     return [i for i, payload in rows if json.loads(payload).get("key") == lane]
 
 
@@ -236,7 +236,7 @@ async def test_in_global_order_the_same_bad_entry_stops_everything_behind_it(
     assert set(fake.heads()) == {"bad-0"}
     if mode == "single":
         assert set(fake.received) == {"bad-0"}
-    assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(0,)]
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox_events") == [(0,)]
     assert blocked is not None and blocked.event_id == "bad-0"
     assert blocked_lanes == {}
 
@@ -285,9 +285,9 @@ async def test_order_within_each_lane_holds_under_random_failures(
         assert first_applied == expected, sku
         assert inbox_order(db_rows, sink_db, sku) == expected, sku
     totals = {sku: sum(q for i, q in qty.items() if i.startswith(f"{sku}-")) for sku in SKUS}
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == totals
-    assert db_rows(db, "SELECT count(*) FROM outbox WHERE ack IS NULL") == [(0,)]
-    redelivered = db_rows(sink_db, "SELECT count(*) FROM inbox WHERE deliveries > 1")[0][0]
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory")) == totals
+    assert db_rows(db, "SELECT count(*) FROM outbox_entries WHERE ack IS NULL") == [(0,)]
+    redelivered = db_rows(sink_db, "SELECT count(*) FROM inbox_events WHERE deliveries > 1")[0][0]
     assert redelivered > 0, "no commit-then-fail was resent"
 
 
@@ -394,7 +394,7 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
 
     async with Outbox.open(db) as outbox:
         assert db_rows(db, "PRAGMA user_version") == [(5,)]  # lanes, health, leases, events
-        assert db_rows(db, "SELECT id, lane FROM outbox ORDER BY seq") == [
+        assert db_rows(db, "SELECT id, lane FROM outbox_entries ORDER BY seq") == [
             (event_id, sku) for event_id, sku, _, _ in V1_ROWS
         ]
         assert await outbox.pending_lanes(10) == ["juice", "snack"]
@@ -406,15 +406,15 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
         async with running_relay(outbox, url, "batch", ordering="sku"):
             await eventually(lambda: set(sent_flags(db).values()) == {1})
 
-    assert db_rows(db, "SELECT lane FROM outbox WHERE id = 'new-1'") == [("tea",)]
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {
+    assert db_rows(db, "SELECT lane FROM outbox_entries WHERE id = 'new-1'") == [("tea",)]
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory")) == {
         "juice": 10,
         "snack": 5,
         "tea": 1,
     }
-    assert [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")] != []
+    assert [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY rowid")] != []
     assert inbox_order(db_rows, sink_db, "juice") == ["old-2", "old-4"]
-    assert db_rows(sink_db, "SELECT count(*) FROM inbox WHERE id = 'old-1'") == [(0,)]
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox_events WHERE id = 'old-1'") == [(0,)]
     # Opening again changes nothing: the migration ran once.
     async with Outbox.open(db):
         pass

@@ -66,12 +66,15 @@ async def test_a_full_disk_is_logged_once_per_interval_and_delivery_resumes_when
                 )
                 async with running(relay):
                     await asyncio.sleep(FAULT_S)
-                    attempts = db_rows(sink_db, "SELECT sum(deliveries) FROM inbox")[0][0]
+                    attempts = db_rows(sink_db, "SELECT sum(deliveries) FROM inbox_events")[0][0]
                     failed = lines(caplog, "relay step failed")
                     filler.unlink()
                     freed = time.time()
                     await eventually(
-                        lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+                        lambda: (
+                            db_rows(db, "SELECT count(*) FROM outbox_entries WHERE sent = 0")
+                            == [(0,)]
+                        )
                     )
     assert attempts >= 20, "the relay retried often while the disk was full"
     assert 2 <= len(failed) <= MOST_LINES
@@ -96,7 +99,7 @@ async def test_a_full_disk_is_logged_once_per_interval_and_delivery_resumes_when
     noisy = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(noisy) <= 2 * MOST_LINES, [r.getMessage() for r in noisy]
     # Delivered once in effect, every one of them: the resends were duplicates.
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [
         (sum(o["qty"] for o in ORDERS),)
     ]
 
@@ -136,7 +139,9 @@ async def test_a_sink_that_keeps_failing_blocks_the_head_with_one_line_per_inter
                 tries, blocked = requests, lines(caplog, "head blocked")
                 broken = False
                 await eventually(
-                    lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+                    lambda: (
+                        db_rows(db, "SELECT count(*) FROM outbox_entries WHERE sent = 0") == [(0,)]
+                    )
                 )
     assert tries >= 20
     assert 2 <= len(blocked) <= MOST_LINES
@@ -145,4 +150,6 @@ async def test_a_sink_that_keeps_failing_blocks_the_head_with_one_line_per_inter
     *_, last = lines(caplog, "head blocked")  # the summary written once it went through
     assert last is not blocked[-1] and repeated(last) > 0
     # Every failed attempt is still counted on the entry.
-    assert db_rows(db, "SELECT attempts >= ? FROM outbox WHERE id = 'o0'", (tries,)) == [(1,)]
+    assert db_rows(db, "SELECT attempts >= ? FROM outbox_entries WHERE id = 'o0'", (tries,)) == [
+        (1,)
+    ]

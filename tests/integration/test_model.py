@@ -193,16 +193,16 @@ SINK_TABLES: Final = ("inbox", "inventory")
 
 # What the invariants read after every step.
 SOURCE_QUERIES: Final = {
-    "orders": "SELECT id, sku, qty FROM orders",
-    "outbox": "SELECT seq, id, payload, sent, quarantined FROM outbox ORDER BY seq",
+    "orders": "SELECT id, sku, qty FROM outbox_orders",
+    "outbox": "SELECT seq, id, payload, sent, quarantined FROM outbox_entries ORDER BY seq",
     "quarantines": (
         "SELECT id, reason, quarantined_by, released_by, released_as,"
-        " delivered_past_count, delivered_past FROM quarantines ORDER BY n"
+        " delivered_past_count, delivered_past FROM outbox_quarantines ORDER BY n"
     ),
 }
 SINK_QUERIES: Final = {
-    "inbox": "SELECT id, payload FROM inbox ORDER BY rowid",
-    "inventory": "SELECT sku, qty FROM inventory",
+    "inbox": "SELECT id, payload FROM inbox_events ORDER BY rowid",
+    "inventory": "SELECT sku, qty FROM inbox_inventory",
 }
 
 

@@ -83,7 +83,7 @@ async def test_await_open_returns_an_outbox(db: Path) -> None:
         assert outbox.path == str(db)
     finally:
         await outbox.close()
-    assert count(db, "orders") == 1
+    assert count(db, "outbox_orders") == 1
 
 
 async def test_async_with_open_closes_on_exit(db: Path) -> None:
@@ -93,7 +93,7 @@ async def test_async_with_open_closes_on_exit(db: Path) -> None:
         assert wal_file(db).exists()
     # The last connection to close checkpoints the WAL and deletes it.
     assert not wal_file(db).exists()
-    assert count(db, "outbox") == 1
+    assert count(db, "outbox_entries") == 1
 
 
 async def test_opening_a_file_that_is_not_a_database_is_a_storage_error(db: Path) -> None:
@@ -134,7 +134,7 @@ async def test_a_path_or_a_sqlite_url_opens_that_sqlite_file(
 
     expected = dirs[where] / "source.db"
     assert files_under(tmp_path) == [expected.relative_to(tmp_path)]
-    assert query(expected, "SELECT id FROM orders") == [("a",)]
+    assert query(expected, "SELECT id FROM outbox_orders") == [("a",)]
 
 
 @pytest.mark.parametrize(
@@ -199,11 +199,13 @@ async def test_failed_intake_leaves_no_lock_behind(outbox: Outbox, db: Path) -> 
     conn = sqlite3.connect(db, timeout=0, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO orders (id, sku, qty, accepted_at) VALUES ('x', 's', 1, 0)")
+        conn.execute(
+            "INSERT INTO outbox_orders (id, sku, qty, accepted_at) VALUES ('x', 's', 1, 0)"
+        )
         conn.execute("COMMIT")
     finally:
         conn.close()
-    assert query(db, "SELECT id FROM orders") == [("x",)]
+    assert query(db, "SELECT id FROM outbox_orders") == [("x",)]
 
 
 async def test_pending_leaves_no_lock_or_snapshot_behind(outbox: Outbox, db: Path) -> None:
@@ -234,12 +236,12 @@ def write_before_lanes(db: Path) -> None:
         conn.executescript(outbox_sql.MIGRATIONS[0])
         conn.execute("PRAGMA user_version = 1")
         for event_id, sku, qty, sent in OLD_ROWS:
-            conn.execute("INSERT INTO orders VALUES (?, ?, ?, 1.0)", (event_id, sku, qty))
+            conn.execute("INSERT INTO outbox_orders VALUES (?, ?, ?, 1.0)", (event_id, sku, qty))
             conn.execute(
-                "INSERT INTO outbox (id, payload, queued_at, sent) VALUES (?, ?, 1.0, ?)",
+                "INSERT INTO outbox_entries (id, payload, queued_at, sent) VALUES (?, ?, 1.0, ?)",
                 (event_id, previous_canonical(Order(id=event_id, sku=sku, qty=qty)), sent),
             )
-        conn.execute("DELETE FROM outbox WHERE sent = 1")
+        conn.execute("DELETE FROM outbox_entries WHERE sent = 1")
     finally:
         conn.close()
 
@@ -264,4 +266,4 @@ async def test_entries_written_before_lanes_come_back_with_their_lane_and_are_ju
         for changed in (order("old-3", "snack", qty=6), order("old-1", "tea", qty=2)):
             with pytest.raises(Conflict):
                 await outbox.accept(changed)
-    assert count(db, "outbox") == 2
+    assert count(db, "outbox_entries") == 2

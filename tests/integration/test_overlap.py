@@ -48,7 +48,9 @@ async def test_the_next_batch_leaves_out_entries_whose_mark_is_in_flight(tmp_pat
     assert sink.sent == [ids[:16], ids[16:]]  # nothing sent twice while its mark committed
     assert sent_ids(db) == ids
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM outbox WHERE ack IS NULL").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM outbox_entries WHERE ack IS NULL").fetchone() == (
+            0,
+        )
 
 
 async def test_a_failed_overlapping_mark_surfaces_and_its_entries_stay_pending(

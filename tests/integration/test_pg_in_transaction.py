@@ -34,10 +34,10 @@ async def test_a_rolled_back_transaction_leaves_nothing(
     async with await psycopg.AsyncConnection.connect(pg_database) as conn:
         await conn.execute(b"INSERT INTO accounts VALUES ('acct', 5)")
         assert await accept_in_async(conn, event("a")) == "accepted"
-        assert query(pg_database, "SELECT id FROM outbox") == []  # not committed yet
+        assert query(pg_database, "SELECT id FROM outbox_entries") == []  # not committed yet
         await conn.rollback()
-    assert query(pg_database, "SELECT count(*) FROM orders") == [(0,)]
-    assert query(pg_database, "SELECT count(*) FROM outbox") == [(0,)]
+    assert query(pg_database, "SELECT count(*) FROM outbox_orders") == [(0,)]
+    assert query(pg_database, "SELECT count(*) FROM outbox_entries") == [(0,)]
     assert query(pg_database, "SELECT count(*) FROM accounts") == [(0,)]
     assert await pg_outbox.accept(event("a")) == "accepted"
 
@@ -64,7 +64,7 @@ async def test_a_commit_makes_the_entry_pending_and_wakes_the_relay(
                 assert await accept_in_async(conn, event("a")) == "duplicate"
             took = await eventually(lambda: delivered == ["a"], timeout_s=5)
     assert took < 2.0
-    assert query(pg_database, "SELECT id, sent FROM outbox") == [("a", 1)]
+    assert query(pg_database, "SELECT id, sent FROM outbox_entries") == [("a", 1)]
     assert query(pg_database, "SELECT * FROM accounts") == [("acct", 5)]
 
 
@@ -87,14 +87,14 @@ async def test_conflicts_bad_events_and_a_failed_transaction_are_the_projects_er
             await accept_in_async(conn, event("d"))
         with pytest.raises(TypeError):
             await accept_in_async(object(), event("d"))
-    assert query(pg_database, "SELECT id FROM orders") == [("a",)]
+    assert query(pg_database, "SELECT id FROM outbox_orders") == [("a",)]
 
 
 def store_payload(url: str, event_id: str, order: Order) -> None:
     """Write an entry's payload by hand, the event of `order` (its order row left as it is)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            b"UPDATE outbox SET payload = %s WHERE id = %s",
+            b"UPDATE outbox_entries SET payload = %s WHERE id = %s",
             (canonical_json(as_event(order)), event_id),
         )
 
@@ -115,8 +115,11 @@ async def test_a_known_id_is_judged_by_its_stored_payload_even_once_pruned(
             with pytest.raises(Conflict):
                 await accept_in_async(conn, changed)
         await conn.commit()
-    assert query(pg_database, "SELECT id FROM orders ORDER BY id") == [("moved",), ("pruned",)]
-    assert query(pg_database, "SELECT id FROM outbox") == [("moved",)]
+    assert query(pg_database, "SELECT id FROM outbox_orders ORDER BY id") == [
+        ("moved",),
+        ("pruned",),
+    ]
+    assert query(pg_database, "SELECT id FROM outbox_entries") == [("moved",)]
 
 
 async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed(
@@ -126,7 +129,8 @@ async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed
         assert await accept_in_async(conn, event("a")) == "accepted"
         # The entry holds qty 2 while its order row says 1: the payload is what counts.
         await conn.execute(
-            b"UPDATE outbox SET payload = %s WHERE id = 'a'", (canonical_json(placed("a", qty=2)),)
+            b"UPDATE outbox_entries SET payload = %s WHERE id = 'a'",
+            (canonical_json(placed("a", qty=2)),),
         )
         same = asyncio.ensure_future(pg_outbox.accept(event("a", qty=2)))
         other = asyncio.ensure_future(pg_outbox.accept(event("a", qty=1)))
@@ -136,6 +140,6 @@ async def test_intake_waiting_for_a_callers_transaction_judges_what_it_committed
     assert await same == "duplicate"
     with pytest.raises(Conflict):
         await other
-    assert query(pg_database, "SELECT id, payload FROM outbox") == [
+    assert query(pg_database, "SELECT id, payload FROM outbox_entries") == [
         ("a", canonical_json(placed("a", qty=2)))
     ]

@@ -21,7 +21,7 @@ def queue(url: str, lane: str, count: int) -> None:
     ]
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            b"INSERT INTO outbox (id, type, payload, queued_at, lane)"
+            b"INSERT INTO outbox_entries (id, type, payload, queued_at, lane)"
             b" SELECT id, 'lane.tested', payload, 0, %(lane)s"
             b" FROM unnest(%(ids)s::text[], %(payloads)s::text[]) WITH ORDINALITY"
             b" AS e (id, payload, n) ORDER BY n",

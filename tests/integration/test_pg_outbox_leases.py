@@ -69,7 +69,7 @@ async def test_of_workers_racing_for_new_lines_exactly_one_takes_each(
     lines = [f"sku{n}" for n in range(8)]
     async with Outbox.open(pg_database) as other:
         # Both workers' takes queue behind a lock of ours, then run together.
-        held_open.execute(b"LOCK TABLE line_leases IN SHARE MODE")
+        held_open.execute(b"LOCK TABLE outbox_line_leases IN SHARE MODE")
         takes = asyncio.gather(
             *(
                 store.take_lease(line, worker, TTL_S)
@@ -83,7 +83,7 @@ async def test_of_workers_racing_for_new_lines_exactly_one_takes_each(
     for n, line in enumerate(lines):
         won = [epochs[2 * n], epochs[2 * n + 1]]
         assert sorted(won, key=str) == [1, None], (line, won)
-    owners = dict(outbox_database.query("SELECT line, owner FROM line_leases"))
+    owners = dict(outbox_database.query("SELECT line, owner FROM outbox_line_leases"))
     assert len(owners) == len(lines)
 
 
@@ -94,9 +94,9 @@ async def test_of_workers_racing_for_an_expired_line_exactly_one_takes_it(
     held_open: psycopg.Connection[Any],
 ) -> None:
     assert await outbox_of_four.take_lease("snack", "w0", TTL_S) == 1
-    outbox_database.execute("UPDATE line_leases SET expires_at = 1")
+    outbox_database.execute("UPDATE outbox_line_leases SET expires_at = 1")
     async with Outbox.open(pg_database) as other, Outbox.open(pg_database) as third:
-        held_open.execute(b"SELECT * FROM line_leases FOR SHARE")
+        held_open.execute(b"SELECT * FROM outbox_line_leases FOR SHARE")
         takes = asyncio.gather(
             outbox_of_four.take_lease("snack", "w1", TTL_S),
             other.take_lease("snack", "w2", TTL_S),
@@ -107,7 +107,7 @@ async def test_of_workers_racing_for_an_expired_line_exactly_one_takes_it(
         epochs = await takes
     assert sorted(epochs, key=str) == [2, None, None]
     winner = f"w{epochs.index(2) + 1}"
-    assert outbox_database.query("SELECT owner, epoch FROM line_leases") == [(winner, 2)]
+    assert outbox_database.query("SELECT owner, epoch FROM outbox_line_leases") == [(winner, 2)]
 
 
 # A worker's fenced writes of entry e0, under a lease.
@@ -137,9 +137,9 @@ async def test_a_takeover_committed_while_a_fenced_write_waits_for_the_lease_ref
     write: str,
 ) -> None:
     assert await outbox_of_four.take_lease("snack", "w1", TTL_S) == 1
-    before = outbox_database.query("SELECT * FROM outbox WHERE id = 'e0'")
+    before = outbox_database.query("SELECT * FROM outbox_entries WHERE id = 'e0'")
     # Another worker's takeover, not yet committed, holds the lease row.
-    held_open.execute(b"UPDATE line_leases SET owner = 'w2', epoch = epoch + 1")
+    held_open.execute(b"UPDATE outbox_line_leases SET owner = 'w2', epoch = epoch + 1")
     writing = asyncio.ensure_future(
         WRITES[write](outbox_of_four, Lease(outbox_of_four.source, "snack", 1))
     )
@@ -148,8 +148,8 @@ async def test_a_takeover_committed_while_a_fenced_write_waits_for_the_lease_ref
     held_open.commit()
     with pytest.raises(LeaseLost, match="epoch 2"):
         await writing
-    assert outbox_database.query("SELECT * FROM outbox WHERE id = 'e0'") == before
-    assert outbox_database.query("SELECT count(*) FROM quarantines") == [(0,)]
+    assert outbox_database.query("SELECT * FROM outbox_entries WHERE id = 'e0'") == before
+    assert outbox_database.query("SELECT count(*) FROM outbox_quarantines") == [(0,)]
 
 
 @pytest.mark.parametrize("write", list(WRITES))
@@ -160,14 +160,14 @@ async def test_a_takeover_rolled_back_while_a_fenced_write_waits_lets_it_through
     write: str,
 ) -> None:
     assert await outbox_of_four.take_lease("snack", "w1", TTL_S) == 1
-    held_open.execute(b"UPDATE line_leases SET owner = 'w2', epoch = epoch + 1")
+    held_open.execute(b"UPDATE outbox_line_leases SET owner = 'w2', epoch = epoch + 1")
     writing = asyncio.ensure_future(
         WRITES[write](outbox_of_four, Lease(outbox_of_four.source, "snack", 1))
     )
     await eventually(lambda: lock_waiters(outbox_database) == 1, timeout_s=5)
     held_open.rollback()
     await writing
-    [(attempts,)] = outbox_database.query("SELECT attempts FROM outbox WHERE id = 'e0'")
+    [(attempts,)] = outbox_database.query("SELECT attempts FROM outbox_entries WHERE id = 'e0'")
     assert attempts == (0 if write == "quarantine" else 1)
 
 
@@ -178,7 +178,7 @@ async def test_a_takeover_waits_for_a_fenced_write_in_progress(
     # transaction of ours stands for it): a take of the expired line waits for it,
     # so no write under the old epoch commits after the takeover.
     assert await outbox_of_four.take_lease("snack", "w1", TTL_S) == 1
-    outbox_database.execute("UPDATE line_leases SET expires_at = 1")
+    outbox_database.execute("UPDATE outbox_line_leases SET expires_at = 1")
     held_open.execute(postgres_sql.FENCES.encode(), {"lines": ["snack"]})
     taking = asyncio.ensure_future(outbox_of_four.take_lease("snack", "w2", TTL_S))
     await eventually(lambda: lock_waiters(outbox_database) == 1, timeout_s=5)
@@ -211,11 +211,11 @@ async def test_lease_times_are_the_servers_clock_not_the_hosts(
             assert lease.expires_at == pytest.approx(server_now + TTL_S, abs=5)
             assert TTL_S - 5 < lease.expires_in_s <= TTL_S
         [(seen_at,)] = outbox_database.query(
-            "SELECT seen_at FROM relay_workers WHERE worker = 'w2'"
+            "SELECT seen_at FROM outbox_relay_workers WHERE worker = 'w2'"
         )
         assert seen_at == pytest.approx(server_now, abs=5)
     skewed_clock(monkeypatch, -3600.0)  # and one an hour behind
-    outbox_database.execute("UPDATE line_leases SET expires_at = expires_at - 40")
+    outbox_database.execute("UPDATE outbox_line_leases SET expires_at = expires_at - 40")
     async with Outbox.open(pg_database) as behind:
         assert await behind.take_lease("juice", "w3", TTL_S) == 2  # expired for it too
         assert await behind.renew_leases("w3", {"juice": 2}, TTL_S) == {"juice"}
@@ -248,9 +248,9 @@ async def test_fenced_marks_of_several_lines_are_one_statement_and_one_round_tri
         with pg_server.log.open(errors="replace") as log:
             log.seek(start)
             written = log.read()
-    assert outbox_database.query("SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+    assert outbox_database.query("SELECT count(*) FROM outbox_entries WHERE sent = 0") == [(0,)]
     logged = re.split(r"LOG:\s+", written)
-    marks = [entry for entry in logged if "UPDATE outbox SET sent = 1" in entry]
+    marks = [entry for entry in logged if "UPDATE outbox_entries SET sent = 1" in entry]
     assert 1 <= len(marks) <= 2, written
     for entry in marks:
         assert entry.startswith("statement: BEGIN;") and entry.rstrip().endswith("COMMIT")
@@ -283,7 +283,7 @@ async def test_renewals_and_fenced_marks_of_many_lines_never_deadlock(
             renewals = [b.renew_leases("w1", backwards, TTL_S) for b in (beat, beat_too) * 2]
             results = await asyncio.gather(*marks, *renewals)
             assert results[len(skus) :] == [set(skus)] * 4
-    assert outbox_database.query("SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+    assert outbox_database.query("SELECT count(*) FROM outbox_entries WHERE sent = 0") == [(0,)]
 
 
 async def test_a_publisher_schema_1_database_gains_leases_and_a_newer_one_is_refused(

@@ -35,9 +35,9 @@ async def test_concurrent_marks_share_one_transaction(
             for k in range(4)
         )
     )
-    assert query(pg_database, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+    assert query(pg_database, "SELECT count(*) FROM outbox_entries WHERE sent = 0") == [(0,)]
     # One transaction, or the first call alone and the three that came meanwhile.
-    xmins = dict(query(pg_database, "SELECT id, xmin::text FROM outbox"))
+    xmins = dict(query(pg_database, "SELECT id, xmin::text FROM outbox_entries"))
     assert len(set(xmins.values())) <= 2
     assert len({xmins[f"m{n}"] for n in range(2, 8)}) == 1
 
@@ -60,15 +60,15 @@ async def test_concurrent_marks_are_one_statement_and_one_round_trip(
             log.seek(start)
             written = log.read()
 
-    assert query(pg_database, "SELECT count(*) FROM outbox WHERE sent = 0") == [(0,)]
+    assert query(pg_database, "SELECT count(*) FROM outbox_entries WHERE sent = 0") == [(0,)]
     logged = re.split(r"LOG:\s+", written)  # an entry may span several lines
-    marks = [entry for entry in logged if "UPDATE outbox SET sent = 1" in entry]
+    marks = [entry for entry in logged if "UPDATE outbox_entries SET sent = 1" in entry]
     # The first call alone, then the three that came meanwhile: each group one
     # message, BEGIN to COMMIT (not a statement per entry, a savepoint and syncs).
     assert 1 <= len(marks) <= 2, written
     for entry in marks:
         assert entry.startswith("statement: BEGIN;") and entry.rstrip().endswith("COMMIT")
-    xmins = query(pg_database, "SELECT count(DISTINCT xmin::text) FROM outbox")
+    xmins = query(pg_database, "SELECT count(DISTINCT xmin::text) FROM outbox_entries")
     assert xmins == [(len(marks),)]
 
 
@@ -83,7 +83,7 @@ async def test_a_failing_call_fails_alone_and_all_of_it(
     )
     assert results[0] is None and results[2] is None
     assert isinstance(results[1], UnknownEntry)
-    assert dict(query(pg_database, "SELECT id, sent FROM outbox")) == {
+    assert dict(query(pg_database, "SELECT id, sent FROM outbox_entries")) == {
         "m0": 1,
         "m1": 1,
         "m2": 0,
@@ -103,10 +103,10 @@ async def test_concurrent_intake_shares_one_transaction(
         *(outbox_of_eight.accept({"id": i, "sku": "snack", "qty": 1}) for i in ids)
     )
     assert results == ["accepted"] * len(ids)
-    xmins = dict(query(pg_database, "SELECT id, xmin::text FROM outbox WHERE id LIKE 'i%'"))
+    xmins = dict(query(pg_database, "SELECT id, xmin::text FROM outbox_entries WHERE id LIKE 'i%'"))
     # All six were asked for before the first transaction began: one transaction.
     assert len(set(xmins.values())) == 1
-    seq = dict(query(pg_database, "SELECT id, seq FROM outbox WHERE id LIKE 'i%'"))
+    seq = dict(query(pg_database, "SELECT id, seq FROM outbox_entries WHERE id LIKE 'i%'"))
     assert sorted(ids, key=seq.__getitem__) == ids  # in the order they were asked for
 
 
@@ -123,7 +123,7 @@ async def test_a_batch_and_single_intake_share_one_transaction_and_one_notify(
         )
         heard = list(listener.notifies(timeout=0.5, stop_after=3))
     assert results == [*["accepted"] * 4, ["accepted"] * 3]
-    xmins = query(pg_database, "SELECT DISTINCT xmin::text FROM outbox WHERE id !~ '^m'")
+    xmins = query(pg_database, "SELECT DISTINCT xmin::text FROM outbox_entries WHERE id !~ '^m'")
     assert len(xmins) == 1
     assert [n.channel for n in heard] == ["outbox_intake"]  # one wake-up for the group
 
@@ -149,12 +149,12 @@ async def test_a_failing_intake_fails_alone(
     )
     batch = results.pop()  # a call fails whole: none of its orders is written
     assert isinstance(batch, StorageError) and "no bad orders" in str(batch)
-    assert query(pg_database, "SELECT count(*) FROM orders WHERE id IN ('d', 'e')") == [(0,)]
+    assert query(pg_database, "SELECT count(*) FROM outbox_orders WHERE id IN ('d', 'e')") == [(0,)]
     assert results[:2] == ["accepted", "accepted"]
     assert isinstance(results[2], StorageError) and "no bad orders" in str(results[2])
     assert isinstance(results[3], Conflict)
     assert results[4:] == ["accepted", "duplicate", "duplicate"]
-    assert query(pg_database, "SELECT count(*) FROM orders WHERE id = 'bad'") == [(0,)]
-    seq = dict(query(pg_database, "SELECT id, seq FROM outbox"))
+    assert query(pg_database, "SELECT count(*) FROM outbox_orders WHERE id = 'bad'") == [(0,)]
+    seq = dict(query(pg_database, "SELECT id, seq FROM outbox_entries"))
     assert seq["first"] < seq["a"] < seq["c"]
     assert not caplog.records  # nothing logged: the failure is the caller's to report

@@ -34,7 +34,7 @@ ORDERS_PER_CLIENT = 8
 
 def seqs(url: str) -> dict[str, int]:
     with psycopg.connect(url, autocommit=True) as conn:
-        return dict(conn.execute(b"SELECT id, seq FROM outbox").fetchall())
+        return dict(conn.execute(b"SELECT id, seq FROM outbox_entries").fetchall())
 
 
 async def test_an_intake_in_flight_holds_back_the_next_seq_until_it_commits(
@@ -136,7 +136,7 @@ async def test_concurrent_slow_intake_is_delivered_in_seq_order(
     assert sorted(delivered) == sorted(by_id)  # each once
     lanes: dict[str, list[str]] = collections.defaultdict(list)
     with psycopg.connect(pg_database, autocommit=True) as conn:
-        skus = dict(conn.execute(b"SELECT id, sku FROM orders").fetchall())
+        skus = dict(conn.execute(b"SELECT id, sku FROM outbox_orders").fetchall())
     for event_id in delivered:
         lanes[skus[event_id]].append(event_id)
     for sku, ids in lanes.items():

@@ -52,8 +52,8 @@ async def test_acked_events_survive_a_crash_of_a_server_that_does_not_flush_comm
         await asyncio.to_thread(server.stop, "immediate")
         await asyncio.to_thread(server.start)
 
-        assert database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
+        assert database.query("SELECT id FROM inbox_events ORDER BY applied_seq") == [
             (event["id"],) for event in EVENTS
         ]
-        assert database.query("SELECT sku, qty FROM inventory") == [("snack", 15)]
+        assert database.query("SELECT sku, qty FROM inbox_inventory") == [("snack", 15)]
         assert database.query("SELECT n FROM control") == []  # the control was lost

@@ -47,9 +47,9 @@ async def test_writes_in_progress_together_share_one_transaction(
         receipts = await asyncio.gather(*(pg_inbox.receive(event(f"e{n}")) for n in range(32)))
 
     assert receipts == [Receipt.APPLIED] * 32
-    assert inbox_database.query("SELECT qty FROM inventory") == [(32,)]
+    assert inbox_database.query("SELECT qty FROM inbox_inventory") == [(32,)]
     assert await pg_inbox.count() == 32
-    assert inbox_database.transactions("inbox") <= 4  # not one commit (one WAL flush) each
+    assert inbox_database.transactions("inbox_events") <= 4  # not one commit (one WAL flush) each
 
 
 async def test_a_write_alone_commits_in_a_transaction_of_its_own(
@@ -58,7 +58,7 @@ async def test_a_write_alone_commits_in_a_transaction_of_its_own(
     for n in range(3):
         assert await pg_inbox.receive(event(f"e{n}")) is Receipt.APPLIED
 
-    assert inbox_database.transactions("inbox") == 3
+    assert inbox_database.transactions("inbox_events") == 3
 
 
 async def test_a_predecessor_chain_in_progress_together_commits_in_order_in_one_transaction(
@@ -73,12 +73,12 @@ async def test_a_predecessor_chain_in_progress_together_commits_in_order_in_one_
         )
 
     assert [[r.receipt for r in g.received] for g in got] == [[Receipt.APPLIED]] * 3
-    assert inbox_database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
+    assert inbox_database.query("SELECT id FROM inbox_events ORDER BY applied_seq") == [
         ("a",),
         ("b",),
         ("c",),
     ]
-    assert inbox_database.transactions("inbox") == 1
+    assert inbox_database.transactions("inbox_events") == 1
 
 
 async def test_a_predecessor_chain_in_progress_together_is_one_statement_and_one_round_trip(
@@ -97,17 +97,17 @@ async def test_a_predecessor_chain_in_progress_together_is_one_statement_and_one
             written = log.read()
 
     assert [[r.receipt for r in g.received] for g in got] == [[Receipt.APPLIED]] * 8
-    assert inbox_database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
+    assert inbox_database.query("SELECT id FROM inbox_events ORDER BY applied_seq") == [
         (f"c{n}",) for n in range(8)
     ]
     logged = re.split(r"LOG:\s+", written)  # an entry may span several lines
-    inserts = [entry for entry in logged if "INSERT INTO inbox " in entry]
+    inserts = [entry for entry in logged if "INSERT INTO inbox_events " in entry]
     # The first call alone (nothing was in progress), then the seven that came in
     # meanwhile: each group one message, BEGIN to COMMIT (not a statement per call).
     assert 1 <= len(inserts) <= 2, written
     for entry in inserts:
         assert entry.startswith("statement: BEGIN;") and entry.rstrip().endswith("COMMIT")
-    assert inbox_database.transactions("inbox") == len(inserts)
+    assert inbox_database.transactions("inbox_events") == len(inserts)
 
 
 async def test_a_redelivery_in_a_chain_stops_the_one_statement_there_and_the_rest_follow(
@@ -123,14 +123,14 @@ async def test_a_redelivery_in_a_chain_stops_the_one_statement_there_and_the_res
 
     receipts = [[r.receipt for r in g.received] for g in got]
     assert receipts == [[Receipt.APPLIED], [Receipt.DUPLICATE], [Receipt.APPLIED]]
-    assert inbox_database.query("SELECT id FROM inbox ORDER BY applied_seq") == [
+    assert inbox_database.query("SELECT id FROM inbox_events ORDER BY applied_seq") == [
         ("b",),
         ("a",),
         ("c",),
     ]
-    assert inbox_database.query("SELECT deliveries FROM inbox WHERE id = 'b'") == [(2,)]
+    assert inbox_database.query("SELECT deliveries FROM inbox_events WHERE id = 'b'") == [(2,)]
     assert await pg_inbox.count() == 3
-    assert inbox_database.query("SELECT qty FROM inventory") == [(3,)]
+    assert inbox_database.query("SELECT qty FROM inbox_inventory") == [(3,)]
 
 
 async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
@@ -154,9 +154,12 @@ async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
     for fine in (got[0], got[2]):
         assert isinstance(fine, BatchReceipt)
         assert [r.receipt for r in fine.received] == [Receipt.APPLIED]
-    assert inbox_database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
+    assert inbox_database.query("SELECT id FROM inbox_events ORDER BY id") == [("a",), ("b",)]
     assert await pg_inbox.count() == 2
-    assert dict(inbox_database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 1}
+    assert dict(inbox_database.query("SELECT sku, qty FROM inbox_inventory")) == {
+        "snack": 1,
+        "tea": 1,
+    }
 
 
 # How many times in a row the server rolls back the first INSERT statements into the
@@ -189,8 +192,11 @@ async def test_a_batch_whose_one_statement_keeps_being_rolled_back_goes_in_the_l
     got = await pg_inbox.receive_batch(taken([event("a"), event("b", "tea", 2)]))
 
     assert [r.receipt for r in got.received] == [Receipt.APPLIED, Receipt.APPLIED]
-    assert inbox_database.query("SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
-    assert dict(inbox_database.query("SELECT sku, qty FROM inventory")) == {"snack": 1, "tea": 2}
+    assert inbox_database.query("SELECT id FROM inbox_events ORDER BY id") == [("a",), ("b",)]
+    assert dict(inbox_database.query("SELECT sku, qty FROM inbox_inventory")) == {
+        "snack": 1,
+        "tea": 2,
+    }
     assert await pg_inbox.count() == 2
     # The three attempts of the one statement, then the long way's statements.
     assert inbox_database.query("SELECT last_value > 3 FROM rolled_back") == [(True,)]
@@ -206,8 +212,8 @@ async def test_a_batch_rolled_back_on_every_attempt_fails_and_writes_nothing(
     ):
         await pg_inbox.receive_batch(taken([event("a"), event("b", "tea", 2)]))
 
-    assert inbox_database.query("SELECT count(*) FROM inbox") == [(0,)]
-    assert inbox_database.query("SELECT count(*) FROM inventory") == [(0,)]
+    assert inbox_database.query("SELECT count(*) FROM inbox_events") == [(0,)]
+    assert inbox_database.query("SELECT count(*) FROM inbox_inventory") == [(0,)]
     assert await pg_inbox.count() == 0
 
 
@@ -242,10 +248,10 @@ async def test_two_connections_racing_on_one_batch_apply_each_event_once(
         # The count of either inbox is kept by the transactions that inserted.
         assert await one.count() == await two.count() == 4 * rounds
 
-    assert inbox_database.query("SELECT count(*), min(deliveries), max(deliveries) FROM inbox") == [
-        (4 * rounds, 2, 2)
-    ]
-    stock: dict[str, Any] = dict(inbox_database.query("SELECT sku, qty FROM inventory"))
+    assert inbox_database.query(
+        "SELECT count(*), min(deliveries), max(deliveries) FROM inbox_events"
+    ) == [(4 * rounds, 2, 2)]
+    stock: dict[str, Any] = dict(inbox_database.query("SELECT sku, qty FROM inbox_inventory"))
     assert stock == {f"sku{k}": (k + 1) * rounds for k in range(4)}
 
 

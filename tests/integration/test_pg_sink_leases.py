@@ -80,7 +80,7 @@ async def test_two_sinks_racing_epochs_4_and_5_never_apply_4_after_5(
 
     refused = [(c, o) for c, o in zip(calls, got, strict=True) if isinstance(o, BaseException)]
     assert all(isinstance(o, StaleLease) and (c[2], o.seen) == (4, 5) for c, o in refused), refused
-    rows = inbox_database.query("SELECT id, applied_seq FROM inbox")
+    rows = inbox_database.query("SELECT id, applied_seq FROM inbox_events")
     seq = dict(rows)
     applied_4_after_5 = 0
     for r in range(rounds):
@@ -91,7 +91,7 @@ async def test_two_sinks_racing_epochs_4_and_5_never_apply_4_after_5(
     assert applied_4_after_5 == 0
     assert len(rows) == len(calls) - len(refused)
     assert 0 < len(refused) < 3 * rounds, "the race never went both ways"
-    fences = inbox_database.query("SELECT DISTINCT epoch FROM lease_fences")
+    fences = inbox_database.query("SELECT DISTINCT epoch FROM inbox_lease_fences")
     assert fences == [(5,)]
 
 
@@ -116,7 +116,7 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
             for g in got
         )
         assert inbox_database.transactions("inbox WHERE id <> 'old'") == 1  # INSERT_CALLS, once
-        assert inbox_database.query("SELECT line, epoch FROM lease_fences ORDER BY line") == [
+        assert inbox_database.query("SELECT line, epoch FROM inbox_lease_fences ORDER BY line") == [
             ("apple", 2),
             ("bean", 1),
             ("tea", 8),
@@ -140,9 +140,11 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
     assert isinstance(outcomes[1], StaleLease) and outcomes[1].seen == 8
     assert all(isinstance(o, BatchReceipt) for i, o in enumerate(outcomes) if i != 1), outcomes
     assert inbox_database.query(
-        "SELECT count(*) FROM inbox WHERE id IN ('b2', 'b3', 'a4', 't2')"
+        "SELECT count(*) FROM inbox_events WHERE id IN ('b2', 'b3', 'a4', 't2')"
     ) == [(3,)]
-    assert inbox_database.query("SELECT epoch FROM lease_fences WHERE line = 'apple'") == [(3,)]
+    assert inbox_database.query("SELECT epoch FROM inbox_lease_fences WHERE line = 'apple'") == [
+        (3,)
+    ]
 
 
 # ---------------------------------------------------------------- two sink processes
@@ -166,10 +168,10 @@ async def test_a_request_whose_predecessor_another_sink_is_applying_goes_on_afte
     # A's transaction waits for a row the test holds: A is being applied by the first
     # sink, not committed, while B (after A) arrives at the second.
     with psycopg.connect(pg_database, autocommit=True) as setup:
-        setup.execute(b"INSERT INTO inventory (sku, qty) VALUES ('held', 0)")
+        setup.execute(b"INSERT INTO inbox_inventory (sku, qty) VALUES ('held', 0)")
     holder = psycopg.connect(pg_database)
     try:
-        holder.execute(b"SELECT qty FROM inventory WHERE sku = 'held' FOR UPDATE")
+        holder.execute(b"SELECT qty FROM inbox_inventory WHERE sku = 'held' FOR UPDATE")
         async with aiohttp.ClientSession() as client:
             lease = {LEASE_HEADER: Lease(SOURCE, "held", 1).header()}
             a = asyncio.create_task(post(client, first.url, event("A", "held"), **lease))
@@ -187,7 +189,7 @@ async def test_a_request_whose_predecessor_another_sink_is_applying_goes_on_afte
     assert done_at["A"] - released < 1.0
     assert done_at["B"] - done_at["A"] < LATE_S, "B waited for its own timeout, not for A"
     with psycopg.connect(pg_database) as check:
-        rows = check.execute(b"SELECT id FROM inbox ORDER BY applied_seq").fetchall()
+        rows = check.execute(b"SELECT id FROM inbox_events ORDER BY applied_seq").fetchall()
     assert rows == [("A",), ("B",)]
 
 

@@ -70,8 +70,8 @@ async def test_a_stopped_server_is_503_and_the_sink_recovers_when_it_is_back(
             assert again["status"] == "duplicate"
 
         database = PgAccess(url, "inbox_health")
-        assert database.query("SELECT id, deliveries FROM inbox ORDER BY applied_seq") == [
+        assert database.query("SELECT id, deliveries FROM inbox_events ORDER BY applied_seq") == [
             ("order-1", 2),
             ("order-2", 1),
         ]
-        assert database.query("SELECT qty FROM inventory") == [(5,)]
+        assert database.query("SELECT qty FROM inbox_inventory") == [(5,)]

@@ -73,7 +73,9 @@ async def test_marks_undone_by_a_crash_of_the_server_are_sent_again_and_applied_
             await outbox.quarantine("late", "looked stuck", "op")
             await outbox.mark_sent_many([("late", ack)])
             assert await deliver(outbox, sink) == IDS
-        assert source.query("SELECT count(*) FROM outbox WHERE sent = 1") == [(1 + len(IDS),)]
+        assert source.query("SELECT count(*) FROM outbox_entries WHERE sent = 1") == [
+            (1 + len(IDS),)
+        ]
         assert source.query(UNFLUSHED) == [(True,)], "the marks were flushed before the crash"
 
         await asyncio.to_thread(server.stop, "immediate")
@@ -81,25 +83,29 @@ async def test_marks_undone_by_a_crash_of_the_server_are_sent_again_and_applied_
 
         # Intake and the mark that closed the quarantine waited for their flush; the
         # other marks did not, and are undone.
-        assert source.query("SELECT id FROM orders ORDER BY id") == sorted(
+        assert source.query("SELECT id FROM outbox_orders ORDER BY id") == sorted(
             [("late",)] + [(i,) for i in IDS]
         )
-        assert source.query("SELECT id, sent FROM outbox ORDER BY seq") == [
+        assert source.query("SELECT id, sent FROM outbox_entries ORDER BY seq") == [
             ("late", 1),
             *((i, 0) for i in IDS),
         ]
-        assert source.query("SELECT id, released_as FROM quarantines") == [("late", "delivered")]
+        assert source.query("SELECT id, released_as FROM outbox_quarantines") == [
+            ("late", "delivered")
+        ]
         assert await duplicates_answered(sink) == 0
 
         async with Outbox.open(url) as outbox:
             assert await deliver(outbox, sink) == IDS
             assert await outbox.pending() == []
-        statuses = source.query("SELECT id, ack::json->>'status' FROM outbox ORDER BY seq")
+        statuses = source.query("SELECT id, ack::json->>'status' FROM outbox_entries ORDER BY seq")
         assert statuses == [("late", "applied"), *((i, "duplicate") for i in IDS)]
 
     assert await duplicates_answered(sink) == len(IDS)
-    assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY applied_seq") == [
+    assert db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY applied_seq") == [
         ("late",),
         *((i,) for i in IDS),
     ]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 100 + sum(range(1, 6)))]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [
+        ("snack", 100 + sum(range(1, 6)))
+    ]

@@ -103,7 +103,7 @@ class Flaky(WrappedSender):
 
 def outbox_state(db_rows: Query, db: Path) -> dict[str, tuple[int, int]]:
     """id -> (sent, attempts)."""
-    return {i: (s, n) for i, s, n in db_rows(db, "SELECT id, sent, attempts FROM outbox")}
+    return {i: (s, n) for i, s, n in db_rows(db, "SELECT id, sent, attempts FROM outbox_entries")}
 
 
 def assert_runs_name_predecessors(
@@ -221,7 +221,7 @@ async def test_a_rejected_entry_stops_the_global_line_and_nothing_after_it_is_ap
     # it, and only against it.
     assert state[bad] == (0, sum(bad in r.ids for r in recorder.requests))
     assert {i: state[i] for i in ids[gap + 1 :]} == dict.fromkeys(ids[gap + 1 :], (0, 0))
-    [(last_error,)] = db_rows(db, "SELECT last_error FROM outbox WHERE id = ?", (bad,))
+    [(last_error,)] = db_rows(db, "SELECT last_error FROM outbox_entries WHERE id = ?", (bad,))
     assert bad in last_error and "400" in last_error
     # The sink holds nothing after the gap, although requests for later entries
     # reached it while the rejected one was in flight. (One that arrives after the
@@ -364,7 +364,7 @@ async def test_a_412_although_the_predecessor_was_applied_is_resent_naming_no_pr
     assert deliveries(sink_db) == dict.fromkeys(ids, 1)
     # A plain resend, not a failure: nothing recorded, no second attempt.
     assert outbox_state(db_rows, db) == dict.fromkeys(ids, (1, 1))
-    assert db_rows(db, "SELECT count(*) FROM outbox WHERE last_error IS NOT NULL") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM outbox_entries WHERE last_error IS NOT NULL") == [(0,)]
 
 
 # ================================================================ the hook, and stopping
@@ -388,7 +388,7 @@ async def test_the_hook_runs_in_order_before_the_mark_for_every_verified_entry(
     hooked: list[tuple[str, int]] = []
 
     def after_delivery(event_id: str) -> None:
-        [(sent,)] = db_rows(db, "SELECT sent FROM outbox WHERE id = ?", (event_id,))
+        [(sent,)] = db_rows(db, "SELECT sent FROM outbox_entries WHERE id = ?", (event_id,))
         hooked.append((event_id, sent))
 
     async with sender_for(url) as sender:
@@ -460,7 +460,7 @@ async def test_stop_with_requests_in_flight_returns_promptly_and_loses_nothing(
         assert done == line[: len(done)]
         assert [i for i in inbox_ids(sink_db) if i in members] == done
     assert sorted(inbox_ids(sink_db)) == sorted(sent)
-    assert db_rows(db, "SELECT count(*) FROM outbox WHERE last_error IS NOT NULL") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM outbox_entries WHERE last_error IS NOT NULL") == [(0,)]
     assert {s for s, _ in outbox_state(db_rows, db).values()} == {0, 1}
 
     # A new relay picks up where this one stopped; nothing is applied twice.

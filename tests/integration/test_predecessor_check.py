@@ -218,7 +218,7 @@ def make_relay(outbox: Outbox, sender: HttpSender | Watched, mode: Mode, **optio
 
 def assert_all_sent_once(db_rows: Query, db: Path, ids: list[str]) -> None:
     """Every entry marked sent, with the ACK that names it, after one attempt."""
-    rows = db_rows(db, "SELECT id, sent, attempts, ack FROM outbox ORDER BY seq")
+    rows = db_rows(db, "SELECT id, sent, attempts, ack FROM outbox_entries ORDER BY seq")
     assert [(i, s, n) for i, s, n, _ in rows] == [(i, 1, 1) for i in ids]
     assert [json.loads(ack)["ack"] for *_, ack in rows] == ids
 
@@ -231,7 +231,9 @@ def assert_applied_once_in_order(
     ids = [e["id"] for e in events]
     assert_all_sent_once(db_rows, db, ids)
     assert_applied_in_order(db_rows, db, sink_db, events, ordering)
-    assert dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox")) == dict.fromkeys(ids, 1)
+    assert dict(db_rows(sink_db, "SELECT id, deliveries FROM inbox_events")) == dict.fromkeys(
+        ids, 1
+    )
 
 
 def assert_runs_start_alone_then_overlap(
@@ -374,7 +376,7 @@ async def test_every_reply_of_the_sink_says_it_enforces_the_predecessor_check(
         replies, PREDECESSOR_CHECK_ENFORCED
     )
     # The refused requests changed nothing: e1, e2 (its predecessor e1), e3 and e4 only.
-    ids = [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")]
+    ids = [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY rowid")]
     assert ids == ["e1", "e2", "e3", "e4"]
 
 
@@ -405,7 +407,7 @@ async def test_the_sink_says_so_on_401_and_on_its_open_paths_with_a_token(
         "metrics": (200, PREDECESSOR_CHECK_ENFORCED),
         "with token": (200, PREDECESSOR_CHECK_ENFORCED),
     }
-    assert db_rows(sink_db, "SELECT id FROM inbox") == [("e1",)]
+    assert db_rows(sink_db, "SELECT id FROM inbox_events") == [("e1",)]
 
 
 # ======================================================= HttpSender.enforces_predecessor_check
@@ -431,7 +433,7 @@ async def test_sender_says_no_predecessor_check_until_a_reply_of_the_real_sink_s
         async with sender_for(url) as other:
             assert other.enforces_predecessor_check() is False  # each sender by its own replies
 
-    assert db_rows(sink_db, "SELECT id FROM inbox") == [("e1",)]
+    assert db_rows(sink_db, "SELECT id FROM inbox_events") == [("e1",)]
 
 
 async def test_sender_predecessor_check_follows_the_last_reply(serve: Serve) -> None:

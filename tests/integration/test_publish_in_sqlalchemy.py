@@ -203,10 +203,10 @@ async def test_the_callers_rows_and_the_entries_commit_together(
         assert await caller.accept(placed("o-1", qty=2)) == "accepted"
         # Not committed: the relay sees nothing yet, a reader neither.
         assert await source_outbox.pending() == []
-        assert rows(databases, "SELECT count(*) FROM outbox") == [(0,)]
+        assert rows(databases, "SELECT count(*) FROM outbox_entries") == [(0,)]
         await caller.commit()
     assert rows(databases, "SELECT id, amount_cents FROM payments") == [("p-1", 1999)]
-    assert rows(databases, "SELECT id, sku, qty FROM orders") == [("o-1", "snack", 2)]
+    assert rows(databases, "SELECT id, sku, qty FROM outbox_orders") == [("o-1", "snack", 2)]
     assert await source_outbox.pending() == [captured("p-1"), as_event(placed("o-1", qty=2))]
 
 
@@ -219,7 +219,7 @@ async def test_a_rollback_leaves_neither_the_callers_rows_nor_the_entries(
         assert await caller.accept(placed("o-1")) == "accepted"
         await caller.rollback()
     assert rows(databases, "SELECT count(*) FROM payments") == [(0,)]
-    assert rows(databases, "SELECT count(*) FROM orders") == [(0,)]
+    assert rows(databases, "SELECT count(*) FROM outbox_orders") == [(0,)]
     assert await source_outbox.pending() == []
     assert await source_outbox.publish(captured("p-1")) == "accepted"  # nothing was left
 
@@ -276,8 +276,8 @@ async def test_autocommit_is_refused_and_writes_nothing(
             await caller.publish(captured("p-1"))
         with pytest.raises(NotInTransaction):
             await caller.accept(placed("o-1"))
-    assert rows(databases, "SELECT count(*) FROM outbox") == [(0,)]
-    assert rows(databases, "SELECT count(*) FROM orders") == [(0,)]
+    assert rows(databases, "SELECT count(*) FROM outbox_entries") == [(0,)]
+    assert rows(databases, "SELECT count(*) FROM outbox_orders") == [(0,)]
 
 
 async def test_the_sync_and_the_async_objects_are_not_mixed_up(callers: Callers) -> None:

@@ -80,11 +80,11 @@ async def publisher(start_publisher: StartPublisher, sink_base: str) -> str:
 
 
 def outbox_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
-    return db_rows(db, "SELECT seq, id, payload, sent FROM outbox ORDER BY seq")
+    return db_rows(db, "SELECT seq, id, payload, sent FROM outbox_entries ORDER BY seq")
 
 
 def order_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
-    return db_rows(db, "SELECT id, sku, qty FROM orders ORDER BY id")
+    return db_rows(db, "SELECT id, sku, qty FROM outbox_orders ORDER BY id")
 
 
 # ---------------------------------------------------------------- intake
@@ -192,20 +192,20 @@ async def test_accepted_order_is_delivered_at_once_not_at_the_next_poll(
     await asyncio.sleep(0.2)  # the relay found nothing and sleeps for 5 s
 
     assert (await post_body(client, f"{publisher}/orders", EVENT))[0] == 201
-    took = await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)], 3.0)
+    took = await eventually(lambda: db_rows(db, "SELECT sent FROM outbox_entries") == [(1,)], 3.0)
 
     assert took < 1.0
-    assert db_rows(sink_db, "SELECT qty FROM inventory") == [(7,)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory") == [(7,)]
 
 
 async def test_a_duplicate_post_does_not_send_again(
     client: aiohttp.ClientSession, publisher: str, db: Path, sink_db: Path, db_rows: Query
 ) -> None:
     await post_body(client, f"{publisher}/orders", EVENT)
-    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)])
+    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox_entries") == [(1,)])
     await post_body(client, f"{publisher}/orders", EVENT)
     await asyncio.sleep(0.3)
-    assert db_rows(sink_db, "SELECT deliveries FROM inbox") == [(1,)]
+    assert db_rows(sink_db, "SELECT deliveries FROM inbox_events") == [(1,)]
 
 
 # ---------------------------------------------------------------- bulk intake
@@ -280,9 +280,9 @@ async def test_a_batch_is_delivered_and_counted_per_order(
     status, _, reply = await post_body(client, f"{publisher}/orders/batch", batch(*orders))
     assert (status, reply["accepted"]) == (200, 500)
     await eventually(
-        lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(500,)], 10.0
+        lambda: db_rows(db, "SELECT count(*) FROM outbox_entries WHERE sent = 1") == [(500,)], 10.0
     )
-    assert db_rows(sink_db, "SELECT qty FROM inventory") == [(500,)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory") == [(500,)]
     status, _, reply = await post_body(client, f"{publisher}/orders/batch", batch(orders[0], {}))
     assert (reply["duplicate"], reply["invalid"]) == (1, 1)
     samples = await scrape(client, f"{publisher}/metrics")
@@ -385,7 +385,7 @@ TOKEN = "intake-token-of-the-tests-0001"
 
 
 def event_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
-    return db_rows(db, "SELECT id, type, lane, payload FROM outbox ORDER BY seq")
+    return db_rows(db, "SELECT id, type, lane, payload FROM outbox_entries ORDER BY seq")
 
 
 async def post_as(
@@ -423,8 +423,8 @@ async def test_post_event_accepted_then_duplicate_and_delivered_as_recorded(
     assert event_rows(db_rows, db) == [
         ("pay-1", "payment.captured", "acct-9", canonical_json(PAYMENT))
     ]
-    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox") == [(1,)])
-    assert db_rows(sink_db, "SELECT id, type, payload, deliveries FROM inbox") == [
+    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox_entries") == [(1,)])
+    assert db_rows(sink_db, "SELECT id, type, payload, deliveries FROM inbox_events") == [
         ("pay-1", "payment.captured", canonical_json(PAYMENT), 1)
     ]
 
@@ -668,7 +668,9 @@ async def test_status_and_metrics_after_traffic(
     assert (await post_body(client, orders, b"nope"))[0] == 400
     assert (await post_body(client, orders, b"x" * (BODY_CAP + 1)))[0] == 413
     assert (await post_body(client, orders, {"id": "order-2", "sku": "snack", "qty": 1}))[0] == 201
-    await eventually(lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(2,)])
+    await eventually(
+        lambda: db_rows(db, "SELECT count(*) FROM outbox_entries WHERE sent = 1") == [(2,)]
+    )
 
     samples = await scrape(client, f"{publisher}/metrics")
 
@@ -724,7 +726,9 @@ async def test_metrics_count_events_published_and_delivered_by_type(
     batch = {"events": [refund, {**refund, "id": "ref-2"}, {"id": "bad"}]}
     assert (await post_body(client, f"{publisher}/events/batch", batch))[0] == 200
     assert (await post_body(client, f"{publisher}/orders", EVENT))[0] == 201
-    await eventually(lambda: db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 1") == [(4,)])
+    await eventually(
+        lambda: db_rows(db, "SELECT count(*) FROM outbox_entries WHERE sent = 1") == [(4,)]
+    )
 
     samples = await scrape(client, f"{publisher}/metrics")
     for name in ("publisher_events_published_total", "publisher_events_delivered_total"):
@@ -787,7 +791,9 @@ async def test_blocked_head_shows_in_status_and_metrics_until_quarantined(
     async with Outbox.open(db) as operator:  # as `publisher quarantine` would
         await operator.quarantine("order-1", "sku retired", "alice")
     await eventually(lambda: "order-2" in received)
-    await eventually(lambda: db_rows(db, "SELECT sent FROM outbox WHERE id = 'order-2'") == [(1,)])
+    await eventually(
+        lambda: db_rows(db, "SELECT sent FROM outbox_entries WHERE id = 'order-2'") == [(1,)]
+    )
 
     samples = await scrape(client, f"{publisher}/metrics")
     assert value(samples, "publisher_outbox_quarantined_events") == 1
@@ -842,7 +848,7 @@ async def test_sink_metrics_count_every_result(
     assert value(samples, received, result="conflict") == 1
     assert value(samples, received, result="invalid") == 2
     assert value(samples, "sink_inbox_events") == 2
-    assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(2,)]
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox_events") == [(2,)]
 
 
 async def test_sink_metrics_start_at_zero(client: aiohttp.ClientSession, sink_base: str) -> None:
@@ -866,7 +872,7 @@ async def test_sink_event_record_counts_deliveries_and_carries_the_digest(
     assert record["deliveries"] == 2
     assert record["sha256"] == payload_digest(as_event(EVENT))  # of the event it records
     assert before <= record["received_at"] <= record["last_delivery_at"] <= time.time()
-    assert db_rows(sink_db, "SELECT deliveries FROM inbox WHERE id = 'order-1'") == [(2,)]
+    assert db_rows(sink_db, "SELECT deliveries FROM inbox_events WHERE id = 'order-1'") == [(2,)]
 
 
 async def test_sink_event_record_unknown_is_404(

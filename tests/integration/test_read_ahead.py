@@ -198,7 +198,7 @@ async def relay_for(
 
 
 def attempts(db_rows: Query, db: Path) -> dict[str, int]:
-    return dict(db_rows(db, "SELECT id, attempts FROM outbox"))
+    return dict(db_rows(db, "SELECT id, attempts FROM outbox_entries"))
 
 
 def skips_what_is_held(read: Read, earlier: list[str], in_flight: str) -> bool:
@@ -248,7 +248,7 @@ async def test_batch_mode_reads_each_next_batch_while_the_current_one_is_in_flig
         assert frozenset(batches[n - 1]) <= read.skip <= frozenset(ids[: 16 * n])
     assert sent_ids(db) == ids
     assert attempts(db_rows, db) == dict.fromkeys(ids, 1)
-    stored: dict[str, str] = dict(db_rows(db, "SELECT id, ack FROM outbox"))
+    stored: dict[str, str] = dict(db_rows(db, "SELECT id, ack FROM outbox_entries"))
     assert {i: json.loads(stored[i]) for i in ids} == {i: ack(placed(i)) for i in ids}
 
 
@@ -284,9 +284,11 @@ async def test_an_entry_quarantined_after_it_was_read_ahead_is_sent_and_closed_a
         )
         assert (await operator.snapshot()).quarantined == 0
 
-    assert db_rows(db, "SELECT sent, quarantined FROM outbox WHERE id = ?", (victim,)) == [(1, 0)]
+    assert db_rows(db, "SELECT sent, quarantined FROM outbox_entries WHERE id = ?", (victim,)) == [
+        (1, 0)
+    ]
     assert db_rows(
-        db, "SELECT released_by, released_as FROM quarantines WHERE id = ?", (victim,)
+        db, "SELECT released_by, released_as FROM outbox_quarantines WHERE id = ?", (victim,)
     ) == [("relay", "delivered")]
 
 

@@ -143,7 +143,9 @@ def row(db_rows: Query, db: Path, event_id: str) -> dict[str, Any]:
         "first_failure_at",
         "ack",
     ]
-    [values] = db_rows(db, f"SELECT {', '.join(names)} FROM outbox WHERE id = ?", (event_id,))
+    [values] = db_rows(
+        db, f"SELECT {', '.join(names)} FROM outbox_entries WHERE id = ?", (event_id,)
+    )
     return dict(zip(names, values, strict=True))
 
 
@@ -163,8 +165,8 @@ async def test_delivers_everything_in_order_to_the_real_sink(
         assert not task.done()
         assert relay.blocked is None
 
-    assert [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid")] == ids
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(60,)]
+    assert [r[0] for r in db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY rowid")] == ids
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(60,)]
     for event_id in ids:
         stored = json.loads(row(db_rows, db, event_id)["ack"])
         event = placed(event_id, "snack", 3)
@@ -282,7 +284,7 @@ async def test_quarantine_after_moves_the_head_aside_and_later_entries_flow(
     a = row(db_rows, db, "a")
     assert (a["sent"], a["quarantined"], a["attempts"]) == (0, 1, 2)
     [(by, reason, released)] = db_rows(
-        db, "SELECT quarantined_by, reason, released_at FROM quarantines WHERE id = 'a'"
+        db, "SELECT quarantined_by, reason, released_at FROM outbox_quarantines WHERE id = 'a'"
     )
     assert by == AUTO_QUARANTINE_BY
     assert "rejected 2 times" in reason and "409" in reason

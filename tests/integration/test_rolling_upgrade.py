@@ -272,7 +272,7 @@ async def drained(source: Path | str, publisher: PublisherProcess) -> None:
     def done() -> bool:
         assert publisher.proc.poll() is None, f"publisher exited: {publisher.log.read_text()}"
         [(pending, failed)] = query(
-            source, "SELECT coalesce(sum(1 - sent), 0), count(last_error) FROM outbox"
+            source, "SELECT coalesce(sum(1 - sent), 0), count(last_error) FROM outbox_entries"
         )
         assert failed == 0, "a delivery failed"
         return bool(pending == 0)
@@ -282,7 +282,7 @@ async def drained(source: Path | str, publisher: PublisherProcess) -> None:
     except AssertionError as exc:
         entries = query(
             source,
-            "SELECT id, attempts, last_error FROM outbox"
+            "SELECT id, attempts, last_error FROM outbox_entries"
             " WHERE sent = 0 OR last_error IS NOT NULL ORDER BY seq LIMIT 5",
         )
         log = publisher.log.read_text()[-3000:]
@@ -296,7 +296,9 @@ def delivered_once(source: Path | str, sink: Path | str, placed: list[Order]) ->
     ids = [order["id"] for order in placed]
     assert deliveries(sink) == dict.fromkeys(ids, 1)
     assert inventory(sink) == totals(placed)
-    entries = query(source, "SELECT id, sent, attempts, last_error FROM outbox ORDER BY seq")
+    entries = query(
+        source, "SELECT id, sent, attempts, last_error FROM outbox_entries ORDER BY seq"
+    )
     assert sorted(e[0] for e in entries) == sorted(ids)
     assert [e for e in entries if e[1:] != (1, 1, None)] == []
 

@@ -111,12 +111,14 @@ async def test_a_cloudevent_is_applied_once_and_a_resend_at_another_time_is_a_du
     resent = {**cloudevent(PAYMENT, "2026-06-01T00:00:00.000Z"), "source": "urn:other"}
     assert await post(client, url, resent, STRUCTURED) == (200, ack(PAYMENT, Receipt.DUPLICATE))
 
-    assert db_rows(sink_db, "SELECT id, type, payload, deliveries FROM inbox ORDER BY id") == [
+    assert db_rows(
+        sink_db, "SELECT id, type, payload, deliveries FROM inbox_events ORDER BY id"
+    ) == [
         ("o-1", "order.placed", canonical_json(PLACED), 1),
         ("p-123", "payment.captured", canonical_json(PAYMENT), 2),
         ("t-1", "clock.ticked", canonical_json(TICK), 1),
     ]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 2)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 2)]
     async with client.get(f"{sink_base}/events/p-123") as response:
         record = await response.json()
     assert (record["event"], record["sha256"]) == (
@@ -144,10 +146,10 @@ async def test_an_order_of_the_previous_release_and_its_cloudevent_are_one_event
         again = await post(client, url, ORDER, JSON)
         assert again == (200, {**previous, "status": "duplicate"})
 
-    assert db_rows(sink_db, "SELECT id, payload, deliveries FROM inbox") == [
+    assert db_rows(sink_db, "SELECT id, payload, deliveries FROM inbox_events") == [
         ("o-1", canonical_json(PLACED), 2)
     ]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 2)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 2)]
 
 
 async def test_a_cloudevents_batch_acks_its_prefix_and_names_the_place_of_the_item_refused(
@@ -163,7 +165,7 @@ async def test_a_cloudevents_batch_acks_its_prefix_and_names_the_place_of_the_it
     rejected = reply["rejected"]
     assert (rejected["index"], rejected["status"], rejected["error"]) == (3, 400, "invalid event")
     assert (rejected["field"], rejected["pointer"]) == ("/data/x/0/y", "/3/data/x/0/y")
-    assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY applied_seq") == [
+    assert db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY applied_seq") == [
         ("o-1",),
         ("p-123",),
         ("t-1",),
@@ -172,7 +174,7 @@ async def test_a_cloudevents_batch_acks_its_prefix_and_names_the_place_of_the_it
     status, reply = await post(client, f"{sink_base}/events/batch", again, BATCHED)
     assert reply["acks"] == [ack(PAYMENT, Receipt.DUPLICATE)]
     assert (reply["rejected"]["index"], reply["rejected"]["status"]) == (1, 409)
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 2)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 2)]
 
 
 @pytest.mark.parametrize(
@@ -186,7 +188,7 @@ async def test_a_body_that_is_no_cloudevents_batch_is_400_and_applies_nothing(
     status, reply = await post(client, f"{sink_base}/events/batch", body, BATCHED)
 
     assert status == 400 and "CloudEvents batch" in reply["error"]
-    assert db_rows(sink_db, "SELECT * FROM inbox") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox_events") == []
 
 
 async def test_a_cloudevents_batch_keeps_the_predecessor_check_and_fencing(
@@ -208,7 +210,10 @@ async def test_a_cloudevents_batch_keeps_the_predecessor_check_and_fencing(
     stale = {LEASE_HEADER: Lease("a1b2c3d4e5f60718", "c-9", 1).header()}
     status, reply = await post(client, url, [cloudevent(PLACED)], BATCHED, stale)
     assert (status, reply["fenced"]["seen"]) == (409, 2)
-    assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY applied_seq") == [("p-123",), ("t-1",)]
+    assert db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY applied_seq") == [
+        ("p-123",),
+        ("t-1",),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -231,7 +236,7 @@ async def test_a_json_media_type_a_route_does_not_take_is_415_naming_those_it_ta
     status, reply = await post(client, f"{sink_base}{path}", [cloudevent(PAYMENT)], media)
 
     assert (status, reply["accepted"], reply["content_type"]) == (415, accepted, media)
-    assert db_rows(sink_db, "SELECT * FROM inbox") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox_events") == []
 
 
 async def test_data_of_up_to_1_mib_is_taken_and_more_is_refused_naming_it(
@@ -247,7 +252,7 @@ async def test_data_of_up_to_1_mib_is_taken_and_more_is_refused_naming_it(
     assert (status, reply["pointer"]) == (400, "/data")
     status, reply = await post(client, f"{sink_base}/events/batch", [cloudevent(big)] * 2, BATCHED)
     assert reply["acks"] == [ack(big, Receipt.DUPLICATE)] * 2
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("b-1", 3)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("b-1", 3)]
 
 
 async def test_chaos_refuses_orders_of_a_sku_and_events_of_a_key(
@@ -262,4 +267,4 @@ async def test_chaos_refuses_orders_of_a_sku_and_events_of_a_key(
     status, reply = await post(client, f"{base}/events/batch", batch, BATCHED)
     assert reply["acks"] == [ack(TICK)]
     assert (reply["rejected"]["index"], reply["rejected"]["field"]) == (1, "key")
-    assert db_rows(sink_db, "SELECT id FROM inbox") == [("t-1",)]
+    assert db_rows(sink_db, "SELECT id FROM inbox_events") == [("t-1",)]

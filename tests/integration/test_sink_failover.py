@@ -93,7 +93,7 @@ async def test_a_refused_first_url_sends_the_request_to_the_second(
         else:
             await sender.deliver(numbered_event(1))
 
-    assert db_rows(db, "SELECT count(*) FROM inbox") == [(2 if batch else 1,)]
+    assert db_rows(db, "SELECT count(*) FROM inbox_events") == [(2 if batch else 1,)]
     assert sender.url == URL(up)
     assert sender.failovers == 1
     assert moves == [(URL(down), URL(up))]
@@ -189,8 +189,8 @@ async def test_a_request_fails_over_to_a_sink_of_the_same_inbox_after_a_drop_aft
         ack = await sender.deliver(numbered_event(1))
 
     assert ack["status"] == "duplicate"
-    assert db_rows(pg_database, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-    assert db_rows(pg_database, "SELECT qty FROM inventory") == [(1,)]
+    assert db_rows(pg_database, "SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
+    assert db_rows(pg_database, "SELECT qty FROM inbox_inventory") == [(1,)]
 
 
 # ---------------------------------------------------------------- not failing over

@@ -86,8 +86,8 @@ async def test_post_applies_then_duplicate_and_inventory_counts_once(
     async with client.get(f"{sink_base}/inventory/snack") as response:
         assert response.status == 200
         assert await response.json() == {"sku": "snack", "qty": 7}
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
 
 
 async def test_get_event_reports_the_inbox_record(
@@ -131,8 +131,8 @@ async def test_ack_is_already_committed_when_the_reply_arrives(
     async with client.post(f"{sink_base}/events", json=EVENT) as response:
         assert response.status == 200
         # Read before anything else runs on this loop, including the rest of the body.
-        seen = db_rows(sink_db, "SELECT id FROM inbox")
-        stock = db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'")
+        seen = db_rows(sink_db, "SELECT id FROM inbox_events")
+        stock = db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'")
         ack = await response.json()
     assert seen == [("order-1",)]
     assert stock == [(7,)]
@@ -149,14 +149,14 @@ async def test_reply_waits_for_the_commit(
     try:
         done, _ = await asyncio.wait({sending}, timeout=0.5)
         assert not done, "the sink replied while it could not commit"
-        assert db_rows(sink_db, "SELECT id FROM inbox WHERE id = 'order-1'") == []
+        assert db_rows(sink_db, "SELECT id FROM inbox_events WHERE id = 'order-1'") == []
         lock.execute("ROLLBACK")
         status, _, ack = await asyncio.wait_for(sending, 10)
     finally:
         lock.close()
         sending.cancel()
     assert (status, ack["ack"]) == (200, "order-1")
-    assert db_rows(sink_db, "SELECT id FROM inbox WHERE id = 'order-1'") == [("order-1",)]
+    assert db_rows(sink_db, "SELECT id FROM inbox_events WHERE id = 'order-1'") == [("order-1",)]
 
 
 @pytest.mark.parametrize("changed", [{"qty": 8}, {"sku": "drink"}], ids=["qty", "sku"])
@@ -291,7 +291,7 @@ async def test_body_of_exactly_the_default_cap_is_accepted(
     status, _, reply = await post_large(client, f"{sink_base}/events", padded(EVENT, DEFAULT_CAP))
 
     assert (status, reply["status"]) == (200, "applied")
-    assert db_rows(sink_db, "SELECT qty FROM inventory") == [(7,)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory") == [(7,)]
 
 
 async def test_configured_cap_applies_at_its_boundary(
@@ -303,7 +303,7 @@ async def test_configured_cap_applies_at_its_boundary(
         client, f"{base}/events", padded({**EVENT, "id": "big"}, 201)
     )
     assert (status, content_type) == (413, "application/json")
-    assert db_rows(sink_db, "SELECT * FROM inbox") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox_events") == []
 
     status, _, reply = await post_body(client, f"{base}/events", padded(EVENT, 200))
     assert (status, reply["ack"]) == (200, "order-1")
@@ -324,8 +324,8 @@ async def test_chunked_body_over_the_cap_is_413_and_changes_nothing(
         assert response.request_info.headers.get("Transfer-Encoding") == "chunked"
         assert response.status == 413
         assert "error" in await response.json()
-    assert db_rows(sink_db, "SELECT * FROM inbox") == []
-    assert db_rows(sink_db, "SELECT * FROM inventory") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox_events") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox_inventory") == []
 
 
 async def test_storage_failure_is_503_json_and_changes_nothing(
@@ -374,7 +374,7 @@ async def test_wrong_method_is_405_json(
     async with client.request(method, f"{sink_base}{path}", json=EVENT) as response:
         assert (response.status, response.content_type) == (405, "application/json")
         assert (await response.json())["error"]
-    assert db_rows(sink_db, "SELECT * FROM inbox") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox_events") == []
 
 
 @pytest.mark.parametrize("sku", ["bad!sku", "s" * 65], ids=["bad-char", "too-long"])
@@ -402,13 +402,13 @@ async def test_drop_after_commit_closes_without_reply_but_keeps_the_commit(
     with pytest.raises(aiohttp.ClientError):
         await post_body(client, f"{base}/events", EVENT)
 
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]
 
     status, _, ack = await post_body(client, f"{base}/events", EVENT)
     assert (status, ack["ack"], ack["status"]) == (200, "order-1", "duplicate")
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'snack'") == [(7,)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'snack'") == [(7,)]
 
 
 async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
@@ -437,7 +437,7 @@ async def test_a_client_that_goes_away_mid_body_is_no_unexpected_error(
     assert any("closed the connection" in r.getMessage() for r in caplog.records)
     assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
     assert not any("unexpected error" in r.getMessage() for r in caplog.records)
-    assert db_rows(sink_db, "SELECT count(*) FROM inbox") == [(0,)]
+    assert db_rows(sink_db, "SELECT count(*) FROM inbox_events") == [(0,)]
     status, _, _ = await post_body(
         client, f"{sink_base}/events", {"id": "next", "sku": "s", "qty": 1}
     )
@@ -456,10 +456,10 @@ async def test_a_plain_event_is_applied_once_recorded_as_sent_and_shown_by_get(
     status, _, again = await post_body(client, f"{sink_base}/events", reordered)
     assert (status, again) == (200, event_ack(PAYMENT, Receipt.DUPLICATE))
 
-    assert db_rows(sink_db, "SELECT id, type, payload, deliveries FROM inbox") == [
+    assert db_rows(sink_db, "SELECT id, type, payload, deliveries FROM inbox_events") == [
         ("p-123", "payment.captured", canonical_json(PAYMENT), 2)
     ]
-    assert db_rows(sink_db, "SELECT * FROM inventory") == []  # not an order: no effect
+    assert db_rows(sink_db, "SELECT * FROM inbox_inventory") == []  # not an order: no effect
     async with client.get(f"{sink_base}/events/p-123") as response:
         record = await response.json()
     assert (record["event"], record["sha256"]) == (PAYMENT, first["sha256"])
@@ -485,7 +485,7 @@ async def test_an_event_in_binary_mode_is_the_same_event_as_in_plain_json(
         f"{sink_base}/events", data=b"{}", headers=binary_headers(keyless)
     ) as response:
         assert (response.status, await response.json()) == (200, event_ack(keyless))
-    assert db_rows(sink_db, "SELECT id, payload FROM inbox ORDER BY applied_seq") == [
+    assert db_rows(sink_db, "SELECT id, payload FROM inbox_events ORDER BY applied_seq") == [
         ("p-123", canonical_json(PAYMENT)),
         ("k-0", '{"data":{},"id":"k-0","type":"tick"}'),
     ]
@@ -507,7 +507,7 @@ async def test_a_binary_event_refused_names_its_header_or_the_place_in_its_data(
             "/data/lines/1",
             "/lines/1",
         )
-    assert db_rows(sink_db, "SELECT * FROM inbox") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox_events") == []
 
 
 async def test_an_order_of_the_previous_release_and_its_order_placed_event_are_one_event(
@@ -532,11 +532,11 @@ async def test_an_order_of_the_previous_release_and_its_order_placed_event_are_o
         "rejected": None,
     }
 
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox ORDER BY id") == [
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events ORDER BY id") == [
         ("o-1", 3),
         ("o-2", 2),
     ]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 5)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 5)]
     changed = {**first, "qty": 9}
     status, _, reply = await post_body(client, url, changed)
     assert (status, reply["id"]) == (409, "o-1")
@@ -556,8 +556,11 @@ async def test_a_batch_in_plain_json_may_mix_orders_and_events_each_acked_in_its
     rejected = reply["rejected"]
     assert (rejected["index"], rejected["status"], rejected["error"]) == (2, 400, "invalid event")
     assert (rejected["field"], rejected["pointer"]) == ("/data/n/1", "/events/2/data/n/1")
-    assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY applied_seq") == [("o-1",), ("p-123",)]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 2)]
+    assert db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY applied_seq") == [
+        ("o-1",),
+        ("p-123",),
+    ]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 2)]
 
 
 async def test_applied_events_are_counted_by_type_the_first_50_types_each_apart(

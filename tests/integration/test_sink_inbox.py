@@ -58,7 +58,7 @@ async def test_a_path_or_a_sqlite_url_opens_the_sqlite_inbox_on_that_file(
         assert inbox.location == str(sink_db)
         await inbox.receive(dict(EVENT))
 
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
 
 
 async def test_a_relative_sqlite_url_is_relative_to_the_working_directory(
@@ -70,7 +70,7 @@ async def test_a_relative_sqlite_url_is_relative_to_the_working_directory(
         await inbox.receive(dict(EVENT))
 
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".db") == ["rel.db"]
-    assert db_rows(tmp_path / "rel.db", "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(tmp_path / "rel.db", "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
 
 
 @pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
@@ -87,8 +87,8 @@ async def test_a_postgresql_uri_opens_the_postgresql_inbox_on_that_database(
         await inbox.receive(dict(EVENT))
 
     database = PgAccess(pg_database, "inbox_health")
-    assert database.query("SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert database.query("SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert database.query("SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
+    assert database.query("SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
 
 
 @pytest.mark.parametrize(
@@ -136,7 +136,7 @@ async def test_an_older_file_gets_applied_seq_in_the_order_its_rows_were_recorde
     for event_id in ("c", "a", "b"):
         order: Order = {"id": event_id, "sku": "snack", "qty": 1}
         conn.execute(
-            "INSERT INTO inbox (id, payload, received_at, last_delivery_at) VALUES (?, ?, 0, 0)",
+            "INSERT INTO inbox_events (id, payload, received_at, last_delivery_at) VALUES (?, ?, 0, 0)",
             (event_id, previous_canonical(order)),
         )
     conn.close()
@@ -145,7 +145,7 @@ async def test_an_older_file_gets_applied_seq_in_the_order_its_rows_were_recorde
         await inbox.receive(dict(EVENT))
         record = await inbox.record("order-1")
 
-    assert db_rows(sink_db, "SELECT id, applied_seq FROM inbox ORDER BY applied_seq") == [
+    assert db_rows(sink_db, "SELECT id, applied_seq FROM inbox_events ORDER BY applied_seq") == [
         ("c", 1),
         ("a", 2),
         ("b", 3),
@@ -169,11 +169,11 @@ async def check_the_previous_release_upgraded(location: str, db_rows: Query) -> 
             assert record is not None
             assert (record.event, record.deliveries) == (order_event(order), 1)
             assert record.digest == digest_of(order_canonical(order))
-        rows = "SELECT id, type, payload FROM inbox ORDER BY applied_seq"
+        rows = "SELECT id, type, payload FROM inbox_events ORDER BY applied_seq"
         assert db_rows(location, rows) == [
             (order["id"], "order.placed", order_canonical(order)) for order in PREVIOUS
         ]
-        assert dict(db_rows(location, "SELECT sku, qty FROM inventory")) == PREVIOUS_STOCK
+        assert dict(db_rows(location, "SELECT sku, qty FROM inbox_inventory")) == PREVIOUS_STOCK
 
         as_event = Incoming.checked(order_event(PREVIOUS[2]))
         assert (await inbox.receive_with_digest(as_event)).receipt is Receipt.DUPLICATE
@@ -183,9 +183,12 @@ async def check_the_previous_release_upgraded(location: str, db_rows: Query) -> 
             await inbox.receive_with_digest(Incoming.of_order({**PREVIOUS[0], "qty": 2}))
         assert await inbox.receive(EVENT) is Receipt.APPLIED
 
-    deliveries = dict(db_rows(location, "SELECT id, deliveries FROM inbox"))
+    deliveries = dict(db_rows(location, "SELECT id, deliveries FROM inbox_events"))
     assert deliveries == {"o-1": 1, "o-2": 2, "o-4": 2, "order-1": 1}
-    assert dict(db_rows(location, "SELECT sku, qty FROM inventory")) == {"snack": 12, "juice": 2}
+    assert dict(db_rows(location, "SELECT sku, qty FROM inbox_inventory")) == {
+        "snack": 12,
+        "juice": 2,
+    }
 
 
 async def test_a_file_of_the_previous_release_holds_its_orders_as_order_placed_events(

@@ -84,7 +84,7 @@ async def test_a_malformed_lease_is_400_naming_the_header_and_applies_nothing(
     assert status == 400, body
     assert body["field"] == LEASE_HEADER
     assert LEASE_HEADER in body["error"] and body["detail"]
-    assert rows("SELECT id, deliveries FROM inbox ORDER BY id") == []
+    assert rows("SELECT id, deliveries FROM inbox_events ORDER BY id") == []
     async with client.get(f"{sink}/events/e1") as response:
         assert response.status == 404
 
@@ -95,8 +95,8 @@ async def test_a_stale_lease_is_409_with_the_fenced_lease_and_applies_nothing(
 ) -> None:
     assert (await post_events(client, sink, route, [event("e1", "tea")], lease(5)))[0] == 200
     before = (
-        rows("SELECT id, deliveries FROM inbox ORDER BY id"),
-        rows("SELECT sku, qty FROM inventory"),
+        rows("SELECT id, deliveries FROM inbox_events ORDER BY id"),
+        rows("SELECT sku, qty FROM inbox_inventory"),
     )
 
     status, body = await post_events(
@@ -112,8 +112,8 @@ async def test_a_stale_lease_is_409_with_the_fenced_lease_and_applies_nothing(
     assert body["fenced"] == {"source": SOURCE, "line": GLOBAL_LINE, "epoch": 4, "seen": 5}
     assert "stale" in body["error"] and "nothing was applied" in body["error"]
     assert (
-        rows("SELECT id, deliveries FROM inbox ORDER BY id"),
-        rows("SELECT sku, qty FROM inventory"),
+        rows("SELECT id, deliveries FROM inbox_events ORDER BY id"),
+        rows("SELECT sku, qty FROM inbox_inventory"),
     ) == before
     assert await metric(client, sink, "lease") == 1
     assert await metric(client, sink, "predecessor") == 0
@@ -130,7 +130,7 @@ async def test_a_stale_duplicate_gets_no_ack(
 
     assert status == 409, body
     assert body["fenced"]["seen"] == 2
-    assert rows("SELECT id, deliveries FROM inbox ORDER BY id") == [
+    assert rows("SELECT id, deliveries FROM inbox_events ORDER BY id") == [
         ("e1", 1),
         ("e2", 1),
     ]  # the delivery not counted
@@ -167,12 +167,12 @@ async def test_the_line_of_a_lease_may_be_any_key_up_to_128_characters(
     keyed: Event = {"id": "e1", "type": "thing.done", "key": key, "data": {}}
     status, body = await post_events(client, sink, route, [keyed], lease(1, key))
     assert status == 200, body
-    assert rows("SELECT line, epoch FROM lease_fences") == [(key, 1)]
+    assert rows("SELECT line, epoch FROM inbox_lease_fences") == [(key, 1)]
 
     too_long = {LEASE_HEADER: f"{SOURCE} {key}k 1"}
     status, body = await post_events(client, sink, route, [{**keyed, "id": "e2"}], too_long)
     assert (status, body["field"]) == (400, LEASE_HEADER)
-    assert rows("SELECT id FROM inbox") == [("e1",)]
+    assert rows("SELECT id FROM inbox_events") == [("e1",)]
 
 
 async def test_stale_requests_are_logged_once_per_line_with_a_count(

@@ -211,7 +211,7 @@ async def test_a_request_whose_predecessor_is_in_the_inbox_is_applied_at_once(
     assert reply == (200, applied_reply(route, later))
     assert took_s < PROMPT_S
     assert inbox_ids(sink_db) == ["e0", "e1", *(e["id"] for e in later)]
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'tea'") == [(5,)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'tea'") == [(5,)]
     assert await missing_total(client, sink.base) == 0
 
 
@@ -267,7 +267,7 @@ async def test_a_successor_sent_before_its_predecessor_waits_and_is_applied_afte
         *(e["id"] for e in earlier),
         *(e["id"] for e in successor),
     ]
-    assert db_rows(sink_db, "SELECT qty FROM inventory WHERE sku = 'tea'") == [(5,)]
+    assert db_rows(sink_db, "SELECT qty FROM inbox_inventory WHERE sku = 'tea'") == [(5,)]
     assert await missing_total(client, sink.base) == 0
     assert len(sink.waits) == 0
 
@@ -457,7 +457,7 @@ async def test_in_one_group_commit_predecessor_checks_see_the_calls_before_them_
             ]
     assert [o.after for o in outcomes if isinstance(o, PredecessorMissing)] == ["g1", "ghost"]
     assert inbox_ids(sink_db) == ["k0", "a1", "a2", "b1", "d1", "g1"]
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory")) == {
         "tea": 5,
         "apple": 3,
         "bean": 4,

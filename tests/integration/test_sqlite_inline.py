@@ -332,7 +332,7 @@ async def test_healthz_answers_while_a_post_waits_for_the_write_lock(
                     assert health.status == 200
                     assert await health.json() == {"status": "ok"}
                 assert not sending.done()
-                assert db_rows(sink_db, "SELECT id FROM inbox") == []
+                assert db_rows(sink_db, "SELECT id FROM inbox_events") == []
                 lock.execute("ROLLBACK")
                 async with await asyncio.wait_for(sending, WAIT_S) as response:
                     status, ack = response.status, await response.json()
@@ -342,8 +342,8 @@ async def test_healthz_answers_while_a_post_waits_for_the_write_lock(
 
     assert status == 200
     assert (ack["ack"], ack["status"]) == ("order-1", "applied")
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
 
 
 async def test_a_batch_that_waited_for_the_write_lock_applies_every_event(
@@ -363,5 +363,12 @@ async def test_a_batch_that_waited_for_the_write_lock_applies_every_event(
 
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED] * 3
     assert receipt.conflict is None
-    assert db_rows(sink_db, "SELECT id FROM inbox ORDER BY rowid") == [("e0",), ("e1",), ("e2",)]
-    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inventory")) == {"snack": 5, "juice": 2}
+    assert db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY rowid") == [
+        ("e0",),
+        ("e1",),
+        ("e2",),
+    ]
+    assert dict(db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory")) == {
+        "snack": 5,
+        "juice": 2,
+    }

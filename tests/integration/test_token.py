@@ -62,8 +62,8 @@ async def unauthorized_count(client: aiohttp.ClientSession, base: str) -> float:
 
 
 def nothing_applied(db_rows: Query, sink_db: Path) -> None:
-    assert db_rows(sink_db, "SELECT * FROM inbox") == []
-    assert db_rows(sink_db, "SELECT * FROM inventory") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox_events") == []
+    assert db_rows(sink_db, "SELECT * FROM inbox_inventory") == []
 
 
 # ---------------------------------------------------------------- the sink
@@ -113,8 +113,8 @@ async def test_missing_wrong_right(
 
     assert status == 200, body
     assert json.loads(body)["ack"] == "order-1"
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 1)]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 1)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
     assert await unauthorized_count(client, base) == 2
 
 
@@ -142,8 +142,8 @@ async def test_a_duplicate_with_the_token_is_still_a_duplicate(
     status, _, body = await post_event(client, base, auth(TOKEN))
     assert status == 200
     assert json.loads(body)["status"] == "duplicate"
-    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox") == [("order-1", 2)]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(sink_db, "SELECT id, deliveries FROM inbox_events") == [("order-1", 2)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
 
 
 async def test_batch_needs_the_token(
@@ -156,7 +156,7 @@ async def test_batch_needs_the_token(
     nothing_applied(db_rows, sink_db)
     async with client.post(url, json={"events": [EVENT]}, headers=auth(TOKEN)) as response:
         assert response.status == 200
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
 
 
 async def test_healthz_and_metrics_are_open(base: str, client: aiohttp.ClientSession) -> None:
@@ -205,7 +205,7 @@ async def test_sender_with_the_token_delivers(base: str, sink_db: Path, db_rows:
 
     assert ack["ack"] == "order-1"
     assert record is not None and record["deliveries"] == 1
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory") == [("snack", 7)]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 7)]
 
 
 async def test_sender_batch_with_the_token_delivers(
@@ -216,7 +216,7 @@ async def test_sender_batch_with_the_token_delivers(
         results = await sender.deliver_batch(events)
 
     assert [r["ack"] for r in results if isinstance(r, dict)] == ["order-1", "order-2"]
-    assert db_rows(sink_db, "SELECT sku, qty FROM inventory ORDER BY sku") == [
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory ORDER BY sku") == [
         ("juice", 2),
         ("snack", 7),
     ]

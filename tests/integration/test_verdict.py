@@ -191,7 +191,7 @@ async def test_a_quarantined_entry_is_not_a_success(files: Files) -> None:
 
 async def test_inventory_tampered_upward_is_applied_twice(files: Files) -> None:
     await files.deliver(*ORDERS)
-    assert change(files.sink, "UPDATE inventory SET qty = qty + 1 WHERE sku = 'snack'") == 1
+    assert change(files.sink, "UPDATE inbox_inventory SET qty = qty + 1 WHERE sku = 'snack'") == 1
 
     verdict = files.verdict()
 
@@ -203,7 +203,7 @@ async def test_inventory_tampered_upward_is_applied_twice(files: Files) -> None:
 
 async def test_inventory_tampered_downward_is_not_ok_but_not_applied_twice(files: Files) -> None:
     await files.deliver(*ORDERS)
-    assert change(files.sink, "UPDATE inventory SET qty = qty - 1 WHERE sku = 'juice'") == 1
+    assert change(files.sink, "UPDATE inbox_inventory SET qty = qty - 1 WHERE sku = 'juice'") == 1
 
     verdict = files.verdict()
 
@@ -214,14 +214,14 @@ async def test_inventory_tampered_downward_is_not_ok_but_not_applied_twice(files
 
 async def test_two_skus_over_count_as_two(files: Files) -> None:
     await files.deliver(*ORDERS)
-    assert change(files.sink, "UPDATE inventory SET qty = qty + 3") == 3
+    assert change(files.sink, "UPDATE inbox_inventory SET qty = qty + 3") == 3
 
     assert files.verdict().applied_twice == 3
 
 
 async def test_stock_for_a_sku_nobody_ordered_is_applied_twice(files: Files) -> None:
     await files.deliver(*ORDERS)
-    change(files.sink, "INSERT INTO inventory (sku, qty) VALUES ('soap', 4)")
+    change(files.sink, "INSERT INTO inbox_inventory (sku, qty) VALUES ('soap', 4)")
 
     verdict = files.verdict()
 
@@ -244,8 +244,8 @@ async def test_an_order_the_runner_saw_but_the_source_file_lacks_is_lost(files: 
 
 async def test_an_order_deleted_from_the_source_file_is_lost(files: Files) -> None:
     await files.deliver(*ORDERS)
-    change(files.source, "DELETE FROM outbox WHERE id = 'o-2'")
-    assert change(files.source, "DELETE FROM orders WHERE id = 'o-2'") == 1
+    change(files.source, "DELETE FROM outbox_entries WHERE id = 'o-2'")
+    assert change(files.source, "DELETE FROM outbox_orders WHERE id = 'o-2'") == 1
 
     verdict = files.verdict()
 
@@ -270,7 +270,7 @@ async def test_resends_and_duplicates_come_from_inbox_deliveries(files: Files) -
 
 async def test_resends_match_the_deliveries_column(files: Files) -> None:
     await files.deliver(*ORDERS)
-    change(files.sink, "UPDATE inbox SET deliveries = 5 WHERE id = 'o-4'")
+    change(files.sink, "UPDATE inbox_events SET deliveries = 5 WHERE id = 'o-4'")
 
     verdict = files.verdict()
 
@@ -324,10 +324,10 @@ async def applied_in(files: Files, *ids: str) -> None:
 
 def record(db: Path | str, event_id: str, past: list[str], count: int | None = None) -> None:
     """A closed quarantine record written directly, as the relay's release would."""
-    ((seq,),) = read(db, "SELECT seq FROM outbox WHERE id = ?", (event_id,))
+    ((seq,),) = read(db, "SELECT seq FROM outbox_entries WHERE id = ?", (event_id,))
     change(
         db,
-        "INSERT INTO quarantines (id, seq, reason, quarantined_by, quarantined_at, released_by,"
+        "INSERT INTO outbox_quarantines (id, seq, reason, quarantined_by, quarantined_at, released_by,"
         " released_at, released_as, delivered_past_count, delivered_past)"
         " VALUES (?, ?, 'test', 'tester', 1.0, 'tester', 2.0, 'redriven', ?, ?)",
         (event_id, seq, len(past) if count is None else count, json.dumps(past)),
@@ -396,7 +396,7 @@ async def test_a_quarantine_explains_the_entries_delivered_past_it(files: Files)
         verdict = files.verdict(ordering=ordering)
         assert (verdict.order_inversions, verdict.ok) == (0, True), ordering
     # The same files without the record: three pairs inverted in global order, one per SKU.
-    change(files.source, "DELETE FROM quarantines")
+    change(files.source, "DELETE FROM outbox_quarantines")
     assert files.inversions("global") == 3
     assert files.inversions("sku") == 1
 

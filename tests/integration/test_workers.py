@@ -172,17 +172,17 @@ def orders(count: int, skus: Sequence[str], start: int = 0) -> list[Order]:
 
 
 def pending(db_rows: Query, db: Path | str) -> int:
-    return int(db_rows(db, "SELECT count(*) FROM outbox WHERE sent = 0")[0][0])
+    return int(db_rows(db, "SELECT count(*) FROM outbox_entries WHERE sent = 0")[0][0])
 
 
 def applied(db_rows: Query, sink: Path | str) -> list[tuple[str, str]]:
     """(id, key) of each event applied at the sink, in the order it was applied."""
-    rows = db_rows(sink, "SELECT id, payload FROM inbox ORDER BY applied_seq")
+    rows = db_rows(sink, "SELECT id, payload FROM inbox_events ORDER BY applied_seq")
     return [(i, json.loads(payload)["key"]) for i, payload in rows]
 
 
 def seq_order(db_rows: Query, db: Path | str) -> list[tuple[str, str]]:
-    rows = db_rows(db, "SELECT id, payload FROM outbox ORDER BY seq")
+    rows = db_rows(db, "SELECT id, payload FROM outbox_entries ORDER BY seq")
     return [(i, json.loads(payload)["key"]) for i, payload in rows]
 
 
@@ -241,7 +241,7 @@ async def test_in_global_order_one_worker_delivers_the_other_stands_by_then_take
     assert sorted(i for s in two.sent for i in s.ids) == [e["id"] for e in second[10:]]
     # Nothing lost, nothing applied twice, global order kept across the handover.
     assert applied(db_rows, databases.sink) == seq_order(db_rows, databases.source)
-    assert db_rows(databases.source, "SELECT count(*) FROM relay_workers") == [(0,)]
+    assert db_rows(databases.source, "SELECT count(*) FROM outbox_relay_workers") == [(0,)]
 
 
 async def test_a_late_mark_of_a_worker_whose_line_was_taken_over_is_refused_and_stops_it(
@@ -266,7 +266,7 @@ async def test_a_late_mark_of_a_worker_whose_line_was_taken_over_is_refused_and_
             assert one.keeper.lines == [] and len(one.sent) == 4
     # Not marked, and not counted against the entry: the new owner delivers it.
     rows = db_rows(
-        databases.source, "SELECT sent, attempts, last_error FROM outbox WHERE id = 'o0003'"
+        databases.source, "SELECT sent, attempts, last_error FROM outbox_entries WHERE id = 'o0003'"
     )
     assert rows == [(0, 0, None)]
     assert one.metrics.outcomes["transient"] == 0 and one.metrics.outcomes["permanent"] == 0
@@ -276,7 +276,7 @@ async def test_a_late_mark_of_a_worker_whose_line_was_taken_over_is_refused_and_
 def expire_leases(db: Path | str) -> None:
     """Every lease runs out now (as if its worker had been paused past it): written
     by a connection of the test's own."""
-    statement = "UPDATE line_leases SET expires_at = 0"
+    statement = "UPDATE outbox_line_leases SET expires_at = 0"
     if isinstance(db, str) and db.startswith(("postgresql://", "postgres://")):
         import psycopg
 
@@ -288,7 +288,7 @@ def expire_leases(db: Path | str) -> None:
 
 
 def lease_row(db_rows: Query, db: Path | str) -> tuple[str, int]:
-    ((owner, epoch),) = db_rows(db, "SELECT owner, epoch FROM line_leases WHERE line = '*'")
+    ((owner, epoch),) = db_rows(db, "SELECT owner, epoch FROM outbox_line_leases WHERE line = '*'")
     return owner, epoch
 
 
@@ -302,7 +302,7 @@ async def test_a_request_the_sink_fences_is_counted_and_stops_the_line(
             recording.hold = {"o0001"}
             await asyncio.wait_for(recording.held.wait(), 5.0)
             # o0000's mark, asked for on its ACK, may still be forming its group.
-            sent = "SELECT sent FROM outbox WHERE id = 'o0000'"
+            sent = "SELECT sent FROM outbox_entries WHERE id = 'o0000'"
             await eventually(lambda: db_rows(databases.source, sent) == [(1,)])
             expire_leases(databases.source)
             epoch = await outbox.take_lease(GLOBAL_LINE, "intruder", 60.0)
@@ -315,7 +315,9 @@ async def test_a_request_the_sink_fences_is_counted_and_stops_the_line(
             await eventually(lambda: one.metrics.fenced_requests == 1)
             assert one.keeper.lines == []
     assert one.metrics.outcomes["fenced"] == 1
-    assert db_rows(databases.source, "SELECT id, sent, attempts FROM outbox ORDER BY seq") == [
+    assert db_rows(
+        databases.source, "SELECT id, sent, attempts FROM outbox_entries ORDER BY seq"
+    ) == [
         ("o0000", 1, 1),
         ("o0001", 0, 0),
     ]
@@ -394,9 +396,9 @@ async def test_a_drained_lane_releases_its_lease_and_stop_releases_the_rest(
             assert await row_of(outbox, "bad") == ("w1", 1)
     # At the stop every lease is released and the worker forgotten.
     assert db_rows(
-        databases.source, "SELECT count(*) FROM line_leases WHERE owner IS NOT NULL"
+        databases.source, "SELECT count(*) FROM outbox_line_leases WHERE owner IS NOT NULL"
     ) == [(0,)]
-    assert db_rows(databases.source, "SELECT count(*) FROM relay_workers") == [(0,)]
+    assert db_rows(databases.source, "SELECT count(*) FROM outbox_relay_workers") == [(0,)]
     assert one.metrics.owned == 0
 
 

@@ -47,8 +47,11 @@ async def test_a_full_disk_fails_the_probe_of_both_sides_and_freeing_it_passes_a
             assert await outbox.accept({"id": "b", "sku": "snack", "qty": 1}) == "accepted"
             receipt = await inbox.receive(placed("b"))
             assert receipt is Receipt.APPLIED
-        assert db_rows(disk / "source.db", "SELECT id FROM outbox ORDER BY seq") == [("a",), ("b",)]
-        assert db_rows(disk / "sink.db", "SELECT qty FROM inventory") == [(2,)]
+        assert db_rows(disk / "source.db", "SELECT id FROM outbox_entries ORDER BY seq") == [
+            ("a",),
+            ("b",),
+        ]
+        assert db_rows(disk / "sink.db", "SELECT qty FROM inbox_inventory") == [(2,)]
 
 
 @pytest.mark.parametrize("side", ["outbox", "inbox"])
