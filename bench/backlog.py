@@ -123,11 +123,11 @@ def create_naive_source(path: Path, count: int) -> None:
     try:
         orders = [order(n) for n in range(count)]
         conn.executemany(
-            "INSERT INTO outbox_orders (id, sku, qty) VALUES (?, ?, ?)",
+            "INSERT INTO orders (id, sku, qty) VALUES (?, ?, ?)",  # the naive peer's tables
             [(o["id"], o["sku"], o["qty"]) for o in orders],
         )
         conn.executemany(
-            "INSERT INTO outbox_entries (id, payload) VALUES (?, ?)",
+            "INSERT INTO outbox (id, payload) VALUES (?, ?)",
             [(o["id"], naive.payload(o)) for o in orders],
         )
         conn.commit()

@@ -267,7 +267,7 @@ async def naive_peer(ctx: Context) -> Figures:
             naive.drain, str(source), sink.url, backlog + 1, drain_timeout_s(backlog)
         )
         elapsed = time.perf_counter() - started
-        applied = count_rows(sink_db, SINK_APPLIED)
+        applied = count_rows(sink_db, "SELECT count(*) FROM inbox")  # the naive peer's table
     finally:
         ctx.children.stop(sink)
     if delivered != backlog or applied != backlog:
