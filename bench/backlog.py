@@ -4,7 +4,7 @@ The schema comes from `Outbox.open`; the rows go in with plain sqlite3 and
 executemany (a SQLite file), or with psycopg's COPY (a PostgreSQL database), as
 intake writes them: each entry's payload is its canonical event (an order's is its
 `order.placed` event, shared.order_canonical), its type and its lane (the event's
-key) in their columns, and an order's row in `orders` beside it. Both backends keep
+key) in their columns, and an order's row in `outbox_orders` beside it. Both backends keep
 the same columns: flags 0/1, times in seconds since the epoch, JSON as text.
 """
 
@@ -98,8 +98,8 @@ def _copy_rows(url: str, rows: list[Row], sent: bool) -> None:
                     copy.write_row(row.entry)
         conn.commit()
         conn.autocommit = True
-        conn.execute("ANALYZE orders")
-        conn.execute("ANALYZE outbox")
+        conn.execute("ANALYZE outbox_orders")
+        conn.execute("ANALYZE outbox_entries")
 
 
 def _rows(kind: Kind, start: int, count: int, skus: int, sent: bool, now: float) -> Iterator[Row]:

@@ -284,7 +284,7 @@ def event_types(source_db: DbLocation) -> dict[str, int]:
 def lease_epochs(source_db: DbLocation) -> dict[str, int]:
     """Each leased line's epoch in the outbox (none before the lease schema)."""
     with reading(source_db) as source:
-        if not source.columns("line_leases"):
+        if not source.columns("outbox_line_leases"):
             return {}
         return {str(line): int(epoch) for line, epoch in source.rows(
             "SELECT line, epoch FROM outbox_line_leases ORDER BY line")}  # fmt: skip

@@ -156,7 +156,7 @@ def test_a_flood_of_idle_connections_does_not_stop_the_service(
         status, body = exchange(service.port, raw_post(service.port, path, EVENT))
         assert status in (200, 201), body
         assert time.monotonic() - started < 2 * SOCKET_TIMEOUT_S
-    table = "inbox" if module == "sink" else "orders"
+    table = "inbox_events" if module == "sink" else "outbox_orders"
     assert db_rows(tmp_path / f"{module}.db", f"SELECT id FROM {table}") == [("order-1",)]
     assert service.proc.poll() is None, "the service died"
     lines = service.log_lines()

@@ -99,7 +99,7 @@ def slow_intake(databases: Databases) -> None:
                 b" $$ BEGIN PERFORM pg_sleep(0.003); RETURN NEW; END $$"
             )
             pg.execute(
-                b"CREATE TRIGGER slow BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION slow()"
+                b"CREATE TRIGGER slow BEFORE INSERT ON outbox_entries FOR EACH ROW EXECUTE FUNCTION slow()"
             )
         return
     conn = sqlite3.connect(databases.source, isolation_level=None)
@@ -107,7 +107,7 @@ def slow_intake(databases: Databases) -> None:
         conn.execute("CREATE TABLE filler (n INTEGER)")
         conn.executemany("INSERT INTO filler VALUES (?)", [(n,) for n in range(300)])
         conn.execute(
-            "CREATE TRIGGER slow BEFORE INSERT ON outbox"
+            "CREATE TRIGGER slow BEFORE INSERT ON outbox_entries"
             " BEGIN SELECT count(*) FROM filler AS a, filler AS b; END"
         )
     finally:
