@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from support import event, placed, query
 
+from plumbing.schema import VERSIONS_TABLE
 from plumbing.storage import BadLocation, StorageError
 from publisher.backends import sqlite_sql as outbox_sql
 from publisher.backends.sqlite import SqliteOutbox
@@ -53,16 +54,22 @@ def files_under(root: Path) -> list[Path]:
 
 async def test_open_creates_orders_and_outbox_tables(outbox: Outbox, db: Path) -> None:
     names = {r[0] for r in query(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"orders", "outbox"} <= names
-    assert "inbox" not in names
-    columns = {r[1] for r in query(db, "PRAGMA table_info(outbox)")}
+    assert {"outbox_orders", "outbox_entries", VERSIONS_TABLE} <= names
+    # No table of an earlier release's name, nor the sink's.
+    assert not {"orders", "outbox", "quarantines", "health", "inbox_events"} & names
+    columns = {r[1] for r in query(db, "PRAGMA table_info(outbox_entries)")}
     assert {"seq", "id", "payload", "sent"} <= columns
+    # The version is a row of the outbox's own; the file's user_version is left alone.
+    assert query(db, f"SELECT side, version FROM {VERSIONS_TABLE}") == [
+        ("publisher", len(outbox_sql.MIGRATIONS))
+    ]
+    assert query(db, "PRAGMA user_version") == [(0,)]
 
 
 async def test_outbox_seq_is_declared_autoincrement(outbox: Outbox, db: Path) -> None:
     # What keeps a deleted entry's seq from being given again (the behaviour suite
     # checks that it is not).
-    (ddl,) = query(db, "SELECT sql FROM sqlite_master WHERE name = 'outbox'")[0]
+    (ddl,) = query(db, "SELECT sql FROM sqlite_master WHERE name = 'outbox_entries'")[0]
     assert "AUTOINCREMENT" in ddl.upper()
 
 
@@ -191,7 +198,7 @@ async def test_an_unreachable_postgresql_server_is_a_storage_error_without_the_p
 async def test_failed_intake_leaves_no_lock_behind(outbox: Outbox, db: Path) -> None:
     execute(
         db,
-        "CREATE TRIGGER refuse_outbox BEFORE INSERT ON outbox"
+        "CREATE TRIGGER refuse_outbox BEFORE INSERT ON outbox_entries"
         " BEGIN SELECT RAISE(ABORT, 'boom'); END",
     )
     with pytest.raises(StorageError):
@@ -236,12 +243,12 @@ def write_before_lanes(db: Path) -> None:
         conn.executescript(outbox_sql.MIGRATIONS[0])
         conn.execute("PRAGMA user_version = 1")
         for event_id, sku, qty, sent in OLD_ROWS:
-            conn.execute("INSERT INTO outbox_orders VALUES (?, ?, ?, 1.0)", (event_id, sku, qty))
+            conn.execute("INSERT INTO orders VALUES (?, ?, ?, 1.0)", (event_id, sku, qty))
             conn.execute(
-                "INSERT INTO outbox_entries (id, payload, queued_at, sent) VALUES (?, ?, 1.0, ?)",
+                "INSERT INTO outbox (id, payload, queued_at, sent) VALUES (?, ?, 1.0, ?)",
                 (event_id, previous_canonical(Order(id=event_id, sku=sku, qty=qty)), sent),
             )
-        conn.execute("DELETE FROM outbox_entries WHERE sent = 1")
+        conn.execute("DELETE FROM outbox WHERE sent = 1")
     finally:
         conn.close()
 
@@ -251,7 +258,13 @@ async def test_entries_written_before_lanes_come_back_with_their_lane_and_are_ju
 ) -> None:
     write_before_lanes(db)
     async with Outbox.open(db) as outbox:
-        assert query(db, "PRAGMA user_version") == [(len(outbox_sql.MIGRATIONS),)]
+        # Its version now a row of the outbox's own; the user_version that release
+        # read raised too, so that it refuses the file.
+        newest = len(outbox_sql.MIGRATIONS)
+        assert query(db, f"SELECT side, version FROM {VERSIONS_TABLE}") == [("publisher", newest)]
+        assert query(db, "PRAGMA user_version") == [(newest,)]
+        names = {r[0] for r in query(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert not {"orders", "outbox", "quarantines", "health"} & names
         pending = await outbox.pending_batch(16)
         assert [(row.event, row.lane) for row in pending] == [
             (placed("old-2", "juice", 3), "juice"),

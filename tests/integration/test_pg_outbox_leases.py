@@ -7,6 +7,7 @@ one statement with leases. What both backends share is in the behaviour suite.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -21,6 +22,7 @@ from support import accept, eventually
 import publisher.backends.postgres
 from pg_tx import PgDatabase
 from plumbing.pgserver import ThrowawayServer
+from plumbing.schema import VERSIONS_TABLE
 from plumbing.storage import StorageError
 from publisher.backends import postgres_sql
 from publisher.errors import LeaseLost
@@ -33,6 +35,8 @@ WAITING = """
     WHERE datname = current_database() AND wait_event_type = 'Lock'
 """
 SERVER_NOW = "SELECT extract(epoch FROM clock_timestamp())::float8"
+# A statement that marks entries sent: one entry's, or a group's (its table aliased).
+MARKING = re.compile(r"UPDATE outbox_entries (AS e )?SET sent = 1")
 
 
 @pytest.fixture
@@ -250,7 +254,7 @@ async def test_fenced_marks_of_several_lines_are_one_statement_and_one_round_tri
             written = log.read()
     assert outbox_database.query("SELECT count(*) FROM outbox_entries WHERE sent = 0") == [(0,)]
     logged = re.split(r"LOG:\s+", written)
-    marks = [entry for entry in logged if "UPDATE outbox_entries SET sent = 1" in entry]
+    marks = [entry for entry in logged if MARKING.search(entry)]
     assert 1 <= len(marks) <= 2, written
     for entry in marks:
         assert entry.startswith("statement: BEGIN;") and entry.rstrip().endswith("COMMIT")
@@ -286,30 +290,42 @@ async def test_renewals_and_fenced_marks_of_many_lines_never_deadlock(
     assert outbox_database.query("SELECT count(*) FROM outbox_entries WHERE sent = 0") == [(0,)]
 
 
+def write_schema_1(url: str) -> None:
+    """The publisher's tables as the release of migration 1 left them: that release's
+    names (orders, outbox, quarantines), its version a row of schema_versions."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(postgres_sql.MIGRATIONS[0].encode())
+        conn.execute(b"CREATE TABLE schema_versions (side TEXT PRIMARY KEY, version INT NOT NULL)")
+        conn.execute(b"INSERT INTO schema_versions (side, version) VALUES ('publisher', 1)")
+
+
 async def test_a_publisher_schema_1_database_gains_leases_and_a_newer_one_is_refused(
     pg_database: str, outbox_database: PgAccess
 ) -> None:
-    old = await PgDatabase.open(
-        pg_database,
-        side=postgres_sql.SIDE,
-        migrations=postgres_sql.MIGRATIONS[:1],
-        probe_table=postgres_sql.PROBE_TABLE,
-    )
-    await old.close()  # the program before
-    versions = "SELECT version FROM schema_versions WHERE side = 'publisher'"
-    assert outbox_database.query(versions) == [(1,)]
+    write_schema_1(pg_database)  # the program before
+    legacy = "SELECT version FROM schema_versions WHERE side = 'publisher'"
+    versions = f"SELECT side, version FROM {VERSIONS_TABLE}"
+    newest = len(postgres_sql.MIGRATIONS)
     async with Outbox.open(pg_database) as outbox:
         assert await outbox.take_lease("snack", "w1", TTL_S) == 1
         source = outbox.source
-    # Every migration since (leases are the second), the events' included.
-    assert outbox_database.query(versions) == [(len(postgres_sql.MIGRATIONS),)]
+    # Every migration since (leases are the second), the events' included; the
+    # version is now a row of VERSIONS_TABLE, and the one the release before read
+    # is raised too, so that that release refuses the database.
+    assert outbox_database.query(versions) == [("publisher", newest)]
+    assert outbox_database.query(legacy) == [(newest,)]
     assert outbox_database.query("SELECT source FROM outbox_source") == [(source,)]
+    assert outbox_database.query("SELECT line, epoch FROM outbox_line_leases") == [("snack", 1)]
+    assert outbox_database.query(
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+        " AND tablename IN ('orders', 'outbox', 'quarantines', 'outbox_orders', 'outbox_entries')"
+        " ORDER BY tablename"
+    ) == [("outbox_entries",), ("outbox_orders",)]  # renamed, not made beside
+    # A program that knows migration 1 only refuses it.
     with pytest.raises(StorageError, match="newer") as refused:
         await PgDatabase.open(
             pg_database,
-            side=postgres_sql.SIDE,
-            migrations=postgres_sql.MIGRATIONS[:1],
-            probe_table=postgres_sql.PROBE_TABLE,
+            dataclasses.replace(postgres_sql.SCHEMA, migrations=postgres_sql.MIGRATIONS[:1]),
         )
     assert "\n" not in str(refused.value)
 

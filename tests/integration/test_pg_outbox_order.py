@@ -105,7 +105,7 @@ async def test_concurrent_slow_intake_is_delivered_in_seq_order(
             b" BEGIN PERFORM pg_sleep(random() * 0.01); RETURN NEW; END $$"
         )
         conn.execute(
-            b"CREATE TRIGGER slow_intake AFTER INSERT ON outbox"
+            b"CREATE TRIGGER slow_intake AFTER INSERT ON outbox_entries"
             b" FOR EACH ROW EXECUTE FUNCTION slow_intake()"
         )
     delivered: list[str] = []

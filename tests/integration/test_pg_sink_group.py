@@ -140,7 +140,7 @@ async def test_a_call_that_fails_in_a_shared_transaction_fails_alone(
         "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$"
         " BEGIN IF NEW.sku = 'poison' THEN RAISE EXCEPTION 'poisoned stock'; END IF;"
         " RETURN NEW; END $$",
-        "CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON inventory"
+        "CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON inbox_inventory"
         " FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
     )
     batches = [[event("a")], [event("p", "poison"), event("q")], [event("b", "tea")]]
@@ -174,7 +174,7 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER roll_back_first BEFORE INSERT ON inbox
+CREATE TRIGGER roll_back_first BEFORE INSERT ON inbox_events
     FOR EACH STATEMENT EXECUTE FUNCTION roll_back_first();
 """
 

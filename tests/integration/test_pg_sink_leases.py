@@ -115,7 +115,9 @@ async def test_a_group_commit_carries_each_calls_lease_in_one_transaction(
             isinstance(g, BatchReceipt) and {r.receipt for r in g.received} == {Receipt.APPLIED}
             for g in got
         )
-        assert inbox_database.transactions("inbox WHERE id <> 'old'") == 1  # INSERT_CALLS, once
+        assert (
+            inbox_database.transactions("inbox_events WHERE id <> 'old'") == 1
+        )  # INSERT_CALLS, once
         assert inbox_database.query("SELECT line, epoch FROM inbox_lease_fences ORDER BY line") == [
             ("apple", 2),
             ("bean", 1),

@@ -13,6 +13,7 @@ import pytest
 from pg_faults import PgAccess
 from test_sink_inbox import FIXTURES, check_the_previous_release_upgraded
 
+from plumbing.schema import VERSIONS_TABLE
 from plumbing.storage import StorageError
 from shared import Receipt, order_event
 from sink import Inbox
@@ -25,7 +26,12 @@ EVENT = order_event({"id": "order-1", "sku": "snack", "qty": 7})
 
 
 def version(inbox_database: PgAccess) -> list[tuple[object, ...]]:
-    return inbox_database.query("SELECT side, version FROM schema_versions WHERE side = 'sink'")
+    return inbox_database.query(f"SELECT side, version FROM {VERSIONS_TABLE} WHERE side = 'sink'")
+
+
+def legacy_versions_table(inbox_database: PgAccess) -> list[tuple[object, ...]]:
+    """Where releases before VERSIONS_TABLE kept the version, if anywhere."""
+    return inbox_database.query("SELECT to_regclass('schema_versions') IS NOT NULL")
 
 
 async def test_sinks_opening_together_migrate_the_schema_once(
@@ -40,6 +46,7 @@ async def test_sinks_opening_together_migrate_the_schema_once(
             await inbox.close()
 
     assert version(inbox_database) == [("sink", len(postgres_sql.MIGRATIONS))]
+    assert legacy_versions_table(inbox_database) == [(False,)]  # no earlier release's table
     assert inbox_database.query("SELECT id, at FROM inbox_health") == [(1, 0.0)]
 
 
@@ -48,7 +55,7 @@ async def test_a_newer_schema_is_refused_with_one_line(
 ) -> None:
     async with Inbox.open(pg_database):
         pass
-    inbox_database.execute("UPDATE schema_versions SET version = 99 WHERE side = 'sink'")
+    inbox_database.execute(f"UPDATE {VERSIONS_TABLE} SET version = 99 WHERE side = 'sink'")
 
     with pytest.raises(StorageError) as refused:
         await Inbox.open(pg_database)
@@ -82,16 +89,17 @@ async def test_a_search_path_in_the_uri_puts_the_tables_in_that_schema(
 
     tables = inbox_database.query(
         "SELECT table_schema, table_name FROM information_schema.tables"
-        " WHERE table_name IN ('inbox', 'inventory', 'inbox_health', 'schema_versions')"
+        " WHERE table_name IN ('inbox_events', 'inbox_inventory', 'inbox_health',"
+        " 'outbox_relay_versions', 'inbox', 'inventory', 'schema_versions')"
         " ORDER BY table_name"
     )
     assert tables == [
-        ("warehouse", "inbox"),
+        ("warehouse", "inbox_events"),
         ("warehouse", "inbox_health"),
-        ("warehouse", "inventory"),
-        ("warehouse", "schema_versions"),
+        ("warehouse", "inbox_inventory"),
+        ("warehouse", VERSIONS_TABLE),
     ]
-    assert inbox_database.query("SELECT id FROM warehouse.inbox") == [("order-1",)]
+    assert inbox_database.query("SELECT id FROM warehouse.inbox_events") == [("order-1",)]
 
 
 async def test_a_schema_of_the_previous_release_holds_its_orders_as_order_placed_events(
@@ -105,5 +113,14 @@ async def test_a_schema_of_the_previous_release_holds_its_orders_as_order_placed
 
     await check_the_previous_release_upgraded(location, db_rows)
 
-    versions = "SELECT version FROM schema_versions WHERE side = 'sink'"
-    assert db_rows(location, versions) == [(len(postgres_sql.MIGRATIONS),)]
+    # Its version is now a row of VERSIONS_TABLE; the previous release's marker is
+    # raised to it too, so that that release refuses the upgraded tables.
+    newest = len(postgres_sql.MIGRATIONS)
+    versions = f"SELECT side, version FROM {VERSIONS_TABLE} ORDER BY side"
+    assert db_rows(location, versions) == [("sink", newest)]
+    legacy = "SELECT side, version FROM schema_versions WHERE side = 'sink'"
+    assert db_rows(location, legacy) == [("sink", newest)]
+    tables = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'release'"
+    assert not {"inbox", "inventory", "lease_fences"} & {
+        name for (name,) in db_rows(location, tables)
+    }

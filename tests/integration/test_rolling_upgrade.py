@@ -43,8 +43,12 @@ from support import (
     inventory,
     post_json,
     query,
+    run_module,
     serve_args,
 )
+
+from plumbing.schema import VERSIONS_TABLE
+from publisher.backends import sqlite_sql
 
 if TYPE_CHECKING:
     from conftest import PgSchemas, PublisherProcess, Serve, StartPublisher, StartSink
@@ -52,10 +56,16 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 PREVIOUS_RELEASE: Final = "7ca1374873a014a00041b316c478ce5040069ddc"
+PREVIOUS_VERSION: Final = 4  # its SQLite outbox's schema, kept in user_version
 REPOSITORY: Final = Path(__file__).resolve().parents[2]
 GIT_TIMEOUT_S: Final = 60.0
 DRAIN_TIMEOUT_S: Final = 30.0
 FORWARD_TIMEOUT_S: Final = 20.0
+CLI_TIMEOUT_S: Final = 30.0
+# The outbox's entries as each release names them: the previous release's tables
+# keep their names until this release opens them (and renames them outbox_*).
+OLD_ENTRIES: Final = "outbox"
+ENTRIES: Final = "outbox_entries"
 
 SKUS: Final = ("snack", "juice", "tea", "coffee", "bread")
 ORDERS: Final = 60
@@ -264,15 +274,16 @@ async def place(client: aiohttp.ClientSession, port: int, placed: list[Order]) -
         assert (status, reply["result"]) == (200, "duplicate"), reply
 
 
-async def drained(source: Path | str, publisher: PublisherProcess) -> None:
-    """Wait, bounded, until the outbox has nothing pending. A failure recorded on an
-    entry (an ACK that did not verify, a status that is retried) ends the wait at once;
-    the message shows the first entries pending or failed, and how the log ends."""
+async def drained(source: Path | str, publisher: PublisherProcess, entries: str) -> None:
+    """Wait, bounded, until the outbox has nothing pending in its table `entries`. A
+    failure recorded on an entry (an ACK that did not verify, a status that is retried)
+    ends the wait at once; the message shows the first entries pending or failed, and
+    how the log ends."""
 
     def done() -> bool:
         assert publisher.proc.poll() is None, f"publisher exited: {publisher.log.read_text()}"
         [(pending, failed)] = query(
-            source, "SELECT coalesce(sum(1 - sent), 0), count(last_error) FROM outbox_entries"
+            source, f"SELECT coalesce(sum(1 - sent), 0), count(last_error) FROM {entries}"
         )
         assert failed == 0, "a delivery failed"
         return bool(pending == 0)
@@ -280,27 +291,32 @@ async def drained(source: Path | str, publisher: PublisherProcess) -> None:
     try:
         await eventually(done, DRAIN_TIMEOUT_S, POLL_S, what="the outbox has nothing pending")
     except AssertionError as exc:
-        entries = query(
+        first = query(
             source,
-            "SELECT id, attempts, last_error FROM outbox_entries"
+            f"SELECT id, attempts, last_error FROM {entries}"
             " WHERE sent = 0 OR last_error IS NOT NULL ORDER BY seq LIMIT 5",
         )
         log = publisher.log.read_text()[-3000:]
-        raise AssertionError(f"{exc}; first entries: {entries}; publisher log: {log}") from None
+        raise AssertionError(f"{exc}; first entries: {first}; publisher log: {log}") from None
 
 
-def delivered_once(source: Path | str, sink: Path | str, placed: list[Order]) -> None:
+def delivered_once(source: Path | str, sink: Path | str, placed: list[Order], entries: str) -> None:
     """Every order is in the inbox once, received once, counted once in the inventory;
-    every outbox entry was marked sent at its first attempt, with no error recorded
-    (the old release checked each ACK's digest before marking)."""
+    every outbox entry (in the table `entries`) was marked sent at its first attempt,
+    with no error recorded (the old release checked each ACK's digest before marking)."""
     ids = [order["id"] for order in placed]
     assert deliveries(sink) == dict.fromkeys(ids, 1)
     assert inventory(sink) == totals(placed)
-    entries = query(
-        source, "SELECT id, sent, attempts, last_error FROM outbox_entries ORDER BY seq"
-    )
-    assert sorted(e[0] for e in entries) == sorted(ids)
-    assert [e for e in entries if e[1:] != (1, 1, None)] == []
+    rows = query(source, f"SELECT id, sent, attempts, last_error FROM {entries} ORDER BY seq")
+    assert sorted(e[0] for e in rows) == sorted(ids)
+    assert [e for e in rows if e[1:] != (1, 1, None)] == []
+
+
+def tables(source: Path) -> set[str]:
+    """The tables of a SQLite file."""
+    return {
+        name for (name,) in query(source, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
 
 
 # ---------------------------------------------------------------- the cases
@@ -319,9 +335,9 @@ async def test_batches_pipelined_by_the_old_publisher_are_applied_once(
 
     await place(client, old.port, placed)
     route.open()
-    await drained(source, old)
+    await drained(source, old, OLD_ENTRIES)
 
-    delivered_once(source, route.sink_db, placed)
+    delivered_once(source, route.sink_db, placed, OLD_ENTRIES)
     sent = route.requests("/events/batch")
     assert any(s.after for s in sent), f"no request named its predecessor ({AFTER})"
 
@@ -339,9 +355,9 @@ async def test_single_requests_of_the_old_publisher_are_applied_once(
 
     await place(client, old.port, placed)
     route.open()
-    await drained(source, old)
+    await drained(source, old, OLD_ENTRIES)
 
-    delivered_once(source, route.sink_db, placed)
+    delivered_once(source, route.sink_db, placed, OLD_ENTRIES)
     sent = route.requests("/events")
     assert len(sent) >= len(placed)
     assert any(s.after for s in sent), f"no request named its predecessor ({AFTER})"
@@ -350,31 +366,53 @@ async def test_single_requests_of_the_old_publisher_are_applied_once(
 async def test_then_this_release_takes_over_the_old_outbox(
     route: Route,
     old_env: dict[str, str],
+    child_env: dict[str, str],
     publisher_process: StartPublisher,
     client: aiohttp.ClientSession,
     tmp_path: Path,
 ) -> None:
     """The old publisher delivers in SKU lanes (each its own leased line) and stops;
-    this release's publisher opens the same file, resends nothing of it, and delivers
-    the orders it takes in."""
+    this release's publisher opens the same file, renames its tables outbox_* and keeps
+    its version in VERSIONS_TABLE, resends nothing of it, and delivers the orders it
+    takes in. The old release then refuses the file: its user_version is raised too."""
     source = tmp_path / "source.db"
     old = publisher_process(*serve_args(source, route.url, "--ordering", "sku"), env=old_env)
     first = orders("before")
     await place(client, old.port, first)
     route.open()
-    await drained(source, old)
-    delivered_once(source, route.sink_db, first)
+    await drained(source, old, OLD_ENTRIES)
+    delivered_once(source, route.sink_db, first, OLD_ENTRIES)
     lines = {str(s.lease).split(" ")[1] for s in route.requests("/events/batch")}
     assert lines == set(SKUS)
     old.stop()
     assert old.proc.returncode == 0, old.log.read_text()
+    # The file as the old release left it: its names, its version in user_version.
+    assert {"orders", OLD_ENTRIES, "quarantines", "line_leases"} <= tables(source)
+    assert not {ENTRIES, VERSIONS_TABLE} & tables(source)
+    assert query(source, "PRAGMA user_version") == [(PREVIOUS_VERSION,)]
 
     new = publisher_process(*serve_args(source, route.sink_url))
+    newest = len(sqlite_sql.MIGRATIONS)
+    assert query(source, f"SELECT side, version FROM {VERSIONS_TABLE}") == [("publisher", newest)]
+    assert query(source, "PRAGMA user_version") == [(newest,)]
+    assert {"outbox_orders", ENTRIES, "outbox_quarantines", "outbox_line_leases"} <= tables(source)
+    assert not {"orders", OLD_ENTRIES, "quarantines", "line_leases"} & tables(source)
     then = orders("after", 25)
     await place(client, new.port, then)
-    await drained(source, new)
+    await drained(source, new, ENTRIES)
 
-    delivered_once(source, route.sink_db, first + then)
+    delivered_once(source, route.sink_db, first + then, ENTRIES)
+    new.stop()
+    assert new.proc.returncode == 0, new.log.read_text()
+    refused = run_module(
+        "publisher",
+        *("accept", "--db", str(source), "--id", "late", "--sku", "snack", "--qty", "1"),
+        env={**child_env, **old_env},
+        cwd=tmp_path,
+        timeout=CLI_TIMEOUT_S,
+    )
+    assert refused.returncode != 0 and "newer" in refused.stderr, refused
+    assert query(source, f"SELECT count(*) FROM {ENTRIES} WHERE id = 'late'") == [(0,)]
 
 
 @pytest.mark.parametrize("sink_location", ["postgres"], indirect=True)
@@ -402,9 +440,9 @@ async def test_two_old_relay_workers_on_one_outbox_apply_each_order_once(
     await place(client, workers[1].port, placed[1::2])
     route.open()
     for worker in workers:
-        await drained(source, worker)
+        await drained(source, worker, OLD_ENTRIES)
 
-    delivered_once(source, route.sink_db, placed)
+    delivered_once(source, route.sink_db, placed, OLD_ENTRIES)
     leases = [str(s.lease).split(" ") for s in route.requests("/events/batch")]
     assert len({origin for origin, _, _ in leases}) == 1  # one outbox, whichever worker
     assert {line for _, line, _ in leases} == set(SKUS)
