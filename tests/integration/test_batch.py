@@ -300,7 +300,7 @@ async def test_a_storage_failure_on_the_third_item_commits_nothing_of_the_batch(
     try:
         for when in ("INSERT", "UPDATE"):
             conn.execute(
-                f"CREATE TRIGGER boom_{when.lower()} BEFORE {when} ON inventory "
+                f"CREATE TRIGGER boom_{when.lower()} BEFORE {when} ON inbox_inventory "
                 "WHEN NEW.sku = 'boom' BEGIN SELECT RAISE(ABORT, 'boom'); END"
             )
         conn.commit()
@@ -479,7 +479,7 @@ async def test_the_verified_prefix_is_marked_in_one_transaction(
     conn = sqlite3.connect(db, timeout=5)
     try:
         conn.execute(
-            "CREATE TRIGGER no_mark BEFORE UPDATE OF sent ON outbox "
+            "CREATE TRIGGER no_mark BEFORE UPDATE OF sent ON outbox_entries "
             "WHEN NEW.id = 'm3' AND NEW.sent = 1 BEGIN SELECT RAISE(ABORT, 'no mark'); END"
         )
         conn.commit()

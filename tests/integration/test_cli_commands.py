@@ -197,7 +197,7 @@ def test_accept_file_stops_at_a_batch_the_database_refuses_and_writes_none_of_it
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.execute(
-            "CREATE TRIGGER refuse BEFORE INSERT ON outbox WHEN NEW.id = 'o0550'"
+            "CREATE TRIGGER refuse BEFORE INSERT ON outbox_entries WHEN NEW.id = 'o0550'"
             " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END"
         )
     finally:

@@ -99,7 +99,10 @@ async def publisher(start_publisher: StartPublisher) -> str:
 def state(db_rows: Query, sink_db: Path, source_db: Path) -> Snapshot:
     """Every row either service keeps, read with fresh connections."""
     found: Snapshot = {}
-    for db, tables in ((sink_db, ("inbox", "inventory")), (source_db, ("orders", "outbox"))):
+    for db, tables in (
+        (sink_db, ("inbox_events", "inbox_inventory")),
+        (source_db, ("outbox_orders", "outbox_entries")),
+    ):
         if db.exists():
             for table in tables:
                 found[f"{db.name}:{table}"] = db_rows(db, f"SELECT * FROM {table}")

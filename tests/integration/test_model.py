@@ -188,8 +188,8 @@ def read(db: Path, queries: dict[str, str]) -> dict[str, Rows]:
         return {name: conn.execute(sql).fetchall() for name, sql in queries.items()}
 
 
-SOURCE_TABLES: Final = ("orders", "outbox", "quarantines", "sqlite_sequence")
-SINK_TABLES: Final = ("inbox", "inventory")
+SOURCE_TABLES: Final = ("outbox_orders", "outbox_entries", "outbox_quarantines", "sqlite_sequence")
+SINK_TABLES: Final = ("inbox_events", "inbox_inventory")
 
 # What the invariants read after every step.
 SOURCE_QUERIES: Final = {

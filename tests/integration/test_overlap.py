@@ -63,7 +63,7 @@ async def test_a_failed_overlapping_mark_surfaces_and_its_entries_stay_pending(
         driver = batch_driver(outbox, sink)
         with sqlite3.connect(db) as conn:
             conn.execute(
-                "CREATE TRIGGER no_marks BEFORE UPDATE OF sent ON outbox"
+                "CREATE TRIGGER no_marks BEFORE UPDATE OF sent ON outbox_entries"
                 " BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
             )
 

@@ -358,7 +358,7 @@ async def test_a_batch_the_database_cannot_take_is_503_and_nothing_of_it_is_writ
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.execute(
-            "CREATE TRIGGER refuse BEFORE INSERT ON outbox WHEN NEW.id = 'b2'"
+            "CREATE TRIGGER refuse BEFORE INSERT ON outbox_entries WHEN NEW.id = 'b2'"
             " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END"
         )
         body = batch(*({"id": f"b{n}", "sku": "tea", "qty": 1} for n in range(4)))

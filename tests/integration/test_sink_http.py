@@ -335,7 +335,8 @@ async def test_storage_failure_is_503_json_and_changes_nothing(
     conn = sqlite3.connect(sink_db, timeout=5, isolation_level=None)
     try:
         conn.execute(
-            "CREATE TRIGGER fail BEFORE INSERT ON inventory BEGIN SELECT RAISE(ABORT, 'boom'); END"
+            "CREATE TRIGGER fail BEFORE INSERT ON inbox_inventory"
+            " BEGIN SELECT RAISE(ABORT, 'boom'); END"
         )
     finally:
         conn.close()

@@ -136,7 +136,8 @@ async def test_an_older_file_gets_applied_seq_in_the_order_its_rows_were_recorde
     for event_id in ("c", "a", "b"):
         order: Order = {"id": event_id, "sku": "snack", "qty": 1}
         conn.execute(
-            "INSERT INTO inbox_events (id, payload, received_at, last_delivery_at) VALUES (?, ?, 0, 0)",
+            # The release's own table name: the upgrade renames it.
+            "INSERT INTO inbox (id, payload, received_at, last_delivery_at) VALUES (?, ?, 0, 0)",
             (event_id, previous_canonical(order)),
         )
     conn.close()

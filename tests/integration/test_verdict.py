@@ -282,7 +282,10 @@ def contents(files: Files) -> object:
     if files.backend == "sqlite":
         assert isinstance(files.source, Path) and isinstance(files.sink, Path)
         return files.source.read_bytes(), files.sink.read_bytes()
-    tables = {files.source: ("orders", "outbox", "quarantines"), files.sink: ("inbox", "inventory")}
+    tables = {
+        files.source: ("outbox_orders", "outbox_entries", "outbox_quarantines"),
+        files.sink: ("inbox_events", "inbox_inventory"),
+    }
     return [
         read(db, f"SELECT * FROM {t} ORDER BY 1") for db, names in tables.items() for t in names
     ]
@@ -327,8 +330,8 @@ def record(db: Path | str, event_id: str, past: list[str], count: int | None = N
     ((seq,),) = read(db, "SELECT seq FROM outbox_entries WHERE id = ?", (event_id,))
     change(
         db,
-        "INSERT INTO outbox_quarantines (id, seq, reason, quarantined_by, quarantined_at, released_by,"
-        " released_at, released_as, delivered_past_count, delivered_past)"
+        "INSERT INTO outbox_quarantines (id, seq, reason, quarantined_by, quarantined_at,"
+        " released_by, released_at, released_as, delivered_past_count, delivered_past)"
         " VALUES (?, ?, 'test', 'tester', 1.0, 'tester', 2.0, 'redriven', ?, ?)",
         (event_id, seq, len(past) if count is None else count, json.dumps(past)),
     )
