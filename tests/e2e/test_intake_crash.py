@@ -99,7 +99,8 @@ def slow_intake(databases: Databases) -> None:
                 b" $$ BEGIN PERFORM pg_sleep(0.003); RETURN NEW; END $$"
             )
             pg.execute(
-                b"CREATE TRIGGER slow BEFORE INSERT ON outbox_entries FOR EACH ROW EXECUTE FUNCTION slow()"
+                b"CREATE TRIGGER slow BEFORE INSERT ON outbox_entries"
+                b" FOR EACH ROW EXECUTE FUNCTION slow()"
             )
         return
     conn = sqlite3.connect(databases.source, isolation_level=None)
