@@ -6,6 +6,7 @@ throwaway server; rows read through connections of the test's own."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -14,10 +15,11 @@ from pg_faults import PgAccess
 from test_sink_inbox import FIXTURES, check_the_previous_release_upgraded
 
 from plumbing.schema import VERSIONS_TABLE
-from plumbing.storage import StorageError
+from plumbing.storage import StorageError, with_schema
 from shared import Receipt, order_event
 from sink import Inbox
 from sink.backends import postgres_sql
+from sink.cli import main as sink_main
 
 if TYPE_CHECKING:
     from conftest import PgSchemas, Query
@@ -100,6 +102,44 @@ async def test_a_search_path_in_the_uri_puts_the_tables_in_that_schema(
         ("warehouse", VERSIONS_TABLE),
     ]
     assert inbox_database.query("SELECT id FROM warehouse.inbox_events") == [("order-1",)]
+
+
+async def test_a_schema_named_holds_every_table_whatever_the_search_path(
+    pg_schemas: PgSchemas, inbox_database: PgAccess
+) -> None:
+    # Its connections' search_path names a schema holding a user's own tables called
+    # inbox_events and inbox_inventory: every statement of the inbox names its own.
+    inbox_database.execute(
+        "CREATE SCHEMA shop",
+        "CREATE TABLE shop.inbox_events (note TEXT)",
+        "CREATE TABLE shop.inbox_inventory (note TEXT)",
+    )
+    location = f"{pg_schemas.database_url}?options=-csearch_path%3Dshop&schema=warehouse"
+
+    async with Inbox.open(location) as inbox:
+        assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
+        assert await inbox.receive(dict(EVENT)) is Receipt.DUPLICATE
+        assert await inbox.inventory("snack") == 7
+        await inbox.check_writable()
+
+    assert inbox_database.query("SELECT id FROM warehouse.inbox_events") == [("order-1",)]
+    assert inbox_database.query("SELECT qty FROM warehouse.inbox_inventory") == [(7,)]
+    assert inbox_database.query("SELECT count(*) FROM shop.inbox_events") == [(0,)]
+    assert inbox_database.query("SELECT count(*) FROM shop.inbox_inventory") == [(0,)]
+
+
+def test_the_schema_flag_of_the_sink_is_applied_or_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert with_schema("postgresql://h/db", "warehouse") == "postgresql://h/db?schema=warehouse"
+    assert sink_main(["--db", str(tmp_path / "sink.db"), "--schema", "warehouse"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        "",
+        "sink: --schema is for a PostgreSQL database; a SQLite file has none\n",
+    )
+    assert sink_main(["--db", "postgresql://h/db", "--schema", "1x"]) == 2
+    assert "schema must be" in capsys.readouterr().err
 
 
 async def test_a_schema_of_the_previous_release_holds_its_orders_as_order_placed_events(
