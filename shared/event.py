@@ -139,17 +139,18 @@ def canonical_data(data: object, pointer: str) -> str:
     rules checked are types, integer range, finite numbers, depth and lone surrogates.
 
     Serialised by `json.dumps` with sorted keys when that is provably the RFC 8785
-    text (no float that Python writes otherwise than ECMAScript, no key outside the
-    Basic Multilingual Plane: then escaping, number text and key order agree), else
-    by the `rfc8785` package.
+    text (no float that Python writes otherwise than ECMAScript once whole floats are
+    ints, no key outside the Basic Multilingual Plane: then escaping, number text and
+    key order agree), else by the `rfc8785` package.
     """
     try:
-        exact = _check(data, 1)
+        need = _check(data, 1)
     except _NotIJson as bad:
         where = "".join(f"/{_escape(str(token))}" for token in reversed(bad.path))
         raise InvalidEvent(pointer + where, bad.problem) from None
-    if exact:
-        text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if need != _RFC8785:
+        dumped = data if need == _DUMPS else _whole_floats_as_ints(data)
+        text = json.dumps(dumped, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     else:
         _find_surrogate(data, pointer)  # before rfc8785, which would only raise its own error
         text = rfc8785.dumps(data).decode()  # type: ignore[arg-type]
@@ -170,56 +171,79 @@ class _NotIJson(Exception):
         self.path: list[str | int] = []
 
 
-def _check(value: object, depth: int) -> bool:
-    """Whether `value` (I-JSON, else _NotIJson) serialises exactly with json.dumps."""
+# What serialising data to its RFC 8785 text takes (_check): json.dumps as it is,
+# json.dumps once its whole floats are ints, or the rfc8785 package.
+_DUMPS: Final = 0
+_WHOLE_FLOATS: Final = 1
+_RFC8785: Final = 2
+
+
+def _check(value: object, depth: int) -> int:
+    """How `value` (I-JSON, else _NotIJson) serialises to its RFC 8785 text: _DUMPS,
+    _WHOLE_FLOATS or _RFC8785, the most any part of it needs."""
     kind = type(value)
     if kind is str or value is None or kind is bool:
-        return True
+        return _DUMPS
     if kind is int:
         if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:  # type: ignore[operator]
             raise _NotIJson(f"integer {value} is outside +/-(2^53-1) (I-JSON)")
-        return True
+        return _DUMPS
     if kind is float:
-        if not math.isfinite(value):  # type: ignore[arg-type]
+        size: float = abs(value)  # type: ignore[arg-type]
+        if not math.isfinite(size):
             raise _NotIJson(f"{value} is not a JSON number")
-        if MAX_SAFE_INTEGER < abs(value) < 1e21 and value.is_integer():  # type: ignore[arg-type,attr-defined]
-            # RFC 8785 writes it as an integer, which would then be out of range.
-            raise _NotIJson(f"{value!r} is a whole number outside +/-(2^53-1) (I-JSON)")
+        if size.is_integer():
+            if MAX_SAFE_INTEGER < size < 1e21:
+                # RFC 8785 writes it as an integer, which would then be out of range.
+                raise _NotIJson(f"{value!r} is a whole number outside +/-(2^53-1) (I-JSON)")
+            # Up to 2^53 its int is exact, and written as ECMAScript writes it ("7",
+            # where Python's repr says "7.0"); past 1e21 both use exponents, unalike.
+            return _WHOLE_FLOATS if size <= MAX_SAFE_INTEGER else _RFC8785
         # Python's repr and ECMAScript both write the shortest digits that read back,
         # the closest of them on a tie, in plain notation for a fraction of magnitude
-        # 1e-4 to 1e16; outside that range (exponents) or for a whole float ("7.0"
-        # against "7") they differ, and rfc8785 writes the text.
-        return not value.is_integer() and 1e-4 <= abs(value) < 1e16  # type: ignore[attr-defined,arg-type]
+        # 1e-4 to 1e16; outside that range (exponents) they differ.
+        return _DUMPS if 1e-4 <= size < 1e16 else _RFC8785
     if depth > MAX_DEPTH:
         raise _NotIJson(f"is nested over {MAX_DEPTH} deep")
-    exact = True
+    need = _DUMPS
     if kind is dict or isinstance(value, dict):
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
                 raise _NotIJson(f"has a key that is not a string: {key!r}"[:200])
             if not key.isascii() and max(key) > "\uffff":
-                exact = False  # RFC 8785 orders keys by UTF-16 code units
+                need = _RFC8785  # RFC 8785 orders keys by UTF-16 code units
             if type(item) is str:  # the usual leaf, without a call
                 continue
             try:
-                exact = _check(item, depth + 1) and exact
+                need = max(_check(item, depth + 1), need)
             except _NotIJson as bad:
                 bad.path.append(key)
                 raise
-        return exact
+        return need
     if kind is list or isinstance(value, list):
         for index, item in enumerate(value):  # type: ignore[arg-type]
             if type(item) is str:
                 continue
             try:
-                exact = _check(item, depth + 1) and exact
+                need = max(_check(item, depth + 1), need)
             except _NotIJson as bad:
                 bad.path.append(index)
                 raise
-        return exact
+        return need
     if isinstance(value, BigInteger):
         raise _NotIJson(f"an integer of {value.digits:,} digits is outside +/-(2^53-1)")
     raise _NotIJson(f"{_json_type(value)} is not a JSON value")
+
+
+def _whole_floats_as_ints(value: Any) -> Any:
+    """`value` with each whole float an int (each up to 2^53: _check said so)."""
+    if type(value) is float:
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {key: _whole_floats_as_ints(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_whole_floats_as_ints(item) for item in value]
+    return value
 
 
 def _find_surrogate(value: object, pointer: str) -> None:

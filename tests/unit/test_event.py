@@ -641,6 +641,7 @@ def test_the_size_counts_only_the_data() -> None:
 @example(event_id="e", event_type="t", key=None, data={"n": [0.0001, 0.00009999999999999999]})
 @example(event_id="e", event_type="t", key=None, data={"n": [99999999999999.9, 4503599627370495.5]})
 @example(event_id="e", event_type="t", key=None, data={"n": [-2.5, 0.1 + 0.2, 1.5e15, 9.99e-5]})
+@example(event_id="e", event_type="t", key=None, data={"n": [1.0, -0.0, 2.0**53 - 1, -(2.0**53 - 1)]})
 @example(event_id="e", event_type="t", key=None, data={"s": '\x00\x08\x1f\x7f\u2028"\\/'})
 def test_the_canonical_form_is_rfc8785_of_the_event(
     event_id: str, event_type: str, key: str | None, data: dict[str, Any]
@@ -655,14 +656,16 @@ def test_the_canonical_form_is_rfc8785_of_the_event(
 @given(
     magnitude=st.floats(min_value=1e-4, max_value=1e16, exclude_max=True).filter(
         lambda x: not x.is_integer() or x <= 2**53 - 1  # larger whole floats are refused
-    ),
+    )
+    | st.integers(min_value=0, max_value=2**53 - 1).map(float),  # whole floats as ints
     negative=st.booleans(),
 )
 def test_a_float_on_the_json_dumps_path_is_written_as_rfc8785_writes_it(
     magnitude: float, negative: bool
 ) -> None:
     # Fractions of magnitude 1e-4 to 1e16 skip the rfc8785 package: Python's repr is
-    # then the ECMAScript text; the whole ones (7.0 -> "7") still take the package.
+    # then the ECMAScript text; whole floats up to 2^53 skip it too, written as ints
+    # (7.0 -> "7", as ECMAScript writes it; -0.0 -> "0").
     number = -magnitude if negative else magnitude
     obj = {"id": "e", "type": "t", "data": {"n": number, "l": [number, {"m": number}]}}
     assert checked_event(obj)[1] == reference(obj)
