@@ -11,6 +11,7 @@ import pytest
 from pg_faults import PgAccess
 from support import ITEMS_SCHEMA
 
+from plumbing.schema import history
 from publisher import Outbox
 from publisher.backends.postgres import PostgresOutbox
 from publisher.backends.sqlite import SqliteOutbox
@@ -69,8 +70,9 @@ def items_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def items_db(items_path: Path) -> AsyncIterator[Database]:
-    """A sqlite_tx Database on items_path, its schema ITEMS_SCHEMA (a table of items)."""
-    database = await Database.open(items_path, ITEMS_SCHEMA)
+    """A sqlite_tx Database on items_path, its schema ITEMS_SCHEMA (a table of items),
+    its version recorded as the side "items"."""
+    database = await Database.open(items_path, history("items", ITEMS_SCHEMA))
     try:
         yield database
     finally:

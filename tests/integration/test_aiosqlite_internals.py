@@ -19,6 +19,7 @@ from typing import Any
 import aiosqlite
 import pytest
 
+from plumbing.schema import history
 from sqlite_tx import AiosqliteChanged, Database, StorageError
 from sqlite_tx.aiosqlite_internals import (
     SUPPORTED,
@@ -29,7 +30,9 @@ from sqlite_tx.aiosqlite_internals import (
 )
 
 PYPROJECT = Path(__file__).parents[2] / "pyproject.toml"
-SCHEMA = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",)
+SCHEMA = history(
+    "items", ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",)
+)
 JOIN_TIMEOUT_S = 5.0
 SHORT_JOIN_S = 0.2
 

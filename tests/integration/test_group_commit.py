@@ -390,7 +390,7 @@ async def test_a_write_not_shared_joins_the_next_group_while_a_committer_runs(
 async def test_a_grouped_call_whose_sql_fails_gets_a_storage_error_and_leaves_nothing(
     inbox: SqliteInbox, sink_db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    poison(sink_db, "inbox", "INSERT", "b-poison")
+    poison(sink_db, "inbox_events", "INSERT", "b-poison")
     a = [placed("a0", "apple", 1), placed("a1", "apple", 2)]
     b = [placed("b0", "bean", 4), placed("b-poison", "bean", 8), placed("b2", "bean", 16)]
     c = [placed("c0", "corn", 32)]
@@ -670,7 +670,7 @@ async def test_a_grouped_mark_whose_sql_fails_fails_alone(
     outbox: Outbox, db: Path, db_rows: Query
 ) -> None:
     await accept_in_lanes(outbox, "a0", "b0", "b1")
-    poison(db, "outbox", "UPDATE OF sent", "b1")
+    poison(db, "outbox_entries", "UPDATE OF sent", "b1")
 
     got_a, got_b = await all_of(
         outbox.mark_sent_many(acked(["a0"])), outbox.mark_sent_many(acked(["b0", "b1"]))
@@ -757,7 +757,7 @@ def slow_inserts(outbox: Outbox, prefix: str, pause: Callable[[], object]) -> No
     conn = raw_connection(outbox._db._connection)
     conn.create_function("pause", 0, pause)
     conn.execute(
-        "CREATE TEMP TRIGGER slow_insert AFTER INSERT ON orders"
+        "CREATE TEMP TRIGGER slow_insert AFTER INSERT ON outbox_orders"
         f" WHEN NEW.id LIKE '{prefix}%' BEGIN SELECT pause(); END"
     )
 
@@ -855,7 +855,7 @@ async def test_a_grouped_intake_whose_sql_fails_fails_alone_and_leaves_nothing(
     outbox: Outbox, db: Path, db_rows: Query, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await accept_in_lanes(outbox, "a0")
-    poison(db, "outbox", "INSERT", "bad")
+    poison(db, "outbox_entries", "INSERT", "bad")
     groups_inline(outbox)
     trips = watch(outbox._db, monkeypatch)
 
@@ -988,7 +988,7 @@ async def test_when_the_groups_transaction_fails_every_caller_fails_and_nothing_
     conn = sqlite3.connect(db, isolation_level=None)
     try:  # RAISE(ROLLBACK) ends the whole transaction, not only the statement
         conn.execute(
-            "CREATE TRIGGER doom BEFORE INSERT ON outbox WHEN NEW.id = 'doom'"
+            "CREATE TRIGGER doom BEFORE INSERT ON outbox_entries WHEN NEW.id = 'doom'"
             " BEGIN SELECT RAISE(ROLLBACK, 'transaction lost'); END"
         )
     finally:

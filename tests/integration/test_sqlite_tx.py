@@ -6,12 +6,14 @@ import asyncio
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import ITEMS_SCHEMA, query, try_write_lock
 
+from plumbing.schema import VERSIONS_TABLE, Schema, history
 from sqlite_tx import Database, StorageError, transaction, unsynced
 
 
@@ -24,14 +26,33 @@ def user_version(path: Path) -> int:
     return version
 
 
+def versions(path: Path) -> list[tuple[str, int]]:
+    """Each side's version as the file records it (VERSIONS_TABLE), by side."""
+    return query(path, f"SELECT side, version FROM {VERSIONS_TABLE} ORDER BY side")
+
+
 def tables(path: Path) -> set[str]:
     return {r[0] for r in query(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
-async def open_fails(path: Path, migrations: tuple[str, ...]) -> StorageError:
+def write_by_hand(path: Path, *statements: str) -> None:
+    """Run statements on the file through a connection of our own."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in statements:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+# The tests' own store: one table of items, its version a row of VERSIONS_TABLE.
+ITEMS = history("items", ITEMS_SCHEMA)
+
+
+async def open_fails(path: Path, schema: Schema) -> StorageError:
     """The StorageError that opening raises; a database that opens anyway is closed."""
     try:
-        db = await Database.open(path, migrations)
+        db = await Database.open(path, schema)
     except StorageError as exc:
         return exc
     await db.close()
@@ -41,12 +62,33 @@ async def open_fails(path: Path, migrations: tuple[str, ...]) -> StorageError:
 # ---------------------------------------------------------------- opening and migrations
 
 
-async def test_open_creates_the_schema_and_sets_user_version(
+async def test_open_creates_the_schema_and_records_its_version_in_a_table_of_its_own(
     items_db: Database, items_path: Path
 ) -> None:
-    assert "items" in tables(items_path)
-    assert user_version(items_path) == 1
+    assert tables(items_path) == {"items", VERSIONS_TABLE}
+    assert versions(items_path) == [("items", 1)]
+    assert user_version(items_path) == 0  # the user's, never ours
     assert items_db.path == str(items_path)
+
+
+async def test_a_fresh_file_keeps_the_user_version_and_the_tables_its_user_gave_it(
+    items_path: Path,
+) -> None:
+    write_by_hand(
+        items_path,
+        "PRAGMA user_version = 7",
+        "CREATE TABLE mine (x INTEGER)",
+        "INSERT INTO mine (x) VALUES (42)",
+    )
+    db = await Database.open(items_path, ITEMS)
+    await db.close()
+    db = await Database.open(items_path, ITEMS)  # and reopened: no migration is replayed
+    await db.close()
+
+    assert user_version(items_path) == 7
+    assert versions(items_path) == [("items", 1)]
+    assert tables(items_path) == {"mine", "items", VERSIONS_TABLE}
+    assert query(items_path, "SELECT x FROM mine") == [(42,)]
 
 
 async def test_open_sets_wal_and_synchronous_full(items_db: Database, items_path: Path) -> None:
@@ -57,17 +99,30 @@ async def test_open_sets_wal_and_synchronous_full(items_db: Database, items_path
 
 
 async def test_reopening_applies_only_the_new_migrations(items_path: Path) -> None:
-    db = await Database.open(items_path, ITEMS_SCHEMA)
+    db = await Database.open(items_path, ITEMS)
     await db.run(lambda c: c.execute("INSERT INTO items (name) VALUES ('kept')"))
     await db.close()
 
-    second = (*ITEMS_SCHEMA, "CREATE TABLE more (x INTEGER); CREATE TABLE most (y INTEGER);")
-    db = await Database.open(items_path, second)
+    # Were the first migration run again, CREATE TABLE items would fail the open.
+    more = "CREATE TABLE more (x INTEGER); CREATE TABLE most (y INTEGER);"
+    db = await Database.open(items_path, history("items", (*ITEMS_SCHEMA, more)))
     await db.close()
 
-    assert user_version(items_path) == 2
+    assert versions(items_path) == [("items", 2)]
+    assert user_version(items_path) == 0
     assert {"items", "more", "most"} <= tables(items_path)
     assert query(items_path, "SELECT name FROM items") == [("kept",)]
+
+
+async def test_sides_sharing_a_file_each_keep_their_own_version(items_path: Path) -> None:
+    db = await Database.open(items_path, ITEMS)
+    await db.close()
+    other = history("other", ("CREATE TABLE a (x INTEGER)", "CREATE TABLE b (y INTEGER)"))
+    db = await Database.open(items_path, other)
+    await db.close()
+
+    assert versions(items_path) == [("items", 1), ("other", 2)]
+    assert {"items", "a", "b"} <= tables(items_path)
 
 
 async def test_an_open_cancelled_while_the_file_opens_waits_for_its_thread(
@@ -86,7 +141,7 @@ async def test_an_open_cancelled_while_the_file_opens_waits_for_its_thread(
 
     before = set(threading.enumerate())
     monkeypatch.setattr(sqlite3, "connect", slow_connect)
-    task = asyncio.create_task(Database.open(items_path, ITEMS_SCHEMA))
+    task = asyncio.create_task(Database.open(items_path, ITEMS))
     assert await asyncio.to_thread(opening.wait, 5.0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -97,38 +152,156 @@ async def test_an_open_cancelled_while_the_file_opens_waits_for_its_thread(
 
 
 async def test_a_failing_migration_changes_nothing(items_path: Path) -> None:
-    db = await Database.open(items_path, ITEMS_SCHEMA)
+    db = await Database.open(items_path, ITEMS)
     await db.close()
 
     broken = (*ITEMS_SCHEMA, "CREATE TABLE half (x INTEGER); CREATE TABLE items (again INTEGER);")
-    await open_fails(items_path, broken)
+    await open_fails(items_path, history("items", broken))
 
-    assert user_version(items_path) == 1
+    assert versions(items_path) == [("items", 1)]
     assert "half" not in tables(items_path)
 
 
+async def test_a_failing_fresh_schema_leaves_not_even_the_versions_table(items_path: Path) -> None:
+    broken = ("CREATE TABLE half (x INTEGER)", "CREATE TABLE half (again INTEGER)")
+    await open_fails(items_path, history("items", broken))
+
+    assert tables(items_path) == set()
+
+
 async def test_a_newer_schema_version_is_a_storage_error(items_path: Path) -> None:
-    conn = sqlite3.connect(items_path)
-    conn.execute("PRAGMA user_version = 5")
-    conn.close()
+    write_by_hand(
+        items_path,
+        f"CREATE TABLE {VERSIONS_TABLE} (side TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+        f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES ('items', 5)",
+    )
 
-    assert "newer" in str(await open_fails(items_path, ITEMS_SCHEMA))
+    message = str(await open_fails(items_path, ITEMS))
+    assert "newer" in message and "items" in message and "5" in message
 
-    assert user_version(items_path) == 5
+    assert versions(items_path) == [("items", 5)]
     assert "items" not in tables(items_path)
+
+
+async def test_another_sides_newer_version_is_not_this_sides(items_path: Path) -> None:
+    write_by_hand(
+        items_path,
+        f"CREATE TABLE {VERSIONS_TABLE} (side TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+        f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES ('other', 5)",
+    )
+    db = await Database.open(items_path, ITEMS)
+    await db.close()
+
+    assert versions(items_path) == [("items", 1), ("other", 5)]
+
+
+# ---------------------------------------------------------------- a file of an earlier release
+
+# A store whose earlier releases kept their version in user_version, their table
+# named `items`; this release names it `store_items` and keeps its version in
+# VERSIONS_TABLE. Its fresh schema is what the migrations reach.
+LEGACY_RELEASE = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)"
+RENAMED = Schema(
+    side="items",
+    fresh="CREATE TABLE store_items (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
+    migrations=(LEGACY_RELEASE, "ALTER TABLE items RENAME TO store_items"),
+    tables=frozenset({"items", "store_items"}),
+    probe_table="",
+    legacy_table="items",
+    legacy_columns=frozenset({"id", "name"}),
+)
+
+
+def write_legacy(path: Path, version: int = 1) -> None:
+    """A file as the earlier release left it: its table, a row, and user_version."""
+    write_by_hand(
+        path,
+        LEGACY_RELEASE,
+        "INSERT INTO items (name) VALUES ('kept')",
+        f"PRAGMA user_version = {version}",
+    )
+
+
+async def test_an_earlier_releases_file_is_migrated_and_its_user_version_raised(
+    items_path: Path,
+) -> None:
+    write_legacy(items_path)
+    db = await Database.open(items_path, RENAMED)
+    await db.close()
+
+    assert tables(items_path) == {"store_items", VERSIONS_TABLE}
+    assert query(items_path, "SELECT name FROM store_items") == [("kept",)]
+    assert versions(items_path) == [("items", 2)]
+    # What the earlier release reads: it now refuses the file as newer than it knows.
+    assert user_version(items_path) == 2
+
+
+@pytest.mark.parametrize(
+    "user_tables",
+    [
+        # A user's own table of the legacy name, other columns, and a user_version.
+        (
+            "CREATE TABLE items (sku TEXT, qty INTEGER)",
+            "INSERT INTO items (sku, qty) VALUES ('tea', 3)",
+            "PRAGMA user_version = 1",
+        ),
+        # The legacy table's columns but user_version 0: no release of ours wrote it.
+        (LEGACY_RELEASE, "INSERT INTO items (name) VALUES ('theirs')", "PRAGMA user_version = 0"),
+    ],
+    ids=["other-columns", "user-version-0"],
+)
+async def test_a_table_of_the_legacy_name_that_no_release_wrote_gets_the_fresh_schema(
+    items_path: Path, user_tables: tuple[str, ...]
+) -> None:
+    write_by_hand(items_path, *user_tables)
+    before = query(items_path, "SELECT * FROM items")
+    version = user_version(items_path)
+    db = await Database.open(items_path, RENAMED)
+    await db.close()
+
+    assert tables(items_path) == {"items", "store_items", VERSIONS_TABLE}
+    assert query(items_path, "SELECT * FROM items") == before  # the user's, untouched
+    assert query(items_path, "SELECT * FROM store_items") == []
+    assert versions(items_path) == [("items", 2)]
+    assert user_version(items_path) == version
+
+
+async def test_a_failing_migration_of_an_earlier_releases_file_changes_nothing(
+    items_path: Path,
+) -> None:
+    write_legacy(items_path)
+    broken = replace(
+        RENAMED, migrations=(*RENAMED.migrations[:1], "CREATE TABLE half (x INTEGER); nonsense")
+    )
+    await open_fails(items_path, broken)
+
+    assert tables(items_path) == {"items"}  # not even the versions table
+    assert query(items_path, "SELECT name FROM items") == [("kept",)]
+    assert user_version(items_path) == 1
+
+
+async def test_an_earlier_releases_file_of_a_newer_version_is_a_storage_error(
+    items_path: Path,
+) -> None:
+    write_legacy(items_path, version=5)
+
+    assert "newer" in str(await open_fails(items_path, RENAMED))
+
+    assert tables(items_path) == {"items"}
+    assert user_version(items_path) == 5
 
 
 async def test_a_file_that_is_not_a_database_is_a_storage_error(items_path: Path) -> None:
     garbage = b"this is not an SQLite database, only some bytes\n" * 100
     items_path.write_bytes(garbage)
 
-    await open_fails(items_path, ITEMS_SCHEMA)
+    await open_fails(items_path, ITEMS)
 
     assert items_path.read_bytes() == garbage
 
 
 async def test_a_path_in_a_missing_directory_is_a_storage_error(tmp_path: Path) -> None:
-    await open_fails(tmp_path / "missing" / "store.db", ITEMS_SCHEMA)
+    await open_fails(tmp_path / "missing" / "store.db", ITEMS)
 
 
 # ---------------------------------------------------------------- run
@@ -230,10 +403,13 @@ async def test_transaction_rolls_back_on_a_failing_statement(
 
 
 # A constraint checked at COMMIT: the COMMIT fails, and SQLite keeps the transaction.
-DEFERRED = (
-    "CREATE TABLE parents (id INTEGER PRIMARY KEY)",
-    "CREATE TABLE children (id INTEGER PRIMARY KEY, parent INTEGER NOT NULL"
-    " REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)",
+DEFERRED = history(
+    "deferred",
+    (
+        "CREATE TABLE parents (id INTEGER PRIMARY KEY)",
+        "CREATE TABLE children (id INTEGER PRIMARY KEY, parent INTEGER NOT NULL"
+        " REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)",
+    ),
 )
 
 
