@@ -364,7 +364,8 @@ def test_the_order_check_fails_on_a_reordered_inbox(
     # As if the sink had first applied the first order last.
     write(
         sink,
-        "UPDATE inbox_events SET applied_seq = (SELECT max(applied_seq) + 1 FROM inbox_events) WHERE id = ?",
+        "UPDATE inbox_events SET applied_seq = (SELECT max(applied_seq) + 1 FROM inbox_events)"
+        " WHERE id = ?",
         (first,),
     )
 

@@ -167,7 +167,10 @@ def test_intake_sink_and_relay_ride_out_a_stopped_server(
     assert db_rows(source, "SELECT count(*) FROM outbox_orders") == db_rows(
         source, "SELECT count(*) FROM outbox_entries"
     )
-    orphans = "SELECT count(*) FROM outbox_orders o LEFT JOIN outbox_entries x ON x.id = o.id WHERE x.id IS NULL"
+    orphans = (
+        "SELECT count(*) FROM outbox_orders o LEFT JOIN outbox_entries x ON x.id = o.id"
+        " WHERE x.id IS NULL"
+    )
     assert db_rows(source, orphans) == [(0,)]
     verdict = read_verdict(source, sink_db, feeder.accepted)
     assert (verdict.lost, verdict.applied_twice, verdict.order_inversions) == (0, 0, 0), verdict

@@ -147,8 +147,8 @@ def test_status_lists_standby_and_gone_workers_with_the_lines_each_holds(
     def rows() -> list[tuple[Any, ...]]:  # each worker and how long ago it beat
         return db_rows(
             pg_database,
-            "SELECT worker, extract(epoch FROM clock_timestamp()) - seen_at FROM outbox_relay_workers"
-            " ORDER BY worker",
+            "SELECT worker, extract(epoch FROM clock_timestamp()) - seen_at"
+            " FROM outbox_relay_workers ORDER BY worker",
         )
 
     w1 = start("w1")

@@ -44,7 +44,8 @@ def add_events(db: Path, events: list[Event]) -> list[str]:
         now = time.time()
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
-            "INSERT INTO outbox_entries (id, type, payload, queued_at, lane) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO outbox_entries (id, type, payload, queued_at, lane)"
+            " VALUES (?, ?, ?, ?, ?)",
             [(e["id"], e["type"], canonical_json(e), now, lane_of(e)) for e in events],
         )
         conn.execute("COMMIT")
