@@ -641,7 +641,7 @@ def test_the_size_counts_only_the_data() -> None:
 @example(event_id="e", event_type="t", key=None, data={"n": [0.0001, 0.00009999999999999999]})
 @example(event_id="e", event_type="t", key=None, data={"n": [99999999999999.9, 4503599627370495.5]})
 @example(event_id="e", event_type="t", key=None, data={"n": [-2.5, 0.1 + 0.2, 1.5e15, 9.99e-5]})
-@example(event_id="e", event_type="t", key=None, data={"n": [1.0, -0.0, 2.0**53 - 1, -(2.0**53 - 1)]})
+@example(event_id="e", event_type="t", key=None, data={"n": [1.0, -0.0, 2.0**53 - 1]})
 @example(event_id="e", event_type="t", key=None, data={"s": '\x00\x08\x1f\x7f\u2028"\\/'})
 def test_the_canonical_form_is_rfc8785_of_the_event(
     event_id: str, event_type: str, key: str | None, data: dict[str, Any]
