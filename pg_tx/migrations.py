@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from plumbing.schema import VERSIONS_TABLE, Schema
-from plumbing.storage import StorageError
+from plumbing.schema import VERSIONS_TABLE, Schema, scripts_to_run
 
 from .names import Qualify
 from .pool import Conn
@@ -37,14 +36,9 @@ async def migrate(conn: Conn, schema: Schema, qualify: Qualify) -> None:
         ).fetchone()
         legacy = None if row is not None else await _legacy_version(conn, schema, qualify)
         version = int(row[0]) if row is not None else legacy or 0
-        if version > schema.version:
-            raise StorageError(
-                f"the {schema.side} schema is version {version}, newer than this program"
-                f" knows ({schema.version}): run the release that wrote it, or a newer one"
-            )
-        if version == schema.version:
+        scripts = scripts_to_run(schema, version)
+        if not scripts:
             return
-        scripts = [schema.fresh] if version == 0 else schema.migrations[version:]
         for script in scripts:
             await conn.execute(qualify(script).encode())
         await conn.execute(

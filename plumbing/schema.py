@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from plumbing.storage import StorageError
+
 VERSIONS_TABLE: Final = "outbox_relay_versions"  # one row per side; both may share a database
 
 
@@ -41,6 +43,18 @@ class Schema:
     def version(self) -> int:
         """The newest version: that of `fresh`, and of the last migration."""
         return len(self.migrations)
+
+
+def scripts_to_run(schema: Schema, version: int) -> list[str]:
+    """What brings a side at `version` (0: none of its tables) to the newest: the
+    fresh schema, or the migrations after its version (none when it is there).
+    StorageError, in one line, for a version newer than this program knows."""
+    if version > schema.version:
+        raise StorageError(
+            f"the {schema.side} schema is version {version}, newer than this program"
+            f" knows ({schema.version}): run the release that wrote it, or a newer one"
+        )
+    return [schema.fresh] if version == 0 else list(schema.migrations[version:])
 
 
 def statements(script: str) -> list[str]:

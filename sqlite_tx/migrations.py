@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from plumbing.schema import VERSIONS_TABLE, Schema, statements
-from plumbing.storage import StorageError
+from plumbing.schema import VERSIONS_TABLE, Schema, scripts_to_run, statements
 
 from .transactions import transaction
 
@@ -28,14 +27,9 @@ def migrate(conn: sqlite3.Connection, schema: Schema) -> None:
         ).fetchone()
         legacy = row is None and _is_legacy(conn, schema) and _user_version(conn) > 0
         version = row[0] if row is not None else _user_version(conn) if legacy else 0
-        if version > schema.version:
-            raise StorageError(
-                f"the {schema.side} schema is version {version}, newer than this program"
-                f" knows ({schema.version}): run the release that wrote it, or a newer one"
-            )
-        if version == schema.version:
+        scripts = scripts_to_run(schema, version)
+        if not scripts:
             return
-        scripts = [schema.fresh] if version == 0 else schema.migrations[version:]
         for script in scripts:
             for statement in statements(script):
                 conn.execute(statement)
