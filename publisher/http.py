@@ -64,8 +64,22 @@ log = logging.getLogger(__name__)
 
 
 def _now() -> str:
-    """The CloudEvents `time` of a send: RFC 3339, UTC, to the millisecond."""
-    moment = datetime.datetime.now(datetime.UTC)
+    """The CloudEvents `time` of an event whose recording time is not known (one the
+    caller's code hands the sender, not read from the outbox): now."""
+    return _rfc3339(datetime.datetime.now(datetime.UTC))
+
+
+def _time_of(event: Event, now: str) -> str:
+    """The CloudEvents `time` of an event: when the outbox recorded it (the same on
+    every resend), else `now`."""
+    recorded_at = getattr(event, "recorded_at", None)
+    if recorded_at is None:
+        return now
+    return _rfc3339(datetime.datetime.fromtimestamp(recorded_at, datetime.UTC))
+
+
+def _rfc3339(moment: datetime.datetime) -> str:
+    """RFC 3339, UTC, to the millisecond."""
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
@@ -223,7 +237,8 @@ class HttpSender:
         return check_reply(status, reply, event_id, digest, lease)
 
     def _wire(self, event: Event, time: str) -> tuple[str, str]:
-        """The event as a structured-mode CloudEvent sent at `time`, and the digest of
+        """The event as a structured-mode CloudEvent (its `time` the recording time,
+        or `time`, the send's, for an event not read from the outbox), and the digest of
         its canonical form (what the ACK must name). An event read from the outbox
         carries the canonical text it is stored as: its data is cut out of that text,
         and the digest is of it, so the relay neither parses nor writes the data."""
@@ -232,7 +247,12 @@ class HttpSender:
         if data_text is None or canonical is None:
             data_text, canonical = canonical_parts(event)
         body = structured(
-            event["id"], event["type"], event.get("key"), data_text, self.source, time
+            event["id"],
+            event["type"],
+            event.get("key"),
+            data_text,
+            self.source,
+            _time_of(event, time),
         )
         return body, digest_of(canonical)
 

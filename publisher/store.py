@@ -88,6 +88,7 @@ class Pending(NamedTuple):
     attempts: int  # failed or successful attempts so far
     lane: str | None
     payload: str | None = None  # the canonical text stored (None: not read from storage)
+    queued_at: float | None = None  # when it was recorded (None: not read from storage)
 
     def sent(self, copied: bool) -> Event:
         """The event to hand a sender: a deep copy (`copied`, for a sender that may
@@ -96,7 +97,7 @@ class Pending(NamedTuple):
             return copy.deepcopy(self.event)
         if self.payload is None:
             return self.event
-        return StoredEvent(self.event, self.payload)  # type: ignore[return-value]
+        return StoredEvent(self.event, self.payload, self.queued_at)  # type: ignore[return-value]
 
 
 class Mark(NamedTuple):

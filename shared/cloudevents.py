@@ -6,7 +6,8 @@ The sink reads those two and binary mode (`ce-*` headers, the data as the body).
 The ordering key travels in the partitioning extension's `partitionkey`.
 
 What identifies an event is its canonical form (shared.event): `source` and `time`
-describe a delivery, not the event, so a resend with another time is the same event.
+are not part of it (the relay sends the time the outbox recorded the event, the same
+on every resend; another producer may send any), so they never make a conflict.
 
 Encoding is text assembly around the stored canonical data (no parse, no dump on
 the relay's path); decoding checks the envelope and returns the event dict that

@@ -280,15 +280,17 @@ def _assemble(event: Event, data_text: str) -> str:
 
 class StoredEvent(dict):  # type: ignore[type-arg]
     """An event read back from the outbox with the canonical text it is stored as
-    (`canonical`), so that a sender need not canonicalise it again (`stored_data`).
+    (`canonical`), so that a sender need not canonicalise it again (`stored_data`),
+    and when the outbox recorded it (`recorded_at`, None when not known).
     Read only: a copy that is changed must not keep `canonical` (copy.deepcopy and
     dict() give a plain dict of the same fields)."""
 
-    __slots__ = ("canonical",)
+    __slots__ = ("canonical", "recorded_at")
 
-    def __init__(self, event: Event, canonical: str) -> None:
+    def __init__(self, event: Event, canonical: str, recorded_at: float | None = None) -> None:
         super().__init__(event)
         self.canonical = canonical
+        self.recorded_at = recorded_at  # seconds since the epoch it was recorded at
 
     def __deepcopy__(self, memo: dict[int, object]) -> dict[str, Any]:
         return copy.deepcopy(dict(self), memo)

@@ -369,20 +369,21 @@ KNOWN_MANY: Final = """
 """
 
 PENDING: Final = (
-    f"SELECT seq, payload, attempts, lane FROM outbox_entries WHERE {IS_PENDING}"
+    f"SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries WHERE {IS_PENDING}"
     " ORDER BY seq LIMIT %s"
 )
 PENDING_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox_entries
+    SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries
     WHERE {IS_PENDING} AND id <> ALL (%(skip)s::text[])
     ORDER BY seq LIMIT %(limit)s
 """
 PENDING_IN_LANE: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox_entries WHERE {IS_PENDING} AND lane = %s
+    SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries
+    WHERE {IS_PENDING} AND lane = %s
     ORDER BY seq LIMIT %s
 """
 PENDING_IN_LANE_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox_entries
+    SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries
     WHERE {IS_PENDING} AND lane = %(lane)s AND id <> ALL (%(skip)s::text[])
     ORDER BY seq LIMIT %(limit)s
 """

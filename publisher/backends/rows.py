@@ -26,9 +26,9 @@ from shared import Conflict, Lease, digest_of
 
 def pending_of(row: tuple[Any, ...]) -> Pending:
     """A pending read's row (the backend's PENDING columns: seq, payload, attempts,
-    lane) as a Pending."""
-    seq, payload, attempts, lane = row
-    return Pending(seq, json.loads(payload), attempts, lane, payload)
+    lane, queued_at) as a Pending."""
+    seq, payload, attempts, lane, queued_at = row
+    return Pending(seq, json.loads(payload), attempts, lane, payload, queued_at)
 
 
 def entry_of(row: tuple[Any, ...]) -> Entry:

@@ -302,25 +302,26 @@ INSERT_ENTRIES: Final = (
 )
 
 PENDING: Final = (
-    f"SELECT seq, payload, attempts, lane FROM outbox_entries WHERE {IS_PENDING}"
+    f"SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries WHERE {IS_PENDING}"
     " ORDER BY seq LIMIT ?"
 )
 # Leaving out entries whose mark is still being committed (the relay overlaps the
 # mark of one batch with the send of the next).
 PENDING_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox_entries
+    SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries
     WHERE {IS_PENDING} AND id NOT IN (SELECT value FROM json_each(:skip))
     ORDER BY seq LIMIT :limit
 """
 # The same for one lane, on the lane's own index: it reads that lane's entries only,
 # however many entries of other lanes are pending before them.
 PENDING_IN_LANE_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox_entries
+    SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries
     WHERE {IS_PENDING} AND lane = :lane AND id NOT IN (SELECT value FROM json_each(:skip))
     ORDER BY seq LIMIT :limit
 """
 PENDING_IN_LANE: Final = f"""
-    SELECT seq, payload, attempts, lane FROM outbox_entries WHERE {IS_PENDING} AND lane = ?
+    SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries
+    WHERE {IS_PENDING} AND lane = ?
     ORDER BY seq LIMIT ?
 """
 HEAD_ID: Final = f"SELECT id FROM outbox_entries WHERE {IS_PENDING} ORDER BY seq LIMIT 1"

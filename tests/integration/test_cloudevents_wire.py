@@ -5,17 +5,23 @@ request as it arrived."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import datetime
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
 from support import placed
 
-from publisher import HttpSender
+from publisher import HttpSender, Outbox
+from publisher.cli.dispatch import deliver_pending
+from publisher.settings import RelaySettings
+from publisher.store import State
 from shared import PREDECESSOR_HEADER, Event, Receipt, canonical_json, make_ack, payload_digest
 from shared.cloudevents import BATCHED, STRUCTURED
 from shared.event import StoredEvent
@@ -30,6 +36,7 @@ PAYMENT: Event = {
     "data": {"amount_cents": 1999, "note": "caf\u00e9 \U0001f600", "lines": [{"x": 1.5}]},
 }
 KEYLESS: Event = {"id": "p-2", "type": "audit.noted", "data": {"by": "alice"}}
+ONCE = RelaySettings(batch=True, pipeline=1, worker=None)  # one read, no leases
 
 
 @dataclass
@@ -183,3 +190,36 @@ def test_a_copy_of_a_stored_event_is_a_plain_event() -> None:
     assert type(copied) is dict and copied == PAYMENT
     copied["data"]["amount_cents"] = 5
     assert original["data"]["amount_cents"] == 1999
+
+
+async def test_an_event_read_from_the_outbox_carries_the_time_it_was_recorded(
+    serve: Serve,
+) -> None:
+    # Its CloudEvents `time` is when the outbox recorded it, on every send alike; an
+    # event the caller's code hands the sender, with no such record, is sent "now".
+    stored = canonical_json(PAYMENT)
+    recorded = 1_700_000_000.123456  # 2023-11-14T22:13:20.123Z
+    consumer = Consumer()
+    async with HttpSender(await _url(serve, consumer)) as sender:
+        await sender.deliver(StoredEvent(PAYMENT, stored, recorded))  # type: ignore[arg-type]
+        await sender.deliver_batch([StoredEvent(PAYMENT, stored, recorded)])  # type: ignore[list-item]
+        await sender.deliver(PAYMENT)
+    (_, _, _, one), (_, _, _, [many]), (_, _, _, plain) = consumer.requests
+    assert one["time"] == many["time"] == "2023-11-14T22:13:20.123Z"
+    assert plain["time"] > "2026"
+
+
+async def test_the_relay_sends_each_entry_with_its_recording_time(
+    serve: Serve, tmp_path: Path
+) -> None:
+    consumer = Consumer()
+    url = await _url(serve, consumer)
+    async with Outbox.open(tmp_path / "source.db") as outbox, HttpSender(url) as sender:
+        await outbox.publish(dict(PAYMENT))
+        [entry] = await outbox.entries(State.PENDING)
+        await asyncio.sleep(0.05)  # so that a send time would be told from it
+        assert await deliver_pending(outbox, sender, ONCE) == ["p-1"]
+    [(_, _, _, [sent])] = consumer.requests
+    recorded = datetime.datetime.fromtimestamp(entry.queued_at, datetime.UTC)
+    sent_at = datetime.datetime.fromisoformat(sent["time"].replace("Z", "+00:00"))
+    assert abs((sent_at - recorded).total_seconds()) < 0.001
