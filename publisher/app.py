@@ -89,8 +89,9 @@ class ServiceSettings:
 
     @property
     def check(self) -> EventCheck:
-        """How intake checks an event: its limits, then its type's schema."""
-        return event_check(self.max_data_bytes, self.schemas)
+        """How intake checks an event of a body or a file (parsed by plumbing.bodies):
+        its limits, then its type's schema."""
+        return event_check(self.max_data_bytes, self.schemas, parsed=True)
 
     @property
     def lease_ttl_s(self) -> float:

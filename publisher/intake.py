@@ -37,13 +37,18 @@ class SchemaCheck(Protocol):
 
 
 def event_check(
-    max_data_bytes: int = MAX_DATA_BYTES, schemas: SchemaCheck | None = None
+    max_data_bytes: int = MAX_DATA_BYTES,
+    schemas: SchemaCheck | None = None,
+    *,
+    parsed: bool = False,
 ) -> EventCheck:
     """How a service checks each event at intake: the event's own rules with its
-    data limit, then the schema of its type, if any (InvalidEvent naming the place)."""
+    data limit, then the schema of its type, if any (InvalidEvent naming the place).
+    `parsed`: the events come from the strict parser (plumbing.bodies), as those of
+    a request body or of a file do (shared.checked_event)."""
 
     def check(obj: object) -> tuple[Event, str]:
-        event, canonical = checked_event(obj, max_data_bytes=max_data_bytes)
+        event, canonical = checked_event(obj, max_data_bytes=max_data_bytes, parsed=parsed)
         if schemas is not None:
             schemas.check(event["type"], event["data"])
         return event, canonical

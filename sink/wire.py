@@ -170,15 +170,21 @@ def _order(obj: object, at: str) -> Taken:
 
 def _event(obj: object, at: str) -> Taken:
     try:
-        return Taken(Incoming.of(*checked_event(obj, max_data_bytes=MAX_DATA_BYTES_LIMIT)))
+        return Taken(_incoming(obj))
     except InvalidEvent as exc:
         raise invalid(exc, at + exc.field) from exc
+
+
+def _incoming(parsed: object) -> Incoming:
+    """An event of a parsed body, validated with data up to the most any publisher
+    may allow (InvalidEvent naming the place otherwise)."""
+    return Incoming.of(*checked_event(parsed, max_data_bytes=MAX_DATA_BYTES_LIMIT, parsed=True))
 
 
 def _structured(obj: object, at: str) -> Taken:
     try:
         fields = from_structured(obj)
-        return Taken(Incoming.of(*checked_event(fields, max_data_bytes=MAX_DATA_BYTES_LIMIT)))
+        return Taken(_incoming(fields))
     except InvalidEvent as exc:
         place = _ATTRIBUTES.get(exc.field, exc.field)
         raise invalid(exc, at + place, place) from exc
@@ -190,7 +196,7 @@ def _binary(headers: Mapping[str, str], data: object) -> Taken:
     except InvalidEvent as exc:
         raise invalid(exc, None) from exc  # a header
     try:
-        return Taken(Incoming.of(*checked_event(fields, max_data_bytes=MAX_DATA_BYTES_LIMIT)))
+        return Taken(_incoming(fields))
     except InvalidEvent as exc:
         header = _HEADERS.get(exc.field)
         if header is not None:
