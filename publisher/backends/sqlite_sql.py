@@ -280,26 +280,13 @@ INSERT_ORDER: Final = "INSERT INTO outbox_orders (id, sku, qty, accepted_at) VAL
 INSERT_ENTRY: Final = (
     "INSERT INTO outbox_entries (id, type, payload, queued_at, lane) VALUES (?, ?, ?, ?, ?)"
 )
-# A group's new events in one statement each: a JSON array of [id, sku, qty, now,
-# payload, key, type] rows (sku and qty null for an event that is not an order),
-# inserted in array order (the entries' seq order). One statement for many rows: on
-# the database thread each statement waits to take the GIL back.
+# Whether any of a group's IDs (a JSON array) is known, as an entry or as a pruned
+# one's digest: one statement for the group, so the common case of all new costs one
+# read before its rows go in (executemany of INSERT_ORDER and INSERT_ENTRY).
 ANY_KNOWN: Final = """
     SELECT EXISTS (SELECT 1 FROM outbox_entries WHERE id IN (SELECT value FROM json_each(:ids)))
         OR EXISTS (SELECT 1 FROM outbox_pruned WHERE id IN (SELECT value FROM json_each(:ids)))
 """
-INSERT_ORDERS: Final = (
-    "INSERT INTO outbox_orders (id, sku, qty, accepted_at)"
-    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
-    " json_extract(value, '$[2]'), json_extract(value, '$[3]')"
-    " FROM json_each(?) WHERE json_extract(value, '$[1]') IS NOT NULL ORDER BY key"
-)
-INSERT_ENTRIES: Final = (
-    "INSERT INTO outbox_entries (id, type, payload, queued_at, lane)"
-    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[6]'),"
-    " json_extract(value, '$[4]'), json_extract(value, '$[3]'), json_extract(value, '$[5]')"
-    " FROM json_each(?) ORDER BY key"
-)
 
 PENDING: Final = (
     f"SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries WHERE {IS_PENDING}"
