@@ -7,16 +7,20 @@ for an order, its `order.placed` event and the two generic events of bench.event
 - `order_intake_us`: what POST /orders does with each parsed order before it is
   stored (publisher.store.checked_order: validate_order, then the canonical event
   written directly);
-- `checked_event_us`: shared.checked_event, validation and canonicalisation, which
-  POST /events runs on each event at intake and the sink on each event it receives;
-- `canonical_parts_us`: shared.event.canonical_parts, the canonicalisation of a
-  parsed event alone, which the relay's HttpSender runs again for every event it
-  sends (the data's text and the whole event's, from the entry read back);
-- `json_loads_us`: json.loads of the event's canonical text, as the relay reads each
-  entry back before it sends it;
+- `checked_event_us`: shared.checked_event, validation and canonicalisation of a
+  caller's objects, as Outbox.publish and publish_in run it (the checked path);
+- `checked_parsed_us`: the same of the event as the strict parser reads it
+  (`parsed=True`), as POST /events runs it on each event at intake and the sink on
+  each event it receives (the fast path where it can vouch for the text);
+- `canonical_parts_us`: shared.event.canonical_parts, the canonicalisation of an
+  event alone (canonical_json), on the checked path;
+- `json_loads_us`: json.loads of the event's canonical text, the standard library's
+  figure for the same bytes;
+- `stored_read_us`: orjson.loads of that text, as the relay reads each entry back
+  before it sends it;
 - `loads_strict_us`: the same text parsed as intake and the sink parse a request
-  body (plumbing.bodies.loads_strict: a repeated key refused, long integers kept
-  apart, so every object and integer goes through Python);
+  body (plumbing.bodies.loads_strict: a repeated key refused, long integers and
+  numbers no double holds kept apart as markers);
 - `schema_check_us`: shared.schemas.Schemas.check of the generic events' data against
   SCHEMA (about 1 KiB), as intake runs it for a type with a schema.
 
@@ -34,6 +38,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
+
+import orjson
 
 from bench.cases import Context, Figures
 from bench.events import DATA_BYTES, GENERIC_TYPE, Kind, order, stored
@@ -142,8 +148,13 @@ async def event_costs(ctx: Context) -> Figures:
         "event_bytes": {kind.value: len(text.encode()) for kind, text in texts.items()},
         "order_intake_us": per_call_us(lambda: checked_order(dict(order(7)))),
         "checked_event_us": by_kind(checked_event, parsed),
+        "checked_parsed_us": by_kind(
+            functools.partial(checked_event, parsed=True),
+            {kind: loads_strict(text.encode()) for kind, text in texts.items()},
+        ),
         "canonical_parts_us": by_kind(canonical_parts, parsed),
         "json_loads_us": by_kind(json.loads, texts),
+        "stored_read_us": by_kind(orjson.loads, texts),
         "loads_strict_us": by_kind(loads_strict, {k: t.encode() for k, t in texts.items()}),
         "rounds": ROUNDS,
         "measured": "median over rounds of one call's mean time in a round, in this process",

@@ -363,7 +363,8 @@ def _event_costs(f: Figures, results: Results) -> str:
     )
     return (
         f"us per event, order / 1 KiB / 1 KiB with floats: checked_event {each('checked_event_us')}"
-        f", canonical_parts {each('canonical_parts_us')}, json.loads {each('json_loads_us')}, "
+        f" (parsed {each('checked_parsed_us')}), canonical_parts {each('canonical_parts_us')}, "
+        f"json.loads {each('json_loads_us')} (orjson {each('stored_read_us')}), "
         f"loads_strict {each('loads_strict_us')}; "
         f"an order at POST /orders {f['order_intake_us']:.1f}; {checked}"
     )
