@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import json
 import logging
+import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Final, Literal, Self
@@ -66,21 +69,34 @@ log = logging.getLogger(__name__)
 def _now() -> str:
     """The CloudEvents `time` of an event whose recording time is not known (one the
     caller's code hands the sender, not read from the outbox): now."""
-    return _rfc3339(datetime.datetime.now(datetime.UTC))
+    return _rfc3339(time.time())
 
 
 def _time_of(event: Event, now: str) -> str:
     """The CloudEvents `time` of an event: when the outbox recorded it (the same on
     every resend), else `now`."""
     recorded_at = getattr(event, "recorded_at", None)
-    if recorded_at is None:
-        return now
-    return _rfc3339(datetime.datetime.fromtimestamp(recorded_at, datetime.UTC))
+    return now if recorded_at is None else _rfc3339(recorded_at)
 
 
-def _rfc3339(moment: datetime.datetime) -> str:
-    """RFC 3339, UTC, to the millisecond."""
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+def _rfc3339(seconds: float) -> str:
+    """RFC 3339, UTC, to the millisecond, of seconds since the epoch: the text
+    datetime.fromtimestamp gives (microseconds rounded as it rounds them, then cut to
+    milliseconds), with the whole second's text kept for the events around it (one
+    strftime an event cost the relay about 2 us of its 50 an order)."""
+    fraction, whole = math.modf(seconds)
+    micros = round(fraction * 1_000_000)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1, micros - 1_000_000
+    elif micros < 0:  # before 1970
+        whole, micros = whole - 1, micros + 1_000_000
+    return f"{_second(int(whole))}.{micros // 1000:03d}Z"
+
+
+@functools.lru_cache(maxsize=256)
+def _second(whole: int) -> str:
+    moment = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(seconds=whole)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def _cuts(sizes: Sequence[int], most: int) -> list[int]:

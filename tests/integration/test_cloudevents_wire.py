@@ -16,10 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
+from hypothesis import example, given
+from hypothesis import strategies as st
 from support import placed
 
 from publisher import HttpSender, Outbox
 from publisher.cli.dispatch import deliver_pending
+from publisher.http import _rfc3339
 from publisher.settings import RelaySettings
 from publisher.store import State
 from shared import PREDECESSOR_HEADER, Event, Receipt, canonical_json, make_ack, payload_digest
@@ -223,3 +226,13 @@ async def test_the_relay_sends_each_entry_with_its_recording_time(
     recorded = datetime.datetime.fromtimestamp(entry.queued_at, datetime.UTC)
     sent_at = datetime.datetime.fromisoformat(sent["time"].replace("Z", "+00:00"))
     assert abs((sent_at - recorded).total_seconds()) < 0.001
+
+
+@given(seconds=st.floats(min_value=-2e9, max_value=4e9, allow_nan=False))
+@example(seconds=1_700_000_000.9999996)  # microseconds round up into the next second
+@example(seconds=-0.0000004)
+@example(seconds=0.0)
+def test_a_time_is_written_as_datetime_writes_it_to_the_millisecond(seconds: float) -> None:
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    expected = moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    assert _rfc3339(seconds) == expected
