@@ -152,3 +152,35 @@ async def test_the_pending_entries_are_delivered_and_the_one_applied_before_is_a
     }
     assert deliveries(written.sink) == {"o-1": 1, "o-2": 1, "o-3": 1, "o-4": 2, "o-5": 1, "o-6": 1}
     assert inventory(written.sink) == {"snack": 5, "juice": 7, "tea": 9}  # each order once
+
+
+async def test_new_events_written_in_groups_follow_the_old_entries_and_all_are_delivered(
+    written: Written, serve: Serve
+) -> None:
+    # A group of new IDs takes intake's all-new path (one read, rows bound in bulk):
+    # on the upgraded database its entries come after the old ones, the old rows are
+    # untouched, and everything reaches the old inbox once.
+    entries = "SELECT seq, id, type, payload, lane, sent FROM outbox_entries ORDER BY seq"
+    url = f"{await serve(create_app(written.sink))}/events"
+    async with Outbox.open(written.source) as outbox, HttpSender(url) as sender:
+        before = query(written.source, entries)
+        orders = [{"id": "o-7", "sku": "snack", "qty": 7}, {"id": "o-8", "sku": "tea", "qty": 8}]
+        assert await outbox.accept_many(orders) == ["accepted", "accepted"]
+        payments = [
+            {"id": f"p-{n}", "type": "payment.captured", "key": "c-9", "data": {"cents": n}}
+            for n in (1, 2)
+        ]
+        assert await outbox.publish_many(payments) == ["accepted", "accepted"]
+        after = query(written.source, entries)
+        assert after[: len(before)] == before
+        assert [row[1] for row in after[len(before) :]] == ["o-7", "o-8", "p-1", "p-2"]
+        assert min(row[0] for row in after[len(before) :]) > max(row[0] for row in before)
+
+        sent = await deliver_pending(outbox, sender, ONCE)
+
+    assert sent == ["o-4", "o-5", "o-6", "o-7", "o-8", "p-1", "p-2"]
+    assert deliveries(written.sink) == {
+        **{"o-1": 1, "o-2": 1, "o-4": 2, "o-5": 1, "o-6": 1},
+        **{"o-7": 1, "o-8": 1, "p-1": 1, "p-2": 1},
+    }
+    assert inventory(written.sink) == {"snack": 12, "juice": 7, "tea": 14}
