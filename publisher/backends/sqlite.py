@@ -62,6 +62,7 @@ from publisher.store import (
 )
 from shared import MAX_BATCH, Conflict, Lease
 from shared.ack import ack_json
+from shared.event import Order as ValidOrder  # publisher.store.Order is an order's row
 from sqlite_tx import Database, InlineWrites, SqliteFile, transaction, unsynced
 
 LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
@@ -353,10 +354,20 @@ def queue_event(conn: sqlite3.Connection, item: Publication, now: float) -> Inta
     if stored is not None or digest is not None:
         return judged_again(item, stored, digest)  # "duplicate", or Conflict
     if order is not None:
-        conn.execute(sql.INSERT_ORDER, (order["id"], order["sku"], order["qty"], now))
-    row = (event["id"], event["type"], item.canonical, now, lane_of(event))
-    conn.execute(sql.INSERT_ENTRY, row)
+        conn.execute(sql.INSERT_ORDER, _order_row(order, now))
+    conn.execute(sql.INSERT_ENTRY, _entry_row(item, now))
     return "accepted"
+
+
+def _order_row(order: ValidOrder, now: float) -> tuple[object, ...]:
+    """An order's parameters of INSERT_ORDER."""
+    return (order["id"], order["sku"], order["qty"], now)
+
+
+def _entry_row(item: Publication, now: float) -> tuple[object, ...]:
+    """An event's parameters of INSERT_ENTRY."""
+    event = item.event
+    return (event["id"], event["type"], item.canonical, now, lane_of(event))
 
 
 def _prune_batch(conn: sqlite3.Connection, cutoff: float, batch: int) -> int:
@@ -443,16 +454,14 @@ def _intake_all_new(
     The rows are bound as parameters: an INSERT ... SELECT from a JSON array of them
     (json_each) made SQLite parse every payload once per json_extract, which cost a
     1 KiB event 15 us a row against 6 (and an order 3 against 2)."""
-    rows = [
-        _row(item, call.now) for call in calls if isinstance(call, _Intake) for item in call.items
-    ]
-    ids = [row[0] for row in rows]
-    if len(rows) < 2 or len(set(ids)) != len(ids):
+    items = [(item, call.now) for call in calls if isinstance(call, _Intake) for item in call.items]
+    ids = [item.event["id"] for item, _ in items]
+    if len(items) < 2 or len(set(ids)) != len(ids):
         return None
     if conn.execute(sql.ANY_KNOWN, {"ids": json.dumps(ids)}).fetchone()[0]:
         return None
-    orders = [(row[0], row[1], row[2], row[3]) for row in rows if row[1] is not None]
-    entries = [(row[0], row[6], row[4], row[3], row[5]) for row in rows]
+    orders = [_order_row(item.order, now) for item, now in items if item.order is not None]
+    entries = [_entry_row(item, now) for item, now in items]
     conn.execute("SAVEPOINT all_new")
     try:
         conn.executemany(sql.INSERT_ORDER, orders)
@@ -463,14 +472,6 @@ def _intake_all_new(
         return None
     conn.execute("RELEASE all_new")
     return [["accepted"] * len(call.items) if isinstance(call, _Intake) else None for call in calls]
-
-
-def _row(item: Publication, now: float) -> list[object]:
-    """One event as [id, sku, qty, now, payload, lane, type] (sku and qty None for an
-    event that is not an order)."""
-    order, event = item.order, item.event
-    sku, qty = (None, None) if order is None else (order["sku"], order["qty"])
-    return [event["id"], sku, qty, now, item.canonical, lane_of(event), event["type"]]
 
 
 def _intake_call(conn: sqlite3.Connection, call: _Intake) -> list[Intake | Conflict] | Exception:
