@@ -19,6 +19,7 @@ from support import padded, placed
 from publisher import DeliveryError, HttpSender, NotAcknowledged, Rejected, TargetNotAllowed
 from publisher.http import MAX_REPLY_BYTES, send_http
 from shared import Event, payload_digest
+from sink.app import create_app
 
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink, StartRaw
@@ -454,10 +455,11 @@ async def test_proxy_variables_are_ignored(
 REFUSED = [
     "http://example.com/events",
     "https://127.0.0.1/events",
-    "http://127.0.0.1:1/other",
+    "http://127.0.0.1:1/",
     "https://127.0.0.1:{port}/events",
-    "http://127.0.0.1:{port}/other",
+    "http://127.0.0.1:{port}",
     "http://127.0.0.1:{port}/events/",
+    "http://127.0.0.1:{port}/outbox/events/",
     "http://127.0.0.1:{port}/events?x=1",
     "http://user:secret@127.0.0.1:{port}/events",
     "ftp://127.0.0.1:{port}/events",
@@ -489,3 +491,43 @@ async def test_allowed_target_on_the_counting_server_does_connect(raw_server: St
         await deliver(f"http://127.0.0.1:{server.port}/events")
 
     assert server.connections == 1
+
+
+# ---------------------------------------------------------------- a sink under a prefix
+
+
+async def test_a_sink_mounted_under_a_prefix_of_another_app_gets_events_and_batches(
+    serve: Serve, tmp_path: Path, db_rows: Query
+) -> None:
+    # A user's own aiohttp app with the sink's inbox mounted at /outbox/.
+    seen: list[tuple[str, str]] = []
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        seen.append((request.method, request.path))
+        return await handler(request)
+
+    app = web.Application(middlewares=[record])
+    app.router.add_get("/", replying(b"the user's own page"))
+    app.add_subapp("/outbox/", create_app(tmp_path / "sink.db"))
+    url = f"{await serve(app)}/outbox/events"
+    batch = [placed("order-2", "snack", 2), placed("order-3", "snack", 3)]
+
+    async with HttpSender(url) as send:
+        single = await send.deliver(as_event(EVENT))
+        acks = await send.deliver_batch(batch, after="order-1")
+        inbox_record = await send.lookup("order-3")
+        batches_refused = send.one_per_request
+
+    assert seen == [
+        ("POST", "/outbox/events"),
+        ("POST", "/outbox/events/batch"),
+        ("GET", "/outbox/events/order-3"),
+    ]
+    assert single["ack"] == "order-1"
+    assert [a["ack"] for a in acks if isinstance(a, dict)] == ["order-2", "order-3"]
+    # Taken as one batch: a refusal would have sent its events again one by one.
+    assert batches_refused is False
+    assert inbox_record is not None and inbox_record["id"] == "order-3"
+    ids = db_rows(tmp_path / "sink.db", "SELECT id FROM inbox_events ORDER BY id")
+    assert ids == [("order-1",), ("order-2",), ("order-3",)]

@@ -272,7 +272,7 @@ async def test_one_unreachable_url_reads_as_it_always_did(ports: list[Port]) -> 
 # ---------------------------------------------------------------- targets and logs
 
 
-@pytest.mark.parametrize("bad", ["http://example.com/events", "http://127.0.0.1:1/other"])
+@pytest.mark.parametrize("bad", ["http://example.com/events", "http://127.0.0.1:1/events/"])
 async def test_a_url_that_is_not_allowed_refuses_the_sender_before_anything_is_sent(
     raw_server: StartRaw, bad: str
 ) -> None:

@@ -6,7 +6,7 @@ import pytest
 from yarl import URL
 
 from publisher.errors import DeliveryError, TargetNotAllowed
-from publisher.targets import check_target, is_loopback
+from publisher.targets import EVENTS_PATH, check_target, is_loopback
 
 
 def refused(url: object, allowed_hosts: tuple[str, ...] = ()) -> TargetNotAllowed:
@@ -89,11 +89,56 @@ def test_hosts_that_are_not_loopback_are_refused(url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path",
-    ["/events/", "/other", "/", "", "/Events", "/events?x=1", "/events#top", "/api/events"],
+    "path", ["/events?x=1", "/outbox/events?x=1", "/events#top", "/outbox/events#top"]
 )
-def test_any_path_but_exactly_events_is_refused(path: str) -> None:
-    refused(f"http://127.0.0.1:8080{path}")
+def test_a_query_or_a_fragment_is_refused_on_any_path(path: str) -> None:
+    assert "query" in str(refused(f"http://127.0.0.1:8080{path}"))
+
+
+@pytest.mark.parametrize("path", ["/events/", "/outbox/events/", "/outbox/"])
+def test_a_trailing_slash_is_refused_and_the_message_says_so(path: str) -> None:
+    message = str(refused(f"http://127.0.0.1:8080{path}"))
+    assert "trailing slash" in message
+    assert path in message
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8080", "http://127.0.0.1:8080/", "http://127.0.0.1:8080//"]
+)
+def test_a_url_without_a_path_is_refused_and_the_message_names_one(url: str) -> None:
+    assert "/events" in str(refused(url))
+
+
+# ---------------------------------------------------------------- any path the user gives
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/outbox/events",
+        "/api/v1/events",
+        "/other",
+        "/Events",
+        "/inbox",
+        "/a%2Fb/events",
+    ],
+)
+def test_any_absolute_path_without_a_trailing_slash_is_allowed(path: str) -> None:
+    target = check_target(f"http://127.0.0.1:8080{path}")
+    assert target.raw_path == path
+    assert str(target) == f"http://127.0.0.1:8080{path}"
+
+
+def test_a_sink_mounted_under_a_prefix_gets_its_batch_and_lookups_under_it() -> None:
+    # The sender joins "batch" and an event ID below the checked URL.
+    target = check_target("http://127.0.0.1:8080/outbox/events")
+    assert str(target / "batch") == "http://127.0.0.1:8080/outbox/events/batch"
+    assert str(target / "order-1") == "http://127.0.0.1:8080/outbox/events/order-1"
+
+
+def test_events_path_is_the_default_path_name() -> None:
+    assert EVENTS_PATH == "/events"
+    assert check_target(f"http://127.0.0.1:8080{EVENTS_PATH}").path == EVENTS_PATH
 
 
 @pytest.mark.parametrize(
@@ -158,8 +203,13 @@ def test_allowed_hosts_match_case_insensitively() -> None:
     assert check_target("https://SINK/events", ["Sink"]).host == "sink"
 
 
-def test_an_allowed_host_still_needs_the_events_path() -> None:
-    refused("https://sink/other", ("sink",))
+def test_an_allowed_host_may_use_any_path() -> None:
+    assert check_target("https://sink/outbox/events", ["sink"]).path == "/outbox/events"
+
+
+@pytest.mark.parametrize("path", ["/outbox/events/", "/events?x=1", "/events#top", "/"])
+def test_an_allowed_host_still_refuses_a_trailing_slash_query_or_fragment(path: str) -> None:
+    refused(f"https://sink{path}", ("sink",))
 
 
 def test_an_allowed_host_still_refuses_other_schemes() -> None:
