@@ -9,7 +9,7 @@ class DeliveryError(Exception):
 
     `retryable` says whether sending the same event again may succeed: true for
     connection errors, timeouts, 5xx and unverifiable replies; false when the sink
-    rejected the event itself (400, 409, 413).
+    rejected the event itself (400, 409, 413, 422).
     """
 
     retryable = True

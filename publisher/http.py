@@ -45,8 +45,10 @@ MAX_REPLY_BYTES: Final = 4096
 CHECKED_REPLIES_KEPT: Final = 4096  # requests whose reply's predecessor check is remembered
 CONNECT_TIMEOUT_S: Final = 3.0
 TIMEOUT_S: Final = 10.0
-# The sink refused the event itself: resending it unchanged cannot succeed.
-PERMANENT_STATUSES: Final = frozenset({400, 409, 413})
+# The sink refused the event itself: resending it unchanged cannot succeed. 422: no
+# handler takes the event's type, or its handler refused it (a handler that failed
+# answers 503, which is retried).
+PERMANENT_STATUSES: Final = frozenset({400, 409, 413, 422})
 ERROR_EXCERPT_CHARS: Final = 200
 # Raised before any reply came: the sink at that URL never answered this request, so
 # another URL of the same cluster (same inbox) may be asked instead. A timeout while
@@ -566,7 +568,7 @@ def check_batch_reply(
     Each ACK must name the event sent at its position (and match its digest); the
     verified prefix ends at the first that does not, or where the ACKs end. The event
     after the prefix gets its error: FencedBySink if the sink refused `lease` there,
-    Rejected if the sink said it refused that event (400, 409, 413), NotAcknowledged
+    Rejected if the sink said it refused that event (400, 409, 413, 422), NotAcknowledged
     otherwise. A reply that is not 200 fails the request as a whole, as `check_reply`.
     """
     if status != 200:

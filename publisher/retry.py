@@ -41,7 +41,7 @@ def exponential_backoff_s(
 
 
 def is_permanent(error: BaseException) -> bool:
-    """True when resending the entry unchanged cannot succeed (400, 409, 413)."""
+    """True when resending the entry unchanged cannot succeed (400, 409, 413, 422)."""
     return isinstance(error, DeliveryError) and not error.retryable
 
 

@@ -105,7 +105,7 @@ def test_an_ack_with_an_unknown_status_ends_the_prefix() -> None:
 # ---------------------------------------------------------------- the sink rejected item k
 
 
-@pytest.mark.parametrize("status", [409, 400, 413])
+@pytest.mark.parametrize("status", [409, 400, 413, 422])
 @pytest.mark.parametrize("k", [0, 2, 4])
 def test_rejected_at_index_k_is_rejected_and_not_retryable(status: int, k: int) -> None:
     rejected = {"index": k, "status": status, "error": "conflict", "id": EVENTS[k]["id"]}
@@ -118,6 +118,20 @@ def test_rejected_at_index_k_is_rejected_and_not_retryable(status: int, k: int) 
     assert failure.retryable is False
     assert failure.status == status
     assert EVENTS[k]["id"] in str(failure)
+
+
+def test_an_item_a_handler_refused_is_rejected_but_one_it_failed_on_is_retried() -> None:
+    acks = [ack(e) for e in EVENTS[:2]]
+    refused = {"index": 2, "status": 422, "error": "refused", "id": EVENTS[2]["id"]}
+    failed = {"index": 2, "status": 503, "error": "handler failed", "id": EVENTS[2]["id"]}
+
+    permanent = check_batch_reply(200, body(acks, refused), EVENTS)[2]
+    transient = check_batch_reply(200, body(acks, failed), EVENTS)[2]
+
+    assert isinstance(permanent, Rejected)
+    assert (permanent.status, permanent.retryable) == (422, False)
+    assert type(transient) is NotAcknowledged
+    assert transient.retryable is True
 
 
 @pytest.mark.parametrize(

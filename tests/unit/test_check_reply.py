@@ -92,12 +92,26 @@ def test_redirect_is_a_failure_even_with_an_ack_shaped_body(status: int) -> None
 # ---------------------------------------------------------------- refused by the sink
 
 
-@pytest.mark.parametrize("status", [400, 409, 413])
+@pytest.mark.parametrize("status", [400, 409, 413, 422])
 def test_permanent_refusal_is_rejected_and_not_retryable(status: int) -> None:
     with pytest.raises(Rejected) as excinfo:
         check_reply(status, b'{"error": "no"}', "order-1", DIGEST)
     assert excinfo.value.retryable is False
     assert excinfo.value.status == status
+
+
+def test_422_for_an_event_no_handler_takes_is_rejected_and_quotes_the_reason() -> None:
+    reply = b'{"error": "no handler", "detail": "order-1 (parcel.lost): no handler for it"}'
+    with pytest.raises(Rejected) as excinfo:
+        check_reply(422, reply, "order-1", DIGEST)
+    assert excinfo.value.retryable is False
+    assert "no handler" in str(excinfo.value)
+
+
+def test_503_from_a_failing_handler_stays_retryable() -> None:
+    error = failure(503, b'{"error": "handler failed, try again"}')
+    assert not isinstance(error, Rejected)
+    assert error.retryable is True
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504])

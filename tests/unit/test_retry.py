@@ -33,6 +33,7 @@ PERMANENT: list[BaseException] = [
     Rejected("order-1: sink rejected it with 400", status=400),
     Rejected("order-1: sink rejected it with 409", status=409),
     Rejected("order-1: sink rejected it with 413", status=413),
+    Rejected("order-1: sink rejected it with 422", status=422),
     TargetNotAllowed("host 'example.org' is not loopback"),
 ]
 
