@@ -123,7 +123,7 @@ def _add_delivery_options(serve: ArgumentParser) -> None:
         "--quarantine-after",
         type=positive_int,
         default=None,
-        help="quarantine the head after N consecutive permanent failures (400/409/413)",
+        help="quarantine the head after N consecutive permanent failures (400/409/413/422)",
     )
     add_option(
         serve,

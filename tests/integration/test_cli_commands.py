@@ -253,7 +253,7 @@ def test_dispatch_with_a_bad_limit_exits_2_and_changes_nothing(
 # this process's name resolution is loopback only too (conftest.loopback_only).
 @pytest.mark.parametrize(
     "url",
-    ["http://example.com/events", "http://127.0.0.1:1/other"],
+    ["http://example.com/events", "http://127.0.0.1:1/events/"],
 )
 def test_dispatch_to_a_refused_url_exits_2_and_changes_nothing(
     source: Path, capsys: Capsys, db_rows: Query, url: str
