@@ -86,13 +86,14 @@ class Throttled:
         key: Hashable,
         msg: str,
         *args: object,
-        exc_info: bool = False,
+        exc_info: bool | BaseException = False,
         extra: Mapping[str, object] | None = None,
     ) -> bool:
         """Log `msg % args` unless `key` was logged less than `interval_s` ago.
 
-        Returns whether a line was written. `exc_info` applies to a first occurrence
-        only: the summary after an interval never repeats the traceback.
+        Returns whether a line was written. `exc_info` (True: the exception being
+        handled; or an exception) applies to a first occurrence only: the summary
+        after an interval never repeats the traceback.
         """
         now = self._clock()
         window = self._windows.get(key)

@@ -40,6 +40,7 @@ from shared import (
     validate_sku,
 )
 from sink import wire
+from sink.handlers import HandlerFailed, Handlers, NotApplied
 from sink.metrics import SinkMetrics
 from sink.predecessor import PredecessorWaits
 from sink.store import Inbox, Incoming, Received
@@ -79,19 +80,31 @@ METRICS: Final = web.AppKey("metrics", SinkMetrics)
 # A stale worker keeps sending until it learns it lost the line: one log line per
 # source and line per interval, with a count.
 STALE_LOG: Final = web.AppKey("stale_log", Throttled)
+# A failing handler fails every event of its type alike until it is fixed: one log
+# line (with the traceback) per type and error per interval.
+HANDLER_LOG: Final = web.AppKey("handler_log", Throttled)
 OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 WRITE_PATHS: Final = frozenset({"/events", "/events/batch"})
+# The routes of those paths, found once the app is built: the middlewares judge a
+# request by its route, so that they hold where the app is mounted under a prefix
+# of a user's own (add_subapp), whose requests' paths carry the prefix.
+OPEN_ROUTES: Final = web.AppKey("open_routes", frozenset)
+WRITE_ROUTES: Final = web.AppKey("write_routes", frozenset)
 
 
 def create_app(
     db: str | Path,
     *,
+    handlers: Handlers | None = None,
     token: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     admit: Admit | None = None,
     guard: HttpGuard | None = None,
 ) -> web.Application:
-    """The sink as an aiohttp application over the inbox at `db` (a --db value).
+    """The sink as an aiohttp application over the inbox at `db` (a --db value),
+    applying each event with `handlers` (sink.Handlers; the built-in warehouse by
+    default): an event whose type has no handler, or that its handler rejects, is
+    answered 422; one whose handler fails, 503; either way nothing of it is recorded.
 
     With `token`, every route but /healthz, /readyz and /metrics needs
     `Authorization: Bearer <token>`. With `admit`, each valid event is offered to it
@@ -101,7 +114,7 @@ def create_app(
     BadLocation, raised here before anything is opened, for a `db` no backend can
     open; the inbox itself opens on startup.
     """
-    opening = Inbox.open(db)
+    opening = Inbox.open(db, handlers)
     # The per-route caps (one event, one batch) are checked where the body is read.
     app = web.Application(
         client_max_size=max(max_body_bytes, MAX_BATCH_BODY_BYTES),
@@ -111,6 +124,7 @@ def create_app(
     app[PREDECESSORS] = PredecessorWaits()
     app[METRICS] = SinkMetrics()
     app[STALE_LOG] = Throttled(log)
+    app[HANDLER_LOG] = Throttled(log)
 
     async def inbox_ctx(app: web.Application) -> AsyncIterator[None]:
         async with opening as inbox:
@@ -127,7 +141,18 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", get_readyz)
     add_openapi_route(app, "sink")
+    paths = {r: r.resource.canonical for r in app.router.routes() if r.resource is not None}
+    app[OPEN_ROUTES] = frozenset(r for r, path in paths.items() if path in OPEN_PATHS)
+    app[WRITE_ROUTES] = frozenset(
+        r for r, path in paths.items() if r.method == hdrs.METH_POST and path in WRITE_PATHS
+    )
     return app
+
+
+def is_write(request: web.Request) -> bool:
+    """Whether the request is to one of the sink's write routes (POST /events,
+    POST /events/batch), wherever the app is mounted."""
+    return request.match_info.route in request.app[WRITE_ROUTES]
 
 
 async def say_predecessor_check(request: web.Request, response: web.StreamResponse) -> None:
@@ -140,7 +165,7 @@ async def say_predecessor_check(request: web.Request, response: web.StreamRespon
 async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
     """401 for a missing or wrong bearer token, before anything is read or applied."""
     token = request.app[SETTINGS].token
-    if token is None or request.path in OPEN_PATHS:
+    if token is None or request.match_info.route in request.app[OPEN_ROUTES]:
         return await handler(request)
     if not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), token):
         request.app[METRICS].unauthorized.inc()
@@ -154,7 +179,7 @@ async def require_token(request: web.Request, handler: Handler) -> web.StreamRes
 async def report_writes(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Tell the inbox that a write request is in progress, from its arrival to its
     reply (after the token check): how it commits is the inbox's own choice."""
-    if request.method != hdrs.METH_POST or request.path not in WRITE_PATHS:
+    if not is_write(request):
         return await handler(request)
     with request.app[INBOX].arriving():
         return await handler(request)
@@ -185,6 +210,9 @@ async def post_event(request: web.Request) -> web.StreamResponse:
     except Conflict as exc:
         received.labels("conflict").inc()
         raise conflict(exc) from exc
+    except NotApplied as exc:
+        received.labels(_RESULT_OF[exc.status]).inc()
+        return not_applied(request, exc).response()
     except PredecessorMissing as exc:
         return predecessor_missing(request, exc)
     except StaleLease as exc:
@@ -225,11 +253,14 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
     except StaleLease as exc:
         return stale_lease(request, exc)
     count_received(request.app[METRICS], taken, receipt.received)
-    if receipt.conflict is not None:
-        index = len(receipt.received)
-        rejected = {"index": index, **conflict(receipt.conflict).body, "status": 409}
+    stopped = receipt.stopped
+    if stopped is not None:
+        refusal = (
+            conflict(stopped) if isinstance(stopped, Conflict) else not_applied(request, stopped)
+        )
+        rejected = {"index": len(receipt.received), **refusal.body, "status": refusal.status}
     if rejected is not None:
-        received.labels("conflict" if rejected["status"] == 409 else "invalid").inc()
+        received.labels(_RESULT_OF.get(rejected["status"], "invalid")).inc()
     acks = [ack_of(one, done) for one, done in zip(taken, receipt.received, strict=False)]
     return web.json_response({"acks": acks, "rejected": rejected})
 
@@ -336,6 +367,31 @@ def valid_prefix(
 
 def conflict(exc: Conflict) -> BadRequest:
     return BadRequest(409, "conflict", "conflict", id=exc.event_id, detail=str(exc))
+
+
+# The received counter's result for a refusal's status.
+_RESULT_OF: Final = {409: "conflict", 422: "rejected", 503: "failed"}
+
+
+def not_applied(request: web.Request, exc: NotApplied) -> BadRequest:
+    """The reply to an event its handler did not take: 422 (no handler, or rejected
+    with a reason) or 503 (the handler failed; its traceback goes to the log, once
+    per type and error per interval, never over the wire)."""
+    if isinstance(exc, HandlerFailed):
+        cause = exc.__cause__
+        request.app[HANDLER_LOG].log(
+            logging.ERROR,
+            ("handler failed", exc.event_type, exc.detail),
+            "the handler of %s failed on %s: %s",
+            exc.event_type,
+            exc.event_id,
+            exc.detail,
+            exc_info=cause if cause is not None else False,
+            extra={"event_type": exc.event_type, "event_id": exc.event_id},
+        )
+    return BadRequest(
+        exc.status, exc.error, exc.error, id=exc.event_id, type=exc.event_type, detail=exc.detail
+    )
 
 
 def check_admitted(admit: Admit | None, item: Incoming) -> None:

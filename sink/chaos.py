@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from aiohttp import hdrs, web
+from aiohttp import web
 
 from plumbing.cli import CHAOS_EXIT_STATUS
 from plumbing.host_guard import HttpGuard
 from plumbing.http_errors import Handler, Middleware
 from shared import MAX_BODY_BYTES, validate_key, validate_sku
-from sink.app import WRITE_PATHS, Admit, Refusal, create_app
+from sink.app import Admit, Refusal, create_app, is_write
+from sink.handlers import Handlers
 from sink.store import Incoming
 
 log = logging.getLogger(__name__)
@@ -104,13 +105,21 @@ def chaos_app(
     db: str | Path,
     chaos: Chaos,
     *,
+    handlers: Handlers | None = None,
     token: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     guard: HttpGuard | None = None,
 ) -> web.Application:
     """The production app of `sink.app.create_app` with `chaos` installed."""
     admit = refusing(chaos.reject_skus, chaos.reject_keys) if chaos.refuses else None
-    app = create_app(db, token=token, max_body_bytes=max_body_bytes, admit=admit, guard=guard)
+    app = create_app(
+        db,
+        handlers=handlers,
+        token=token,
+        max_body_bytes=max_body_bytes,
+        admit=admit,
+        guard=guard,
+    )
     if chaos.faults:
         app.middlewares.append(faults(chaos))  # last: inside the token check and the report
     return app
@@ -157,7 +166,7 @@ def faults(chaos: Chaos) -> Middleware:
 
     @web.middleware
     async def inject(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method != hdrs.METH_POST or request.path not in WRITE_PATHS:
+        if not is_write(request):
             return await handler(request)
         if chaos.stall_s > 0:
             await take_in(request)

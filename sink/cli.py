@@ -17,6 +17,8 @@ from plumbing.serving import serve_app
 from plumbing.storage import BadLocation, StorageError, with_schema
 from sink.app import create_app
 from sink.chaos import CHAOS_HELP, Chaos, chaos_app, parse_chaos
+from sink.handlers import Handlers
+from sink.handlers import load as load_handlers
 
 PROG: Final = "sink"
 DEFAULT_PORT: Final = 8080
@@ -54,6 +56,14 @@ def build_parser() -> ArgumentParser:
     add_http_options(parser)
     add_option(parser, "--access-log", action="store_true", help="log one line per request")
     add_option(parser, "--log-format", choices=["text", "json"], default="text", help="log lines")
+    add_option(
+        parser,
+        "--handlers",
+        metavar="MODULE:ATTR",
+        help="the sink.Handlers registry that applies each event (imported from MODULE,"
+        " found on the Python path); default: the built-in warehouse (order.placed adds"
+        " to the inventory, any other type is recorded with no effect)",
+    )
     add_option(parser, "--chaos", type=parse_chaos, default=Chaos(), help=CHAOS_HELP)
     return parser
 
@@ -71,9 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return fail(PROG, message, EXIT_USAGE)
     try:
+        handlers = None if args.handlers is None else load_handlers(args.handlers)
         db = with_schema(args.db, args.schema)
-        app = build_app(db, token, args.chaos, http_guard_of(args))
-    except BadLocation as exc:  # before anything is opened or logged
+        app = build_app(db, token, args.chaos, http_guard_of(args), handlers)
+    except (BadLocation, ValueError) as exc:  # before anything is opened or logged
         return fail(PROG, exc, EXIT_USAGE)
     setup_logging(args.log_format)
     try:
@@ -91,9 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_app(
-    db: str | Path, token: str | None, chaos: Chaos, guard: HttpGuard | None = None
+    db: str | Path,
+    token: str | None,
+    chaos: Chaos,
+    guard: HttpGuard | None = None,
+    handlers: Handlers | None = None,
 ) -> web.Application:
     """The production app, or with `--chaos` the app with those faults installed."""
     if chaos == Chaos():
-        return create_app(db, token=token, guard=guard)
-    return chaos_app(db, chaos, token=token, guard=guard)
+        return create_app(db, handlers=handlers, token=token, guard=guard)
+    return chaos_app(db, chaos, handlers=handlers, token=token, guard=guard)

@@ -9,7 +9,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from plumbing.capped_labels import CountByType
 from shared import LEASE_HEADER, PREDECESSOR_HEADER
 
-RESULTS: Final = ("applied", "duplicate", "conflict", "invalid")
+# rejected: no handler for its type, or its handler rejected it (422); failed: its
+# handler failed (503).
+RESULTS: Final = ("applied", "duplicate", "conflict", "invalid", "rejected", "failed")
 
 
 class SinkMetrics:

@@ -33,6 +33,7 @@ from shared import (
     order_event,
 )
 from shared.event import MAX_DATA_BYTES_LIMIT, placed_order
+from sink.handlers import WAREHOUSE, Handlers, NotApplied
 
 
 class Incoming(NamedTuple):
@@ -80,10 +81,12 @@ class Received:
 
 @dataclass(frozen=True)
 class BatchReceipt:
-    """What a batch did: one Received per applied prefix item, then the conflict if any."""
+    """What a batch did: one Received per applied prefix item, then why it stopped
+    there if it did: a Conflict, or the event's handler (NotApplied: no handler, a
+    Reject, a failure)."""
 
     received: list[Received]
-    conflict: Conflict | None
+    stopped: Conflict | NotApplied | None
 
 
 @dataclass(frozen=True)
@@ -115,28 +118,32 @@ class InboxRecord:
 
 
 class Inbox(StoreBase):
-    """Which events the sink has applied, and the inventory their orders changed.
+    """Which events the sink has applied, and the effects their handlers made.
 
     Recording an event (its ID, type and canonical form) and applying its effect
     happen in one transaction, so the inbox never claims an event whose effect is
     missing, and a receive that returns has committed both: an ACK sent afterwards is
-    evidence. The effect of an `order.placed` event whose data is an order is
-    `inventory[sku] += qty`; an event of any other type is only recorded.
+    evidence. The effect is what the inbox's `handlers` return for the event (see
+    sink.handlers); the built-in warehouse adds an `order.placed` event's quantity to
+    its SKU's inventory and records any other event with no effect.
 
     Errors: StorageError (plumbing.storage) when the database cannot be used,
     Conflict, InvalidEvent, PredecessorMissing and StaleLease (shared) as the methods say.
     Driver errors never leave a backend untranslated.
     """
 
+    handlers: Handlers = WAREHOUSE
+
     @classmethod
-    def open(cls, location: str | Path) -> Opening[Inbox]:
+    def open(cls, location: str | Path, handlers: Handlers | None = None) -> Opening[Inbox]:
         """Open the inbox at `location` (the --db value) with the backend it names,
-        creating and migrating its schema: `await Inbox.open(db)` or
-        `async with Inbox.open(db) as inbox`. BadLocation, raised by this call before
-        anything is opened, for a location no backend here can open."""
+        creating and migrating its schema, then the `handlers`' schema (the built-in
+        warehouse by default): `await Inbox.open(db)` or `async with Inbox.open(db) as
+        inbox`. BadLocation, raised by this call before anything is opened, for a
+        location no backend here can open."""
         from sink.backends import open_inbox  # the backends import this module
 
-        return open_inbox(str(location))
+        return open_inbox(str(location), WAREHOUSE if handlers is None else handlers)
 
     # ------------------------------------------------------------------ facts
 
@@ -167,8 +174,8 @@ class Inbox(StoreBase):
         (for a duplicate, of the one stored first); with `after` (the predecessor
         check) and `lease` (fencing), as in `receive_batch`."""
         receipt = await self.receive_batch([item], after=after, lease=lease)
-        if receipt.conflict is not None:
-            raise receipt.conflict
+        if receipt.stopped is not None:
+            raise receipt.stopped
         return receipt.received[0]
 
     @abstractmethod
@@ -176,11 +183,16 @@ class Inbox(StoreBase):
         self, items: Sequence[Incoming], *, after: str | None = None, lease: Lease | None = None
     ) -> BatchReceipt:
         """Apply validated events in order in one transaction, stopping at the first
-        conflict.
+        conflict or the first event its handler does not take.
 
-        The prefix before the conflict is applied (or counted as duplicates, an ID
-        repeated within the batch included) and committed; the conflicting event and
-        those after it change nothing, and `conflict` says which it was. With `after`
+        Each new event is recorded and its handler's statements run right after, in
+        the same transaction; a duplicate or a conflict never reaches the handler. The
+        prefix before the stop is applied (or counted as duplicates, an ID repeated
+        within the batch included) and committed; the event that stops the batch and
+        those after it change nothing, and `stopped` says which it was and why: a
+        Conflict, NoHandler, HandlerRejected (the handler raised Reject) or
+        HandlerFailed (it raised anything else, returned no statements, or the database
+        refused one of them; the cause is chained). With `after`
         (the event the sender delivered just before these), nothing at all is applied
         unless that event is in the inbox: PredecessorMissing, checked in the same
         transaction. With `lease` (the sender's source, line and epoch), nothing at

@@ -30,18 +30,21 @@ serialise their commits one flush at a time).
 
 from __future__ import annotations
 
+import functools
+import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import psycopg.errors
 
-from pg_tx import DURABLE, Conn, PgDatabase, describe, in_one_round_trip, qualified
+from pg_tx import DURABLE, Conn, PgDatabase, describe, qualified
 from plumbing.group_commit import GroupCommit
 from plumbing.storage import StorageError
 from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
 from sink.backends import postgres_sql
-from sink.backends.sharing import Arrivals, Call
+from sink.backends.sharing import Arrivals, Call, effects_of, runs
+from sink.handlers import WAREHOUSE, HandlerFailed, Handlers, NotApplied
 from sink.store import BatchReceipt, Inbox, InboxRecord, Incoming, Received
 
 T = TypeVar("T")
@@ -53,9 +56,10 @@ _RETRYABLE: Final = (psycopg.errors.DeadlockDetected, psycopg.errors.Serializati
 class PostgresInbox(Inbox):
     """The sink's inbox and inventory in a PostgreSQL database (a libpq URI)."""
 
-    def __init__(self, db: PgDatabase) -> None:
+    def __init__(self, db: PgDatabase, handlers: Handlers = WAREHOUSE) -> None:
         self._db = db
         self._sql = qualified(postgres_sql, db.qualify)  # its statements, in its schema
+        self.handlers = handlers
         self._arrivals = Arrivals()
         self._groups: GroupCommit[Call, BatchReceipt] = GroupCommit(self._commit_group)
 
@@ -65,10 +69,46 @@ class PostgresInbox(Inbox):
         return self._arrivals.count
 
     @classmethod
-    async def connect(cls, url: str) -> PostgresInbox:
-        """Connect and bring the sink's schema up to date (StorageError if the server
-        cannot be reached or its schema is newer than this program)."""
-        return cls(await PgDatabase.open(url, postgres_sql.SCHEMA))
+    async def connect(cls, url: str, handlers: Handlers = WAREHOUSE) -> PostgresInbox:
+        """Connect, bring the sink's schema up to date (StorageError if the server
+        cannot be reached or its schema is newer than this program), then run the
+        handlers' schema statements the database has not run yet."""
+        inbox = cls(await PgDatabase.open(url, postgres_sql.SCHEMA), handlers)
+        try:
+            await inbox._apply_handler_schema()
+        except BaseException:
+            await inbox.close()
+            raise
+        return inbox
+
+    async def _apply_handler_schema(self) -> None:
+        """The registry's schema statements not run yet, in order, counted in the
+        versions table in the same transaction (under the migrations' lock: sinks
+        starting together run each once); StorageError naming the one that fails."""
+        handlers, sql = self.handlers, self._sql
+        side, statements = f"handlers:{handlers.name}", handlers.schema_statements
+        async with self._db.transaction() as conn:
+            await conn.execute(sql.MIGRATION_LOCK)
+            row = await (await conn.execute(sql.HANDLER_SCHEMA_VERSION, (side,))).fetchone()
+            done = 0 if row is None else int(row[0])
+            if done > len(statements):
+                raise StorageError(
+                    f"{done} schema statements of the handlers {handlers.name!r} ran in this"
+                    f" database, but the registry names {len(statements)}: statements are"
+                    " only ever added"
+                )
+            if done == len(statements):
+                return
+            for number, statement in enumerate(statements[done:], done + 1):
+                try:
+                    async with conn.transaction():
+                        await conn.execute(statement.encode())
+                except psycopg.Error as exc:
+                    raise StorageError(
+                        f"schema statement {number} of the handlers {handlers.name!r}"
+                        f" failed: {describe(exc)}"
+                    ) from exc
+            await conn.execute(sql.SET_HANDLER_SCHEMA_VERSION, (side, len(statements)))
 
     @property
     def location(self) -> str:
@@ -102,16 +142,21 @@ class PostgresInbox(Inbox):
         """The calls, committed before this returns; one outcome per call.
 
         First the common case: the leading calls whose IDs are distinct across them,
-        in one statement (INSERT_CALLS), its transaction sent in one round trip. It
-        takes the calls up to the first that cannot go in that way (a known ID, a
-        missing predecessor, a stale lease); that one and those after it then go the
-        long way, in a transaction after it (`_long_way`)."""
+        in one statement (INSERT_CALLS), then their handlers' statements. It takes the
+        calls up to the first that cannot go in that way (a known ID, a missing
+        predecessor, a stale lease); that one and those after it then go the long
+        way, in a transaction after it (`_long_way`). When a handler does not take
+        one of the events, or the database refuses one of its statements, nothing of
+        the first transaction stays and every call goes the long way, which finds
+        the event and keeps what comes before it."""
         now = time.time()
         done: list[BatchReceipt | Exception] = []
         fast = _distinct_prefix(calls)
         if fast:
             try:
                 done = [*await _retrying(lambda: self._insert_calls(calls[:fast], now))]
+            except NotApplied:
+                pass  # nothing of it committed: all go the long way
             except StorageError as exc:
                 if not isinstance(exc.__cause__, psycopg.Error) or _connection_lost(exc.__cause__):
                     raise
@@ -121,20 +166,43 @@ class PostgresInbox(Inbox):
 
     async def _insert_calls(self, calls: list[Call], now: float) -> list[BatchReceipt]:
         """The calls (IDs distinct across them) up to the first that cannot go in as
-        all new, in one transaction: BEGIN, the settings, INSERT_CALLS and COMMIT sent
-        at once. Their receipts (fewer than the calls when one stopped them)."""
+        all new, in one transaction of two round trips: BEGIN, the settings and
+        INSERT_CALLS; then the handlers' statements of the events that went in, and
+        COMMIT. Their receipts (fewer than the calls when one stopped them). A
+        handler that does not take its event raises its NotApplied: nothing commits."""
         params = _calls_columns(calls, now)
-        async with self._db.connection() as conn:
-            row = await in_one_round_trip(conn, self._sql.INSERT_CALLS, params)
-        went = 0 if row is None else int(row[0])
+        async with self._db.connection() as conn, conn.pipeline(), conn.transaction():
+            await conn.execute(DURABLE)
+            row = await (await conn.execute(self._sql.INSERT_CALLS, params)).fetchone()
+            went = 0 if row is None else int(row[0])
+            effects, stopped = effects_of(self.handlers, [i for c in calls[:went] for i in c.items])
+            if stopped is not None:
+                raise stopped
+            await self._run(conn, runs(effects))
         return [_all_applied(call.items) for call in calls[:went]]
 
+    async def _run(self, conn: Conn, statements: list[tuple[str, list[Mapping[str, Any]]]]) -> None:
+        """Handlers' statements in order (queued in the pipeline): a run of one text
+        as one executemany."""
+        for text, params in statements:
+            query = self._statement(text)
+            if len(params) == 1:
+                await conn.execute(query, params[0])
+            else:
+                async with conn.cursor() as cursor:
+                    await cursor.executemany(query, params)
+
+    def _statement(self, text: str) -> bytes:
+        """A handler's statement as psycopg takes it, its inbox tables qualified."""
+        return _pyformat(self._db.qualify(text)).encode()
+
     async def _long_way(self, calls: list[Call], now: float) -> list[BatchReceipt | Exception]:
-        """The calls in one transaction, each tried as all new, then event by event.
-        If a statement fails, the group runs again with each call in a savepoint of
-        its own, so that only the call that fails fails (savepoints are not taken
-        otherwise: each is a subtransaction, and many in one transaction slow every
-        snapshot on the server)."""
+        """The calls in one transaction, one after the other, event by event. If a
+        statement fails, the group runs again with each call, and each event that has
+        statements to run, in a savepoint of its own, so that only the call or the
+        event that fails fails (savepoints are not taken otherwise: each is a
+        subtransaction, and many in one transaction slow every snapshot on the
+        server)."""
         try:
             return await _retrying(lambda: self._receive_group(calls, now, False))
         except StorageError as exc:
@@ -149,20 +217,93 @@ class PostgresInbox(Inbox):
             await conn.execute(DURABLE)
             if isolated:
                 return [await self._isolated(conn, call, now) for call in calls]
-            return await _receive_calls(self._sql, conn, calls, now)
+            outcomes: list[BatchReceipt | Exception] = []
+            for call in calls:
+                try:
+                    outcomes.append(await self._receive_in(conn, call, now, False))
+                except (PredecessorMissing, StaleLease) as exc:  # before the call wrote events
+                    outcomes.append(exc)
+            return outcomes
 
     async def _isolated(self, conn: Conn, call: Call, now: float) -> BatchReceipt | Exception:
         """One call of a group in a savepoint of its own: its outcome, or the error
         it alone failed with."""
         try:
             async with conn.transaction():
-                return await _receive_in(self._sql, conn, call, now)
+                return await self._receive_in(conn, call, now, True)
         except (PredecessorMissing, StaleLease) as exc:
             return exc
         except psycopg.Error as exc:
             if isinstance(exc, _RETRYABLE) or _connection_lost(exc):
                 raise  # the whole group fails, or runs again
             return _storage_error(self.location, exc)
+
+    async def _receive_in(self, conn: Conn, call: Call, now: float, isolated: bool) -> BatchReceipt:
+        """Inside a transaction: check the lease and the predecessor, then apply in
+        order, stopping at the first conflict or event its handler does not take. No
+        event is written before both checks hold."""
+        sql = self._sql
+        items, after, lease = call
+        if lease is not None:
+            await _check_lease(sql, conn, lease)
+        if after is not None and await (await conn.execute(sql.FIND, (after,))).fetchone() is None:
+            raise PredecessorMissing(after)
+        return await self._one_by_one(conn, items, now, isolated)
+
+    async def _one_by_one(
+        self, conn: Conn, items: list[Incoming], now: float, isolated: bool
+    ) -> BatchReceipt:
+        """Inside the transaction: apply in order, counting duplicates, stopping at the
+        first conflict or event its handler does not take (the prefix commits; nothing
+        of that event ran). `isolated`: each event with statements to run in a
+        savepoint of its own, so that one the database refuses is undone alone and
+        answered as its handler's failure."""
+        sql = self._sql
+        done: list[Received] = []
+        for item in items:
+            event_id = item.event["id"]
+            row = await (await conn.execute(sql.FIND, (event_id,))).fetchone()
+            if row is None:
+                try:
+                    effect = self.handlers.effects(item.event, item.canonical)
+                except NotApplied as exc:
+                    return BatchReceipt(done, exc)
+                if not isolated or not effect:
+                    inserted = await self._record(conn, item, now)
+                    if inserted:
+                        await self._run(conn, runs([effect]))
+                else:
+                    try:
+                        async with conn.transaction():
+                            try:
+                                inserted = await self._record(conn, item, now)
+                            except psycopg.Error as exc:
+                                raise _InboxRowRefused(exc) from exc
+                            if inserted:
+                                await self._run(conn, runs([effect]))
+                    except _InboxRowRefused as exc:
+                        raise exc.refused from None  # the inbox's own write: the call fails
+                    except psycopg.Error as exc:
+                        if not _is_handler_error(exc):
+                            raise
+                        return BatchReceipt(done, _statement_refused(item, exc))
+                if inserted:
+                    done.append(Received(Receipt.APPLIED, item.canonical))
+                    continue
+                # Another transaction committed it since FIND: judged as known.
+                row = await (await conn.execute(sql.FIND, (event_id,))).fetchone()
+            known: str = row[0] if row is not None else ""
+            if known != item.canonical:
+                return BatchReceipt(done, Conflict(event_id))
+            await conn.execute(sql.COUNT_DUPLICATE, (now, event_id))  # sent with the next
+            done.append(Received(Receipt.DUPLICATE, known))
+        return BatchReceipt(done, None)
+
+    async def _record(self, conn: Conn, item: Incoming, now: float) -> bool:
+        """Record one event if it is new; whether it was (its result is fetched, so
+        that its handler's statements are sent only then)."""
+        inserted = await conn.execute(self._sql.INSERT_ONE, _one_params(item, now))
+        return await inserted.fetchone() is not None
 
     # ------------------------------------------------------------------ reads
 
@@ -191,79 +332,9 @@ class PostgresInbox(Inbox):
             return row
 
 
-async def _receive_calls(
-    sql: Any, conn: Conn, calls: list[Call], now: float
-) -> list[BatchReceipt | Exception]:
-    """Inside a transaction: several calls' batches. First every call that can be
-    is tried as all new, the statements of all of them sent at once (one round
-    trip); those that were not (a known ID, a predecessor missing yet, an ID twice) then
-    run one after the other, in their order. A call that writes nothing in the
-    first pass is as if it came after those that did: a valid order for requests
-    that were in progress together, and a predecessor that is an event of another
-    call of the group is checked again after it."""
-    outcomes: list[BatchReceipt | Exception | None] = [None] * len(calls)
-    tried = [
-        None if lease is not None else await _try_all_new(sql, conn, items, after, now)
-        for items, after, lease in calls
-    ]  # a leased call is checked before it tries anything: in the second pass
-    for index, attempt in enumerate(tried):
-        if attempt is not None:
-            outcomes[index] = await _all_new_outcome(attempt, calls[index])
-    for index, call in enumerate(calls):
-        if outcomes[index] is None:
-            try:
-                outcomes[index] = await _receive_in(sql, conn, call, now)
-            except (PredecessorMissing, StaleLease) as exc:  # raised before the call wrote events
-                outcomes[index] = exc
-    return [outcome for outcome in outcomes if outcome is not None]
-
-
-async def _try_all_new(
-    sql: Any, conn: Conn, items: list[Incoming], after: str | None, now: float
-) -> psycopg.AsyncCursor[Any] | None:
-    """Send INSERT_IF_ALL_NEW for a batch whose IDs are distinct (None for one
-    whose are not); its row is fetched later."""
-    ids = [item.event["id"] for item in items]
-    if len(set(ids)) != len(ids):
-        return None
-    params = {**_columns(items), "now": now, "slots": postgres_sql.TALLY_SLOTS, "after": after}
-    return await conn.execute(sql.INSERT_IF_ALL_NEW, params)
-
-
-async def _all_new_outcome(cursor: psycopg.AsyncCursor[Any], call: Call) -> BatchReceipt | None:
-    """What INSERT_IF_ALL_NEW did: the receipt when every event was applied, None
-    when it wrote nothing (a known ID, or the predecessor missing). Raced when another
-    transaction committed one of the IDs meanwhile (some rows went in: the whole
-    transaction runs again)."""
-    row = await cursor.fetchone()
-    met, known, inserted = row if row is not None else (False, True, 0)
-    if not met or known:
-        return None
-    if inserted != len(call.items):
-        raise Raced()
-    return _all_applied(call.items)
-
-
 def _all_applied(items: list[Incoming]) -> BatchReceipt:
     """The receipt of a batch whose events were all new."""
     return BatchReceipt([Received(Receipt.APPLIED, i.canonical) for i in items], None)
-
-
-async def _receive_in(sql: Any, conn: Conn, call: Call, now: float) -> BatchReceipt:
-    """Inside a transaction: check the lease and the predecessor, then apply in order,
-    stopping at the first conflict. No event is written before both are known to
-    hold."""
-    items, after, lease = call
-    if lease is not None:
-        await _check_lease(sql, conn, lease)
-    attempt = await _try_all_new(sql, conn, items, after, now)
-    if attempt is not None:
-        applied = await _all_new_outcome(attempt, call)
-        if applied is not None:
-            return applied
-    if after is not None and await (await conn.execute(sql.FIND, (after,))).fetchone() is None:
-        raise PredecessorMissing(after)
-    return await _one_by_one(sql, conn, items, now)
 
 
 async def _check_lease(sql: Any, conn: Conn, lease: Lease) -> None:
@@ -310,50 +381,77 @@ def _calls_columns(calls: list[Call], now: float) -> dict[str, Any]:
 
 
 def _columns(items: list[Incoming]) -> dict[str, list[Any]]:
-    """Events as the arrays INSERT_IF_ALL_NEW and INSERT_CALLS unnest: an event
-    that places no order has a NULL SKU and quantity."""
-    orders = [item.order for item in items]
+    """Events as the arrays INSERT_CALLS unnests."""
     return {
         "ids": [item.event["id"] for item in items],
         "types": [item.event["type"] for item in items],
         "payloads": [item.canonical for item in items],
-        "skus": [None if order is None else order["sku"] for order in orders],
-        "qtys": [None if order is None else order["qty"] for order in orders],
     }
 
 
 def _one_params(item: Incoming, now: float) -> dict[str, Any]:
     """The parameters of INSERT_ONE for one event."""
-    order = item.order
     return {
         "id": item.event["id"],
         "type": item.event["type"],
         "payload": item.canonical,
-        "sku": None if order is None else order["sku"],
-        "qty": None if order is None else order["qty"],
         "now": now,
         "slots": postgres_sql.TALLY_SLOTS,
     }
 
 
-async def _one_by_one(sql: Any, conn: Conn, items: list[Incoming], now: float) -> BatchReceipt:
-    """Inside the transaction: apply in order, counting duplicates, stopping at the
-    first conflict (the prefix commits; nothing of the conflicting event ran)."""
-    done: list[Received] = []
-    for item in items:
-        event_id = item.event["id"]
-        inserted = await conn.execute(sql.INSERT_ONE, _one_params(item, now))
-        stored = await conn.execute(sql.FIND, (event_id,))  # same round trip
-        if await inserted.fetchone() is not None:
-            done.append(Received(Receipt.APPLIED, item.canonical))
-            continue
-        row = await stored.fetchone()
-        known: str = row[0] if row is not None else ""
-        if known != item.canonical:
-            return BatchReceipt(done, Conflict(event_id))
-        await conn.execute(sql.COUNT_DUPLICATE, (now, event_id))  # sent with the next
-        done.append(Received(Receipt.DUPLICATE, known))
-    return BatchReceipt(done, None)
+# A handler's statement, in SQLite's and SQLAlchemy's `:name` style, in psycopg's:
+# each named parameter outside literals, quoted names, comments and dollar quotes
+# becomes %(name)s, a cast (::) stays, and every % is doubled, inside literals too
+# (psycopg reads placeholders without regard to SQL quoting).
+_TOKENS: Final = re.compile(
+    r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/"""
+    r"""|\$([A-Za-z_]\w*|)\$.*?\$\1\$|::|:([A-Za-z_]\w*)|%""",
+    re.DOTALL,
+)
+
+
+@functools.lru_cache(maxsize=256)
+def _pyformat(text: str) -> str:
+    """`text` with its `:name` parameters as psycopg's `%(name)s` (see _TOKENS)."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(2)
+        return match.group(0).replace("%", "%%") if name is None else f"%({name})s"
+
+    return _TOKENS.sub(one, text)
+
+
+# SQLSTATE classes of a statement's own fault: cardinality, data, integrity,
+# transaction (a deferred constraint), syntax or a missing object, check option,
+# a raise in PL/pgSQL, a feature not supported. Any other is the database's or the
+# connection's (disk full, read-only, shutdown, lost connection, a deadlock).
+_HANDLER_CLASSES: Final = frozenset({"0A", "21", "22", "23", "27", "2B", "42", "44", "P0"})
+
+
+def _is_handler_error(exc: psycopg.Error) -> bool:
+    """Whether a statement of a handler's effect failed because of the statement."""
+    state = exc.sqlstate
+    return state is not None and state[:2] in _HANDLER_CLASSES
+
+
+def _statement_refused(item: Incoming, exc: psycopg.Error) -> HandlerFailed:
+    """The failure of an event whose handler's statement the database refused."""
+    failed = HandlerFailed(
+        item.event["id"],
+        item.event["type"],
+        f"a statement was refused: {type(exc).__name__} ({exc.sqlstate}): {describe(exc)}",
+    )
+    failed.__cause__ = exc
+    return failed
+
+
+class _InboxRowRefused(Exception):
+    """The inbox's own insert of an event failed (not a statement of its handler's)."""
+
+    def __init__(self, refused: psycopg.Error) -> None:
+        super().__init__(str(refused))
+        self.refused = refused
 
 
 class Raced(Exception):

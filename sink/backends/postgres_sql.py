@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from plumbing.schema import Schema
+from plumbing.schema import VERSIONS_TABLE, Schema
 
 SIDE: Final = "sink"  # this side's row in outbox_relay_versions
 
@@ -162,45 +162,10 @@ RETURNING epoch
 # After RAISE_LEASE refused, in the same transaction: the row is locked by it, and
 # this statement's snapshot is newer than the version that refused.
 LEASE_SEEN: Final = b"SELECT epoch FROM inbox_lease_fences WHERE source = %s AND line = %s"
-# The common case of a batch in one statement: if it passes the predecessor check (no
-# `after`, or that event in the inbox) and none of its events (IDs distinct within it) is known,
-# they are recorded in their order, each taking the next applied_seq, and the
-# inventory their orders add is summed per SKU (in SKU order, so that two transactions
-# lock inventory rows in the same order; an event that places no order has a NULL
-# SKU and adds nothing); otherwise nothing is written. Returns whether
-# the predecessor check passed, whether any ID was known, and how many rows went in: fewer
-# than the batch when another transaction committed one of its IDs meanwhile.
-INSERT_IF_ALL_NEW: Final = b"""
-WITH batch AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[],
-                         %(skus)s::text[], %(qtys)s::bigint[])
-                  WITH ORDINALITY AS b(id, type, payload, sku, qty, n)
-), predecessor AS (
-    SELECT %(after)s::text IS NULL OR EXISTS (SELECT FROM inbox_events WHERE id = %(after)s) AS met
-), known AS (
-    SELECT EXISTS (SELECT FROM inbox_events WHERE id = ANY (%(ids)s::text[])) AS found
-), new AS (
-    INSERT INTO inbox_events (id, type, payload, received_at, last_delivery_at)
-    SELECT id, type, payload, %(now)s, %(now)s FROM batch
-    WHERE (SELECT met FROM predecessor) AND NOT (SELECT found FROM known)
-    ORDER BY n
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id
-), applied AS (
-    INSERT INTO inbox_inventory (sku, qty)
-    SELECT sku, sum(qty) FROM batch JOIN new USING (id) WHERE sku IS NOT NULL
-    GROUP BY sku ORDER BY sku
-    ON CONFLICT (sku) DO UPDATE SET qty = inbox_inventory.qty + excluded.qty
-), tallied AS (
-    INSERT INTO inbox_tally (slot, events)
-    SELECT mod(pg_backend_pid(), %(slots)s), count(*) FROM new HAVING count(*) > 0
-    ON CONFLICT (slot) DO UPDATE SET events = inbox_tally.events + excluded.events
-)
-SELECT (SELECT met FROM predecessor), (SELECT found FROM known), (SELECT count(*) FROM new)
-"""
 # The common case of a whole group (the calls of concurrent requests, IDs distinct
-# across the group) in one statement, so that a transaction is BEGIN, the settings,
-# this and COMMIT, sent together. A call goes in if none of its IDs is known and it
+# across the group) in one statement, so that a transaction is two round trips: BEGIN,
+# the settings and this; then the statements of the handlers of the events that went
+# in, and COMMIT. A call goes in if none of its IDs is known and it
 # passes the predecessor check: no `after`, that event in the inbox, or (`inside`) an event of an
 # earlier call of the group; and its lease, if it has one, is not stale. Each line's
 # highest epoch in the group is raised first (RAISE_LEASE's upsert, so the group
@@ -216,8 +181,8 @@ SELECT (SELECT met FROM predecessor), (SELECT found FROM known), (SELECT count(*
 INSERT_CALLS: Final = b"""
 WITH batch AS (
     SELECT * FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[],
-                         %(skus)s::text[], %(qtys)s::bigint[], %(calls)s::bigint[])
-                  WITH ORDINALITY AS b(id, type, payload, sku, qty, c, n)
+                         %(calls)s::bigint[])
+                  WITH ORDINALITY AS b(id, type, payload, c, n)
 ), predecessors AS (
     SELECT * FROM unnest(%(afters)s::text[], %(inside)s::boolean[])
                   WITH ORDINALITY AS f(after, inside, c)
@@ -249,11 +214,6 @@ WITH batch AS (
     ORDER BY n
     ON CONFLICT (id) DO NOTHING
     RETURNING id
-), applied AS (
-    INSERT INTO inbox_inventory (sku, qty)
-    SELECT sku, sum(qty) FROM taken JOIN new USING (id) WHERE sku IS NOT NULL
-    GROUP BY sku ORDER BY sku
-    ON CONFLICT (sku) DO UPDATE SET qty = inbox_inventory.qty + excluded.qty
 ), tallied AS (
     INSERT INTO inbox_tally (slot, events)
     SELECT mod(pg_backend_pid(), %(slots)s), count(*) FROM new HAVING count(*) > 0
@@ -263,19 +223,14 @@ SELECT (SELECT c FROM stop) - 1,
        CASE WHEN (SELECT count(*) FROM new) <> (SELECT count(*) FROM taken)
             THEN inbox_raced() END
 """
-# One event: recorded if new (then its effect applied, in the same statement: its
-# order's quantity added, none for an event that places no order, whose SKU is NULL),
-# else nothing; returns a row only when it was new.
+# One event: recorded if new, else nothing; returns a row only when it was new (its
+# handler's statements are then sent).
 INSERT_ONE: Final = b"""
 WITH new AS (
     INSERT INTO inbox_events (id, type, payload, received_at, last_delivery_at)
     VALUES (%(id)s, %(type)s, %(payload)s, %(now)s, %(now)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
-), applied AS (
-    INSERT INTO inbox_inventory (sku, qty)
-    SELECT %(sku)s::text, %(qty)s::bigint FROM new WHERE %(sku)s::text IS NOT NULL
-    ON CONFLICT (sku) DO UPDATE SET qty = inbox_inventory.qty + excluded.qty
 ), tallied AS (
     INSERT INTO inbox_tally (slot, events) SELECT mod(pg_backend_pid(), %(slots)s), 1 FROM new
     ON CONFLICT (slot) DO UPDATE SET events = inbox_tally.events + excluded.events
@@ -292,3 +247,12 @@ RECORD: Final = (
 )
 TALLY_SLOTS: Final = 64
 COUNT_EVENTS: Final = b"SELECT coalesce(sum(events), 0) FROM inbox_tally"
+# A registry's schema statements (sink.handlers) run so far: a row of the versions
+# table under the side `handlers:NAME`, apart from the inbox's own; read under the
+# migrations' advisory lock, so that sinks starting together run each statement once.
+MIGRATION_LOCK: Final = b"SELECT pg_advisory_xact_lock(hashtext('outbox-relay schema'))"
+HANDLER_SCHEMA_VERSION: Final = f"SELECT version FROM {VERSIONS_TABLE} WHERE side = %s".encode()
+SET_HANDLER_SCHEMA_VERSION: Final = (
+    f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES (%s, %s)"
+    " ON CONFLICT (side) DO UPDATE SET version = excluded.version"
+).encode()

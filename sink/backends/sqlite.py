@@ -8,15 +8,19 @@ thread when it has the database to itself, else in a group commit.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
 
 from plumbing.storage import StorageError
 from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
 from sink.backends import sqlite_sql as sql
-from sink.backends.sharing import Arrivals, Call
+from sink.backends.sharing import Arrivals, Call, effects_of, runs
+from sink.handlers import WAREHOUSE, HandlerFailed, Handlers, NotApplied
 from sink.store import BatchReceipt, Inbox, InboxRecord, Incoming, Received
 from sqlite_tx import Database, GroupCommit, SqliteFile, transaction
 
@@ -36,10 +40,23 @@ class SqliteInbox(SqliteFile, Inbox):
 
     SCHEMA = sql.SCHEMA
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, handlers: Handlers = WAREHOUSE) -> None:
         super().__init__(db)
-        self._groups = GroupCommit(db, _receive_groups)
+        self.handlers = handlers
+        self._groups = GroupCommit(db, functools.partial(_receive_groups, handlers))
         self._arrivals = Arrivals()
+
+    @classmethod
+    async def connect(cls, path: str | Path, handlers: Handlers = WAREHOUSE) -> SqliteInbox:
+        """Open (or create) the file, bring the inbox's schema up to date, then run
+        the handlers' schema statements it has not run yet."""
+        db = await Database.open(path, cls.SCHEMA)
+        try:
+            await db.run(lambda conn: _apply_handler_schema(conn, handlers))
+        except BaseException:
+            await db.close()
+            raise
+        return cls(db, handlers)
 
     @property
     def writes_in_progress(self) -> int:
@@ -56,7 +73,9 @@ class SqliteInbox(SqliteFile, Inbox):
             return BatchReceipt([], None)
         call = Call(list(items), after, lease)
         if self._commits_inline(after):
-            return await self._db.run_inline(lambda conn: _receive_batch(conn, call, time.time()))
+            return await self._db.run_inline(
+                lambda conn: _receive_batch(conn, self.handlers, call, time.time())
+            )
         return await self._groups.submit(call)
 
     def _commits_inline(self, after: str | None) -> bool:
@@ -83,12 +102,16 @@ class SqliteInbox(SqliteFile, Inbox):
         return int(row[0])
 
 
-def _receive_batch(conn: sqlite3.Connection, call: Call, now: float) -> BatchReceipt:
+def _receive_batch(
+    conn: sqlite3.Connection, handlers: Handlers, call: Call, now: float
+) -> BatchReceipt:
     with transaction(conn):
-        return _receive_in(conn, call, now)
+        return _receive_in(conn, handlers, call, now)
 
 
-def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchReceipt | Exception]:
+def _receive_groups(
+    handlers: Handlers, conn: sqlite3.Connection, calls: list[Call]
+) -> list[BatchReceipt | Exception]:
     """Several calls' batches in one transaction, each in a savepoint of its own: a
     call that fails leaves nothing of itself and does not fail the others."""
     outcomes: list[BatchReceipt | Exception] = []
@@ -97,7 +120,7 @@ def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchRe
         for call in calls:
             conn.execute("SAVEPOINT one_call")
             try:
-                outcomes.append(_receive_in(conn, call, now))
+                outcomes.append(_receive_in(conn, handlers, call, now))
             except (PredecessorMissing, StaleLease) as exc:  # raised before the call wrote events
                 outcomes.append(exc)
             except sqlite3.Error as exc:
@@ -109,9 +132,11 @@ def _receive_groups(conn: sqlite3.Connection, calls: list[Call]) -> list[BatchRe
     return outcomes
 
 
-def _receive_in(conn: sqlite3.Connection, call: Call, now: float) -> BatchReceipt:
+def _receive_in(
+    conn: sqlite3.Connection, handlers: Handlers, call: Call, now: float
+) -> BatchReceipt:
     """Inside a transaction: check the lease and the predecessor, then apply in order,
-    stopping at the first conflict."""
+    stopping at the first conflict or the first event its handler does not take."""
     items, after, lease = call
     if lease is not None:
         _check_lease(conn, lease)
@@ -119,18 +144,96 @@ def _receive_in(conn: sqlite3.Connection, call: Call, now: float) -> BatchReceip
         raise PredecessorMissing(after)
     ids = [item.event["id"] for item in items]
     if len(set(ids)) == len(ids) and not _known(conn, ids):
-        # The common case, every ID new: one statement for the inbox rows and one
-        # per SKU for the inventory, instead of two or three per event.
-        conn.executemany(sql.INSERT, [_row(item, now) for item in items])
-        conn.executemany(sql.APPLY, _totals(items).items())
-        return BatchReceipt([Received(Receipt.APPLIED, i.canonical) for i in items], None)
+        applied = _all_new(conn, handlers, items, now)
+        if applied is not None:
+            return applied
+    return _one_by_one(conn, handlers, items, now)
+
+
+def _all_new(
+    conn: sqlite3.Connection, handlers: Handlers, items: Sequence[Incoming], now: float
+) -> BatchReceipt | None:
+    """The common case, every ID new (the write lock is held: none can become known
+    meanwhile): the handlers' statements first, then one statement for the inbox
+    rows and one per run of a statement, instead of several per event. None when a
+    statement of an effect was refused: nothing of it is left, and the events go one
+    by one to find which one it was."""
+    effects, stopped = effects_of(handlers, items)
+    taken = items[: len(effects)]
+    applied = [Received(Receipt.APPLIED, item.canonical) for item in taken]
+    if not taken:
+        return BatchReceipt(applied, stopped)
+    statements = runs(effects)
+    if statements:
+        conn.execute("SAVEPOINT all_new")
+    conn.executemany(sql.INSERT, [_row(item, now) for item in taken])  # the inbox's own
+    if statements:
+        if not _ran(conn, statements, "all_new"):
+            return None
+        conn.execute("RELEASE all_new")
+    return BatchReceipt(applied, stopped)
+
+
+def _one_by_one(
+    conn: sqlite3.Connection, handlers: Handlers, items: Sequence[Incoming], now: float
+) -> BatchReceipt:
+    """Inside a transaction: each event in order, recorded with its effect (each in a
+    savepoint of its own) or counted as a duplicate; stops at the first conflict or
+    event its handler does not take, whose own rows are then not there."""
     done: list[Received] = []
     for item in items:
+        event_id = item.event["id"]
+        known = conn.execute(sql.FIND, (event_id,)).fetchone()
+        if known is not None:
+            if known[0] != item.canonical:
+                return BatchReceipt(done, Conflict(event_id))
+            conn.execute(sql.COUNT_DUPLICATE, (now, event_id))
+            done.append(Received(Receipt.DUPLICATE, known[0]))
+            continue
         try:
-            done.append(_apply(conn, item, now))
-        except Conflict as exc:
-            return BatchReceipt(done, exc)  # the prefix commits; nothing of this one ran
+            effect = handlers.effects(item.event, item.canonical)
+        except NotApplied as exc:
+            return BatchReceipt(done, exc)
+        statements = runs([effect])
+        if statements:
+            conn.execute("SAVEPOINT one_event")
+        conn.execute(sql.INSERT, _row(item, now))  # the inbox's own: a failure is raised
+        if statements:
+            try:
+                _ran(conn, statements, "one_event", raising=True)
+            except sqlite3.Error as exc:
+                return BatchReceipt(done, statement_refused(item, exc))
+            conn.execute("RELEASE one_event")
+        done.append(Received(Receipt.APPLIED, item.canonical))
     return BatchReceipt(done, None)
+
+
+def _ran(
+    conn: sqlite3.Connection,
+    statements: list[tuple[str, list[Mapping[str, Any]]]],
+    savepoint: str,
+    raising: bool = False,
+) -> bool:
+    """Run handlers' statements in order, a run of one text as one executemany;
+    whether they all ran. One the database refuses for its own sake (a constraint,
+    a missing table) undoes everything since `savepoint` (and releases it), and is
+    raised with `raising`; an error of the database itself (a full disk) is raised
+    as it is, for the transaction to fail."""
+    try:
+        for text, params in statements:
+            if len(params) == 1:
+                conn.execute(text, params[0])
+            else:
+                conn.executemany(text, params)
+    except sqlite3.Error as exc:
+        if not is_handler_error(exc):
+            raise
+        conn.execute(f"ROLLBACK TO {savepoint}")
+        conn.execute(f"RELEASE {savepoint}")
+        if raising:
+            raise
+        return False
+    return True
 
 
 def _check_lease(conn: sqlite3.Connection, lease: Lease) -> None:
@@ -154,27 +257,66 @@ def _row(item: Incoming, now: float) -> tuple[str, str, str, float, float]:
     return (item.event["id"], item.event["type"], item.canonical, now, now)
 
 
-def _totals(items: Sequence[Incoming]) -> dict[str, int]:
-    """The quantity each SKU gains from the orders among these events (additions
-    commute; any other event adds nothing)."""
-    totals: dict[str, int] = {}
-    for item in items:
-        if item.order is not None:
-            sku = item.order["sku"]
-            totals[sku] = totals.get(sku, 0) + item.order["qty"]
-    return totals
+# What SQLite says when the database itself cannot take the write: storage, not the
+# handler's statement (a missing table, a constraint, a wrong parameter are the
+# handler's: any other error).
+_STORAGE_CODES: Final = frozenset(
+    {
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_INTERRUPT,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_NOLFS,
+    }
+)
 
 
-def _apply(conn: sqlite3.Connection, item: Incoming, now: float) -> Received:
-    """Inside a transaction: record the event and apply its effect, or count a
-    duplicate. A conflict raises before anything of this event is written."""
-    event_id = item.event["id"]
-    if conn.execute(sql.INSERT, _row(item, now)).rowcount == 1:
-        if item.order is not None:
-            conn.execute(sql.APPLY, (item.order["sku"], item.order["qty"]))
-        return Received(Receipt.APPLIED, item.canonical)
-    (known,) = conn.execute(sql.FIND, (event_id,)).fetchone()
-    if known != item.canonical:
-        raise Conflict(event_id)
-    conn.execute(sql.COUNT_DUPLICATE, (now, event_id))
-    return Received(Receipt.DUPLICATE, known)
+def is_handler_error(exc: sqlite3.Error) -> bool:
+    """Whether a statement of a handler's effect failed because of the statement (a
+    constraint, a missing table or column, its parameters), not the database."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is None or code & 0xFF not in _STORAGE_CODES
+
+
+def statement_refused(item: Incoming, exc: sqlite3.Error) -> HandlerFailed:
+    """The failure of an event whose handler's statement the database refused."""
+    name = getattr(exc, "sqlite_errorname", None)
+    kind = type(exc).__name__ if name is None else f"{type(exc).__name__} ({name})"
+    failed = HandlerFailed(
+        item.event["id"], item.event["type"], f"a statement was refused: {kind}: {exc}"
+    )
+    failed.__cause__ = exc
+    return failed
+
+
+def _apply_handler_schema(conn: sqlite3.Connection, handlers: Handlers) -> None:
+    """Run the registry's schema statements not run yet in this file, in order, and
+    count them, in one transaction; StorageError naming the one that fails."""
+    side = f"handlers:{handlers.name}"
+    statements = handlers.schema_statements
+    with transaction(conn):
+        row = conn.execute(sql.HANDLER_SCHEMA_VERSION, (side,)).fetchone()
+        done = 0 if row is None else int(row[0])
+        if done > len(statements):
+            raise StorageError(
+                f"{done} schema statements of the handlers {handlers.name!r} ran in this"
+                f" database, but the registry names {len(statements)}: statements are only"
+                " ever added"
+            )
+        if done == len(statements):
+            return
+        for number, statement in enumerate(statements[done:], done + 1):
+            try:
+                conn.execute(statement)
+            except sqlite3.Error as exc:
+                raise StorageError(
+                    f"schema statement {number} of the handlers {handlers.name!r} failed: {exc}"
+                ) from exc
+        conn.execute(sql.SET_HANDLER_SCHEMA_VERSION, (side, len(statements)))

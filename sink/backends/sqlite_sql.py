@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from plumbing.schema import Schema
+from plumbing.schema import VERSIONS_TABLE, Schema
 
 MIGRATIONS: Final = (
     """
@@ -131,10 +131,6 @@ FIND_MANY: Final = (
 COUNT_DUPLICATE: Final = (
     "UPDATE inbox_events SET deliveries = deliveries + 1, last_delivery_at = ? WHERE id = ?"
 )
-APPLY: Final = (
-    "INSERT INTO inbox_inventory (sku, qty) VALUES (?, ?)"
-    " ON CONFLICT (sku) DO UPDATE SET qty = qty + excluded.qty"
-)
 # Read and raised inside the write transaction (BEGIN IMMEDIATE: no other writer
 # meanwhile), so the epoch read is the highest any sink on this file has seen.
 LEASE_SEEN: Final = "SELECT epoch FROM inbox_lease_fences WHERE source = ? AND line = ?"
@@ -151,3 +147,11 @@ RECORD: Final = (
 # The inbox only grows (rows are never deleted), so the largest rowid is its row
 # count, read from the end of the b-tree instead of counting every row.
 COUNT_EVENTS: Final = "SELECT coalesce(max(rowid), 0) FROM inbox_events"
+
+# A registry's schema statements (sink.handlers) run so far: a row of the versions
+# table under the side `handlers:NAME`, apart from the inbox's own.
+HANDLER_SCHEMA_VERSION: Final = f"SELECT version FROM {VERSIONS_TABLE} WHERE side = ?"
+SET_HANDLER_SCHEMA_VERSION: Final = (
+    f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES (?, ?)"
+    " ON CONFLICT (side) DO UPDATE SET version = excluded.version"
+)

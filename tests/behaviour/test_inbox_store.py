@@ -48,6 +48,7 @@ from shared import (
 )
 from shared import payload_digest as digest
 from sink import Inbox
+from sink.handlers import HandlerFailed
 from sink.store import Incoming
 
 
@@ -345,7 +346,7 @@ async def test_a_batch_mixing_orders_and_other_events_applies_only_the_orders_to
         ["duplicate", "applied", "applied", "duplicate"],
         ["duplicate"],
     ]
-    assert receipts[2].conflict is not None and receipts[2].conflict.event_id == "p-123"
+    assert receipts[2].stopped is not None and receipts[2].stopped.event_id == "p-123"
     assert [r.digest for r in receipts[1].received] == [digest(one) for one in second]
     assert backend.ids_in_arrival_order() == ["o1", "p-123", "o2", "s-1", "o3", "u:1"]
     assert stock(backend) == {"tea": 5, "corn": 5}
@@ -384,7 +385,7 @@ async def test_receive_is_atomic_when_the_inventory_insert_fails(
     inbox: Inbox, backend: Backend
 ) -> None:
     with backend.refusing("inbox_inventory", ("INSERT", "UPDATE"), "boom"):
-        with pytest.raises(StorageError, match="boom"):
+        with pytest.raises(HandlerFailed, match="boom"):
             await inbox.receive(dict(EVENT))
 
         assert backend.query("SELECT id FROM inbox_events WHERE id = 'order-1'") == []
@@ -400,7 +401,7 @@ async def test_receive_is_atomic_when_the_inventory_update_fails(
 ) -> None:
     await inbox.receive(event("first", qty=3))
     with backend.refusing("inbox_inventory", ("UPDATE",), "boom"):
-        with pytest.raises(StorageError, match="boom"):
+        with pytest.raises(HandlerFailed, match="boom"):
             await inbox.receive(dict(EVENT))
 
         assert backend.query("SELECT id FROM inbox_events ORDER BY id") == [("first",)]
@@ -448,7 +449,7 @@ async def test_a_new_id_twice_in_one_batch_is_applied_then_duplicate_and_counted
         (Receipt.APPLIED, digest(b)),
         (Receipt.DUPLICATE, digest(a)),
     ]
-    assert receipt.conflict is None
+    assert receipt.stopped is None
     deliveries = backend.query("SELECT id, deliveries FROM inbox_events ORDER BY id")
     assert deliveries == [("a", 2), ("b", 1)]
     assert backend.ids_in_arrival_order() == ["a", "b"]
@@ -463,8 +464,8 @@ async def test_a_new_id_again_in_one_batch_with_another_payload_stops_the_batch_
     receipt = await inbox.receive_batch(taken(a, b, changed(a, qty=4), c))
 
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED, Receipt.APPLIED]
-    assert isinstance(receipt.conflict, Conflict)
-    assert receipt.conflict.event_id == "a"
+    assert isinstance(receipt.stopped, Conflict)
+    assert receipt.stopped.event_id == "a"
     assert backend.ids_in_arrival_order() == ["a", "b"]
     assert backend.query("SELECT id, payload, deliveries FROM inbox_events ORDER BY id") == [
         ("a", canonical_json(a), 1),
@@ -481,7 +482,7 @@ async def test_an_empty_batch_changes_nothing_and_checks_no_predecessor(
 
     for after in (None, "ghost"):
         receipt = await inbox.receive_batch([], after=after)
-        assert (receipt.received, receipt.conflict) == ([], None)
+        assert (receipt.received, receipt.stopped) == ([], None)
 
     assert snapshot(backend) == before
 
@@ -505,11 +506,11 @@ async def test_concurrent_batches_each_succeed_or_fail_on_their_own(
             got = await asyncio.gather(*(inbox.receive_batch(taken(*c)) for c in calls))
 
     assert [r.receipt for r in got[0].received] == [Receipt.APPLIED]
-    assert got[0].conflict is not None and got[0].conflict.event_id == "known"
+    assert got[0].stopped is not None and got[0].stopped.event_id == "known"
     assert [r.receipt for r in got[1].received] == [Receipt.APPLIED, Receipt.DUPLICATE]
     fig = sorted(r.receipt for g in got[2:] for r in g.received if r.digest == digest(calls[3][0]))
     assert fig == [Receipt.APPLIED, Receipt.DUPLICATE]  # x: applied by one, once
-    assert all(g.conflict is None for g in got[1:])
+    assert all(g.stopped is None for g in got[1:])
     assert sorted(backend.ids_in_arrival_order()) == ["a0", "b0", "c0", "known", "x"]
     assert backend.query("SELECT deliveries FROM inbox_events WHERE id = 'known'") == [(2,)]
     assert stock(backend) == {"tea": 9, "apple": 1, "bean": 4, "corn": 16, "fig": 1}
@@ -526,7 +527,7 @@ async def test_applied_seq_is_the_order_of_first_application_and_a_duplicate_kee
         taken(event("e"), event("f"), event("d", qty=2), event("g"))
     )
 
-    assert stopped.conflict is not None and stopped.conflict.event_id == "d"
+    assert stopped.stopped is not None and stopped.stopped.event_id == "d"
     rows = backend.query("SELECT id, applied_seq FROM inbox_events ORDER BY applied_seq")
     assert [event_id for event_id, _ in rows] == ["c", "a", "b", "d", "e", "f"]
     numbers = [number for _, number in rows]

@@ -15,7 +15,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import aiohttp
 import pytest
@@ -291,27 +291,57 @@ async def test_the_batch_route_needs_the_token_when_one_is_configured(
 # ---------------------------------------------------------------- one transaction
 
 
-async def test_a_storage_failure_on_the_third_item_commits_nothing_of_the_batch(
-    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
-) -> None:
-    # The sink has created its schema; an independent connection adds a trigger that
-    # makes the inventory write of SKU 'boom' fail.
-    conn = sqlite3.connect(sink_db, timeout=5)
+def add_trigger(db: Path, table: str, when: str) -> None:
+    """An independent connection adds triggers that make writes of `table` for
+    which `when` holds fail with 'boom' (the sink has created its schema)."""
+    conn = sqlite3.connect(db, timeout=5)
     try:
-        for when in ("INSERT", "UPDATE"):
+        for verb in ("INSERT", "UPDATE"):
             conn.execute(
-                f"CREATE TRIGGER boom_{when.lower()} BEFORE {when} ON inbox_inventory "
-                "WHEN NEW.sku = 'boom' BEGIN SELECT RAISE(ABORT, 'boom'); END"
+                f"CREATE TRIGGER boom_{verb.lower()} BEFORE {verb} ON {table} "
+                f"WHEN {when} BEGIN SELECT RAISE(ABORT, 'boom'); END"
             )
         conn.commit()
     finally:
         conn.close()
-    events = [
-        placed("e0", qty=1),
-        placed("e1", qty=2),
-        placed("e2", "boom", 4),
-        placed("e3", qty=8),
-    ]
+
+
+BOOM_BATCH: Final = [
+    placed("e0", qty=1),
+    placed("e1", qty=2),
+    placed("e2", "boom", 4),
+    placed("e3", qty=8),
+]
+
+
+async def test_a_handler_statement_refused_on_the_third_item_keeps_the_two_before_it(
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    # The warehouse's statement for SKU 'boom' is refused: its handler failed.
+    add_trigger(sink_db, "inbox_inventory", "NEW.sku = 'boom'")
+
+    status, reply = await post_batch(client, sink_base, {"events": BOOM_BATCH})
+
+    assert status == 200, reply
+    assert [ack["ack"] for ack in reply["acks"]] == ["e0", "e1"]
+    rejected = reply["rejected"]
+    assert (rejected["index"], rejected["status"]) == (2, 503), rejected
+    assert (rejected["error"], rejected["id"], rejected["type"]) == (
+        "handler failed",
+        "e2",
+        "order.placed",
+    )
+    assert "Traceback" not in json.dumps(reply)
+    assert inbox_ids(sink_db) == ["e0", "e1"]
+    assert db_rows(sink_db, "SELECT sku, qty FROM inbox_inventory") == [("snack", 3)]
+
+
+async def test_a_storage_failure_on_the_third_item_commits_nothing_of_the_batch(
+    sink_base: str, client: aiohttp.ClientSession, sink_db: Path, db_rows: Query
+) -> None:
+    # The inbox's own row of e2 is refused: the database failed, not a handler.
+    add_trigger(sink_db, "inbox_events", "NEW.id = 'e2'")
+    events = BOOM_BATCH
 
     try:
         status, reply = await post_batch(client, sink_base, {"events": events})

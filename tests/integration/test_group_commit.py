@@ -253,7 +253,7 @@ async def test_concurrent_shared_batches_commit_in_one_transaction_each_with_its
         results = await all_of(*(inbox.receive_batch(taken(c)) for c in calls))
 
     for call, result in zip(calls, results, strict=True):
-        assert isinstance(result, BatchReceipt) and result.conflict is None
+        assert isinstance(result, BatchReceipt) and result.stopped is None
         expected = applied(*call)
         if known in call:
             expected[1] = (Receipt.DUPLICATE, payload_digest(known))
@@ -295,8 +295,8 @@ async def test_a_conflict_in_one_grouped_call_stops_that_call_only(
         )
 
     assert receipts(got_a) == applied(*a[:2])
-    assert isinstance(got_a, BatchReceipt) and isinstance(got_a.conflict, Conflict)
-    assert got_a.conflict.event_id == "known"
+    assert isinstance(got_a, BatchReceipt) and isinstance(got_a.stopped, Conflict)
+    assert got_a.stopped.event_id == "known"
     assert isinstance(got_single, Conflict) and got_single.event_id == "known"
     assert receipts(got_b) == applied(*b) and receipts(got_c) == applied(*c)
     assert len(trips.worker) == 1 and trips.inline == []

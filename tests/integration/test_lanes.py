@@ -103,7 +103,7 @@ class LaneSink:
                 (n for n, e in enumerate(events) if e.get("key") in self.reject), len(events)
             )
             receipt = await self.inbox.receive_batch([Incoming.checked(e) for e in events[:take]])
-            assert receipt.conflict is None
+            assert receipt.stopped is None
             acks = []
             for e, done in zip(events, receipt.received, strict=False):
                 if done.receipt is Receipt.APPLIED:

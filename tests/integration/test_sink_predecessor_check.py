@@ -451,7 +451,7 @@ async def test_in_one_group_commit_predecessor_checks_see_the_calls_before_them_
             assert isinstance(outcome, PredecessorMissing), outcome
         else:
             assert isinstance(outcome, BatchReceipt), outcome
-            assert outcome.conflict is None
+            assert outcome.stopped is None
             assert [(r.receipt, r.digest) for r in outcome.received] == [
                 (Receipt.APPLIED, payload_digest(e)) for e in events
             ]

@@ -362,7 +362,7 @@ async def test_a_batch_that_waited_for_the_write_lock_applies_every_event(
             await cancel(call)
 
     assert [r.receipt for r in receipt.received] == [Receipt.APPLIED] * 3
-    assert receipt.conflict is None
+    assert receipt.stopped is None
     assert db_rows(sink_db, "SELECT id FROM inbox_events ORDER BY rowid") == [
         ("e0",),
         ("e1",),

@@ -1,0 +1,280 @@
+"""What a consumer's events do: handlers that return their effects as SQL statements.
+
+A handler is a plain function of one event (`HandledEvent`: id, type, key, data)
+that returns the statements its effect takes, as data: `(sql, params)` pairs with
+named parameters (`:name`), or bare SQL. The inbox runs them in its own transaction,
+right after it records the event, so the effect and the record commit together or
+not at all; a duplicate or a conflict never reaches a handler. Statements rather than
+a callback given the connection: SQLite transactions run as one call on the database
+thread while PostgreSQL's are async, so a callback would need a sync and an async
+twin; statements run the same on both, and a handler can be tested without any
+database.
+
+A handler may refuse an event with `Reject(reason)` (answered 422, nothing
+recorded); any other exception, or a statement the database refuses, is a failure of
+the handler (answered 503, nothing recorded, and sent again by the relay until a
+fixed handler takes it).
+
+`Handlers.schema()` names statements that create what the handlers write to. They
+run when the inbox opens its database, each once, in the order given, versioned
+apart from the inbox's own tables: add a statement to change the schema, never edit
+one that has run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import orjson
+
+from shared.event import TYPE_MAX_CHARS, Event, placed_order
+
+# One statement of an effect: SQL with named parameters (`:name`) and their values,
+# or SQL alone.
+Statement: TypeAlias = "tuple[str, Mapping[str, Any]] | str"
+Handler: TypeAlias = "Callable[[HandledEvent], Iterable[Statement] | None]"
+
+_TYPE_RE: Final = re.compile(rf"[A-Za-z0-9._-]{{1,{TYPE_MAX_CHARS}}}")
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+WAREHOUSE_NAME: Final = "warehouse"
+
+
+class Reject(Exception):
+    """Raised by a handler that refuses its event: the sink answers 422 with
+    `reason` and records nothing (the relay treats it as a permanent failure)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NotApplied(Exception):
+    """An event the inbox did not record because of its handler: `status` is what
+    the sink answers (422: refused, 503: failed), `error` the word for why."""
+
+    status = 422
+    error = ""
+
+    def __init__(self, event_id: str, event_type: str, detail: str) -> None:
+        super().__init__(f"{event_id} ({event_type}): {detail}")
+        self.event_id = event_id
+        self.event_type = event_type
+        self.detail = detail
+
+
+class NoHandler(NotApplied):
+    """No handler takes this event's type (and the registry has no `otherwise`)."""
+
+    error = "no handler"
+
+
+class HandlerRejected(NotApplied):
+    """The handler raised Reject: `detail` is its reason."""
+
+    error = "rejected"
+
+
+class HandlerFailed(NotApplied):
+    """The handler raised, returned something that is not statements, or the
+    database refused one of its statements (a constraint, a missing table). The
+    original exception is the `__cause__`; `detail` names only its kind."""
+
+    status = 503
+    error = "handler failed"
+
+
+@dataclass(frozen=True, slots=True)
+class HandledEvent:
+    """The event a handler is given: `data` is parsed from the stored canonical form
+    when first read, so it is the handler's own copy."""
+
+    id: str
+    type: str
+    key: str | None
+    canonical: str
+
+    @property
+    def data(self) -> dict[str, Any]:
+        data = orjson.loads(self.canonical)["data"]
+        assert isinstance(data, dict)
+        return data
+
+    @classmethod
+    def of(cls, event: Event, canonical: str) -> HandledEvent:
+        return cls(event["id"], event["type"], event.get("key"), canonical)
+
+
+class Handlers:
+    """A registry of handlers, one per event type, and the schema they write to.
+
+    `@handlers.on("payment.captured")` registers a handler; `@handlers.otherwise`
+    one for every type without its own (without it, such an event is answered 422);
+    `handlers.schema(sql, ...)` adds statements run once when the inbox opens. `name`
+    keeps the schema's version apart from other registries' in one database."""
+
+    def __init__(self, name: str = "handlers") -> None:
+        if _NAME_RE.fullmatch(name) is None:
+            raise ValueError(f"a registry's name is 1 to 64 of A-Z a-z 0-9 . _ -, not {name!r}")
+        self.name = name
+        self._handlers: dict[str, Handler] = {}
+        self._otherwise: Handler | None = None
+        self._schema: list[str] = []
+
+    def on(self, event_type: str) -> Callable[[Handler], Handler]:
+        """Register the decorated function as the handler of `event_type`."""
+        if not isinstance(event_type, str) or _TYPE_RE.fullmatch(event_type) is None:
+            raise ValueError(f"not an event type: {event_type!r}")
+        if event_type in self._handlers:
+            raise ValueError(f"{event_type!r} has a handler already")
+
+        def register(handler: Handler) -> Handler:
+            if not callable(handler):
+                raise TypeError(f"a handler must be callable, not {type(handler).__name__}")
+            self._handlers[event_type] = handler
+            return handler
+
+        return register
+
+    def otherwise(self, handler: Handler) -> Handler:
+        """Register the decorated function for every type that has no handler."""
+        if self._otherwise is not None:
+            raise ValueError("the registry has an `otherwise` handler already")
+        if not callable(handler):
+            raise TypeError(f"a handler must be callable, not {type(handler).__name__}")
+        self._otherwise = handler
+        return handler
+
+    def schema(self, *statements: str) -> None:
+        """Add statements (one SQL statement each) that create what the handlers
+        write to. Each runs once, in order, when an inbox opens with this registry;
+        the number run so far is kept in the database under this registry's name."""
+        for statement in statements:
+            if not isinstance(statement, str) or not statement.strip():
+                raise ValueError("a schema statement must be non-empty SQL text")
+            self._schema.append(statement)
+
+    @property
+    def schema_statements(self) -> tuple[str, ...]:
+        return tuple(self._schema)
+
+    @property
+    def types(self) -> frozenset[str]:
+        """The types with a handler of their own."""
+        return frozenset(self._handlers)
+
+    def handles(self, event_type: str) -> bool:
+        """Whether an event of `event_type` would reach a handler."""
+        return event_type in self._handlers or self._otherwise is not None
+
+    def effects(self, event: Event, canonical: str) -> list[tuple[str, Mapping[str, Any]]]:
+        """The statements of the event's effect, checked: NoHandler, HandlerRejected
+        or HandlerFailed (the handler's exception as its cause) otherwise."""
+        handler = self._handlers.get(event["type"], self._otherwise)
+        if handler is None:
+            raise NoHandler(event["id"], event["type"], f"no handler for type {event['type']}")
+        try:
+            returned = handler(HandledEvent.of(event, canonical))
+        except Reject as exc:
+            raise HandlerRejected(event["id"], event["type"], str(exc.reason)) from exc
+        except Exception as exc:
+            failed = HandlerFailed(event["id"], event["type"], type(exc).__name__)
+            raise failed from exc
+        try:
+            return _statements(returned)
+        except TypeError as exc:
+            raise HandlerFailed(event["id"], event["type"], str(exc)) from exc
+
+
+def _statements(returned: object) -> list[tuple[str, Mapping[str, Any]]]:
+    """A handler's return value as (sql, params) pairs; TypeError saying what is wrong."""
+    if returned is None:
+        return []
+    if isinstance(returned, (str, bytes)) or not isinstance(returned, Iterable):
+        raise TypeError("a handler returns a list of (sql, params) pairs or SQL strings")
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for statement in returned:
+        if isinstance(statement, str):
+            out.append((statement, {}))
+            continue
+        if (
+            isinstance(statement, Sequence)
+            and len(statement) == 2
+            and isinstance(statement[0], str)
+            and isinstance(statement[1], Mapping)
+        ):
+            out.append((statement[0], statement[1]))
+            continue
+        raise TypeError(f"not a statement: {type(statement).__name__} (want (sql, params) or sql)")
+    return out
+
+
+def load(spec: str) -> Handlers:
+    """The registry `MODULE:ATTR` names (`python -m sink --handlers`); ValueError
+    saying what is wrong, in one line."""
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise ValueError(f"--handlers wants MODULE:ATTR, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: any error it raises on import
+        raise ValueError(f"cannot import {module_name}: {type(exc).__name__}: {exc}") from exc
+    found: object = module
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise ValueError(f"{module_name} has no attribute {attr}") from None
+    if not isinstance(found, Handlers):
+        raise ValueError(f"{spec} is a {type(found).__name__}, not a sink.Handlers registry")
+    return found
+
+
+# ---------------------------------------------------------------- the warehouse
+
+# The built-in example's effect: an order's quantity added to its SKU's stock.
+ADD_TO_INVENTORY: Final = (
+    "INSERT INTO inbox_inventory (sku, qty) VALUES (:sku, :qty)"
+    " ON CONFLICT (sku) DO UPDATE SET qty = inbox_inventory.qty + excluded.qty"
+)
+
+
+def warehouse() -> Handlers:
+    """The built-in warehouse: an `order.placed` event whose data is an order adds
+    its quantity to its SKU's inventory (the inbox's own `inbox_inventory` table);
+    every other event, and an `order.placed` event whose data is not an order, is
+    recorded with no effect."""
+    handlers = Handlers(WAREHOUSE_NAME)
+
+    @handlers.on("order.placed")
+    def placed(event: HandledEvent) -> list[Statement]:
+        data = event.data
+        order = placed_order({"id": event.id, "type": event.type, "data": data})
+        if order is None:
+            return []
+        return [(ADD_TO_INVENTORY, {"sku": order["sku"], "qty": order["qty"]})]
+
+    @handlers.otherwise
+    def recorded(event: HandledEvent) -> list[Statement]:
+        return []
+
+    return handlers
+
+
+WAREHOUSE: Final = warehouse()
+__all__ = [
+    "WAREHOUSE",
+    "HandledEvent",
+    "HandlerFailed",
+    "HandlerRejected",
+    "Handlers",
+    "NoHandler",
+    "NotApplied",
+    "Reject",
+    "Statement",
+    "load",
+    "warehouse",
+]

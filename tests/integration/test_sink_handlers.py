@@ -1,0 +1,260 @@
+"""A sink with handlers of its own, over real HTTP on loopback: what each outcome of
+a handler is answered with (200 and an ACK, 422 naming the type or the reason, 503
+"handler failed" with no traceback over the wire and one in the log), in a batch and
+alone, what the metrics count, and `python -m sink --handlers MODULE:ATTR` as a real
+process. The same behaviour on every backend is tests/behaviour/test_inbox_handlers.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import pytest
+from aiohttp import web
+from support import get_json, post_events, query, scrape, value
+
+from shared import payload_digest
+from sink import HandledEvent, Handlers, Reject, Statement, create_app
+
+LEDGER: Final = "CREATE TABLE ledger (payment_id TEXT PRIMARY KEY, cents INTEGER NOT NULL)"
+ADD: Final = "INSERT INTO ledger (payment_id, cents) VALUES (:payment_id, :cents)"
+
+
+def ledger_handlers() -> Handlers:
+    handlers = Handlers("payments")
+    handlers.schema(LEDGER)
+
+    @handlers.on("payment.captured")
+    def captured(event: HandledEvent) -> list[Statement]:
+        cents = event.data["amount_cents"]
+        if cents <= 0:
+            raise Reject("amount must be positive")
+        if event.data.get("explode"):
+            raise KeyError("secret-detail-of-the-bug")
+        return [(ADD, {"payment_id": event.id, "cents": cents})]
+
+    return handlers
+
+
+def payment(payment_id: str, cents: int = 1999, **more: object) -> dict[str, Any]:
+    return {
+        "id": payment_id,
+        "type": "payment.captured",
+        "key": "c-9",
+        "data": {"amount_cents": cents, **more},
+    }
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "consumer.db"
+
+
+@pytest.fixture
+async def base(serve: Any, db: Path) -> str:
+    url: str = await serve(create_app(db, handlers=ledger_handlers()))
+    return url
+
+
+def ledger(db: Path) -> list[tuple[Any, ...]]:
+    return query(db, "SELECT payment_id, cents FROM ledger ORDER BY payment_id")
+
+
+def inbox(db: Path) -> list[str]:
+    return [row[0] for row in query(db, "SELECT id FROM inbox_events ORDER BY id")]
+
+
+async def test_an_event_its_handler_takes_is_acknowledged_with_its_effect_committed(
+    base: str, client: aiohttp.ClientSession, db: Path
+) -> None:
+    status, ack = await post_events(client, base, "event", [payment("p-1")])
+
+    assert status == 200, ack
+    assert (ack["ack"], ack["status"]) == ("p-1", "applied")
+    assert ack["sha256"] == payload_digest(payment("p-1"))
+    assert ledger(db) == [("p-1", 1999)]
+    assert inbox(db) == ["p-1"]
+
+
+@pytest.mark.parametrize(
+    ("one", "error", "detail"),
+    [
+        (
+            {"id": "s-1", "type": "shipment.sent", "data": {}},
+            "no handler",
+            "no handler for type shipment.sent",
+        ),
+        (payment("p-0", 0), "rejected", "amount must be positive"),
+    ],
+    ids=["no-handler", "reject"],
+)
+async def test_an_event_no_handler_takes_or_rejected_is_422_naming_why_and_records_nothing(
+    base: str, client: aiohttp.ClientSession, db: Path, one: dict[str, Any], error: str, detail: str
+) -> None:
+    status, reply = await post_events(client, base, "event", [one])
+
+    assert status == 422, reply
+    assert reply == {"error": error, "id": one["id"], "type": one["type"], "detail": detail}
+    assert inbox(db) == []
+    samples = await scrape(client, f"{base}/metrics")
+    assert value(samples, "sink_inbox_received_total", result="rejected") == 1
+
+
+async def test_a_failing_handler_is_503_without_its_traceback_which_goes_to_the_log_once(
+    base: str, client: aiohttp.ClientSession, db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="sink.app"):
+        replies = [
+            await post_events(client, base, "event", [payment(f"p-{n}", explode=True)])
+            for n in range(3)
+        ]
+
+    for status, reply in replies:
+        assert status == 503, reply
+        assert reply["error"] == "handler failed" and reply["type"] == "payment.captured"
+        assert reply["detail"] == "KeyError"
+        assert "secret-detail-of-the-bug" not in json.dumps(reply)
+    assert inbox(db) == [] and ledger(db) == []
+    logged = [r for r in caplog.records if "handler of payment.captured failed" in r.message]
+    assert len(logged) == 1, [r.message for r in caplog.records]  # throttled
+    assert logged[0].exc_info is not None and logged[0].exc_info[0] is KeyError
+    samples = await scrape(client, f"{base}/metrics")
+    assert value(samples, "sink_inbox_received_total", result="failed") == 3
+
+
+async def test_a_batch_is_answered_up_to_the_event_its_handler_does_not_take(
+    base: str, client: aiohttp.ClientSession, db: Path
+) -> None:
+    events = [payment("p-1"), payment("p-2", 0), payment("p-3")]
+
+    status, reply = await post_events(client, base, "batch", events)
+
+    assert status == 200, reply
+    assert [ack["ack"] for ack in reply["acks"]] == ["p-1"]
+    assert reply["rejected"] == {
+        "index": 1,
+        "status": 422,
+        "error": "rejected",
+        "id": "p-2",
+        "type": "payment.captured",
+        "detail": "amount must be positive",
+    }
+    assert inbox(db) == ["p-1"] and ledger(db) == [("p-1", 1999)]
+
+    status, reply = await post_events(client, base, "batch", [payment("p-2", explode=True)])
+    assert status == 200 and reply["acks"] == [], reply
+    assert (reply["rejected"]["status"], reply["rejected"]["error"]) == (503, "handler failed")
+
+
+async def test_a_duplicate_is_acknowledged_without_the_handler(
+    base: str, client: aiohttp.ClientSession, db: Path
+) -> None:
+    await post_events(client, base, "event", [payment("p-1")])
+
+    status, ack = await post_events(client, base, "event", [payment("p-1")])
+
+    assert status == 200 and ack["status"] == "duplicate", ack
+    status, record = await get_json(client, f"{base}/events/p-1")
+    assert status == 200 and record["deliveries"] == 2
+    assert ledger(db) == [("p-1", 1999)]
+
+
+# ---------------------------------------------------------------- the command
+
+MODULE: Final = f'''
+from sink import Handlers, Reject
+
+handlers = Handlers("payments")
+handlers.schema("{LEDGER}")
+
+@handlers.on("payment.captured")
+def captured(event):
+    if event.data["amount_cents"] <= 0:
+        raise Reject("amount must be positive")
+    return [("{ADD}", {{"payment_id": event.id, "cents": event.data["amount_cents"]}})]
+'''
+
+
+async def test_the_command_loads_a_registry_from_a_module_of_the_users_own(
+    sink_process: Any, tmp_path: Path, client: aiohttp.ClientSession
+) -> None:
+    (tmp_path / "consumer_handlers.py").write_text(MODULE)  # the process's directory
+    db = tmp_path / "consumer.db"
+    sink = sink_process(db, "--handlers", "consumer_handlers:handlers")
+    base = sink.url.removesuffix("/events")
+
+    assert (await post_events(client, base, "event", [payment("p-1")]))[0] == 200
+    status, reply = await post_events(
+        client, base, "event", [{"id": "o-1", "type": "x", "data": {}}]
+    )
+
+    assert status == 422 and reply["error"] == "no handler", reply
+    assert ledger(db) == [("p-1", 1999)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("no_such_module:handlers", "cannot import no_such_module"),
+        ("json:dumps", "json:dumps is a function, not a sink.Handlers registry"),
+        ("json", "--handlers wants MODULE:ATTR"),
+        ("json:nothing_here", "json has no attribute nothing_here"),
+    ],
+)
+def test_the_command_refuses_a_registry_it_cannot_load_in_one_line(
+    tmp_path: Path, child_env: dict[str, str], spec: str, said: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sink", "--db", str(tmp_path / "s.db"), "--handlers", spec],
+        capture_output=True,
+        text=True,
+        env=child_env,
+        cwd=tmp_path,
+        timeout=30,
+        check=False,
+    )
+
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"sink: {said}"), done.stderr
+    assert not (tmp_path / "s.db").exists()
+
+
+# ---------------------------------------------------------------- mounted
+
+
+async def test_mounted_in_an_app_of_ones_own_its_guards_keep_to_its_own_routes(
+    serve: Any, db: Path, client: aiohttp.ClientSession
+) -> None:
+    async def hello(request: web.Request) -> web.Response:
+        return web.json_response({"hello": "yours"})
+
+    mine = web.Application()
+    mine.router.add_get("/hello", hello)
+    mine.add_subapp("/outbox/", create_app(db, handlers=ledger_handlers(), token="s3cret"))
+    base = await serve(mine)
+    bearer = {"Authorization": "Bearer s3cret"}
+
+    # The user's route: no token, and a Host the sink's own routes would refuse.
+    async with client.get(f"{base}/hello", headers={"Host": "app.example"}) as response:
+        assert response.status == 200 and await response.json() == {"hello": "yours"}
+    async with client.get(f"{base}/outbox/events/p-1", headers={"Host": "app.example"}) as reply:
+        assert reply.status == 421, await reply.text()
+    # The sink's routes under the prefix: its probes open, its writes behind the token.
+    async with client.get(f"{base}/outbox/healthz") as response:
+        assert response.status == 200
+    status, reply = await post_events(client, f"{base}/outbox", "event", [payment("p-1")])
+    assert status == 401, reply
+    status, ack = await post_events(client, f"{base}/outbox", "event", [payment("p-1")], bearer)
+    assert status == 200 and ack["ack"] == "p-1", ack
+    status, reply = await post_events(
+        client, f"{base}/outbox", "batch", [payment("p-2", 0)], bearer
+    )
+    assert status == 200 and reply["rejected"]["status"] == 422, reply
+    assert ledger(db) == [("p-1", 1999)]
