@@ -21,6 +21,7 @@ from typing import Final
 
 from chaos.dbs import BACKENDS, Place, open_place
 from chaos.feed import MIXES
+from chaos.handlers import SPEC as EFFECTS_SPEC
 from chaos.procs import ChaosError
 from chaos.run import run
 from chaos.scenarios import SCENARIOS, Outcome
@@ -75,6 +76,14 @@ def build_parser() -> ArgumentParser:
         help="orders: orders only (POST /orders); generic: events of several types, keyed "
         "or not, with nested unicode and float data (POST /events, /events/batch); "
         "mixed: both, about half each (default: orders)",
+    )
+    go.add_argument(
+        "--handlers",
+        metavar="MODULE:ATTR",
+        help="the sinks' handler registry (python -m sink --handlers); "
+        f"{EFFECTS_SPEC} keeps the inventory and one row per applied event, which the "
+        "verdict counts (none: lost, two: applied twice); with any other registry but "
+        "the default warehouse, the inventory is not checked",
     )
     go.add_argument("--kills", type=int_in(0, MAX_EVENTS), default=5, help="kills during the feed")
     go.add_argument("--seed", type=strict_int, default=1, help="random seed (same seed, same plan)")
@@ -208,6 +217,7 @@ def cmd_run(args: argparse.Namespace, workdir: Path, place: Place) -> int:
         pauses=args.pauses,
         lease_ttl_s=args.lease_ttl,
         events_mix=args.events_mix,
+        handlers=args.handlers,
     )
     figures = report.to_dict()
     if args.json:

@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, Protocol
 
 from chaos.dbs import DbLocation, Pair, reading
 from chaos.feed import Feed, Item, Mix
+from chaos.handlers import SPEC as EFFECTS_SPEC
 from chaos.intake import Intake
 from chaos.procs import ChaosError, Service, counters, free_port, http_json, resume
 from chaos.verdict import LineOrder, Ordering, Verdict, line_orders, read_verdict
@@ -81,6 +82,7 @@ class Cluster:
     workers: int = 1
     sinks: int = 1
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    handlers: str | None = None  # the sinks' --handlers MODULE:ATTR (None: the warehouse)
     sink_services: list[Service] = field(init=False)
     publishers: list[Service] = field(init=False)
     # Paused processes by service name: when each is due to go on, and the process.
@@ -109,6 +111,8 @@ class Cluster:
     def _sink(self, n: int) -> Service:
         name = f"sink-{n}" if self.several else "sink"
         args = ["--db", str(self.sink_db)]
+        if self.handlers is not None:
+            args += ["--handlers", self.handlers]
         return Service("sink", args, free_port(), self.workdir / f"{name}.log", name=name)
 
     def _worker(self, n: int) -> Service:
@@ -317,6 +321,8 @@ class RunReport:
     - event_types: outbox entries by event type at the end
     - intake_posts: requests the intake recorded, by path (/orders, /events,
       /events/batch; a retry after a lost reply counts again)
+    - handlers: the sinks' handler registry (`--handlers`), None for the built-in
+      warehouse
     - fence_counters: the fencing counters of the processes alive at the end
     - fencing_in_logs: what every process's log says of fencing (`fencing_in_logs`)
     - lease_epochs: each leased line's epoch in the outbox at the end
@@ -349,6 +355,7 @@ class RunReport:
     events_mix: Mix = "orders"
     event_types: dict[str, int] = field(default_factory=dict)
     intake_posts: dict[str, int] = field(default_factory=dict)
+    handlers: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         by_kind = Counter(self.kills)
@@ -388,6 +395,7 @@ class RunReport:
             "events_mix": self.events_mix,
             "event_types": self.event_types,
             "intake_posts": self.intake_posts,
+            "handlers": self.handlers,
             "elapsed_s": round(self.elapsed_s, 2),
         }
 
@@ -522,9 +530,10 @@ def run(
     pauses: int = 0,
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
     events_mix: Mix = "orders",
+    handlers: str | None = None,
 ) -> RunReport:
     rng = random.Random(seed)
-    cluster = Cluster(workdir, ordering, delivery, databases, workers, sinks, lease_ttl_s)
+    cluster = Cluster(workdir, ordering, delivery, databases, workers, sinks, lease_ttl_s, handlers)
     faults = Faults(
         kills=plan_kills(rng, events, kills, target),
         outages=plan_outages(seed, events, pg_restarts) if pg_server is not None else {},
@@ -557,7 +566,12 @@ def run(
     finally:
         cluster.stop()
     verdict = read_verdict(
-        cluster.source_db, cluster.sink_db, feeder.expected, ordering, published=feeder.published
+        cluster.source_db,
+        cluster.sink_db,
+        feeder.expected,
+        ordering,
+        published=feeder.published,
+        inventory=handlers in (None, EFFECTS_SPEC),
     )
     return RunReport(
         verdict=verdict,
@@ -588,6 +602,7 @@ def run(
         events_mix=events_mix,
         event_types=event_types(cluster.source_db),
         intake_posts=dict(sorted(intake.posts.items())),
+        handlers=handlers,
     )
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal
 
 from chaos.dbs import DbLocation, Reader, applied_ids, as_int, as_json, as_text, reading
+from chaos.handlers import EFFECTS_TABLE
 from shared import GLOBAL_LINE
 
 Ordering = Literal["global", "key", "sku"]  # "sku": the name "key" had for orders
@@ -40,6 +41,12 @@ class Verdict:
       order, less those a quarantine record explains (see `order_inversions`)
     - ordering: the lines the order was checked in: global (one line) or key (one
       per event key, "*" for events without one; sku is its former name)
+    - effects_checked: whether the sink's handlers left one row per applied event
+      in `chaos_effects` (the registry chaos.handlers:EFFECTS); then an accepted
+      event with no such row is lost too, and one with several applied twice
+    - inventory_checked: whether the inventory was compared with the orders (not
+      with a registry that is neither the built-in warehouse nor EFFECTS, which
+      may not keep one)
     """
 
     accepted: int
@@ -56,13 +63,15 @@ class Verdict:
     generic: int = 0
     payload_mismatches: int = 0
     unknown: int = 0
+    effects_checked: bool = False
+    inventory_checked: bool = True
 
     @property
     def ok(self) -> bool:
         return (
             self.lost == 0
             and self.applied_twice == 0
-            and self.inventory_ok
+            and (self.inventory_ok or not self.inventory_checked)
             and self.order_inversions == 0
             and self.payload_mismatches == 0
             and self.unknown == 0
@@ -79,12 +88,16 @@ def read_verdict(
     ordering: Ordering = "global",
     *,
     published: Mapping[str, str] | None = None,
+    inventory: bool = True,
 ) -> Verdict:
     """Compare both databases with what the runner itself knows was accepted: the
     orders it was told were accepted (`expected`: SKU and quantity by ID) and the
-    canonical form of every event it published (`published`, by ID; orders too)."""
+    canonical form of every event it published (`published`, by ID; orders too).
+    `inventory`: whether the sink's handlers keep the inventory (the built-in
+    warehouse, chaos.handlers:EFFECTS), so that it is checked."""
     with reading(source_db) as source, reading(sink_db) as sink:
-        return _verdict(source, sink, expected, ordering, published or {})
+        verdict = _verdict(source, sink, expected, ordering, published or {})
+    return verdict if inventory else replace(verdict, inventory_checked=False)
 
 
 @dataclass(frozen=True)
@@ -114,15 +127,19 @@ class _Sink:
     payloads: dict[str, str]
     rows_per_id: Counter[str]
     stock: dict[str, int]
+    effects: Counter[str] | None  # effect rows per ID (chaos.handlers), None: no table
 
     @classmethod
     def read(cls, sink: Reader) -> _Sink:
         rows = sink.rows("SELECT id, deliveries, payload FROM inbox_events")
+        counted = bool(sink.columns(EFFECTS_TABLE))
+        effects = sink.rows(f"SELECT event_id FROM {EFFECTS_TABLE}") if counted else None
         return cls(
             deliveries={i: n for i, n, _ in rows},
             payloads={i: as_text(payload) for i, _, payload in rows},
             rows_per_id=Counter(i for i, _, _ in rows),
             stock=dict(sink.rows("SELECT sku, qty FROM inbox_inventory")),
+            effects=None if effects is None else Counter(i for (i,) in effects),
         )
 
 
@@ -136,13 +153,16 @@ def _verdict(
     sent, got = _Source.read(source), _Sink.read(sink)
     accepted = {**sent.orders, **expected}  # an order the runner saw but the file lacks: lost
     known = set(sent.states) | set(accepted) | set(published)
+    effects = got.effects
     lost = [
         i
         for i in known
         if i not in got.deliveries
         or sent.states.get(i) != 1
         or (i in expected and i not in sent.orders)
+        or (effects is not None and effects[i] == 0)
     ]
+    doubled = 0 if effects is None else sum(1 for n in effects.values() if n > 1)
     want: Counter[str] = Counter()
     for sku, qty in accepted.values():
         want[sku] += qty
@@ -156,7 +176,7 @@ def _verdict(
         resends=sum(n - 1 for n in got.deliveries.values()),
         duplicates=sum(1 for n in got.deliveries.values() if n > 1),
         lost=len(lost),
-        applied_twice=over + sum(1 for n in got.rows_per_id.values() if n > 1),
+        applied_twice=over + doubled + sum(1 for n in got.rows_per_id.values() if n > 1),
         inventory_ok=all(got.stock.get(sku, 0) == want[sku] for sku in skus),
         payload_mismatches=sum(1 for i in known if len(_texts(i, sent, got, published)) > 1),
         unknown=len(set(got.deliveries) - known),
@@ -164,6 +184,7 @@ def _verdict(
         quarantined=states.count(2),
         order_inversions=_inversions(source, sink, ordering),
         ordering=ordering,
+        effects_checked=effects is not None,
     )
 
 

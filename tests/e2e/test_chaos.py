@@ -583,3 +583,72 @@ def test_a_publisher_that_cannot_start_leaves_no_sink_running(
     assert done.returncode == 2, done.stderr
     assert "publisher did not start" in done.stderr
     assert leftovers(workdir) == [], "the sink started for this run is still running"
+
+
+# A registry of the user's own that keeps no inventory (the verdict cannot check one).
+NO_INVENTORY = """
+from sink import Handlers
+
+handlers = Handlers("mine")
+handlers.schema("CREATE TABLE mine (event_id TEXT NOT NULL)")
+
+@handlers.otherwise
+def seen(event):
+    return [("INSERT INTO mine (event_id) VALUES (:id)", {"id": event.id})]
+"""
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 30)
+@pytest.mark.usefixtures("reaper")
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_run_with_handlers_that_count_effects_finds_each_effect_once(
+    tmp_path: Path, child_env: dict[str, str], request: pytest.FixtureRequest, backend: str
+) -> None:
+    workdir = tmp_path / "counted"
+    args = ["--events", "40", "--kills", "5", "--seed", "9", "--events-mix", "mixed"]
+    args += ["--ordering", "key", "--handlers", "chaos.handlers:EFFECTS"]
+    args += [*backend_args(backend, request), "--json", "--workdir", str(workdir)]
+
+    done = chaos(child_env, tmp_path, "run", *args)
+
+    assert done.returncode == 0, done.stderr
+    figures = one_json(done.stdout)
+    assert_clean_verdict(figures, 40, 5)
+    assert (figures["effects_checked"], figures["inventory_checked"]) == (True, True), figures
+    assert figures["handlers"] == "chaos.handlers:EFFECTS"
+    if backend != "sqlite":
+        return
+    source, sink = workdir / "source.db", workdir / "sink.db"
+    assert read_verdict(source, sink, {}, "key").ok is True
+    ((first,), (second,)) = sqlite3.connect(sink).execute(
+        "SELECT event_id FROM chaos_effects ORDER BY rowid LIMIT 2"
+    )
+    # An effect applied twice, and one missing, are each seen though the inbox agrees.
+    write(sink, "INSERT INTO chaos_effects (event_id, type) VALUES (?, 'again')", (first,))
+    doubled = read_verdict(source, sink, {}, "key")
+    assert (doubled.applied_twice, doubled.lost, doubled.ok) == (1, 0, False)
+    write(sink, "DELETE FROM chaos_effects WHERE event_id = ?", (second,))
+    missing = read_verdict(source, sink, {}, "key")
+    assert (missing.applied_twice, missing.lost, missing.ok) == (1, 1, False)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.usefixtures("reaper")
+def test_a_run_with_a_registry_of_ones_own_checks_all_but_the_inventory(
+    tmp_path: Path, child_env: dict[str, str]
+) -> None:
+    (tmp_path / "mine_handlers.py").write_text(NO_INVENTORY)  # the run's own directory
+    env = {**child_env, "PYTHONPATH": os.pathsep.join([str(tmp_path), child_env["PYTHONPATH"]])}
+    workdir = tmp_path / "mine"
+    args = ["--events", "20", "--kills", "2", "--seed", "2", "--events-mix", "mixed"]
+    args += ["--handlers", "mine_handlers:handlers", "--json", "--workdir", str(workdir)]
+
+    done = chaos(env, tmp_path, "run", *args)
+
+    assert done.returncode == 0, done.stderr
+    figures = one_json(done.stdout)
+    assert figures["ok"] is True, figures
+    assert (figures["effects_checked"], figures["inventory_checked"]) == (False, False)
+    assert figures["inventory_ok"] is False  # orders were fed; this registry keeps no stock
+    rows = sqlite3.connect(workdir / "sink.db").execute("SELECT count(*) FROM mine").fetchall()
+    assert rows == [(20,)]
