@@ -17,8 +17,10 @@ from typing import Any, Final
 import aiohttp
 import pytest
 from aiohttp import web
+from jsonschema import Draft202012Validator
 from support import get_json, post_events, query, scrape, value
 
+import sink
 from shared import payload_digest
 from sink import HandledEvent, Handlers, Reject, Statement, create_app
 
@@ -258,3 +260,35 @@ async def test_mounted_in_an_app_of_ones_own_its_guards_keep_to_its_own_routes(
     )
     assert status == 200 and reply["rejected"]["status"] == 422, reply
     assert ledger(db) == [("p-1", 1999)]
+
+
+# ---------------------------------------------------------------- as documented
+
+
+def documented(status: str, path: str = "/events") -> Draft202012Validator:
+    """The validator of the sink's OpenAPI document for the reply of POST `path`."""
+    document = json.loads((Path(sink.__file__).parent / "openapi.json").read_text())
+    response = document["paths"][path]["post"]["responses"][status]
+    schema = response["content"]["application/json"]["schema"]
+    return Draft202012Validator({**schema, "components": document["components"]})
+
+
+async def test_the_replies_of_handlers_are_the_ones_the_openapi_document_describes(
+    base: str, client: aiohttp.ClientSession
+) -> None:
+    unknown = {"id": "s-1", "type": "shipment.sent", "data": {}}
+    for one, status in [
+        (unknown, 422),
+        (payment("p-0", 0), 422),
+        (payment("p-x", explode=True), 503),
+    ]:
+        got, reply = await post_events(client, base, "event", [one])
+        assert got == status, reply
+        documented(str(status)).validate(reply)
+
+    got, reply = await post_events(client, base, "batch", [payment("p-1"), payment("p-2", 0)])
+    assert got == 200 and reply["rejected"]["status"] == 422, reply
+    documented("200", "/events/batch").validate(reply)
+    got, reply = await post_events(client, base, "batch", [payment("p-3", explode=True)])
+    assert got == 200 and reply["rejected"]["status"] == 503, reply
+    documented("200", "/events/batch").validate(reply)
