@@ -605,9 +605,11 @@ def _batch_failure(
         fenced = _fenced(rejected)
         if status == 409 and fenced is not None:
             return fenced_by_sink(event_id, fenced, lease)
+        excerpt = json.dumps(rejected)[:ERROR_EXCERPT_CHARS]
         if status in PERMANENT_STATUSES:
-            excerpt = json.dumps(rejected)[:ERROR_EXCERPT_CHARS]
             return Rejected(f"{event_id}: sink rejected it with {status}: {excerpt}", status=status)
+        if type(status) is int:  # a 503 (its handler failed, say): said, and retried
+            return NotAcknowledged(f"{event_id}: sink answered {status}: {excerpt}", status=status)
     return NotAcknowledged(f"{event_id}: no ACK in the batch reply")
 
 

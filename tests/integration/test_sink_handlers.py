@@ -18,9 +18,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 from jsonschema import Draft202012Validator
-from support import get_json, post_events, query, scrape, value
+from relay_lines import MODES, Mode, relay_for, running, sender_for
+from support import eventually, get_json, post_events, query, scrape, sent_ids, value
 
 import sink
+from publisher import Outbox
 from shared import payload_digest
 from sink import HandledEvent, Handlers, Reject, Statement, create_app
 
@@ -44,11 +46,13 @@ def ledger_handlers() -> Handlers:
     return handlers
 
 
-def payment(payment_id: str, cents: int = 1999, **more: object) -> dict[str, Any]:
+def payment(
+    payment_id: str, cents: int = 1999, customer: str = "c-9", **more: object
+) -> dict[str, Any]:
     return {
         "id": payment_id,
         "type": "payment.captured",
-        "key": "c-9",
+        "key": customer,
         "data": {"amount_cents": cents, **more},
     }
 
@@ -292,3 +296,49 @@ async def test_the_replies_of_handlers_are_the_ones_the_openapi_document_describ
     got, reply = await post_events(client, base, "batch", [payment("p-3", explode=True)])
     assert got == 200 and reply["rejected"]["status"] == 503, reply
     documented("200", "/events/batch").validate(reply)
+
+
+# ---------------------------------------------------------------- what the relay does
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_relay_blocks_a_line_on_a_422_and_retries_a_503_until_a_fix_is_deployed(
+    serve: Any, outbox: Outbox, db: Path, tmp_path: Path, mode: Mode
+) -> None:
+    deployed = {"fixed": False}  # what a redeploy of the consumer would change
+    handlers = Handlers("payments")
+    handlers.schema(LEDGER)
+
+    @handlers.on("payment.captured")
+    def captured(event: HandledEvent) -> list[Statement]:
+        if event.data.get("buggy") and not deployed["fixed"]:
+            raise ZeroDivisionError("a bug fixed by the next release")
+        return [(ADD, {"payment_id": event.id, "cents": event.data["amount_cents"]})]
+
+    consumer = tmp_path / "consumer.db"
+    url = await serve(create_app(consumer, handlers=handlers))
+    failing, after = payment("p-1", 10, buggy=True), payment("p-2", 20)
+    unknown = {"id": "u-1", "type": "refund.issued", "key": "c-1", "data": {}}
+    for one in (failing, after, unknown, payment("p-3", 30, customer="c-1")):
+        await outbox.publish(one)
+
+    async with sender_for(f"{url}/events") as sender:
+        relay = relay_for(outbox, sender, mode, ordering="key", pipeline=1)
+        async with running(relay):
+            # c-9's line retries its head (503: retryable); c-1's is blocked for good
+            # at the type no handler takes (422: permanent).
+            await eventually(lambda: attempts(db, "p-1") >= 3 and attempts(db, "u-1") >= 1)
+            lanes = relay.blocked_lanes
+            assert lanes["c-9"].permanent is False and "503" in lanes["c-9"].reason
+            assert lanes["c-1"].permanent is True and "422" in lanes["c-1"].reason
+            assert sent_ids(db) == [] and ledger(consumer) == []
+            deployed["fixed"] = True
+            await eventually(lambda: set(sent_ids(db)) == {"p-1", "p-2"})
+
+    assert ledger(consumer) == [("p-1", 10), ("p-2", 20)]
+    assert inbox(consumer) == ["p-1", "p-2"]  # nothing of the line behind refund.issued
+
+
+def attempts(db: Path, event_id: str) -> int:
+    ((count,),) = query(db, "SELECT attempts FROM outbox_entries WHERE id = ?", (event_id,))
+    return int(count)

@@ -132,6 +132,9 @@ def test_an_item_a_handler_refused_is_rejected_but_one_it_failed_on_is_retried()
     assert (permanent.status, permanent.retryable) == (422, False)
     assert type(transient) is NotAcknowledged
     assert transient.retryable is True
+    # What the sink said is kept for the entry's last error, as for a single event.
+    assert (transient.status, "503" in str(transient)) == (503, True)
+    assert "handler failed" in str(transient)
 
 
 @pytest.mark.parametrize(
