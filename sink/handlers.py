@@ -31,7 +31,7 @@ from typing import Any, Final, TypeAlias
 
 import orjson
 
-from shared.event import TYPE_MAX_CHARS, Event, placed_order
+from shared.event import MAX_DATA_BYTES_LIMIT, TYPE_MAX_CHARS, Event, checked_event, placed_order
 
 # One statement of an effect: SQL with named parameters (`:name`) and their values,
 # or SQL alone.
@@ -169,6 +169,14 @@ class Handlers:
     def handles(self, event_type: str) -> bool:
         """Whether an event of `event_type` would reach a handler."""
         return event_type in self._handlers or self._otherwise is not None
+
+    def statements(self, event: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+        """The statements the inbox would run for `event` (`{id, type, key?, data}`,
+        validated as the inbox validates it: InvalidEvent otherwise), or why it would
+        not take it (NoHandler, HandlerRejected, HandlerFailed): a registry's test
+        needs no database."""
+        checked, canonical = checked_event(event, max_data_bytes=MAX_DATA_BYTES_LIMIT)
+        return self.effects(checked, canonical)
 
     def effects(self, event: Event, canonical: str) -> list[tuple[str, Mapping[str, Any]]]:
         """The statements of the event's effect, checked: NoHandler, HandlerRejected

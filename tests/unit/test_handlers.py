@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared import Event, canonical_json
+from shared import Event, InvalidEvent, canonical_json
 from sink.backends.postgres import _pyformat
 from sink.handlers import (
     ADD_TO_INVENTORY,
@@ -24,7 +24,15 @@ from sink.handlers import (
 
 
 def effects(handlers: Handlers, event: Event) -> list[tuple[str, Any]]:
-    return [(sql, dict(params)) for sql, params in handlers.effects(event, canonical_json(event))]
+    """What the inbox would run for `event`, as `statements` says (params as dicts)."""
+    got = [(sql, dict(params)) for sql, params in handlers.statements(event)]
+    assert got == [(sql, dict(p)) for sql, p in handlers.effects(event, canonical_json(event))]
+    return got
+
+
+def test_statements_validates_the_event_as_the_inbox_does() -> None:
+    with pytest.raises(InvalidEvent, match="/data"):
+        ledger().statements({"id": "p-1", "type": "payment.captured", "data": [1]})
 
 
 def payment(cents: int) -> Event:
