@@ -45,30 +45,24 @@ a transaction is refused: NotInTransaction.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
+from plumbing.in_transaction import PSYCOPG_ANY as _PSYCOPG_ANY
+from plumbing.in_transaction import SQLALCHEMY_ASYNC as _SQLALCHEMY_ASYNC
+from plumbing.in_transaction import SQLALCHEMY_SYNC as _SQLALCHEMY_SYNC
+from plumbing.in_transaction import DriverSql as _DriverSql
+from plumbing.in_transaction import NotInTransaction
+from plumbing.in_transaction import check_psycopg_transaction as _check_psycopg_transaction
+from plumbing.in_transaction import driver_errors as _driver_errors
+from plumbing.in_transaction import is_one_of as _is_one_of
+from plumbing.in_transaction import pg_failed as _pg_failed
+from plumbing.in_transaction import pg_where as _pg_where
 from plumbing.storage import StorageError
 from publisher.store import EventCheck, Intake, Publication
 from shared import checked_event, order_canonical, order_event, validate_order
-
-# The classes taken, by module and name: looked up in sys.modules, so that a driver
-# (or SQLAlchemy) the caller has not imported is never imported here to find out.
-_SQLALCHEMY_SYNC = (("sqlalchemy.engine", "Connection"), ("sqlalchemy.orm", "Session"))
-_SQLALCHEMY_ASYNC = (
-    ("sqlalchemy.ext.asyncio", "AsyncConnection"),
-    ("sqlalchemy.ext.asyncio", "AsyncSession"),
-)
-_PSYCOPG_ANY = (("psycopg", "Connection"), ("psycopg", "AsyncConnection"))
-
-
-class NotInTransaction(ValueError):
-    """The connection would commit each statement on its own (autocommit outside a
-    transaction): the event and the caller's rows would not commit together."""
 
 
 def publish_in(
@@ -146,16 +140,6 @@ async def _record_in_async(conn: Any, item: Publication, schema: str | None) -> 
     return postgres.intake_result(item, entry, known)
 
 
-def _is_one_of(conn: Any, classes: tuple[tuple[str, str], ...]) -> bool:
-    """Whether `conn` is an instance of one of `classes` (module, name) among the
-    modules imported so far."""
-    for module_name, name in classes:
-        module = sys.modules.get(module_name)
-        if module is not None and isinstance(conn, getattr(module, name)):
-            return True
-    return False
-
-
 def _record_postgres(statements: Any, driver: Any, item: Publication, schema: str | None) -> Intake:
     """ACCEPT, then KNOWN for an ID already known, run by `statements` (the psycopg
     Connection `driver`, or _DriverSql) in the transaction of `driver` (a psycopg
@@ -184,35 +168,6 @@ def _pg_statements(schema: str | None) -> Any:
     from publisher.backends import postgres_sql
 
     return pg_tx.qualified(postgres_sql, pg_tx.qualifier(schema, postgres_sql.SCHEMA.tables))
-
-
-def _check_psycopg_transaction(conn: Any) -> None:
-    from psycopg.pq import TransactionStatus
-
-    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-        raise NotInTransaction(
-            "the connection is in autocommit mode outside a transaction:"
-            " open one first (with conn.transaction(): ...)"
-        )
-
-
-def _pg_where(conn: Any) -> str:
-    return f"PostgreSQL database {conn.info.dbname!r} on {conn.info.host}:{conn.info.port}"
-
-
-def _pg_failed(driver: Any, exc: BaseException) -> StorageError:
-    """What pg_tx.translated_sync makes of a psycopg error, for one SQLAlchemy wrapped."""
-    import pg_tx
-
-    return StorageError(f"{_pg_where(driver)}: {pg_tx.describe(exc)}")
-
-
-class _DriverSql(NamedTuple):
-    """A SQLAlchemy Connection as the backends' paths use a driver's: `execute(sql,
-    params)` runs their driver-style SQL (its paramstyle, the driver's) through
-    `exec_driver_sql`, in SQLAlchemy's transaction; the result has `fetchone()`."""
-
-    execute: Callable[[str, Any], Any]
 
 
 def _record_sqlite(statements: Any, driver: Any, item: Publication, schema: str | None) -> Intake:
@@ -285,18 +240,6 @@ def _sqlalchemy_backend(
         "SQLAlchemy is taken on SQLite (sqlite, sqlite+aiosqlite) and on PostgreSQL"
         f" through psycopg (postgresql+psycopg), not on {dialect.name}+{dialect.driver}"
     )
-
-
-@contextlib.contextmanager
-def _driver_errors(failed: Callable[[BaseException], StorageError]) -> Iterator[None]:
-    """SQLAlchemy's wrapping of a driver error (DBAPIError) as the StorageError the
-    driver's own error becomes."""
-    from sqlalchemy.exc import DBAPIError
-
-    try:
-        yield
-    except DBAPIError as exc:
-        raise failed(exc.orig or exc) from exc
 
 
 __all__ = [
