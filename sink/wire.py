@@ -18,6 +18,10 @@ it is the same event as the CloudEvent a publisher of this release sends for it.
 ACK's digest is over the previous release's canonical form, which is what a
 publisher of that release checks: sinks can be upgraded before publishers.
 
+`read_cloudevents` is the same reading for a web framework of the user's own, in front
+of `receive_in` (sink.in_transaction): the CloudEvents modes only (structured, binary,
+batched), each refusal an InvalidRequest carrying the sink's own answer.
+
 Each event's canonical form is computed once, here, and handed to the inbox with it.
 A refusal is a BadRequest: 415 naming the media types a route takes, 400 for a batch
 envelope, and 400 "invalid event" for an event, naming the `field` as validation
@@ -31,8 +35,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
+from plumbing.bodies import parse_json
 from plumbing.http_errors import BadRequest
-from shared import MAX_BATCH, InvalidEvent, checked_event, validate_order
+from shared import MAX_BATCH, Event, InvalidEvent, checked_event, validate_order
 from shared.ack import digest_of
 from shared.cloudevents import (
     BATCHED,
@@ -202,3 +207,73 @@ def _binary(headers: Mapping[str, str], data: object) -> Taken:
         if header is not None:
             raise invalid(exc, None, header) from exc
         raise invalid(exc, exc.field.removeprefix("/data")) from exc  # the body is the data
+
+
+# ---------------------------------------------------------------- for a framework of one's own
+
+CLOUDEVENTS_MEDIA: Final = (STRUCTURED, BATCHED, JSON)  # JSON: binary mode
+
+
+class InvalidRequest(InvalidEvent):
+    """The request carries no events the sink would take.
+
+    `field` names the place: a JSON pointer from the body's root (in a batch, under
+    the item's index), a `ce-` header, or Content-Type; `problem` says what is wrong.
+    `status` (400, or 415 for a media type not read) and `body` (a JSON object) are
+    the sink's own answer to the same request, to be sent as they are (a 415 names
+    the three media types read here, where each route of the sink names its own)."""
+
+    def __init__(self, status: int, body: dict[str, Any], field: str, problem: str) -> None:
+        super().__init__(field, problem)
+        self.status = status
+        self.body = body
+
+
+def read_cloudevents(
+    content_type: str | None, headers: Mapping[str, str], body: bytes
+) -> list[Event]:
+    """The events of a CloudEvents HTTP request, validated as the sink validates them:
+    one in structured mode (`application/cloudevents+json`), one in binary mode
+    (`application/json` with `ce-specversion`, `ce-id`, `ce-source` and `ce-type`
+    headers, `ce-partitionkey` for a key; the body is the data), or 1 to MAX_BATCH in
+    batched mode (`application/cloudevents-batch+json`). `headers` are the request's
+    (names in any letter case); `body` its bytes, read as strictly as the sink reads
+    them (no repeated key, no number a double cannot hold).
+
+    Each event is `{id, type, key?, data}` as receive_in and ack_body take it. A
+    request with any invalid item is refused whole (the sink itself applies the
+    items before it): InvalidRequest, an InvalidEvent naming the place. The body's
+    size is the framework's to cap, as the sink caps it (shared.MAX_BODY_BYTES for
+    one event, shared.MAX_BATCH_BODY_BYTES for a batch)."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    try:
+        media = media_of(content_type, CLOUDEVENTS_MEDIA)
+    except BadRequest as exc:
+        problem = f"{content_type!r} is none of {', '.join(CLOUDEVENTS_MEDIA)}"
+        raise _refused(exc, "Content-Type", problem) from exc
+    if media == JSON and not is_binary(lowered):
+        # What the sink would read as a plain event is no CloudEvent.
+        missing = InvalidEvent("ce-specversion", f"is required: {JSON} is read as binary mode")
+        raise _refused(invalid(missing, None), missing.field, missing.problem) from None
+    try:
+        parsed = parse_json(body)
+        if media != BATCHED:
+            return [read_event(media, lowered, parsed).incoming.event]
+        items = batch_items(media, parsed)
+        return [read_item(media, item, index).incoming.event for index, item in enumerate(items)]
+    except BadRequest as exc:
+        raise _refused_body(exc) from exc
+
+
+def _refused_body(exc: BadRequest) -> InvalidRequest:
+    """A refusal of the body (its JSON, a batch's envelope, an event), naming its place."""
+    details = exc.body
+    if isinstance(exc.__cause__, InvalidEvent):  # an event: its pointer, else its header
+        place = details.get("pointer", details["field"])
+        return _refused(exc, str(place), str(details["detail"]))
+    detail = details.get("detail")
+    return _refused(exc, "", str(exc) if detail is None else f"{exc}: {detail}")
+
+
+def _refused(exc: BadRequest, field: str, problem: str) -> InvalidRequest:
+    return InvalidRequest(exc.status, exc.body, field, problem)

@@ -256,3 +256,21 @@ SET_HANDLER_SCHEMA_VERSION: Final = (
     f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES (%s, %s)"
     " ON CONFLICT (side) DO UPDATE SET version = excluded.version"
 ).encode()
+
+# INSERT_ONE for one event in a transaction of the caller's own (sink.in_transaction),
+# but a known ID takes no number from inbox_applied_seq (a column default is evaluated
+# for a row that ON CONFLICT then drops): a redelivery is common, and the inbox's own
+# path looks before it inserts too. Returns a row only when the event was new.
+INSERT_NEW: Final = b"""
+WITH new AS (
+    INSERT INTO inbox_events (id, type, payload, received_at, last_delivery_at)
+    SELECT %(id)s, %(type)s, %(payload)s, %(now)s, %(now)s
+    WHERE NOT EXISTS (SELECT FROM inbox_events WHERE id = %(id)s)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), tallied AS (
+    INSERT INTO inbox_tally (slot, events) SELECT mod(pg_backend_pid(), %(slots)s), 1 FROM new
+    ON CONFLICT (slot) DO UPDATE SET events = inbox_tally.events + excluded.events
+)
+SELECT id FROM new
+"""

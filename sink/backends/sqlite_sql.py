@@ -155,3 +155,7 @@ SET_HANDLER_SCHEMA_VERSION: Final = (
     f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES (?, ?)"
     " ON CONFLICT (side) DO UPDATE SET version = excluded.version"
 )
+
+# INSERT for one event in a transaction of the caller's own (sink.in_transaction):
+# returns the ID only when it was new, as the PostgreSQL inbox's INSERT_ONE does.
+INSERT_ONE: Final = INSERT + " RETURNING id"
