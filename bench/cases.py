@@ -20,7 +20,7 @@ import math
 import sqlite3
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -31,7 +31,7 @@ from prometheus_client import generate_latest
 from bench import naive
 from bench.backlog import count_rows, create_naive_source, create_source, insert_entries
 from bench.events import SKUS, Kind, event, order
-from bench.procs import BenchError, Child, Children
+from bench.procs import BenchError, Child, Children, tree_cpu_s
 from chaos.dbs import Backend, DbLocation, Place
 from plumbing.schema import history
 from publisher import HttpSender, Outbox
@@ -87,6 +87,12 @@ class Sizes:
     e2e_latency_s: float  # how long each paced latency run offers its load
     generic_backlog: int  # entries per drain of the relay's generic-event cases
     generic_rounds: int  # rounds of each kind in the generic-event cases (bench.generic)
+    # The handler cases (bench.own_handler): entries per drain of the relay's, one event
+    # per request and in batches; orders per round end to end; rounds of each registry.
+    handler_single_backlog: int
+    handler_batch_backlog: int
+    handler_orders: int
+    handler_rounds: int
 
 
 QUICK: Final = Sizes(
@@ -106,6 +112,10 @@ QUICK: Final = Sizes(
     e2e_latency_s=1.2,
     generic_backlog=1_000,
     generic_rounds=2,
+    handler_single_backlog=1_000,
+    handler_batch_backlog=5_000,
+    handler_orders=5_000,
+    handler_rounds=2,
 )
 FULL: Final = Sizes(
     ceiling_requests=5_000,
@@ -124,12 +134,16 @@ FULL: Final = Sizes(
     e2e_latency_s=4.0,
     generic_backlog=4_000,
     generic_rounds=2,
+    handler_single_backlog=5_000,
+    handler_batch_backlog=20_000,
+    handler_orders=20_000,
+    handler_rounds=3,
 )
 # The tests' size: every case still takes each of its steps, on as little work as
 # shows that it works; the rounds that only steady a figure are run once (relay_lanes:
-# global, lanes; scaling: one drain per backlog; the generic-event cases: one round of
-# each kind), pg_workers's interleaved order is kept (its test checks it). The figures
-# of such a run mean nothing.
+# global, lanes; scaling: one drain per backlog; the generic-event and handler cases:
+# one round of each kind or registry), pg_workers's interleaved order is kept (its test
+# checks it). The figures of such a run mean nothing.
 TINY: Final = Sizes(
     ceiling_requests=100,
     commits=100,
@@ -147,6 +161,10 @@ TINY: Final = Sizes(
     e2e_latency_s=0.4,
     generic_backlog=40,
     generic_rounds=1,
+    handler_single_backlog=40,
+    handler_batch_backlog=40,
+    handler_orders=80,
+    handler_rounds=1,
 )
 SIZES: Final = {"full": FULL, "quick": QUICK, "tiny": TINY}
 
@@ -346,22 +364,29 @@ async def relay_drain(
     skus: int = len(SKUS),
     backend: Backend = "sqlite",
     kind: Kind = Kind.ORDER,
+    sink_args: Sequence[str] = (),
+    check_sink: Callable[[DbLocation], None] | None = None,
 ) -> Figures:
     """Drain `backlog` pending entries (events of `kind`) with the in-process relay into
-    a fresh sink process.
+    a fresh sink process (`python -m sink --db ... *sink_args`).
 
     As `publisher serve` runs it: up to `pipeline` requests in flight per line once
     the sink's replies say it enforces Outbox-After (1: one at a time).
 
     Timed from relay.run() until a snapshot shows nothing pending; then both files
-    are read with connections of our own: every entry applied at the sink, and sent.
+    are read with connections of our own: every entry applied at the sink, and sent;
+    and `check_sink`, if given, is called with the sink's database (it raises
+    BenchError if the sink's effects are not what they should be).
     """
     source, sink_db = await ctx.databases(name, backend)
     await create_source(source)
     fill = functools.partial(insert_entries, source, backlog, skus=skus, kind=kind)
     await asyncio.to_thread(fill)
     chaos = ("--chaos", f"stall={stall_s}") if stall_s else ()
-    sink = ctx.children.start(f"sink-{name}", "sink", "--db", str(sink_db), *chaos)
+    args = ("--db", str(sink_db), *chaos, *sink_args)
+    sink = ctx.children.start(f"sink-{name}", "sink", *args)
+    server = ctx.postgres.own_server() if backend == "postgres" and ctx.postgres else None
+    server_pid = None if server is None else server.pid()
     try:
         async with Outbox.open(source) as outbox, HttpSender(sink.url) as sender:
             counter, clock = DeliveryCounter(backlog), RequestClock(sender)
@@ -373,12 +398,16 @@ async def relay_drain(
             )
             relay = Relay(outbox, clock, settings, observer=counter)
             await sender.lookup("warm-up")  # opens the keep-alive connection before timing
+            cpu = _cpu_now(sink, server_pid)
             elapsed = await _drain(outbox, relay, counter, drain_timeout_s(backlog))
+            cpu_after = _cpu_now(sink, server_pid)
         applied, sent = count_rows(sink_db, SINK_APPLIED), count_rows(source, SOURCE_SENT)
     finally:
         ctx.children.stop(sink)
     if applied != backlog or sent != backlog:
         raise BenchError(f"{name}: {applied} applied and {sent} marked sent of {backlog}")
+    if check_sink is not None:
+        check_sink(sink_db)
     return {
         "events_per_s": backlog / elapsed,
         "backlog": backlog,
@@ -396,7 +425,20 @@ async def relay_drain(
         "ms_per_event_elsewhere": (elapsed - clock.seconds) * 1000 / backlog,
         "backend": backend,
         "kind": kind.value,
+        # Each process's CPU seconds over the drain: the relay's is this process's (its
+        # HTTP client and the bench's polling with it), a PostgreSQL server's is all its
+        # backends' (both services').
+        "cpu_s": {process: cpu_after[process] - cpu[process] for process in cpu},
     }
+
+
+def _cpu_now(sink: Child, server_pid: int | None) -> dict[str, float]:
+    """CPU seconds used so far by this process, the sink and the run's own PostgreSQL
+    server, if any."""
+    used = {"relay": time.process_time(), "sink": sink.cpu_s()}
+    if server_pid is not None:
+        used["postgres"] = tree_cpu_s(server_pid)
+    return used
 
 
 async def _drain(outbox: Outbox, relay: Relay, counter: DeliveryCounter, timeout_s: float) -> float:

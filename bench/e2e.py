@@ -199,12 +199,16 @@ class Pipeline:
 
 
 @contextlib.asynccontextmanager
-async def pipeline(ctx: Context, name: str, backend: Backend) -> AsyncIterator[Pipeline]:
+async def pipeline(
+    ctx: Context, name: str, backend: Backend, sink_args: Sequence[str] = ()
+) -> AsyncIterator[Pipeline]:
+    """A sink (`python -m sink --db ... *sink_args`) and `publisher serve` in front of
+    it, on fresh databases; both stopped when the block ends."""
     source, sink_db = await ctx.databases(f"e2e-{name}", backend)
     await create_source(source)
     started: list[Child] = []
     try:
-        sink = ctx.children.start(f"sink-e2e-{name}", "sink", "--db", str(sink_db))
+        sink = ctx.children.start(f"sink-e2e-{name}", "sink", "--db", str(sink_db), *sink_args)
         started.append(sink)
         publisher = ctx.children.start(
             f"publisher-e2e-{name}", "publisher", "serve", "--db", str(source), "--sink", sink.url

@@ -22,8 +22,9 @@ time; the targets take the generic rate over the order rate of the same case.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from bench.cases import Context, Figures, relay_drain
 from bench.e2e import (
@@ -46,13 +47,22 @@ from bench.events import DATA_BYTES, Kind
 from chaos.dbs import Backend
 from publisher.settings import DEFAULT_DEPTH
 
+T = TypeVar("T")
+
 KINDS: Final = (Kind.ORDER, Kind.GENERIC, Kind.FLOATS)
 ALTERNATING: Final = "alternating rounds by kind"  # how a case's kinds are measured
 
 
 def rounds(per_kind: int) -> list[Kind]:
     """The kinds in the order their rounds run: KINDS, then KINDS backwards, ..."""
-    return [kind for n in range(per_kind) for kind in (KINDS if n % 2 == 0 else KINDS[::-1])]
+    return alternating(KINDS, per_kind)
+
+
+def alternating(variants: Sequence[T], per_variant: int) -> list[T]:
+    """`per_variant` rounds of each variant, in the order they run: the variants, then
+    the variants backwards, ... (a drift over the case weighs on each alike)."""
+    backwards = variants[::-1]
+    return [v for n in range(per_variant) for v in (variants if n % 2 == 0 else backwards)]
 
 
 def _common(ctx: Context, backend: Backend) -> Figures:

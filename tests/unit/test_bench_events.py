@@ -8,7 +8,7 @@ import pytest
 
 from bench.ackserver import ack
 from bench.events import DATA_BYTES, GENERIC_TYPE, Kind, body, event, generic_data, stored
-from bench.generic import rounds
+from bench.generic import alternating, rounds
 from shared import ORDER_PLACED, canonical_json, checked_event, digest_of
 from shared.cloudevents import structured
 from shared.event import canonical_parts
@@ -80,3 +80,9 @@ def test_the_kinds_take_turns_forwards_then_backwards() -> None:
     order, generic, floats = Kind.ORDER, Kind.GENERIC, Kind.FLOATS
     assert rounds(1) == [order, generic, floats]
     assert rounds(2) == [order, generic, floats, floats, generic, order]
+
+
+def test_any_variants_take_turns_so_a_drift_weighs_on_each_alike() -> None:
+    assert alternating(("a", "b"), 1) == ["a", "b"]
+    assert alternating(("a", "b"), 3) == ["a", "b", "b", "a", "a", "b"]
+    assert alternating(("a", "b"), 0) == []
