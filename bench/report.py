@@ -15,6 +15,7 @@ from typing import Any, Final
 from bench import generic, workers
 from bench.cases import Figures
 from bench.events import Kind
+from bench.own_handler import Registry
 from bench.targets import Results, Target, fig, figure, ratio
 
 Describe = Callable[[Figures, Results], str]
@@ -350,6 +351,35 @@ def _e2e_generic(f: Figures, results: Results) -> str:
     )
 
 
+# ---------------------------------------------------------------- a handler of one's own
+
+
+def _registries(f: Figures, key: str = "events_per_s", unit: str = "events/s") -> str:
+    """The built-in registry's figure and the own handler's, with their ratio."""
+    built_in, own = f[f"{key}_{Registry.BUILT_IN}"], f[f"{key}_{Registry.OWN}"]
+    return f"built-in {built_in:,.0f}, own handler {own:,.0f} ({_x(own, built_in)}) {unit}"
+
+
+def _relay_handler(f: Figures, results: Results) -> str:
+    rounds = f"{f['rounds_per_registry']} x {f['backlog_per_round']:,} per registry"
+    built_in, own = (
+        f[f"cpu_us_per_event_{Registry.BUILT_IN}"],
+        f[f"cpu_us_per_event_{Registry.OWN}"],
+    )
+    cpu = ", ".join(f"{process} {us:.0f} / {own[process]:.0f}" for process, us in built_in.items())
+    return f"{_registries(f)} ({rounds}, {f['delivery']}); CPU us per event, built-in / own: {cpu}"
+
+
+def _e2e_handler(f: Figures, results: Results) -> str:
+    rounds = f"{f['rounds_per_registry']} x {f['events_per_round']:,} per registry"
+    cpu = " / ".join(f"{f[f'cpu_{r}']['cpu_ms_per_order']:.3f}" for r in Registry)
+    return (
+        f"{_registries(f)} until applied and marked ({rounds}, {f['route']}, {f['clients']} "
+        f"clients); answered at {_registries(f, 'intake_per_s', 'per s')}; CPU per event in "
+        f"all, built-in / own: {cpu} ms"
+    )
+
+
 def _event_costs(f: Figures, results: Results) -> str:
     def each(key: str) -> str:
         return " / ".join(f"{f[key][kind]:.1f}" for kind in ("order", "generic", "generic_floats"))
@@ -379,6 +409,7 @@ def _e2e(prefix: str, commit_case: str) -> dict[str, Describe]:
         f"{prefix}e2e_latency": _e2e_latency,
         f"{prefix}e2e_single_generic": _e2e_generic,
         f"{prefix}e2e_bulk_generic": _e2e_generic,
+        f"{prefix}e2e_bulk_handler": _e2e_handler,
     }
 
 
@@ -393,9 +424,10 @@ DESCRIBE: Final[dict[str, Describe]] = {
     "relay_batch_serial": _relay_serial,
     "relay_lanes": _relay_lanes,
     **{
-        f"{prefix}relay_{delivery}_generic": _relay_generic
+        f"{prefix}relay_{delivery}_{variant}": describe
         for prefix in ("", "pg_")
         for delivery in ("single", "batch")
+        for variant, describe in (("generic", _relay_generic), ("handler", _relay_handler))
     },
     "intake_latency": _intake_latency,
     "e2e_ceiling": _e2e_ceiling,

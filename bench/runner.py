@@ -34,7 +34,7 @@ from typing import Any, Final, TypeVar
 
 import aiohttp
 
-from bench import cases, costs, e2e, generic, workers
+from bench import cases, costs, e2e, generic, own_handler, workers
 from bench.cases import SIZES, Context, Figures, NotAvailable
 from bench.procs import REPO_ROOT, Children
 from bench.profile import SERVER_SETTINGS, py_spy
@@ -58,6 +58,8 @@ CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("relay_batch", cases.relay_batch),
     ("relay_single_generic", generic.relay_single_generic),
     ("relay_batch_generic", generic.relay_batch_generic),
+    ("relay_single_handler", own_handler.relay_single_handler),
+    ("relay_batch_handler", own_handler.relay_batch_handler),
     ("relay_single_serial", cases.relay_single_serial),
     ("relay_batch_serial", cases.relay_batch_serial),
     ("relay_lanes", cases.relay_lanes),
@@ -69,13 +71,14 @@ CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("e2e_latency", e2e.latency),
     ("e2e_single_generic", generic.e2e_single_generic),
     ("e2e_bulk_generic", generic.e2e_bulk_generic),
+    ("e2e_bulk_handler", own_handler.e2e_bulk_handler),
     ("scaling", cases.scaling),
     ("memory", cases.memory),
 )
 # What `--backend postgres` runs by default: the relay and end-to-end cases on both
-# backends (orders, and generic events beside them) and the figures they are measured
-# against. The other SQLite cases (naive peer, lanes, intake, scaling, memory) are the
-# default run's; `--cases` runs any of them alongside.
+# backends (orders, and beside them generic events and a handler of one's own) and the
+# figures they are measured against. The other SQLite cases (naive peer, lanes, intake,
+# scaling, memory) are the default run's; `--cases` runs any of them alongside.
 SIDE_BY_SIDE: Final = frozenset(
     {
         "ceiling",
@@ -85,6 +88,8 @@ SIDE_BY_SIDE: Final = frozenset(
         "relay_batch",
         "relay_single_generic",
         "relay_batch_generic",
+        "relay_single_handler",
+        "relay_batch_handler",
         "relay_single_serial",
         "relay_batch_serial",
         "e2e_ceiling",
@@ -94,6 +99,7 @@ SIDE_BY_SIDE: Final = frozenset(
         "e2e_latency",
         "e2e_single_generic",
         "e2e_bulk_generic",
+        "e2e_bulk_handler",
     }
 )
 PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
@@ -102,6 +108,8 @@ PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("pg_relay_batch", cases.pg_relay_batch),
     ("pg_relay_single_generic", generic.pg_relay_single_generic),
     ("pg_relay_batch_generic", generic.pg_relay_batch_generic),
+    ("pg_relay_single_handler", own_handler.pg_relay_single_handler),
+    ("pg_relay_batch_handler", own_handler.pg_relay_batch_handler),
     ("pg_relay_single_serial", cases.pg_relay_single_serial),
     ("pg_relay_batch_serial", cases.pg_relay_batch_serial),
     ("pg_workers", workers.pg_workers),
@@ -111,6 +119,7 @@ PG_CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("pg_e2e_latency", e2e.pg_latency),
     ("pg_e2e_single_generic", generic.pg_e2e_single_generic),
     ("pg_e2e_bulk_generic", generic.pg_e2e_bulk_generic),
+    ("pg_e2e_bulk_handler", own_handler.pg_e2e_bulk_handler),
 )
 
 
@@ -142,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         metavar="DIR",
         help="py-spy on every process of the e2e_intake, e2e_single and e2e_bulk cases "
-        "(and of the first round of each kind of the generic ones) while they are timed: "
+        "(and of the first round of each kind of the generic ones, and of each registry "
+        "of the handler ones) while they are timed: "
         "stacks written to DIR, a summary in each case's figures "
         "(sampling costs CPU: the rates of such a run are not comparable)",
     )

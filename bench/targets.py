@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from bench import e2e, generic, workers
+from bench import e2e, generic, handlers, own_handler, workers
 from bench.cases import Figures, Sizes
 from bench.events import DATA_BYTES, Kind
 from publisher.settings import DEFAULT_DEPTH
@@ -35,6 +35,9 @@ E2E_P99_MS: Final = 50.0
 E2E_P50_MS: Final = 10.0
 # Generic events of 1 KiB of data against orders on the same path, in the same case.
 GENERIC_VS_ORDERS: Final = 0.8
+# A handler of one's own (one row per order) against the built-in warehouse on the same
+# orders and path, in the same case.
+OWN_VS_BUILT_IN: Final = 0.9
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,33 @@ def _generic(prefix: str, case: str, path: str, *, reach: bool = False) -> tuple
             )
         )
     return rows[0], rows[1]
+
+
+def _own_handler(prefix: str) -> tuple[Row, ...]:
+    """The handler of one's own against the built-in warehouse on each path of one
+    backend, each measured by its case (bench.own_handler)."""
+    where = "PostgreSQL: " if prefix else ""
+    own, built_in = own_handler.Registry.OWN, own_handler.Registry.BUILT_IN
+    rows = []
+    for case, path, reach in (
+        ("relay_single_handler", "one per request", False),
+        ("relay_batch_handler", "batches", False),
+        ("e2e_bulk_handler", "e2e bulk", True),
+    ):
+        name = f"{prefix}{case}"
+        rows.append(
+            Row(
+                f"{where}own handler vs built-in, {path}",
+                f"{name} events/s with {handlers.SPEC} (a row of its own per order) / "
+                f"with the built-in warehouse, {own_handler.ALTERNATING}",
+                fig(name, f"events_per_s_{own}"),
+                fig(name, f"events_per_s_{built_in}"),
+                ">=",
+                OWN_VS_BUILT_IN,
+                reach=fig(name, f"cpu_{own}", "cpu_bound_per_s") if reach else None,
+            )
+        )
+    return tuple(rows)
 
 
 def _e2e(prefix: str) -> tuple[Row, ...]:
@@ -459,4 +489,6 @@ TABLE: Final[tuple[Row, ...]] = (
     ),
     *_e2e(""),
     *_e2e("pg_"),
+    *_own_handler(""),
+    *_own_handler("pg_"),
 )

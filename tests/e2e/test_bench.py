@@ -446,6 +446,89 @@ def test_generic_event_cases_deliver_every_kind_in_turn_on_one_pipeline(
         assert t["cpu_reach"] == pytest.approx(figures[f"cpu_{kind}"]["cpu_bound_per_s"] / orders)
 
 
+HANDLER_CASES = ("relay_single_handler", "relay_batch_handler", "e2e_bulk_handler")
+REGISTRIES = ("built_in", "own")
+HANDLER_TARGETS = {
+    "own handler vs built-in, one per request": "relay_single_handler",
+    "own handler vs built-in, batches": "relay_batch_handler",
+    "own handler vs built-in, e2e bulk": "e2e_bulk_handler",
+}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def handler_run(
+    request: pytest.FixtureRequest,
+    child_env: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Run, str]:
+    """The handler cases of one backend, in a run of their own (the PostgreSQL run
+    above is long enough), and the prefix of their names; PostgreSQL only where a
+    server can be started."""
+    prefix = "pg_" if request.param == "postgres" else ""
+    if prefix:
+        request.getfixturevalue("pg_server")
+    cases = tuple(prefix + name for name in HANDLER_CASES)
+    workdir = tmp_path_factory.mktemp(f"handlers-{request.param}")
+    return end_to_end_run(child_env, workdir, request.param, cases), prefix
+
+
+def test_handler_cases_alternate_the_registries_and_check_each_sinks_effects(
+    handler_run: tuple[Run, str],
+) -> None:
+    run, prefix = handler_run
+    run.succeeded()
+    report = run.report
+    assert list(report["cases"]) == [prefix + name for name in HANDLER_CASES]
+    processes = {"relay", "sink"} | ({"postgres"} if prefix else set())
+    for name in HANDLER_CASES[:2]:
+        # Each registry drained once, into a sink of its own whose effects the case
+        # checked (the inventory's quantities, or a row of its own per order).
+        figures = report["cases"][prefix + name]
+        assert figures["available"] and "error" not in figures, figures
+        assert figures["order"] == ", ".join(REGISTRIES) and figures["rounds_per_registry"] == 1
+        assert figures["own_handler"] == "bench.handlers:ONE_ROW"
+        assert (
+            figures["backlog_per_round"]
+            == TINY.handler_single_backlog
+            == TINY.handler_batch_backlog
+        )
+        assert figures["backend"] == ("postgres" if prefix else "sqlite")
+        for registry in REGISTRIES:
+            assert figures[f"events_per_s_{registry}"] > 0 and figures[f"requests_{registry}"] > 0
+            cpu = figures[f"cpu_us_per_event_{registry}"]
+            assert set(cpu) == processes and all(us >= 0 for us in cpu.values()), cpu
+    e2e = report["cases"][f"{prefix}e2e_bulk_handler"]
+    assert e2e["available"] and "error" not in e2e, e2e
+    assert e2e["order"] == ", ".join(REGISTRIES) and e2e["batch"] == 250
+    assert e2e["events_per_round"] == TINY.handler_orders
+    # Each pipeline's warm-up (a batch of one per client) and its round, applied, marked.
+    assert e2e["applied_at_sink"] == dict.fromkeys(REGISTRIES, CLIENTS + TINY.handler_orders)
+    e2e_processes = {"publisher", "sink", "client"} | ({"postgres"} if prefix else set())
+    for registry in REGISTRIES:
+        assert e2e[f"events_per_s_{registry}"] > 0 and e2e[f"intake_per_s_{registry}"] > 0
+        cpu = e2e[f"cpu_{registry}"]
+        assert set(cpu["cpu_share"]) == e2e_processes and cpu["cpu_ms_per_order"] > 0, cpu
+    if run.profile is not None:  # each registry's first round, every process
+        expected = {f"{process} ({r})" for process in e2e_processes for r in REGISTRIES}
+        assert set(e2e["profile"]) == expected
+
+    # Own handler over built-in on each path, a target of 0.9x.
+    where = "PostgreSQL: " if prefix else ""
+    targets = {t["name"]: t for t in report["targets"]}
+    assert set(targets) == {where + name for name in HANDLER_TARGETS}
+    for name, case in HANDLER_TARGETS.items():
+        t, figures = targets[where + name], report["cases"][prefix + case]
+        assert t["cases"] == [prefix + case] and t["target"] == 0.9 and isinstance(t["met"], bool)
+        own, built_in = figures["events_per_s_own"], figures["events_per_s_built_in"]
+        assert t["measured"] == pytest.approx(own / built_in), t
+        verdict = "met" if t["met"] else "missed"
+        assert any(
+            t["name"] in line and verdict in line for line in run.process.stdout.splitlines()
+        )
+    reach = e2e["cpu_own"]["cpu_bound_per_s"] / e2e["events_per_s_built_in"]
+    assert targets[where + "own handler vs built-in, e2e bulk"]["cpu_reach"] == pytest.approx(reach)
+
+
 @pytest.mark.skipif(not may_trace_others(), reason="py-spy may not trace other processes here")
 def test_profile_samples_every_process_of_the_end_to_end_cases(backend: tuple[Run, str]) -> None:
     run, prefix = backend

@@ -1,11 +1,11 @@
 """The benchmark's target table and case lines, judged on a recorded run: no process.
 
 RESULTS is a run of every case on a 2-CPU machine (`--quick --backend postgres`),
-trimmed to the figures the report reads and rounded (the generic-event cases' figures,
-bench.generic, are made up to put their rows on both sides of the goal). Each target
-below is written out as its figures (numerator / denominator, from RESULTS) and its
-goal as the report prints it, so a row that swapped its figures or changed its goal
-fails here.
+trimmed to the figures the report reads and rounded (the generic-event and handler
+cases' figures, bench.generic and bench.own_handler, are made up to put their rows on
+both sides of the goal). Each target below is written out as its figures (numerator /
+denominator, from RESULTS) and its goal as the report prints it, so a row that swapped
+its figures or changed its goal fails here.
 """
 
 from __future__ import annotations
@@ -298,6 +298,68 @@ RESULTS: dict[str, Figures] = {
         "batch": 250,
         "clients": 8,
     },
+    "relay_single_handler": {
+        "events_per_s_built_in": 1300.0,
+        "events_per_s_own": 1250.0,
+        "rounds_per_registry": 2,
+        "backlog_per_round": 1000,
+        "delivery": "one event per request, up to 8 in flight",
+        "cpu_us_per_event_built_in": {"relay": 310.0, "sink": 240.0},
+        "cpu_us_per_event_own": {"relay": 305.0, "sink": 246.0},
+    },
+    "relay_batch_handler": {
+        "events_per_s_built_in": 2400.0,
+        "events_per_s_own": 2100.0,
+        "rounds_per_registry": 2,
+        "backlog_per_round": 5000,
+        "delivery": "batches of up to 16, up to 8 in flight",
+        "cpu_us_per_event_built_in": {"relay": 61.0, "sink": 40.0},
+        "cpu_us_per_event_own": {"relay": 62.0, "sink": 44.0},
+    },
+    "pg_relay_single_handler": {
+        "events_per_s_built_in": 500.0,
+        "events_per_s_own": 480.0,
+        "rounds_per_registry": 2,
+        "backlog_per_round": 1000,
+        "delivery": "one event per request, up to 8 in flight",
+        "cpu_us_per_event_built_in": {"relay": 300.0, "sink": 350.0, "postgres": 420.0},
+        "cpu_us_per_event_own": {"relay": 301.0, "sink": 352.0, "postgres": 431.0},
+    },
+    "pg_relay_batch_handler": {
+        "events_per_s_built_in": 3900.0,
+        "events_per_s_own": 3600.0,
+        "rounds_per_registry": 2,
+        "backlog_per_round": 5000,
+        "delivery": "batches of up to 16, up to 8 in flight",
+        "cpu_us_per_event_built_in": {"relay": 70.0, "sink": 60.0, "postgres": 90.0},
+        "cpu_us_per_event_own": {"relay": 71.0, "sink": 63.0, "postgres": 95.0},
+    },
+    "e2e_bulk_handler": {
+        "events_per_s_built_in": 4300.0,
+        "events_per_s_own": 4000.0,
+        "intake_per_s_built_in": 25000.0,
+        "intake_per_s_own": 24000.0,
+        "cpu_built_in": {"cpu_ms_per_order": 0.12, "cpu_bound_per_s": 16700.0},
+        "cpu_own": {"cpu_ms_per_order": 0.125, "cpu_bound_per_s": 16000.0},
+        "rounds_per_registry": 2,
+        "events_per_round": 5000,
+        "route": "POST /orders/batch, batches of 250",
+        "batch": 250,
+        "clients": 8,
+    },
+    "pg_e2e_bulk_handler": {
+        "events_per_s_built_in": 680.0,
+        "events_per_s_own": 600.0,
+        "intake_per_s_built_in": 8500.0,
+        "intake_per_s_own": 8400.0,
+        "cpu_built_in": {"cpu_ms_per_order": 0.71, "cpu_bound_per_s": 2820.0},
+        "cpu_own": {"cpu_ms_per_order": 0.74, "cpu_bound_per_s": 2700.0},
+        "rounds_per_registry": 2,
+        "events_per_round": 5000,
+        "route": "POST /orders/batch, batches of 250",
+        "batch": 250,
+        "clients": 8,
+    },
 }
 
 # name: (measured, goal as printed, verdict, cases)
@@ -499,6 +561,37 @@ EXPECTED: dict[str, tuple[float, str, str, tuple[str, ...]]] = {
         "reference",
         ("pg_e2e_bulk_generic",),
     ),
+    "own handler vs built-in, one per request": (
+        1250 / 1300,
+        ">= 0.9x",
+        "met",
+        ("relay_single_handler",),
+    ),
+    "own handler vs built-in, batches": (
+        2100 / 2400,
+        ">= 0.9x",
+        "missed",
+        ("relay_batch_handler",),
+    ),
+    "own handler vs built-in, e2e bulk": (4000 / 4300, ">= 0.9x", "met", ("e2e_bulk_handler",)),
+    "PostgreSQL: own handler vs built-in, one per request": (
+        480 / 500,
+        ">= 0.9x",
+        "met",
+        ("pg_relay_single_handler",),
+    ),
+    "PostgreSQL: own handler vs built-in, batches": (
+        3600 / 3900,
+        ">= 0.9x",
+        "met",
+        ("pg_relay_batch_handler",),
+    ),
+    "PostgreSQL: own handler vs built-in, e2e bulk": (
+        600 / 680,
+        ">= 0.9x",
+        "missed",
+        ("pg_e2e_bulk_handler",),
+    ),
 }
 # Each target's second line in the report, at the --quick sizes.
 DETAILS = {
@@ -646,6 +739,30 @@ DETAILS = {
         "pg_e2e_bulk_generic events/s of 1,024 B data, floats / its order events/s, "
         "alternating rounds by kind"
     ),
+    "own handler vs built-in, one per request": (
+        "relay_single_handler events/s with bench.handlers:ONE_ROW (a row of its own per "
+        "order) / with the built-in warehouse, alternating rounds by registry"
+    ),
+    "own handler vs built-in, batches": (
+        "relay_batch_handler events/s with bench.handlers:ONE_ROW (a row of its own per "
+        "order) / with the built-in warehouse, alternating rounds by registry"
+    ),
+    "own handler vs built-in, e2e bulk": (
+        "e2e_bulk_handler events/s with bench.handlers:ONE_ROW (a row of its own per "
+        "order) / with the built-in warehouse, alternating rounds by registry"
+    ),
+    "PostgreSQL: own handler vs built-in, one per request": (
+        "pg_relay_single_handler events/s with bench.handlers:ONE_ROW (a row of its own per "
+        "order) / with the built-in warehouse, alternating rounds by registry"
+    ),
+    "PostgreSQL: own handler vs built-in, batches": (
+        "pg_relay_batch_handler events/s with bench.handlers:ONE_ROW (a row of its own per "
+        "order) / with the built-in warehouse, alternating rounds by registry"
+    ),
+    "PostgreSQL: own handler vs built-in, e2e bulk": (
+        "pg_e2e_bulk_handler events/s with bench.handlers:ONE_ROW (a row of its own per "
+        "order) / with the built-in warehouse, alternating rounds by registry"
+    ),
 }
 # The most each end-to-end ratio can reach with every CPU busy: the numerator case's
 # cpu_bound_per_s over the same denominator.
@@ -664,6 +781,8 @@ REACH = {
     "  PostgreSQL: e2e, POST /events vs POST /orders, floats": 909 / 340,
     "PostgreSQL: e2e, /events/batch vs /orders/batch": 2220 / 680,
     "  PostgreSQL: e2e, /events/batch vs /orders/batch, floats": 1540 / 680,
+    "own handler vs built-in, e2e bulk": 16000 / 4300,
+    "PostgreSQL: own handler vs built-in, e2e bulk": 2700 / 680,
 }
 # Each case's line in the report, as printed for RESULTS.
 LINES = {
@@ -829,6 +948,38 @@ LINES = {
         "250, 8 clients); answered at orders 8,500, 1 KiB 5,000 (0.59x), 1 KiB with floats "
         "3,000 (0.35x) per s; CPU per event in all (ms): orders 0.71, 1 KiB 0.90, 1 KiB with "
         "floats 1.30"
+    ),
+    "relay_single_handler": (
+        "built-in 1,300, own handler 1,250 (0.96x) events/s (2 x 1,000 per registry, one "
+        "event per request, up to 8 in flight); CPU us per event, built-in / own: relay "
+        "310 / 305, sink 240 / 246"
+    ),
+    "relay_batch_handler": (
+        "built-in 2,400, own handler 2,100 (0.88x) events/s (2 x 5,000 per registry, "
+        "batches of up to 16, up to 8 in flight); CPU us per event, built-in / own: relay "
+        "61 / 62, sink 40 / 44"
+    ),
+    "pg_relay_single_handler": (
+        "built-in 500, own handler 480 (0.96x) events/s (2 x 1,000 per registry, one event "
+        "per request, up to 8 in flight); CPU us per event, built-in / own: relay 300 / "
+        "301, sink 350 / 352, postgres 420 / 431"
+    ),
+    "pg_relay_batch_handler": (
+        "built-in 3,900, own handler 3,600 (0.92x) events/s (2 x 5,000 per registry, "
+        "batches of up to 16, up to 8 in flight); CPU us per event, built-in / own: relay "
+        "70 / 71, sink 60 / 63, postgres 90 / 95"
+    ),
+    "e2e_bulk_handler": (
+        "built-in 4,300, own handler 4,000 (0.93x) events/s until applied and marked (2 x "
+        "5,000 per registry, POST /orders/batch, batches of 250, 8 clients); answered at "
+        "built-in 25,000, own handler 24,000 (0.96x) per s; CPU per event in all, built-in "
+        "/ own: 0.120 / 0.125 ms"
+    ),
+    "pg_e2e_bulk_handler": (
+        "built-in 680, own handler 600 (0.88x) events/s until applied and marked (2 x "
+        "5,000 per registry, POST /orders/batch, batches of 250, 8 clients); answered at "
+        "built-in 8,500, own handler 8,400 (0.99x) per s; CPU per event in all, built-in "
+        "/ own: 0.710 / 0.740 ms"
     ),
 }
 
