@@ -381,7 +381,7 @@ def not_applied(request: web.Request, exc: NotApplied) -> BadRequest:
         cause = exc.__cause__
         request.app[HANDLER_LOG].log(
             logging.ERROR,
-            ("handler failed", exc.event_type, exc.detail),
+            ("handler failed", exc.event_type, type(cause).__name__),
             "the handler of %s failed on %s: %s",
             exc.event_type,
             exc.event_id,

@@ -23,6 +23,7 @@ one that has run.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -79,9 +80,11 @@ class HandlerRejected(NotApplied):
 
 
 class HandlerFailed(NotApplied):
-    """The handler raised, returned something that is not statements, or the
-    database refused one of its statements (a constraint, a missing table). The
-    original exception is the `__cause__`; `detail` names only its kind."""
+    """The handler raised, returned something that is not statements (or one that
+    would end the inbox's transaction), or the database refused one of its
+    statements (a constraint, a missing table). The original exception is the
+    `__cause__`; `detail` names an exception's class only (its message may hold
+    anything), and a refused statement's database error."""
 
     status = 503
     error = "handler failed"
@@ -90,7 +93,7 @@ class HandlerFailed(NotApplied):
 @dataclass(frozen=True, slots=True)
 class HandledEvent:
     """The event a handler is given: `data` is parsed from the stored canonical form
-    when first read, so it is the handler's own copy."""
+    at each read, so it is the handler's own copy."""
 
     id: str
     type: str
@@ -185,16 +188,43 @@ class Handlers:
         if handler is None:
             raise NoHandler(event["id"], event["type"], f"no handler for type {event['type']}")
         try:
-            returned = handler(HandledEvent.of(event, canonical))
+            # Read whole here: a generator's Reject or bug is the handler's too.
+            returned = _statements(handler(HandledEvent.of(event, canonical)))
         except Reject as exc:
             raise HandlerRejected(event["id"], event["type"], str(exc.reason)) from exc
+        except NotAStatement as exc:
+            raise HandlerFailed(event["id"], event["type"], str(exc)) from exc
         except Exception as exc:
             failed = HandlerFailed(event["id"], event["type"], type(exc).__name__)
             raise failed from exc
-        try:
-            return _statements(returned)
-        except TypeError as exc:
-            raise HandlerFailed(event["id"], event["type"], str(exc)) from exc
+        return returned
+
+
+class NotAStatement(TypeError):
+    """A handler returned something that is not statements its effect may run."""
+
+
+# What a statement of an effect may not begin with: it would end or change the
+# inbox's transaction (or the session of a pooled connection) under it.
+_TRANSACTION_WORDS: Final = frozenset(
+    {"BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"}
+    | {"PREPARE", "RESET", "DISCARD", "VACUUM", "ATTACH", "DETACH", "PRAGMA"}
+)
+_FIRST_WORDS: Final = re.compile(
+    r"(?:\s|--[^\n]*\n?|/\*.*?\*/|\()*([A-Za-z]+)(?:\s+([A-Za-z]+))?", re.S
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def _runnable(sql: str) -> str:
+    """`sql`, if an effect may run it; NotAStatement naming what it would do else."""
+    found = _FIRST_WORDS.match(sql)
+    if found is None:
+        raise NotAStatement(f"not SQL: {sql[:40]!r}")
+    first, second = found.group(1).upper(), (found.group(2) or "").upper()
+    if first in _TRANSACTION_WORDS or (first == "SET" and second not in ("LOCAL", "CONSTRAINTS")):
+        raise NotAStatement(f"{first} would end or change the inbox's transaction or session")
+    return sql
 
 
 def _statements(returned: object) -> list[tuple[str, Mapping[str, Any]]]:
@@ -202,11 +232,11 @@ def _statements(returned: object) -> list[tuple[str, Mapping[str, Any]]]:
     if returned is None:
         return []
     if isinstance(returned, (str, bytes)) or not isinstance(returned, Iterable):
-        raise TypeError("a handler returns a list of (sql, params) pairs or SQL strings")
+        raise NotAStatement("a handler returns a list of (sql, params) pairs or SQL strings")
     out: list[tuple[str, Mapping[str, Any]]] = []
     for statement in returned:
         if isinstance(statement, str):
-            out.append((statement, {}))
+            out.append((_runnable(statement), {}))
             continue
         if (
             isinstance(statement, Sequence)
@@ -214,9 +244,10 @@ def _statements(returned: object) -> list[tuple[str, Mapping[str, Any]]]:
             and isinstance(statement[0], str)
             and isinstance(statement[1], Mapping)
         ):
-            out.append((statement[0], statement[1]))
+            out.append((_runnable(statement[0]), statement[1]))
             continue
-        raise TypeError(f"not a statement: {type(statement).__name__} (want (sql, params) or sql)")
+        kind = type(statement).__name__
+        raise NotAStatement(f"not a statement: {kind} (want (sql, params) or sql)")
     return out
 
 

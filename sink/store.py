@@ -40,8 +40,8 @@ class Incoming(NamedTuple):
     """One validated event as the inbox takes it: the event, its canonical form (RFC
     8785 of {id, type, key, data}: what the inbox stores, compares and digests,
     computed once where the event was validated), and the order it places when it is
-    an `order.placed` event whose data is an order (its effect: the order's quantity
-    added to its SKU's inventory); None for any other event, which is only recorded."""
+    an `order.placed` event whose data is an order (what an admission check such as
+    `--chaos reject-sku` reads; its effect is its handler's), else None."""
 
     event: Event
     canonical: str

@@ -3,17 +3,20 @@
 The interface and rows are in `sink.store`; the SQL is in `sink.backends.postgres_sql`;
 the pool, migrations, durable commits and error translation are pg_tx's.
 
-The common case is one statement and one round trip: the calls of a group commit
+The common case is one statement and two round trips: the calls of a group commit
 (or a write alone) whose IDs are distinct and new and whose predecessors are in the
 inbox, a pipeline's chain of requests included (a predecessor that is an event of an
-earlier call of the group passes the check by it), go in with INSERT_CALLS, sent with BEGIN, the
-durable-commit settings and COMMIT as one simple query. It takes the calls up to the
-first that cannot go in that way; that call and those after it then run in a second
-transaction, each tried as all new and else event by event (a redelivery, a
-conflict: the prefix kept). Two transactions inserting the same ID apply it once:
-the second one's insert waits for the first to commit and then does nothing (in
-INSERT_CALLS the statement then raises serialization_failure and its transaction
-runs again).
+earlier call of the group passes the check by it), go in with INSERT_CALLS, sent
+with BEGIN and the durable-commit settings; once its row says which calls went in,
+their events' handlers give their statements, sent with the COMMIT. It takes the
+calls up to the first that cannot go in that way; that call and those after it then
+run in a second transaction, event by event (a redelivery, a conflict: the prefix
+kept). A handler that does not take its event, or a statement of one that the
+database refuses, sends every call of the group the long way, where each event with
+statements has a savepoint of its own once a first try fails. Two transactions
+inserting the same ID apply it once: the second one's insert waits for the first to
+commit and then does nothing (in INSERT_CALLS the statement then raises
+serialization_failure and its transaction runs again).
 
 A leased call (Outbox-Lease) is checked in the same transaction: its line's epoch is
 raised by an upsert on the line's `lease_fences` row (RAISE_LEASE, or in INSERT_CALLS
@@ -21,11 +24,16 @@ the group's highest epoch of each line), which waits for that row's lock and jud
 its newest version, so two sinks applying one line's requests serialise there; a
 stale call stops INSERT_CALLS like a missing predecessor, and is refused the long way.
 
+Handlers' statements are the user's SQL: they are not rewritten but for their
+parameters (`:name` as psycopg's `%(name)s`). With a schema named for the inbox
+(`schema=NAME`), they run with that schema first on the transaction's search_path,
+so that the inbox's own tables (the warehouse's `inbox_inventory`) and the tables
+the registry's schema statements created there are found without naming it.
+
 How a write commits is decided here from the facts the HTTP layer reports
 (`arriving`), as in the SQLite inbox: alone, in a transaction of its own; while
 other writes are in progress, in a group commit, one transaction for all the calls
-waiting, so they share one WAL flush (the same SKU's inventory row would otherwise
-serialise their commits one flush at a time).
+waiting, so they share one WAL flush.
 """
 
 from __future__ import annotations
@@ -89,6 +97,7 @@ class PostgresInbox(Inbox):
         side, statements = f"handlers:{handlers.name}", handlers.schema_statements
         async with self._db.transaction() as conn:
             await conn.execute(sql.MIGRATION_LOCK)
+            await self._handlers_path(conn)
             row = await (await conn.execute(sql.HANDLER_SCHEMA_VERSION, (side,))).fetchone()
             done = 0 if row is None else int(row[0])
             if done > len(statements):
@@ -178,7 +187,10 @@ class PostgresInbox(Inbox):
             effects, stopped = effects_of(self.handlers, [i for c in calls[:went] for i in c.items])
             if stopped is not None:
                 raise stopped
-            await self._run(conn, runs(effects))
+            statements = runs(effects)
+            if statements:
+                await self._handlers_path(conn)
+                await self._run(conn, statements)
         return [_all_applied(call.items) for call in calls[:went]]
 
     async def _run(self, conn: Conn, statements: list[tuple[str, list[Mapping[str, Any]]]]) -> None:
@@ -193,8 +205,15 @@ class PostgresInbox(Inbox):
                     await cursor.executemany(query, params)
 
     def _statement(self, text: str) -> bytes:
-        """A handler's statement as psycopg takes it, its inbox tables qualified."""
-        return _pyformat(self._db.qualify(text)).encode()
+        """A handler's statement as psycopg takes it."""
+        return _pyformat(text).encode()
+
+    async def _handlers_path(self, conn: Conn) -> None:
+        """In the transaction that runs handlers' statements: the inbox's schema, if
+        one is named, first on its search_path (queued; set for this transaction)."""
+        schema = self._db.settings.schema
+        if schema is not None:
+            await conn.execute(postgres_sql.HANDLERS_SEARCH_PATH, (f'"{schema}"',))
 
     async def _long_way(self, calls: list[Call], now: float) -> list[BatchReceipt | Exception]:
         """The calls in one transaction, one after the other, event by event. If a
@@ -215,7 +234,11 @@ class PostgresInbox(Inbox):
     ) -> list[BatchReceipt | Exception]:
         async with self._db.connection() as conn, conn.pipeline(), conn.transaction():
             await conn.execute(DURABLE)
+            await self._handlers_path(conn)
             if isolated:
+                # A deferred constraint a statement breaks fails at that statement,
+                # inside its event's savepoint, not at the COMMIT of the whole group.
+                await conn.execute(postgres_sql.CONSTRAINTS_NOW)
                 return [await self._isolated(conn, call, now) for call in calls]
             outcomes: list[BatchReceipt | Exception] = []
             for call in calls:
@@ -405,8 +428,8 @@ def _one_params(item: Incoming, now: float) -> dict[str, Any]:
 # becomes %(name)s, a cast (::) stays, and every % is doubled, inside literals too
 # (psycopg reads placeholders without regard to SQL quoting).
 _TOKENS: Final = re.compile(
-    r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/"""
-    r"""|\$([A-Za-z_]\w*|)\$.*?\$\1\$|::|:([A-Za-z_]\w*)|%""",
+    r"""(?<!\w)[Ee]'(?:[^'\\]|\\.|'')*'|'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/"""
+    r"""|\$([A-Za-z_]\w*|)\$.*?\$\1\$|::|(?<![\w:]):([A-Za-z_]\w*)|%""",
     re.DOTALL,
 )
 
@@ -423,16 +446,21 @@ def _pyformat(text: str) -> str:
 
 
 # SQLSTATE classes of a statement's own fault: cardinality, data, integrity,
-# transaction (a deferred constraint), syntax or a missing object, check option,
-# a raise in PL/pgSQL, a feature not supported. Any other is the database's or the
-# connection's (disk full, read-only, shutdown, lost connection, a deadlock).
-_HANDLER_CLASSES: Final = frozenset({"0A", "21", "22", "23", "27", "2B", "42", "44", "P0"})
+# triggered data change, dependent objects, syntax or a missing object, check
+# option, a program limit (an index row too large), a raise in PL/pgSQL, a feature
+# not supported. Any other is the database's or the connection's (disk full,
+# read-only, shutdown, lost connection, a deadlock).
+_HANDLER_CLASSES: Final = frozenset({"0A", "21", "22", "23", "27", "2B", "42", "44", "54", "P0"})
 
 
 def _is_handler_error(exc: psycopg.Error) -> bool:
-    """Whether a statement of a handler's effect failed because of the statement."""
+    """Whether a statement of a handler's effect failed because of the statement:
+    its SQLSTATE says so, or psycopg refused it before sending (a parameter missing
+    or one it cannot adapt, a NUL in a string)."""
     state = exc.sqlstate
-    return state is not None and state[:2] in _HANDLER_CLASSES
+    if state is None:
+        return isinstance(exc, psycopg.ProgrammingError | psycopg.DataError)
+    return state[:2] in _HANDLER_CLASSES
 
 
 def _statement_refused(item: Incoming, exc: psycopg.Error) -> HandlerFailed:
@@ -452,11 +480,6 @@ class _InboxRowRefused(Exception):
     def __init__(self, refused: psycopg.Error) -> None:
         super().__init__(str(refused))
         self.refused = refused
-
-
-class Raced(Exception):
-    """Another transaction committed an ID of the batch between the statement's
-    check and its insert: this transaction is rolled back and run again."""
 
 
 def _connection_lost(exc: psycopg.Error) -> bool:
@@ -481,10 +504,6 @@ async def _retrying(attempt: Callable[[], Awaitable[T]]) -> T:
     for left in range(ATTEMPTS - 1, -1, -1):
         try:
             return await attempt()
-        except Raced:
-            if left == 0:
-                message = "the same events kept arriving through another connection"
-                raise StorageError(message) from None
         except StorageError as exc:
             if left == 0 or not isinstance(exc.__cause__, _RETRYABLE):
                 raise

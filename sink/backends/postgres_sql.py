@@ -274,3 +274,10 @@ WITH new AS (
 )
 SELECT id FROM new
 """
+# A handler's statements run with the inbox's schema (when one is named) first on
+# the search_path, for their transaction only.
+HANDLERS_SEARCH_PATH: Final = (
+    b"SELECT set_config('search_path', %s || ', ' || current_setting('search_path'), true)"
+)
+# The isolated pass of a group: deferred constraints checked at each statement.
+CONSTRAINTS_NOW: Final = b"SET CONSTRAINTS ALL IMMEDIATE"

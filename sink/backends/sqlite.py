@@ -124,6 +124,8 @@ def _receive_groups(
             except (PredecessorMissing, StaleLease) as exc:  # raised before the call wrote events
                 outcomes.append(exc)
             except sqlite3.Error as exc:
+                if not conn.in_transaction:  # SQLite rolled it all back (a full disk)
+                    raise
                 conn.execute("ROLLBACK TO one_call")
                 failed = StorageError(f"applying a batch failed: {exc}")
                 failed.__cause__ = exc
@@ -168,7 +170,7 @@ def _all_new(
         conn.execute("SAVEPOINT all_new")
     conn.executemany(sql.INSERT, [_row(item, now) for item in taken])  # the inbox's own
     if statements:
-        if not _ran(conn, statements, "all_new"):
+        if _refused(conn, statements, "all_new", taken[0]) is not None:
             return None
         conn.execute("RELEASE all_new")
     return BatchReceipt(applied, stopped)
@@ -199,41 +201,51 @@ def _one_by_one(
             conn.execute("SAVEPOINT one_event")
         conn.execute(sql.INSERT, _row(item, now))  # the inbox's own: a failure is raised
         if statements:
-            try:
-                _ran(conn, statements, "one_event", raising=True)
-            except sqlite3.Error as exc:
-                return BatchReceipt(done, statement_refused(item, exc))
+            refused = _refused(conn, statements, "one_event", item)
+            if refused is not None:
+                return BatchReceipt(done, refused)
             conn.execute("RELEASE one_event")
         done.append(Received(Receipt.APPLIED, item.canonical))
     return BatchReceipt(done, None)
 
 
-def _ran(
+# What binding a handler's parameter may raise besides sqlite3's own errors (an
+# integer beyond 64 bits, a value the module cannot store).
+_BIND_ERRORS: Final = (sqlite3.Error, OverflowError, ValueError, TypeError)
+
+
+def _refused(
     conn: sqlite3.Connection,
     statements: list[tuple[str, list[Mapping[str, Any]]]],
     savepoint: str,
-    raising: bool = False,
-) -> bool:
-    """Run handlers' statements in order, a run of one text as one executemany;
-    whether they all ran. One the database refuses for its own sake (a constraint,
-    a missing table) undoes everything since `savepoint` (and releases it), and is
-    raised with `raising`; an error of the database itself (a full disk) is raised
-    as it is, for the transaction to fail."""
+    item: Incoming,
+) -> HandlerFailed | None:
+    """Run handlers' statements in order, a run of one text as one executemany: None
+    when they all ran. One the database refuses for the statement's sake (a
+    constraint, a missing table, its parameters) undoes everything since `savepoint`
+    (which it releases) and is returned as the failure of `item`'s handler (in a
+    batch, the events go one by one to find the one it was). An error of the
+    database itself (a full disk) is raised as it is, and so is one after which no
+    transaction is left (a statement or trigger that rolled it back), for the whole
+    transaction to fail: nothing of it stays."""
     try:
         for text, params in statements:
             if len(params) == 1:
                 conn.execute(text, params[0])
             else:
                 conn.executemany(text, params)
-    except sqlite3.Error as exc:
-        if not is_handler_error(exc):
+    except _BIND_ERRORS as exc:
+        if not conn.in_transaction:
+            raise StorageError(
+                f"a statement of the handler of {item.event['type']} ended the inbox's"
+                f" transaction (a ROLLBACK conflict clause or trigger): {exc}"
+            ) from exc
+        if isinstance(exc, sqlite3.Error) and not is_handler_error(exc):
             raise
         conn.execute(f"ROLLBACK TO {savepoint}")
         conn.execute(f"RELEASE {savepoint}")
-        if raising:
-            raise
-        return False
-    return True
+        return statement_refused(item, exc)
+    return None
 
 
 def _check_lease(conn: sqlite3.Connection, lease: Lease) -> None:
@@ -285,7 +297,7 @@ def is_handler_error(exc: sqlite3.Error) -> bool:
     return code is None or code & 0xFF not in _STORAGE_CODES
 
 
-def statement_refused(item: Incoming, exc: sqlite3.Error) -> HandlerFailed:
+def statement_refused(item: Incoming, exc: Exception) -> HandlerFailed:
     """The failure of an event whose handler's statement the database refused."""
     name = getattr(exc, "sqlite_errorname", None)
     kind = type(exc).__name__ if name is None else f"{type(exc).__name__} ({name})"

@@ -381,3 +381,35 @@ async def test_the_warehouse_is_the_default_and_keeps_recording_other_types(
         assert await inbox.inventory("tea") == 3
 
     assert inbox_ids(backend) == ["o-1", "p-1"]
+
+
+# ---------------------------------------------------------------- the handler's parameters
+
+
+@pytest.mark.parametrize(
+    ("sql", "params"),
+    [
+        ("INSERT INTO ledger (payment_id, customer, cents) VALUES (:id, 'c', :missing)", {}),
+        ("INSERT INTO ledger (payment_id, customer, cents) VALUES (:id, 'c', :n)", {"n": 2**70}),
+        ("INSERT INTO ledger (payment_id, customer, cents) VALUES (:id, 'c', :n)", {"n": {}}),
+    ],
+    ids=["missing", "too-large", "not-a-value"],
+)
+async def test_parameters_the_database_cannot_take_are_the_handlers_failure_and_keep_the_prefix(
+    backend: Backend, sql: str, params: dict[str, Any]
+) -> None:
+    handlers = Ledger().handlers
+
+    @handlers.on("payment.odd")
+    def odd(event: HandledEvent) -> list[Statement]:
+        return [(sql, {"id": event.id, **params})]
+
+    odd_one = {"id": "odd-1", "type": "payment.odd", "data": {}}
+    async with Inbox.open(backend.location, handlers) as inbox:
+        got = await inbox.receive_batch(taken(payment("p-0", 10), odd_one, payment("p-2", 20)))
+        again = await inbox.receive(payment("p-3", 30))  # the inbox goes on
+
+    assert receipts(got) == [Receipt.APPLIED] and isinstance(got.stopped, HandlerFailed)
+    assert got.stopped.event_id == "odd-1"
+    assert again is Receipt.APPLIED
+    assert inbox_ids(backend) == ["p-0", "p-3"]

@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING
 import psycopg
 import pytest
 from pg_faults import PgAccess
+from support import in_progress
 from test_sink_inbox import FIXTURES, check_the_previous_release_upgraded
 
 from plumbing.schema import VERSIONS_TABLE
 from plumbing.storage import StorageError, with_schema
 from shared import Receipt, order_event
-from sink import Inbox
+from sink import HandledEvent, HandlerFailed, Handlers, Inbox, Statement
 from sink.backends import postgres_sql
 from sink.cli import main as sink_main
+from sink.store import Incoming
 
 if TYPE_CHECKING:
     from conftest import PgSchemas, Query
@@ -164,3 +166,75 @@ async def test_a_schema_of_the_previous_release_holds_its_orders_as_order_placed
     assert not {"inbox", "inventory", "lease_fences"} & {
         name for (name,) in db_rows(location, tables)
     }
+
+
+async def test_handlers_run_with_the_inbox_schema_first_and_their_sql_is_left_as_written(
+    pg_schemas: PgSchemas, inbox_database: PgAccess
+) -> None:
+    # A user's table named like a table of an earlier release of the inbox, a column
+    # named `inventory`, and a literal naming the inbox: none of them is rewritten.
+    handlers = Handlers("shop")
+    handlers.schema("CREATE TABLE stock (sku TEXT PRIMARY KEY, inventory INTEGER NOT NULL)")
+
+    @handlers.on("order.placed")
+    def placed(event: HandledEvent) -> list[Statement]:
+        data = event.data
+        return [
+            (
+                "INSERT INTO stock (sku, inventory) VALUES (:sku, :qty)"
+                " ON CONFLICT (sku) DO UPDATE SET inventory = stock.inventory + excluded.inventory",
+                {"sku": data["sku"], "qty": data["qty"]},
+            ),
+            ("INSERT INTO inbox_inventory (sku, qty) VALUES ('note: inbox', 0)", {}),
+        ]
+
+    for schema in ("north", "south"):  # one registry, two inboxes, each its own tables
+        location = f"{pg_schemas.database_url}?schema={schema}"
+        async with Inbox.open(location, handlers) as inbox:
+            assert await inbox.receive(dict(EVENT)) is Receipt.APPLIED
+            assert await inbox.receive(dict(EVENT)) is Receipt.DUPLICATE
+
+    for schema in ("north", "south"):
+        assert inbox_database.query(f"SELECT sku, inventory FROM {schema}.stock") == [("snack", 7)]
+        assert inbox_database.query(f"SELECT sku FROM {schema}.inbox_inventory") == [
+            ("note: inbox",)
+        ]
+        assert inbox_database.query(
+            f"SELECT version FROM {schema}.{VERSIONS_TABLE} WHERE side = 'handlers:shop'"
+        ) == [(1,)]
+
+
+async def test_a_deferred_constraint_a_handler_breaks_fails_its_event_alone(
+    pg_database: str, inbox_database: PgAccess
+) -> None:
+    handlers = Handlers("deferred")
+    handlers.schema(
+        "CREATE TABLE customers (id TEXT PRIMARY KEY)",
+        "INSERT INTO customers (id) VALUES ('known')",
+        "CREATE TABLE payments (id TEXT PRIMARY KEY, customer TEXT NOT NULL"
+        " REFERENCES customers (id) DEFERRABLE INITIALLY DEFERRED)",
+    )
+
+    @handlers.on("paid")
+    def paid(event: HandledEvent) -> list[Statement]:
+        customer = event.data["customer"]
+        return [
+            (
+                "INSERT INTO payments (id, customer) VALUES (:id, :c)",
+                {"id": event.id, "c": customer},
+            )
+        ]
+
+    def pay(event_id: str, customer: str = "known") -> Incoming:
+        return Incoming.checked({"id": event_id, "type": "paid", "data": {"customer": customer}})
+
+    calls = [[pay("a")], [pay("b1"), pay("b2", "nobody"), pay("b3")]]
+    async with Inbox.open(pg_database, handlers) as inbox:
+        with in_progress(inbox, len(calls)):
+            got = await asyncio.gather(*(inbox.receive_batch(call) for call in calls))
+
+    assert [len(one.received) for one in got] == [1, 1]
+    assert got[0].stopped is None
+    assert isinstance(got[1].stopped, HandlerFailed) and got[1].stopped.event_id == "b2"
+    assert inbox_database.query("SELECT id FROM payments ORDER BY id") == [("a",), ("b1",)]
+    assert inbox_database.query("SELECT id FROM inbox_events ORDER BY id") == [("a",), ("b1",)]

@@ -7,6 +7,7 @@ process. The same behaviour on every backend is tests/behaviour/test_inbox_handl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -19,12 +20,24 @@ import pytest
 from aiohttp import web
 from jsonschema import Draft202012Validator
 from relay_lines import MODES, Mode, relay_for, running, sender_for
-from support import eventually, get_json, post_events, query, scrape, sent_ids, value
+from support import (
+    eventually,
+    get_json,
+    in_progress,
+    post_events,
+    query,
+    scrape,
+    sent_ids,
+    value,
+)
 
 import sink
+from plumbing.storage import StorageError
 from publisher import Outbox
-from shared import payload_digest
-from sink import HandledEvent, Handlers, Reject, Statement, create_app
+from shared import Receipt, payload_digest
+from sink import HandledEvent, Handlers, Inbox, Reject, Statement, create_app
+from sink.backends.sqlite import SqliteInbox
+from sink.store import Incoming
 
 LEDGER: Final = "CREATE TABLE ledger (payment_id TEXT PRIMARY KEY, cents INTEGER NOT NULL)"
 ADD: Final = "INSERT INTO ledger (payment_id, cents) VALUES (:payment_id, :cents)"
@@ -342,3 +355,80 @@ async def test_the_relay_blocks_a_line_on_a_422_and_retries_a_503_until_a_fix_is
 def attempts(db: Path, event_id: str) -> int:
     ((count,),) = query(db, "SELECT attempts FROM outbox_entries WHERE id = ?", (event_id,))
     return int(count)
+
+
+# ---------------------------------------------------------------- SQLite's own
+
+
+def blobs() -> Handlers:
+    """A registry whose one handler writes a large row, and one that would end the
+    transaction by its conflict clause."""
+    handlers = Handlers("blobs")
+    handlers.schema("CREATE TABLE blobs (id TEXT PRIMARY KEY, body BLOB NOT NULL)")
+
+    @handlers.on("blob.stored")
+    def stored(event: HandledEvent) -> list[Statement]:
+        data = event.data
+        params = {"id": data.get("blob", event.id), "body": b"x" * data["size"]}
+        return [("INSERT OR ROLLBACK INTO blobs (id, body) VALUES (:id, :body)", params)]
+
+    @handlers.on("blob.many")
+    def many(event: HandledEvent) -> list[Statement]:
+        # One statement that writes ten rows: SQLite undoes it alone when the disk is full.
+        return [(TEN_BLOBS, {"id": event.id, "size": event.data["size"]})]
+
+    return handlers
+
+
+TEN_BLOBS: Final = (
+    "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 10)"
+    " INSERT INTO blobs (id, body) SELECT :id || '.' || x, zeroblob(:size) FROM n"
+)
+
+
+def blob(event_id: str, size: int = 10, kind: str = "stored", **data: object) -> Incoming:
+    """A blob.stored event (one blob of `size` bytes) or blob.many (ten)."""
+    body = {"size": size, **data}
+    return Incoming.checked({"id": event_id, "type": f"blob.{kind}", "data": body})
+
+
+async def test_a_full_disk_under_a_handlers_statement_records_nothing_of_its_event(
+    db: Path,
+) -> None:
+    async with Inbox.open(db, blobs()) as opened:
+        assert isinstance(opened, SqliteInbox)
+        await opened.receive_batch([blob("a")])
+        pages = await opened._db.run(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
+        await opened._db.run(lambda c: c.execute(f"PRAGMA max_page_count = {pages + 2}"))
+
+        # A redelivery first sends the batch event by event: the full disk is the
+        # database's failure there too, not the handler's.
+        with pytest.raises(StorageError, match="full"):
+            await opened.receive_batch([blob("a"), blob("b", 20_000, "many")])
+
+        await opened._db.run(lambda c: c.execute("PRAGMA max_page_count = 1073741823"))
+        again = await opened.receive_batch([blob("a"), blob("b", 20_000, "many")])
+
+    assert [r.receipt for r in again.received] == [Receipt.DUPLICATE, Receipt.APPLIED]
+    assert inbox(db) == ["a", "b"]
+    assert query(db, "SELECT count(*), sum(length(body)) FROM blobs") == [(11, 200_010)]
+    assert query(db, "SELECT count(*) FROM blobs WHERE id LIKE 'b.%'") == [(10,)]
+
+
+async def test_a_statement_that_rolls_the_transaction_back_fails_it_whole(db: Path) -> None:
+    async with Inbox.open(db, blobs()) as opened:
+        await opened.receive_batch([blob("a")])
+        with in_progress(opened, 2):
+            got = await asyncio.gather(
+                opened.receive_batch([blob("c")]),
+                opened.receive_batch([blob("d"), blob("a-again", blob="a")]),
+                return_exceptions=True,
+            )
+        # INSERT OR ROLLBACK of a known blob ID ends the transaction: nothing of the
+        # group is kept, every call is told the database failed, and the inbox goes on.
+        after = await opened.receive_batch([blob("e")])
+
+    assert all(isinstance(one, StorageError) for one in got), got
+    assert "ended the inbox's transaction" in str(got[1])
+    assert [r.receipt for r in after.received] == [Receipt.APPLIED]
+    assert inbox(db) == ["a", "e"]

@@ -101,6 +101,53 @@ def test_a_handler_returning_no_statements_has_failed(returned: object) -> None:
     assert failed.value.status == 503
 
 
+@pytest.mark.parametrize(
+    "statement",
+    [
+        *("COMMIT", "  rollback", "-- why\nBEGIN", "/* x */ SAVEPOINT s", "RELEASE s", "END"),
+        *("SET search_path TO elsewhere", "RESET ALL", "VACUUM", "PRAGMA foreign_keys = OFF"),
+        *("ATTACH DATABASE 'x' AS y", "(COMMIT)"),
+    ],
+)
+def test_a_statement_that_would_end_or_change_the_inbox_transaction_is_refused(
+    statement: str,
+) -> None:
+    handlers = Handlers()
+    handlers.on("t")(lambda event: [statement])
+
+    with pytest.raises(HandlerFailed, match="would end or change the inbox's transaction"):
+        effects(handlers, {"id": "x", "type": "t", "data": {}})
+
+
+@pytest.mark.parametrize(
+    "statement", ["SET LOCAL lock_timeout = '1s'", "SET CONSTRAINTS ALL IMMEDIATE"]
+)
+def test_settings_of_the_transaction_alone_are_allowed(statement: str) -> None:
+    handlers = Handlers()
+    handlers.on("t")(lambda event: [statement])
+
+    assert effects(handlers, {"id": "x", "type": "t", "data": {}}) == [(statement, {})]
+
+
+def test_a_generator_handler_that_rejects_or_fails_while_yielding_is_judged_so() -> None:
+    handlers = Handlers()
+
+    @handlers.on("refused")
+    def refused(event: HandledEvent) -> Any:
+        yield "INSERT INTO x VALUES (1)"
+        raise Reject("no thanks")
+
+    @handlers.on("broken")
+    def broken(event: HandledEvent) -> Any:
+        yield "INSERT INTO x VALUES (1)"
+        raise KeyError("bug")
+
+    with pytest.raises(HandlerRejected, match="no thanks"):
+        effects(handlers, {"id": "x", "type": "refused", "data": {}})
+    with pytest.raises(HandlerFailed, match="KeyError"):
+        effects(handlers, {"id": "x", "type": "broken", "data": {}})
+
+
 def test_a_handler_that_raises_has_failed_with_its_exception_as_the_cause() -> None:
     handlers = Handlers()
 
@@ -166,6 +213,10 @@ def test_load_finds_a_registry_by_module_and_attribute() -> None:
         ("SELECT /* :no % */ :yes % 2", "SELECT /* :no %% */ %(yes)s %% 2"),
         ("SELECT $$ :no $$, $q$ :no $q$, :yes", "SELECT $$ :no $$, $q$ :no $q$, %(yes)s"),
         ("SELECT 'it''s :no', :yes", "SELECT 'it''s :no', %(yes)s"),
+        ("SELECT E'it\\'s :no' || :x", "SELECT E'it\\'s :no' || %(x)s"),
+        ("SELECT E'\\'' || :x || 'y'", "SELECT E'\\'' || %(x)s || 'y'"),
+        ("SELECT arr[lo:hi], arr[1:2], :p", "SELECT arr[lo:hi], arr[1:2], %(p)s"),
+        ("SELECT x := :v", "SELECT x := %(v)s"),
     ],
 )
 def test_named_parameters_become_psycopgs_outside_literals_and_comments(
