@@ -217,7 +217,7 @@ def _pg_statements(schema: str | None) -> _Statements:
         sql.INSERT_NEW.decode(),
         sql.FIND.decode(),
         sql.COUNT_DUPLICATE.decode(),
-        postgres._one_params,
+        postgres.one_params,
     )
 
 
@@ -243,7 +243,7 @@ def _sqlite_statements() -> _Statements:
     from sink.backends import sqlite, sqlite_sql
 
     return _Statements(
-        sqlite_sql.INSERT_ONE, sqlite_sql.FIND, sqlite_sql.COUNT_DUPLICATE, sqlite._row
+        sqlite_sql.INSERT_ONE, sqlite_sql.FIND, sqlite_sql.COUNT_DUPLICATE, sqlite.inbox_row
     )
 
 

@@ -325,7 +325,7 @@ class PostgresInbox(Inbox):
     async def _record(self, conn: Conn, item: Incoming, now: float) -> bool:
         """Record one event if it is new; whether it was (its result is fetched, so
         that its handler's statements are sent only then)."""
-        inserted = await conn.execute(self._sql.INSERT_ONE, _one_params(item, now))
+        inserted = await conn.execute(self._sql.INSERT_ONE, one_params(item, now))
         return await inserted.fetchone() is not None
 
     # ------------------------------------------------------------------ reads
@@ -412,7 +412,7 @@ def _columns(items: list[Incoming]) -> dict[str, list[Any]]:
     }
 
 
-def _one_params(item: Incoming, now: float) -> dict[str, Any]:
+def one_params(item: Incoming, now: float) -> dict[str, Any]:
     """The parameters of INSERT_ONE for one event."""
     return {
         "id": item.event["id"],

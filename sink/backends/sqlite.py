@@ -168,7 +168,7 @@ def _all_new(
     statements = runs(effects)
     if statements:
         conn.execute("SAVEPOINT all_new")
-    conn.executemany(sql.INSERT, [_row(item, now) for item in taken])  # the inbox's own
+    conn.executemany(sql.INSERT, [inbox_row(item, now) for item in taken])  # the inbox's own
     if statements:
         if _refused(conn, statements, "all_new", taken[0]) is not None:
             return None
@@ -199,7 +199,7 @@ def _one_by_one(
         statements = runs([effect])
         if statements:
             conn.execute("SAVEPOINT one_event")
-        conn.execute(sql.INSERT, _row(item, now))  # the inbox's own: a failure is raised
+        conn.execute(sql.INSERT, inbox_row(item, now))  # the inbox's own: a failure is raised
         if statements:
             refused = _refused(conn, statements, "one_event", item)
             if refused is not None:
@@ -264,7 +264,7 @@ def _known(conn: sqlite3.Connection, ids: list[str]) -> bool:
     return conn.execute(sql.FIND_MANY, (json.dumps(ids),)).fetchone() is not None
 
 
-def _row(item: Incoming, now: float) -> tuple[str, str, str, float, float]:
+def inbox_row(item: Incoming, now: float) -> tuple[str, str, str, float, float]:
     """The parameters of sql.INSERT for one event."""
     return (item.event["id"], item.event["type"], item.canonical, now, now)
 
