@@ -26,8 +26,8 @@ from publisher import HttpSender, Outbox
 from publisher.cli.dispatch import deliver_pending
 from publisher.settings import RelaySettings
 from publisher.store import State
-from shared import Conflict, digest_of, order_canonical, order_event, validate_order
-from sink import Inbox, create_app
+from shared import Conflict, Receipt, digest_of, order_canonical, order_event, validate_order
+from sink import HandledEvent, Handlers, Inbox, Statement, create_app
 
 if TYPE_CHECKING:
     from conftest import PgSchemas, Serve
@@ -184,3 +184,33 @@ async def test_new_events_written_in_groups_follow_the_old_entries_and_all_are_d
         **{"o-7": 1, "o-8": 1, "p-1": 1, "p-2": 1},
     }
     assert inventory(written.sink) == {"snack": 12, "juice": 7, "tea": 14}
+
+
+async def test_the_previous_inbox_opens_with_handlers_of_ones_own_and_loses_nothing(
+    written: Written,
+) -> None:
+    # The old inbox, opened with a registry of a consumer's own: its schema runs once
+    # beside the old tables, an order the old release applied comes again as a
+    # duplicate (its handler not called, the old stock untouched), new events run it.
+    called: list[str] = []
+    handlers = Handlers("ledger")
+    handlers.schema("CREATE TABLE ledger (event_id TEXT NOT NULL, qty INTEGER NOT NULL)")
+
+    @handlers.on("order.placed")
+    def placed(event: HandledEvent) -> list[Statement]:
+        called.append(event.id)
+        add = "INSERT INTO ledger (event_id, qty) VALUES (:id, :qty)"
+        return [(add, {"id": event.id, "qty": event.data["qty"]})]
+
+    old = validate_order({"id": "o-1", "sku": "snack", "qty": 1})
+    new = validate_order({"id": "n-1", "sku": "tea", "qty": 3})
+    for _ in range(2):  # opened twice: the schema statement runs once
+        async with Inbox.open(written.sink, handlers) as inbox:
+            assert await inbox.receive(order_event(old)) is Receipt.DUPLICATE
+            assert await inbox.receive(order_event(new)) in (Receipt.APPLIED, Receipt.DUPLICATE)
+
+    assert called == ["n-1"]
+    assert query(written.sink, "SELECT event_id, qty FROM ledger") == [("n-1", 3)]
+    # As the previous release left it: this registry is not the warehouse.
+    assert inventory(written.sink) == {"snack": 5, "juice": 2}
+    assert deliveries(written.sink)["o-1"] == 3 and deliveries(written.sink)["n-1"] == 2
