@@ -32,6 +32,7 @@ from .arrays import array_literal
 from .database import PROBE_LOCK_WAIT_MS, PgDatabase
 from .errors import describe, translated_sync
 from .group import GroupCommit
+from .migrations import MIGRATION_LOCK
 from .names import Qualify, check_schema, qualified, qualifier
 from .pool import POOL_WAIT_S, Conn, Pool, PoolTimeout, close_quietly
 from .settings import CONNECT_TIMEOUT_S, DEFAULT_POOL_MAX, Settings, parse
@@ -49,6 +50,7 @@ __all__ = [
     "DEFAULT_POOL_MAX",
     "DURABLE",
     "LOCK_WAIT_MS",
+    "MIGRATION_LOCK",
     "POOL_WAIT_S",
     "PROBE_LOCK_WAIT_MS",
     "SNAPSHOT",

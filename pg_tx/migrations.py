@@ -16,6 +16,9 @@ from .pool import Conn
 
 # Where releases before VERSIONS_TABLE kept each side's version (side, version).
 LEGACY_VERSIONS_TABLE: Final = "schema_versions"
+# One migrating process at a time per database (both sides, and handlers' schemas,
+# share the lock), held to the end of the transaction.
+MIGRATION_LOCK: Final = b"SELECT pg_advisory_xact_lock(hashtext('outbox-relay schema'))"
 
 
 async def migrate(conn: Conn, schema: Schema, qualify: Qualify) -> None:
@@ -23,8 +26,7 @@ async def migrate(conn: Conn, schema: Schema, qualify: Qualify) -> None:
     by `qualify`; StorageError if they are newer than this program knows."""
     versions = qualify(VERSIONS_TABLE)
     async with conn.transaction():
-        # One migrating process at a time per database (both sides share the lock).
-        await conn.execute(b"SELECT pg_advisory_xact_lock(hashtext('outbox-relay schema'))")
+        await conn.execute(MIGRATION_LOCK)
         await conn.execute(
             f"CREATE TABLE IF NOT EXISTS {versions} ("
             " side TEXT PRIMARY KEY, version INTEGER NOT NULL)".encode()

@@ -214,7 +214,7 @@ def _pg_statements(schema: str | None) -> _Statements:
 
     sql = pg_tx.qualified(postgres_sql, pg_tx.qualifier(schema, postgres_sql.SCHEMA.tables))
     return _Statements(
-        sql.INSERT_NEW.decode(),
+        sql.INSERT_ONE.decode(),
         sql.FIND.decode(),
         sql.COUNT_DUPLICATE.decode(),
         postgres.one_params,

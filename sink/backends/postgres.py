@@ -46,12 +46,20 @@ from typing import Any, Final, TypeVar
 
 import psycopg.errors
 
-from pg_tx import DURABLE, Conn, PgDatabase, describe, qualified
+from pg_tx import DURABLE, MIGRATION_LOCK, Conn, PgDatabase, describe, qualified
 from plumbing.group_commit import GroupCommit
 from plumbing.storage import StorageError
 from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
 from sink.backends import postgres_sql
-from sink.backends.sharing import Arrivals, Call, effects_of, runs
+from sink.backends.sharing import (
+    Arrivals,
+    Call,
+    effects_of,
+    runs,
+    schema_failed,
+    schema_side,
+    schema_to_run,
+)
 from sink.handlers import WAREHOUSE, HandlerFailed, Handlers, NotApplied
 from sink.store import BatchReceipt, Inbox, InboxRecord, Incoming, Received
 
@@ -93,31 +101,22 @@ class PostgresInbox(Inbox):
         """The registry's schema statements not run yet, in order, counted in the
         versions table in the same transaction (under the migrations' lock: sinks
         starting together run each once); StorageError naming the one that fails."""
-        handlers, sql = self.handlers, self._sql
-        side, statements = f"handlers:{handlers.name}", handlers.schema_statements
+        handlers, sql, side = self.handlers, self._sql, schema_side(self.handlers)
         async with self._db.transaction() as conn:
-            await conn.execute(sql.MIGRATION_LOCK)
+            await conn.execute(MIGRATION_LOCK)
             await self._handlers_path(conn)
             row = await (await conn.execute(sql.HANDLER_SCHEMA_VERSION, (side,))).fetchone()
-            done = 0 if row is None else int(row[0])
-            if done > len(statements):
-                raise StorageError(
-                    f"{done} schema statements of the handlers {handlers.name!r} ran in this"
-                    f" database, but the registry names {len(statements)}: statements are"
-                    " only ever added"
-                )
-            if done == len(statements):
+            todo = schema_to_run(handlers, 0 if row is None else int(row[0]))
+            if not todo:
                 return
-            for number, statement in enumerate(statements[done:], done + 1):
+            for number, statement in todo:
                 try:
                     async with conn.transaction():
                         await conn.execute(statement.encode())
                 except psycopg.Error as exc:
-                    raise StorageError(
-                        f"schema statement {number} of the handlers {handlers.name!r}"
-                        f" failed: {describe(exc)}"
-                    ) from exc
-            await conn.execute(sql.SET_HANDLER_SCHEMA_VERSION, (side, len(statements)))
+                    raise schema_failed(handlers, number, describe(exc)) from exc
+            count = len(handlers.schema_statements)
+            await conn.execute(sql.SET_HANDLER_SCHEMA_VERSION, (side, count))
 
     @property
     def location(self) -> str:

@@ -224,11 +224,15 @@ SELECT (SELECT c FROM stop) - 1,
             THEN inbox_raced() END
 """
 # One event: recorded if new, else nothing; returns a row only when it was new (its
-# handler's statements are then sent).
+# handler's statements are then sent). A known ID takes no number from
+# inbox_applied_seq (a column default is evaluated for a row that ON CONFLICT then
+# drops): a redelivery is common, in the inbox's own long way and in a caller's own
+# transaction (sink.in_transaction) alike.
 INSERT_ONE: Final = b"""
 WITH new AS (
     INSERT INTO inbox_events (id, type, payload, received_at, last_delivery_at)
-    VALUES (%(id)s, %(type)s, %(payload)s, %(now)s, %(now)s)
+    SELECT %(id)s, %(type)s, %(payload)s, %(now)s, %(now)s
+    WHERE NOT EXISTS (SELECT FROM inbox_events WHERE id = %(id)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), tallied AS (
@@ -249,31 +253,14 @@ TALLY_SLOTS: Final = 64
 COUNT_EVENTS: Final = b"SELECT coalesce(sum(events), 0) FROM inbox_tally"
 # A registry's schema statements (sink.handlers) run so far: a row of the versions
 # table under the side `handlers:NAME`, apart from the inbox's own; read under the
-# migrations' advisory lock, so that sinks starting together run each statement once.
-MIGRATION_LOCK: Final = b"SELECT pg_advisory_xact_lock(hashtext('outbox-relay schema'))"
+# migrations' advisory lock (pg_tx.MIGRATION_LOCK), so that sinks starting together
+# run each statement once.
 HANDLER_SCHEMA_VERSION: Final = f"SELECT version FROM {VERSIONS_TABLE} WHERE side = %s".encode()
 SET_HANDLER_SCHEMA_VERSION: Final = (
     f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES (%s, %s)"
     " ON CONFLICT (side) DO UPDATE SET version = excluded.version"
 ).encode()
 
-# INSERT_ONE for one event in a transaction of the caller's own (sink.in_transaction),
-# but a known ID takes no number from inbox_applied_seq (a column default is evaluated
-# for a row that ON CONFLICT then drops): a redelivery is common, and the inbox's own
-# path looks before it inserts too. Returns a row only when the event was new.
-INSERT_NEW: Final = b"""
-WITH new AS (
-    INSERT INTO inbox_events (id, type, payload, received_at, last_delivery_at)
-    SELECT %(id)s, %(type)s, %(payload)s, %(now)s, %(now)s
-    WHERE NOT EXISTS (SELECT FROM inbox_events WHERE id = %(id)s)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id
-), tallied AS (
-    INSERT INTO inbox_tally (slot, events) SELECT mod(pg_backend_pid(), %(slots)s), 1 FROM new
-    ON CONFLICT (slot) DO UPDATE SET events = inbox_tally.events + excluded.events
-)
-SELECT id FROM new
-"""
 # A handler's statements run with the inbox's schema (when one is named) first on
 # the search_path, for their transaction only.
 HANDLERS_SEARCH_PATH: Final = (

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeAlias
 
 from plumbing.group_commit import Arrivals as Arrivals  # re-exported: the backends use it
+from plumbing.storage import StorageError
 from shared import Lease
 from sink.handlers import Handlers, NotApplied
 from sink.store import Incoming
@@ -50,3 +51,29 @@ def runs(effects: Iterable[list[Effect]]) -> list[tuple[str, list[Mapping[str, A
             else:
                 out.append((text, [params]))
     return out
+
+
+def schema_to_run(handlers: Handlers, done: int) -> list[tuple[int, str]]:
+    """The registry's schema statements a database that has run `done` of them must
+    run still, numbered from 1; StorageError if it ran more than the registry names
+    (statements are only ever added)."""
+    statements = handlers.schema_statements
+    if done > len(statements):
+        raise StorageError(
+            f"{done} schema statements of the handlers {handlers.name!r} ran in this"
+            f" database, but the registry names {len(statements)}: statements are only"
+            " ever added"
+        )
+    return list(enumerate(statements[done:], done + 1))
+
+
+def schema_failed(handlers: Handlers, number: int, why: str) -> StorageError:
+    """The error of a registry's schema statement the database refused."""
+    return StorageError(
+        f"schema statement {number} of the handlers {handlers.name!r} failed: {why}"
+    )
+
+
+def schema_side(handlers: Handlers) -> str:
+    """The versions table's row of a registry's schema, apart from the inbox's own."""
+    return f"handlers:{handlers.name}"

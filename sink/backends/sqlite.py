@@ -19,7 +19,15 @@ from typing import Any, Final
 from plumbing.storage import StorageError
 from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
 from sink.backends import sqlite_sql as sql
-from sink.backends.sharing import Arrivals, Call, effects_of, runs
+from sink.backends.sharing import (
+    Arrivals,
+    Call,
+    effects_of,
+    runs,
+    schema_failed,
+    schema_side,
+    schema_to_run,
+)
 from sink.handlers import WAREHOUSE, HandlerFailed, Handlers, NotApplied
 from sink.store import BatchReceipt, Inbox, InboxRecord, Incoming, Received
 from sqlite_tx import Database, GroupCommit, SqliteFile, transaction
@@ -311,24 +319,15 @@ def statement_refused(item: Incoming, exc: Exception) -> HandlerFailed:
 def _apply_handler_schema(conn: sqlite3.Connection, handlers: Handlers) -> None:
     """Run the registry's schema statements not run yet in this file, in order, and
     count them, in one transaction; StorageError naming the one that fails."""
-    side = f"handlers:{handlers.name}"
-    statements = handlers.schema_statements
+    side = schema_side(handlers)
     with transaction(conn):
         row = conn.execute(sql.HANDLER_SCHEMA_VERSION, (side,)).fetchone()
-        done = 0 if row is None else int(row[0])
-        if done > len(statements):
-            raise StorageError(
-                f"{done} schema statements of the handlers {handlers.name!r} ran in this"
-                f" database, but the registry names {len(statements)}: statements are only"
-                " ever added"
-            )
-        if done == len(statements):
+        todo = schema_to_run(handlers, 0 if row is None else int(row[0]))
+        if not todo:
             return
-        for number, statement in enumerate(statements[done:], done + 1):
+        for number, statement in todo:
             try:
                 conn.execute(statement)
             except sqlite3.Error as exc:
-                raise StorageError(
-                    f"schema statement {number} of the handlers {handlers.name!r} failed: {exc}"
-                ) from exc
-        conn.execute(sql.SET_HANDLER_SCHEMA_VERSION, (side, len(statements)))
+                raise schema_failed(handlers, number, str(exc)) from exc
+        conn.execute(sql.SET_HANDLER_SCHEMA_VERSION, (side, len(handlers.schema_statements)))
