@@ -17,7 +17,7 @@ The modules, one concept each:
 - `settings`: the URI checked and split into libpq's part and the options above;
 - `pool`: the connection pool, its connections opened on demand;
 - `transactions`: durable transactions and their settings (DURABLE, UNFLUSHED,
-  SNAPSHOT), one in a single round trip;
+  SNAPSHOT), and ones sent in a single round trip;
 - `arrays`: array parameters written as one literal;
 - `migrations`: each side's versioned schema;
 - `names`: table names qualified by the schema;
@@ -43,6 +43,7 @@ from .transactions import (
     UNFLUSHED,
     durable,
     in_one_round_trip,
+    sent_together,
 )
 
 __all__ = [
@@ -71,5 +72,6 @@ __all__ = [
     "parse",
     "qualified",
     "qualifier",
+    "sent_together",
     "translated_sync",
 ]

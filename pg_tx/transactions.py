@@ -85,6 +85,31 @@ async def in_one_round_trip(
         await _back_to_transactions(conn)
 
 
+@contextlib.asynccontextmanager
+async def sent_together(conn: Conn) -> AsyncIterator[Conn]:
+    """A durable transaction whose statements go to the server in one round trip,
+    each with its own parameters bound by the server (prepared like any other):
+    BEGIN, the settings (DURABLE), what the body queues and COMMIT, in pipeline mode
+    with one Sync at the end. psycopg's own transaction() syncs after its BEGIN and
+    again after its COMMIT, waiting for the replies each time; here BEGIN and COMMIT
+    are statements of the pipeline (in autocommit, psycopg adds none of its own).
+    A result the body fetches waits for the replies so far: a round trip more. A
+    statement that fails makes the server skip the rest, COMMIT
+    included: the transaction is then rolled back here and the (driver's) error
+    raised when the block ends, for the caller to translate; so is an error of the
+    body's own, after which nothing commits either. `conn` is one the caller holds,
+    outside any transaction."""
+    await conn.set_autocommit(True)  # BEGIN and COMMIT are the pipeline's own
+    try:
+        async with conn.pipeline():
+            await conn.execute(b"BEGIN")
+            await conn.execute(DURABLE)
+            yield conn
+            await conn.execute(b"COMMIT")
+    finally:
+        await _back_to_transactions(conn)
+
+
 async def _back_to_transactions(conn: Conn) -> None:
     """Leave `conn` as the pool lends it (idle, autocommit off), or closed so that
     the pool drops it."""
