@@ -186,7 +186,7 @@ class Inbox(StoreBase):
         conflict or the first event its handler does not take.
 
         Each new event is recorded and its handler's statements run right after, in
-        the same transaction; a duplicate or a conflict never reaches the handler. The
+        the same transaction; a duplicate's or a conflict's never run. The
         prefix before the stop is applied (or counted as duplicates, an ID repeated
         within the batch included) and committed; the event that stops the batch and
         those after it change nothing, and `stopped` says which it was and why: a

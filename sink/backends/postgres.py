@@ -3,26 +3,30 @@
 The interface and rows are in `sink.store`; the SQL is in `sink.backends.postgres_sql`;
 the pool, migrations, durable commits and error translation are pg_tx's.
 
-The common case is one statement and two round trips: the calls of a group commit
-(or a write alone) whose IDs are distinct and new and whose predecessors are in the
+The common case is one statement and one round trip: the calls of a group commit
+(or a write alone) whose IDs are distinct and new, whose predecessors are in the
 inbox, a pipeline's chain of requests included (a predecessor that is an event of an
-earlier call of the group passes the check by it), go in with INSERT_CALLS, sent
-with BEGIN and the durable-commit settings; once its row says which calls went in,
-their events' handlers give their statements, sent with the COMMIT. It takes the
-calls up to the first that cannot go in that way; that call and those after it then
-run in a second transaction, event by event (a redelivery, a conflict: the prefix
-kept). A handler that does not take its event, or a statement of one that the
-database refuses, sends every call of the group the long way, where each event with
-statements has a savepoint of its own once a first try fails. Two transactions
-inserting the same ID apply it once: the second one's insert waits for the first to
-commit and then does nothing (in INSERT_CALLS the statement then raises
-serialization_failure and its transaction runs again).
+earlier call of the group passes the check by it), and whose events their handlers
+all take, go in with INSERT_ALL. Handlers are pure functions of the event, so their
+statements are computed first and sent with BEGIN, the durable-commit settings,
+INSERT_ALL and the COMMIT; INSERT_ALL raises if one of the calls cannot go in as all
+new, which rolls back the statements queued behind it. Then the same calls go in
+by INSERT_CALLS, in two round trips: it takes the calls up to the first that cannot
+go in, and only their statements follow. The call that stopped it and those after
+it then run in a second transaction, event by event (a redelivery, a conflict: the
+prefix kept). A statement of a handler's that the database refuses sends every call
+of the group the long way, where each event with statements has a savepoint of its
+own once a first try fails. Two transactions inserting the same ID apply it once:
+the second one's insert waits for the first to commit and then does nothing (in
+INSERT_ALL and INSERT_CALLS the statement then raises serialization_failure and its
+transaction runs again).
 
 A leased call (Outbox-Lease) is checked in the same transaction: its line's epoch is
 raised by an upsert on the line's `lease_fences` row (RAISE_LEASE, or in INSERT_CALLS
 the group's highest epoch of each line), which waits for that row's lock and judges
 its newest version, so two sinks applying one line's requests serialise there; a
-stale call stops INSERT_CALLS like a missing predecessor, and is refused the long way.
+stale call stops INSERT_ALL and INSERT_CALLS like a missing predecessor, and is
+refused the long way.
 
 Handlers' statements are the user's SQL: they are not rewritten but for their
 parameters (`:name` as psycopg's `%(name)s`). With a schema named for the inbox
@@ -46,7 +50,16 @@ from typing import Any, Final, TypeVar
 
 import psycopg.errors
 
-from pg_tx import DURABLE, MIGRATION_LOCK, Conn, PgDatabase, describe, qualified
+from pg_tx import (
+    DURABLE,
+    MIGRATION_LOCK,
+    Conn,
+    PgDatabase,
+    array_literal,
+    describe,
+    qualified,
+    sent_together,
+)
 from plumbing.group_commit import GroupCommit
 from plumbing.storage import StorageError
 from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
@@ -54,6 +67,7 @@ from sink.backends import postgres_sql
 from sink.backends.sharing import (
     Arrivals,
     Call,
+    Effect,
     effects_of,
     runs,
     schema_failed,
@@ -149,22 +163,20 @@ class PostgresInbox(Inbox):
     async def _commit_group(self, calls: list[Call]) -> list[BatchReceipt | Exception]:
         """The calls, committed before this returns; one outcome per call.
 
-        First the common case: the leading calls whose IDs are distinct across them,
-        in one statement (INSERT_CALLS), then their handlers' statements. It takes the
-        calls up to the first that cannot go in that way (a known ID, a missing
-        predecessor, a stale lease); that one and those after it then go the long
-        way, in a transaction after it (`_long_way`). When a handler does not take
-        one of the events, or the database refuses one of its statements, nothing of
-        the first transaction stays and every call goes the long way, which finds
-        the event and keeps what comes before it."""
+        First the common case: the leading calls whose IDs are distinct across them
+        and whose events their handlers all take, in one statement with their
+        handlers' statements (`_all_new`). It takes the calls up to the first that
+        cannot go in that way (a known ID, a missing predecessor, a stale lease, an
+        event its handler does not take); that one and those after it then go the
+        long way, in a transaction after it (`_long_way`). When the database refuses
+        a statement of a handler's, nothing of the first transaction stays and every
+        call goes the long way, which finds the event and keeps what comes before it."""
         now = time.time()
         done: list[BatchReceipt | Exception] = []
-        fast = _distinct_prefix(calls)
-        if fast:
+        effects = self._effects(calls[: _distinct_prefix(calls)])
+        if effects:
             try:
-                done = [*await _retrying(lambda: self._insert_calls(calls[:fast], now))]
-            except NotApplied:
-                pass  # nothing of it committed: all go the long way
+                done = [*await self._all_new(calls[: len(effects)], effects, now)]
             except StorageError as exc:
                 if not isinstance(exc.__cause__, psycopg.Error) or _connection_lost(exc.__cause__):
                     raise
@@ -172,21 +184,65 @@ class PostgresInbox(Inbox):
         rest = calls[len(done) :]
         return done + await self._long_way(rest, now) if rest else done
 
-    async def _insert_calls(self, calls: list[Call], now: float) -> list[BatchReceipt]:
-        """The calls (IDs distinct across them) up to the first that cannot go in as
-        all new, in one transaction of two round trips: BEGIN, the settings and
-        INSERT_CALLS; then the handlers' statements of the events that went in, and
-        COMMIT. Their receipts (fewer than the calls when one stopped them). A
-        handler that does not take its event raises its NotApplied: nothing commits."""
+    def _effects(self, calls: list[Call]) -> list[list[Effect]]:
+        """The handlers' statements of each call's events, one list per call, for
+        the leading calls whose events their handlers all take (pure functions of
+        the events: they run before anything is sent, and only for the events that
+        then go in)."""
+        out: list[list[Effect]] = []
+        for call in calls:
+            effects, stopped = effects_of(self.handlers, call.items)
+            if stopped is not None:
+                break
+            out.append([statement for event in effects for statement in event])
+        return out
+
+    async def _all_new(
+        self, calls: list[Call], effects: list[list[Effect]], now: float
+    ) -> list[BatchReceipt]:
+        """The calls (IDs distinct across them) up to the first that cannot go in
+        as all new, with their handlers' statements (`effects`, one list per call).
+        All of them, the common case, in one round trip (INSERT_ALL, the statements
+        and the COMMIT sent together); else the prefix that can, in two
+        (INSERT_CALLS, then the statements of the calls that went in), or none when
+        the one call there is cannot."""
+        try:
+            return await _retrying(lambda: self._insert_all(calls, effects, now))
+        except StorageError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != postgres_sql.STOPPED_STATE:
+                raise
+        if len(calls) == 1:
+            return []  # INSERT_CALLS would take none of it: straight the long way
+        return await _retrying(lambda: self._insert_calls(calls, effects, now))
+
+    async def _insert_all(
+        self, calls: list[Call], effects: list[list[Effect]], now: float
+    ) -> list[BatchReceipt]:
+        """Every call, in one transaction of one round trip: BEGIN, the settings,
+        INSERT_ALL, the handlers' statements and COMMIT. StorageError with
+        inbox_stopped()'s SQLSTATE if one of the calls cannot go in as all new
+        (nothing commits)."""
         params = _calls_columns(calls, now)
-        async with self._db.connection() as conn, conn.pipeline(), conn.transaction():
-            await conn.execute(DURABLE)
+        statements = runs(effects)
+        async with self._db.connection() as conn, sent_together(conn):
+            await conn.execute(self._sql.INSERT_ALL, params)
+            if statements:
+                await self._handlers_path(conn)
+                await self._run(conn, statements)
+        return [_all_applied(call.items) for call in calls]
+
+    async def _insert_calls(
+        self, calls: list[Call], effects: list[list[Effect]], now: float
+    ) -> list[BatchReceipt]:
+        """The calls up to the first that cannot go in as all new, in one
+        transaction of two round trips: BEGIN, the settings and INSERT_CALLS; then
+        the handlers' statements of the calls that went in, and COMMIT. Their
+        receipts (fewer than the calls when one stopped them)."""
+        params = _calls_columns(calls, now)
+        async with self._db.connection() as conn, sent_together(conn):
             row = await (await conn.execute(self._sql.INSERT_CALLS, params)).fetchone()
             went = 0 if row is None else int(row[0])
-            effects, stopped = effects_of(self.handlers, [i for c in calls[:went] for i in c.items])
-            if stopped is not None:
-                raise stopped
-            statements = runs(effects)
+            statements = runs(effects[:went])
             if statements:
                 await self._handlers_path(conn)
                 await self._run(conn, statements)
@@ -381,7 +437,8 @@ def _distinct_prefix(calls: list[Call]) -> int:
 
 def _calls_columns(calls: list[Call], now: float) -> dict[str, Any]:
     """Calls as the arrays INSERT_CALLS unnests (each event with its call's number,
-    from 1; each call's predecessor, and whether it is an event of an earlier call)."""
+    from 1; each call's predecessor, and whether it is an event of an earlier call),
+    each written as one literal (pg_tx.array_literal)."""
     items = [item for call in calls for item in call.items]
     inside: list[bool] = []
     seen: set[str] = set()
@@ -390,24 +447,19 @@ def _calls_columns(calls: list[Call], now: float) -> dict[str, Any]:
         seen.update(item.event["id"] for item in call.items)
     leases = [call.lease for call in calls]
     return {
-        **_columns(items),
-        "calls": [number for number, call in enumerate(calls, 1) for _ in call.items],
-        "afters": [call.after for call in calls],
-        "inside": inside,
-        "sources": [None if lease is None else lease.source for lease in leases],
-        "lines": [None if lease is None else lease.line for lease in leases],
-        "epochs": [None if lease is None else lease.epoch for lease in leases],
+        "ids": array_literal([item.event["id"] for item in items]),
+        "types": array_literal([item.event["type"] for item in items]),
+        "payloads": array_literal([item.canonical for item in items]),
+        "calls": array_literal(
+            [number for number, call in enumerate(calls, 1) for _ in call.items]
+        ),
+        "afters": array_literal([call.after for call in calls]),
+        "inside": array_literal(inside),
+        "sources": array_literal([None if lease is None else lease.source for lease in leases]),
+        "lines": array_literal([None if lease is None else lease.line for lease in leases]),
+        "epochs": array_literal([None if lease is None else lease.epoch for lease in leases]),
         "now": now,
         "slots": postgres_sql.TALLY_SLOTS,
-    }
-
-
-def _columns(items: list[Incoming]) -> dict[str, list[Any]]:
-    """Events as the arrays INSERT_CALLS unnests."""
-    return {
-        "ids": [item.event["id"] for item in items],
-        "types": [item.event["type"] for item in items],
-        "payloads": [item.canonical for item in items],
     }
 
 

@@ -14,6 +14,15 @@ from plumbing.schema import VERSIONS_TABLE, Schema
 
 SIDE: Final = "sink"  # this side's row in outbox_relay_versions
 
+STOPPED_STATE: Final = "IB001"  # inbox_stopped()'s SQLSTATE
+STOPPED_FUNCTION: Final = f"""
+    CREATE FUNCTION inbox_stopped() RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+    BEGIN
+        RAISE EXCEPTION 'a call of this group cannot go in as all new'
+            USING ERRCODE = '{STOPPED_STATE}';
+    END $$;
+"""
+
 MIGRATIONS: Final = (
     """
     CREATE SEQUENCE inbox_applied_seq AS BIGINT;
@@ -90,10 +99,16 @@ MIGRATIONS: Final = (
     ALTER TABLE inbox_lease_fences RENAME CONSTRAINT lease_fences_pkey
         TO inbox_lease_fences_pkey;
     """,
+    # Raised by INSERT_ALL when a call of its group cannot go in as all new: its
+    # transaction, with the handlers' statements queued behind it, is rolled back,
+    # and the group goes in by INSERT_CALLS's prefix instead. A code of its own
+    # (class IB), so that no statement of a handler's is taken for it.
+    STOPPED_FUNCTION,
 )
 # The newest schema at once, for a database that has none of the inbox's tables:
 # what MIGRATIONS reach (a test compares the two).
-FRESH: Final = """
+FRESH: Final = (
+    """
     CREATE SEQUENCE inbox_applied_seq AS BIGINT;
     CREATE TABLE inbox_events (
         id               TEXT PRIMARY KEY,
@@ -130,6 +145,8 @@ FRESH: Final = """
         PRIMARY KEY (source, line)
     );
 """
+    + STOPPED_FUNCTION
+)
 # Every name a statement of the inbox gives a table, a sequence or a function of its
 # own, of this release and earlier ones: what a schema qualifies (pg_tx.names).
 SCHEMA: Final = Schema(
@@ -138,7 +155,7 @@ SCHEMA: Final = Schema(
     migrations=MIGRATIONS,
     tables=frozenset(
         {"inbox", "inventory", "lease_fences", "inbox_events", "inbox_inventory"}
-        | {"inbox_health", "inbox_tally", "inbox_lease_fences", "inbox_raced"}
+        | {"inbox_health", "inbox_tally", "inbox_lease_fences", "inbox_raced", "inbox_stopped"}
         | {"inbox_applied_seq"}
     ),
     probe_table="inbox_health",
@@ -163,9 +180,10 @@ RETURNING epoch
 # this statement's snapshot is newer than the version that refused.
 LEASE_SEEN: Final = b"SELECT epoch FROM inbox_lease_fences WHERE source = %s AND line = %s"
 # The common case of a whole group (the calls of concurrent requests, IDs distinct
-# across the group) in one statement, so that a transaction is two round trips: BEGIN,
-# the settings and this; then the statements of the handlers of the events that went
-# in, and COMMIT. A call goes in if none of its IDs is known and it
+# across the group) in one statement: INSERT_ALL when every call must go in (one
+# round trip, see below), else INSERT_CALLS, in two round trips: BEGIN, the settings
+# and this; then the statements of the handlers of the events that went in, and
+# COMMIT. A call goes in if none of its IDs is known and it
 # passes the predecessor check: no `after`, that event in the inbox, or (`inside`) an event of an
 # earlier call of the group; and its lease, if it has one, is not stale. Each line's
 # highest epoch in the group is raised first (RAISE_LEASE's upsert, so the group
@@ -178,7 +196,7 @@ LEASE_SEEN: Final = b"SELECT epoch FROM inbox_lease_fences WHERE source = %s AND
 # in; raises serialization_failure (the transaction runs again) when fewer rows went
 # in than the prefix holds, because another transaction committed one of its IDs
 # meanwhile.
-INSERT_CALLS: Final = b"""
+_CALLS: Final = b"""
 WITH batch AS (
     SELECT * FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[],
                          %(calls)s::bigint[])
@@ -219,10 +237,22 @@ WITH batch AS (
     SELECT mod(pg_backend_pid(), %(slots)s), count(*) FROM new HAVING count(*) > 0
     ON CONFLICT (slot) DO UPDATE SET events = inbox_tally.events + excluded.events
 )
-SELECT (SELECT c FROM stop) - 1,
+"""
+_RACED: Final = b"""
        CASE WHEN (SELECT count(*) FROM new) <> (SELECT count(*) FROM taken)
             THEN inbox_raced() END
 """
+INSERT_CALLS: Final = _CALLS + b"SELECT (SELECT c FROM stop) - 1," + _RACED
+# INSERT_CALLS for a group whose calls must all go in, so that its handlers'
+# statements, computed before, are sent with it and the COMMIT in one round trip:
+# raises inbox_stopped() (STOPPED_STATE) unless every call went in, which rolls the
+# transaction back with the statements behind it.
+INSERT_ALL: Final = (
+    _CALLS
+    + b"""SELECT CASE WHEN (SELECT c FROM stop) <= cardinality(%(afters)s::text[])
+            THEN inbox_stopped() END,"""
+    + _RACED
+)
 # One event: recorded if new, else nothing; returns a row only when it was new (its
 # handler's statements are then sent). A known ID takes no number from
 # inbox_applied_seq (a column default is evaluated for a row that ON CONFLICT then

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple, TypeAlias
 from plumbing.group_commit import Arrivals as Arrivals  # re-exported: the backends use it
 from plumbing.storage import StorageError
 from shared import Lease
-from sink.handlers import Handlers, NotApplied
+from sink.handlers import ADD_TO_INVENTORY, Handlers, NotApplied, summed_stock
 from sink.store import Incoming
 
 Effect: TypeAlias = tuple[str, Mapping[str, Any]]  # one statement of a handler's effect
@@ -42,7 +42,9 @@ def effects_of(
 def runs(effects: Iterable[list[Effect]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
     """The events' statements in order, each run of one SQL text over consecutive
     statements given as that text and its parameter sets (one executemany each: a
-    handler that writes one row per event makes one run of a whole batch)."""
+    handler that writes one row per event makes one run of a whole batch). For
+    events that go in together only: a run of the built-in warehouse's upsert is
+    summed per SKU (summed_stock), one upsert per SKU, not per event."""
     out: list[tuple[str, list[Mapping[str, Any]]]] = []
     for statements in effects:
         for text, params in statements:
@@ -50,7 +52,10 @@ def runs(effects: Iterable[list[Effect]]) -> list[tuple[str, list[Mapping[str, A
                 out[-1][1].append(params)
             else:
                 out.append((text, [params]))
-    return out
+    return [
+        (text, summed_stock(params) if text == ADD_TO_INVENTORY and len(params) > 1 else params)
+        for text, params in out
+    ]
 
 
 def schema_to_run(handlers: Handlers, done: int) -> list[tuple[int, str]]:

@@ -4,7 +4,8 @@ Each test runs once per backend in `BACKENDS` (tests/behaviour/inbox_backends.py
 an inbox opened with a registry of the test's own (a ledger of payments), checked
 through a connection of the test's own. What is checked: a handler's statements and
 the inbox record commit together or not at all; a duplicate or a conflict never
-reaches a handler; a type with no handler, a Reject and a failure record nothing and
+runs a handler's statements, and is answered as such even by a handler that would
+now refuse it; a type with no handler, a Reject and a failure record nothing and
 stop a batch there, its prefix kept; a failing call of a group commit fails alone;
 the registry's schema runs once per statement, versioned apart from the inbox's.
 """
@@ -132,20 +133,47 @@ async def test_a_handlers_statements_commit_with_the_inbox_record(
     assert ledger.calls == ["p-1"]
 
 
-async def test_a_duplicate_and_a_conflict_never_reach_the_handler(
+async def test_a_duplicate_and_a_conflict_never_run_the_handlers_statements(
     inbox: Inbox, backend: Backend, ledger: Ledger
 ) -> None:
     await inbox.receive(payment("p-1", 1999))
 
+    # The handler's INSERTs, run a second time, would break the ledger's primary key.
     assert await inbox.receive(payment("p-1", 1999)) is Receipt.DUPLICATE
     with pytest.raises(Conflict):
         await inbox.receive(payment("p-1", 2500))
     got = await inbox.receive_batch(taken(payment("p-1", 1999), payment("p-1", 1999)))
 
     assert receipts(got) == [Receipt.DUPLICATE, Receipt.DUPLICATE]
-    assert ledger.calls == ["p-1"]
     assert ledger_rows(backend) == [("p-1", "c-9", 1999)]
+    assert backend.query("SELECT payment_id, cents FROM audit") == [("p-1", 1999)]
     assert backend.query("SELECT deliveries FROM inbox_events") == [(4,)]
+
+
+async def test_a_known_event_its_handler_now_refuses_is_still_a_duplicate(
+    inbox: Inbox, backend: Backend
+) -> None:
+    # Recorded while the handler took it; then a handler that refuses it, or fails
+    # on it, is deployed: a redelivery is answered from the inbox all the same.
+    await inbox.receive(payment("p-1", 1999))
+
+    def refuses(event: HandledEvent) -> list[Statement]:
+        raise Reject("no longer taken")
+
+    def fails(event: HandledEvent) -> list[Statement]:
+        raise RuntimeError("a bug of the new release")
+
+    for handler in (refuses, fails):
+        registry = Handlers("payments")
+        registry.schema(LEDGER, AUDIT)
+        registry.on("payment.captured")(handler)
+        async with Inbox.open(backend.location, registry) as reopened:
+            assert await reopened.receive(payment("p-1", 1999)) is Receipt.DUPLICATE
+            got = await reopened.receive_batch(taken(payment("p-1", 1999)))
+            assert receipts(got) == [Receipt.DUPLICATE] and got.stopped is None
+
+    assert ledger_rows(backend) == [("p-1", "c-9", 1999)]
+    assert backend.query("SELECT deliveries FROM inbox_events") == [(5,)]
 
 
 async def test_a_second_statement_refused_leaves_neither_the_first_nor_the_record(
@@ -266,9 +294,12 @@ async def test_a_batch_with_duplicates_before_the_refused_event_counts_them(
     )
 
     assert receipts(got) == [Receipt.DUPLICATE, Receipt.APPLIED]
-    assert isinstance(got.stopped, HandlerRejected)
-    assert ledger.calls == ["p-0", "p-1", "p-2"]
+    assert isinstance(got.stopped, HandlerRejected) and got.stopped.event_id == "p-2"
     assert inbox_ids(backend) == ["p-0", "p-1"]
+    assert backend.query("SELECT id, deliveries FROM inbox_events ORDER BY id") == [
+        ("p-0", 2),
+        ("p-1", 1),
+    ]
 
 
 async def test_a_failing_call_of_a_group_commit_fails_alone(inbox: Inbox, backend: Backend) -> None:

@@ -8,8 +8,10 @@ through connections of the test's own (`xmin` is the transaction that wrote a ro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +22,8 @@ from plumbing.pgserver import ThrowawayServer
 from plumbing.storage import StorageError
 from shared import Event, Receipt, order_event
 from sink import Inbox
-from sink.store import BatchReceipt, Incoming
+from sink.backends.postgres import PostgresInbox
+from sink.store import BatchReceipt, Incoming, Received
 
 
 def event(event_id: str, sku: str = "snack", qty: int = 1) -> Event:
@@ -59,6 +62,81 @@ async def test_a_write_alone_commits_in_a_transaction_of_its_own(
         assert await pg_inbox.receive(event(f"e{n}")) is Receipt.APPLIED
 
     assert inbox_database.transactions("inbox_events") == 3
+
+
+async def test_a_write_of_new_events_is_one_round_trip_and_a_redelivery_two(
+    pg_inbox: Inbox, inbox_database: PgAccess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # libpq's trace of each connection the inbox takes: every Sync the client sends
+    # ends a round trip (it then waits for the server's replies).
+    assert isinstance(pg_inbox, PostgresInbox)
+    database = pg_inbox._db
+    lend = database.connection
+    trace = tmp_path / "trace"
+
+    @contextlib.asynccontextmanager
+    async def traced() -> AsyncIterator[Any]:
+        async with lend() as conn:
+            with trace.open("a") as out:
+                conn.pgconn.trace(out.fileno())
+                try:
+                    yield conn
+                finally:
+                    conn.pgconn.untrace()
+
+    def round_trips() -> list[int]:
+        """How many statements each round trip of the trace so far carried, in order
+        (the trace then cleared). A round trip ends where the client waits for the
+        server: at a Sync, at a Flush after statements (psycopg's fetch of a result
+        in a pipeline), and after a simple Query."""
+        text = trace.read_text(errors="replace")
+        trace.write_text("")
+        trips: list[int] = []
+        statements = 0
+        ended = True
+        for sent in re.finditer(r"\tF\t\d+\t(Execute|Sync|Flush|Query)\b", text):
+            kind = sent.group(1)
+            if kind == "Execute":
+                statements, ended = statements + 1, False
+            elif kind == "Query":
+                trips.append(1)
+            elif kind == "Sync" or not ended:
+                trips.append(statements)
+                statements, ended = 0, True
+        return trips
+
+    await pg_inbox.receive(event("warm"))  # the pool's first connection
+    monkeypatch.setattr(database, "connection", traced)
+    trace.write_text("")
+
+    assert await pg_inbox.receive_batch(taken([event("a"), event("b", "tea")])) == BatchReceipt(
+        [
+            Received(Receipt.APPLIED, Incoming.checked(e).canonical)
+            for e in (event("a"), event("b", "tea"))
+        ],
+        None,
+    )
+    # BEGIN, the settings, the group's insert, the warehouse's upserts (two SKUs)
+    # and COMMIT.
+    assert round_trips() == [6]
+
+    # A redelivery: that round trip fails on purpose (nothing commits), the failed
+    # transaction is rolled back (psycopg then deallocates its prepared statements),
+    # and the one call goes the long way: BEGIN; the settings and the lookup; the
+    # delivery counted and COMMIT.
+    got = await pg_inbox.receive_batch(taken([event("a")]))
+    assert [r.receipt for r in got.received] == [Receipt.DUPLICATE]
+    trips = round_trips()
+    assert trips[0] == 5 and len(trips) <= 8, trips
+    assert inbox_database.query("SELECT id, deliveries FROM inbox_events ORDER BY id") == [
+        ("a", 2),
+        ("b", 1),
+        ("warm", 1),
+    ]
+    assert inbox_database.query("SELECT sku, qty FROM inbox_inventory ORDER BY sku") == [
+        ("snack", 2),
+        ("tea", 1),
+    ]
 
 
 async def test_a_predecessor_chain_in_progress_together_commits_in_order_in_one_transaction(
@@ -103,11 +181,14 @@ async def test_a_predecessor_chain_in_progress_together_is_one_statement_per_gro
     inserts = [entry for entry in logged if "INSERT INTO inbox_events " in entry]
     # The first call alone (nothing was in progress), then the seven that came in
     # meanwhile: each group one statement (not a statement per call or per event),
-    # then the warehouse's statements of its events, in one transaction.
+    # then the warehouse's upsert of its events, one per SKU with their quantities
+    # summed (all eight are of one SKU), in one transaction.
     assert 1 <= len(inserts) <= 2, written
     for entry in inserts:
         assert "WITH batch AS" in entry, entry
-    assert sum("INSERT INTO inbox_inventory" in entry for entry in logged) == 8, written
+    upserts = sum("INSERT INTO inbox_inventory" in entry for entry in logged)
+    assert upserts == len(inserts), written
+    assert inbox_database.query("SELECT sku, qty FROM inbox_inventory") == [("snack", 8)]
     assert inbox_database.transactions("inbox_events") == len(inserts)
 
 

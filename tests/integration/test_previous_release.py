@@ -191,14 +191,13 @@ async def test_the_previous_inbox_opens_with_handlers_of_ones_own_and_loses_noth
 ) -> None:
     # The old inbox, opened with a registry of a consumer's own: its schema runs once
     # beside the old tables, an order the old release applied comes again as a
-    # duplicate (its handler not called, the old stock untouched), new events run it.
-    called: list[str] = []
+    # duplicate (its handler's statements not run, the old stock untouched), new
+    # events run them, once (the ledger has no key: a second run would add a row).
     handlers = Handlers("ledger")
     handlers.schema("CREATE TABLE ledger (event_id TEXT NOT NULL, qty INTEGER NOT NULL)")
 
     @handlers.on("order.placed")
     def placed(event: HandledEvent) -> list[Statement]:
-        called.append(event.id)
         add = "INSERT INTO ledger (event_id, qty) VALUES (:id, :qty)"
         return [(add, {"id": event.id, "qty": event.data["qty"]})]
 
@@ -209,7 +208,6 @@ async def test_the_previous_inbox_opens_with_handlers_of_ones_own_and_loses_noth
             assert await inbox.receive(order_event(old)) is Receipt.DUPLICATE
             assert await inbox.receive(order_event(new)) in (Receipt.APPLIED, Receipt.DUPLICATE)
 
-    assert called == ["n-1"]
     assert query(written.sink, "SELECT event_id, qty FROM ledger") == [("n-1", 3)]
     # As the previous release left it: this registry is not the warehouse.
     assert inventory(written.sink) == {"snack": 5, "juice": 2}

@@ -9,6 +9,7 @@ import pytest
 
 from shared import Event, InvalidEvent, canonical_json
 from sink.backends.postgres import _pyformat
+from sink.backends.sharing import runs
 from sink.handlers import (
     ADD_TO_INVENTORY,
     WAREHOUSE,
@@ -223,3 +224,26 @@ def test_named_parameters_become_psycopgs_outside_literals_and_comments(
     given: str, psycopg: str
 ) -> None:
     assert _pyformat(given) == psycopg
+
+
+def test_runs_group_consecutive_statements_and_sum_the_warehouses_upserts_per_sku() -> None:
+    order = [(ADD_TO_INVENTORY, {"sku": s, "qty": q}) for s, q in (("tea", 2), ("jam", 1))]
+    other = ("INSERT INTO audit (id) VALUES (:id)", {"id": "o-9"})
+
+    got = runs(
+        [
+            order[:1],
+            [(ADD_TO_INVENTORY, {"sku": "jam", "qty": 4})],
+            order,
+            [other],
+            [(ADD_TO_INVENTORY, {"sku": "tea", "qty": 5})],
+        ]
+    )
+
+    # One upsert per SKU of a run, in SKU order (two groups lock rows in one order);
+    # a statement in between ends the run, and a run of one is left as it is.
+    assert got == [
+        (ADD_TO_INVENTORY, [{"sku": "jam", "qty": 5}, {"sku": "tea", "qty": 4}]),
+        (other[0], [other[1]]),
+        (ADD_TO_INVENTORY, [{"sku": "tea", "qty": 5}]),
+    ]
