@@ -12,9 +12,10 @@ and the driver's errors, SQLAlchemy's wrapping of them included, as StorageError
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 from plumbing.storage import StorageError
 
@@ -26,6 +27,8 @@ SQLALCHEMY_ASYNC: Final = (
     ("sqlalchemy.ext.asyncio", "AsyncSession"),
 )
 PSYCOPG_ANY: Final = (("psycopg", "Connection"), ("psycopg", "AsyncConnection"))
+
+T = TypeVar("T")
 
 
 class NotInTransaction(ValueError):
@@ -105,6 +108,27 @@ def autobegin(connection: Any) -> None:
     It is the caller's still, to commit or roll back."""
     if not connection.in_transaction():
         connection.begin()
+
+
+def sqlalchemy_backend(
+    dialect: Any,
+    driver: Any,
+    on_sqlite: T,
+    on_postgres: T,
+    sqlite_failed: Callable[[BaseException], StorageError],
+    postgres_failed: Callable[[Any, BaseException], StorageError] = pg_failed,
+) -> tuple[T, Callable[[BaseException], StorageError]]:
+    """A side's path for a SQLAlchemy dialect and its driver's connection (`on_sqlite`
+    or `on_postgres`), and what a driver error becomes on it (`sqlite_failed`, or
+    `postgres_failed` given the driver's connection); TypeError for one not taken."""
+    if dialect.name == "sqlite":  # pysqlite, aiosqlite: sqlite3's paramstyles
+        return on_sqlite, sqlite_failed
+    if dialect.name == "postgresql" and is_one_of(driver, PSYCOPG_ANY):
+        return on_postgres, functools.partial(postgres_failed, driver)
+    raise TypeError(
+        "SQLAlchemy is taken on SQLite (sqlite, sqlite+aiosqlite) and on PostgreSQL"
+        f" through psycopg (postgresql+psycopg), not on {dialect.name}+{dialect.driver}"
+    )
 
 
 @contextlib.contextmanager

@@ -47,18 +47,20 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
 from typing import Any
 
-from plumbing.in_transaction import PSYCOPG_ANY as _PSYCOPG_ANY
 from plumbing.in_transaction import SQLALCHEMY_ASYNC as _SQLALCHEMY_ASYNC
 from plumbing.in_transaction import SQLALCHEMY_SYNC as _SQLALCHEMY_SYNC
 from plumbing.in_transaction import DriverSql as _DriverSql
-from plumbing.in_transaction import NotInTransaction
+from plumbing.in_transaction import (
+    NotInTransaction,
+    autobegin,
+    sqlalchemy_backend,
+    sqlalchemy_connection,
+)
 from plumbing.in_transaction import check_psycopg_transaction as _check_psycopg_transaction
 from plumbing.in_transaction import driver_errors as _driver_errors
 from plumbing.in_transaction import is_one_of as _is_one_of
-from plumbing.in_transaction import pg_failed as _pg_failed
 from plumbing.in_transaction import pg_where as _pg_where
 from plumbing.storage import StorageError
 from publisher.store import EventCheck, Intake, Publication
@@ -209,37 +211,15 @@ def _record_sqlalchemy(conn: Any, item: Publication, schema: str | None) -> Inta
     """Through a SQLAlchemy Connection or Session (or the sync side of an async one,
     under run_sync): the backend's own path above, its driver-style SQL passed
     through `exec_driver_sql` so that SQLAlchemy's transaction is the one it joins."""
-    from sqlalchemy import orm
-
-    connection = conn.connection() if isinstance(conn, orm.Session) else conn
-    driver = connection.connection.driver_connection
-    record, failed = _sqlalchemy_backend(connection.dialect, driver)
+    connection, driver = sqlalchemy_connection(conn)
+    record, failed = sqlalchemy_backend(
+        connection.dialect, driver, _record_sqlite, _record_postgres, _sqlite_failed
+    )
     if record is _record_sqlite:
         _refuse_schema_on_sqlite(schema)  # before a Connection's transaction is begun
-    if not connection.in_transaction():
-        # What its next statement would do (autobegin), done before the checks so
-        # that they see the transaction as it will be (a "begin" event that emits
-        # BEGIN, the SQLite recipe): the caller's still, to commit or roll back.
-        connection.begin()
+    autobegin(connection)
     with _driver_errors(failed):
         return record(_DriverSql(connection.exec_driver_sql), driver, item, schema)
-
-
-def _sqlalchemy_backend(
-    dialect: Any, driver: Any
-) -> tuple[
-    Callable[[Any, Any, Publication, str | None], Intake], Callable[[BaseException], StorageError]
-]:
-    """The backend's path for a SQLAlchemy dialect and its driver's connection, and
-    what a driver error becomes on it; TypeError for one not taken."""
-    if dialect.name == "sqlite":  # pysqlite, aiosqlite: sqlite3's paramstyles
-        return _record_sqlite, _sqlite_failed
-    if dialect.name == "postgresql" and _is_one_of(driver, _PSYCOPG_ANY):
-        return _record_postgres, functools.partial(_pg_failed, driver)
-    raise TypeError(
-        "SQLAlchemy is taken on SQLite (sqlite, sqlite+aiosqlite) and on PostgreSQL"
-        f" through psycopg (postgresql+psycopg), not on {dialect.name}+{dialect.driver}"
-    )
 
 
 __all__ = [

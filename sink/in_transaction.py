@@ -73,7 +73,6 @@ from collections.abc import Callable
 from typing import Any, Final, Literal, NamedTuple
 
 from plumbing.in_transaction import (
-    PSYCOPG_ANY,
     SQLALCHEMY_ASYNC,
     SQLALCHEMY_SYNC,
     DriverSql,
@@ -84,6 +83,7 @@ from plumbing.in_transaction import (
     driver_errors,
     is_one_of,
     pg_failed,
+    sqlalchemy_backend,
     sqlalchemy_connection,
 )
 from plumbing.storage import StorageError
@@ -270,29 +270,14 @@ def _receive_sqlalchemy(conn: Any, item: Incoming, schema: str | None) -> Arriva
     under run_sync): the backend's own path above, its driver-style SQL passed
     through `exec_driver_sql` so that SQLAlchemy's transaction is the one it joins."""
     connection, driver = sqlalchemy_connection(conn)
-    receive, failed = _sqlalchemy_backend(connection.dialect, driver)
+    receive, failed = sqlalchemy_backend(
+        connection.dialect, driver, _receive_sqlite, _receive_postgres, _sqlite_failed, _pg_failed
+    )
     if receive is _receive_sqlite:
         _refuse_schema_on_sqlite(schema)  # before a Connection's transaction is begun
     autobegin(connection)
     with driver_errors(failed):
         return receive(DriverSql(connection.exec_driver_sql), driver, item, schema)
-
-
-def _sqlalchemy_backend(
-    dialect: Any, driver: Any
-) -> tuple[
-    Callable[[Any, Any, Incoming, str | None], Arrival], Callable[[BaseException], StorageError]
-]:
-    """The backend's path for a SQLAlchemy dialect and its driver's connection, and
-    what a driver error becomes on it; TypeError for one not taken."""
-    if dialect.name == "sqlite":  # pysqlite, aiosqlite: sqlite3's paramstyles
-        return _receive_sqlite, _sqlite_failed
-    if dialect.name == "postgresql" and is_one_of(driver, PSYCOPG_ANY):
-        return _receive_postgres, functools.partial(_pg_failed, driver)
-    raise TypeError(
-        "SQLAlchemy is taken on SQLite (sqlite, sqlite+aiosqlite) and on PostgreSQL"
-        f" through psycopg (postgresql+psycopg), not on {dialect.name}+{dialect.driver}"
-    )
 
 
 __all__ = [
