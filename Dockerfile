@@ -39,5 +39,7 @@ USER 10001:10001
 # publisher intake API, sink API
 EXPOSE 8000 8080
 
-# Harmless default: compose sets the real command for each service.
-CMD ["python", "-m", "publisher", "--help"]
+# Harmless default: compose sets the real command for each service. The package's
+# commands (outbox-publisher, outbox-sink) are on PATH, the same as `python -m publisher`
+# and `python -m sink`.
+CMD ["outbox-publisher", "--help"]

@@ -3,15 +3,26 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: venv test check lint typecheck demo chaos bench bench-quick clean postgres-binaries netns-tools
+.PHONY: venv runtime test check lint typecheck demo chaos bench bench-quick clean postgres-binaries netns-tools
 .PHONY: soak soak-workers demo-postgres browser screenshots
 
+# One virtualenv in two steps. `runtime`: the package and its runtime dependencies
+# (`pip install -e .`, which also installs the outbox-publisher and outbox-sink
+# commands), all that the services, the chaos runner and so the demos need. `venv`:
+# the test, lint and type-check tools on top (the `test` extra, hundreds of MB with
+# the browser driver and the fuzzer), only for the targets that run them.
+runtime: $(VENV)/.runtime
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+$(VENV)/.runtime: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.runtime
+	$(PIP) -e '.[test]'
 	touch $@
 
 lint: venv
@@ -75,31 +86,31 @@ netns-tools:
 		echo "iproute2 is missing: the partition test will be skipped" >&2)
 
 # SPEC's two checks as stories, with the evidence table before and after recovery.
-demo: venv
+demo: runtime
 	$(BIN)/python -m chaos scenario crash-after-ack drop-after-commit
 
 # The same on PostgreSQL: SPEC's two checks, then a short chaos run (kills of either
 # service and two restarts of the server), each on a throwaway server of its own
 # (initdb in a temp dir, loopback only, fsync on; removed at the end).
-demo-postgres: venv postgres-binaries
+demo-postgres: runtime postgres-binaries
 	$(BIN)/python -m chaos scenario crash-after-ack drop-after-commit --backend postgres
 	$(BIN)/python -m chaos run --backend postgres --events 200 --kills 6 --pg-restarts 2 --seed 1
 
 # A longer run: 500 events, orders and generic events mixed, 10 kills of either
 # service at random moments.
-chaos: venv
+chaos: runtime
 	$(BIN)/python -m chaos run --events 500 --kills 10 --seed 1 --events-mix mixed
 
 # Not part of `make test`: 1,000 kills over 5,000 events (orders and generic events
 # mixed), in global order with batch delivery, then per key with single delivery.
 # Each run stops at its time limit.
-soak: venv
+soak: runtime
 	$(BIN)/python -m chaos run --events 5000 --kills 1000 --seed 1 --events-mix mixed --ordering global --delivery batch --time-limit 1800
 	$(BIN)/python -m chaos run --events 5000 --kills 1000 --seed 2 --events-mix mixed --ordering key --delivery single --time-limit 1800
 
 # Not part of `make test`: three relay workers and two sinks on a throwaway PostgreSQL
 # server through 525 faults (kills, SIGSTOP/SIGCONT pauses, server restarts).
-soak-workers: venv postgres-binaries
+soak-workers: runtime postgres-binaries
 	$(BIN)/python -m chaos run --backend postgres --workers 3 --sinks 2 --ordering sku --events 3000 --kills 180 --pauses 240 --pg-restarts 50 --seed 14
 
 # Figures measured side by side in one run, printed as ratios; also bench/results.json.

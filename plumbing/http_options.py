@@ -28,8 +28,9 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="also answer requests whose Host header is NAME (a DNS name this service is "
-        "reached by; repeatable); its own addresses (and localhost on loopback) always",
+        help="also answer requests whose Host header names NAME (a DNS name this service is"
+        " reached by; repeatable), with any port, as behind a port mapping; its own"
+        " addresses and the loopback names always",
     )
     add_option(
         parser,

@@ -1,4 +1,5 @@
-"""The pure rules of the HTTP side: strict JSON, Host values, parser phrases, the cap."""
+"""The pure rules of the HTTP side: strict JSON, guard settings, parser phrases, the cap
+(the Host rule: tests/unit/test_host_rule.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import resource
 import pytest
 
 from plumbing.bodies import DuplicateKey, loads_strict
-from plumbing.host_guard import HttpGuard, _host_name, _local_host_values
+from plumbing.host_guard import HttpGuard
 from plumbing.http_limits import HttpLimits, connection_cap
 from plumbing.protocol_errors import parser_detail
 from shared.event import BigInteger
@@ -40,25 +41,6 @@ def test_loads_strict_refuses_a_repeated_key_at_any_depth(body: bytes, key: str)
 def test_loads_strict_keeps_a_huge_integer_as_a_marker() -> None:
     assert loads_strict(b'{"qty": -' + b"9" * 5000 + b"}") == {"qty": BigInteger(5000)}
     assert loads_strict(b"[" + b"9" * 100 + b"]") == [int("9" * 100)]
-
-
-def test_local_host_values() -> None:
-    assert _local_host_values(("127.0.0.1", 8080)) == {
-        "127.0.0.1:8080",
-        "localhost:8080",
-        "[::1]:8080",
-    }
-    assert _local_host_values(("10.1.2.3", 80)) == {"10.1.2.3:80", "10.1.2.3"}
-    assert _local_host_values(("fe80::1", 8000, 0, 0)) == {"[fe80::1]:8000"}
-    assert _local_host_values(None) == frozenset()
-
-
-@pytest.mark.parametrize(
-    ("value", "name"),
-    [("sink:8080", "sink"), ("sink", "sink"), ("sink.:80", "sink"), ("[::1]:80", "[::1]")],
-)
-def test_host_name(value: str, name: str) -> None:
-    assert _host_name(value) == name
 
 
 def test_guard_names_are_normalised() -> None:
