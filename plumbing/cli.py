@@ -1,12 +1,19 @@
 """Command-line conventions both services share.
 
 One line on stderr per error and fixed exit codes; every option can also come from
-an OUTBOX_* environment variable; logs as plain text or one JSON object per line.
+an OUTBOX_* environment variable, and its --help shows its default; logs as plain
+text or one JSON object per line.
+
+Text from outside (a sink's reply, a reason or a name kept in a record, an ID read
+from a database) reaches a terminal and the text log through `escaped`: a control
+character in it would act on the terminal (ESC sequences, CR) or forge log lines
+(CR LF and a timestamp), so each is written as a visible escape instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -30,6 +37,33 @@ _INT_RE: Final = re.compile(r"-?[0-9]+")
 _DECIMAL_RE: Final = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 MAX_PORT: Final = 65535
 _SECONDS_PER_UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# A duration with its unit, in ASCII digits (`\d` would take other scripts' digits).
+_UNIT_DURATION_RE: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
+# What a terminal or a log reader acts on instead of showing: the C0 and C1 controls
+# and DEL, the line and paragraph separators, the invisible format characters that
+# reorder or hide text (bidi overrides and isolates, zero widths, the BOM), and lone
+# surrogates (no UTF-8 encoder writes those).
+_UNSAFE: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+    "\ufeff\ufff9-\ufffb\ud800-\udfff]"
+)
+
+
+def utc_text(timestamp: float, timespec: str = "milliseconds") -> str:
+    """A Unix time as every view of both services shows one: ISO 8601 in UTC with Z
+    (2026-12-06T01:21:10.000Z), as the console's and CloudEvents' times read."""
+    moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    return moment.isoformat(timespec=timespec).removesuffix("+00:00") + "Z"
+
+
+def escaped(text: str) -> str:
+    """`text` with every character a terminal or a log reader would act on written as
+    a Python escape (\\r, \\n, \\x1b, \\u202e): one line, shown as it is."""
+    return _UNSAFE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    return match[0].encode("unicode_escape").decode("ascii")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -43,7 +77,7 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {escaped(message)} (see --help)\n")
 
 
 def env_name(flag: str) -> str:
@@ -68,8 +102,26 @@ def add_option(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> Non
             kwargs["type"] = _from_env(env, kwargs.get("type"), kwargs.get("choices"))
             kwargs["default"] = value
         kwargs["required"] = False
-    kwargs["help"] = f"{kwargs.get('help', '')} [env {env}]".strip()
+    shown = _default_shown(kwargs.get("default"))
+    default = "" if shown is None else f" (default: {shown})"
+    kwargs["help"] = f"{kwargs.get('help', '')}{default} [env {env}]".strip()
     parser.add_argument(flag, **kwargs)
+
+
+def _default_shown(value: object) -> str | None:
+    """How --help shows a default: a number or a text as it is; nothing for an option
+    that is off or unset by default, or for a default that has no plain form."""
+    if isinstance(value, bool) or value is None or value == []:
+        return None
+    if isinstance(value, float):
+        text = f"{value:g}"
+    elif isinstance(value, int | str):
+        text = str(value)
+    elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        text = ",".join(value)
+    else:
+        return None
+    return escaped(text).replace("%", "%%")  # argparse formats help with %
 
 
 def _from_env(
@@ -134,6 +186,21 @@ def non_empty(text: str) -> str:
     return text
 
 
+def duration_with_unit_s(text: str) -> float:
+    """argparse type: ASCII digits and a unit, '90s', '15m', '12h', '7d' (or '1.5h'),
+    nothing else: a bare number or other scripts' digits could be read as another
+    length than meant, where a wrong length deletes data (`prune --older-than`)."""
+    match = _UNIT_DURATION_RE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text[:40]!r} (ASCII digits and a unit: 90s, 15m, 12h, 7d)"
+        )
+    seconds = float(match[1]) * _SECONDS_PER_UNIT[match[2]]
+    if seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"duration must be finite, got {text[:40]!r}")
+    return seconds
+
+
 def duration_s(text: str) -> float:
     """argparse type: '90s', '15m', '12h', '7d' (or a plain number of seconds)."""
     match = _DURATION_RE.fullmatch(text.strip())
@@ -152,8 +219,9 @@ def duration_s(text: str) -> float:
 
 
 def fail(prog: str, message: object, status: int = EXIT_FAILED) -> int:
-    """Print one line on stderr and return the exit status to use."""
-    print(f"{prog}: {message}", file=sys.stderr, flush=True)
+    """Print one line on stderr (`message` escaped: it may quote a sink's reply) and
+    return the exit status to use."""
+    print(f"{prog}: {escaped(str(message))}", file=sys.stderr, flush=True)
     return status
 
 
@@ -169,30 +237,44 @@ def record_fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _RESERVED}
 
 
+TRACE_INDENT: Final = "  "  # before each line of a traceback in the text log
+
+
 class TextFormatter(logging.Formatter):
-    """`time level logger: message key=value ...`"""
+    """`time level logger: message key=value ...`, one line, escaped (`escaped`)."""
 
     _second: int | None = None
     _second_text = ""
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        """The default time format, its date and time part made once per second (a
-        relay logs a line per request: strftime for each was a cost of its own)."""
-        msec_format = self.default_msec_format
-        if datefmt is not None or msec_format is None:
-            return super().formatTime(record, datefmt)
+        """The time as every view shows one (utc_text): ISO 8601 in UTC to the
+        millisecond, its date and time part made once per second (a relay logs a
+        line per request: strftime for each was a cost of its own)."""
         second = int(record.created)
         if second != self._second:
-            self._second_text = time.strftime(self.default_time_format, self.converter(second))
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._second = second
-        return msec_format % (self._second_text, record.msecs)
+        return f"{self._second_text}.{int(record.msecs):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        if record.name == "aiohttp.access":
-            return line  # its fields are already in the message
-        fields = " ".join(f"{k}={v}" for k, v in record_fields(record).items())
-        return f"{line} {fields}" if fields else line
+        """One line per record, escaped, whatever its message and fields hold (a
+        sink's reply quoted in an error must not start a line of its own). A
+        traceback follows on lines of their own, each indented and escaped, so that
+        no text quoted in it starts a line that reads as a record."""
+        record.message = record.getMessage()
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
+        if record.name != "aiohttp.access":  # its fields are already in the message
+            fields = " ".join(f"{k}={v}" for k, v in record_fields(record).items())
+            line = f"{line} {fields}" if fields else line
+        line = escaped(line)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        for text in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if text:
+                line += "".join(f"\n{TRACE_INDENT}{escaped(part)}" for part in text.splitlines())
+        return line
 
 
 # One encoder for every line: json.dumps(default=...) builds a new one per call.

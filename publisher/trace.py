@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
+from plumbing.cli import escaped, utc_text
 from publisher.errors import DeliveryError
 from publisher.http import HttpSender
 from publisher.lines_view import LinesView, describe_lease, lines_view
@@ -57,12 +58,39 @@ class SinkView:
 
 
 PRUNED = "outbox row pruned (prune removes sent entries only)"
+SINK_EXCERPT_CHARS: Final = 40  # of a value in the sink's reply that cannot be shown as meant
 
 
 def when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "-"
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")
+    """A time as every view shows one: ISO 8601 in UTC, to the millisecond, with Z
+    (as the console's and the CloudEvents times read); "-" for none."""
+    return "-" if timestamp is None else utc_text(timestamp)
+
+
+def sink_time(value: object) -> str:
+    """A time from the sink's reply, as `when` shows one: Unix seconds (a number) or
+    ISO 8601 text with its offset. Anything else (a time no calendar holds, text
+    that is no time) is shown as "unreadable" with an excerpt, never raised: a
+    sink's reply is text from outside."""
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return when(value)
+        if isinstance(value, str):
+            moment = datetime.fromisoformat(value)
+            if moment.tzinfo is not None:
+                return when(moment.timestamp())
+    except (ValueError, OverflowError, OSError):
+        pass
+    return _unreadable(value)
+
+
+def _unreadable(value: object) -> str:
+    """A value of the sink's reply that cannot be shown as meant: an excerpt, escaped."""
+    try:
+        text = json.dumps(value, default=str)
+    except ValueError:  # an integer of more digits than Python will convert
+        text = type(value).__name__
+    return f"unreadable ({escaped(text[:SINK_EXCERPT_CHARS])})"
 
 
 def build_trace(
@@ -150,12 +178,18 @@ def _received(entry: Entry | None, sink: SinkView) -> Stage:
     record = sink.record
     if record is None:
         return Stage("received", Proof.NOT_PROVEN, "the sink's inbox has no row for this ID")
-    seen = f"in the sink's inbox since {when(record.get('received_at'))}"
-    seen += f", deliveries seen: {record.get('deliveries')}"
+    seen = f"in the sink's inbox since {sink_time(record.get('received_at'))}"
+    seen += f", deliveries seen: {_sink_count(record.get('deliveries'))}"
     if entry is not None and record.get("sha256") != payload_digest(entry.event):
         detail = f"the sink holds another payload for this ID ({seen})"
         return Stage("received", Proof.NOT_PROVEN, detail)
     return Stage("received", Proof.PROVEN, seen)
+
+
+def _sink_count(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return _unreadable(value)
 
 
 def _acknowledged(order: Order | None, entry: Entry | None) -> Stage:
@@ -203,7 +237,8 @@ async def collect_trace(outbox: Outbox, event_id: str, sender: HttpSender | None
 
 
 def render_trace(trace: Trace) -> str:
-    """The trace as a table for a person."""
+    """The trace as a table for a person, each line escaped (`escaped`): the sink's
+    reply, an error, a reason or a name kept in a record is text from outside."""
     lines = [f"evidence for {trace.event_id}", f"  {'stage':<16} {'proof':<11} evidence"]
     for number, stage in enumerate(trace.stages, start=1):
         lines.append(f"  {number} {stage.name:<14} {stage.proof.value:<11} {stage.evidence}")
@@ -222,4 +257,4 @@ def render_trace(trace: Trace) -> str:
             if q.delivered_past:
                 line += f" ({', '.join(q.delivered_past)})"
         lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(escaped(line) for line in lines)

@@ -15,14 +15,15 @@ limit there).
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fcntl
 import json
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Final
 
+from plumbing.cli import utc_text
 from plumbing.storage import StorageError
 from publisher.errors import RelayAlreadyRunning
 
@@ -61,7 +62,7 @@ async def relay_lock(db_path: str, owner: str) -> AsyncIterator[None]:
 
 
 def _write_holder(fd: int, owner: str) -> None:
-    since = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    since = utc_text(time.time(), "seconds")
     record = {"pid": os.getpid(), "host": socket.gethostname(), "owner": owner, "since": since}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)

@@ -22,6 +22,7 @@ from plumbing.storage import BadLocation, StorageError, with_schema
 from publisher.cli import accept, dispatch, operate, serve
 from publisher.cli.options import PROG, Check, Command, add_db_option
 from publisher.errors import DeliveryError, LeaseLost, OutboxError, TargetNotAllowed
+from publisher.notes import BadNote
 from shared import Conflict, InvalidEvent
 
 GROUPS: Final = (accept, dispatch, serve, operate)  # in the order --help lists them
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, f"invalid order: {exc}", EXIT_USAGE)
     except TargetNotAllowed as exc:
         return fail(PROG, f"refused sink URL: {exc}", EXIT_USAGE)
-    except (TokenError, BadLocation) as exc:
+    except (TokenError, BadLocation, BadNote) as exc:
         return fail(PROG, exc, EXIT_USAGE)
     except (Conflict, DeliveryError, StorageError, OutboxError, LeaseLost) as exc:
         return fail(PROG, exc)

@@ -13,10 +13,11 @@ from plumbing.cli import (
     EXIT_USAGE,
     ArgumentParser,
     add_option,
+    escaped,
     fail,
     strict_int,
 )
-from publisher.cli.options import PROG, AddCommand, Check, Command
+from publisher.cli.options import PROG, AddCommand, Check, Command, say
 from publisher.orders_file import feed, numbered_lines
 from publisher.store import MAX_ACCEPT, Outbox
 
@@ -58,7 +59,7 @@ async def cmd_accept(args: argparse.Namespace) -> int:
     event = {"id": args.id, "sku": args.sku, "qty": args.qty}
     async with Outbox.open(args.db) as outbox:
         result = await outbox.accept(event)
-    print(f"{result} {args.id}")
+    say(f"{result} {args.id}")
     return EXIT_OK
 
 
@@ -81,7 +82,7 @@ async def accept_file(db: str, path: str) -> int:
 
 
 def _say_failed(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(escaped(message), file=sys.stderr, flush=True)  # it may quote the line
 
 
 COMMANDS: Final[dict[str, Command]] = {"accept": cmd_accept}

@@ -24,6 +24,7 @@ from publisher.cli.options import (
     add_sink_options,
     batch_limit,
     log_egress,
+    say,
 )
 from publisher.dispatch import collect_delivered
 from publisher.driver import AfterDelivery, Driver, OutboxLine, Sender
@@ -70,7 +71,7 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
         except (DeliveryError, LeaseLost) as exc:
             done = f"{len(delivered)} delivered ({', '.join(delivered) or 'none'}), then"
             return fail(PROG, f"dispatch stopped: {done} {exc}")
-    print(f"delivered {len(marked)}" + (f": {' '.join(marked)}" if marked else ""))
+    say(f"delivered {len(marked)}" + (f": {' '.join(marked)}" if marked else ""))
     return EXIT_OK
 
 

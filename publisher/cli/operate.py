@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Final
 
-from plumbing.cli import EXIT_OK, add_option, duration_s, fail, non_empty, positive_int
+from plumbing.cli import EXIT_OK, ArgumentParser, add_option, duration_with_unit_s, fail, int_in
 from plumbing.net import load_token
 from plumbing.storage import redacted
 from publisher.cli.options import (
@@ -21,11 +21,15 @@ from publisher.cli.options import (
     lease_ttl,
     log_egress,
     operator,
+    operator_name,
+    reason,
+    say,
 )
 from publisher.http import HttpSender
 from publisher.lines_view import LinesView, describe_lease, describe_worker, lines_view
+from publisher.notes import MAX_REASON_CHARS, OPERATOR_RULE
 from publisher.settings import DEFAULT_LEASE_TTL_S
-from publisher.store import Entry, Outbox, QuarantineRecord, State
+from publisher.store import MAX_PAGE, Entry, Outbox, QuarantineRecord, State
 from publisher.trace import collect_trace, render_trace, when
 from shared import GLOBAL_LINE, InvalidEvent
 from shared.event import data_preview, validate_key, validate_type
@@ -50,7 +54,13 @@ def add_parsers(command: AddCommand) -> None:
         default="pending",
         help="which entries",
     )
-    add_option(listing, "--limit", type=positive_int, default=100, help="at most this many")
+    add_option(
+        listing,
+        "--limit",
+        type=int_in(1, MAX_PAGE),
+        default=100,
+        help=f"at most this many, 1 to {MAX_PAGE}",
+    )
     add_option(listing, "--type", type=event_type, help="only events of this type")
     add_option(
         listing, "--key", type=event_key, help="only events of this key (*: those without one)"
@@ -60,13 +70,18 @@ def add_parsers(command: AddCommand) -> None:
     quarantine = command("quarantine", "take a pending entry out of the line")
     quarantine.add_argument("id", type=event_id, help="event ID")
     add_option(
-        quarantine, "--reason", required=True, type=non_empty, help="why (kept with the record)"
+        quarantine,
+        "--reason",
+        required=True,
+        type=reason,
+        help=f"why (kept with the record): 1 to {MAX_REASON_CHARS} characters,"
+        " no control character",
     )
-    add_option(quarantine, "--by", default=operator(), help="who (kept with the record)")
+    add_by_option(quarantine)
 
     redrive = command("redrive", "put a quarantined entry back at its own position")
     redrive.add_argument("id", type=event_id, help="event ID")
-    add_option(redrive, "--by", default=operator(), help="who (kept with the record)")
+    add_by_option(redrive)
 
     trace = command("trace", "how far one event got: the five stages of evidence")
     trace.add_argument("id", type=event_id, help="event ID")
@@ -76,7 +91,23 @@ def add_parsers(command: AddCommand) -> None:
     add_option(trace, "--json", action="store_true", help="one JSON object")
 
     prune = command("prune", "delete sent entries older than a duration")
-    add_option(prune, "--older-than", type=duration_s, required=True, help="e.g. 7d, 12h, 30m")
+    add_option(
+        prune,
+        "--older-than",
+        type=duration_with_unit_s,
+        required=True,
+        help="ASCII digits and a unit (s, m, h, d): 90s, 30m, 12h, 7d",
+    )
+
+
+def add_by_option(parser: ArgumentParser) -> None:
+    add_option(
+        parser,
+        "--by",
+        type=operator_name,
+        default=operator(),
+        help=f"who (kept with the record): {OPERATOR_RULE}",
+    )
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
@@ -84,23 +115,23 @@ async def cmd_status(args: argparse.Namespace) -> int:
         snapshot = await outbox.snapshot()
         lines = await lines_view(outbox, args.lease_ttl)
     if args.json:
-        print(json.dumps({**snapshot.to_dict(), **lines.to_dict()}))
+        print(json.dumps({**snapshot.to_dict(), **lines.to_dict()}))  # JSON escapes
         return EXIT_OK
-    print(f"pending      {snapshot.pending}")
-    print(f"oldest age   {snapshot.oldest_pending_age_s:.1f} s")
-    print(f"quarantined  {snapshot.quarantined}")
+    say(f"pending      {snapshot.pending}")
+    say(f"oldest age   {snapshot.oldest_pending_age_s:.1f} s")
+    say(f"quarantined  {snapshot.quarantined}")
     head = snapshot.head
     if head is None:
-        print("head         none")
+        say("head         none")
     elif head.blocked:
-        print(
+        say(
             f"head         {head.id} (seq {head.seq}) BLOCKED since {when(head.blocked_since)}, "
             f"{head.attempts} attempts, last error: {head.last_error}"
         )
     else:
-        print(f"head         {head.id} (seq {head.seq}), {head.attempts} attempts")
+        say(f"head         {head.id} (seq {head.seq}), {head.attempts} attempts")
     for lane in snapshot.blocked_lanes:
-        print(
+        say(
             f"lane {lane.lane!r:<10} head {lane.id} BLOCKED since {when(lane.blocked_since)}, "
             f"{lane.attempts} attempts, last error: {lane.last_error}"
         )
@@ -112,15 +143,15 @@ def _print_lines(lines: LinesView, ttl_s: float) -> None:
     """The workers and the lines they hold; lines released or expired without an
     owner are counted, not listed (there is one per key ever delivered)."""
     workers = ", ".join(lines.workers) or "none"
-    print(f"workers      {len(lines.workers)} holding leases: {workers}")
+    say(f"workers      {len(lines.workers)} holding leases: {workers}")
     for worker in lines.relay_workers:
         described = describe_worker(worker, lines.lines_of(worker.worker), ttl_s)
-        print(f"worker {worker.worker!r:<8} {described}")
+        say(f"worker {worker.worker!r:<8} {described}")
     shown = [lease for lease in lines.leases if lease.owner is not None]
     for lease in shown:
-        print(f"line {lease.line!r:<10} {describe_lease(lease)}")
+        say(f"line {lease.line!r:<10} {describe_lease(lease)}")
     if len(shown) < len(lines.leases):
-        print(f"lines free   {len(lines.leases) - len(shown)} (released, any worker may take them)")
+        say(f"lines free   {len(lines.leases) - len(shown)} (released, any worker may take them)")
 
 
 def event_type(text: str) -> str:
@@ -150,8 +181,16 @@ async def cmd_list(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(_entry_json(entry, records, lines)))
         else:
-            print(_entry_line(entry, records, lines))
+            say(_entry_line(entry, records, lines))
+    if not entries and not args.json:
+        say(_none_found(args))
     return EXIT_OK
+
+
+def _none_found(args: argparse.Namespace) -> str:
+    """The line `list` prints when nothing matches, naming what was asked for."""
+    which = [f"{name} {value}" for name, value in (("type", args.type), ("key", args.key)) if value]
+    return f"no {args.state} entries" + (f" of {' and '.join(which)}" if which else "")
 
 
 def _delivered_by(entry: Entry, lines: LinesView) -> dict[str, object] | None:
@@ -197,7 +236,7 @@ def _entry_line(entry: Entry, records: list[QuarantineRecord], lines: LinesView)
 async def cmd_quarantine(args: argparse.Namespace) -> int:
     async with Outbox.open(args.db) as outbox:
         await outbox.quarantine(args.id, args.reason, args.by)
-    print(f"quarantined {args.id}")
+    say(f"quarantined {args.id}")
     return EXIT_OK
 
 
@@ -205,7 +244,7 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
     async with Outbox.open(args.db) as outbox:
         record = await outbox.redrive(args.id, args.by)
     passed = f": {' '.join(record.delivered_past)}" if record.delivered_past else ""
-    print(f"redriven {args.id}; {record.delivered_past_count} delivered past it{passed}")
+    say(f"redriven {args.id}; {record.delivered_past_count} delivered past it{passed}")
     return EXIT_OK
 
 
@@ -221,7 +260,10 @@ async def cmd_trace(args: argparse.Namespace) -> int:
         else:
             async with sender:
                 trace = await collect_trace(outbox, args.id, sender)
-    print(json.dumps(trace.to_dict()) if args.json else render_trace(trace))
+    if args.json:
+        print(json.dumps(trace.to_dict()))
+    else:
+        print(render_trace(trace))  # escaped line by line
     if trace.stages[0].proof.value != "proven":
         return fail(PROG, f"no event with ID {args.id!r} in {redacted(args.db)}")
     return EXIT_OK
@@ -230,7 +272,7 @@ async def cmd_trace(args: argparse.Namespace) -> int:
 async def cmd_prune(args: argparse.Namespace) -> int:
     async with Outbox.open(args.db) as outbox:
         deleted = await outbox.prune(args.older_than)
-    print(f"pruned {deleted} sent entries")
+    say(f"pruned {deleted} sent entries")
     return EXIT_OK
 
 

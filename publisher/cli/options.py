@@ -9,8 +9,9 @@ import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
-from plumbing.cli import ArgumentParser, add_option, int_in, positive_s
+from plumbing.cli import ArgumentParser, add_option, escaped, int_in, positive_s
 from plumbing.net import TOKEN_ENV
+from publisher.notes import BadNote, check_operator, check_reason
 from publisher.settings import MAX_DEPTH, check_lease_ttl, check_worker_id
 from shared import MAX_BATCH, InvalidEvent, validate_event_id
 
@@ -64,6 +65,29 @@ def event_id(text: str) -> str:
         raise argparse.ArgumentTypeError(exc.problem) from None
 
 
+def reason(text: str) -> str:
+    """argparse type for --reason: what the console takes (publisher.notes)."""
+    return _note(check_reason, text)
+
+
+def operator_name(text: str) -> str:
+    """argparse type for --by: what the console takes (publisher.notes)."""
+    return _note(check_operator, text)
+
+
+def _note(check: Callable[[object], str], text: str) -> str:
+    try:
+        return check(text)
+    except BadNote as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
+
+
+def say(line: str) -> None:
+    """Print one line of a command's answer for a person: escaped, since it may hold
+    text from outside (a sink's reply, a reason, a name, an ID read from a record)."""
+    print(escaped(line))
+
+
 def add_db_option(sub: ArgumentParser) -> None:
     add_option(
         sub,
@@ -113,8 +137,12 @@ def add_chaos_option(parser: ArgumentParser) -> None:
 
 
 def operator() -> str:
-    """Who an operator's command is recorded as, by default."""
-    return os.environ.get("USER") or "operator"
+    """Who an operator's command is recorded as, by default: $USER, or "operator"
+    when that is unset or not a name a record may carry (--by is checked as given)."""
+    try:
+        return check_operator(os.environ.get("USER") or "operator")
+    except BadNote:
+        return "operator"
 
 
 # The logger the command line has always written under, whichever module writes.

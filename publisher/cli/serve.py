@@ -123,7 +123,8 @@ def _add_delivery_options(serve: ArgumentParser) -> None:
         "--quarantine-after",
         type=positive_int,
         default=None,
-        help="quarantine the head after N consecutive permanent failures (400/409/413/422)",
+        help="quarantine the head after N consecutive permanent failures (400/409/413/422);"
+        " by default never",
     )
     add_option(
         serve,
@@ -223,6 +224,13 @@ def _add_service_options(serve: ArgumentParser) -> None:
     )
     add_option(
         serve,
+        "--cookie-secure",
+        action="store_true",
+        help="mark the console's session cookie Secure (the console is reached over TLS,"
+        " through a proxy in front)",
+    )
+    add_option(
+        serve,
         "--insecure",
         action="store_true",
         help="allow a non-loopback intake address without an intake token",
@@ -280,7 +288,9 @@ async def cmd_serve(args: argparse.Namespace) -> int:
             retry=RetryPolicy(args.retry_base, args.retry_cap, args.quarantine_after),
             worker=WorkerSettings(worker_id_for(args.db, args.worker_id), args.lease_ttl),
         ),
-        console=None if args.no_console else ConsoleSettings(token=console_token),
+        console=None
+        if args.no_console
+        else ConsoleSettings(token=console_token, cookie_secure=args.cookie_secure),
     )
     hook = exit_after_ack(args.chaos) if args.chaos else None
     app = create_app(settings, after_delivery=hook)

@@ -55,7 +55,7 @@ def records(log: str) -> list[str]:
     """The log's records: each starts with its timestamp; a stack belongs to the one above."""
     found: list[str] = []
     for line in log.splitlines():
-        if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", line) or not found:
+        if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", line) or not found:
             found.append(line)
         else:
             found[-1] += "\n" + line

@@ -361,6 +361,9 @@ def listed(capsys: Capsys, db: Path, *args: str) -> list[str]:
     """The event IDs `publisher list` prints, in its order."""
     ran = run_publisher(capsys, "list", "--db", str(db), *args)
     assert ran.status == 0 and ran.err == ""
+    if ran.out.startswith("no "):  # nothing matched: `list` says so in one line
+        assert len(ran.out.splitlines()) == 1, ran.out
+        return []
     return [line.split()[1] for line in ran.out.splitlines()]
 
 
