@@ -25,7 +25,8 @@ or one lane per key) all run a `Driver`:
 Under a lease (a relay worker's line, see publisher.leases), every request carries
 it and every mark is fenced by it: `run(lease)`. A refusal under it (LeaseLost from
 a mark, FencedBySink from a request) ends the run like any failure, and the caller
-stops the line. `may_send` is asked before every send: once the worker no longer
+stops the line (or, for a fence the outbox does not confirm, crosses the gap: see
+publisher.line). `may_send` is asked before every send: once the worker no longer
 holds the lease nothing more is sent, and the requests in flight are settled.
 
 The sink is trusted to enforce the predecessor check only once it has said so

@@ -47,11 +47,21 @@ class LeaseLost(Exception):
 
 
 class FencedBySink(LeaseLost, NotAcknowledged):
-    """The sink refused a request (409) for its stale lease epoch: nothing applied."""
+    """The sink refused a request (409) for its stale lease epoch: nothing applied.
 
-    def __init__(self, line: str, epoch: int, why: str) -> None:
-        LeaseLost.__init__(self, line, epoch, why)
+    `seen` is the epoch the sink said it has seen for the line (None when its reply
+    named none): the lease taken past it is one the sink accepts.
+    """
+
+    def __init__(self, line: str, epoch: int, why: str, *, seen: int | None = None) -> None:
+        # Not "lost": the outbox may still hold the lease (it is behind the sink).
+        Exception.__init__(
+            self, f"lease of line {line!r} at epoch {epoch} fenced by the sink: {why}"
+        )
+        self.line = line
+        self.epoch = epoch
         self.status = 409
+        self.seen = seen
 
 
 class OutboxError(Exception):

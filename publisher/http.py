@@ -536,8 +536,11 @@ def fenced_by_sink(
         return NotAcknowledged(
             f"{event_id}: sink refused a lease epoch this request did not carry", status=409
         )
-    said = f"epoch {seen} has been seen" if type(seen) is int else "a later epoch has been seen"
-    return FencedBySink(lease.line, lease.epoch, f"the sink refused {event_id}: {said}")
+    if type(seen) is not int:  # true is not 1
+        why = f"it refused {event_id}: a later epoch has been seen"
+        return FencedBySink(lease.line, lease.epoch, why)
+    why = f"it refused {event_id}: epoch {seen} has been seen"
+    return FencedBySink(lease.line, lease.epoch, why, seen=seen)
 
 
 def _json_object(reply: bytes) -> dict[str, object] | None:

@@ -19,6 +19,14 @@ Fair share: at each renewal a worker that holds more than ceil(leased lines / li
 workers) + 1 lines gives up the excess (it stops sending on them at once, and
 releases each once its requests in flight are settled), and it takes no new line
 beyond that share. Live workers are those seen within one ttl.
+
+A fenced gap: a sink that fences a request of a line this worker still holds in
+the outbox (the outbox is behind the sink: restored from an older backup, say) has
+seen a higher epoch of it than the outbox has. `cross` takes the line's lease again
+past the epoch the sink names, in one step, however wide the gap. A lease so taken
+is not taken past another: a sink that fences it too has seen epochs that no take
+of this outbox made (a forged reply, or a second outbox sending as this one), and
+the line backs off instead, as after any failed attempt.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from plumbing.logs import REPEAT_INTERVAL_S, Throttled
 from publisher.errors import FencedBySink, LeaseLost
@@ -40,6 +48,11 @@ from shared import GLOBAL_LINE, Lease
 
 # The name operators have filtered lease and worker lines on since workers came.
 log = logging.getLogger("publisher.workers")
+
+# The widest fenced gap crossed in one step. No restore or takeover history makes a
+# wider one (a lane taken once a second for a century is about 2**31 epochs), and a
+# reply that names one anyway would spend the epoch space: it is backed off instead.
+MAX_EPOCH_GAP: Final = 2**32
 
 
 class LeaseObserver(Protocol):
@@ -55,15 +68,19 @@ class LeaseObserver(Protocol):
 
     def fenced_request(self) -> None: ...
 
+    def fenced_gap_crossed(self) -> None: ...
+
 
 @dataclass
 class Held:
-    """A lease this worker holds: its epoch, until when (monotonic) it trusts it, and
-    whether it is being given up (fair share)."""
+    """A lease this worker holds: its epoch, until when (monotonic) it trusts it,
+    whether it is being given up (fair share), and whether it was taken past an
+    epoch a sink had seen (a fenced gap is crossed once per lease)."""
 
     epoch: int
     good_until: float
     giving_up: bool = False
+    crossed: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,6 +246,53 @@ class LeaseKeeper:
                 "reason": str(error),
             },
         )
+
+    async def cross(self, line: str, fenced: FencedBySink) -> Lease | None:
+        """The sink fenced a request of `line` (nothing of it applied) that the outbox
+        did not (the attempt's record under the lease was written): count it, and take
+        the line's lease again past the epoch the sink has seen, in one statement. The
+        new lease; None when the gap is not crossed: the reply names no epoch above the
+        one refused, or one more than MAX_EPOCH_GAP beyond it, the lease refused was
+        taken past a sink's epoch already, or is no longer the one held, or the take
+        failed (another worker took the line meanwhile: the lease is forgotten)."""
+        if self._observer is not None:
+            self._observer.fenced_request()
+        held, seen = self._held.get(line), fenced.seen
+        if held is None or held.epoch != fenced.epoch:
+            return None
+        if held.crossed or seen is None or not held.epoch < seen <= held.epoch + MAX_EPOCH_GAP:
+            self._log.warning(
+                ("fenced gap not crossed", line),
+                "the sink fences line %r and names no epoch to take its lease past (%s):"
+                " backing off",
+                line,
+                fenced,
+                extra={"line": line, "epoch": held.epoch, "seen": seen, "worker": self.worker},
+            )
+            return None
+        return await self._take_past(line, held, seen)
+
+    async def _take_past(self, line: str, held: Held, seen: int) -> Lease | None:
+        started = self._clock()
+        try:
+            epoch = await self._outbox.take_lease_past(
+                line, self.worker, self.settings.lease_ttl_s, seen
+            )
+        except Exception as exc:  # the database: the line backs off and is fenced again
+            self._log.error(("could not cross a fenced gap", str(exc)), "cross: %s", exc)
+            return None
+        if epoch is None:  # another worker took it: its lease had run out meanwhile
+            del self._held[line]
+            self._owned()
+            return None
+        self._held[line] = Held(epoch, started + self.settings.good_for_s, held.giving_up, True)
+        if self._observer is not None:
+            self._observer.fenced_gap_crossed()
+        log.warning(
+            "crossed a fenced gap: the sink had seen a later epoch of the line",
+            extra={"line": line, "from": held.epoch, "seen": seen, "epoch": epoch},
+        )
+        return Lease(self._outbox.source, line, epoch)
 
     # ------------------------------------------------------------ the heartbeat
 

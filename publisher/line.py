@@ -7,9 +7,18 @@ fails, and says how long the line waits before the next step.
 
 A line is delivered under its lease (publisher.leases): each request carries it,
 each write for the line is fenced by it, and the driver sends nothing more once
-the worker no longer holds it. A refusal under it (LeaseLost: the outbox refused a
-write, FencedBySink: the sink a request) is not a delivery failure: nothing is
-recorded against the entry, the line stops at once and its lease is forgotten.
+the worker no longer holds it. A write the outbox refuses under it (LeaseLost) is
+not a delivery failure: nothing is recorded against the entry, the line stops at
+once and its lease is forgotten.
+
+A request the sink refuses under it (FencedBySink, nothing applied) is an attempt
+like any failure, recorded under the lease. If the outbox refuses that record,
+another worker took the line: the line stops as above. If not, the outbox is behind
+the sink (restored from an older backup, say): the line takes its lease again past
+the epoch the sink has seen and goes on at once (LeaseKeeper.cross). A fence that
+cannot be crossed (the reply names no later epoch, or the lease was taken past one
+already: a sink that fences every epoch) is backed off as any failure, so a sink
+that always answers "fenced" gets one request per backoff.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from plumbing.logs import Throttled
 from publisher.delivery_log import DeliveryLog
 from publisher.driver import AfterDelivery, Driver, OutboxLine, Sender
 from publisher.driver import log as driver_log
-from publisher.errors import LeaseLost
+from publisher.errors import FencedBySink, LeaseLost
 from publisher.head_policy import HeadPolicy, HeadState
 from publisher.leases import LeaseKeeper
 from publisher.settings import RelaySettings
@@ -143,26 +152,51 @@ class LineRunner:
         """Deliver the line until it is drained or fails; the wait that follows."""
         try:
             marked = await line.driver.run(line.lease)
+        except FencedBySink as fenced:
+            return await self._fenced(line, fenced)
         except LeaseLost as lost:
             return self._lost(line, lost)
         except Exception as exc:  # the loop outlives any one failure; each is recorded
-            entry = line.driver.failed_entry
-            try:
-                delay_s = await self._policy.failed(line.head, line.key, entry, exc, line.lease)
-            except LeaseLost as lost:
-                return self._lost(line, lost)
-            except Exception as unrecorded:  # recording it failed too (the database, say)
-                key = ("could not record a failed attempt", str(unrecorded))
-                self._log.error(key, "could not record a failed attempt: %s", unrecorded)
-                return Step(self._policy.retry.cap_s, True)
-            return Step(delay_s, True)
+            return await self._failed(line, exc)
         self._policy.succeeded(line.head, line.key, marked)
         return Step(self._settings.poll_interval_s, False)
+
+    async def _failed(self, line: Line, exc: Exception) -> Step:
+        """Record the failed attempt (under the line's lease); the backoff after it."""
+        entry = line.driver.failed_entry
+        try:
+            delay_s = await self._policy.failed(line.head, line.key, entry, exc, line.lease)
+        except LeaseLost as lost:  # the record was refused: another worker has the line
+            return self._lost(line, exc if isinstance(exc, FencedBySink) else lost)
+        except Exception as unrecorded:  # recording it failed too (the database, say)
+            key = ("could not record a failed attempt", str(unrecorded))
+            self._log.error(key, "could not record a failed attempt: %s", unrecorded)
+            return Step(self._policy.retry.cap_s, True)
+        return Step(delay_s, True)
+
+    async def _fenced(self, line: Line, fenced: FencedBySink) -> Step:
+        """The sink refused a request for its lease epoch: an attempt, recorded; then
+        the fenced gap crossed and the line goes on at once, or, when it cannot be,
+        the line backs off (or stops: its lease is gone)."""
+        step = await self._failed(line, fenced)
+        keeper = self.keeper
+        if step.lost or keeper is None:
+            return step
+        lease = await keeper.cross(line.name, fenced)
+        if lease is not None:
+            line.lease = lease
+            return Step(0.0, False)
+        if not keeper.held(line.name):  # another worker took the line meanwhile
+            return self._stop(line)
+        return step
 
     def _lost(self, line: Line, lost: LeaseLost) -> Step:
         """A write or request under the line's lease was refused: stop the line."""
         if self.keeper is not None:
             self.keeper.lost(line.name, lost)
+        return self._stop(line)
+
+    def _stop(self, line: Line) -> Step:
         line.lease = None
         line.head = HeadState()  # another worker delivers it now
         return Step(0.0, False, lost=True)

@@ -76,6 +76,12 @@ class PublisherMetrics:
             "Requests of this worker the sink refused (409) for a stale lease epoch.",
             registry=r,
         )
+        self.fenced_gaps = Counter(
+            "publisher_fenced_gaps_crossed",
+            "Leases this worker took again past the epoch a sink said it had seen, the"
+            " outbox being behind the sink (restored from an older backup, say).",
+            registry=r,
+        )
         # Events by type (CountByType bounds the label set): those the intake
         # accepted, and those the relay delivered (verified ACKs).
         self.published = CountByType(
@@ -116,6 +122,9 @@ class PublisherMetrics:
 
     def fenced_request(self) -> None:
         self.fenced_requests.inc()
+
+    def fenced_gap_crossed(self) -> None:
+        self.fenced_gaps.inc()
 
     def failover(self, from_url: object, to_url: object) -> None:
         """HttpSender's on_failover."""

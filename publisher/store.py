@@ -35,6 +35,7 @@ from shared import (
 )
 from shared import Order as OrderFields
 from shared.event import StoredEvent
+from shared.protocol import MAX_EPOCH
 
 T = TypeVar("T")
 
@@ -278,6 +279,14 @@ def check_lease_request(line: str, ttl_s: float) -> None:
     line or a SKU) and `ttl_s` a positive, finite number of seconds."""
     Lease("check", line, 1)  # the header's own rules for a line
     check_ttl(ttl_s)
+
+
+def check_seen_epoch(seen: int) -> int:
+    """`seen` if a lease taken past it can have an epoch (0 to MAX_EPOCH - 1), else
+    ValueError."""
+    if type(seen) is not int or not 0 <= seen < MAX_EPOCH:
+        raise ValueError(f"no lease epoch can be above {seen!r}")
+    return seen
 
 
 def check_ttl(ttl_s: float) -> None:
@@ -543,6 +552,14 @@ class Outbox(StoreBase):
         that is free, released or expired is taken; so is one `worker` holds itself
         (a restart under the same --worker-id), under a new epoch that fences its
         earlier writes."""
+
+    @abstractmethod
+    async def take_lease_past(self, line: str, worker: str, ttl_s: float, seen: int) -> int | None:
+        """Take the lease of `line` as take_lease does, in one statement, under an
+        epoch above `seen` as well: the new epoch is one more than the larger of the
+        last and `seen` (ValueError for a `seen` that is no epoch, 0 to MAX_EPOCH - 1,
+        besides take_lease's). A sink that has seen `seen` for the line (it fenced a
+        request of an outbox restored from an older backup, say) accepts it."""
 
     @abstractmethod
     async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:

@@ -605,14 +605,17 @@ WORKERS: Final = f"""
     ORDER BY worker COLLATE "C"
 """
 
-# A take succeeds on a line never leased (epoch 1), released (no owner), expired, or
-# held by the same worker; it always raises the epoch. No row returned: refused.
-# ON CONFLICT locks the line's row and judges the latest version of it: of two
-# workers racing, one takes it and the other is refused.
+# A take succeeds on a line never leased, released (no owner), expired, or held by
+# the same worker; it always raises the epoch, to one more than the larger of the
+# last and %(past)s (0 for a plain take: epoch 1 for a line never leased; the epoch a
+# sink has seen for a take past it, so a fenced gap is crossed in one statement). No
+# row returned: refused. ON CONFLICT locks the line's row and judges the latest
+# version of it: of two workers racing, one takes it and the other is refused.
 TAKE_LEASE: Final = f"""
     INSERT INTO outbox_line_leases AS l (line, owner, epoch, expires_at, taken_at, renewed_at)
-    SELECT %(line)s, %(worker)s, 1, now + %(ttl)s, now, now FROM {CLOCK}
-    ON CONFLICT (line) DO UPDATE SET owner = excluded.owner, epoch = l.epoch + 1,
+    SELECT %(line)s, %(worker)s, %(past)s::bigint + 1, now + %(ttl)s, now, now FROM {CLOCK}
+    ON CONFLICT (line) DO UPDATE SET owner = excluded.owner,
+        epoch = greatest(l.epoch, %(past)s::bigint) + 1,
         expires_at = excluded.expires_at, taken_at = excluded.taken_at,
         renewed_at = excluded.renewed_at
     WHERE l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at < excluded.taken_at

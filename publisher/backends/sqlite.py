@@ -54,6 +54,7 @@ from publisher.store import (
     State,
     check_lease_request,
     check_limit,
+    check_seen_epoch,
     check_ttl,
     counts_by_interval,
     interval_params,
@@ -245,8 +246,17 @@ class SqliteOutbox(SqliteFile, Outbox):
         return [relay_worker_of(row) for row in rows]
 
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
+        return await self.take_lease_past(line, worker, ttl_s, 0)
+
+    async def take_lease_past(self, line: str, worker: str, ttl_s: float, seen: int) -> int | None:
         check_lease_request(line, ttl_s)
-        params = {"line": line, "worker": worker, "now": time.time(), "ttl": ttl_s}
+        params = {
+            "line": line,
+            "worker": worker,
+            "now": time.time(),
+            "ttl": ttl_s,
+            "past": check_seen_epoch(seen),
+        }
         return await self._db.run(lambda conn: _take_lease(conn, params))
 
     async def renew_leases(self, worker: str, held: Mapping[str, int], ttl_s: float) -> set[str]:

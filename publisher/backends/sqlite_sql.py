@@ -444,12 +444,15 @@ WORKERS: Final = """
     FROM outbox_relay_workers WHERE seen_at >= :now - :kept ORDER BY worker
 """
 
-# A take succeeds on a line never leased (epoch 1), released (no owner), expired, or
-# held by the same worker; it always raises the epoch. No row returned: refused.
+# A take succeeds on a line never leased, released (no owner), expired, or held by
+# the same worker; it always raises the epoch, to one more than the larger of the
+# last and :past (0 for a plain take: epoch 1 for a line never leased; a sink's seen
+# epoch for a take past it). No row returned: refused.
 TAKE_LEASE: Final = """
     INSERT INTO outbox_line_leases (line, owner, epoch, expires_at, taken_at, renewed_at)
-    VALUES (:line, :worker, 1, :now + :ttl, :now, :now)
-    ON CONFLICT (line) DO UPDATE SET owner = excluded.owner, epoch = outbox_line_leases.epoch + 1,
+    VALUES (:line, :worker, :past + 1, :now + :ttl, :now, :now)
+    ON CONFLICT (line) DO UPDATE SET owner = excluded.owner,
+        epoch = max(outbox_line_leases.epoch, :past) + 1,
         expires_at = excluded.expires_at, taken_at = excluded.taken_at,
         renewed_at = excluded.renewed_at
     WHERE outbox_line_leases.owner IS NULL OR outbox_line_leases.owner = excluded.owner
