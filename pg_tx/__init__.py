@@ -12,10 +12,15 @@ Options the project adds to the URI (removed before libpq sees it):
 - `pool_max=N`: the most connections the pool opens (default 8).
 - `schema=NAME`: the schema the side's tables are in, named in every statement
   (`names`), whatever the connection's search_path; created if missing.
+- `deadline=SECONDS`: every call on the database (waiting for a connection of the
+  pool or opening one, and its whole use) ends within this (default 6): past it,
+  the connection is cut and never used again, and the call fails with
+  StorageTimeout (a 503 saying so). Migrations are not bounded.
 
 The modules, one concept each:
 - `settings`: the URI checked and split into libpq's part and the options above;
-- `pool`: the connection pool, its connections opened on demand;
+- `pool`: the connection pool, its connections opened on demand, each use bounded
+  by the deadline, read-only sessions dropped;
 - `transactions`: durable transactions and their settings (DURABLE, UNFLUSHED,
   SNAPSHOT), and ones sent in a single round trip;
 - `arrays`: array parameters written as one literal;
@@ -34,8 +39,8 @@ from .errors import describe, translated_sync
 from .group import GroupCommit
 from .migrations import MIGRATION_LOCK
 from .names import Qualify, check_schema, qualified, qualifier
-from .pool import POOL_WAIT_S, Conn, Pool, PoolTimeout, close_quietly
-from .settings import CONNECT_TIMEOUT_S, DEFAULT_POOL_MAX, Settings, parse
+from .pool import POOL_WAIT_S, Conn, DeadlinePassed, Pool, PoolTimeout, close_quietly
+from .settings import CONNECT_TIMEOUT_S, DEFAULT_DEADLINE_S, DEFAULT_POOL_MAX, Settings, parse
 from .transactions import (
     DURABLE,
     LOCK_WAIT_MS,
@@ -48,6 +53,7 @@ from .transactions import (
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
+    "DEFAULT_DEADLINE_S",
     "DEFAULT_POOL_MAX",
     "DURABLE",
     "LOCK_WAIT_MS",
@@ -57,6 +63,7 @@ __all__ = [
     "SNAPSHOT",
     "UNFLUSHED",
     "Conn",
+    "DeadlinePassed",
     "GroupCommit",
     "PgDatabase",
     "Pool",

@@ -82,14 +82,19 @@ class PgDatabase:
     # ------------------------------------------------------------------ transactions
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Conn]:
+    async def connection(self, *, bounded: bool = True) -> AsyncIterator[Conn]:
         """A connection of the pool, outside any transaction (autocommit off: the
-        first statement begins one), with driver errors translated."""
-        async with translated(self.location), self.pool.connection() as conn:
+        first statement begins one), with driver errors translated. The call, the
+        wait for the connection included, ends within the URI's deadline (see
+        Pool.connection; StorageTimeout past it) unless `bounded` is False: for a
+        migration, which may rightly take longer."""
+        async with translated(self.location), self.pool.connection(bounded=bounded) as conn:
             yield conn
 
     @contextlib.asynccontextmanager
-    async def transaction(self, *, pipeline: bool = False) -> AsyncIterator[Conn]:
+    async def transaction(
+        self, *, pipeline: bool = False, bounded: bool = True
+    ) -> AsyncIterator[Conn]:
         """A transaction that commits on the way out (rolls back on an error), with
         every commit durable before it returns: synchronous_commit is set on for the
         transaction, whatever the server's or the role's default, and a lock is waited
@@ -97,8 +102,9 @@ class PgDatabase:
 
         With `pipeline`, in psycopg's pipeline mode: BEGIN, the statements and COMMIT
         go to the server without waiting for each reply, in one round trip unless a
-        result is fetched inside (which waits for the replies so far)."""
-        async with self.connection() as conn, durable(conn, pipeline=pipeline):
+        result is fetched inside (which waits for the replies so far). `bounded`:
+        as for `connection`."""
+        async with self.connection(bounded=bounded) as conn, durable(conn, pipeline=pipeline):
             yield conn
 
     async def dedicated(self, application_name: str) -> Conn:
@@ -145,6 +151,16 @@ class PgDatabase:
         async with self.transaction() as conn:
             await conn.execute(f"SET LOCAL lock_timeout = {PROBE_LOCK_WAIT_MS}".encode())
             await conn.execute(f"UPDATE {table} SET at = %s WHERE id = 1".encode(), (time.time(),))
+
+    async def rehearse(self, fn: Callable[[Conn], Awaitable[object]]) -> None:
+        """`await fn(conn)` in a transaction that is rolled back whatever it does:
+        the side's real writes tried on its real tables, their privileges, triggers,
+        constraints and new pages included, and nothing kept. StorageError with the
+        reason if they fail (a readiness probe once real writes failed: the probe
+        row's update in place needs none of that)."""
+        async with self.connection() as conn, conn.transaction(force_rollback=True):
+            await conn.execute(f"SET LOCAL lock_timeout = {PROBE_LOCK_WAIT_MS}".encode())
+            await fn(conn)
 
     async def close(self) -> None:
         await self.pool.close()

@@ -14,16 +14,19 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import psycopg.errors
 
-from plumbing.storage import StorageError
+from plumbing.storage import StorageError, StorageTimeout
 
-from .pool import POOL_WAIT_S, PoolTimeout
+from .pool import POOL_WAIT_S, DeadlinePassed, PoolTimeout
 
 
 @contextlib.asynccontextmanager
 async def translated(where: str) -> AsyncIterator[None]:
-    """psycopg's and the pool's errors as StorageError, with a short reason."""
+    """psycopg's and the pool's errors as StorageError, with a short reason; a call
+    past the database's deadline as StorageTimeout."""
     try:
         yield
+    except DeadlinePassed as exc:
+        raise StorageTimeout(f"{where}: {exc}", reason=str(exc)) from exc
     except PoolTimeout as exc:
         raise StorageError(f"{where}: no free database connection in {POOL_WAIT_S:g} s") from exc
     except psycopg.Error as exc:

@@ -1,4 +1,5 @@
-"""The connection pool: psycopg connections to one database, opened on demand.
+"""The connection pool: psycopg connections to one database, opened on demand, each
+use of one bounded by the database's deadline.
 
 Not psycopg_pool, whose reconnection in the background makes a request wait while
 the server is away and after it is back (see Pool). `Conn`, the connection every
@@ -11,11 +12,12 @@ import asyncio
 import collections
 import contextlib
 import select
-import time
+import socket
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
+import psycopg.errors
 
 from plumbing.storage import StorageError
 
@@ -29,6 +31,22 @@ POOL_WAIT_S: Final = 5.0  # for a connection of the pool, before a request fails
 
 class PoolTimeout(Exception):
     """Every connection of the pool was busy for POOL_WAIT_S."""
+
+
+class DeadlinePassed(Exception):
+    """The database did not answer within the deadline; the connection in use was cut
+    and is not used again."""
+
+    def __init__(self, deadline_s: float) -> None:
+        super().__init__(f"the database did not answer within {deadline_s:g} s")
+        self.deadline_s = deadline_s
+
+
+# What a session reports (ParameterStatus, PostgreSQL 14 and later) when every
+# transaction of it is read-only: its database or role defaulted to read-only when it
+# began, or the server is a hot standby. Such a session stays so for life, whatever
+# the server's setting is now: it is dropped, not lent again.
+_READ_ONLY_PARAMETERS: Final = (b"default_transaction_read_only", b"in_hot_standby")
 
 
 class Pool:
@@ -47,6 +65,7 @@ class Pool:
         self._conninfo = settings.conninfo
         self._kwargs = kwargs
         self._max = settings.pool_max
+        self.deadline_s = settings.deadline_s
         self._idle: collections.deque[Conn] = collections.deque()
         self._count = 0  # connections open or being opened
         self._freed = asyncio.Condition()
@@ -61,17 +80,41 @@ class Pool:
         return await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Conn]:
-        conn = await self._get()
+    async def connection(self, *, bounded: bool = True) -> AsyncIterator[Conn]:
+        """A connection, for one call: the wait for it, its opening and the block all
+        end within `deadline_s` of the call (`bounded`; not for a migration, which
+        may rightly take longer). Past it, a connection in use is cut (its socket
+        shut down: psycopg's wait then fails at once, where a cancellation would
+        have it send a cancel request and wait again) and DeadlinePassed is raised
+        for the block's error; the connection is closed, never lent again."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.deadline_s if bounded else None
+        conn = await self._get(due)
+        cut = _Cut(conn)
+        timer = None if due is None else loop.call_at(due, cut)
+        discard = False
         try:
             yield conn
+        except BaseException as exc:
+            discard = _read_only_error(exc)
+            if cut.done and isinstance(exc, psycopg.Error | StorageError):
+                raise DeadlinePassed(self.deadline_s) from exc
+            raise
         finally:
-            await self._put(conn)
+            try:
+                if not (discard or cut.done or self._closed):
+                    await _out_of_failed_transaction(conn)  # before the deadline too
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                await self._put(conn, discard=discard or cut.done)
 
-    async def _get(self) -> Conn:
+    async def _get(self, due: float | None) -> Conn:
         if self._closed:
             raise StorageError("the database connections are closed")
-        deadline = time.monotonic() + POOL_WAIT_S
+        loop = asyncio.get_running_loop()
+        waited_until = loop.time() + POOL_WAIT_S
+        until = waited_until if due is None else min(waited_until, due)
         while True:
             while self._idle:
                 conn = self._idle.pop()  # the most recently used: warm, and the others expire
@@ -82,24 +125,33 @@ class Pool:
             if self._count < self._max:
                 self._count += 1
                 try:
-                    return await self._connect()
+                    async with asyncio.timeout_at(due):
+                        return await self._connect()
+                except TimeoutError:
+                    self._count -= 1
+                    raise DeadlinePassed(self.deadline_s) from None
                 except BaseException:
                     self._count -= 1
                     raise
             async with self._freed:
-                left = deadline - time.monotonic()
+                left = until - loop.time()
                 if left <= 0:
+                    if until < waited_until:
+                        raise DeadlinePassed(self.deadline_s)
                     raise PoolTimeout()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._freed.wait(), left)
 
-    async def _put(self, conn: Conn) -> None:
-        status = conn.info.transaction_status
-        if not self._closed and status == psycopg.pq.TransactionStatus.INERROR:
-            with contextlib.suppress(psycopg.Error):
-                await conn.rollback()
-            status = conn.info.transaction_status
-        if self._closed or conn.closed or status != psycopg.pq.TransactionStatus.IDLE:
+    async def _put(self, conn: Conn, *, discard: bool = False) -> None:
+        """Keep `conn` for the next call if it is fit to be lent: idle outside a
+        transaction, open, not read-only, not to be discarded; else close it."""
+        if (
+            discard
+            or self._closed
+            or conn.closed
+            or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            or _read_only(conn)
+        ):
             self._count -= 1
             await close_quietly(conn)
         else:
@@ -114,10 +166,59 @@ class Pool:
         self._count = 0
 
 
+async def _out_of_failed_transaction(conn: Conn) -> None:
+    """Roll back a transaction that an error left open (a connection that cannot is
+    left as it is, and the pool drops it)."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        with contextlib.suppress(psycopg.Error):
+            await conn.rollback()
+
+
+class _Cut:
+    """Called when a connection's deadline passes: shuts its socket down, so that
+    whatever waits on it (a query, a COMMIT, a pipeline's sync) fails at once
+    ("server closed the connection"), however long the server stays silent."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+        self.done = False
+
+    def __call__(self) -> None:
+        self.done = True
+        with contextlib.suppress(OSError, ValueError, psycopg.Error):
+            sock = socket.socket(fileno=self._conn.pgconn.socket)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.detach()  # the descriptor stays libpq's, to close
+
+
+def _read_only(conn: Conn) -> bool:
+    """Whether the session says every transaction of it is read-only (see
+    _READ_ONLY_PARAMETERS)."""
+    try:
+        return any(conn.pgconn.parameter_status(p) == b"on" for p in _READ_ONLY_PARAMETERS)
+    except psycopg.Error:
+        return True
+
+
+def _read_only_error(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an error it was raised from, is a write refused because the
+    transaction is read-only (what a server before 14, which reports no such
+    parameter, tells of a read-only session)."""
+    for _ in range(8):  # a chain of causes is short; a cycle must not loop for ever
+        if exc is None:
+            return False
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _healthy(conn: Conn) -> bool:
     """An idle connection the server has not ended: open, and nothing waiting on its
     socket (an idle session is sent nothing unless it is being closed)."""
-    if conn.closed or conn.broken:
+    if conn.closed or conn.broken or _read_only(conn):
         return False
     try:
         poller = select.poll()  # not select(): a busy process has descriptors above 1024

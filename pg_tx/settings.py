@@ -1,12 +1,13 @@
 """What a libpq URI asks of this package, checked without connecting.
 
-The URI carries two options of the project's own (see the package docstring), taken
+The URI carries options of the project's own (see the package docstring), taken
 out here before libpq sees it; what is left is libpq's, checked by libpq's own parser
 so that a URI it would refuse is BadLocation at once, not a failure when first used.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -21,6 +22,15 @@ from .names import check_schema
 
 CONNECT_TIMEOUT_S: Final = 5  # to reach the server at all
 DEFAULT_POOL_MAX: Final = 8
+# Every call on the database (a connection of the pool, waited for or opened, and its
+# whole use) ends within this (`deadline=SECONDS` in the URI): a server that stops
+# answering (stopped, a stalled disk, a black-holed network whose TCP connection stays
+# open) fails a request with 503 instead of hanging it. Above LOCK_WAIT_MS, so that a
+# lock waited for out of its time says so itself.
+DEFAULT_DEADLINE_S: Final = 6.0
+MAX_DEADLINE_S: Final = 3600.0
+_OURS: Final = ("prepare", "pool_max", "schema", "deadline")
+_DECIMAL: Final = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 class Settings:
@@ -33,7 +43,7 @@ class Settings:
             params = parse_qsl(parts.query, keep_blank_values=True)
         except ValueError as exc:
             raise BadLocation(f"{self.display}: not a valid PostgreSQL URI ({exc})") from None
-        ours = {k: v for k, v in params if k in ("prepare", "pool_max", "schema")}
+        ours = {k: v for k, v in params if k in _OURS}
         self.conninfo = urlunsplit(
             parts._replace(query=urlencode([(k, v) for k, v in params if k not in ours]))
         )
@@ -45,6 +55,7 @@ class Settings:
         if not pool_max.isdigit() or not 1 <= int(pool_max) <= 100:
             raise BadLocation(f"{self.display}: pool_max must be from 1 to 100, not {pool_max!r}")
         self.pool_max = int(pool_max)
+        self.deadline_s = _deadline(self.display, ours.get("deadline"))
         schema = ours.get("schema")
         try:
             self.schema = None if schema is None else check_schema(schema)
@@ -56,6 +67,19 @@ class Settings:
             raise BadLocation(
                 f"{self.display}: not a valid PostgreSQL URI ({first_line(exc)})"
             ) from None
+
+
+def _deadline(display: str, text: str | None) -> float:
+    """The `deadline` parameter in seconds (DEFAULT_DEADLINE_S without one): a
+    decimal number above 0 and at most MAX_DEADLINE_S, else BadLocation."""
+    if text is None:
+        return DEFAULT_DEADLINE_S
+    if _DECIMAL.fullmatch(text) is None or not 0 < float(text) <= MAX_DEADLINE_S:
+        raise BadLocation(
+            f"{display}: deadline must be a number of seconds above 0 and at most"
+            f" {MAX_DEADLINE_S:g}, not {text!r}"
+        )
+    return float(text)
 
 
 def parse(url: str) -> Settings:

@@ -27,6 +27,17 @@ class StorageError(Exception):
     """The database could not be opened or used."""
 
 
+class StorageTimeout(StorageError):
+    """The database did not answer within the deadline of a call (a server stopped
+    or unreachable with its connections still open): the call was abandoned, and
+    whatever it may have committed is found again as any retry finds it (an ID
+    already known). `reason` is what a client may be told, without the location."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class BadLocation(ValueError):
     """The database location is not one this program can open."""
 
@@ -169,3 +180,11 @@ class StoreBase(ClosesOnExit, ABC):
         short reason, when it cannot (a full disk, a read-only file, locked beyond the
         busy timeout, the database gone). For a readiness check: cheap enough to call
         every second, and honest (a write rolled back proves nothing of disk space)."""
+
+    async def check_real_writes(self) -> None:
+        """Return when the store's real writes can be made now, else StorageError
+        with the reason: what readiness asks once a real write failed, since
+        `check_writable` writes only its probe row (no new page, no privilege on
+        the real tables, none of their triggers). A backend that can try its real
+        writes without keeping them does so; by default, `check_writable`."""
+        await self.check_writable()

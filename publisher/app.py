@@ -23,7 +23,7 @@ from plumbing.host_guard import HttpGuard, http_guard
 from plumbing.http_errors import BadRequest, error, invalid_event, json_errors
 from plumbing.net import bearer_matches
 from plumbing.openapi import add_openapi_route
-from plumbing.probes import healthz, metrics_response, readiness
+from plumbing.probes import WriteHealth, healthz, metrics_response, readiness
 from plumbing.storage import parse_location
 from publisher.console import CONSOLE_PATH, ConsoleSettings, Source, add_console
 from publisher.driver import AfterDelivery
@@ -105,6 +105,9 @@ METRICS: Final = web.AppKey("metrics", PublisherMetrics)
 SETTINGS: Final = web.AppKey("settings", ServiceSettings)
 READY: Final = web.AppKey("ready", Gauge)
 SENDER: Final = web.AppKey("sender", HttpSender)
+# What intake's real writes last said of the outbox: /readyz believes them
+# (plumbing.probes).
+WRITES: Final = web.AppKey("writes", WriteHealth)
 
 
 def create_app(
@@ -130,6 +133,7 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[METRICS] = PublisherMetrics()
+    app[WRITES] = WriteHealth()
     app[READY] = Gauge(
         "publisher_ready",
         "1 while the source database takes a write (as GET /readyz says), else 0.",
@@ -146,7 +150,10 @@ def create_app(
     app.router.add_get("/readyz", get_readyz)
     add_openapi_route(app, "publisher")
     if settings.console is not None:
-        add_console(app, settings.console, Source(lambda: app[OUTBOX], lambda: app[SENDER]))
+        source = Source(
+            lambda: app[OUTBOX], lambda: app[SENDER], sink_protected=settings.token is not None
+        )
+        add_console(app, settings.console, source)
     return app
 
 
@@ -248,7 +255,7 @@ async def _intake_one(request: web.Request, max_bytes: int, record: Record) -> w
     try:
         with app[OUTBOX].arriving():  # how it commits is the outbox's own choice
             body = await read_json(request, max_bytes)
-            [result] = await record([body])
+            [result] = await _recorded(app[WRITES], record, [body])
             if isinstance(result, Exception):
                 raise result
     except BadRequest as exc:
@@ -284,7 +291,7 @@ async def _intake_many(
         except BadRequest as exc:
             intake.labels(exc.kind).inc()
             raise
-        outcomes = await record(items)
+        outcomes = await _recorded(app[WRITES], record, items)
         reply = batch_reply(items, outcomes)
     for item, outcome in zip(items, outcomes, strict=True):
         if outcome == "accepted" and isinstance(item, dict):
@@ -295,6 +302,18 @@ async def _intake_many(
     if reply["accepted"]:
         app[RELAY].wake()  # once for the batch
     return web.json_response(reply)
+
+
+async def _recorded(
+    writes: WriteHealth, record: Record, items: Sequence[object]
+) -> list[IntakeOutcome]:
+    """`record(items)`, its outcome told to `writes` (readiness): StorageError a
+    failure; an outcome that the database gave (not an invalid item's) a success."""
+    with writes.watching():
+        outcomes = await record(items)
+    if any(not isinstance(outcome, InvalidEvent) for outcome in outcomes):
+        writes.succeeded()
+    return outcomes
 
 
 def _type_of(recorded: dict[str, object]) -> str:
@@ -313,11 +332,18 @@ async def get_status(request: web.Request) -> web.Response:
 
 async def get_metrics(request: web.Request) -> web.Response:
     metrics, outbox = request.app[METRICS], request.app[OUTBOX]
-    await readiness(outbox.check_writable, request.app[READY])
+    await readiness(
+        outbox.check_writable, request.app[READY], request.app[WRITES], outbox.check_real_writes
+    )
     metrics.observe(await outbox.snapshot())
     return metrics_response(metrics.registry)
 
 
 async def get_readyz(request: web.Request) -> web.Response:
-    """200 while the outbox can be written, 503 with the reason while it cannot."""
-    return await readiness(request.app[OUTBOX].check_writable, request.app[READY])
+    """200 while the outbox can be written, 503 with the reason while it cannot: its
+    probe row cannot be written, or an intake failed since one last succeeded and
+    intake's and the relay's writes, tried, still fail."""
+    outbox = request.app[OUTBOX]
+    return await readiness(
+        outbox.check_writable, request.app[READY], request.app[WRITES], outbox.check_real_writes
+    )

@@ -15,12 +15,13 @@ from typing import Any, Final
 from aiohttp import hdrs, web
 
 from plumbing.bodies import read_json
+from plumbing.cli import utc_text
 from plumbing.host_guard import HttpGuard, http_guard
 from plumbing.http_errors import BadRequest, Handler, error, json_errors
 from plumbing.logs import Throttled
 from plumbing.net import bearer_matches
 from plumbing.openapi import add_openapi_route
-from plumbing.probes import healthz, metrics_response, readiness
+from plumbing.probes import WriteHealth, healthz, metrics_response, readiness
 from shared import (
     LEASE_HEADER,
     MAX_BATCH_BODY_BYTES,
@@ -77,6 +78,8 @@ INBOX: Final = web.AppKey("inbox", Inbox)
 SETTINGS: Final = web.AppKey("settings", SinkSettings)
 PREDECESSORS: Final = web.AppKey("predecessors", PredecessorWaits)
 METRICS: Final = web.AppKey("metrics", SinkMetrics)
+# What the real writes last said of the inbox: /readyz believes them (plumbing.probes).
+WRITES: Final = web.AppKey("writes", WriteHealth)
 # A stale worker keeps sending until it learns it lost the line: one log line per
 # source and line per interval, with a count.
 STALE_LOG: Final = web.AppKey("stale_log", Throttled)
@@ -123,6 +126,7 @@ def create_app(
     app[SETTINGS] = SinkSettings(token=token, max_body_bytes=max_body_bytes, admit=admit)
     app[PREDECESSORS] = PredecessorWaits()
     app[METRICS] = SinkMetrics()
+    app[WRITES] = WriteHealth()
     app[STALE_LOG] = Throttled(log)
     app[HANDLER_LOG] = Throttled(log)
 
@@ -178,10 +182,12 @@ async def require_token(request: web.Request, handler: Handler) -> web.StreamRes
 @web.middleware
 async def report_writes(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Tell the inbox that a write request is in progress, from its arrival to its
-    reply (after the token check): how it commits is the inbox's own choice."""
+    reply (after the token check): how it commits is the inbox's own choice. A
+    storage failure of the write is told to the app's WriteHealth (readiness); the
+    routes tell a write the inbox took."""
     if not is_write(request):
         return await handler(request)
-    with request.app[INBOX].arriving():
+    with request.app[INBOX].arriving(), request.app[WRITES].watching():
         return await handler(request)
 
 
@@ -204,6 +210,7 @@ async def post_event(request: web.Request) -> web.StreamResponse:
                 await waits.wait(after, inbox.knows)
             waits.handed([taken.event_id])
             result = await inbox.receive_with_digest(taken.incoming, after=after, lease=lease)
+            request.app[WRITES].succeeded()
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
@@ -248,6 +255,8 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
             waits.handed(one.event_id for one in taken)
             incoming = [one.incoming for one in taken]
             receipt = await inbox.receive_batch(incoming, after=after, lease=lease)
+            if incoming:
+                request.app[WRITES].succeeded()
     except PredecessorMissing as exc:
         return predecessor_missing(request, exc)
     except StaleLease as exc:
@@ -413,9 +422,9 @@ async def get_event(request: web.Request) -> web.Response:
         {
             "id": record.id,
             "sha256": record.digest,
-            "received_at": record.received_at,
+            "received_at": utc_text(record.received_at),
             "deliveries": record.deliveries,
-            "last_delivery_at": record.last_delivery_at,
+            "last_delivery_at": utc_text(record.last_delivery_at),
             "applied_seq": record.applied_seq,
             "event": record.event,
         }
@@ -429,14 +438,24 @@ async def get_inventory(request: web.Request) -> web.Response:
 
 async def get_metrics(request: web.Request) -> web.Response:
     metrics, inbox = request.app[METRICS], request.app[INBOX]
-    await readiness(inbox.check_writable, metrics.ready)
+    await readiness(
+        inbox.check_writable, metrics.ready, request.app[WRITES], inbox.check_real_writes
+    )
     metrics.events.set(await inbox.count())
     return metrics_response(metrics.registry)
 
 
 async def get_readyz(request: web.Request) -> web.Response:
-    """200 while the inbox can be written, 503 with the reason while it cannot."""
-    return await readiness(request.app[INBOX].check_writable, request.app[METRICS].ready)
+    """200 while the inbox can be written, 503 with the reason while it cannot: its
+    probe row cannot be written, or a real write failed since one last succeeded
+    and the inbox's own writes, tried, still fail."""
+    inbox = request.app[INBOX]
+    return await readiness(
+        inbox.check_writable,
+        request.app[METRICS].ready,
+        request.app[WRITES],
+        inbox.check_real_writes,
+    )
 
 
 def _checked(validate: Callable[[object], str], value: str, field: str) -> str:

@@ -14,7 +14,13 @@ afterwards), as another process would, and makes real faults on the server:
   sessions are ended, as when its server is away.
 
 Each is undone on the way out (the sessions opened meanwhile are ended again, so
-that none stays read-only). The suites write `?` placeholders; they are sent as
+that none stays read-only), but for `read_only(end_after=False)`: the setting is
+reset and the sessions opened meanwhile are left as they are, read-only for life,
+as after a fail-over or an operator's RESET, for the service to recover from alone.
+
+`frozen(server)` stops every process of a server of the test's own (SIGSTOP), as a
+stalled disk or a black-holed network looks to a client: its TCP connections stay
+open, and nothing answers. The suites write `?` placeholders; they are sent as
 psycopg's `%s` (a `?` inside a string literal would be translated too: the suites
 have none).
 """
@@ -22,13 +28,18 @@ have none).
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 from sqlite_faults import Fault
+
+from plumbing.pgserver import ThrowawayServer
 
 Row = tuple[Any, ...]
 Write = Literal["INSERT", "UPDATE"]
@@ -118,14 +129,21 @@ class PgAccess:
         return self._gone()
 
     @contextlib.contextmanager
-    def _read_only(self) -> Iterator[None]:
+    def read_only(self, *, end_after: bool = True) -> Iterator[None]:
+        """Every session opened from now on read-only (its database's default), the
+        ones open now ended; on the way out the default is reset, and with
+        `end_after` the sessions opened meanwhile are ended too."""
         self._alter("SET default_transaction_read_only = on")
         self._end_sessions()
         try:
             yield
         finally:
             self._alter("RESET default_transaction_read_only")
-            self._end_sessions()  # those opened meanwhile are read-only for life
+            if end_after:
+                self._end_sessions()  # those opened meanwhile are read-only for life
+
+    def _read_only(self) -> contextlib.AbstractContextManager[None]:
+        return self.read_only()
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -177,3 +195,38 @@ class PgAccess:
         except psycopg.Error:
             return True
         return False
+
+
+@contextlib.contextmanager
+def frozen(server: ThrowawayServer) -> Iterator[list[int]]:
+    """Every process of `server` stopped (SIGSTOP), the postmaster first so that it
+    forks no new one meanwhile; each continued (SIGCONT) on the way out, whatever
+    happened. Yields the stopped process IDs."""
+    postmaster = server.pid()
+    assert postmaster is not None, "the server is not running"
+    stopped: list[int] = []
+    try:
+        os.kill(postmaster, signal.SIGSTOP)
+        stopped.append(postmaster)
+        for pid in children(postmaster):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        yield stopped
+    finally:
+        for pid in reversed(stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def children(parent: int) -> list[int]:
+    """The IDs of the processes whose parent is `parent`, read from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # ended meanwhile
+        if len(fields) > 1 and fields[1] == str(parent):
+            found.append(int(stat.parent.name))
+    return found

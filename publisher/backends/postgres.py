@@ -46,6 +46,7 @@ from pg_tx import (
     qualified,
     translated_sync,
 )
+from plumbing.cli import utc_text
 from plumbing.storage import StorageError
 from publisher.backends import postgres_sql
 from publisher.backends.rows import (
@@ -78,6 +79,7 @@ from publisher.store import (
     State,
     check_lease_request,
     check_limit,
+    check_seen_epoch,
     check_ttl,
     counts_by_interval,
     interval_params,
@@ -95,6 +97,23 @@ Sql = Any
 LANE_SCAN_ROWS: Final = 1024  # pending entries read in seq order to find lanes to start
 RELAY_LOCK_WAIT_MS: Final = 300  # a holder that just died may still be ending its session
 RELAY_LOCK_CHECK_S: Final = 0.5  # how often the relay lock's session is checked
+
+# What readiness tries once a real write failed (check_real_writes), in a transaction
+# rolled back: an entry and its order written as intake writes them, then the entry
+# marked sent as the relay marks it. The ID is one no event can have (shared.event's
+# rules: no spaces or parentheses). Here rather than in postgres_sql, whose statements
+# are the outbox's own; a schema is written in them as in those (qualify).
+TRIAL_ID: Final = "(readiness trial)"
+TRIAL_INTAKE: Final = """
+    WITH entry AS (
+        INSERT INTO outbox_entries (id, type, payload, queued_at, lane)
+        VALUES (%(id)s, 'readiness.trial', '{}', %(now)s, NULL)
+        RETURNING id
+    )
+    INSERT INTO outbox_orders (id, sku, qty, accepted_at)
+    SELECT id, 'readiness', 1, %(now)s FROM entry
+"""
+TRIAL_MARK: Final = "UPDATE outbox_entries SET sent = 1, sent_at = %(now)s WHERE id = %(id)s"
 
 log = logging.getLogger(__name__)
 _HOLDER_NAME = re.compile(r"outbox relay (\d+)@([^:]*): (.*)", re.DOTALL)
@@ -153,6 +172,19 @@ class PostgresOutbox(Outbox):
 
     async def check_writable(self) -> None:
         await self._db.check_writable()
+
+    async def check_real_writes(self) -> None:
+        """Intake's and the relay's writes tried on the real tables (TRIAL_INTAKE,
+        TRIAL_MARK), rolled back: a full disk, a revoked privilege or a trigger that
+        raises fails this as it fails them."""
+        params = {"id": TRIAL_ID, "now": time.time()}
+        intake, mark = self._db.qualify(TRIAL_INTAKE), self._db.qualify(TRIAL_MARK)
+
+        async def trial(conn: Conn) -> None:
+            await conn.execute(intake.encode(), params)
+            await conn.execute(mark.encode(), params)
+
+        await self._db.rehearse(trial)
 
     def changes(self) -> AsyncIterator[None] | None:
         """Wake-ups from NOTIFY, sent by every intake transaction at its commit.
@@ -354,8 +386,11 @@ class PostgresOutbox(Outbox):
         return [relay_worker_of(row) for row in await self._db.query(self._sql.WORKERS, params)]
 
     async def take_lease(self, line: str, worker: str, ttl_s: float) -> int | None:
+        return await self.take_lease_past(line, worker, ttl_s, 0)
+
+    async def take_lease_past(self, line: str, worker: str, ttl_s: float, seen: int) -> int | None:
         check_lease_request(line, ttl_s)
-        params = {"line": line, "worker": worker, "ttl": ttl_s}
+        params = {"line": line, "worker": worker, "ttl": ttl_s, "past": check_seen_epoch(seen)}
         row = await self._lease_write(self._sql.TAKE_LEASE, params)
         return None if row is None else int(row[0])
 
@@ -502,8 +537,8 @@ class PostgresOutbox(Outbox):
             every = list(itertools.chain.from_iterable(calls))
             return _per_call(calls, await _accept_together(self._sql, conn, every, now))
         except psycopg.Error:
-            if len(calls) == 1:
-                raise
+            if len(calls) == 1 or conn.closed:
+                raise  # the connection is gone (the deadline cut it, say): so is the group
         outcomes: list[list[Intake | Conflict] | Exception] = []
         for items in calls:
             try:
@@ -741,8 +776,8 @@ async def _holder(conn: Conn, key: int) -> str:
     if found is None:
         return f"database session {backend} (application {name!r})"
     pid, host, owner = found.groups()
-    since = datetime.datetime.fromisoformat(started).astimezone(datetime.UTC)
-    return f"{owner}, process {pid} on host {host} since {since.isoformat(timespec='seconds')}"
+    since = utc_text(datetime.datetime.fromisoformat(started).timestamp(), "seconds")
+    return f"{owner}, process {pid} on host {host} since {since}"
 
 
 def _fit_name(name: str) -> str:

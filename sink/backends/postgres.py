@@ -78,6 +78,11 @@ from sink.handlers import WAREHOUSE, HandlerFailed, Handlers, NotApplied
 from sink.store import BatchReceipt, Inbox, InboxRecord, Incoming, Received
 
 T = TypeVar("T")
+# What readiness tries once a real write failed (check_real_writes), in a transaction
+# rolled back: an event recorded as new (INSERT_ONE, its tally included), then counted
+# as delivered again (COUNT_DUPLICATE). The ID is one no event can have (shared.event's
+# rules: no spaces or parentheses).
+TRIAL_ID: Final = "(readiness trial)"
 ATTEMPTS: Final = 3  # a transaction that PostgreSQL chose to abort (deadlock) is run again
 # Aborted whole, so running them again is safe (nothing of them committed).
 _RETRYABLE: Final = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -116,7 +121,8 @@ class PostgresInbox(Inbox):
         versions table in the same transaction (under the migrations' lock: sinks
         starting together run each once); StorageError naming the one that fails."""
         handlers, sql, side = self.handlers, self._sql, schema_side(self.handlers)
-        async with self._db.transaction() as conn:
+        # Not bounded by the deadline: a registry's CREATE INDEX may rightly take long.
+        async with self._db.transaction(bounded=False) as conn:
             await conn.execute(MIGRATION_LOCK)
             await self._handlers_path(conn)
             row = await (await conn.execute(sql.HANDLER_SCHEMA_VERSION, (side,))).fetchone()
@@ -141,6 +147,21 @@ class PostgresInbox(Inbox):
 
     async def check_writable(self) -> None:
         await self._db.check_writable()
+
+    async def check_real_writes(self) -> None:
+        """The inbox's own writes tried on its real tables, rolled back (TRIAL_ID): a
+        full disk, a revoked privilege or a trigger that raises fails this as it
+        fails them. Handlers' statements are not tried: their failure is theirs,
+        answered per event."""
+        now = time.time()
+        sql, slots = self._sql, postgres_sql.TALLY_SLOTS
+        params = {"id": TRIAL_ID, "type": "readiness.trial", "payload": "{}", "now": now}
+
+        async def write(conn: Conn) -> None:
+            await conn.execute(sql.INSERT_ONE, {**params, "slots": slots})
+            await conn.execute(sql.COUNT_DUPLICATE, (now, TRIAL_ID))
+
+        await self._db.rehearse(write)
 
     # ------------------------------------------------------------------ writes
 

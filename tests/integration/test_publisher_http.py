@@ -7,6 +7,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -871,7 +872,13 @@ async def test_sink_event_record_counts_deliveries_and_carries_the_digest(
     assert record["id"] == "order-1"
     assert record["deliveries"] == 2
     assert record["sha256"] == payload_digest(as_event(EVENT))  # of the event it records
-    assert before <= record["received_at"] <= record["last_delivery_at"] <= time.time()
+    # ISO 8601 in UTC, as every time is shown (the millisecond: before rounded down)
+    received, last = (
+        datetime.fromisoformat(record[name]).timestamp()
+        for name in ("received_at", "last_delivery_at")
+    )
+    assert record["received_at"].endswith("Z") and record["last_delivery_at"].endswith("Z")
+    assert int(before * 1000) / 1000 <= received <= last <= time.time()
     assert db_rows(sink_db, "SELECT deliveries FROM inbox_events WHERE id = 'order-1'") == [(2,)]
 
 
