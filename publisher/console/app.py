@@ -6,7 +6,9 @@ evidence table exactly as `publisher trace` builds it); quarantine and redrive a
 the store operations the CLI calls, recorded with the signed-in operator's name.
 Security: read-only until sign-in (publisher.console.sessions); every POST but the
 sign-in needs the session cookie and its CSRF token in X-CSRF-Token, else 403 and
-nothing changes; every answer under /console carries a strict Content-Security-Policy
+nothing changes; failed sign-ins slow their client down; the cookie is Secure when
+the console is served over TLS (`cookie_secure`); the sink's inbox record is shown
+to signed-in operators only; every answer under /console carries a strict Content-Security-Policy
 (no inline script or style), nosniff and DENY framing. The page builds its DOM with
 textContent only, so whatever a record holds shows as text.
 """
@@ -24,6 +26,7 @@ from publisher.console import api
 from publisher.console.overview import OverviewCache
 from publisher.console.sessions import SESSION_TTL_S, Sessions
 from publisher.console.stream import Streams, serve_stream
+from publisher.console.throttle import FIRST_WAIT_S, SignInThrottle
 
 CONSOLE_PATH: Final = "/console"
 STREAM_INTERVAL_S: Final = 1.0
@@ -48,12 +51,16 @@ ASSETS: Final = {
 
 @dataclass(frozen=True)
 class ConsoleSettings:
-    """The operator token (None: read-only, actions off) and the live view's pace."""
+    """The operator token (None: read-only, actions off), the live view's pace, whether
+    the session cookie is marked Secure (the console is reached over HTTPS: a TLS
+    proxy in front of it), and the first wait after too many wrong tokens."""
 
     token: str | None = None
     stream_interval_s: float = STREAM_INTERVAL_S
     stream_max_s: float = STREAM_MAX_S
     session_ttl_s: float = SESSION_TTL_S
+    cookie_secure: bool = False
+    sign_in_wait_s: float = FIRST_WAIT_S
 
 
 STREAMS: Final = web.AppKey("console_streams", Streams)
@@ -65,6 +72,8 @@ def add_console(app: web.Application, settings: ConsoleSettings, source: api.Sou
     `source` (the service's, once its relay has started)."""
     app[api.SOURCE] = source
     app[api.SESSIONS] = Sessions(settings.token, settings.session_ttl_s)
+    app[api.THROTTLE] = SignInThrottle(settings.sign_in_wait_s)
+    app[api.COOKIE_SECURE] = settings.cookie_secure
     app[STREAMS] = Streams(settings.stream_interval_s, settings.stream_max_s)
     app[OVERVIEWS] = OverviewCache(source.outbox, settings.stream_interval_s / 2)
     app.on_response_prepare.append(_security_headers)
@@ -97,4 +106,5 @@ async def _end_streams(app: web.Application) -> None:
 
 async def _stream(request: web.Request) -> web.StreamResponse:
     app = request.app
-    return await serve_stream(request, app[STREAMS], app[OVERVIEWS].get)
+    signed_in = api.session_of(request) is not None
+    return await serve_stream(request, app[STREAMS], app[OVERVIEWS].get, signed_in)

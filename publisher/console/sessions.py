@@ -10,17 +10,17 @@ everyone out. Pure: the clock is a parameter, nothing here does I/O.
 from __future__ import annotations
 
 import hmac
-import re
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from publisher.notes import BadNote, check_operator
+
 SESSION_TTL_S: Final = 8 * 3600.0  # a sign-in lasts a working day
 MAX_SESSIONS: Final = 64  # more sign-ins than this push out the oldest session
 DEFAULT_OPERATOR: Final = "console"
-_OPERATOR: Final = re.compile(r"[A-Za-z0-9._@ -]{1,64}")
 
 
 class SignInError(ValueError):
@@ -43,18 +43,15 @@ class Session:
 
 
 def operator_name(given: object) -> str:
-    """The operator name of a sign-in: `given` stripped, or "console" if empty or
-    absent; SignInError unless it is 1-64 of A-Z a-z 0-9 . _ @ - and spaces."""
-    if given is None:
+    """The operator name of a sign-in: "console" if empty or absent, else the name as
+    publisher.notes keeps it (the CLI's `--by` rule); BadOperator if no record may
+    carry it."""
+    if given is None or (isinstance(given, str) and not given.strip()):
         return DEFAULT_OPERATOR
-    if not isinstance(given, str):
-        raise BadOperator("operator must be a string")
-    name = given.strip()
-    if not name:
-        return DEFAULT_OPERATOR
-    if not _OPERATOR.fullmatch(name):
-        raise BadOperator("operator must be 1-64 of A-Z a-z 0-9 . _ @ - and spaces")
-    return name
+    try:
+        return check_operator(given)
+    except BadNote as exc:
+        raise BadOperator(exc.problem) from exc
 
 
 def same_secret(offered: str, expected: str) -> bool:

@@ -4,7 +4,9 @@ Written by hand on aiohttp's StreamResponse (the format is a few lines; a librar
 would add a dependency for them). Bounded three ways: a stream ends when its client
 goes (the next write fails), after `max_s` (the browser's EventSource reconnects on
 its own), and at once when the server shuts down, so that a graceful stop never
-waits for open pages. At most MAX_STREAMS are open at once; more get 503.
+waits for open pages. At most MAX_STREAMS are open at once, and readers who are not
+signed in hold at most MAX_STREAMS - OPERATOR_STREAMS of them, so that an operator
+always gets a live view; more get 503.
 """
 
 from __future__ import annotations
@@ -26,18 +28,34 @@ from plumbing.storage import StorageError
 log = logging.getLogger(__name__)
 
 MAX_STREAMS: Final = 32
+OPERATOR_STREAMS: Final = 8  # kept for signed-in operators
 RETRY_MS: Final = 2000  # how long a browser waits before it reconnects
 Reader = Callable[[], Awaitable[dict[str, Any]]]
 
 
 @dataclass
 class Streams:
-    """The open streams of one console, and the signal that ends them all."""
+    """The open streams of one console (`anonymous`: those of readers not signed in),
+    and the signal that ends them all."""
 
     interval_s: float
     max_s: float
     open: int = 0
+    anonymous: int = 0
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def refusal(self, signed_in: bool) -> str | None:
+        """Why one more stream may not open now, or None."""
+        if self.stopping.is_set():
+            return "the service is stopping"
+        if self.open >= MAX_STREAMS:
+            return f"at most {MAX_STREAMS} live views at once: try again later"
+        if not signed_in and self.anonymous >= MAX_STREAMS - OPERATOR_STREAMS:
+            return (
+                f"at most {MAX_STREAMS - OPERATOR_STREAMS} live views at once for readers"
+                " who are not signed in: try again later, or sign in"
+            )
+        return None
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -45,15 +63,20 @@ def event(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def serve_stream(request: web.Request, streams: Streams, read: Reader) -> web.StreamResponse:
+async def serve_stream(
+    request: web.Request, streams: Streams, read: Reader, signed_in: bool
+) -> web.StreamResponse:
     """Send `await read()` as an `overview` event every interval until the stream ends."""
-    if streams.open >= MAX_STREAMS or streams.stopping.is_set():
-        return error(503, f"at most {MAX_STREAMS} live views at once: try again later")
+    refusal = streams.refusal(signed_in)
+    if refusal is not None:
+        return error(503, refusal)
     headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
     if request.method == "HEAD":  # the headers only: no events, which HEAD cannot carry
         return web.Response(headers=headers)
     reply = web.StreamResponse(headers=headers)
+    anonymous = 0 if signed_in else 1
     streams.open += 1
+    streams.anonymous += anonymous
     try:
         await reply.prepare(request)
         await reply.write(f"retry: {RETRY_MS}\n\n".encode())
@@ -62,6 +85,7 @@ async def serve_stream(request: web.Request, streams: Streams, read: Reader) -> 
         log.debug("console stream closed by its client")
     finally:
         streams.open -= 1
+        streams.anonymous -= anonymous
     return reply
 
 

@@ -1,13 +1,17 @@
 """The operator console's routes on a real aiohttp server on loopback: the security
-rules (sign-in, session cookie, CSRF, headers), bad input, the live stream and its
-end at shutdown. Outcomes are read from the SQLite file with a connection of the
-test's own. The browser side is tests/e2e/test_console_browser.py."""
+rules (sign-in, its throttle, session cookie, CSRF, headers, the sink's record shown
+to operators only), bad input (on both backends where a backend could differ), the
+live stream, its bounds and its end at shutdown. Outcomes are read from the database
+with a connection of the test's own. The browser side is
+tests/e2e/test_console_browser.py."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +22,14 @@ from support import LOOPBACK, eventually
 
 from publisher.app import ServiceSettings, create_app
 from publisher.console import ConsoleSettings
+from publisher.console.api import SINK_HIDDEN
 from publisher.console.app import SECURITY_HEADERS, STREAMS
-from publisher.console.stream import MAX_STREAMS
+from publisher.console.stream import MAX_STREAMS, OPERATOR_STREAMS
+from publisher.console.throttle import FREE_FAILURES
 from publisher.settings import RelaySettings
 
 if TYPE_CHECKING:
-    from conftest import Query, Serve
+    from conftest import Query, Serve, ServeSink
 
 TOKEN = "console-operator-token-0123"
 API = "/console/api"
@@ -31,14 +37,29 @@ UNREACHABLE = "http://127.0.0.1:9/events"  # the relay fails every send: entries
 JSON = {"Content-Type": "application/json"}
 
 
-def console_app(db: Path, token: str | None = TOKEN, **console: Any) -> web.Application:
+def console_app(
+    db: Path | str,
+    token: str | None = TOKEN,
+    *,
+    sink: str = UNREACHABLE,
+    sink_token: str | None = None,
+    relay: RelaySettings | None = None,
+    **console: Any,
+) -> web.Application:
     settings = ServiceSettings(
         db=str(db),
-        sink=UNREACHABLE,
-        relay=RelaySettings(poll_interval_s=0.05),
+        sink=sink,
+        token=sink_token,
+        relay=relay or RelaySettings(poll_interval_s=0.05),
         console=ConsoleSettings(token=token, **console),
     )
     return create_app(settings)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def location(request: pytest.FixtureRequest, db: Path) -> str:
+    """The outbox on each backend in turn: the SQLite file, or the test's PostgreSQL schema."""
+    return str(db) if request.param == "sqlite" else str(request.getfixturevalue("pg_database"))
 
 
 @pytest.fixture
@@ -76,6 +97,7 @@ async def sign_in(
     assert status == 200, body
     cookie = reply.cookies["outbox_console"]
     assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/console"
+    assert not cookie["secure"]  # plain HTTP unless the service is told otherwise
     assert body == {
         "actions_enabled": True,
         "signed_in": True,
@@ -397,7 +419,8 @@ async def test_the_event_view_is_the_trace_the_cli_builds(
     client: aiohttp.ClientSession, base: str, db: Path
 ) -> None:
     await order(client, base, "o-1")
-    status, body, _ = await call(client, "GET", f"{base}{API}/events/o-1")
+    signed = await sign_in(client, base)  # the sink is asked for an operator only
+    status, body, _ = await call(client, "GET", f"{base}{API}/events/o-1", headers=signed)
     assert status == 200
     assert [s["name"] for s in body["trace"]["stages"]] == [
         "accepted",
@@ -510,3 +533,221 @@ async def test_without_the_console_its_routes_are_not_served(
     for path in ("/console", f"{API}/overview", "/console/static/console.js"):
         async with client.get(base + path) as reply:
             assert reply.status == 404, path
+
+
+# ---------------------------------------------------------------- issue 32: hardening
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "lone \ud800 surrogate",  # no UTF-8 encoder writes it: was a 500 on both backends
+        "nul \x00 inside",  # PostgreSQL refuses it in text: was a 503 that never succeeds
+        "forged\r\n2026-01-01 00:00:00 INFO line",
+        "escape \x1b[31m red",
+    ],
+)
+async def test_a_reason_no_record_may_carry_is_400_on_both_backends(
+    serve: Serve, client: aiohttp.ClientSession, location: str, db_rows: Query, reason: str
+) -> None:
+    base = await serve(console_app(location))
+    await order(client, base, "o-1")
+    signed = await sign_in(client, base)
+    before = tables(db_rows, location)()
+    url = f"{base}{API}/events/o-1/quarantine"
+    status, body, _ = await call(client, "POST", url, {"reason": reason}, signed)
+    assert (status, body["field"]) == (400, "reason"), body
+    assert "control character or lone surrogate" in body["error"]
+    assert tables(db_rows, location)() == before
+    status, body, _ = await call(client, "POST", url, {"reason": "a reason"}, signed)
+    assert status == 200  # the same entry, a reason a record may carry
+
+
+async def test_wrong_tokens_slow_their_client_down_and_no_other(
+    serve: Serve, client: aiohttp.ClientSession, db: Path
+) -> None:
+    base = await serve(console_app(db, sign_in_wait_s=1.0))
+    url = f"{base}{API}/sign-in"
+    for _ in range(FREE_FAILURES + 1):  # the free ones, and one that starts a wait
+        status, body, _ = await call(client, "POST", url, {"token": "guess-0123456789"})
+        assert status == 403 and body["error"] == "wrong operator token"
+    started = time.monotonic()
+    # While it waits, nothing it sends is looked at: the right token neither.
+    status, body, reply = await call(client, "POST", url, {"token": TOKEN})
+    assert status == 429 and body == {
+        "error": "too many wrong tokens from this address: try again in 1 s"
+    }
+    assert reply.headers["Retry-After"] == "1" and "outbox_console" not in reply.cookies
+    # Another client (another loopback address) is not slowed down.
+    other = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+    async with aiohttp.ClientSession(connector=other, cookie_jar=aiohttp.DummyCookieJar()) as two:
+        assert (await call(two, "POST", url, {"token": TOKEN}))[0] == 200
+    await asyncio.sleep(max(0.0, 1.05 - (time.monotonic() - started)))
+    await sign_in(client, base)  # the wait is over; a success forgets the failures
+    for _ in range(FREE_FAILURES):
+        assert (await call(client, "POST", url, {"token": "guess-0123456789"}))[0] == 403
+
+
+async def test_a_client_past_its_free_failures_gets_one_guess_per_wait(
+    serve: Serve, client: aiohttp.ClientSession, db: Path
+) -> None:
+    """About 1,750 guesses a second before; now, over one second of trying as fast as
+    it can, a client past its free failures has one guess looked at."""
+    base = await serve(console_app(db, sign_in_wait_s=0.5))
+    url = f"{base}{API}/sign-in"
+    for _ in range(FREE_FAILURES):
+        await call(client, "POST", url, {"token": "guess-0123456789"})
+    looked_at = throttled = 0
+    ends_at = time.monotonic() + 1.0
+    for _ in range(2000):
+        if time.monotonic() >= ends_at:
+            break
+        status, _, _ = await call(client, "POST", url, {"token": "guess-0123456789"})
+        looked_at += status == 403
+        throttled += status == 429
+    # The first guess (then a 0.5 s wait), the next after it (then 1 s): at most two.
+    assert 1 <= looked_at <= 2 and throttled >= 10, (looked_at, throttled)
+
+
+async def test_the_cookie_is_secure_when_the_console_is_served_over_tls(
+    serve: Serve, client: aiohttp.ClientSession, db: Path
+) -> None:
+    base = await serve(console_app(db, cookie_secure=True))
+    status, body, reply = await call(client, "POST", f"{base}{API}/sign-in", {"token": TOKEN})
+    assert status == 200
+    cookie = reply.cookies["outbox_console"]
+    assert cookie["secure"] and cookie["httponly"] and cookie["samesite"] == "Strict"
+    signed = {"Cookie": f"outbox_console={cookie.value}", "X-CSRF-Token": body["csrf_token"]}
+    status, _, reply = await call(client, "POST", f"{base}{API}/sign-out", {}, signed)
+    assert status == 200 and reply.cookies["outbox_console"]["secure"]
+
+
+SINK_TOKEN = "sink-token-0123456789abcdef"
+
+
+async def test_the_sinks_record_is_shown_to_a_signed_in_operator_only(
+    serve: Serve,
+    serve_sink: ServeSink,
+    client: aiohttp.ClientSession,
+    db: Path,
+    sink_db: Path,
+    db_rows: Query,
+) -> None:
+    sink = await serve_sink(sink_db, token=SINK_TOKEN)
+    base = await serve(console_app(db, sink=f"{sink}/events", sink_token=SINK_TOKEN))
+    await order(client, base, "o-1")
+    await eventually(
+        lambda: db_rows(db, "SELECT sent FROM outbox_entries WHERE id = 'o-1'") == [(1,)]
+    )
+    status, body, _ = await call(client, "GET", f"{base}{API}/events/o-1")
+    assert status == 200
+    received = body["trace"]["stages"][2]
+    assert received == {"name": "received", "proof": "unknown", "evidence": SINK_HIDDEN}
+    assert "deliveries" not in json.dumps(body)  # nothing of the sink's record
+    signed = await sign_in(client, base)
+    status, body, _ = await call(client, "GET", f"{base}{API}/events/o-1", headers=signed)
+    received = body["trace"]["stages"][2]
+    assert received["proof"] == "proven" and "in the sink's inbox since" in received["evidence"]
+
+
+@pytest.fixture
+async def odd_sink(serve: Serve) -> AsyncIterator[Callable[[object], str]]:
+    """A sink that refuses every delivery (503) and answers GET /events/{id} with an
+    inbox record whose received_at is whatever the test set: returns its URL."""
+    received_at: list[object] = [None]
+
+    async def lookup(request: web.Request) -> web.Response:
+        record = {"id": request.match_info["id"], "received_at": received_at[0]}
+        record |= {"deliveries": 1, "sha256": "0" * 64}
+        return web.Response(text=json.dumps(record), content_type="application/json")
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": "not now"}, status=503)
+
+    app = web.Application()
+    app.router.add_get("/events/{id}", lookup)
+    app.router.add_post("/events", refuse)
+    url = f"{await serve(app)}/events"
+
+    def with_received_at(value: object) -> str:
+        received_at[0] = value
+        return url
+
+    yield with_received_at
+
+
+@pytest.mark.parametrize("received_at", ["yesterday", 1e20, -1e20, math.nan, [1]])
+async def test_a_sink_record_with_an_odd_time_is_shown_not_a_500(
+    serve: Serve,
+    client: aiohttp.ClientSession,
+    db: Path,
+    odd_sink: Callable[[object], str],
+    received_at: object,
+) -> None:
+    base = await serve(console_app(db, sink=odd_sink(received_at)))
+    await order(client, base, "o-1")
+    signed = await sign_in(client, base)
+    status, body, _ = await call(client, "GET", f"{base}{API}/events/o-1", headers=signed)
+    assert status == 200, body
+    received = body["trace"]["stages"][2]
+    assert received["name"] == "received" and received["proof"] != "proven"
+
+
+async def test_an_entry_waiting_its_turn_waits_and_a_failing_or_quarantined_one_does_not(
+    serve: Serve, client: aiohttp.ClientSession, db: Path, db_rows: Query
+) -> None:
+    # One entry per request in one line: o-2 is never sent while o-1, ahead, fails.
+    base = await serve(console_app(db, relay=RelaySettings(poll_interval_s=0.05, batch=False)))
+    await order(client, base, "o-1")
+    await order(client, base, "o-2")
+    await eventually(
+        lambda: db_rows(db, "SELECT attempts FROM outbox_entries WHERE id = 'o-1'")[0][0] > 0
+    )
+
+    async def event(event_id: str) -> Any:
+        status, body, _ = await call(client, "GET", f"{base}{API}/events/{event_id}")
+        assert status == 200, body
+        return body
+
+    waiting = await event("o-2")
+    assert waiting["entry"]["attempts"] == 0
+    # The sink cannot be reached: received is unknown, which is no wait.
+    assert waiting["trace"]["stages"][2]["proof"] == "unknown"
+    assert waiting["waiting_stages"] == ["acknowledged", "marked"]
+    assert (await event("o-1"))["waiting_stages"] == []  # its sends fail: not merely waiting
+    signed = await sign_in(client, base)
+    url = f"{base}{API}/events/o-2/quarantine"
+    assert (await call(client, "POST", url, {"reason": "stop"}, signed))[0] == 200
+    quarantined = await event("o-2")
+    assert quarantined["entry"]["state"] == "quarantined"
+    assert quarantined["waiting_stages"] == []
+
+
+async def read_first_event(client: aiohttp.ClientSession, url: str, **kw: Any) -> Any:
+    reply = await client.get(url, **kw)
+    if reply.status == 200:
+        await read_event(reply)
+    return reply
+
+
+async def test_some_live_views_are_kept_for_signed_in_operators(
+    serve: Serve, client: aiohttp.ClientSession, db: Path
+) -> None:
+    app = console_app(db, stream_interval_s=0.2)
+    base = await serve(app)
+    url = f"{base}{API}/stream"
+    anonymous = MAX_STREAMS - OPERATOR_STREAMS
+    opened = [await read_first_event(client, url) for _ in range(anonymous)]
+    try:
+        assert [reply.status for reply in opened] == [200] * anonymous
+        status, body, _ = await call(client, "GET", url)
+        assert status == 503 and "sign in" in body["error"]
+        signed = await sign_in(client, base)
+        operators = [await read_first_event(client, url, headers=signed) for _ in range(2)]
+        opened += operators
+        assert [reply.status for reply in operators] == [200, 200]
+        assert app[STREAMS].open == anonymous + 2
+    finally:
+        for reply in opened:
+            reply.close()
+    await eventually(lambda: app[STREAMS].open == 0, 5.0)

@@ -81,7 +81,7 @@ PINNED: dict[str, dict[tuple[str, str], set[int]]] = {
         ("GET", "/console/static/console.js"): {200} | GUARD,
         ("GET", "/console/static/console.css"): {200} | GUARD,
         ("GET", "/console/api/session"): {200} | GUARD,
-        ("POST", "/console/api/sign-in"): {200, 400, 403} | POST | GUARD,
+        ("POST", "/console/api/sign-in"): {200, 400, 403, 429} | POST | GUARD,
         ("POST", "/console/api/sign-out"): {200, 403} | POST | GUARD,
         ("GET", "/console/api/overview"): {200} | GUARD | STORAGE,
         ("GET", "/console/api/stream"): {200} | GUARD | STORAGE,

@@ -75,7 +75,9 @@ def test_operator_names(given: object, name: str) -> None:
     assert operator_name(given) == name
 
 
-@pytest.mark.parametrize("given", ["<img src=x>", "a" * 65, 5, "tab\there", "semi;colon"])
+@pytest.mark.parametrize(
+    "given", ["<img src=x>", "a" * 65, 5, "tab\there", "semi;colon", "lone\udcff", "nul\x00"]
+)
 def test_bad_operator_names_are_refused(given: object) -> None:
     with pytest.raises(BadOperator):
         operator_name(given)

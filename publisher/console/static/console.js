@@ -3,7 +3,18 @@
 "use strict";
 
 const API = "/console/api";
-const state = { session: null, eventId: null, page: { after: null } };
+const state = {
+  session: null,
+  view: null,
+  eventId: null,
+  entry: null,
+  eventAskedAt: 0,
+  page: { after: null },
+};
+// Each view's latest request: a reply to an older one (the user chose again before it
+// came) is dropped, so the page never shows what was asked before.
+const asked = { entries: 0, event: 0 };
+const EVENT_REFRESH_MS = 2000; // the event page reloads at most this often while live
 
 const $ = (id) => document.getElementById(id);
 
@@ -16,6 +27,11 @@ function el(tag, text, className) {
 
 function when(seconds) {
   return seconds === null || seconds === undefined ? "-" : new Date(seconds * 1000).toISOString();
+}
+
+// A time of day on the chart's axis, ISO 8601 in UTC as every time the page shows.
+function clock(seconds) {
+  return `${new Date(seconds * 1000).toISOString().slice(11, 19)}Z`;
 }
 
 function age(seconds) {
@@ -85,14 +101,34 @@ function showSession(session) {
   $("sign-in").hidden = !session.actions_enabled || session.signed_in;
   $("signed-in").hidden = !session.signed_in;
   $("operator-name").textContent = session.operator || "";
+  showActions();
+  // What the sink says about an event is shown to a signed-in operator only.
+  if (state.view === "event") loadEvent(state.eventId);
+}
+
+// What each action applies to: quarantine takes a pending entry out of line, redrive
+// puts a quarantined one back. The buttons follow the entry's state.
+const ACTION_NOTES = {
+  pending: "Quarantine takes this pending entry out of line.",
+  quarantined: "Redrive puts this quarantined entry back in line at its own position.",
+  sent: "This entry is sent: there is nothing to quarantine or redrive.",
+};
+
+function showActions() {
+  const session = state.session;
+  if (!session) return;
   const canAct = session.actions_enabled && session.signed_in;
-  $("quarantine").disabled = !canAct;
-  $("redrive").disabled = !canAct;
-  $("actions-note").textContent = canAct
-    ? `Actions are recorded as done by ${session.operator}.`
-    : session.actions_enabled
-      ? "Sign in with the operator token to quarantine or redrive."
-      : "Actions are off: no operator token is configured.";
+  const entryState = state.entry ? state.entry.state : null;
+  $("quarantine").disabled = !canAct || entryState !== "pending";
+  $("redrive").disabled = !canAct || entryState !== "quarantined";
+  if (!session.actions_enabled) {
+    $("actions-note").textContent = "Actions are off: no operator token is configured.";
+  } else if (!session.signed_in) {
+    $("actions-note").textContent = "Sign in with the operator token to quarantine or redrive.";
+  } else {
+    const applies = ACTION_NOTES[entryState] || "No outbox entry: there is nothing to act on.";
+    $("actions-note").textContent = `${applies} Actions are recorded as done by ${session.operator}.`;
+  }
 }
 
 async function signIn(event) {
@@ -141,7 +177,7 @@ function showOverview(o) {
       el("li", `Lane ${lane.lane}: head ${lane.id} blocked since ${when(lane.blocked_since)}, last error: ${lane.last_error}`, "blocked"),
     ),
   );
-  drawRate(o.rate);
+  drawRate(o.rate, o.taken_at);
   $("workers").textContent =
     `${o.workers.length} worker(s) holding leases: ${o.workers.join(", ") || "none"}; ${o.lines_free} line(s) free`;
   $("lines").tBodies[0].replaceChildren(
@@ -151,7 +187,9 @@ function showOverview(o) {
 
 const SVG = "http://www.w3.org/2000/svg";
 
-function drawRate(rate) {
+const AXIS_TICKS = 5; // spans between labels: console.css places .tick-0 to .tick-5
+
+function drawRate(rate, takenAt) {
   const svg = $("rate");
   const counts = rate.sent;
   const most = Math.max(1, ...counts);
@@ -175,6 +213,13 @@ function drawRate(rate) {
   const last = counts[counts.length - 1] / rate.interval_seconds;
   $("rate-caption").textContent =
     `${total} marked sent in the last ${minutes} min, per ${rate.interval_seconds} s bar (highest ${most}); now ${last.toFixed(1)}/s`;
+  // The last bar ends when the overview was read; the axis is the time (UTC) below it.
+  const span = counts.length * rate.interval_seconds;
+  const ticks = [];
+  for (let n = 0; n <= AXIS_TICKS; n += 1) {
+    ticks.push(el("span", clock(takenAt - span + (n * span) / AXIS_TICKS), `tick tick-${n}`));
+  }
+  $("rate-axis").replaceChildren(...ticks);
 }
 
 function live() {
@@ -183,6 +228,10 @@ function live() {
   source.addEventListener("overview", (message) => {
     $("live").textContent = "live";
     showOverview(JSON.parse(message.data));
+    // The event page follows along: its entry and evidence, read again.
+    if (state.view === "event" && Date.now() - state.eventAskedAt >= EVENT_REFRESH_MS) {
+      loadEvent(state.eventId, true);
+    }
   });
   source.addEventListener("unavailable", (message) => {
     $("live").textContent = JSON.parse(message.data).error;
@@ -205,9 +254,11 @@ function entriesQuery(after) {
 }
 
 async function loadEntries(after) {
+  const mine = ++asked.entries;
   $("entries-error").textContent = "";
   try {
     const page = await call("GET", `/entries?${entriesQuery(after)}`);
+    if (mine !== asked.entries) return; // superseded: a later choice's reply shows
     $("entry-table").tBodies[0].replaceChildren(
       ...page.entries.map((e) =>
         row([
@@ -220,20 +271,30 @@ async function loadEntries(after) {
     $("next-page").disabled = page.next_after === null;
     if (page.entries.length === 0) $("entries-error").textContent = "No entries match.";
   } catch (error) {
-    $("entries-error").textContent = error.message;
+    if (mine === asked.entries) $("entries-error").textContent = error.message;
   }
 }
 
 // ------------------------------------------------------------------ one event
 
-async function loadEvent(id) {
-  state.eventId = id;
-  $("event-title").textContent = `Event ${id}`;
-  $("event-error").textContent = "";
+// `again`: a live reload of the event shown, which keeps what it shows if it fails.
+async function loadEvent(id, again) {
+  const mine = ++asked.event;
+  state.eventAskedAt = Date.now();
+  if (!again) {
+    state.eventId = id;
+    $("event-title").textContent = `Event ${id}`;
+  }
   try {
-    showEvent(await call("GET", `/events/${encodeURIComponent(id)}`));
+    const data = await call("GET", `/events/${encodeURIComponent(id)}`);
+    if (mine !== asked.event || id !== state.eventId) return; // superseded
+    $("event-error").textContent = "";
+    showEvent(data);
+    $("event-updated").textContent = `Updated ${new Date().toISOString()}`;
   } catch (error) {
+    if (mine !== asked.event || id !== state.eventId) return;
     $("event-error").textContent = error.message;
+    if (again) return;
     $("evidence").tBodies[0].replaceChildren();
     $("records").tBodies[0].replaceChildren();
     showEntry(null);
@@ -241,6 +302,8 @@ async function loadEvent(id) {
 }
 
 function showEntry(entry) {
+  state.entry = entry;
+  showActions();
   $("event-detail").hidden = entry === null;
   $("event-state").textContent = entry
     ? `seq ${entry.seq}, ${entry.state}`
@@ -260,10 +323,14 @@ function showEvent(data) {
   const trace = data.trace;
   const entry = data.entry;
   showEntry(entry);
+  // A stage not proven only because its entry is still pending waits: it is no fault.
+  const waiting = new Set(data.waiting_stages || []);
   $("evidence").tBodies[0].replaceChildren(
     ...trace.stages.map((s, n) => {
-      const tr = row([n + 1, s.name, s.proof, s.evidence]);
-      tr.className = `proof-${s.proof.replace(" ", "-")}`;
+      const shown = waiting.has(s.name) ? "waiting" : s.proof;
+      const tr = row([n + 1, s.name, shown, s.evidence]);
+      tr.className = `proof-${shown.replace(" ", "-")}`;
+      if (waiting.has(s.name)) tr.title = "not proven yet: the entry is pending";
       return tr;
     }),
   );
@@ -324,10 +391,15 @@ async function confirmed() {
 function route() {
   const hash = decodeURIComponent(location.hash.slice(1));
   const view = hash.startsWith("event/") ? "event" : hash === "entries" ? "entries" : "overview";
+  state.view = view;
   for (const name of ["overview", "entries", "event"]) $(name).hidden = name !== view;
   $("action-result").textContent = "";
   $("confirm").hidden = true;
-  if (view === "event") loadEvent(hash.slice("event/".length));
+  if (view === "event") {
+    state.entry = null;
+    $("event-updated").textContent = "";
+    loadEvent(hash.slice("event/".length));
+  }
   if (view === "entries") loadEntries(null);
 }
 
