@@ -50,7 +50,7 @@ def add_backend_options(parser: argparse.ArgumentParser) -> None:
         "--backend",
         choices=BACKENDS,
         default="sqlite",
-        help="where both services keep their data (default: SQLite files)",
+        help="where both services keep their data: SQLite files, or PostgreSQL",
     )
     parser.add_argument(
         "--db-url",
@@ -87,7 +87,12 @@ def build_parser() -> ArgumentParser:
     )
     go.add_argument("--kills", type=int_in(0, MAX_EVENTS), default=5, help="kills during the feed")
     go.add_argument("--seed", type=strict_int, default=1, help="random seed (same seed, same plan)")
-    go.add_argument("--target", choices=["publisher", "sink", "both"], default="both")
+    go.add_argument(
+        "--target",
+        choices=["publisher", "sink", "both"],
+        default="both",
+        help="which service the kills may hit",
+    )
     go.add_argument(
         "--ordering",
         choices=["global", "key", "sku"],
@@ -143,8 +148,8 @@ def build_parser() -> ArgumentParser:
         "--lease-ttl",
         type=positive_s,
         default=2.0,
-        help="the workers' --lease-ttl, seconds (default 2): how long a killed or paused "
-        "worker's lines wait before another worker takes them",
+        help="the workers' --lease-ttl, seconds: how long a killed or paused worker's lines"
+        " wait before another worker takes them",
     )
     story = commands.add_parser("scenario", help="run named scenarios, each with its own verdict")
     story.add_argument(

@@ -66,6 +66,18 @@ def _escape(match: re.Match[str]) -> str:
     return match[0].encode("unicode_escape").decode("ascii")
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """--help shows each option's default (as add_option does for its own), unless
+    its help already says it or it has none worth showing (off, unset)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or "(default" in text or action.default is argparse.SUPPRESS:
+            return action.help
+        shown = _default_shown(action.default)
+        return action.help if shown is None else f"{text} (default: {shown})".strip()
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line on stderr, exit status 2.
 
@@ -74,6 +86,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
+        kwargs.setdefault("formatter_class", DefaultsShown)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:

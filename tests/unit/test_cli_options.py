@@ -22,6 +22,7 @@ from plumbing.cli import (
     ArgumentParser,
     JsonFormatter,
     TextFormatter,
+    _default_shown,
     add_option,
     duration_s,
     env_name,
@@ -542,3 +543,32 @@ def test_service_log_lines_carry_every_field_in_both_formats() -> None:
         "seq": 3,
         "outcome": "delivered",
     }
+
+
+def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """`parser` and every subcommand's parser under it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_program_shows_each_default_in_its_help() -> None:
+    from chaos.cli import build_parser as chaos_parser
+    from sink.cli import build_parser as sink_parser
+
+    checked = 0
+    for top in (build_parser(), sink_parser(), chaos_parser()):
+        for parser in _parsers(top):
+            text = " ".join(parser.format_help().split())
+            for action in parser._actions:
+                shown = _default_shown(action.default)
+                if not action.option_strings or action.dest == "help" or shown is None:
+                    continue
+                assert f"(default: {shown.replace('%%', '%')})" in text, (
+                    parser.prog,
+                    action.option_strings,
+                )
+                checked += 1
+    assert checked > 40
