@@ -123,11 +123,13 @@ async def test_a_write_of_new_events_is_one_round_trip_and_a_redelivery_two(
     # A redelivery: that round trip fails on purpose (nothing commits), the failed
     # transaction is rolled back (psycopg then deallocates its prepared statements),
     # and the one call goes the long way: BEGIN; the settings and the lookup; the
-    # delivery counted and COMMIT.
+    # delivery counted and COMMIT. The first message holds the statements queued
+    # before the server's error came back: all five, or four when it came back
+    # before COMMIT was queued (psycopg then queues nothing more).
     got = await pg_inbox.receive_batch(taken([event("a")]))
     assert [r.receipt for r in got.received] == [Receipt.DUPLICATE]
     trips = round_trips()
-    assert trips[0] == 5 and len(trips) <= 8, trips
+    assert trips[0] in (4, 5) and len(trips) <= 8, trips
     assert inbox_database.query("SELECT id, deliveries FROM inbox_events ORDER BY id") == [
         ("a", 2),
         ("b", 1),
