@@ -15,6 +15,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
+from plumbing.cli import utc_text
 from plumbing.logs import Throttled
 from plumbing.storage import StorageError
 from publisher.delivery_log import RELAY_LOG
@@ -117,7 +118,7 @@ class HeadPolicy:
         self.log.warning(
             _blocked_key(lane, event_id, str(error)),
             "head blocked",
-            extra={**fields, "since": state.blocked.since, "reason": str(error)},
+            extra={**fields, "since": utc_text(state.blocked.since), "reason": str(error)},
         )
         if should_quarantine(error, state.streak.permanent, self.retry):
             await self._quarantine(

@@ -44,7 +44,7 @@ class PublisherMetrics:
         )
         self.intake = Counter(
             "publisher_intake",
-            "Orders received by the intake API, by result.",
+            "Orders and events received by the intake API (a batch counts each), by result.",
             ["result"],
             registry=r,
         )

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -253,11 +255,15 @@ def _statements(returned: object) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def load(spec: str) -> Handlers:
-    """The registry `MODULE:ATTR` names (`python -m sink --handlers`); ValueError
-    saying what is wrong, in one line."""
+    """The registry `MODULE:ATTR` names (`outbox-sink --handlers`); ValueError
+    saying what is wrong, in one line. A module in the current directory is found
+    whether the sink runs as `python -m sink` (which puts that directory first on
+    the import path) or as the `outbox-sink` script (which does not)."""
     module_name, colon, attr = spec.partition(":")
     if not colon or not module_name or not attr:
         raise ValueError(f"--handlers wants MODULE:ATTR, got {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module: any error it raises on import

@@ -3,6 +3,8 @@ registry refuses what it cannot use, and `:name` statements become psycopg's."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,6 +204,20 @@ def test_load_finds_a_registry_by_module_and_attribute() -> None:
         load("sink.handlers")
     with pytest.raises(ValueError, match=r"is a function, not a sink\.Handlers"):
         load("sink.handlers:warehouse")
+
+
+def test_load_finds_a_module_of_the_current_directory_as_the_console_script_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `outbox-sink` starts with the script's folder first on sys.path, not the
+    # current directory (as `python -m sink` has it): the user's module is there.
+    (tmp_path / "my_consumer_handlers.py").write_text(
+        "from sink import Handlers\nhandlers = Handlers('mine')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_consumer_handlers", raising=False)
+    assert load("my_consumer_handlers:handlers").name == "mine"
 
 
 @pytest.mark.parametrize(
