@@ -35,7 +35,7 @@ The modules, one concept each:
 from . import driver_log  # noqa: F401  (its import installs the filter on psycopg's logger)
 from .arrays import array_literal
 from .database import PROBE_LOCK_WAIT_MS, PgDatabase
-from .errors import describe, translated_sync
+from .errors import describe, storage_error, translated_sync
 from .group import GroupCommit
 from .migrations import MIGRATION_LOCK
 from .names import Qualify, check_schema, qualified, qualifier
@@ -80,5 +80,6 @@ __all__ = [
     "qualified",
     "qualifier",
     "sent_together",
+    "storage_error",
     "translated_sync",
 ]

@@ -28,19 +28,32 @@ async def translated(where: str) -> AsyncIterator[None]:
     except DeadlinePassed as exc:
         raise StorageTimeout(f"{where}: {exc}", reason=str(exc)) from exc
     except PoolTimeout as exc:
-        raise StorageError(f"{where}: no free database connection in {POOL_WAIT_S:g} s") from exc
+        reason = f"no free database connection in {POOL_WAIT_S:g} s"
+        raise StorageError(f"{where}: {reason}", reason=reason) from exc
     except psycopg.Error as exc:
-        raise StorageError(f"{where}: {describe(exc)}") from exc
+        raise storage_error(where, exc) from exc
+
+
+def storage_error(where: str, exc: BaseException) -> StorageError:
+    """A driver error as StorageError: `where` and what went wrong, with a reason a
+    client may be told when it is one of those known (read-only, a full disk)."""
+    return StorageError(f"{where}: {describe(exc)}", reason=_KNOWN.get(type(exc)))
+
+
+# What a client may be told of these (an HTTP 503's reason): they name no object of
+# the database and say what an operator would look at.
+_KNOWN: dict[type[BaseException], str] = {
+    psycopg.errors.ReadOnlySqlTransaction: "the database is read-only",
+    psycopg.errors.LockNotAvailable: "locked by another transaction beyond the lock timeout",
+    psycopg.errors.DiskFull: "the database server's disk is full",
+}
 
 
 def describe(exc: BaseException) -> str:
     """One line saying what went wrong, fit for an HTTP reply or a CLI message."""
-    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
-        return "the database is read-only"
-    if isinstance(exc, psycopg.errors.LockNotAvailable):
-        return "locked by another transaction beyond the lock timeout"
-    if isinstance(exc, psycopg.errors.DiskFull):
-        return "the database server's disk is full"
+    known = _KNOWN.get(type(exc))
+    if known is not None:
+        return known
     if isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("40"):
         # Class 40, transaction rollback: a deadlock, a serialization failure.
         return f"the server rolled the transaction back: {first_line(exc)}"
@@ -63,4 +76,4 @@ def translated_sync(where: str) -> Iterator[None]:
     try:
         yield
     except psycopg.Error as exc:
-        raise StorageError(f"{where}: {describe(exc)}") from exc
+        raise storage_error(where, exc) from exc

@@ -13,7 +13,7 @@ from typing import Final, Protocol
 from aiohttp import hdrs, web
 
 from plumbing.logs import HTTP_LOG, Throttled
-from plumbing.storage import StorageError, StorageTimeout
+from plumbing.storage import StorageError
 from shared.errors import InvalidEvent
 
 log = HTTP_LOG
@@ -68,7 +68,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         # The database is the service's problem, not the request's: retry later. A
         # broken disk fails every request the same way: one line per interval.
         _storage_log.error(("storage", str(exc)), "storage failed: %s", exc)
-        if isinstance(exc, StorageTimeout):  # the client waited: say for how long, and why
+        if exc.reason is not None:  # one a client may be told: a deadline, read-only...
             return error(503, "storage unavailable, try again", reason=exc.reason)
         return error(503, "storage unavailable, try again")
     except web.HTTPException as exc:

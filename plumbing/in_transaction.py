@@ -81,7 +81,7 @@ def pg_failed(driver: Any, exc: BaseException) -> StorageError:
     """What pg_tx.translated_sync makes of a psycopg error, for one SQLAlchemy wrapped."""
     import pg_tx
 
-    return StorageError(f"{pg_where(driver)}: {pg_tx.describe(exc)}")
+    return pg_tx.storage_error(pg_where(driver), exc)
 
 
 class DriverSql(NamedTuple):

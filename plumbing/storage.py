@@ -24,7 +24,13 @@ Backend = Literal["sqlite", "postgres"]
 
 
 class StorageError(Exception):
-    """The database could not be opened or used."""
+    """The database could not be opened or used. `reason`, when the storage layer
+    knows one a client may be told (the message itself names the database's
+    location, which is not a client's business): what an HTTP 503 says."""
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class StorageTimeout(StorageError):
@@ -34,8 +40,8 @@ class StorageTimeout(StorageError):
     already known). `reason` is what a client may be told, without the location."""
 
     def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(message, reason=reason)
+        self.reason: str = reason
 
 
 class BadLocation(ValueError):

@@ -40,10 +40,10 @@ from pg_tx import (
     GroupCommit,
     PgDatabase,
     close_quietly,
-    describe,
     durable,
     in_one_round_trip,
     qualified,
+    storage_error,
     translated_sync,
 )
 from plumbing.cli import utc_text
@@ -544,7 +544,7 @@ class PostgresOutbox(Outbox):
             try:
                 outcomes.append(await _accept_together(self._sql, conn, items, now))
             except psycopg.Error as exc:
-                outcomes.append(StorageError(f"{self.location}: {describe(exc)}"))
+                outcomes.append(storage_error(self.location, exc))
         return outcomes
 
     async def _snapshot_read(self, read: Callable[[Conn], Awaitable[T]]) -> T:
@@ -737,7 +737,7 @@ async def _mark_call(sql: Sql, conn: Conn, params: list[dict[str, Any]]) -> Exce
     except (InvalidTransition, UnknownEntry) as exc:
         return exc
     except psycopg.Error as exc:
-        return StorageError(f"marking failed: {describe(exc)}")
+        return storage_error("marking failed", exc)
     return None
 
 

@@ -59,6 +59,7 @@ from pg_tx import (
     describe,
     qualified,
     sent_together,
+    storage_error,
 )
 from plumbing.group_commit import GroupCommit
 from plumbing.storage import StorageError
@@ -564,7 +565,7 @@ def _connection_lost(exc: psycopg.Error) -> bool:
 
 
 def _storage_error(where: str, exc: psycopg.Error) -> StorageError:
-    failed = StorageError(f"{where}: {describe(exc)}")
+    failed = storage_error(where, exc)
     failed.__cause__ = exc
     return failed
 

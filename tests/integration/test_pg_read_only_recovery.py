@@ -38,8 +38,9 @@ async def test_sessions_that_were_read_only_are_not_used_again(side: str, pg_dat
             assert all(
                 isinstance(exc, StorageError) and "read-only" in str(exc) for exc in failed
             ), failed
-            with pytest.raises(StorageError, match="read-only"):
+            with pytest.raises(StorageError, match="read-only") as during:
                 await write(store, "during")
+            assert during.value.reason == "the database is read-only"  # what a 503 says
         # The default is reset; the sessions opened meanwhile were not ended by anyone.
         for n in range(WRITES_AFTER):
             await write(store, f"after-{n}")
