@@ -40,14 +40,16 @@ class HttpGuard:
     `origins`: values of an Origin header that are allowed (none by default: a
     browser page of any site is refused).
     `own_page_paths`: path prefixes under which the service's own origin is allowed
-    too (an Origin of `http://` plus the Host, port included, which the Host check has
-    found to name this service): where the service serves a page of its own that
-    calls it.
+    too (an Origin of `own_scheme` plus the Host, port included, which the Host check
+    has found to name this service): where the service serves a page of its own that
+    calls it. `own_scheme` is "https" when that page is reached over TLS through a
+    proxy in front (the browser's Origin then says https).
     """
 
     host_names: frozenset[str] = frozenset()
     origins: frozenset[str] = frozenset()
     own_page_paths: tuple[str, ...] = ()
+    own_scheme: str = "http"
 
     @classmethod
     def of(cls, host_names: Iterable[str] = (), origins: Iterable[str] = ()) -> HttpGuard:
@@ -123,7 +125,7 @@ def http_guard(guard: HttpGuard) -> Middleware:
             return True
         # The port counts here: behind a mapping, the browser's Host and Origin both
         # carry the port it used, so its own page still matches.
-        own = host is not None and value == f"http://{host.lower()}"
+        own = host is not None and value == f"{guard.own_scheme}://{host.lower()}"
         return own and request.path.startswith(guard.own_page_paths)
 
     @web.middleware

@@ -121,7 +121,9 @@ def create_app(
     HttpSender(settings.sinks, allowed_hosts=settings.allowed_hosts)  # refuse a bad URL now
     guard = settings.guard
     if settings.console is not None:  # the console's page calls its own routes
-        guard = dataclasses.replace(guard, own_page_paths=(f"{CONSOLE_PATH}/",))
+        # Served over TLS by a proxy in front (--cookie-secure): its Origin says https.
+        scheme = "https" if settings.console.cookie_secure else "http"
+        guard = dataclasses.replace(guard, own_page_paths=(f"{CONSOLE_PATH}/",), own_scheme=scheme)
     app = web.Application(
         client_max_size=max(
             settings.max_body_bytes,

@@ -12,11 +12,13 @@ one line and an exit status.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from typing import Final
 
 from plumbing import event_loop
-from plumbing.cli import EXIT_FAILED, EXIT_USAGE, ArgumentParser, fail
+from plumbing.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
 from plumbing.net import TokenError
 from plumbing.storage import BadLocation, StorageError, with_schema
 from publisher.cli import accept, dispatch, operate, serve
@@ -72,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, exc, EXIT_USAGE)
     except (Conflict, DeliveryError, StorageError, OutboxError, LeaseLost) as exc:
         return fail(PROG, exc)
+    except BrokenPipeError:
+        # The reader went away (`status | head -1`): what it did not read is not
+        # wanted. Nothing more reaches stdout, the interpreter's flush at exit included.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except OSError as exc:
         return fail(PROG, f"cannot listen: {exc.strerror or exc}")
     except KeyboardInterrupt:

@@ -7,6 +7,8 @@ age for `prune` that is not digits and a unit); `list` says when nothing matches
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,3 +145,14 @@ def test_every_option_with_a_default_shows_it_in_its_help() -> None:
             assert "(default: " in (action.help or ""), (name, action.option_strings)
             shown += 1
     assert shown > 20
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(source: Path) -> None:
+    # `outbox-publisher list | head -1`: the pipe closes before the command writes.
+    command = [sys.executable, "-m", "publisher", "list", "--db", str(source)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as running:
+        assert running.stdout is not None and running.stderr is not None
+        running.stdout.close()
+        stderr = running.stderr.read().decode()
+        status = running.wait(timeout=60)
+    assert (status, stderr) == (0, "")

@@ -118,3 +118,19 @@ async def test_the_console_page_works_through_a_mapping_and_other_origins_stay_4
         assert (status, reply.get("signed_in")) == (200, True), reply
         async with client.get(f"http://localhost:{mapped}/console") as r:
             assert r.status == 200 and r.content_type == "text/html"
+
+
+async def test_behind_a_tls_proxy_the_console_page_has_its_https_origin(
+    serve: Serve, client: aiohttp.ClientSession, db: Path
+) -> None:
+    # --cookie-secure: the console is reached over TLS through a proxy in front, which
+    # passes the browser's Host on; the page's Origin is https plus that Host.
+    console = ConsoleSettings(token=TOKEN, cookie_secure=True)
+    settings = ServiceSettings(db=str(db), sink=UNREACHABLE, relay=RelaySettings(), console=console)
+    publisher = await serve(create_publisher(settings))
+    url = f"http://127.0.0.1:{port_of(publisher)}/console/api/sign-in"
+    sign_in, host = {"token": TOKEN, "operator": "alice"}, "localhost:8443"
+    status, reply = await post(client, url, sign_in, {"Host": host, "Origin": f"http://{host}"})
+    assert (status, reply.get("origin")) == (403, f"http://{host}"), reply
+    status, reply = await post(client, url, sign_in, {"Host": host, "Origin": f"https://{host}"})
+    assert (status, reply.get("signed_in")) == (200, True), reply
