@@ -6,13 +6,16 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
 .PHONY: venv runtime test check lint typecheck demo chaos bench bench-quick clean postgres-binaries netns-tools
-.PHONY: soak soak-workers demo-postgres browser screenshots
+.PHONY: soak soak-workers demo-postgres browser screenshots promtool
+.PHONY: docs docs-serve docs-reference
 
 # One virtualenv in two steps. `runtime`: the package and its runtime dependencies
 # (`pip install -e .`, which also installs the outbox-publisher and outbox-sink
 # commands), all that the services, the chaos runner and so the demos need. `venv`:
 # the test, lint and type-check tools on top (the `test` extra, hundreds of MB with
-# the browser driver and the fuzzer), only for the targets that run them.
+# the browser driver and the fuzzer) and the documentation site's (the `docs` extra:
+# MkDocs, and the plugin that runs the docs' Python examples as tests), only for the
+# targets that run them.
 runtime: $(VENV)/.runtime
 venv: $(VENV)/.installed
 
@@ -22,7 +25,7 @@ $(VENV)/.runtime: pyproject.toml
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.runtime
-	$(PIP) -e '.[test]'
+	$(PIP) -e '.[test,docs]'
 	touch $@
 
 lint: venv
@@ -38,12 +41,20 @@ typecheck: venv
 # long, and with a fixed share one process would run them all while the other idles.
 PYTEST := $(BIN)/pytest -n 2 --dist worksteal
 
-# Everything, as CI runs it.
-test: lint typecheck postgres-binaries browser
+# Everything, as CI runs it. The suite includes tests/docs: the site builds with
+# --strict (a broken link or anchor fails), every page is in its navigation, and each
+# generated reference page is what `python -m docsgen` writes from the code now (the
+# check of `python -m docsgen --check`). Then every Python block of the docs and the README
+# runs as a test of its own (pytest-markdown-docs; a block tagged `python notest` is an
+# illustration). That run is given the Markdown files alone: with --markdown-docs the
+# plugin would also import every .py file it collects and run the blocks in docstrings.
+test: lint typecheck postgres-binaries browser promtool
 	$(PYTEST)
+	$(PYTEST) --markdown-docs --ignore-glob='*.py' README.md docs
 
 # The fast tier, for iterating: lint, types, and the unit, behaviour (both backends)
-# and integration tests; no end-to-end test (they start real processes and a browser).
+# and integration tests; no end-to-end test (they start real processes and a browser)
+# and no documentation check (`make docs` builds the site alone).
 check: lint typecheck postgres-binaries
 	$(PYTEST) tests/unit tests/behaviour tests/integration
 
@@ -79,6 +90,39 @@ browser:
 # The README's pictures of the console, taken by its browser test against real services.
 screenshots: venv browser
 	CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q tests/e2e/test_console_browser.py -k sqlite
+
+# The monitoring guide's alert rules are loaded by `promtool check rules` in its test.
+# Where promtool is on neither PATH nor under $(VENV)/promtool, it is taken from
+# Debian's prometheus package: downloaded into a temporary directory, unpacked there
+# with `dpkg -x` (nothing is installed, no service set up or started), and its promtool
+# alone kept as $(VENV)/promtool/usr/bin/promtool; the temporary directory is removed.
+# Without it, the test checks the rules against their JSON schema instead.
+PROMTOOL := $(VENV)/promtool/usr/bin/promtool
+promtool:
+	@if command -v promtool >/dev/null 2>&1 || [ -x $(PROMTOOL) ]; then \
+		exit 0; \
+	fi; \
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	fetch() { (cd "$$tmp" && apt-get download -qq -o APT::Sandbox::User="$$(id -un)" prometheus) >/dev/null 2>&1; } && \
+	{ fetch || { [ "$$(id -u)" = 0 ] && apt-get update -qq && fetch; }; } && \
+	dpkg -x "$$tmp"/prometheus_*.deb "$$tmp/package" && \
+	mkdir -p "$$tmp/promtool/usr/bin" $(VENV) && \
+	mv "$$tmp/package/usr/bin/promtool" "$$tmp/promtool/usr/bin/" && \
+	rm -rf $(VENV)/promtool && mv "$$tmp/promtool" $(VENV)/promtool || \
+	echo "promtool is missing: install Debian's prometheus package (the alert rules are checked against their schema only)" >&2
+
+# The documentation site (mkdocs.yml): built into site/ with --strict, as `make test`
+# builds it; served on loopback while writing, rebuilt on each change.
+docs: venv
+	$(BIN)/mkdocs build --strict -d site
+
+docs-serve: venv
+	$(BIN)/mkdocs serve -a 127.0.0.1:8000
+
+# Rewrites the generated reference pages (CLI, HTTP APIs, metrics, configuration) from
+# the code; `make test` fails while one differs from what this would write.
+docs-reference: venv
+	$(BIN)/python -m docsgen
 
 # The partition test makes test hosts in network namespaces with `ip` (iproute2).
 netns-tools:
@@ -121,4 +165,4 @@ bench-quick: venv
 	$(BIN)/python -m bench --quick --out bench/results.json
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo-data site .pytest_cache .mypy_cache .ruff_cache
