@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal
 
 import pytest
 from aiohttp import web
-from relay_lines import STOP_TIMEOUT_S, sender_for
+from relay_lines import running, sender_for
 from support import accept_events, eventually, placed
 
 from plumbing.http_errors import Handler, Middleware
@@ -84,17 +84,8 @@ async def relay_running(
             lease_observer=metrics,
             rand=lambda: HALF,
         )
-        task = asyncio.create_task(relay.run())
-        try:
+        async with running(relay):
             yield relay
-            assert not task.done(), f"the relay loop ended: {task!r}"
-        finally:
-            relay.stop()
-            try:
-                await asyncio.wait_for(task, STOP_TIMEOUT_S)
-            finally:
-                if not task.done():
-                    task.cancel()
 
 
 async def lease_epoch(outbox: Outbox, line: str) -> int:
