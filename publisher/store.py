@@ -601,6 +601,11 @@ class Outbox(StoreBase):
     async def entry(self, event_id: str) -> Entry | None: ...
 
     @abstractmethod
+    async def pruned(self, event_id: str) -> bool:
+        """Whether the entry of `event_id` was pruned: `prune` removed it once sent,
+        keeping its ID and digest (so that it is still known, and judged by them)."""
+
+    @abstractmethod
     async def entries(
         self,
         state: State,

@@ -101,20 +101,23 @@ def build_trace(
     sink: SinkView,
     snapshot: Snapshot | None = None,
     leases: LinesView | None = None,
+    pruned: bool = False,
 ) -> Trace:
     """The five stages of SPEC's evidence table for one event. Pure.
 
     With a `snapshot`, a pending entry also says which failing heads it waits behind:
     the global head (global order) and the head of its own lane (ordering by key).
     With `leases`, the trace names who holds the event's lines: its lane and the
-    global line, those that were ever leased.
+    global line, those that were ever leased. `pruned`: the outbox keeps the ID of
+    an entry it pruned; an order's row says so as well.
     """
+    gone = entry is None and (pruned or order is not None)  # pruned, once sent
     stages = [
-        _accepted(order, entry),
-        _queued(order, entry),
+        _accepted(order, entry, gone),
+        _queued(entry, gone),
         _received(entry, sink),
-        _acknowledged(order, entry),
-        _marked(order, entry),
+        _acknowledged(entry, gone),
+        _marked(entry, gone),
     ]
     attempts = None if entry is None else entry.attempts
     error = None if entry is None else entry.last_error
@@ -149,12 +152,14 @@ def _waiting_behind(entry: Entry, snapshot: Snapshot) -> list[str]:
     return lines
 
 
-def _accepted(order: Order | None, entry: Entry | None) -> Stage:
+def _accepted(order: Order | None, entry: Entry | None, gone: bool) -> Stage:
     """An order is accepted with its order row; any other event with its entry (the
-    same transaction records both)."""
+    same transaction records both), or once pruned with the ID the outbox keeps."""
     if order is not None:
         detail = f"order row {order.sku} x{order.qty}, {when(order.accepted_at)}"
         return Stage("accepted", Proof.PROVEN, detail)
+    if gone:
+        return Stage("accepted", Proof.PROVEN, "the outbox keeps its ID and digest; " + PRUNED)
     if entry is None:
         return Stage("accepted", Proof.NOT_PROVEN, "no order row and no outbox row")
     event = entry.event
@@ -164,10 +169,10 @@ def _accepted(order: Order | None, entry: Entry | None) -> Stage:
     return Stage("accepted", Proof.PROVEN, detail)
 
 
-def _queued(order: Order | None, entry: Entry | None) -> Stage:
+def _queued(entry: Entry | None, gone: bool) -> Stage:
     if entry is not None:
         return Stage("queued", Proof.PROVEN, f"outbox seq {entry.seq}, {when(entry.queued_at)}")
-    if order is not None:
+    if gone:
         return Stage("queued", Proof.UNKNOWN, PRUNED)
     return Stage("queued", Proof.NOT_PROVEN, "no outbox row")
 
@@ -192,12 +197,12 @@ def _sink_count(value: object) -> str:
     return _unreadable(value)
 
 
-def _acknowledged(order: Order | None, entry: Entry | None) -> Stage:
+def _acknowledged(entry: Entry | None, gone: bool) -> Stage:
     if entry is None:
         return Stage(
             "acknowledged",
-            Proof.UNKNOWN if order else Proof.NOT_PROVEN,
-            PRUNED if order else "no outbox row",
+            Proof.UNKNOWN if gone else Proof.NOT_PROVEN,
+            PRUNED if gone else "no outbox row",
         )
     if entry.ack is None:
         return Stage(
@@ -209,12 +214,12 @@ def _acknowledged(order: Order | None, entry: Entry | None) -> Stage:
     return Stage("acknowledged", Proof.PROVEN, f"ACK {ack} stored with the mark")
 
 
-def _marked(order: Order | None, entry: Entry | None) -> Stage:
+def _marked(entry: Entry | None, gone: bool) -> Stage:
     if entry is None:
         return Stage(
             "marked",
-            Proof.UNKNOWN if order else Proof.NOT_PROVEN,
-            PRUNED if order else "no outbox row",
+            Proof.UNKNOWN if gone else Proof.NOT_PROVEN,
+            PRUNED if gone else "no outbox row",
         )
     if entry.state is State.SENT:
         return Stage("marked", Proof.PROVEN, f"sent at {when(entry.sent_at)}")
@@ -224,6 +229,7 @@ def _marked(order: Order | None, entry: Entry | None) -> Stage:
 async def collect_trace(outbox: Outbox, event_id: str, sender: HttpSender | None) -> Trace:
     """Read the outbox and, when a sender is given, ask the sink; then build the trace."""
     order, entry = await outbox.order(event_id), await outbox.entry(event_id)
+    pruned = entry is None and await outbox.pruned(event_id)
     quarantines = await outbox.quarantines(event_id)
     if sender is None:
         sink = SinkView(unknown="the sink was not asked (no --sink)")
@@ -233,7 +239,7 @@ async def collect_trace(outbox: Outbox, event_id: str, sender: HttpSender | None
         except DeliveryError as exc:
             sink = SinkView(unknown=f"the sink could not be asked: {exc}")
     snapshot, leases = await outbox.snapshot(), await lines_view(outbox)
-    return build_trace(event_id, order, entry, quarantines, sink, snapshot, leases)
+    return build_trace(event_id, order, entry, quarantines, sink, snapshot, leases, pruned)
 
 
 def render_trace(trace: Trace) -> str:

@@ -458,6 +458,9 @@ class PostgresOutbox(Outbox):
         rows = await self._db.query(self._sql.ENTRY_BY_ID, (event_id,))
         return entry_of(rows[0]) if rows else None
 
+    async def pruned(self, event_id: str) -> bool:
+        return bool(await self._db.query(self._sql.PRUNED_ID, (event_id,)))
+
     async def entries(
         self,
         state: State,

@@ -498,6 +498,7 @@ ENTRY_COLUMNS: Final = (
     " last_attempt_at, first_failure_at, quarantined"
 )
 ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE id = %s"
+PRUNED_ID: Final = "SELECT 1 FROM outbox_pruned WHERE id = %s"
 # The row locked: a quarantine, redrive or mark of it waits for another in progress.
 ENTRY_BY_ID_FOR_UPDATE: Final = (
     f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE id = %s FOR UPDATE"

@@ -295,6 +295,10 @@ class SqliteOutbox(SqliteFile, Outbox):
         row = await self._db.run(lambda conn: conn.execute(sql.ENTRY_BY_ID, (event_id,)).fetchone())
         return None if row is None else entry_of(row)
 
+    async def pruned(self, event_id: str) -> bool:
+        row = await self._db.run(lambda conn: conn.execute(sql.PRUNED_ID, (event_id,)).fetchone())
+        return row is not None
+
     async def entries(
         self,
         state: State,

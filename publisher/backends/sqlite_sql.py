@@ -358,6 +358,7 @@ ENTRY_COLUMNS: Final = (
     " last_attempt_at, first_failure_at, quarantined"
 )
 ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE id = ?"
+PRUNED_ID: Final = "SELECT 1 FROM outbox_pruned WHERE id = ?"
 # One page of a listing: past the seq of the previous page's last entry, of one key
 # (its lane) and of one type if asked for (NULL: every key, every type).
 _PAGE: Final = "(:key IS NULL OR lane = :key) AND (:type IS NULL OR type = :type)"

@@ -1806,6 +1806,11 @@ async def test_prune_deletes_only_sent_entries_older_than_the_cutoff(
     assert count(backend, "outbox_orders") == 10
     assert await pending_ids(outbox) == ["o7", "o8", "o9"]
     assert await outbox.prune(older_than_s=3600, batch=3) == 0
+    # The outbox keeps the IDs it pruned (trace says so), none other.
+    assert [await outbox.pruned(i) for i in ("o0", "o3", "o4", "o6", "o9", "nope")] == [
+        *(True, True),
+        *(False, False, False, False),
+    ]
 
 
 @pytest.mark.parametrize(("sent", "batch"), [(7, 3), (6, 3), (5, 1), (4, 500)])

@@ -352,6 +352,16 @@ def test_a_generic_event_is_accepted_by_its_entry_with_type_key_and_escaped_data
     assert accepted.isascii() and accepted.isprintable()
 
 
+def test_a_pruned_event_of_any_type_is_accepted_with_its_outbox_stages_unknown() -> None:
+    # Not an order: no order row says it was pruned, the ID the outbox keeps does.
+    trace = build_trace("pay-1", None, None, [], inbox(), pruned=True)
+
+    assert proofs(trace) == [P, U, P, U, U]
+    assert "keeps its ID and digest" in evidence(trace, "accepted")
+    never = build_trace("pay-1", None, None, [], NOT_IN_INBOX)
+    assert proofs(never) == [N, N, N, N, N]
+
+
 def test_a_generic_event_without_a_key_says_no_key_and_its_line_is_the_global_one() -> None:
     keyless: Event = {"id": "tick-1", "type": "clock.tick", "data": {}}
     leases = LinesView([lease(GLOBAL_LINE), lease("snack")])
