@@ -110,7 +110,7 @@ def test_make_demo_postgres_runs_the_two_spec_scenarios_and_a_chaos_run_on_postg
              for name in line.split(":", 1)[1].split()}  # fmt: skip
     assert "demo-postgres" in phony
     lines = makefile.split("\ndemo-postgres:", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert lines[0].split() == ["venv", "postgres-binaries"], lines[0]
+    assert lines[0].split() == ["runtime", "postgres-binaries"], lines[0]
     recipes = [shlex.split(line.strip()) for line in lines[1:] if line.startswith("\t")]
     parsed = []
     for argv in recipes:
