@@ -17,7 +17,7 @@ from typing import Protocol
 from publisher.driver import AfterDelivery, Driver, Result, Verified
 from publisher.errors import NotAcknowledged
 from publisher.settings import RelaySettings
-from publisher.store import Mark, Pending, check_limit
+from publisher.store import Mark, Outbox, Pending, check_limit
 from shared import MAX_BATCH, Event, Lease
 
 Send = Callable[[Event], Awaitable[object]]
@@ -131,7 +131,7 @@ async def dispatch(
 
 
 async def dispatch_batch(
-    outbox: BatchStore,
+    outbox: BatchStore | Outbox,
     send_batch: SendBatch,
     limit: int = MAX_BATCH,
     after_delivery: AfterDelivery | None = None,
@@ -146,8 +146,21 @@ async def dispatch_batch(
     hooked, then marked in one transaction, before any failure is raised.
     """
     settings = _once(limit, batch=True)
-    line = _PlainLine(outbox.pending, outbox.mark_sent_many)
+    line = _PlainLine(outbox.pending, _marking_many(outbox))
     return await _run_once(line, _Callbacks(send_batch=send_batch), settings, after_delivery)
+
+
+def _marking_many(store: BatchStore | Outbox) -> Callable[[list[str]], Awaitable[None]]:
+    """`mark_sent_many` of IDs: an Outbox's takes Marks (an ID with its ACK, none
+    here), a store of one's own the IDs as BatchStore has them."""
+    if isinstance(store, Outbox):
+        outbox = store
+
+        async def mark_many(event_ids: list[str]) -> None:
+            await outbox.mark_sent_many([Mark(event_id) for event_id in event_ids])
+
+        return mark_many
+    return store.mark_sent_many
 
 
 def _once(limit: int, *, batch: bool) -> RelaySettings:

@@ -1,10 +1,10 @@
 """The tutorial's consumer: what a `payment.captured` event does at the sink.
 
 Serve it with `outbox-sink --db sink.db --handlers examples.tutorial.handlers:handlers`
-(from the repository's root, with `PYTHONPATH=.`). Each captured payment becomes one
-row of `captured_payments` and adds to its customer's row of `customer_totals`, in the
-transaction that records the event in the inbox. The statements run the same on SQLite
-and on PostgreSQL.
+from the repository's root (the current directory is on the import path). Each
+captured payment becomes one row of `captured_payments` and adds to its customer's row
+of `customer_totals`, in the transaction that records the event in the inbox. The
+statements run the same on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations

@@ -418,6 +418,15 @@ async def test_every_result_true_marks_the_whole_batch_in_one_call(
     assert sent_flags(db) == dict.fromkeys(IDS, 1)
 
 
+async def test_the_outbox_itself_is_a_store_dispatch_batch_takes(
+    store: PlainStore, db: Path, db_rows: Query
+) -> None:
+    # Its mark_sent_many takes marks (an ID with its ACK), not plain IDs.
+    send = BatchSender(lambda events: [True] * len(events))
+    assert await dispatch_batch(store.outbox, send, limit=3) == IDS[:3]
+    assert sent_flags(db) == {"z1": 1, "a2": 1, "m3": 1, "b4": 0, "y5": 0}
+
+
 async def test_limit_bounds_the_batch(store: PlainStore, db: Path, db_rows: Query) -> None:
     send = BatchSender(lambda events: [True] * len(events))
     assert await dispatch_batch(store, send, limit=2) == IDS[:2]
