@@ -24,6 +24,7 @@ request never replaces the later one's.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import os
 import re
@@ -439,7 +440,11 @@ def test_the_console_at_a_phones_width_follows_an_event_live(
     expect(ticks).to_have_count(6)
     for text in ticks.all_inner_texts():
         assert TIME_OF_DAY.fullmatch(text), text
-    assert [ticks.nth(n).is_visible() for n in range(6)] == [True, False, True, False, True, True]
+    assert [ticks.nth(n).is_visible() for n in range(6)] == [True, False, True, True, False, True]
+    boxes = [ticks.nth(n).bounding_box() for n in (0, 2, 3, 5)]
+    for left, right in itertools.pairwise(boxes):  # the labels shown stand apart
+        assert left is not None and right is not None
+        assert left["x"] + left["width"] <= right["x"], (left, right)
     assert fits_the_width(page)
     screenshot(page, folders, "phone-overview")
 

@@ -168,7 +168,7 @@ function showOverview(o) {
     head.classList.toggle("blocked", o.head_blocked);
     detail.hidden = !o.head_blocked;
     detail.textContent = o.head_blocked
-      ? `Head ${o.head.id} blocked since ${when(o.head.blocked_since)}, ${o.head.attempts} attempts, last error: ${o.head.last_error}`
+      ? `Head ${o.head.id} blocked since ${when(o.head.blocked_since)}, ${o.head.attempts} ${o.head.attempts === 1 ? "attempt" : "attempts"}, last error: ${o.head.last_error}`
       : "";
   }
   const lanes = $("blocked-lanes");
