@@ -21,9 +21,8 @@ GENERAL: Final = f"""
 These hold for every command of both programs, `outbox-publisher` and `outbox-sink`.
 
 **Names.** The package installs two console scripts, `outbox-publisher` and
-`outbox-sink`. `python -m publisher` and `python -m sink` run the same programs (the
-documentation writes the script names). In `--help` and in error messages the
-programs call themselves `publisher` and `sink`.
+`outbox-sink`. `python -m publisher` and `python -m sink` run the same programs, which
+call themselves by the script names in `--help` and in error messages either way.
 
 **Exit status.** `{EXIT_OK}` done; `{EXIT_FAILED}` failed (a delivery, a conflict, a
 storage error, an unknown entry); `{EXIT_USAGE}` bad input or usage, with nothing
@@ -185,14 +184,14 @@ needs `Authorization: Bearer <token>`. The HTTP options are described
 }
 
 CHAOS: Final[dict[str, str]] = {
-    "publisher": """
+    "outbox-publisher": """
 `--chaos exit-after-ack` ends the publisher with status 73 right after its first
 verified ACK, before that entry is marked sent; `exit-after-ack=N` after the Nth, so
 that a crash can land while pipelined requests are in flight. The chaos runner tells
 such an exit from a crash by its status. See
 [Breaking it on purpose](../tutorial/breaking-it.md).
 """,
-    "sink": """
+    "outbox-sink": """
 `--chaos` faults are for the chaos runner and for tests: `drop-after-commit=N` closes
 the connection without a reply after each of the first N commits, and
 `exit-after-commit=N` ends the process with status 73 right after the Nth. See
@@ -203,7 +202,7 @@ the connection without a reply after each of the first N commits, and
 
 def render(program: Program) -> str:
     """The page of `program`."""
-    intro = PUBLISHER_INTRO if program.prog == "publisher" else SINK_INTRO
+    intro = PUBLISHER_INTRO if program.prog == "outbox-publisher" else SINK_INTRO
     sections = [_command(program, command) for command in program.commands]
     return page(
         GENERATED_NOTE,

@@ -195,7 +195,7 @@ def one_relay(outbox: Outbox, db: str) -> contextlib.AbstractAsyncContextManager
     anything. On PostgreSQL workers share the outbox by leases: nothing to take."""
     if parse_location(db).backend == "postgres":
         return contextlib.nullcontext()
-    return outbox.relay_lock("publisher serve")
+    return outbox.relay_lock("outbox-publisher serve")
 
 
 def unauthorized(request: web.Request) -> web.Response | None:

@@ -20,7 +20,7 @@ from sink.chaos import CHAOS_HELP, Chaos, chaos_app, parse_chaos
 from sink.handlers import Handlers
 from sink.handlers import load as load_handlers
 
-PROG: Final = "sink"
+PROG: Final = "outbox-sink"  # the console script; python -m sink says the same
 DEFAULT_PORT: Final = 8080
 
 
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_format)
     try:
         serving = serve_app(
-            app, args.host, args.port, PROG, "/events", args.access_log, http_limits_of(args)
+            app, args.host, args.port, "sink", "/events", args.access_log, http_limits_of(args)
         )
         event_loop.run(serving, args.event_loop)
     except event_loop.LoopUnavailable as exc:

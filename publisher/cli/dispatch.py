@@ -65,7 +65,11 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     settings = RelaySettings(
         limit=args.limit, batch=args.delivery == "batch", pipeline=1, worker=worker
     )
-    async with sender, Outbox.open(args.db) as outbox, outbox.relay_lock("publisher dispatch"):
+    async with (
+        sender,
+        Outbox.open(args.db) as outbox,
+        outbox.relay_lock("outbox-publisher dispatch"),
+    ):
         try:
             marked = await deliver_pending(outbox, sender, settings, after_delivery)
         except (DeliveryError, LeaseLost) as exc:

@@ -15,7 +15,7 @@ from publisher.notes import BadNote, check_operator, check_reason
 from publisher.settings import MAX_DEPTH, check_lease_ttl, check_worker_id
 from shared import MAX_BATCH, InvalidEvent, validate_event_id
 
-PROG: Final = "publisher"
+PROG: Final = "outbox-publisher"  # the console script; python -m publisher says the same
 EXIT_AFTER_ACK: Final = "exit-after-ack"
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]

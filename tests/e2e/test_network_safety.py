@@ -131,7 +131,7 @@ def test_sink_refuses_an_open_address_without_a_token(
     assert done.returncode == 2, done.stderr
     assert time.monotonic() - started < CLI_TIMEOUT_S / 2
     line = one_line(done.stderr)
-    assert line.startswith("sink: ")
+    assert line.startswith("outbox-sink: ")
     assert host in line and "--insecure" in line
     assert done.stdout == "", "it must not report listening"
     assert not db.exists(), "refused before the database was opened"
@@ -512,7 +512,7 @@ def test_publisher_refuses_an_open_intake_address_without_an_intake_token(
 
     assert done.returncode == 2, done.stderr
     line = one_line(done.stderr)
-    assert line.startswith("publisher: ")
+    assert line.startswith("outbox-publisher: ")
     assert host in line and "--insecure" in line and "OUTBOX_INTAKE_TOKEN" in line
     assert done.stdout == "", "it must not report listening"
     assert not db.exists(), "refused before the database was opened"

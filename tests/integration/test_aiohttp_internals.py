@@ -300,7 +300,10 @@ SERVE_ARGS = {
     "sink": ("sink",),
     "publisher": ("publisher", "serve", "--sink", "http://127.0.0.1:9/events"),
 }
-SAYS = {"sink": "sink: cannot listen on 127.0.0.1:0: ", "publisher": "publisher: cannot listen: "}
+SAYS = {
+    "sink": "outbox-sink: cannot listen on 127.0.0.1:0: ",
+    "publisher": "outbox-publisher: cannot listen: ",
+}
 
 
 @pytest.mark.e2e

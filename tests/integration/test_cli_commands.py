@@ -228,7 +228,7 @@ def test_accept_file_that_cannot_be_read_exits_2_with_one_line_and_opens_nothing
 
     assert ran.status == 2
     assert_one_line_error(ran)
-    assert ran.err.startswith(f"publisher: cannot read {tmp_path / name}: ")
+    assert ran.err.startswith(f"outbox-publisher: cannot read {tmp_path / name}: ")
     assert not db.exists()
 
 

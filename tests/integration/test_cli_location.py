@@ -37,7 +37,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def one_line(err: str) -> str:
-    assert err.count("\n") == 1 and err.startswith("publisher: "), err
+    assert err.count("\n") == 1 and err.startswith("outbox-publisher: "), err
     assert "Traceback" not in err
     return err
 

@@ -251,7 +251,9 @@ def test_the_schema_flag_on_a_sqlite_file_is_one_line_and_a_usage_error(
     db = tmp_path / "source.db"
     assert main(["status", "--db", str(db), "--schema", SCHEMA]) == 2
     err = capsys.readouterr().err
-    assert err == "publisher: --schema is for a PostgreSQL database; a SQLite file has none\n"
+    assert (
+        err == "outbox-publisher: --schema is for a PostgreSQL database; a SQLite file has none\n"
+    )
     assert not db.exists()
 
 

@@ -138,7 +138,7 @@ def test_the_schema_flag_of_the_sink_is_applied_or_refused_in_one_line(
     out, err = capsys.readouterr()
     assert (out, err) == (
         "",
-        "sink: --schema is for a PostgreSQL database; a SQLite file has none\n",
+        "outbox-sink: --schema is for a PostgreSQL database; a SQLite file has none\n",
     )
     assert sink_main(["--db", "postgresql://h/db", "--schema", "1x"]) == 2
     assert "schema must be" in capsys.readouterr().err

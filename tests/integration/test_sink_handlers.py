@@ -241,7 +241,7 @@ def test_the_command_refuses_a_registry_it_cannot_load_in_one_line(
 
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"sink: {said}"), done.stderr
+    assert line.startswith(f"outbox-sink: {said}"), done.stderr
     assert not (tmp_path / "s.db").exists()
 
 

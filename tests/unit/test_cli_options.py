@@ -296,7 +296,7 @@ def test_publisher_main_refuses_a_bad_pipeline_before_doing_anything(tmp_path: P
         main([*argv, "--pipeline", "17"])
     assert exited.value.code == 2
     assert len(captured.getvalue().splitlines()) == 1, captured.getvalue()
-    assert captured.getvalue().startswith("publisher serve: error: argument --pipeline")
+    assert captured.getvalue().startswith("outbox-publisher serve: error: argument --pipeline")
     assert not source.exists()
 
 
@@ -385,7 +385,7 @@ def test_publisher_main_refuses_a_bad_chaos_before_doing_anything(
         main([*argv, "--chaos", "exit-after-ack=0"])
     assert exited.value.code == 2
     assert len(captured.getvalue().splitlines()) == 1, captured.getvalue()
-    assert captured.getvalue().startswith(f"publisher {command}: error: argument --chaos")
+    assert captured.getvalue().startswith(f"outbox-publisher {command}: error: argument --chaos")
     assert not source.exists()
 
 

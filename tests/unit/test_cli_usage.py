@@ -91,7 +91,7 @@ def test_asking_for_uvloop_where_it_cannot_be_imported_is_a_usage_error(
 
     refused = serve(capsys, module, db, "--event-loop", "uvloop")
 
-    assert_usage_error(refused, f"{module}: uvloop cannot be imported here")
+    assert_usage_error(refused, f"outbox-{module}: uvloop cannot be imported here")
     assert "--event-loop asyncio" in refused.err
     assert not db.exists(), "nothing may be created before the loop is settled"
 
@@ -110,7 +110,7 @@ def test_an_unknown_event_loop_is_a_usage_error(
 
     refused = serve(capsys, module, db, *extra)
 
-    prog = "sink" if module == "sink" else "publisher serve"
+    prog = "outbox-sink" if module == "sink" else "outbox-publisher serve"
     assert_usage_error(refused, f"{prog}: error: argument --event-loop")
     assert "trio" in refused.err
     assert not db.exists()

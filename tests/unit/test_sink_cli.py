@@ -38,7 +38,7 @@ def assert_one_line_refusal(capsys: pytest.CaptureFixture[str], cwd: Path, *word
     assert out == ""
     assert "Traceback" not in err
     assert len(err.splitlines()) == 1, err
-    assert err.startswith("sink: ")
+    assert err.startswith("outbox-sink: ")
     for word in words:
         assert word in err
     assert list(cwd.iterdir()) == [], "nothing is created for a refused location"
