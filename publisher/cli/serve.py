@@ -301,7 +301,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 
     app.on_startup.append(say_egress)
     limits = http_limits_of(args)
-    await serve_app(app, args.host, args.port, PROG, "/orders", args.access_log, limits)
+    await serve_app(app, args.host, args.port, "publisher", "/orders", args.access_log, limits)
     return EXIT_OK
 
 
