@@ -24,8 +24,14 @@ import aiosqlite
 from plumbing.schema import Schema
 from plumbing.storage import StorageError
 
-from .aiosqlite_internals import AiosqliteChanged, check_internals, raw_connection, run_on_worker
-from .connect import BUSY_TIMEOUT_MS, connect, prepare
+from .aiosqlite_internals import (
+    AiosqliteChanged,
+    check_internals,
+    join_worker,
+    raw_connection,
+    run_on_worker,
+)
+from .connect import BUSY_TIMEOUT_MS, THREAD_JOIN_TIMEOUT_S, connect, prepare
 from .transactions import is_busy, transaction
 
 T = TypeVar("T")
@@ -70,6 +76,10 @@ class Database:
             # error worth reporting is the one that says what changed.
             with contextlib.suppress(Exception):
                 await connection.close()
+            raise
+        except BaseException:  # cancelled: no worker thread may outlive this call
+            await connection.close()
+            await join_worker(connection, THREAD_JOIN_TIMEOUT_S)
             raise
         db = cls(connection, str(path))
         db._probe_write = PROBE_WRITE.format(table=schema.probe_table)

@@ -14,7 +14,7 @@ import pytest
 from support import ITEMS_SCHEMA, query, try_write_lock
 
 from plumbing.schema import VERSIONS_TABLE, Schema, history
-from sqlite_tx import Database, StorageError, transaction, unsynced
+from sqlite_tx import Database, StorageError, database, transaction, unsynced
 
 
 class Boom(Exception):
@@ -148,6 +148,29 @@ async def test_an_open_cancelled_while_the_file_opens_waits_for_its_thread(
         await task
     started = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     # The loop's executor threads (asyncio_N) stay for later calls; no other may.
+    assert [t for t in started if not t.name.startswith("asyncio_")] == []
+
+
+async def test_an_open_cancelled_after_connecting_leaves_no_thread(
+    items_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cancelled on its first trip to the connected worker (a SIGTERM as a run starts):
+    # the thread must be gone, or it would report to an event loop closed by then.
+    real_check, checking = database.check_internals, asyncio.Event()
+
+    async def slow_check(connection: Any) -> None:
+        checking.set()
+        await asyncio.sleep(5)
+        await real_check(connection)
+
+    before = set(threading.enumerate())
+    monkeypatch.setattr(database, "check_internals", slow_check)
+    task = asyncio.create_task(Database.open(items_path, ITEMS))
+    await asyncio.wait_for(checking.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    started = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     assert [t for t in started if not t.name.startswith("asyncio_")] == []
 
 
