@@ -14,6 +14,7 @@ from typing import Final
 import orjson
 from aiohttp import web
 
+from plumbing.collector import collector_paused
 from plumbing.http_errors import BadRequest, invalid_event
 from plumbing.http_limits import BODY_TIMEOUT_S, LIMITS, HttpLimits
 from shared.errors import InvalidEvent
@@ -103,7 +104,8 @@ def parse_json(text: bytes, what: str = "body") -> object:
     """`text` parsed as strict JSON (loads_strict), or BadRequest 400 saying why not,
     naming the text `what` (the body; a line of a file)."""
     try:
-        return loads_strict(text)
+        with collector_paused():
+            return loads_strict(text)
     except DuplicateKey as exc:
         raise BadRequest(400, "invalid", str(exc), field=exc.key) from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

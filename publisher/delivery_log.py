@@ -68,14 +68,14 @@ class DeliveryLog:
             **_fields(first, "delivered", started),
             "count": len(rows),
             "last_seq": last.seq,
-            "event_ids": [row.event["id"] for row in rows],
+            "event_ids": [row.id for row in rows],
         }
         RELAY_LOG.info("delivery", extra=fields)
         if self._observer is not None:
             for row in rows:
                 self._observer.delivery("delivered")
                 if self._by_type is not None:
-                    self._by_type(row.event["type"])
+                    self._by_type(row.type)
 
     def attempt(self, row: Pending, started: float, error: BaseException | None = None) -> None:
         """One line for one entry's attempt: delivered, or failed with `error`."""
@@ -87,12 +87,12 @@ class DeliveryLog:
         if self._observer is not None:
             self._observer.delivery(outcome)
             if error is None and self._by_type is not None:
-                self._by_type(row.event["type"])
+                self._by_type(row.type)
 
 
 def _fields(row: Pending, outcome: str, started: float) -> dict[str, Any]:
     return {
-        "event_id": row.event["id"],
+        "event_id": row.id,
         "seq": row.seq,
         "attempt": row.attempts + 1,
         "outcome": outcome,

@@ -74,7 +74,7 @@ def collect_delivered(marked: list[str]) -> Callable[..., None]:
     driver's `run` returns."""
 
     def report(delivered: list[Pending], *_: object) -> None:
-        marked.extend(row.event["id"] for row in delivered)
+        marked.extend(row.id for row in delivered)
 
     return report
 

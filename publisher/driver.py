@@ -256,7 +256,7 @@ class Driver:
             request = run.in_flight.popleft()
             marked += await self._take(request)
             if self._settings.pipeline > 1:
-                run.trusted = self._sender.predecessor_checked(request.rows[0].event["id"])
+                run.trusted = self._sender.predecessor_checked(request.rows[0].id)
 
     def _raise_mark_failure(self) -> None:
         if self._mark_failed is not None:
@@ -281,7 +281,7 @@ class Driver:
 
     def _queue(self, run: _Run, rows: list[Pending]) -> None:
         for row in rows:
-            self.held[row.event["id"]] = row
+            self.held[row.id] = row
             run.queue.append(row)
 
     async def _read(self) -> list[Pending]:
@@ -302,7 +302,7 @@ class Driver:
             events = [row.sent(self._copies) for row in rows]
             task = asyncio.ensure_future(self._send(events, after))
             run.in_flight.append(Request(rows, task, time.perf_counter(), after is not None))
-            run.after = rows[-1].event["id"]
+            run.after = rows[-1].id
 
     async def _read_came_first(self, run: _Run) -> bool:
         """With a read under way and a slot free, wait for whichever comes first."""
@@ -362,7 +362,7 @@ class Driver:
         """Hook, then mark, the verified prefix of a request that was answered. An
         empty prefix is handed to the mark as well, where it changes nothing: each
         answered request is settled by one mark call."""
-        ids = [row.event["id"] for row in verified]  # the IDs selected, not the copies'
+        ids = [row.id for row in verified]  # the IDs selected, not the copies'
         if self._after_delivery is not None:
             for event_id in ids:
                 hooked = self._after_delivery(event_id)
@@ -427,7 +427,7 @@ def _verified_prefix(rows: list[Pending], results: Sequence[Result]) -> Prefix:
         verified.append(row)
         acks.append(result)
     if len(verified) < len(rows):
-        missing = rows[len(verified)].event["id"]
+        missing = rows[len(verified)].id
         return Prefix(verified, acks, NotAcknowledged(f"{missing}: no ACK in the reply"))
     return Prefix(verified, acks, None)
 

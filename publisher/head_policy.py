@@ -110,7 +110,7 @@ class HeadPolicy:
             state.failing = ("relay step failed", type(error), str(error))
             self.log.error(state.failing, "relay step failed: %s", error, exc_info=exc_info)
             return retry_delay_s(error, 1, self.retry, self._rand)
-        event_id = entry.event["id"]
+        event_id = entry.id
         await self._outbox.record_failure(event_id, str(error), lease)
         state.streak = state.streak.after(event_id, error)
         state.blocked = _blocked(state.blocked, event_id, error)

@@ -261,7 +261,9 @@ class HttpSender:
         carries the canonical text it is stored as: its data is cut out of that text,
         and the digest is of it, so the relay neither parses nor writes the data."""
         canonical = getattr(event, "canonical", None)
-        data_text = None if canonical is None else stored_data(event, canonical)
+        data_text = getattr(event, "data_text", None)  # cut out when the entry was read
+        if data_text is None and canonical is not None:
+            data_text = stored_data(event, canonical)
         if data_text is None or canonical is None:
             data_text, canonical = canonical_parts(event)
         body = structured(

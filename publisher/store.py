@@ -20,6 +20,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Literal, NamedTuple, TypeVar
 
+import orjson
+
+from plumbing.collector import collector_paused
 from plumbing.storage import Opening, StoreBase
 from shared import (
     GLOBAL_LINE,
@@ -34,7 +37,7 @@ from shared import (
     validate_order,
 )
 from shared import Order as OrderFields
-from shared.event import StoredEvent
+from shared.event import StoredEvent, envelope_of
 from shared.protocol import MAX_EPOCH
 
 T = TypeVar("T")
@@ -79,26 +82,86 @@ class State(StrEnum):
     SENT = "sent"
 
 
-class Pending(NamedTuple):
+class Pending:
     """One pending entry as the relay reads it. `lane` is its line in order by key:
     the event's key as the outbox stored it (None for an event without a key, and
-    from a store that knows no lanes: the library's dispatch over a plain store)."""
+    from a store that knows no lanes: the library's dispatch over a plain store).
 
-    seq: int
-    event: Event
-    attempts: int  # failed or successful attempts so far
-    lane: str | None
-    payload: str | None = None  # the canonical text stored (None: not read from storage)
-    queued_at: float | None = None  # when it was recorded (None: not read from storage)
+    An entry read from storage (`Pending.stored`) keeps the canonical text it is
+    stored as (`payload`) and when it was recorded (`queued_at`); its data is parsed
+    only when `event` is asked for. The relay never asks: it sends the stored text
+    and needs only the entry's ID and type (`id`, `type`)."""
+
+    __slots__ = ("_data", "_event", "_head", "attempts", "lane", "payload", "queued_at", "seq")
+
+    def __init__(
+        self,
+        seq: int,
+        event: Event,
+        attempts: int,  # failed or successful attempts so far
+        lane: str | None,
+        payload: str | None = None,  # the canonical text stored (None: not read from storage)
+        queued_at: float | None = None,  # when it was recorded (None: not read from storage)
+    ) -> None:
+        self.seq = seq
+        self.attempts = attempts
+        self.lane = lane
+        self.payload = payload
+        self.queued_at = queued_at
+        self._event: Event | None = event
+        self._head: Mapping[str, Any] = event  # what `id` and `type` are read from
+        self._data: str | None = None  # the data's canonical text, cut out of `payload`
+
+    @classmethod
+    def stored(
+        cls, seq: int, payload: str, attempts: int, lane: str | None, queued_at: float
+    ) -> Pending:
+        """An entry as its row holds it: the event's id, type and key read from the
+        end of its canonical text, the data left unparsed (shared.event.envelope_of);
+        a text not laid out so is parsed whole."""
+        cut = envelope_of(payload)
+        if cut is None:
+            return cls(seq, orjson.loads(payload), attempts, lane, payload, queued_at)
+        row = cls.__new__(cls)
+        row.seq, row.attempts, row.lane = seq, attempts, lane
+        row.payload, row.queued_at = payload, queued_at
+        row._event = None
+        row._head, row._data = cut
+        return row
+
+    @property
+    def event(self) -> Event:
+        """The entry's event, parsed from its stored text the first time it is asked for."""
+        if self._event is None:
+            assert self.payload is not None  # only a stored entry is parsed lazily
+            self._event = orjson.loads(self.payload)
+        return self._event
+
+    @property
+    def id(self) -> str:
+        return self._head["id"]  # type: ignore[no-any-return]
+
+    @property
+    def type(self) -> str:
+        return self._head["type"]  # type: ignore[no-any-return]
 
     def sent(self, copied: bool) -> Event:
-        """The event to hand a sender: a deep copy (`copied`, for a sender that may
-        change it), else the event itself, carrying its stored canonical text."""
+        """The event to hand a sender: a copy of its own (`copied`, for a sender that
+        may change it), else the event as read, carrying its stored canonical text
+        (and, when the data was left unparsed, only the id, type and key, with the
+        data's text: what HttpSender writes)."""
         if copied:
+            if self.payload is not None:
+                return orjson.loads(self.payload)  # type: ignore[no-any-return]
             return copy.deepcopy(self.event)
         if self.payload is None:
             return self.event
+        if self._data is not None:
+            return StoredEvent(self._head, self.payload, self.queued_at, self._data)  # type: ignore[arg-type, return-value]
         return StoredEvent(self.event, self.payload, self.queued_at)  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"Pending(seq={self.seq}, id={self.id!r}, lane={self.lane!r})"
 
 
 class Mark(NamedTuple):
@@ -431,7 +494,9 @@ class Outbox(StoreBase):
         (it changed nothing; the others are recorded). The same ID twice in the
         list is judged as two calls one after the other would be. StorageError if
         the database cannot take them: then nothing of them is written."""
-        return await self.record_many([checked(event, check) for event in _capped(events)])
+        with collector_paused():  # many containers at once: checked, then collected once
+            items = [checked(event, check) for event in _capped(events)]
+        return await self.record_many(items)
 
     async def accept(self, order: object) -> Intake:
         """`publish` for an order of the example's intake (`{id, sku, qty}`): its
@@ -443,7 +508,9 @@ class Outbox(StoreBase):
 
     async def accept_many(self, orders: Sequence[object]) -> list[IntakeOutcome]:
         """`publish_many` for orders (see `accept`)."""
-        return await self.record_many([checked_order(order) for order in _capped(orders)])
+        with collector_paused():
+            items = [checked_order(order) for order in _capped(orders)]
+        return await self.record_many(items)
 
     async def record_many(
         self, checked: Sequence[Publication | InvalidEvent]

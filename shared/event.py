@@ -125,8 +125,12 @@ def checked_event(
     data = obj["data"]
     if not isinstance(data, dict):
         raise InvalidEvent("/data", f"must be a JSON object, not {_json_type(data)}")
-    data_text = canonical_data(data, "/data", parsed=parsed)
-    size = len(data_text.encode("utf-8", "surrogatepass"))
+    plain = _plain_bytes(data) if parsed else None
+    if plain is not None:  # its size is at hand: no second encoding
+        data_text, size = plain.decode(), len(plain)
+    else:
+        data_text = canonical_data(data, "/data")
+        size = len(data_text.encode("utf-8", "surrogatepass"))
     if size > max_data_bytes:
         raise InvalidEvent(
             "/data", f"is {size:,} bytes encoded, over the {max_data_bytes:,} allowed"
@@ -157,12 +161,12 @@ def canonical_data(data: object, pointer: str, *, parsed: bool = False) -> str:
     ints, no key outside the Basic Multilingual Plane: then escaping, number text and
     key order agree), else by the `rfc8785` package. A value fresh from a parser
     (`parsed`: only dicts, lists, strings, ints, finite floats, booleans, None and the
-    strict parser's markers) first tries `_plain_text`, which is C all the way.
+    strict parser's markers) first tries `_plain_bytes`, which is C all the way.
     """
     if parsed:
-        text = _plain_text(data)
-        if text is not None:
-            return text
+        plain = _plain_bytes(data)
+        if plain is not None:
+            return plain.decode()
     try:
         need = _check(data, 1)
     except _NotIJson as bad:
@@ -200,8 +204,8 @@ _PLAIN_OPTIONS: Final = (
 )
 
 
-def _plain_text(data: object) -> str | None:
-    """The RFC 8785 text of a parsed JSON value that holds no float and no character
+def _plain_bytes(data: object) -> bytes | None:
+    """The RFC 8785 text (UTF-8) of a parsed JSON value that holds no float and no character
     outside the Basic Multilingual Plane, nests at most MAX_DEPTH deep and is I-JSON;
     None when any of that is not certain (canonical_data then checks it item by item).
 
@@ -221,7 +225,7 @@ def _plain_text(data: object) -> str | None:
         return None
     if text.count(b"{") + text.count(b"[") > MAX_DEPTH:
         return None
-    return text.decode()
+    return text
 
 
 class _NotIJson(Exception):
@@ -346,18 +350,60 @@ class StoredEvent(dict):  # type: ignore[type-arg]
     """An event read back from the outbox with the canonical text it is stored as
     (`canonical`), so that a sender need not canonicalise it again (`stored_data`),
     and when the outbox recorded it (`recorded_at`, None when not known).
-    Read only: a copy that is changed must not keep `canonical` (copy.deepcopy and
-    dict() give a plain dict of the same fields)."""
 
-    __slots__ = ("canonical", "recorded_at")
+    With `data_text` (the canonical text of its data, cut out of `canonical` by
+    `envelope_of`), it holds only the event's id, type and key: its data was never
+    parsed, and a sender writes `data_text` as it is. Read only: a copy that is
+    changed must not keep `canonical` (copy.deepcopy and dict() give a plain dict
+    of the same fields)."""
 
-    def __init__(self, event: Event, canonical: str, recorded_at: float | None = None) -> None:
+    __slots__ = ("canonical", "data_text", "recorded_at")
+
+    def __init__(
+        self,
+        event: Event,
+        canonical: str,
+        recorded_at: float | None = None,
+        data_text: str | None = None,
+    ) -> None:
         super().__init__(event)
         self.canonical = canonical
         self.recorded_at = recorded_at  # seconds since the epoch it was recorded at
+        self.data_text = data_text
 
     def __deepcopy__(self, memo: dict[int, object]) -> dict[str, Any]:
         return copy.deepcopy(dict(self), memo)
+
+
+_ID_MEMBER: Final = ',"id":"'
+
+
+def envelope_of(canonical: str) -> tuple[dict[str, str], str] | None:
+    """The id, type and key (if any) of an event from its canonical form, and the
+    canonical text of its data, without parsing the data: the form is `{"data":DATA`
+    followed by the plain text of id, key and type, none of which holds a quote, so
+    the last `,"id":"` in the text is the event's own. None when `canonical` is not
+    laid out so (it is then parsed whole)."""
+    if not canonical.startswith(_DATA_PREFIX):
+        return None
+    at = canonical.rfind(_ID_MEMBER)
+    if at < len(_DATA_PREFIX):
+        return None
+    try:
+        head = orjson.loads("{" + canonical[at + 1 :])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(head, dict) or not {"id", "type"} <= head.keys() <= _HEAD_FIELDS:
+        return None
+    if not all(type(value) is str for value in head.values()):
+        return None
+    if _assemble(head, "")[len(_DATA_PREFIX) :] != canonical[at:]:  # type: ignore[arg-type]
+        return None  # not as this module writes it (another key order, say)
+    data = canonical[len(_DATA_PREFIX) : at]
+    return (head, data) if data.startswith("{") and data.endswith("}") else None
+
+
+_HEAD_FIELDS: Final = frozenset(("id", "type", "key"))
 
 
 def stored_data(event: Event, canonical: str) -> str | None:

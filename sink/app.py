@@ -16,6 +16,7 @@ from aiohttp import hdrs, web
 
 from plumbing.bodies import read_json
 from plumbing.cli import utc_text
+from plumbing.collector import collector_paused
 from plumbing.host_guard import HttpGuard, http_guard
 from plumbing.http_errors import BadRequest, Handler, error, json_errors
 from plumbing.logs import Throttled
@@ -247,7 +248,8 @@ async def post_batch(request: web.Request) -> web.StreamResponse:
     except BadRequest as exc:
         received.labels("invalid").inc()
         return exc.response()
-    taken, rejected = valid_prefix(settings.admit, media, items)
+    with collector_paused():  # a batch's events are many containers at once
+        taken, rejected = valid_prefix(settings.admit, media, items)
     try:
         with waits.waking(wire.item_ids(items)):
             if after is not None and taken:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import orjson
-
 from publisher.errors import LeaseLost
 from publisher.store import (
     Entry,
@@ -30,9 +28,7 @@ def pending_of(row: tuple[Any, ...]) -> Pending:
     """A pending read's row (the backend's PENDING columns: seq, payload, attempts,
     lane, queued_at) as a Pending."""
     seq, payload, attempts, lane, queued_at = row
-    # orjson: the relay reads every entry it sends, and this text is the outbox's own
-    # canonical JSON (nothing to check), read four times as fast as by json.loads.
-    return Pending(seq, orjson.loads(payload), attempts, lane, payload, queued_at)
+    return Pending.stored(seq, payload, attempts, lane, queued_at)
 
 
 def entry_of(row: tuple[Any, ...]) -> Entry:

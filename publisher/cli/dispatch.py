@@ -168,7 +168,7 @@ async def _deliver(
         await driver.run(lease)
     except Exception as exc:
         if driver.failed_entry is not None and not isinstance(exc, LeaseLost):
-            await outbox.record_failure(driver.failed_entry.event["id"], str(exc), lease)
+            await outbox.record_failure(driver.failed_entry.id, str(exc), lease)
         raise
     return marked
 

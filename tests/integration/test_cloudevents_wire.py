@@ -24,7 +24,7 @@ from publisher import HttpSender, Outbox
 from publisher.cli.dispatch import deliver_pending
 from publisher.http import _rfc3339
 from publisher.settings import RelaySettings
-from publisher.store import State
+from publisher.store import Pending, State
 from shared import PREDECESSOR_HEADER, Event, Receipt, canonical_json, make_ack, payload_digest
 from shared.cloudevents import BATCHED, STRUCTURED
 from shared.event import StoredEvent
@@ -183,6 +183,23 @@ async def test_an_event_read_from_the_outbox_goes_out_as_its_stored_text(serve: 
     (_, _, _, one), (_, _, _, many) = consumer.requests
     assert one["data"] == PAYMENT["data"] == many[0]["data"]
     assert many[0]["time"] == many[1]["time"]  # one request, one time
+
+
+async def test_an_entry_read_with_its_data_unparsed_goes_out_as_a_parsed_one_would(
+    serve: Serve,
+) -> None:
+    # The relay reads an entry's id, type and key from its stored text and hands the
+    # sender the data's text as it is (publisher.store.Pending): on the wire it must
+    # be the very request a fully parsed stored event makes.
+    stored, recorded_at = canonical_json(PAYMENT), 1_700_000_000.25
+    row = Pending.stored(1, stored, 0, PAYMENT["key"], recorded_at)
+    consumer = Consumer()
+    async with HttpSender(await _url(serve, consumer)) as sender:
+        lazy = await sender.deliver(row.sent(copied=False))
+        whole = await sender.deliver(StoredEvent(PAYMENT, stored, recorded_at))  # type: ignore[arg-type]
+    assert lazy["sha256"] == whole["sha256"] == payload_digest(PAYMENT)
+    (_, _, _, unparsed), (_, _, _, parsed) = consumer.requests
+    assert unparsed == parsed
 
 
 def test_a_copy_of_a_stored_event_is_a_plain_event() -> None:

@@ -45,6 +45,7 @@ from shared.event import (
     BigInteger,
     canonical_parts,
     data_preview,
+    envelope_of,
     placed_order,
     previous_canonical,
     stored_data,
@@ -1099,6 +1100,43 @@ def test_stored_data_is_the_data_cut_from_the_canonical_form(
     obj = {"id": event_id, "type": event_type, "key": key, "data": data}
     checked, canonical = checked_event(obj)
     assert stored_data(checked, canonical) == canonical_parts(checked)[0]
+
+
+@given(event_id=valid_ids, event_type=valid_types, key=st.none() | valid_keys, data=json_data)
+def test_envelope_of_reads_id_type_and_key_and_cuts_out_the_data(
+    event_id: str, event_type: str, key: str | None, data: dict[str, Any]
+) -> None:
+    obj = {"id": event_id, "type": event_type, "key": key, "data": data}
+    checked, canonical = checked_event(obj)
+    head = {name: value for name, value in checked.items() if name != "data"}
+    assert envelope_of(canonical) == (head, canonical_parts(checked)[0])
+
+
+def test_envelope_of_finds_the_events_own_id_after_data_that_names_ids() -> None:
+    data = {"id": "inner", "order": {"id": "deeper"}, "note": ',"id":"fake","type":"x"}'}
+    checked, canonical = checked_event({**KEYED, "data": data})
+    assert envelope_of(canonical) == (
+        {"id": KEYED["id"], "key": KEYED["key"], "type": KEYED["type"]},
+        canonical_parts(checked)[0],
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"data": {},"id":"e-1","type":"t"}',  # not canonical: a space
+        '{"data":{},"type":"t","id":"e-1"}',  # another key order
+        '{"data":{},"id":"e-1","type":"t","extra":"x"}',  # a field of no event
+        '{"data":{},"id":"e-1"}',  # no type
+        '{"data":[],"id":"e-1","type":"t"}',  # data not an object
+        '{"data":{},"id":"e-1","type":7}',  # a type that is not text
+        '{"data":{},"id":"e-1","type":"t"',  # cut short
+        '{"id":"e-1","type":"t","data":{}}',  # data not first
+        '{"data":{"id":"e-1","type":"t"}}',  # the ID only inside the data
+    ],
+)
+def test_envelope_of_is_none_for_text_not_laid_out_as_a_canonical_event(text: str) -> None:
+    assert envelope_of(text) is None
 
 
 def test_stored_data_is_none_for_text_not_laid_out_as_that_event() -> None:

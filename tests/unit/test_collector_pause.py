@@ -1,0 +1,71 @@
+"""The cyclic garbage collector is held off while a body is parsed and its events
+checked (plumbing.collector), and always let run again after."""
+
+from __future__ import annotations
+
+import gc
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from plumbing.bodies import loads_strict, parse_json
+from plumbing.collector import collector_paused
+
+
+@pytest.fixture
+def collector_on() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+def test_the_collector_is_off_in_the_block_and_on_after(collector_on: None) -> None:
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_the_collector_is_on_again_after_a_block_that_raised(collector_on: None) -> None:
+    with pytest.raises(ZeroDivisionError), collector_paused():
+        1 / 0  # noqa: B018
+    assert gc.isenabled()
+
+
+def test_a_collector_its_owner_turned_off_stays_off(collector_on: None) -> None:
+    gc.disable()
+    with collector_paused():
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner block did not turn it on under the outer
+    assert not gc.isenabled()
+
+
+def test_a_large_body_is_parsed_with_one_collection_at_most(collector_on: None) -> None:
+    # 500 events of nested data: thousands of containers. Read without the pause (the
+    # control) they start a collection every 700; read as a request's body, at most
+    # the one pass after the parse.
+    item = {"id": "e-1", "type": "t", "data": {"a": [{"b": {"c": [1, 2]}} for _ in range(8)]}}
+    body = json.dumps({"events": [item] * 500}).encode()
+    assert len(_collections_while(lambda: loads_strict(body))) >= 5
+    assert len(_collections_while(lambda: parse_json(body))) <= 1
+
+
+def _collections_while(read: Callable[[], object]) -> list[int]:
+    """The generations of the collections that started while `read` ran."""
+    started: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        parsed = read()
+    finally:
+        gc.callbacks.remove(count)
+    assert isinstance(parsed, dict) and len(parsed["events"]) == 500
+    return started
