@@ -59,11 +59,11 @@ _DECODER: Final = json.JSONDecoder(
     parse_float=_parse_float,
     parse_constant=NotFinite,  # NaN, Infinity, -Infinity: Python's parser takes them
 )
-# What sends a body to the checked parser at once: an escaped character between
-# U+0030 and U+003F (one is the colon, which the count below must see as it is), or
-# a run of 19 digits (an integer that orjson would read as a float, past 64 bits),
-# found as 19 zeros once every digit is one (a regular expression took ten times as
-# long as the parse).
+# What sends a body to the checked parser: an escaped character between U+0030 and
+# U+003F (one is the colon, which the count below must see as it is), or a run of 19
+# digits (an integer that orjson would read as a float, past 64 bits), found as 19
+# zeros once every digit is one (a regular expression took ten times as long as the
+# parse).
 _ESCAPED_NEAR_COLON: Final = b"\\u003"
 _DIGITS_AS_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
 _LONG_NUMBER: Final = b"0" * 19
@@ -79,14 +79,23 @@ def loads_strict(body: bytes) -> object:
     string; orjson writes the parsed value back with one colon per member and the
     strings' own, so the counts differ exactly when a repeated key dropped a member.
     A body orjson refuses, or that the count cannot judge, takes the checked parser,
-    which names what is wrong (or takes what orjson does not: UTF-16, NaN)."""
-    if _ESCAPED_NEAR_COLON not in body and _LONG_NUMBER not in body.translate(_DIGITS_AS_ZERO):
+    which names what is wrong (or takes what orjson does not: UTF-16, NaN).
+
+    orjson reads an integer past 64 bits as a float, which the checked parser would
+    not. Every float of that size (1.8e19 and up) is written back with an exponent
+    and its sign, `e+19`: only when that text holds a plus sign (which it seldom
+    does) is the body searched for a run of 19 digits, and one sends it to the
+    checked parser."""
+    if _ESCAPED_NEAR_COLON not in body:
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError:
             pass
         else:
-            if orjson.dumps(value).count(b":") == body.count(b":"):
+            text = orjson.dumps(value)
+            if text.count(b":") == body.count(b":") and (
+                b"+" not in text or _LONG_NUMBER not in body.translate(_DIGITS_AS_ZERO)
+            ):
                 return value
     return _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
 
