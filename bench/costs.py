@@ -12,6 +12,9 @@ for an order, its `order.placed` event and the two generic events of bench.event
 - `checked_parsed_us`: the same of the event as the strict parser reads it
   (`parsed=True`), as POST /events runs it on each event at intake and the sink on
   each event it receives (the fast path where it can vouch for the text);
+- `checked_parsed_dated_us`: the same for the 1 KiB event with its time written as
+  RFC 3339 text and a version string beside it, as many producers write them (text
+  that looks like a float to a first glance of the canonical text);
 - `canonical_parts_us`: shared.event.canonical_parts, the canonicalisation of an
   event alone (canonical_json), on the checked path;
 - `json_loads_us`: json.loads of the event's canonical text, the standard library's
@@ -152,6 +155,9 @@ async def event_costs(ctx: Context) -> Figures:
             functools.partial(checked_event, parsed=True),
             {kind: loads_strict(text.encode()) for kind, text in texts.items()},
         ),
+        "checked_parsed_dated_us": per_call_us(
+            functools.partial(checked_event, _dated(parsed[Kind.GENERIC]), parsed=True)
+        ),
         "canonical_parts_us": by_kind(canonical_parts, parsed),
         "json_loads_us": by_kind(json.loads, texts),
         "stored_read_us": by_kind(orjson.loads, texts),
@@ -160,6 +166,15 @@ async def event_costs(ctx: Context) -> Figures:
         "measured": "median over rounds of one call's mean time in a round, in this process",
     }
     return {**figures, **_schema_costs(ctx.workdir, {k: parsed[k]["data"] for k in KINDS[1:]})}
+
+
+def _dated(event: dict[str, Any]) -> object:
+    """The event with its data's time as RFC 3339 text and a version beside it, as
+    the strict parser reads it from a body."""
+    data = event["data"]
+    shipment = {**data["shipment"], "created_at": "2026-12-06T04:00:00.250Z"}
+    dated = {**event, "data": {**data, "shipment": shipment, "schema_version": "1.4.2"}}
+    return loads_strict(json.dumps(dated).encode())
 
 
 def _schema_costs(workdir: Path, data: dict[Kind, Any]) -> Figures:

@@ -205,27 +205,63 @@ _PLAIN_OPTIONS: Final = (
 
 
 def _plain_bytes(data: object) -> bytes | None:
-    """The RFC 8785 text (UTF-8) of a parsed JSON value that holds no float and no character
-    outside the Basic Multilingual Plane, nests at most MAX_DEPTH deep and is I-JSON;
-    None when any of that is not certain (canonical_data then checks it item by item).
+    """The RFC 8785 text (UTF-8) of a parsed JSON value that holds no float and no
+    key with a character outside the Basic Multilingual Plane, nests at most MAX_DEPTH
+    deep and is I-JSON; None when any of that is not certain (canonical_data then
+    checks it item by item).
 
     orjson writes such a value as RFC 8785 does: keys sorted by code point (UTF-16
     order, inside the Basic Multilingual Plane), strings escaped as the standard says
-    (a property test compares the two character by character), integers as digits.
-    It refuses an integer outside +/-(2^53-1) (OPT_STRICT_INTEGER), a lone surrogate
-    and the strict parser's markers; a value with at most MAX_DEPTH objects and arrays
-    in all cannot nest deeper. Only for parsed values: orjson also writes tuples,
-    enums and UUIDs, which are not JSON, and a non-finite float as null."""
+    (a property test compares the two character by character, and characters outside
+    the plane are written as they are by both), integers as digits. It refuses an
+    integer outside +/-(2^53-1) (OPT_STRICT_INTEGER), a lone surrogate and the strict
+    parser's markers; a value with at most MAX_DEPTH objects and arrays in all cannot
+    nest deeper. Only for parsed values: orjson also writes tuples, enums and UUIDs,
+    which are not JSON, and a non-finite float as null.
+
+    What only looks like a float or such a key is told apart where the text has no
+    backslash: every quote then opens or closes a string, so a time such as
+    "12:00:00.250Z", a version "1.2" or an emoji in a value keeps the fast path."""
     try:
         text = orjson.dumps(data, option=_PLAIN_OPTIONS)
     except TypeError:  # orjson.JSONEncodeError is one
         return None
     shaped = text.translate(_SHAPES)
     if b"0." in shaped or b"\xf0" in shaped:
-        return None
+        if b"\\" in text:
+            return None  # an escaped quote would hide where a string ends
+        if _number_with_fraction(text, shaped) or _wide_key(text, shaped):
+            return None
     if text.count(b"{") + text.count(b"[") > MAX_DEPTH:
         return None
     return text
+
+
+def _number_with_fraction(text: bytes, shaped: bytes) -> bool:
+    """Whether a digit followed by a point or an exponent (a "0." in `shaped`) stands
+    outside the strings of `text`, which holds no backslash: then it is a float."""
+    quotes, counted = 0, 0
+    at = shaped.find(b"0.")
+    while at >= 0:
+        quotes += text.count(b'"', counted, at)
+        if quotes % 2 == 0:
+            return True
+        counted = at
+        at = shaped.find(b"0.", at + 2)
+    return False
+
+
+def _wide_key(text: bytes, shaped: bytes) -> bool:
+    """Whether a character outside the Basic Multilingual Plane (0xF0 in `shaped`,
+    always inside a string) is in a key of `text`, which holds no backslash: a key's
+    closing quote is followed by a colon. RFC 8785 orders keys by UTF-16 code units."""
+    at = shaped.find(b"\xf0")
+    while at >= 0:
+        end = text.find(b'"', at)
+        if text[end + 1 : end + 2] == b":":
+            return True
+        at = shaped.find(b"\xf0", end)
+    return False
 
 
 class _NotIJson(Exception):

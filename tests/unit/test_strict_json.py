@@ -198,9 +198,27 @@ def test_an_ordinary_event_takes_the_fast_path() -> None:
 @pytest.mark.parametrize(
     "data",
     [
+        {"at": "2026-12-06T04:00:00.250Z", "version": "1.2.3", "ip": "10.0.0.1"},
+        {"price": "19.99", "rate": "1e-7", "note": "up 12.5 % on 2025"},
+        {"message": "thanks \U0001f600", "tags": ["\U0001f680", "café"]},  # in values
+        {"nested": {"when": "04:00:00.5", "items": [{"v": "0.9"}, 3]}, "n": 10},
+    ],
+)
+def test_strings_that_look_like_floats_or_hold_emoji_keep_the_fast_path(data: object) -> None:
+    parsed = loads_strict(json.dumps(data).encode())
+    assert _plain_bytes(parsed) == rfc8785.dumps(parsed)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
         {"price": 12.5},  # a float: written as ECMAScript writes it, by the checked path
+        {"at": "04:00:00.250Z", "price": 12.5},  # a float beside a time that looks like one
+        {"when": "1.5", "size": 1e300},  # an exponent's float
         {"big": MAX_SAFE_INTEGER + 1},
         {"\U0001f600": 1},
+        {"values": "\U0001f600", "keys": {"a\U0001f600": 1}},  # outside the plane in a key
+        {"line": "a\nb", "at": "04:00:00.250Z"},  # a backslash: where strings end is unsure
         {"x": NotFinite("NaN")},
         {"x": BigInteger(200)},
     ],
