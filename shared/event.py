@@ -219,18 +219,21 @@ def _plain_bytes(data: object) -> bytes | None:
     nest deeper. Only for parsed values: orjson also writes tuples, enums and UUIDs,
     which are not JSON, and a non-finite float as null.
 
-    What only looks like a float or such a key is told apart where the text has no
-    backslash: every quote then opens or closes a string, so a time such as
-    "12:00:00.250Z", a version "1.2" or an emoji in a value keeps the fast path."""
+    What only looks like a float or such a key is told apart by where the strings
+    are, so a time such as "12:00:00.250Z", a version "1.2" or an emoji in a value
+    keeps the fast path: once each escape of a backslash and of a quote is blanked
+    out (escapes are two characters, read from the left), every quote left opens or
+    closes a string."""
     try:
         text = orjson.dumps(data, option=_PLAIN_OPTIONS)
     except TypeError:  # orjson.JSONEncodeError is one
         return None
     shaped = text.translate(_SHAPES)
     if b"0." in shaped or b"\xf0" in shaped:
-        if b"\\" in text:
-            return None  # an escaped quote would hide where a string ends
-        if _number_with_fraction(text, shaped) or _wide_key(text, shaped):
+        quotes = text
+        if b"\\" in text:  # positions kept: each escape becomes two other characters
+            quotes = text.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+        if _number_with_fraction(quotes, shaped) or _wide_key(quotes, shaped):
             return None
     if text.count(b"{") + text.count(b"[") > MAX_DEPTH:
         return None
@@ -239,7 +242,8 @@ def _plain_bytes(data: object) -> bytes | None:
 
 def _number_with_fraction(text: bytes, shaped: bytes) -> bool:
     """Whether a digit followed by a point or an exponent (a "0." in `shaped`) stands
-    outside the strings of `text`, which holds no backslash: then it is a float."""
+    outside the strings of `text`, in which every quote opens or closes a string:
+    then it is a float."""
     quotes, counted = 0, 0
     at = shaped.find(b"0.")
     while at >= 0:
@@ -253,8 +257,9 @@ def _number_with_fraction(text: bytes, shaped: bytes) -> bool:
 
 def _wide_key(text: bytes, shaped: bytes) -> bool:
     """Whether a character outside the Basic Multilingual Plane (0xF0 in `shaped`,
-    always inside a string) is in a key of `text`, which holds no backslash: a key's
-    closing quote is followed by a colon. RFC 8785 orders keys by UTF-16 code units."""
+    always inside a string) is in a key of `text`, in which every quote opens or
+    closes a string: a key's closing quote is followed by a colon. RFC 8785 orders
+    keys by UTF-16 code units."""
     at = shaped.find(b"\xf0")
     while at >= 0:
         end = text.find(b'"', at)

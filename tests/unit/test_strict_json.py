@@ -202,6 +202,8 @@ def test_an_ordinary_event_takes_the_fast_path() -> None:
         {"price": "19.99", "rate": "1e-7", "note": "up 12.5 % on 2025"},
         {"message": "thanks \U0001f600", "tags": ["\U0001f680", "café"]},  # in values
         {"nested": {"when": "04:00:00.5", "items": [{"v": "0.9"}, 3]}, "n": 10},
+        {"line": "a\nb", "at": "04:00:00.250Z"},  # escapes before and among the look-alikes
+        {"quote": 'said "1.5" \\ then "2.5"', "path": "c:\\", "v": "1.2"},
     ],
 )
 def test_strings_that_look_like_floats_or_hold_emoji_keep_the_fast_path(data: object) -> None:
@@ -218,7 +220,8 @@ def test_strings_that_look_like_floats_or_hold_emoji_keep_the_fast_path(data: ob
         {"big": MAX_SAFE_INTEGER + 1},
         {"\U0001f600": 1},
         {"values": "\U0001f600", "keys": {"a\U0001f600": 1}},  # outside the plane in a key
-        {"line": "a\nb", "at": "04:00:00.250Z"},  # a backslash: where strings end is unsure
+        {"quote": 'said "1.5"', "price": 1.5},  # a float after an escaped quote
+        {"path": "c:\\", "price": 1.5},  # a float after a string that ends in a backslash
         {"x": NotFinite("NaN")},
         {"x": BigInteger(200)},
     ],
