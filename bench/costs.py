@@ -19,8 +19,11 @@ for an order, its `order.placed` event and the two generic events of bench.event
   event alone (canonical_json), on the checked path;
 - `json_loads_us`: json.loads of the event's canonical text, the standard library's
   figure for the same bytes;
-- `stored_read_us`: orjson.loads of that text, as the relay reads each entry back
-  before it sends it;
+- `stored_read_us`: orjson.loads of that text, as a sender that may change the
+  events it is given gets each entry (the relay itself reads only the id, type and
+  key at the end of the text);
+- `envelope_read_us`: shared.event.envelope_of of that text, what the relay reads of
+  each entry it sends (id, type and key, and where the data's text ends);
 - `loads_strict_us`: the same text parsed as intake and the sink parse a request
   body (plumbing.bodies.loads_strict: a repeated key refused, long integers and
   numbers no double holds kept apart as markers);
@@ -49,7 +52,7 @@ from bench.events import DATA_BYTES, GENERIC_TYPE, Kind, order, stored
 from plumbing.bodies import loads_strict
 from publisher.store import checked_order
 from shared import checked_event
-from shared.event import canonical_parts
+from shared.event import canonical_parts, envelope_of
 
 ROUNDS: Final = 7
 ROUND_S: Final = 0.05
@@ -161,6 +164,7 @@ async def event_costs(ctx: Context) -> Figures:
         "canonical_parts_us": by_kind(canonical_parts, parsed),
         "json_loads_us": by_kind(json.loads, texts),
         "stored_read_us": by_kind(orjson.loads, texts),
+        "envelope_read_us": by_kind(envelope_of, texts),
         "loads_strict_us": by_kind(loads_strict, {k: t.encode() for k, t in texts.items()}),
         "rounds": ROUNDS,
         "measured": "median over rounds of one call's mean time in a round, in this process",

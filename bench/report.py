@@ -384,7 +384,9 @@ def _event_costs(f: Figures, results: Results) -> str:
     def each(key: str) -> str:
         return " / ".join(f"{f[key][kind]:.1f}" for kind in ("order", "generic", "generic_floats"))
 
-    times = f.get("checked_parsed_dated_us")  # not in results of earlier versions
+    # Neither is in the results of earlier versions.
+    envelope = f"; envelope {each('envelope_read_us')}" if "envelope_read_us" in f else ""
+    times = f.get("checked_parsed_dated_us")
     dated = "" if times is None else f"; 1 KiB with text times {times:.1f}"
     schema = f.get("schema_check_us")
     checked = (
@@ -397,7 +399,7 @@ def _event_costs(f: Figures, results: Results) -> str:
         f"us per event, order / 1 KiB / 1 KiB with floats: checked_event {each('checked_event_us')}"
         f" (parsed {each('checked_parsed_us')}{dated}), "
         f"canonical_parts {each('canonical_parts_us')}, "
-        f"json.loads {each('json_loads_us')} (orjson {each('stored_read_us')}), "
+        f"json.loads {each('json_loads_us')} (orjson {each('stored_read_us')}{envelope}), "
         f"loads_strict {each('loads_strict_us')}; "
         f"an order at POST /orders {f['order_intake_us']:.1f}; {checked}"
     )

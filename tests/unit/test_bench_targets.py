@@ -199,6 +199,7 @@ RESULTS: dict[str, Figures] = {
         "canonical_parts_us": {"order": 8.62, "generic": 60.7, "generic_floats": 257.0},
         "json_loads_us": {"order": 5.34, "generic": 23.5, "generic_floats": 25.3},
         "stored_read_us": {"order": 0.37, "generic": 3.06, "generic_floats": 3.1},
+        "envelope_read_us": {"order": 0.61, "generic": 0.72, "generic_floats": 0.74},
         "loads_strict_us": {"order": 7.1, "generic": 61.0, "generic_floats": 62.5},
         "schema_bytes": 1652,
         "schema_check_us": {"generic": 6.75, "generic_floats": 7.75},
@@ -906,7 +907,8 @@ LINES = {
         "us per event, order / 1 KiB / 1 KiB with floats: checked_event 15.0 / 69.2 / 260.0 "
         "(parsed 4.7 / 9.5 / 35.2; 1 KiB with text times 10.2), canonical_parts 8.6 / 60.7 / "
         "257.0, json.loads 5.3 / 23.5 / "
-        "25.3 (orjson 0.4 / 3.1 / 3.1), loads_strict 7.1 / 61.0 / 62.5; an order at POST /orders "
+        "25.3 (orjson 0.4 / 3.1 / 3.1; envelope 0.6 / 0.7 / 0.7), loads_strict 7.1 / 61.0 / "
+        "62.5; an order at POST /orders "
         "8.9; Schemas.check (1,652 B schema) 6.8 / 7.8"
     ),
     "relay_single_generic": (

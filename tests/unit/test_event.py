@@ -1133,6 +1133,10 @@ def test_envelope_of_finds_the_events_own_id_after_data_that_names_ids() -> None
         '{"data":{},"id":"e-1","type":"t"',  # cut short
         '{"id":"e-1","type":"t","data":{}}',  # data not first
         '{"data":{"id":"e-1","type":"t"}}',  # the ID only inside the data
+        '{"data":{},"id":"e\\"1","type":"t"}',  # a value with an escaped quote
+        '{"data":{},"id":"e-1","type":"t\\u0041"}',  # a value with an escape
+        '{"data":{},"id":"e-1","kind":"k","type":"t"}',  # a member of no event
+        '{"data":{},"id":"e-1","key":"k","type":"t","key":"k"}',  # a member twice
     ],
 )
 def test_envelope_of_is_none_for_text_not_laid_out_as_a_canonical_event(text: str) -> None:
