@@ -122,11 +122,9 @@ class Pending:
         cut = envelope_of(payload)
         if cut is None:
             return cls(seq, orjson.loads(payload), attempts, lane, payload, queued_at)
-        row = cls.__new__(cls)
-        row.seq, row.attempts, row.lane = seq, attempts, lane
-        row.payload, row.queued_at = payload, queued_at
-        row._event = None
-        row._head, row._data = cut
+        head, data = cut
+        row = cls(seq, head, attempts, lane, payload, queued_at)  # type: ignore[arg-type]
+        row._event, row._data = None, data  # the head is not the event: parsed when asked
         return row
 
     @property

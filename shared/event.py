@@ -458,13 +458,18 @@ _DATA_OBJECT: Final = _DATA_PREFIX + "{"
 
 def stored_data(event: Event, canonical: str) -> str | None:
     """The canonical text of the event's data, cut out of the event's canonical form
-    (`canonical`) without a parse: the form is `{"data":DATA` followed by the plain
-    text of id, key and type. None when `canonical` is not laid out so."""
-    rest = _assemble(event, "")[len(_DATA_PREFIX) :]
-    if not canonical.startswith(_DATA_PREFIX) or not canonical.endswith(rest):
+    (`canonical`) without a parse (envelope_of). None when `canonical` is not laid out
+    so, or is the form of an event with another id, type or key."""
+    cut = envelope_of(canonical)
+    if cut is None:
         return None
-    data = canonical[len(_DATA_PREFIX) : len(canonical) - len(rest)]
-    return data if data.startswith("{") and data.endswith("}") else None
+    head, data = cut
+    same = (head["id"], head["type"], head.get("key")) == (
+        event["id"],
+        event["type"],
+        event.get("key"),
+    )
+    return data if same else None
 
 
 def _escape(token: str) -> str:

@@ -27,6 +27,7 @@ from publisher.cli.dispatch import deliver_pending
 from publisher.settings import RelaySettings
 from publisher.store import State
 from shared import Conflict, Receipt, digest_of, order_canonical, order_event, validate_order
+from shared.event import canonical_parts, envelope_of
 from sink import HandledEvent, Handlers, Inbox, Statement, create_app
 
 if TYPE_CHECKING:
@@ -106,6 +107,11 @@ async def test_its_entries_become_order_placed_events_in_their_canonical_form(
     for event_id, sku, qty, event_type, payload, lane in rows:
         order = validate_order({"id": event_id, "sku": sku, "qty": qty})
         assert (event_type, payload, lane) == ("order.placed", order_canonical(order), sku)
+        # The relay reads such an entry as any other: its envelope, the data unparsed.
+        assert envelope_of(payload) == (
+            {"id": event_id, "key": sku, "type": "order.placed"},
+            canonical_parts(order_event(order))[0],
+        )
     pruned = query(written.source, "SELECT id, digest FROM outbox_pruned")
     o1 = order_canonical(validate_order({"id": "o-1", "sku": "snack", "qty": 1}))
     assert pruned == [("o-1", digest_of(o1))]
