@@ -33,6 +33,7 @@ from bench.backlog import count_rows, create_naive_source, create_source, insert
 from bench.events import SKUS, Kind, event, order
 from bench.procs import BenchError, Child, Children, tree_cpu_s
 from chaos.dbs import Backend, DbLocation, Place
+from plumbing.collector import service_collector
 from plumbing.schema import history
 from publisher import HttpSender, Outbox
 from publisher.driver import Result, Verified
@@ -399,7 +400,8 @@ async def relay_drain(
             relay = Relay(outbox, clock, settings, observer=counter)
             await sender.lookup("warm-up")  # opens the keep-alive connection before timing
             cpu = _cpu_now(sink, server_pid)
-            elapsed = await _drain(outbox, relay, counter, drain_timeout_s(backlog))
+            with service_collector():  # the collector as `publisher serve` sets it
+                elapsed = await _drain(outbox, relay, counter, drain_timeout_s(backlog))
             cpu_after = _cpu_now(sink, server_pid)
         applied, sent = count_rows(sink_db, SINK_APPLIED), count_rows(source, SOURCE_SENT)
     finally:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Final
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
 
 from docsgen.markdown import GENERATED_NOTE, code, page, table, text
 from plumbing.capped_labels import MAX_TYPE_LABELS, OTHER_TYPES
@@ -82,7 +83,10 @@ def metrics_of(registry: CollectorRegistry) -> list[Metric]:
     """Every metric of `registry`, in the order the service registers them."""
     found = []
     for collector in registry._collector_to_names:
-        name = collector._name  # type: ignore[attr-defined]
+        if not hasattr(collector, "_name"):  # a collector of our own: read its families
+            found.extend(_families_of(collector))
+            continue
+        name = collector._name
         kind = collector._type  # type: ignore[attr-defined]
         labels = tuple(collector._labelnames)  # type: ignore[attr-defined]
         initial: list[str] = []
@@ -97,6 +101,23 @@ def metrics_of(registry: CollectorRegistry) -> list[Metric]:
                 labels=labels,
                 help=collector._documentation,  # type: ignore[attr-defined]
                 initial=tuple(initial),
+            )
+        )
+    return found
+
+
+def _families_of(collector: Collector) -> list[Metric]:
+    """The metrics a custom collector (plumbing.collector.CollectionsCollector) yields."""
+    found = []
+    for family in collector.collect():
+        labelled = [sample.labels for sample in family.samples if sample.labels]
+        found.append(
+            Metric(
+                name=f"{family.name}_total" if family.type == "counter" else family.name,
+                kind=family.type,
+                labels=tuple(labelled[0]) if labelled else (),
+                help=family.documentation,
+                initial=tuple(",".join(f'{k}="{v}"' for k, v in one.items()) for one in labelled),
             )
         )
     return found

@@ -12,6 +12,7 @@ from aiohttp import web
 from plumbing import event_loop
 from plumbing.aiohttp_internals import check_internals
 from plumbing.capped_site import CappedSite, quiet_accept_errors
+from plumbing.collector import service_collector
 from plumbing.http_limits import LIMITS, HttpLimits, connection_cap
 from plumbing.logs import HTTP_LOG
 
@@ -85,22 +86,25 @@ async def serve_app(
     runner = web.AppRunner(app, handle_signals=False, **options)
     await runner.setup()  # runs the startup contexts: a bad database fails before listening
     try:
-        await _listen(runner, host, port, limits, options)
-        log.info(
-            "listening",
-            extra={
-                "service": name,
-                "max_connections": connection_cap(limits),
-                "idle_timeout_s": limits.idle_timeout_s,
-                "body_timeout_s": limits.body_timeout_s,
-                "event_loop": event_loop.loop_name(loop),
-            },
-        )
-        for address in runner.addresses:
-            bound_host, bound_port = address[0], address[1]
-            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-            print(f"{name} listening on http://{shown}:{bound_port}{path}", flush=True)
-        await stop.wait()
-        log.info("stopping", extra={"service": name})
+        # What startup made is frozen out of collections, and the events of a
+        # request are answered before the collector looks at them (plumbing.collector).
+        with service_collector():
+            await _listen(runner, host, port, limits, options)
+            log.info(
+                "listening",
+                extra={
+                    "service": name,
+                    "max_connections": connection_cap(limits),
+                    "idle_timeout_s": limits.idle_timeout_s,
+                    "body_timeout_s": limits.body_timeout_s,
+                    "event_loop": event_loop.loop_name(loop),
+                },
+            )
+            for address in runner.addresses:
+                bound_host, bound_port = address[0], address[1]
+                shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+                print(f"{name} listening on http://{shown}:{bound_port}{path}", flush=True)
+            await stop.wait()
+            log.info("stopping", extra={"service": name})
     finally:
         await runner.cleanup()

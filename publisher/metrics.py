@@ -7,6 +7,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from plumbing.capped_labels import CountByType
+from plumbing.collector import CollectionsCollector
 from publisher.store import Snapshot
 
 DELIVERY_OUTCOMES: Final = ("delivered", "transient", "permanent", "fenced")
@@ -18,6 +19,7 @@ class PublisherMetrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        r.register(CollectionsCollector())  # python_gc_collections_total
         self.pending = Gauge(
             "publisher_outbox_pending_events", "Entries waiting to be delivered.", registry=r
         )

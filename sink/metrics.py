@@ -7,6 +7,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from plumbing.capped_labels import CountByType
+from plumbing.collector import CollectionsCollector
 from shared import LEASE_HEADER, PREDECESSOR_HEADER
 
 # rejected: no handler for its type, or its handler rejected it (422); failed: its
@@ -19,6 +20,7 @@ class SinkMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.registry.register(CollectionsCollector())  # python_gc_collections_total
         self.received = Counter(
             "sink_inbox_received",
             "Events received, by result.",

@@ -8,9 +8,15 @@ import json
 from collections.abc import Callable, Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from plumbing.bodies import loads_strict, parse_json
-from plumbing.collector import collector_paused
+from plumbing.collector import (
+    SERVICE_YOUNG,
+    CollectionsCollector,
+    collector_paused,
+    service_collector,
+)
 
 
 @pytest.fixture
@@ -69,3 +75,23 @@ def _collections_while(read: Callable[[], object]) -> list[int]:
         gc.callbacks.remove(count)
     assert isinstance(parsed, dict) and len(parsed["events"]) == 500
     return started
+
+
+def test_a_service_freezes_what_exists_and_widens_the_young_generation() -> None:
+    before = gc.get_threshold()
+    frozen = gc.get_freeze_count()
+    with pytest.raises(ZeroDivisionError), service_collector():
+        assert gc.get_threshold() == (SERVICE_YOUNG, before[1], before[2])
+        assert gc.get_freeze_count() > frozen
+        1 / 0  # noqa: B018
+    assert gc.get_threshold() == before  # put back, however the block ended
+    assert gc.get_freeze_count() == 0 or frozen > 0
+
+
+def test_the_collections_are_a_counter_by_generation() -> None:
+    registry = CollectorRegistry()
+    registry.register(CollectionsCollector())
+    gc.collect(1)
+    seen = registry.get_sample_value("python_gc_collections_total", {"generation": "1"})
+    assert seen == gc.get_stats()[1]["collections"]
+    assert registry.get_sample_value("python_gc_collections_total", {"generation": "2"}) is not None
