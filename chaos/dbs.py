@@ -131,6 +131,18 @@ def as_json(text: object) -> Any:
     return json.loads(text) if isinstance(text, str | bytes) else text
 
 
+def entry_payload(reader: Reader) -> str:
+    """The SQL, over `outbox_entries`, of an entry's canonical event. A SQLite outbox
+    keeps a large event in `outbox_payloads` and '' in the entry's own column (see
+    the database reference); elsewhere the column holds it."""
+    if isinstance(reader, _SqliteReader) and reader.columns("outbox_payloads"):
+        return (
+            "coalesce(nullif(payload, ''), (SELECT p.payload FROM outbox_payloads AS p"
+            " WHERE p.seq = outbox_entries.seq))"
+        )
+    return "payload"
+
+
 def applied_ids(reader: Reader) -> list[str]:
     """The sink's inbox IDs in the order of first application: by `applied_seq` where the
     schema has it; an older SQLite file by rowid (rows are only ever inserted, on the

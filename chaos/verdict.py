@@ -11,7 +11,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal
 
-from chaos.dbs import DbLocation, Reader, applied_ids, as_int, as_json, as_text, reading
+from chaos.dbs import (
+    DbLocation,
+    Reader,
+    applied_ids,
+    as_int,
+    as_json,
+    as_text,
+    entry_payload,
+    reading,
+)
 from chaos.handlers import EFFECTS_TABLE
 from shared import GLOBAL_LINE
 
@@ -111,7 +120,8 @@ class _Source:
     @classmethod
     def read(cls, source: Reader) -> _Source:
         orders = source.rows("SELECT id, sku, qty FROM outbox_orders")
-        entries = source.rows("SELECT id, sent, quarantined, payload FROM outbox_entries")
+        payload = entry_payload(source)
+        entries = source.rows(f"SELECT id, sent, quarantined, {payload} FROM outbox_entries")
         return cls(
             orders={i: (sku, qty) for i, sku, qty in orders},
             states={i: as_int(sent) + 2 * as_int(gone) for i, sent, gone, _ in entries},
@@ -258,7 +268,9 @@ def _line_orders(source: Reader, sink: Reader, ordering: Ordering) -> dict[str, 
     by_key = ordering != "global"
     entries = {
         event_id: (seq, line_of(payload) if by_key else GLOBAL_LINE)
-        for seq, event_id, payload in source.rows("SELECT seq, id, payload FROM outbox_entries")
+        for seq, event_id, payload in source.rows(
+            f"SELECT seq, id, {entry_payload(source)} FROM outbox_entries"
+        )
     }
     applied = [i for i in applied_ids(sink) if i in entries]
     lines: defaultdict[str, list[str]] = defaultdict(list)

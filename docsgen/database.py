@@ -16,6 +16,7 @@ from typing import Final
 
 from docsgen.markdown import GENERATED_NOTE, code, page, table, text
 from plumbing.schema import VERSIONS_TABLE, Schema
+from publisher.backends.sqlite import PAYLOAD_APART_CHARS
 
 # One line per table (a test fails for a table of the code that is not here).
 DESCRIPTIONS: Final[dict[str, str]] = {
@@ -27,7 +28,13 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "outbox_entries": "The outbox: one row per event, in `seq` order (the order of commit),"
     " with its payload (the event's canonical form), whether it was sent and when, the"
     " verified ACK, failed attempts, quarantine, and its lane (the key) when it has one."
-    " Times are Unix seconds.",
+    " Times are Unix seconds. On SQLite the payload of a large event is '' here and kept"
+    " in `outbox_payloads`.",
+    "outbox_payloads": f"The canonical form of each event of {PAYLOAD_APART_CHARS:,}"
+    " characters or more, by"
+    " the `seq` of its entry, written once: a mark rewrites the entry's row, which then"
+    " holds no copy of the event. PostgreSQL keeps such values out of the row on its own"
+    " (TOAST).",
     "outbox_quarantines": "Each quarantine of an entry: why, by whom and when, and how it"
     " ended (redriven, or delivered meanwhile), with the entries delivered past it.",
     "outbox_health": "One row the readiness probe writes (`GET /readyz`).",
@@ -56,8 +63,10 @@ Each side keeps its tables in the database given by `--db`: the publisher's all 
 `outbox_*`, the sink's `inbox_*`, so that they sit beside a user's own tables (and
 both sides may share one database). On PostgreSQL, `--schema NAME` (or `schema=NAME`
 in the URI) puts them in that schema. The columns are the same on both backends,
-with each backend's types; a query written for one runs on the other. Times are
-seconds since the Unix epoch, as numbers.
+with each backend's types; a query written for one runs on the other, with one
+exception: a SQLite outbox keeps an event of {PAYLOAD_APART_CHARS:,} characters or more in
+`outbox_payloads`, and '' in the `payload` of its entry. Times are seconds since the
+Unix epoch, as numbers.
 
 A side creates its tables, or brings them up to date, when it opens the database, in
 one transaction (on PostgreSQL under an advisory lock, so that processes starting

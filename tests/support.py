@@ -179,6 +179,20 @@ def query(db: Path | str, sql: str, params: tuple[object, ...] = ()) -> list[tup
         conn.close()
 
 
+# An outbox entry's canonical event over `outbox_entries`, on SQLite: a large event's
+# row holds '' and its text is in outbox_payloads (PostgreSQL keeps it in `payload`).
+SQLITE_ENTRY_PAYLOAD = (
+    "coalesce(nullif(payload, ''),"
+    " (SELECT p.payload FROM outbox_payloads AS p WHERE p.seq = outbox_entries.seq))"
+)
+
+
+def entry_payload(db: Path | str) -> str:
+    """The SQL, over `outbox_entries`, of each entry's canonical event in `db`."""
+    is_pg = isinstance(db, str) and db.startswith(("postgresql://", "postgres://"))
+    return "payload" if is_pg else SQLITE_ENTRY_PAYLOAD
+
+
 def sent_ids(source: Path | str) -> list[str]:
     """The outbox's entries marked sent, in seq order."""
     return [

@@ -174,6 +174,16 @@ MIGRATIONS: Final = (
     ALTER TABLE line_leases RENAME TO outbox_line_leases;
     ALTER TABLE relay_workers RENAME TO outbox_relay_workers;
     """,
+    # 6: large events kept apart. An entry whose canonical event is PAYLOAD_APART_CHARS
+    # or longer keeps it in outbox_payloads (written once) and '' in its own payload
+    # column: a mark rewrites the entry's row, and with the event in it each mark
+    # wrote the event into the WAL once more. Entries written before stay as they are.
+    """
+    CREATE TABLE outbox_payloads (
+        seq     INTEGER PRIMARY KEY REFERENCES outbox_entries (seq) ON DELETE CASCADE,
+        payload TEXT NOT NULL
+    );
+    """,
 )
 
 # The newest schema at once, for a file that holds none of the outbox's tables: what
@@ -222,6 +232,10 @@ FRESH: Final = """
         delivered_past       TEXT
     );
     CREATE INDEX outbox_quarantines_id ON outbox_quarantines (id);
+    CREATE TABLE outbox_payloads (
+        seq     INTEGER PRIMARY KEY REFERENCES outbox_entries (seq) ON DELETE CASCADE,
+        payload TEXT NOT NULL
+    );
     CREATE TABLE outbox_health (
         id INTEGER PRIMARY KEY CHECK (id = 1),
         at REAL NOT NULL
@@ -259,6 +273,7 @@ SCHEMA: Final = Schema(
     tables=frozenset(
         {"outbox_orders", "outbox_entries", "outbox_quarantines", "outbox_health"}
         | {"outbox_line_leases", "outbox_relay_workers", "outbox_source", "outbox_pruned"}
+        | {"outbox_payloads"}
         | {"orders", "outbox", "quarantines", "health", "line_leases", "relay_workers"}
     ),
     probe_table="outbox_health",
@@ -267,18 +282,29 @@ SCHEMA: Final = Schema(
 )
 
 IS_PENDING: Final = "sent = 0 AND quarantined = 0"
+# An entry's canonical event, wherever it is kept: in its row, or (for a large event,
+# whose row holds '') in outbox_payloads. SQLite's coalesce reads the second only
+# when the first is NULL.
+PAYLOAD: Final = (
+    "coalesce(nullif(payload, ''),"
+    " (SELECT p.payload FROM outbox_payloads AS p WHERE p.seq = outbox_entries.seq))"
+)
 
 FIND_ORDER: Final = "SELECT sku, qty, accepted_at FROM outbox_orders WHERE id = ?"
 # What an event whose ID is known is judged against (rows.judged_again): the
 # canonical event its entry stores, or the digest kept once the entry was pruned.
 # One row, both NULL for a new ID (two lookups by key).
-KNOWN: Final = """
-    SELECT (SELECT payload FROM outbox_entries WHERE id = :id),
+KNOWN: Final = f"""
+    SELECT (SELECT {PAYLOAD} FROM outbox_entries WHERE id = :id),
         (SELECT digest FROM outbox_pruned WHERE id = :id)
 """
 INSERT_ORDER: Final = "INSERT INTO outbox_orders (id, sku, qty, accepted_at) VALUES (?, ?, ?, ?)"
 INSERT_ENTRY: Final = (
     "INSERT INTO outbox_entries (id, type, payload, queued_at, lane) VALUES (?, ?, ?, ?, ?)"
+)
+# A large event's canonical form, after its entry (inserted with payload '').
+INSERT_PAYLOAD_APART: Final = (
+    "INSERT INTO outbox_payloads (seq, payload) SELECT seq, ? FROM outbox_entries WHERE id = ?"
 )
 # Whether any of a group's IDs (a JSON array) is known, as an entry or as a pruned
 # one's digest: one statement for the group, so the common case of all new costs one
@@ -289,25 +315,25 @@ ANY_KNOWN: Final = """
 """
 
 PENDING: Final = (
-    f"SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries WHERE {IS_PENDING}"
+    f"SELECT seq, {PAYLOAD}, attempts, lane, queued_at FROM outbox_entries WHERE {IS_PENDING}"
     " ORDER BY seq LIMIT ?"
 )
 # Leaving out entries whose mark is still being committed (the relay overlaps the
 # mark of one batch with the send of the next).
 PENDING_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries
+    SELECT seq, {PAYLOAD}, attempts, lane, queued_at FROM outbox_entries
     WHERE {IS_PENDING} AND id NOT IN (SELECT value FROM json_each(:skip))
     ORDER BY seq LIMIT :limit
 """
 # The same for one lane, on the lane's own index: it reads that lane's entries only,
 # however many entries of other lanes are pending before them.
 PENDING_IN_LANE_SKIPPING: Final = f"""
-    SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries
+    SELECT seq, {PAYLOAD}, attempts, lane, queued_at FROM outbox_entries
     WHERE {IS_PENDING} AND lane = :lane AND id NOT IN (SELECT value FROM json_each(:skip))
     ORDER BY seq LIMIT :limit
 """
 PENDING_IN_LANE: Final = f"""
-    SELECT seq, payload, attempts, lane, queued_at FROM outbox_entries
+    SELECT seq, {PAYLOAD}, attempts, lane, queued_at FROM outbox_entries
     WHERE {IS_PENDING} AND lane = ?
     ORDER BY seq LIMIT ?
 """
@@ -354,7 +380,7 @@ RECORD_FAILURE: Final = """
 # The entry's lane from its own column: an entry's line is what the outbox stored,
 # never read again from its payload.
 ENTRY_COLUMNS: Final = (
-    "seq, lane, payload, queued_at, sent, sent_at, ack, attempts, last_error,"
+    f"seq, lane, {PAYLOAD}, queued_at, sent, sent_at, ack, attempts, last_error,"
     " last_attempt_at, first_failure_at, quarantined"
 )
 ENTRY_BY_ID: Final = f"SELECT {ENTRY_COLUMNS} FROM outbox_entries WHERE id = ?"
@@ -487,6 +513,6 @@ _PRUNED_BATCH: Final = """
 """
 KEEP_PRUNED_DIGESTS: Final = f"""
     INSERT OR REPLACE INTO outbox_pruned (id, digest)
-    SELECT id, sha256_hex(payload) FROM outbox_entries WHERE seq IN ({_PRUNED_BATCH})
+    SELECT id, sha256_hex({PAYLOAD}) FROM outbox_entries WHERE seq IN ({_PRUNED_BATCH})
 """
 PRUNE_SENT: Final = f"DELETE FROM outbox_entries WHERE seq IN ({_PRUNED_BATCH})"

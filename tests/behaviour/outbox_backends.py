@@ -13,7 +13,9 @@ A new backend plugs in with one class that implements `Backend` and one factory 
 and in the dialect SQLite and PostgreSQL share; a backend whose driver wants another
 placeholder style translates it in `query` and `execute`. The suite reads the
 columns of today's schema; a backend keeps their names and meaning (0/1 or a boolean
-both compare equal to the 0/1 the tests expect).
+both compare equal to the 0/1 the tests expect). An entry's canonical event is read
+through `entry_payload`, the backend's SQL for it over `outbox_entries`: SQLite keeps
+a large event in `outbox_payloads`, not in the entry's row.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pytest
 import sqlite_faults
 from sqlite_faults import FAULTS as FAULTS  # the faults every backend can make
 from sqlite_faults import Fault as Fault
+from support import SQLITE_ENTRY_PAYLOAD
 
 from plumbing.storage import with_schema
 
@@ -40,6 +43,9 @@ Row = tuple[Any, ...]
 
 class Backend(ABC):
     """One backend as a behaviour test sees it: where to open it, and its raw tables."""
+
+    # SQL over outbox_entries for an entry's canonical event, wherever it is kept.
+    entry_payload = "payload"
 
     @property
     @abstractmethod
@@ -88,6 +94,8 @@ class Backend(ABC):
 
 class SqliteBackend(sqlite_faults.SqliteFileAccess, Backend):
     """A SQLite file in the test's temporary directory, read with the sqlite3 module."""
+
+    entry_payload = SQLITE_ENTRY_PAYLOAD  # a large event's row holds '' (outbox_payloads)
 
     def refusing_inserts(self, table: str, message: str) -> contextlib.AbstractContextManager[None]:
         return self.refusing(table, ("INSERT",), message)

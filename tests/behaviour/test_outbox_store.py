@@ -81,10 +81,13 @@ placed_event = partial(placed, qty=7)  # the order.placed event `order(...)` is 
 
 
 def contents(backend: Backend) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of the four tables intake and prune write, in a fixed order."""
+    """Every row of the four tables intake and prune write, in a fixed order, and each
+    entry's canonical event wherever the backend keeps it."""
+    payloads = f"SELECT seq, {backend.entry_payload} FROM outbox_entries ORDER BY seq"
     return {
         "outbox_orders": backend.query("SELECT * FROM outbox_orders ORDER BY id"),
         "outbox_entries": backend.query("SELECT * FROM outbox_entries ORDER BY seq"),
+        "payloads": backend.query(payloads),
         "outbox_pruned": backend.query("SELECT * FROM outbox_pruned ORDER BY id"),
         "outbox_quarantines": backend.query("SELECT * FROM outbox_quarantines ORDER BY n"),
     }
@@ -495,6 +498,19 @@ EVENTS: dict[str, dict[str, Any]] = {
         "type": "reading.taken",
         "data": {"values": [0.1, 1e21, 1e-7, -0.0, 100.0, 5e-324, 1.7976931348623157e308]},
     },
+    # Large enough that a SQLite outbox keeps it apart from its entry's row.
+    "large": {
+        "id": "doc-1",
+        "type": "document.stored",
+        "key": "customer-9",
+        "data": {
+            "pages": [
+                {"n": n, "text": f"Seite {n}: gr\u00fc\u00dfe, \u00e9t\u00e9 " * 40}
+                for n in range(6)
+            ],
+            "meta": {"lang": "de", "sizes": list(range(50))},
+        },
+    },
 }
 # RFC 8785 text of two of them, written out: the number forms and key order of the
 # standard, not of json.dumps.
@@ -509,7 +525,8 @@ CANONICAL = {
 
 def entry_rows(backend: Backend) -> list[tuple[Any, ...]]:
     """(id, type, lane, payload) of every entry, in seq order."""
-    return backend.query("SELECT id, type, lane, payload FROM outbox_entries ORDER BY seq")
+    payload = backend.entry_payload
+    return backend.query(f"SELECT id, type, lane, {payload} FROM outbox_entries ORDER BY seq")
 
 
 def stored(*events: dict[str, Any]) -> list[tuple[Any, ...]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import run_module
+from support import entry_payload, run_module
 
 from chaos.run import plan_kills
 from chaos.verdict import order_inversions, read_verdict
@@ -166,7 +166,7 @@ def files_agree(
     assert db_rows(source, "SELECT count(*) FROM outbox_entries WHERE sent = 1") == [(events,)]
     assert db_rows(sink, "SELECT count(*) FROM inbox_events") == [(events,)]
     # Each event's canonical form, one text on both sides.
-    stored = dict(db_rows(source, "SELECT id, payload FROM outbox_entries"))
+    stored = dict(db_rows(source, f"SELECT id, {entry_payload(source)} FROM outbox_entries"))
     assert dict(db_rows(sink, "SELECT id, payload FROM inbox_events")) == stored
     want = db_rows(source, "SELECT sku, sum(qty) FROM outbox_orders GROUP BY sku ORDER BY sku")
     assert db_rows(sink, "SELECT sku, qty FROM inbox_inventory ORDER BY sku") == want
@@ -278,7 +278,8 @@ def test_same_seed_same_orders_and_same_plan(
         done = chaos(child_env, tmp_path, "run", *args, "--json", "--workdir", str(workdir))
         assert done.returncode == 0, done.stderr
         figures = one_json(done.stdout)
-        fed = db_rows(workdir / "source.db", "SELECT id, payload FROM outbox_entries ORDER BY id")
+        source = workdir / "source.db"
+        fed = db_rows(source, f"SELECT id, {entry_payload(source)} FROM outbox_entries ORDER BY id")
         stock = db_rows(workdir / "sink.db", "SELECT sku, qty FROM inbox_inventory ORDER BY sku")
         results.append((figures["kills"], figures["kill_kinds"], fed, stock))
 

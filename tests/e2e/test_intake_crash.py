@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import psycopg
 import pytest
-from support import LOOPBACK, placed, post_json, serve_args
+from support import LOOPBACK, entry_payload, placed, post_json, serve_args
 
 from shared import ORDER_PLACED, canonical_json
 
@@ -40,7 +40,7 @@ KILL_AFTER = 150  # orders answered before the kill
 RUN_S = 20.0  # the whole intake, bounded
 BOTH_TABLES = """
     SELECT 'order', id, sku, qty, NULL, NULL, NULL FROM outbox_orders
-    UNION ALL SELECT 'entry', id, NULL, NULL, type, lane, payload FROM outbox_entries
+    UNION ALL SELECT 'entry', id, NULL, NULL, type, lane, {payload} FROM outbox_entries
 """
 
 
@@ -133,7 +133,7 @@ def test_sigkill_during_concurrent_intake_keeps_every_answered_order_and_halves_
     # Both tables in one statement, so one snapshot: on PostgreSQL a COMMIT the dead
     # publisher had sent may still finish on the server after its exit, between two
     # separate reads.
-    both = db_rows(source, BOTH_TABLES)
+    both = db_rows(source, BOTH_TABLES.format(payload=entry_payload(source)))
     orders = {r[1]: (r[2], r[3]) for r in both if r[0] == "order"}
     entries = {r[1]: (r[4], r[5], r[6]) for r in both if r[0] == "entry"}
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import rfc8785
-from support import LOOPBACK, as_event, http_request
+from support import LOOPBACK, as_event, entry_payload, http_request
 
 from shared import Event, digest_of, payload_digest
 from shared.event import placed_order, previous_canonical, validate_order
@@ -398,9 +398,8 @@ def check_outbox(db: Path, db_rows: Query, exchanges: list[Exchange], intake: st
     assert {row[0]: (row[1], row[2]) for row in rows} == orders, (
         "orders that no 201 accounts for, or 201s not on disk"
     )
-    outbox = {
-        row[0]: row[1:] for row in db_rows(db, "SELECT id, type, payload, lane FROM outbox_entries")
-    }
+    entries = f"SELECT id, type, {entry_payload(db)}, lane FROM outbox_entries"
+    outbox = {row[0]: row[1:] for row in db_rows(db, entries)}
     assert set(outbox) == set(accepted), "entries that no 201 accounts for, or 201s not on disk"
     for event_id, (event_type, payload, lane) in outbox.items():
         one = accepted[event_id]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pytest
 from aiohttp import web
 from relay_lines import relay_of, running, sender_for
-from support import ack, eventually, placed, sent_events, sent_flags
+from support import ack, entry_payload, eventually, placed, sent_events, sent_flags
 
 from publisher.relay import Relay
 from publisher.retry import RetryPolicy
@@ -151,7 +151,7 @@ async def running_relay(
 
 def seq_order(db_rows: Query, db: Path, lane: str) -> list[str]:
     """The outbox's IDs of events keyed `lane`, in seq order."""
-    rows = db_rows(db, "SELECT id, payload FROM outbox_entries ORDER BY seq")
+    rows = db_rows(db, f"SELECT id, {entry_payload(db)} FROM outbox_entries ORDER BY seq")
     return [i for i, payload in rows if json.loads(payload).get("key") == lane]
 
 
@@ -393,7 +393,7 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
     url = f"{await serve_sink(sink_db)}/events"
 
     async with Outbox.open(db) as outbox:
-        assert db_rows(db, "PRAGMA user_version") == [(5,)]  # lanes, health, leases, events
+        assert db_rows(db, "PRAGMA user_version") == [(6,)]  # lanes, health, leases, events, apart
         assert db_rows(db, "SELECT id, lane FROM outbox_entries ORDER BY seq") == [
             (event_id, sku) for event_id, sku, _, _ in V1_ROWS
         ]
@@ -418,7 +418,7 @@ async def test_a_v1_outbox_is_migrated_to_lanes_and_the_lanes_relay_delivers_it(
     # Opening again changes nothing: the migration ran once.
     async with Outbox.open(db):
         pass
-    assert db_rows(db, "PRAGMA user_version") == [(5,)]  # lanes, health, leases, events
+    assert db_rows(db, "PRAGMA user_version") == [(6,)]  # lanes, health, leases, events, apart
 
 
 async def test_many_blocked_lanes_do_not_starve_a_healthy_one(

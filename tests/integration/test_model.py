@@ -35,6 +35,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from support import SQLITE_ENTRY_PAYLOAD
 
 from publisher import MAX_BATCH, NotAcknowledged, Outbox, dispatch
 from publisher.errors import InvalidTransition, UnknownEntry
@@ -194,7 +195,10 @@ SINK_TABLES: Final = ("inbox_events", "inbox_inventory")
 # What the invariants read after every step.
 SOURCE_QUERIES: Final = {
     "orders": "SELECT id, sku, qty FROM outbox_orders",
-    "outbox": "SELECT seq, id, payload, sent, quarantined FROM outbox_entries ORDER BY seq",
+    "outbox": (
+        f"SELECT seq, id, {SQLITE_ENTRY_PAYLOAD}, sent, quarantined FROM outbox_entries"
+        " ORDER BY seq"
+    ),
     "quarantines": (
         "SELECT id, reason, quarantined_by, released_by, released_as,"
         " delivered_past_count, delivered_past FROM outbox_quarantines ORDER BY n"

@@ -51,6 +51,7 @@ TABLES = {
     "outbox_source",
     "outbox_pruned",
 }
+SQLITE_ONLY = {"outbox_payloads"}  # large events kept apart (PostgreSQL's TOAST does it)
 # The user's schema: tables of the user's own, one of them named as the outbox's
 # entries are, with another shape.
 USERS_SCHEMA = (
@@ -282,7 +283,7 @@ async def test_a_sqlite_file_of_the_first_release_is_brought_to_the_fresh_schema
 
     assert sqlite_relations(replayed) == sqlite_relations(fresh)
     assert sqlite_tables(replayed, "outbox_") == sqlite_tables(fresh, "outbox_")
-    assert set(sqlite_tables(fresh, "outbox_")) == TABLES
+    assert set(sqlite_tables(fresh, "outbox_")) == TABLES | SQLITE_ONLY
     assert query(replayed, "SELECT name FROM sqlite_sequence") == [("outbox_entries",)]
     assert query(replayed, "PRAGMA user_version") == [(len(sqlite_sql.MIGRATIONS),)]
     assert query(fresh, "PRAGMA user_version") == [(0,)]

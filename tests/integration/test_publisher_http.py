@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 from support import (
     as_event,
+    entry_payload,
     eventually,
     get_json,
     padded,
@@ -81,7 +82,8 @@ async def publisher(start_publisher: StartPublisher, sink_base: str) -> str:
 
 
 def outbox_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
-    return db_rows(db, "SELECT seq, id, payload, sent FROM outbox_entries ORDER BY seq")
+    payload = entry_payload(db)
+    return db_rows(db, f"SELECT seq, id, {payload}, sent FROM outbox_entries ORDER BY seq")
 
 
 def order_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
@@ -386,7 +388,8 @@ TOKEN = "intake-token-of-the-tests-0001"
 
 
 def event_rows(db_rows: Query, db: Path) -> list[tuple[Any, ...]]:
-    return db_rows(db, "SELECT id, type, lane, payload FROM outbox_entries ORDER BY seq")
+    payload = entry_payload(db)
+    return db_rows(db, f"SELECT id, type, lane, {payload} FROM outbox_entries ORDER BY seq")
 
 
 async def post_as(

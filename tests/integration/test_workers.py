@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 from recorded_sink import WrappedSender
 from relay_lines import FAST, STOP_TIMEOUT_S, sender_for
-from support import accept_events, eventually, placed
+from support import accept_events, entry_payload, eventually, placed
 
 from publisher.cli.dispatch import LineHeld, deliver_pending
 from publisher.leases import LeaseKeeper, Share
@@ -182,7 +182,7 @@ def applied(db_rows: Query, sink: Path | str) -> list[tuple[str, str]]:
 
 
 def seq_order(db_rows: Query, db: Path | str) -> list[tuple[str, str]]:
-    rows = db_rows(db, "SELECT id, payload FROM outbox_entries ORDER BY seq")
+    rows = db_rows(db, f"SELECT id, {entry_payload(db)} FROM outbox_entries ORDER BY seq")
     return [(i, json.loads(payload)["key"]) for i, payload in rows]
 
 
