@@ -94,6 +94,9 @@ class Sizes:
     handler_batch_backlog: int
     handler_orders: int
     handler_rounds: int
+    # The mark_costs case (bench.marks): entries marked per size of event, and rounds.
+    mark_entries: int
+    mark_rounds: int
 
 
 QUICK: Final = Sizes(
@@ -117,6 +120,8 @@ QUICK: Final = Sizes(
     handler_batch_backlog=5_000,
     handler_orders=5_000,
     handler_rounds=2,
+    mark_entries=512,
+    mark_rounds=2,
 )
 FULL: Final = Sizes(
     ceiling_requests=5_000,
@@ -139,6 +144,8 @@ FULL: Final = Sizes(
     handler_batch_backlog=20_000,
     handler_orders=20_000,
     handler_rounds=3,
+    mark_entries=2_048,
+    mark_rounds=3,
 )
 # The tests' size: every case still takes each of its steps, on as little work as
 # shows that it works; the rounds that only steady a figure are run once (relay_lanes:
@@ -166,6 +173,8 @@ TINY: Final = Sizes(
     handler_batch_backlog=40,
     handler_orders=80,
     handler_rounds=1,
+    mark_entries=32,
+    mark_rounds=1,
 )
 SIZES: Final = {"full": FULL, "quick": QUICK, "tiny": TINY}
 

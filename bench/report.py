@@ -405,6 +405,18 @@ def _event_costs(f: Figures, results: Results) -> str:
     )
 
 
+def _mark_costs(f: Figures, results: Results) -> str:
+    sizes = f["event_bytes"]
+    names = " / ".join(f"{size:,} B" for size in sizes)
+    us = " / ".join(f"{f['mark_us'][str(size)]:.1f}" for size in sizes)
+    wal = " / ".join(f"{f['wal_bytes'][str(size)]:,.0f}" for size in sizes)
+    return (
+        f"per entry marked, events of {names}: {us} us, WAL {wal} bytes ({f['entries']:,} "
+        f"entries per size in calls of {f['batch']}, rounds: {f['rounds']}; events of "
+        f"{f['apart_chars']:,} characters or more kept apart)"
+    )
+
+
 def _e2e(prefix: str, commit_case: str) -> dict[str, Describe]:
     """The end-to-end cases of one backend, measured against its commit ceiling."""
     return {
@@ -422,6 +434,7 @@ DESCRIBE: Final[dict[str, Describe]] = {
     "ceiling": _ceiling,
     "commit_ceiling": _commit_ceiling,
     "event_costs": _event_costs,
+    "mark_costs": _mark_costs,
     "naive_peer": _naive_peer,
     "relay_single": _relay_single,
     "relay_batch": _relay_batch,

@@ -34,7 +34,7 @@ from typing import Any, Final, TypeVar
 
 import aiohttp
 
-from bench import cases, costs, e2e, generic, own_handler, workers
+from bench import cases, costs, e2e, generic, marks, own_handler, workers
 from bench.cases import SIZES, Context, Figures, NotAvailable
 from bench.procs import REPO_ROOT, Children
 from bench.profile import SERVER_SETTINGS, py_spy
@@ -53,6 +53,7 @@ CASES: Final[tuple[tuple[str, Case], ...]] = (
     ("ceiling", cases.ceiling),
     ("commit_ceiling", cases.commit_ceiling),
     ("event_costs", costs.event_costs),
+    ("mark_costs", marks.mark_costs),
     ("naive_peer", cases.naive_peer),
     ("relay_single", cases.relay_single),
     ("relay_batch", cases.relay_batch),

@@ -80,6 +80,15 @@ RESULTS: dict[str, Figures] = {
         "lanes_events_per_s_2000_skus": 328.0,
     },
     "memory": {"backlogs": [1000, 10000], "peak_rss_mib": [46.7, 48.9]},
+    "mark_costs": {
+        "entries": 512,
+        "batch": 128,
+        "rounds": 2,
+        "apart_chars": 2048,
+        "event_bytes": [100, 1024, 8192, 32768],
+        "mark_us": {"100": 19.2, "1024": 27.9, "8192": 15.1, "32768": 13.0},
+        "wal_bytes": {"100": 130.0, "1024": 1032.0, "8192": 129.0, "32768": 129.0},
+    },
     "pg_commit_ceiling": {
         "commits_per_s": 1720.0,
         "commits": 1000,
@@ -429,6 +438,7 @@ EXPECTED: dict[str, tuple[float, str, str, tuple[str, ...]]] = {
     "metrics scrape, big vs small outbox": (0.29 / 0.289, "<= 1.5x", "met", ("scaling",)),
     "throughput, big vs small backlog": (4740 / 4530, ">= 0.8x", "met", ("scaling",)),
     "peak RSS, big vs small backlog": (48.9 - 46.7, "<= 20MiB", "met", ("memory",)),
+    "mark of a 32 KiB event vs a 100 B one": (13.0 / 19.2, "<= 2x", "met", ("mark_costs",)),
     "PostgreSQL: batches vs its commit ceiling": (
         3950 / 1720,
         ">= 2x",
@@ -627,6 +637,10 @@ DETAILS = {
     "metrics scrape, big vs small outbox": "median time at 100,000 sent rows / at 1,000",
     "throughput, big vs small backlog": "events/s from a backlog of 5,000 / from 500",
     "peak RSS, big vs small backlog": "MiB above: draining 10,000 minus draining 1,000",
+    "mark of a 32 KiB event vs a 100 B one": (
+        "mark_costs us per entry marked on SQLite, events of 32,768 B / of 100 B, 512 entries"
+        " each in calls of 128"
+    ),
     "PostgreSQL: batches vs its commit ceiling": (
         "pg_relay_batch events/s / pg_commit_ceiling commits/s (up to 8 in flight)"
     ),
@@ -826,6 +840,11 @@ LINES = {
         "events/s (1.05x); lanes draining 800 over 8 / 2,000 SKUs: 2,810 / 328 events/s"
     ),
     "memory": "peak RSS 46.7 MiB draining 1,000, 48.9 MiB draining 10,000 (+2.2 MiB)",
+    "mark_costs": (
+        "per entry marked, events of 100 B / 1,024 B / 8,192 B / 32,768 B: 19.2 / 27.9 / 15.1 "
+        "/ 13.0 us, WAL 130 / 1,032 / 129 / 129 bytes (512 entries per size in calls of 128, "
+        "rounds: 2; events of 2,048 characters or more kept apart)"
+    ),
     "pg_commit_ceiling": (
         "1,720 durable commits/s (1,000; fsync on, synchronous_commit on, fdatasync)"
     ),
