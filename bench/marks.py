@@ -3,9 +3,9 @@ its event.
 
 Entries whose canonical events are about 100 B, 1 KiB, 8 KiB and 32 KiB, each size in
 an outbox file of its own, are marked sent through `Outbox.mark_sent_many` in calls of
-MARK_BATCH, as the relay marks what a sink acknowledged (one transaction and one
-fsync per call). The WAL is emptied before the marks, so what they add to it is
-theirs. Per size:
+MARK_BATCH, as the relay marks what a sink acknowledged (one transaction per call,
+committed as the relay's marks are). The WAL is emptied before the marks, so what
+they add to it is theirs. Per size:
 
 - `mark_us`: microseconds per entry marked, the median of the rounds;
 - `wal_bytes`: bytes the marks added to the WAL, per entry, the median of the rounds.

@@ -406,6 +406,7 @@ def _prune_batch(conn: sqlite3.Connection, cutoff: float, batch: int) -> int:
     params = {"cutoff": cutoff, "batch": batch}
     with transaction(conn):
         conn.execute(sql.KEEP_PRUNED_DIGESTS, params)
+        conn.execute(sql.PRUNE_PAYLOADS, params)
         return conn.execute(sql.PRUNE_SENT, params).rowcount
 
 

@@ -178,9 +178,12 @@ MIGRATIONS: Final = (
     # or longer keeps it in outbox_payloads (written once) and '' in its own payload
     # column: a mark rewrites the entry's row, and with the event in it each mark
     # wrote the event into the WAL once more. Entries written before stay as they are.
+    # No ON DELETE CASCADE: prune deletes the payloads first (PRUNE_PAYLOADS), and a
+    # later migration that rebuilds outbox_entries (as 5 did) fails on the reference
+    # instead of deleting the events.
     """
     CREATE TABLE outbox_payloads (
-        seq     INTEGER PRIMARY KEY REFERENCES outbox_entries (seq) ON DELETE CASCADE,
+        seq     INTEGER PRIMARY KEY REFERENCES outbox_entries (seq),
         payload TEXT NOT NULL
     );
     """,
@@ -233,7 +236,7 @@ FRESH: Final = """
     );
     CREATE INDEX outbox_quarantines_id ON outbox_quarantines (id);
     CREATE TABLE outbox_payloads (
-        seq     INTEGER PRIMARY KEY REFERENCES outbox_entries (seq) ON DELETE CASCADE,
+        seq     INTEGER PRIMARY KEY REFERENCES outbox_entries (seq),
         payload TEXT NOT NULL
     );
     CREATE TABLE outbox_health (
@@ -515,4 +518,7 @@ KEEP_PRUNED_DIGESTS: Final = f"""
     INSERT OR REPLACE INTO outbox_pruned (id, digest)
     SELECT id, sha256_hex({PAYLOAD}) FROM outbox_entries WHERE seq IN ({_PRUNED_BATCH})
 """
+# The payloads kept apart of the entries PRUNE_SENT deletes next, in the same
+# transaction (the same batch: nothing else writes in between).
+PRUNE_PAYLOADS: Final = f"DELETE FROM outbox_payloads WHERE seq IN ({_PRUNED_BATCH})"
 PRUNE_SENT: Final = f"DELETE FROM outbox_entries WHERE seq IN ({_PRUNED_BATCH})"

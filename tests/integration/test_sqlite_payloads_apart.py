@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support import query
 
 from publisher.backends.sqlite import PAYLOAD_APART_CHARS
@@ -135,3 +136,24 @@ async def test_a_large_event_written_in_its_row_before_is_read_and_delivered_as_
         assert entry is not None and entry.event == one
     assert query(db, "SELECT payload, sent FROM outbox_entries") == [(canonical_json(one), 1)]  # type: ignore[arg-type]
     assert query(db, "SELECT count(*) FROM outbox_payloads") == [(0,)]
+
+
+async def test_a_rebuild_of_the_entries_table_is_refused_rather_than_losing_the_events(
+    tmp_path: Path,
+) -> None:
+    """A migration runs with foreign keys on (as every connection of the outbox does).
+    One that dropped outbox_entries to rebuild it, as migration 5 rebuilt the outbox,
+    must fail on the events kept apart, not delete them with it."""
+    db = tmp_path / "source.db"
+    async with Outbox.open(db) as outbox:
+        assert await outbox.publish(large(3)) == "accepted"
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+            conn.execute("DROP TABLE outbox_entries")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+    assert query(db, "SELECT count(*) FROM outbox_payloads") == [(1,)]
