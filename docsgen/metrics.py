@@ -107,7 +107,8 @@ def metrics_of(registry: CollectorRegistry) -> list[Metric]:
 
 
 def _families_of(collector: Collector) -> list[Metric]:
-    """The metrics a custom collector (plumbing.collector.CollectionsCollector) yields."""
+    """The metrics a collector that is not one metric (prometheus_client's GCCollector)
+    yields."""
     found = []
     for family in collector.collect():
         labelled = [sample.labels for sample in family.samples if sample.labels]
@@ -121,6 +122,11 @@ def _families_of(collector: Collector) -> list[Metric]:
             )
         )
     return found
+
+
+def _sentence(help_text: str) -> str:
+    """A metric's help as a sentence (prometheus_client's own end without a period)."""
+    return help_text if help_text.endswith(".") else help_text + "."
 
 
 def service_metrics() -> dict[str, list[Metric]]:
@@ -141,7 +147,7 @@ def render() -> str:
                 code(m.name),
                 m.kind,
                 ", ".join(code(label) for label in m.labels) or "none",
-                text(m.help)
+                text(_sentence(m.help))
                 + (" " + NOTES[m.name] if m.name in NOTES else "")
                 + (
                     " Series from the start: " + ", ".join(code(s) for s in m.initial) + "."

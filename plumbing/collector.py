@@ -1,6 +1,6 @@
 """Python's cyclic garbage collector held off while a request's events are read and
-checked (collector_paused), set for a service (service_collector), and counted for
-its metrics (CollectionsCollector).
+checked (collector_paused), and set for a service (service_collector). Its counts are
+prometheus_client's GCCollector, registered by each service's metrics.
 
 Reading a batch body makes thousands of containers at once (500 events of nested
 data), all alive until the batch is answered. With the collector running, each 700
@@ -16,9 +16,6 @@ import contextlib
 import gc
 from collections.abc import Iterator
 from typing import Final
-
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 
 
 @contextlib.contextmanager
@@ -62,19 +59,3 @@ def service_collector() -> Iterator[None]:
         gc.set_threshold(young, middle, old)
         if not frozen_before:  # a freeze of the process's own is left as it is
             gc.unfreeze()
-
-
-class CollectionsCollector(Collector):
-    """`python_gc_collections_total{generation}`: the collections of each generation
-    so far in this process, read from gc.get_stats at each scrape (no callback on
-    every collection, nothing left behind when the registry goes)."""
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(
-            "python_gc_collections",
-            "Collections of the cyclic garbage collector, by generation.",
-            labels=["generation"],
-        )
-        for generation, stats in enumerate(gc.get_stats()):
-            family.add_metric([str(generation)], stats["collections"])
-        yield family

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.gc_collector import GCCollector
 
 from plumbing.capped_labels import CountByType
-from plumbing.collector import CollectionsCollector
 from publisher.store import Snapshot
 
 DELIVERY_OUTCOMES: Final = ("delivered", "transient", "permanent", "fenced")
@@ -19,7 +19,7 @@ class PublisherMetrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        r.register(CollectionsCollector())  # python_gc_collections_total
+        GCCollector(registry=r)  # python_gc_collections_total{generation}, and collected
         self.pending = Gauge(
             "publisher_outbox_pending_events", "Entries waiting to be delivered.", registry=r
         )

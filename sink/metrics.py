@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.gc_collector import GCCollector
 
 from plumbing.capped_labels import CountByType
-from plumbing.collector import CollectionsCollector
 from shared import LEASE_HEADER, PREDECESSOR_HEADER
 
 # rejected: no handler for its type, or its handler rejected it (422); failed: its
@@ -20,7 +20,7 @@ class SinkMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(CollectionsCollector())  # python_gc_collections_total
+        GCCollector(registry=self.registry)  # python_gc_collections_total{generation}, ...
         self.received = Counter(
             "sink_inbox_received",
             "Events received, by result.",

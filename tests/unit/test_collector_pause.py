@@ -6,17 +6,14 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from plumbing.bodies import loads_strict, parse_json
-from plumbing.collector import (
-    SERVICE_YOUNG,
-    CollectionsCollector,
-    collector_paused,
-    service_collector,
-)
+from plumbing.collector import SERVICE_YOUNG, collector_paused, service_collector
+from publisher.metrics import PublisherMetrics
+from sink.metrics import SinkMetrics
 
 
 @pytest.fixture
@@ -88,9 +85,9 @@ def test_a_service_freezes_what_exists_and_widens_the_young_generation() -> None
     assert gc.get_freeze_count() == 0 or frozen > 0
 
 
-def test_the_collections_are_a_counter_by_generation() -> None:
-    registry = CollectorRegistry()
-    registry.register(CollectionsCollector())
+@pytest.mark.parametrize("metrics", [PublisherMetrics, SinkMetrics])
+def test_the_collections_are_a_counter_by_generation(metrics: Any) -> None:
+    registry = metrics().registry
     gc.collect(1)
     seen = registry.get_sample_value("python_gc_collections_total", {"generation": "1"})
     assert seen == gc.get_stats()[1]["collections"]
