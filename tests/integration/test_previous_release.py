@@ -193,6 +193,44 @@ async def test_new_events_written_in_groups_follow_the_old_entries_and_all_are_d
     assert inventory(written.sink) == {"snack": 12, "juice": 7, "tea": 14}
 
 
+async def test_a_large_event_after_the_upgrade_is_stored_whole_and_delivered_once(
+    written: Written, serve: Serve
+) -> None:
+    # Large enough that the upgraded SQLite file keeps it apart from its entry's row
+    # (outbox_payloads, made by the upgrade); PostgreSQL keeps it in the row.
+    large = {
+        "id": "doc-1",
+        "type": "document.stored",
+        "key": "c-9",
+        "data": {"pages": [f"page {n}: " + "x" * 200 for n in range(20)]},
+    }
+    canonical = canonical_parts(large)[1]  # type: ignore[arg-type]
+    assert len(canonical) >= 4096
+    url = f"{await serve(create_app(written.sink))}/events"
+    async with Outbox.open(written.source) as outbox, HttpSender(url) as sender:
+        assert await outbox.publish(large) == "accepted"
+        assert await outbox.publish(large) == "duplicate"
+        sent = await deliver_pending(outbox, sender, ONCE)
+
+    assert sent == ["o-4", "o-5", "o-6", "doc-1"]
+    payload = entry_payload(written.source)
+    assert query(written.source, f"SELECT {payload} FROM outbox_entries WHERE id = 'doc-1'") == [
+        (canonical,)
+    ]
+    assert query(written.sink, "SELECT payload FROM inbox_events WHERE id = 'doc-1'") == [
+        (canonical,)
+    ]
+    assert deliveries(written.sink) == {
+        "o-1": 1,
+        "o-2": 1,
+        "o-4": 2,
+        "o-5": 1,
+        "o-6": 1,
+        "doc-1": 1,
+    }
+    assert inventory(written.sink) == {"snack": 5, "juice": 7, "tea": 6}  # o-3 still held
+
+
 async def test_the_previous_inbox_opens_with_handlers_of_ones_own_and_loses_nothing(
     written: Written,
 ) -> None:
