@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Final
+from collections.abc import Iterable
+from typing import Final, NamedTuple
 
 import orjson
 from aiohttp import web
@@ -18,7 +19,7 @@ from plumbing.collector import collector_paused
 from plumbing.http_errors import BadRequest, invalid_event
 from plumbing.http_limits import BODY_TIMEOUT_S, LIMITS, HttpLimits
 from shared.errors import InvalidEvent
-from shared.event import BigInteger, Event, NotFinite, validate_event
+from shared.event import BigInteger, Event, NotFinite, pointer_token, validate_event
 
 # No field of a body is an integer this long; anything longer is kept as a marker
 # instead of converted (Python refuses over 4,300 digits with a plain ValueError).
@@ -26,11 +27,23 @@ MAX_INT_DIGITS: Final = 100
 
 
 class DuplicateKey(ValueError):
-    """A JSON object names the same key twice: which value was meant is unknowable."""
+    """A JSON object names the same key twice: which value was meant is unknowable.
+    `pointer` is the JSON pointer of the repeated member in the whole text, when
+    loads_strict could place it."""
 
-    def __init__(self, key: str) -> None:
-        super().__init__(f"duplicate key {key!r} in a JSON object")
+    def __init__(self, key: str, pointer: str | None = None) -> None:
+        where = "" if pointer is None else f" at {pointer}"
+        super().__init__(f"duplicate key {key!r} in a JSON object{where}")
         self.key = key
+        self.pointer = pointer
+
+
+class NotUtf8(ValueError):
+    """JSON text in another encoding than UTF-8, which RFC 8259 requires between
+    systems and I-JSON (RFC 7493) requires always."""
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__(f"JSON text must be UTF-8 (RFC 8259, I-JSON), not {encoding.upper()}")
 
 
 def _parse_int(text: str) -> int | BigInteger:
@@ -79,25 +92,98 @@ def loads_strict(body: bytes) -> object:
     string; orjson writes the parsed value back with one colon per member and the
     strings' own, so the counts differ exactly when a repeated key dropped a member.
     A body orjson refuses, or that the count cannot judge, takes the checked parser,
-    which names what is wrong (or takes what orjson does not: UTF-16, NaN).
+    which names what is wrong (or takes what orjson does not: NaN, a byte order
+    mark).
 
     orjson reads an integer past 64 bits as a float, which the checked parser would
     not. Every float of that size (1.8e19 and up) is written back with an exponent
     and its sign, `e+19`: only when that text holds a plus sign (which it seldom
     does) is the body searched for a run of 19 digits, and one sends it to the
-    checked parser."""
+    checked parser. So does a value nested deeper than orjson writes back (255
+    levels; it reads 1,024).
+
+    Text in UTF-16 or UTF-32 is NotUtf8. A repeated key is placed by a second,
+    forgiving parse (only then): DuplicateKey carries its JSON pointer."""
     if _ESCAPED_NEAR_COLON not in body:
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError:
             pass
         else:
-            text = orjson.dumps(value)
+            try:
+                text = orjson.dumps(value)
+            except orjson.JSONEncodeError:  # nested too deep to write: judged below
+                text = b""
             if text.count(b":") == body.count(b":") and (
                 b"+" not in text or _LONG_NUMBER not in body.translate(_DIGITS_AS_ZERO)
             ):
                 return value
-    return _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+    decoded = _decoded(body)
+    try:
+        return _DECODER.decode(decoded)
+    except DuplicateKey as exc:
+        raise DuplicateKey(exc.key, _repeated_at(decoded)) from None
+
+
+def _decoded(body: bytes) -> str:
+    """The text of a UTF-8 body (a byte order mark left out), lone surrogates kept
+    (the event's checks name their place); NotUtf8 for UTF-16 and UTF-32."""
+    encoding = json.detect_encoding(body)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        raise NotUtf8(encoding)
+    return body.decode(encoding, "surrogatepass")
+
+
+class _Members(NamedTuple):
+    """An object as the forgiving parse keeps it: every member, in order, and the
+    first key it names twice (None: none)."""
+
+    pairs: list[tuple[str, object]]
+    repeated: str | None
+
+
+def _note_repeats(pairs: list[tuple[str, object]]) -> _Members:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return _Members(pairs, key)
+        seen.add(key)
+    return _Members(pairs, None)
+
+
+_PLACING: Final = json.JSONDecoder(
+    object_pairs_hook=_note_repeats,
+    parse_int=_parse_int,
+    parse_float=_parse_float,
+    parse_constant=NotFinite,
+)
+
+
+def _repeated_at(text: str) -> str | None:
+    """The JSON pointer of the repeated member the checked parser refuses first (in
+    the first object to end that repeats a key), or None when the text cannot be read
+    whole."""
+    try:
+        return _first_repeat(_PLACING.decode(text), "")
+    except (ValueError, RecursionError):
+        return None
+
+
+def _first_repeat(value: object, at: str) -> str | None:
+    """Objects in the order they end: what one holds before the object itself."""
+    if isinstance(value, _Members):
+        members: Iterable[tuple[object, object]] = value.pairs
+    elif isinstance(value, list):
+        members = enumerate(value)
+    else:
+        return None
+    for name, item in members:
+        found = _first_repeat(item, f"{at}/{pointer_token(str(name))}")
+        if found is not None:
+            return found
+    if isinstance(value, _Members) and value.repeated is not None:
+        return f"{at}/{pointer_token(value.repeated)}"
+    return None
 
 
 async def read_json(request: web.Request, max_body_bytes: int) -> object:
@@ -116,8 +202,9 @@ def parse_json(text: bytes, what: str = "body") -> object:
         with collector_paused():
             return loads_strict(text)
     except DuplicateKey as exc:
-        raise BadRequest(400, "invalid", str(exc), field=exc.key) from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        placed = {} if exc.pointer is None else {"pointer": exc.pointer}
+        raise BadRequest(400, "invalid", str(exc), field=exc.key, **placed) from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, NotUtf8) as exc:
         raise BadRequest(400, "invalid", f"{what} is not valid JSON", detail=str(exc)) from exc
     except RecursionError as exc:
         raise BadRequest(

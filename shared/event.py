@@ -112,7 +112,7 @@ def checked_event(
     extra = sorted(str(name) for name in obj if name not in EVENT_FIELDS)
     if extra:
         raise InvalidEvent(
-            "/" + _escape(extra[0]), "is not a field of an event (id, type, key, data)"
+            "/" + pointer_token(extra[0]), "is not a field of an event (id, type, key, data)"
         )
     event = Event(
         id=_text(obj["id"], "id", _ID_RE, ID_MAX_CHARS, "/id"),
@@ -170,7 +170,7 @@ def canonical_data(data: object, pointer: str, *, parsed: bool = False) -> str:
     try:
         need = _check(data, 1)
     except _NotIJson as bad:
-        where = "".join(f"/{_escape(str(token))}" for token in reversed(bad.path))
+        where = "".join(f"/{pointer_token(str(token))}" for token in reversed(bad.path))
         raise InvalidEvent(pointer + where, bad.problem) from None
     if need != _RFC8785:
         dumped = data if need == _DUMPS else _whole_floats_as_ints(data)
@@ -362,8 +362,8 @@ def _find_surrogate(value: object, pointer: str) -> None:
         _no_surrogate(value, pointer)
     elif isinstance(value, dict):
         for key, item in value.items():
-            _no_surrogate(key, f"{pointer}/{_escape(key)}")
-            _find_surrogate(item, f"{pointer}/{_escape(key)}")
+            _no_surrogate(key, f"{pointer}/{pointer_token(key)}")
+            _find_surrogate(item, f"{pointer}/{pointer_token(key)}")
     elif isinstance(value, list):
         for index, item in enumerate(value):
             _find_surrogate(item, f"{pointer}/{index}")
@@ -472,7 +472,7 @@ def stored_data(event: Event, canonical: str) -> str | None:
     return data if same else None
 
 
-def _escape(token: str) -> str:
+def pointer_token(token: str) -> str:
     """A JSON pointer reference token (RFC 6901)."""
     return token.replace("~", "~0").replace("/", "~1")
 

@@ -41,6 +41,7 @@ from shared import MAX_BATCH, Event, InvalidEvent, checked_event, validate_order
 from shared.ack import digest_of
 from shared.cloudevents import (
     BATCHED,
+    HEADER_PREFIX,
     JSON,
     STRUCTURED,
     from_binary,
@@ -100,6 +101,13 @@ def read_event(media: str, headers: Mapping[str, str], body: object) -> Taken:
         return _structured(body, "")
     if is_binary(headers):
         return _binary(headers, body)
+    if any(name.lower().startswith(HEADER_PREFIX) for name in headers):
+        # CloudEvents attributes in headers but no spec version: refused, rather than
+        # read as a plain event that would ignore them.
+        missing = InvalidEvent(
+            f"{HEADER_PREFIX}specversion", "is required: ce-* headers are binary mode"
+        )
+        raise invalid(missing, None)
     return _plain(body, "")
 
 

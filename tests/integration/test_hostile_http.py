@@ -202,6 +202,7 @@ async def test_a_repeated_key_is_400_on_both_services(
         status, body, _ = await post_bytes(client, url, DUPLICATES[key])
         assert status == 400, body
         assert body["field"] == key
+        assert body["pointer"] == f"/{key}"
         assert "duplicate key" in body["error"]
     check()
 
@@ -222,6 +223,74 @@ async def test_a_repeated_key_in_a_batch_is_400_and_applies_nothing(
     status, reply, _ = await post_bytes(client, f"{sink}/events/batch", body)
     assert status == 400, reply
     assert "duplicate key" in reply["error"]
+    check()
+
+
+def nested(depth: int) -> bytes:
+    """An event whose data holds arrays `depth` deep: past 255, orjson reads it (up to
+    1,024) but cannot write it back."""
+    return b'{"id": "deep-1", "type": "t.x", "data": {"a": %s%s}}' % (b"[" * depth, b"]" * depth)
+
+
+@pytest.mark.parametrize("depth", [300, 1000])
+async def test_nesting_orjson_cannot_write_back_is_400_on_both_services(
+    client: aiohttp.ClientSession,
+    sink: str,
+    publisher: str,
+    unchanged: Callable[[], Unchanged],
+    caplog: pytest.LogCaptureFixture,
+    depth: int,
+) -> None:
+    check = unchanged()
+    deep = nested(depth)
+    bodies = {
+        f"{sink}/events": deep,
+        f"{sink}/events/batch": b'{"events": [%s]}' % deep,
+        f"{publisher}/events": deep,
+        f"{publisher}/events/batch": b'{"events": [%s]}' % deep,
+        f"{publisher}/orders": b'{"id": "o-1", "sku": "s", "qty": 1, "z": %s%s}'
+        % (b"[" * depth, b"]" * depth),
+    }
+    for url, body in bodies.items():
+        status, reply, _ = await post_bytes(client, url, body)
+        if url == f"{sink}/events/batch" and status == 200:  # applied up to the bad item
+            status = reply["rejected"]["status"]
+        elif url == f"{publisher}/events/batch" and status == 200:  # answered per event
+            status = 400 if reply["results"][0]["result"] == "invalid" else 200
+        assert status == 400, (url, reply)
+    check()
+    no_unexpected_errors(caplog)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32"])
+async def test_json_in_utf16_or_utf32_is_400_on_both_services(
+    client: aiohttp.ClientSession,
+    sink: str,
+    publisher: str,
+    unchanged: Callable[[], Unchanged],
+    encoding: str,
+) -> None:
+    check = unchanged()
+    event = '{"id": "u-1", "type": "t.x", "data": {}}'
+    for url in (f"{sink}/events", f"{publisher}/events", f"{publisher}/orders"):
+        status, reply, _ = await post_bytes(client, url, event.encode(encoding))
+        assert status == 400, (url, reply)
+        assert "must be UTF-8" in reply["detail"]
+    check()
+
+
+async def test_ce_headers_without_a_spec_version_are_400_at_the_sink(
+    client: aiohttp.ClientSession, sink: str, unchanged: Callable[[], Unchanged]
+) -> None:
+    """Binary mode is told by ce-specversion; other ce-* headers without it are not
+    read as a plain event that ignores them."""
+    check = unchanged()
+    headers = {**JSON, "ce-id": "bin-1", "ce-type": "t.x", "ce-source": "urn:x"}
+    event = b'{"id": "bin-1", "type": "t.x", "data": {}}'
+    for body in (b'{"a": 1}', event):
+        status, reply, _ = await post_bytes(client, f"{sink}/events", body, headers)
+        assert status == 400, reply
+        assert reply["field"] == "ce-specversion"
     check()
 
 

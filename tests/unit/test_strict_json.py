@@ -14,7 +14,7 @@ import rfc8785
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from plumbing.bodies import DuplicateKey, loads_strict
+from plumbing.bodies import DuplicateKey, NotUtf8, loads_strict
 from shared import InvalidEvent, validate_event, validate_order
 from shared.event import MAX_SAFE_INTEGER, BigInteger, NotFinite, _plain_bytes, canonical_data
 
@@ -110,6 +110,47 @@ def test_a_key_repeated_where_only_the_checked_parser_reads(body: bytes, key: st
     with pytest.raises(DuplicateKey) as caught:
         loads_strict(body)
     assert caught.value.key == key
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "pointer"),
+    [
+        (b'{"a": 1, "a": 2}', "a", "/a"),
+        (b'{"data": {"x": {"y": [{"z": 1, "z": 1}]}}}', "z", "/data/x/y/0/z"),
+        (b'{"events": [{}, {}, {"data": {"a/~": 1, "a/~": 2}}]}', "a/~", "/events/2/data/a~1~0"),
+        # The first object to end with a repeat, as the checked parser refuses it;
+        # a member repeated later keeps what it held first.
+        (b'{"a": {"b": 1, "b": 2}, "a": 3}', "b", "/a/b"),
+        (b'{"a": 3, "a": {"b": 1, "b": 2}}', "b", "/a/b"),
+        (b'{"x": [{"a": 1}], "x": 2}', "x", "/x"),
+        (b'{"\\u003a": 1, ":": 2}', ":", "/:"),
+    ],
+)
+def test_a_repeated_key_is_placed_by_a_json_pointer(body: bytes, key: str, pointer: str) -> None:
+    with pytest.raises(DuplicateKey) as caught:
+        loads_strict(body)
+    assert (caught.value.key, caught.value.pointer) == (key, pointer)
+    assert str(caught.value).endswith(f" at {pointer}")
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-be"])
+def test_json_that_is_not_utf8_is_refused(encoding: str) -> None:
+    """RFC 8259 and I-JSON: UTF-8 only (a byte order mark before it is let pass)."""
+    with pytest.raises(NotUtf8, match="must be UTF-8"):
+        loads_strict('{"a": 1}'.encode(encoding))
+    assert loads_strict(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}
+
+
+@pytest.mark.parametrize("depth", [255, 256, 300, 900])
+def test_nesting_orjson_reads_but_cannot_write_takes_the_checked_parser(depth: int) -> None:
+    """orjson reads 1,024 levels and writes 255: between, the colon count cannot be
+    taken, and the checked parser reads the body instead."""
+    body = b"[" * depth + b"]" * depth
+    value = loads_strict(body)
+    for _ in range(depth - 1):
+        assert isinstance(value, list) and len(value) == 1
+        value = value[0]
+    assert value == []
 
 
 @pytest.mark.parametrize(
