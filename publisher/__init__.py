@@ -22,8 +22,10 @@ from publisher.in_transaction import (
     publish_in,
     publish_in_async,
 )
+from publisher.intake import event_check
 from publisher.store import Outbox
 from shared import MAX_BATCH, Conflict, Event, InvalidEvent
+from shared.schemas import SchemaError, Schemas
 
 __all__ = [
     "MAX_BATCH",
@@ -36,11 +38,14 @@ __all__ = [
     "NotInTransaction",
     "Outbox",
     "Rejected",
+    "SchemaError",
+    "Schemas",
     "TargetNotAllowed",
     "UnknownEntry",
     "accept_in",
     "accept_in_async",
     "dispatch",
+    "event_check",
     "publish_in",
     "publish_in_async",
     "send_http",

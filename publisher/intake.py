@@ -45,7 +45,13 @@ def event_check(
     """How a service checks each event at intake: the event's own rules with its
     data limit, then the schema of its type, if any (InvalidEvent naming the place).
     `parsed`: the events come from the strict parser (plumbing.bodies), as those of
-    a request body or of a file do (shared.checked_event)."""
+    a request body or of a file do (shared.checked_event).
+
+    The library takes it as the `check` of `publish_in`, `publish_in_async`,
+    `Outbox.publish` and `Outbox.publish_many`, to hold events to the schemas that
+    `outbox-publisher serve --schemas DIR` holds them to:
+    `check = event_check(schemas=Schemas.load("schemas"))`, then
+    `publish_in(conn, event, check)`."""
 
     def check(obj: object) -> tuple[Event, str]:
         event, canonical = checked_event(obj, max_data_bytes=max_data_bytes, parsed=parsed)

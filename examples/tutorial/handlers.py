@@ -35,10 +35,14 @@ def captured(event: HandledEvent) -> list[Statement]:
     """One payment row and the customer's new total; Reject for what is not booked."""
     if event.key is None:
         raise Reject("a payment needs the customer as its key")
-    currency = event.data["currency"]
+    # The publisher's schema checks both fields, but only where it is given one:
+    # a payment without them is refused here too, not retried as a failure.
+    currency = event.data.get("currency")
     if currency not in BOOKED_CURRENCIES:
         raise Reject(f"currency {currency} is not booked here")
-    amount = event.data["amount_cents"]
+    amount = event.data.get("amount_cents")
+    if type(amount) is not int or amount < 1:
+        raise Reject("a payment needs amount_cents, a whole number above 0")
     return [
         (
             "INSERT INTO captured_payments (event_id, customer, amount_cents, currency)"

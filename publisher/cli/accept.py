@@ -17,9 +17,20 @@ from plumbing.cli import (
     fail,
     strict_int,
 )
-from publisher.cli.options import PROG, AddCommand, Check, Command, say
+from publisher.cli.options import (
+    PROG,
+    AddCommand,
+    Check,
+    Command,
+    add_event_rules,
+    say,
+    schemas_of,
+)
+from publisher.intake import event_check
 from publisher.orders_file import feed, numbered_lines
-from publisher.store import MAX_ACCEPT, Outbox
+from publisher.store import MAX_ACCEPT, EventCheck, Outbox
+from shared import checked_event
+from shared.schemas import SchemaError
 
 FIELDS: Final = ("id", "sku", "qty")
 
@@ -41,6 +52,7 @@ def add_parsers(command: AddCommand) -> None:
         f" - for stdin: recorded {MAX_ACCEPT} lines per transaction, a line that fails"
         " reported as PATH:LINE",
     )
+    add_event_rules(accept)  # as serve holds events to them
 
 
 def check_args(parser: ArgumentParser, args: argparse.Namespace) -> None:
@@ -55,7 +67,12 @@ def check_args(parser: ArgumentParser, args: argparse.Namespace) -> None:
 
 async def cmd_accept(args: argparse.Namespace) -> int:
     if args.file is not None:
-        return await accept_file(args.db, args.file)
+        try:
+            schemas = schemas_of(args)
+        except SchemaError as exc:
+            return fail(PROG, str(exc), EXIT_USAGE)
+        check = event_check(args.max_data_bytes, schemas, parsed=True)
+        return await accept_file(args.db, args.file, check)
     event = {"id": args.id, "sku": args.sku, "qty": args.qty}
     async with Outbox.open(args.db) as outbox:
         result = await outbox.accept(event)
@@ -63,9 +80,10 @@ async def cmd_accept(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def accept_file(db: str, path: str) -> int:
-    """Every line's order (publisher.orders_file); the counts on stdout, each failed
-    line on stderr. Exit status 1 if a line failed, 2 if the file cannot be read."""
+async def accept_file(db: str, path: str, check: EventCheck = checked_event) -> int:
+    """Every line's order or event (publisher.orders_file; an event held to `check`);
+    the counts on stdout, each failed line on stderr. Exit status 1 if a line failed,
+    2 if the file cannot be read."""
     name = "stdin" if path == "-" else path
     try:
         stream = sys.stdin.buffer if path == "-" else open(path, "rb")
@@ -74,7 +92,7 @@ async def accept_file(db: str, path: str) -> int:
     with stream:
         async with Outbox.open(db) as outbox:
             try:
-                tally = await feed(outbox, numbered_lines(stream), name, _say_failed)
+                tally = await feed(outbox, numbered_lines(stream), name, _say_failed, check)
             except OSError as exc:
                 return fail(PROG, f"cannot read {name}: {exc.strerror or exc}", EXIT_USAGE)
     print(tally.summary())

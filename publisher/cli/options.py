@@ -1,5 +1,6 @@
 """What the publisher's subcommands share: the program's name, argparse types, and
-the options several subcommands take (`--db` and `--schema`, the sink's, `--chaos`)."""
+the options several subcommands take (`--db` and `--schema`, the sink's, `--chaos`,
+the rules events are held to at intake)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
-from plumbing.cli import ArgumentParser, add_option, escaped, int_in, positive_s
+from plumbing.cli import ArgumentParser, add_option, escaped, int_in, positive_int, positive_s
 from plumbing.net import TOKEN_ENV
 from publisher.notes import BadNote, check_operator, check_reason
 from publisher.settings import MAX_DEPTH, check_lease_ttl, check_worker_id
 from shared import MAX_BATCH, InvalidEvent, validate_event_id
+from shared.event import MAX_DATA_BYTES, MAX_DATA_BYTES_LIMIT
+from shared.schemas import SchemaError, Schemas
 
 PROG: Final = "outbox-publisher"  # the console script; python -m publisher says the same
 EXIT_AFTER_ACK: Final = "exit-after-ack"
@@ -26,6 +29,61 @@ AddCommand = Callable[[str, str], ArgumentParser]
 
 batch_limit = int_in(1, MAX_BATCH)  # argparse type for --limit
 pipeline_depth = int_in(1, MAX_DEPTH)  # argparse type for --pipeline
+
+
+def data_bytes(text: str) -> int:
+    """argparse type for --max-data-bytes."""
+    value = positive_int(text)
+    if value > MAX_DATA_BYTES_LIMIT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_DATA_BYTES_LIMIT:,}")
+    return value
+
+
+def add_event_rules(parser: ArgumentParser) -> None:
+    """The rules intake holds an event to beyond its own (serve, accept): the data's
+    size, and the JSON Schemas of event types."""
+    add_option(
+        parser,
+        "--max-data-bytes",
+        type=data_bytes,
+        default=MAX_DATA_BYTES,
+        help=f"the most an event's data may take, encoded (1 to {MAX_DATA_BYTES_LIMIT:,})",
+    )
+    add_option(
+        parser,
+        "--schemas",
+        metavar="DIR",
+        help="a directory of JSON Schemas (2020-12), one TYPE.json per event type:"
+        " an event of a type that has one must match it",
+    )
+    add_option(
+        parser,
+        "--strict-types",
+        action="store_true",
+        help="with --schemas: refuse an event whose type has no schema",
+    )
+
+
+def schemas_of(args: argparse.Namespace) -> Schemas | None:
+    """The schemas --schemas names (strict with --strict-types), None without it;
+    SchemaError for a directory that cannot be used or --strict-types alone."""
+    if args.schemas is None:
+        if args.strict_types:
+            raise SchemaError("--strict-types needs --schemas DIR")
+        return None
+    return Schemas.load(args.schemas, strict=args.strict_types)
+
+
+def say_schemas(schemas: Schemas | None) -> None:
+    """Log which event types have a schema (a misnamed file shows as a type missing)."""
+    if schemas is None:
+        return
+    types = sorted(schemas.types)
+    logging.getLogger("publisher.intake").info(
+        "event types with a schema: %s%s",
+        ", ".join(types) or "none",
+        " (strict: any other type is refused)" if schemas.strict else "",
+    )
 
 
 def chaos_exit(text: str) -> int:

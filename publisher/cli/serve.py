@@ -30,11 +30,14 @@ from publisher.cli.options import (
     Check,
     Command,
     add_chaos_option,
+    add_event_rules,
     add_sink_options,
     batch_limit,
     lease_ttl,
     log_egress,
     pipeline_depth,
+    say_schemas,
+    schemas_of,
     worker_id,
 )
 from publisher.console import ConsoleSettings
@@ -50,8 +53,7 @@ from publisher.settings import (
     worker_id_for,
 )
 from shared import MAX_BATCH
-from shared.event import MAX_DATA_BYTES, MAX_DATA_BYTES_LIMIT
-from shared.schemas import SchemaError, Schemas
+from shared.schemas import SchemaError
 
 DEFAULT_PORT: Final = 8000
 CONSOLE_TOKEN_ENV: Final = "OUTBOX_CONSOLE_TOKEN"
@@ -168,40 +170,13 @@ def _add_delivery_options(serve: ArgumentParser) -> None:
 
 def _add_event_options(serve: ArgumentParser) -> None:
     """What intake takes as an event, and how the events are named on the wire."""
-    add_option(
-        serve,
-        "--max-data-bytes",
-        type=data_bytes,
-        default=MAX_DATA_BYTES,
-        help=f"the most an event's data may take, encoded (1 to {MAX_DATA_BYTES_LIMIT:,})",
-    )
-    add_option(
-        serve,
-        "--schemas",
-        metavar="DIR",
-        help="a directory of JSON Schemas (2020-12), one TYPE.json per event type:"
-        " an event of a type that has one must match it",
-    )
-    add_option(
-        serve,
-        "--strict-types",
-        action="store_true",
-        help="with --schemas: refuse an event whose type has no schema",
-    )
+    add_event_rules(serve)
     add_option(
         serve,
         "--source",
         default=DEFAULT_SOURCE,
         help="the CloudEvents source attribute of the events sent (a URI reference)",
     )
-
-
-def data_bytes(text: str) -> int:
-    """argparse type for --max-data-bytes."""
-    value = positive_int(text)
-    if value > MAX_DATA_BYTES_LIMIT:
-        raise argparse.ArgumentTypeError(f"at most {MAX_DATA_BYTES_LIMIT:,}")
-    return value
 
 
 def _add_service_options(serve: ArgumentParser) -> None:
@@ -258,15 +233,12 @@ async def cmd_serve(args: argparse.Namespace) -> int:
             f"--intake-token-file or {INTAKE_TOKEN_ENV}, or say --insecure"
         )
         return fail(PROG, message, EXIT_USAGE)
-    if args.strict_types and args.schemas is None:
-        return fail(PROG, "--strict-types needs --schemas DIR", EXIT_USAGE)
     try:
-        schemas = (
-            None if args.schemas is None else Schemas.load(args.schemas, strict=args.strict_types)
-        )
+        schemas = schemas_of(args)
     except SchemaError as exc:
         return fail(PROG, str(exc), EXIT_USAGE)
     setup_logging(args.log_format)
+    say_schemas(schemas)
     settings = ServiceSettings(
         db=args.db,
         sink=tuple(args.sink),

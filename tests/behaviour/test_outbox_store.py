@@ -32,9 +32,11 @@ from plumbing.storage import StorageError
 from publisher import (
     MAX_BATCH,
     NotInTransaction,
+    Schemas,
     UnknownEntry,
     accept_in,
     dispatch,
+    event_check,
     publish_in,
     publish_in_async,
 )
@@ -799,6 +801,34 @@ async def test_a_check_given_to_publish_refuses_what_it_refuses_and_changes_noth
     assert contents(backend) == before
     # Without it, the same events are recorded: what refused them was the check.
     assert await outbox.publish_many([refund, {**PAYMENT, "id": "pay-2"}]) == ["accepted"] * 2
+
+
+TUTORIAL_SCHEMAS = Path(__file__).parents[2] / "examples" / "tutorial" / "schemas"
+
+
+async def test_the_schemas_serve_holds_events_to_are_a_check_of_the_library(
+    outbox: Outbox, backend: Backend
+) -> None:
+    """`event_check(schemas=Schemas.load(DIR))` refuses in publish, publish_many and
+    publish_in what `outbox-publisher serve --schemas DIR` refuses at intake."""
+    check = event_check(schemas=Schemas.load(TUTORIAL_SCHEMAS))
+    paid = {"id": "p-1", "type": "payment.captured", "key": "c-9"}
+    good = {**paid, "data": {"amount_cents": 1999, "currency": "EUR"}}
+    bad = {**paid, "id": "p-2", "data": {"amount_cents": 1999, "currency": "euro"}}
+    assert await outbox.publish(good, check) == "accepted"
+    before = contents(backend)
+    with pytest.raises(InvalidEvent) as refused:
+        await outbox.publish(bad, check)
+    assert refused.value.field == "/data/currency"
+    assert "does not match the schema of 'payment.captured'" in refused.value.problem
+    [outcome] = await outbox.publish_many([bad], check)
+    assert isinstance(outcome, InvalidEvent) and outcome.field == "/data/currency"
+    with backend.user_connection() as conn:
+        with pytest.raises(InvalidEvent):
+            publish_in(conn, bad, check)
+        conn.commit()
+    assert contents(backend) == before
+    assert await outbox.publish(bad) == "accepted"  # the schema refused it, nothing else
 
 
 # ---------------------------------------------------------------- in the caller's transaction

@@ -134,6 +134,8 @@ def test_first_event_is_applied_once(tutorial: Tutorial) -> None:
 
 def test_own_handler_schema_reject_and_quarantine(tutorial: Tutorial) -> None:
     tutorial.services("--handlers", HANDLERS, publisher_args=("--schemas", SCHEMAS))
+    said = (tutorial.dir / "publisher.log").read_text()
+    assert "event types with a schema: payment.captured" in said, said
     for n, cents in ((1, 1999), (2, 500)):
         status, _ = http_request(
             tutorial.port, "POST", "/events", payment(f"p-{n}", "c-9", cents, "EUR")

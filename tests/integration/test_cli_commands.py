@@ -144,6 +144,7 @@ def test_accept_file_records_the_good_lines_and_reports_each_bad_one_by_its_numb
             ORDER,  # known as it is
             {"id": "a", "sku": "tea", "qty": 1},  # again in the file
             '{"id": "d", "id": "d", "sku": "tea", "qty": 1}',
+            '{"id": "f", "type": "t.x", "data": {"a": ' + "[" * 300 + "]" * 300 + "}}",
             "x" * (MAX_BODY_BYTES + 1),  # longer than any event may be
             {"id": "e", "sku": "juice", "qty": 5},
         )
@@ -153,14 +154,15 @@ def test_accept_file_records_the_good_lines_and_reports_each_bad_one_by_its_numb
 
     assert "Traceback" not in ran.err
     assert ran.status == 1
-    assert ran.out == "accepted 2, duplicate 2, failed 5\n"
+    assert ran.out == "accepted 2, duplicate 2, failed 6\n"
     assert ran.err.splitlines() == [
         f"{orders}:3: invalid order: qty: must be between 1 and 1,000,000, got 0",
         f"{orders}:4: line is not valid JSON: Expecting property name enclosed in double"
         " quotes at column 26",
         f"{orders}:5: conflict: event 'order-1' was already recorded with a different payload",
-        f"{orders}:8: duplicate key 'id' in a JSON object",
-        f"{orders}:9: line is over {MAX_BODY_BYTES} bytes",
+        f"{orders}:8: duplicate key 'id' in a JSON object at /id",
+        f"{orders}:9: invalid event: /data/a{'/0' * 31}: is nested over 32 deep",
+        f"{orders}:10: line is over {MAX_BODY_BYTES} bytes",
     ]
     assert db_rows(source, "SELECT id, sku, qty FROM outbox_orders ORDER BY id") == [
         ("a", "tea", 1),
@@ -172,6 +174,75 @@ def test_accept_file_records_the_good_lines_and_reports_each_bad_one_by_its_numb
         "a",
         "e",
     ]
+
+
+TUTORIAL_SCHEMAS = Path(__file__).parents[2] / "examples" / "tutorial" / "schemas"
+
+
+def payment(event_id: str, event_type: str = "payment.captured", **data: object) -> str:
+    return json.dumps({"id": event_id, "type": event_type, "key": "c-9", "data": data})
+
+
+def test_accept_file_holds_events_to_the_schemas_as_serve_does(
+    tmp_path: Path, capsys: Capsys, db_rows: Query
+) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text(
+        "\n".join(
+            (
+                payment("p-1", amount_cents=1999, currency="EUR"),
+                payment("p-2", amount_cents="1999", currency="EUR"),
+                payment("p-3", "payment.refunded", amount_cents=5),
+                json.dumps(ORDER),  # an order: no schema applies
+            )
+        )
+        + "\n"
+    )
+    db = tmp_path / "source.db"
+
+    ran = accept(capsys, db, "--file", str(events), "--schemas", str(TUTORIAL_SCHEMAS))
+
+    assert ran.status == 1
+    assert ran.out == "accepted 3, duplicate 0, failed 1\n"
+    assert ran.err.splitlines() == [
+        f"{events}:2: invalid event: /data/amount_cents: does not match the schema of"
+        " 'payment.captured': type: '1999' is not of type 'integer'",
+    ]
+
+    strict = tmp_path / "strict.db"
+    ran = accept(
+        capsys, strict, "--file", str(events), "--schemas", str(TUTORIAL_SCHEMAS), "--strict-types"
+    )
+    assert ran.out == "accepted 2, duplicate 0, failed 2\n"
+    assert ran.err.splitlines()[1] == (
+        f"{events}:3: invalid event: /type: has no schema (strict types): 'payment.refunded'"
+    )
+    assert [r[0] for r in db_rows(strict, "SELECT id FROM outbox_entries ORDER BY seq")] == [
+        "p-1",
+        "order-1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--strict-types",), "--strict-types needs --schemas DIR"),
+        (("--schemas", "no-such-dir"), "cannot read the schema directory"),
+    ],
+)
+def test_accept_file_with_schemas_it_cannot_use_is_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: Capsys, args: tuple[str, ...], said: str
+) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text(payment("p-1", amount_cents=1, currency="EUR") + "\n")
+    db = tmp_path / "source.db"
+
+    ran = accept(capsys, db, "--file", str(events), *args)
+
+    assert_one_line_error(ran)
+    assert ran.status == 2
+    assert said in ran.err
+    assert not db.exists()
 
 
 def test_accept_file_reads_stdin_and_feeds_many_batches_in_line_order(
