@@ -39,13 +39,17 @@ MAX_PORT: Final = 65535
 _SECONDS_PER_UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # A duration with its unit, in ASCII digits (`\d` would take other scripts' digits).
 _UNIT_DURATION_RE: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
-# What a terminal or a log reader acts on instead of showing: the C0 and C1 controls
-# and DEL, the line and paragraph separators, the invisible format characters that
-# reorder or hide text (bidi overrides and isolates, zero widths, the BOM), and lone
-# surrogates (no UTF-8 encoder writes those).
+# What a terminal or a log reader acts on instead of showing, or shows as nothing: the
+# C0 and C1 controls and DEL, the line and paragraph separators, lone surrogates (no
+# UTF-8 encoder writes those), the interlinear annotation marks, and every default
+# ignorable code point of Unicode (bidi overrides and isolates, zero widths, the BOM,
+# the soft hyphen, fillers, variation selectors, tag characters). The console's page
+# escapes the same set (console.js).
 _UNSAFE: Final = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-    "\ufeff\ufff9-\ufffb\ud800-\udfff]"
+    "[\x00-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+    "\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0"
+    "\ufff0-\ufffb\ud800-\udfff\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff]"
 )
 
 

@@ -39,7 +39,7 @@ from shared import (
 )
 from shared.ack import check_ack, digest_of, parse_reply
 from shared.cloudevents import BATCHED, JSON, STRUCTURED, batched, structured
-from shared.event import canonical_parts, stored_data
+from shared.event import MAX_DATA_BYTES_LIMIT, canonical_parts, stored_data
 
 MAX_REPLY_BYTES: Final = 4096
 CHECKED_REPLIES_KEPT: Final = 4096  # requests whose reply's predecessor check is remembered
@@ -50,6 +50,12 @@ TIMEOUT_S: Final = 10.0
 # answers 503, which is retried).
 PERMANENT_STATUSES: Final = frozenset({400, 409, 413, 422})
 ERROR_EXCERPT_CHARS: Final = 200
+# A sink's inbox record (GET /events/{id}) holds the event: for the largest event a
+# sink takes, its data written as ASCII JSON (at most 3 bytes per byte of UTF-8, a
+# character outside the Basic Multilingual Plane as two \u escapes), with room for
+# the record's own fields. Far over an ACK's cap, which would leave a record of a
+# few KB unread.
+LOOKUP_REPLY_BYTES: Final = 3 * MAX_DATA_BYTES_LIMIT + 64 * 1024
 # Raised before any reply came: the sink at that URL never answered this request, so
 # another URL of the same cluster (same inbox) may be asked instead. A timeout while
 # waiting for the reply is not among them: that sink may still be applying it.
@@ -347,7 +353,7 @@ class HttpSender:
 
     async def lookup(self, event_id: str) -> dict[str, object] | None:
         """The sink's inbox record for `event_id` (GET /events/{id}), None if it has none."""
-        status, reply = await self._request("GET", event_id, event_id)
+        status, reply = await self._request("GET", event_id, event_id, cap=LOOKUP_REPLY_BYTES)
         if status == 404:
             return None
         if status != 200:

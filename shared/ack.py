@@ -71,16 +71,28 @@ def parse_reply(body: bytes) -> object:
         raise InvalidAck(f"reply is not JSON: {exc!r}"[:200]) from exc
 
 
+# How much of a value a sink put in its ACK an error quotes: the error is stored with
+# the entry and shown by status, list, trace and the console.
+QUOTED_CHARS: Final = 100
+
+
 def check_ack(reply: object, event_id: str, digest: str | None = None) -> dict[str, object]:
-    """Return `reply` if it is an ACK for exactly `event_id` (and `digest`), else InvalidAck."""
+    """Return `reply` if it is an ACK for exactly `event_id` (and `digest`), else InvalidAck
+    (quoting at most QUOTED_CHARS of what the sink wrote)."""
     if not isinstance(reply, dict):
         raise InvalidAck("ACK is not a JSON object")
     acked = reply.get(ACK_FIELD)
     if acked != event_id:
-        raise InvalidAck(f"ACK names {acked!r}, expected {event_id!r}")
+        raise InvalidAck(f"ACK names {_quoted(acked)}, expected {event_id!r}")
     if reply.get("status") not in RECEIPTS:
-        raise InvalidAck(f"ACK status {reply.get('status')!r} is not applied or duplicate")
+        raise InvalidAck(f"ACK status {_quoted(reply.get('status'))} is not applied or duplicate")
     stored = reply.get(DIGEST_FIELD)
     if stored is not None and digest is not None and stored != digest:
-        raise InvalidAck(f"ACK digest {stored!r} does not match the payload sent ({digest})")
+        raise InvalidAck(f"ACK digest {_quoted(stored)} does not match the payload sent ({digest})")
     return reply
+
+
+def _quoted(value: object) -> str:
+    """repr of a value from a reply, cut to QUOTED_CHARS with `...` when longer."""
+    text = repr(value)
+    return text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + "..."

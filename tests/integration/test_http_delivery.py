@@ -17,7 +17,7 @@ from aiohttp import web
 from support import padded, placed
 
 from publisher import DeliveryError, HttpSender, NotAcknowledged, Rejected, TargetNotAllowed
-from publisher.http import MAX_REPLY_BYTES, send_http
+from publisher.http import LOOKUP_REPLY_BYTES, MAX_REPLY_BYTES, send_http
 from shared import Event, payload_digest
 from sink.app import create_app
 
@@ -491,6 +491,30 @@ async def test_allowed_target_on_the_counting_server_does_connect(raw_server: St
         await deliver(f"http://127.0.0.1:{server.port}/events")
 
     assert server.connections == 1
+
+
+# ---------------------------------------------------------------- the inbox record
+
+
+# Near the largest: a body over 2**20 bytes would have aiohttp warn about its size.
+@pytest.mark.parametrize("text", ["x" * 60_000, "\u00e9" * 500_000])
+async def test_the_inbox_record_of_a_large_event_is_read_whole(
+    serve: Serve, tmp_path: Path, text: str
+) -> None:
+    """GET /events/{id} holds the event: its reply is read past an ACK's cap, up to
+    the record of the largest event a sink takes written as ASCII JSON (each byte of
+    an "e" with an accent three bytes of escape)."""
+    url = f"{await serve(create_app(tmp_path / 'sink.db'))}/events"
+    event = Event(id="big-1", type="t.large", data={"text": text})
+
+    async with HttpSender(url) as send:
+        await send.deliver(event)
+        record = await send.lookup("big-1")
+
+    assert record is not None
+    assert record["event"] == {"id": "big-1", "type": "t.large", "data": {"text": text}}
+    assert len(json.dumps(record)) > MAX_REPLY_BYTES
+    assert len(json.dumps(record)) < LOOKUP_REPLY_BYTES
 
 
 # ---------------------------------------------------------------- a sink under a prefix

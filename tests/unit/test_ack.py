@@ -174,6 +174,23 @@ def test_ack_id_as_a_list_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
+    "reply",
+    [
+        {"ack": "\u202e" * 600 + "B" * 300, "status": "applied"},
+        {"ack": "evt-1", "status": "x" * 5000},
+        {"ack": "evt-1", "status": "applied", "sha256": "f" * 5000},
+    ],
+    ids=["ack", "status", "sha256"],
+)
+def test_what_a_refusal_quotes_of_the_reply_is_bounded(reply: dict[str, str]) -> None:
+    """The error is stored with the entry and shown to people: a sink's long value
+    is cut, not copied whole."""
+    error = str(refused(body(reply), digest="0" * 64))
+    assert len(error) < 300, error
+    assert "..." in error
+
+
+@pytest.mark.parametrize(
     "reply", [b"", b"ok", b"{", b"\xff\xfe\x00", b"<html>200 OK</html>", b"{'ack': 'evt-1'}"]
 )
 def test_reply_that_is_not_json_is_refused(reply: bytes) -> None:

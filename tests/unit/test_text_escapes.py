@@ -27,6 +27,12 @@ REPLY = "down\r\n2026-01-01T00:00:00.000Z INFO publisher.relay: forged\x1b[2J\x0
         ("tab\there\x00\x7f\x85\x9b", "tab\\there\\x00\\x7f\\x85\\x9b"),
         ("\u2028\u2029\u202e\u2066\u200b\ufeff", "\\u2028\\u2029\\u202e\\u2066\\u200b\\ufeff"),
         ("lone \udcff", "lone \\udcff"),
+        # Shown as nothing: the soft hyphen, a combining grapheme joiner, a Hangul
+        # filler, a variation selector, tag characters (default ignorable code points).
+        (
+            "[\xad][\u034f][\u3164][\ufe0f][\U000e0041\U000e007f]",
+            "[\\xad][\\u034f][\\u3164][\\ufe0f][\\U000e0041\\U000e007f]",
+        ),
     ],
 )
 def test_what_a_terminal_would_act_on_is_written_as_an_escape(text: str, shown: str) -> None:

@@ -18,9 +18,23 @@ const EVENT_REFRESH_MS = 2000; // the event page reloads at most this often whil
 
 const $ = (id) => document.getElementById(id);
 
+// Text from outside (a sink's error, a reason) is shown with every character a reader
+// would not see, or that would reorder what follows, written as an escape: controls,
+// line and paragraph separators, lone surrogates, the interlinear annotation marks
+// and every default ignorable code point (bidi overrides, zero widths, the soft
+// hyphen, tag characters). The same set as the CLI and the logs escape.
+const INVISIBLE = /[\p{Cc}\p{Cs}\p{Zl}\p{Zp}\p{Default_Ignorable_Code_Point}\u{fff9}-\u{fffb}]/gu;
+
+function visible(text) {
+  return String(text).replace(INVISIBLE, (c) => {
+    const code = c.codePointAt(0).toString(16);
+    return code.length <= 4 ? `\\u${code.padStart(4, "0")}` : `\\u{${code}}`;
+  });
+}
+
 function el(tag, text, className) {
   const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (text !== undefined && text !== null) node.textContent = visible(text);
   if (className) node.className = className;
   return node;
 }
@@ -43,7 +57,7 @@ function row(cells) {
   for (const cell of cells) {
     const td = document.createElement("td");
     if (cell instanceof Node) td.appendChild(cell);
-    else td.textContent = cell === null || cell === undefined ? "-" : String(cell);
+    else td.textContent = cell === null || cell === undefined ? "-" : visible(cell);
     tr.appendChild(td);
   }
   return tr;
@@ -138,7 +152,7 @@ async function signIn(event) {
     showSession(await call("POST", "/sign-in", { token: $("token").value, operator: $("operator").value }));
     $("token").value = "";
   } catch (error) {
-    $("account-error").textContent = `Sign-in refused: ${error.message}`;
+    $("account-error").textContent = `Sign-in refused: ${visible(error.message)}`;
   }
 }
 
@@ -146,7 +160,7 @@ async function signOut() {
   try {
     showSession(await call("POST", "/sign-out"));
   } catch (error) {
-    $("account-error").textContent = error.message;
+    $("account-error").textContent = visible(error.message);
   }
 }
 
@@ -168,7 +182,7 @@ function showOverview(o) {
     head.classList.toggle("blocked", o.head_blocked);
     detail.hidden = !o.head_blocked;
     detail.textContent = o.head_blocked
-      ? `Head ${o.head.id} blocked since ${when(o.head.blocked_since)}, ${o.head.attempts} ${o.head.attempts === 1 ? "attempt" : "attempts"}, last error: ${o.head.last_error}`
+      ? `Head ${o.head.id} blocked since ${when(o.head.blocked_since)}, ${o.head.attempts} ${o.head.attempts === 1 ? "attempt" : "attempts"}, last error: ${visible(o.head.last_error)}`
       : "";
   }
   const lanes = $("blocked-lanes");
@@ -234,7 +248,7 @@ function live() {
     }
   });
   source.addEventListener("unavailable", (message) => {
-    $("live").textContent = JSON.parse(message.data).error;
+    $("live").textContent = visible(JSON.parse(message.data).error);
   });
   source.addEventListener("error", () => { $("live").textContent = "reconnecting"; });
 }
@@ -271,7 +285,7 @@ async function loadEntries(after) {
     $("next-page").disabled = page.next_after === null;
     if (page.entries.length === 0) $("entries-error").textContent = "No entries match.";
   } catch (error) {
-    if (mine === asked.entries) $("entries-error").textContent = error.message;
+    if (mine === asked.entries) $("entries-error").textContent = visible(error.message);
   }
 }
 
@@ -293,7 +307,7 @@ async function loadEvent(id, again) {
     $("event-updated").textContent = `Updated ${new Date().toISOString()}`;
   } catch (error) {
     if (mine !== asked.event || id !== state.eventId) return;
-    $("event-error").textContent = error.message;
+    $("event-error").textContent = visible(error.message);
     if (again) return;
     $("evidence").tBodies[0].replaceChildren();
     $("records").tBodies[0].replaceChildren();
@@ -336,7 +350,7 @@ function showEvent(data) {
   );
   $("attempts").textContent = trace.attempts === null
     ? ""
-    : `Attempts: ${trace.attempts}${trace.last_error ? `, last error: ${trace.last_error}` : ""}`;
+    : `Attempts: ${trace.attempts}${trace.last_error ? `, last error: ${visible(trace.last_error)}` : ""}`;
   $("waiting").replaceChildren(...trace.waiting_behind.map((w) => el("li", `Waiting: ${w}`)));
   $("event-lines").replaceChildren(
     ...trace.lines.map((l) => el("li", `Line ${l.line}: owner ${l.owner || "none"}, epoch ${l.epoch}`)),
@@ -381,7 +395,7 @@ async function confirmed() {
     $("action-result").textContent = `${done.result} ${done.id} by ${done.by}`;
     $("reason").value = "";
   } catch (error) {
-    $("action-result").textContent = `Refused: ${error.message}`;
+    $("action-result").textContent = `Refused: ${visible(error.message)}`;
   }
   await loadEvent(state.eventId);
 }
