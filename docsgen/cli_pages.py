@@ -57,9 +57,13 @@ variable too). The tokens are read from variables of their own, never from a fla
 
 **Databases.** `--db` says where the database is and which backend opens it: a file
 path, `sqlite:PATH` or `sqlite:///ABSOLUTE/PATH` is a SQLite file, created with its
-tables if missing; a `postgresql://` (or `postgres://`) URI is a PostgreSQL database,
-whose tables are created or brought up to date when it is opened. The password comes
-from `PGPASSWORD` or a `.pgpass` file, never from the URI. A URI that libpq refuses,
+tables if missing, except by the publisher's commands that read or change an outbox
+that is there (`dispatch`, `status`, `list`, `quarantine`, `redrive`, `trace`,
+`prune`): they refuse a file that does not exist, in one line with status
+`{EXIT_USAGE}`, rather than show a mistyped path as an empty outbox; a
+`postgresql://` (or `postgres://`) URI is a PostgreSQL database, whose tables are
+created or brought up to date when it is opened. The password comes from
+`PGPASSWORD` or a `.pgpass` file, never from the URI. A URI that libpq refuses,
 or another scheme, is one line on stderr and status `{EXIT_USAGE}`, with nothing
 created; a server that cannot be reached is one line and status `{EXIT_FAILED}`.
 `--schema NAME`, on every command that takes `--db`, keeps that side's tables in the

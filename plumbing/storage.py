@@ -67,7 +67,7 @@ def parse_location(text: str) -> Location:
     if not text:
         raise BadLocation("the database location is empty")
     if text.startswith(SQLITE_SCHEME):
-        return Location("sqlite", _sqlite_path(text[len(SQLITE_SCHEME) :], text))
+        return Location("sqlite", _parameterless(_sqlite_path(text[len(SQLITE_SCHEME) :], text)))
     if text.startswith(POSTGRES_SCHEMES):
         return Location("postgres", text)
     scheme = _URL_RE.match(text)
@@ -75,7 +75,21 @@ def parse_location(text: str) -> Location:
         raise BadLocation(
             f"unknown database URL scheme {scheme[0]!r}: give a file path or a postgresql:// URL"
         )
-    return Location("sqlite", text)
+    return Location("sqlite", _parameterless(text))
+
+
+# A query after a file name (`source.db?schema=relay`): parameters a SQLite file does
+# not take, which would otherwise become part of a new file's name.
+_PARAMETERS: Final = re.compile(r"\?[^/?]*=[^/]*$")
+
+
+def _parameterless(path: str) -> str:
+    if _PARAMETERS.search(path):
+        raise BadLocation(
+            f"{path!r}: a SQLite file takes no parameters (those after ?): name the file"
+            " alone, or give a postgresql:// URI"
+        )
+    return path
 
 
 def with_schema(text: str, schema: str | None) -> str:

@@ -124,6 +124,7 @@ class LeaseKeeper:
         self.share = Share()
         self._log = Throttled(log, log_repeat_interval_s)
         self._heartbeat: asyncio.Task[None] | None = None
+        self._noted = False  # this worker noted as live since it started
         self._renewed = asyncio.Event()
 
     # ------------------------------------------------------------ the worker's view
@@ -366,7 +367,10 @@ class LeaseKeeper:
         self._owned()
 
     async def _seen(self) -> int:
-        return await self._outbox.worker_seen(self.worker, self.settings.lease_ttl_s)
+        first = not self._noted  # up since now: a restart under the same ID as well
+        live = await self._outbox.worker_seen(self.worker, self.settings.lease_ttl_s, first=first)
+        self._noted = True
+        return live
 
     async def _read_share(self, live: int) -> None:
         read_at = self._clock()  # before the read: no expiry noted is later than the outbox's

@@ -592,10 +592,11 @@ class Outbox(StoreBase):
         and process): the SOURCE of the Outbox-Lease header."""
 
     @abstractmethod
-    async def worker_seen(self, worker: str, ttl_s: float) -> int:
+    async def worker_seen(self, worker: str, ttl_s: float, *, first: bool = False) -> int:
         """Note that `worker` is alive now, and return how many workers are (seen
         within the last `ttl_s` seconds, this one included). Workers not seen for
-        WORKERS_KEPT_S are forgotten."""
+        WORKERS_KEPT_S are forgotten. `first`: the worker's first note since it
+        started, so it is up since now (one restarted under the same ID too)."""
 
     @abstractmethod
     async def worker_gone(self, worker: str) -> None:

@@ -369,9 +369,9 @@ class PostgresOutbox(Outbox):
 
     # ------------------------------------------------------------------ leases
 
-    async def worker_seen(self, worker: str, ttl_s: float) -> int:
+    async def worker_seen(self, worker: str, ttl_s: float, *, first: bool = False) -> int:
         check_ttl(ttl_s)
-        params = {"worker": worker, "ttl": ttl_s, "kept": WORKERS_KEPT_S}
+        params = {"worker": worker, "ttl": ttl_s, "kept": WORKERS_KEPT_S, "first": first}
         row = await self._lease_write(self._sql.WORKER_SEEN, params)
         assert row is not None  # the statement counts this worker at least
         return int(row[0])

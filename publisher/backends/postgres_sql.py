@@ -585,7 +585,9 @@ CLOCK: Final = "(SELECT extract(epoch FROM clock_timestamp())::float8 AS now) AS
 
 SOURCE: Final = "SELECT source FROM outbox_source WHERE id = 1"
 
-# Forgets workers not seen for %(kept)s seconds, notes this one, counts the live.
+# Forgets workers not seen for %(kept)s seconds, notes this one (up since now when
+# %(first)s: its first note since it started, a restart under its ID too), counts
+# the live.
 WORKER_SEEN: Final = f"""
     WITH forgotten AS (
         DELETE FROM outbox_relay_workers USING {CLOCK}
@@ -593,7 +595,9 @@ WORKER_SEEN: Final = f"""
     ), seen AS (
         INSERT INTO outbox_relay_workers (worker, seen_at, started_at)
         SELECT %(worker)s, now, now FROM {CLOCK}
-        ON CONFLICT (worker) DO UPDATE SET seen_at = excluded.seen_at
+        ON CONFLICT (worker) DO UPDATE SET seen_at = excluded.seen_at,
+            started_at = CASE WHEN %(first)s THEN excluded.started_at
+                ELSE outbox_relay_workers.started_at END
         RETURNING seen_at
     )
     SELECT 1 + count(*) FROM outbox_relay_workers AS w, seen

@@ -238,9 +238,9 @@ class SqliteOutbox(SqliteFile, Outbox):
 
     # ------------------------------------------------------------------ leases
 
-    async def worker_seen(self, worker: str, ttl_s: float) -> int:
+    async def worker_seen(self, worker: str, ttl_s: float, *, first: bool = False) -> int:
         check_ttl(ttl_s)
-        params = {"worker": worker, "now": time.time(), "ttl": ttl_s}
+        params = {"worker": worker, "now": time.time(), "ttl": ttl_s, "first": first}
         return await self._db.run(lambda conn: _worker_seen(conn, params))
 
     async def worker_gone(self, worker: str) -> None:

@@ -460,9 +460,12 @@ BLOCKED_LANE_HEADS: Final = f"""
 
 SOURCE: Final = "SELECT source FROM outbox_source WHERE id = 1"
 
+# Started now on the :first note since it started (a restart under the same ID).
 WORKER_SEEN: Final = """
     INSERT INTO outbox_relay_workers (worker, seen_at, started_at) VALUES (:worker, :now, :now)
-    ON CONFLICT (worker) DO UPDATE SET seen_at = excluded.seen_at
+    ON CONFLICT (worker) DO UPDATE SET seen_at = excluded.seen_at,
+        started_at = CASE WHEN :first THEN excluded.started_at
+            ELSE outbox_relay_workers.started_at END
 """
 FORGET_WORKERS: Final = (
     "DELETE FROM outbox_relay_workers WHERE seen_at < :forgotten AND worker <> :worker"

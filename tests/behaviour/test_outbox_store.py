@@ -2491,6 +2491,19 @@ async def test_workers_lists_every_worker_remembered_live_or_gone(
         await outbox.workers(0)
 
 
+async def test_a_workers_first_note_since_it_started_starts_its_uptime_again(
+    outbox: Outbox, backend: Backend
+) -> None:
+    await outbox.worker_seen("w1", TTL_S, first=True)
+    backend.execute("UPDATE outbox_relay_workers SET started_at = started_at - 100")
+    await outbox.worker_seen("w1", TTL_S)  # a beat
+    [beaten] = await outbox.workers(TTL_S)
+    assert beaten.seen_at - beaten.started_at > 99
+    await outbox.worker_seen("w1", TTL_S, first=True)  # restarted under its ID
+    [restarted] = await outbox.workers(TTL_S)
+    assert restarted.started_at == restarted.seen_at  # one clock reading, the store's
+
+
 async def test_workers_not_seen_for_long_are_forgotten(outbox: Outbox, backend: Backend) -> None:
     for worker in ("w1", "w2", "w3"):
         await outbox.worker_seen(worker, TTL_S)

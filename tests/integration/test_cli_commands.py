@@ -352,14 +352,48 @@ def test_dispatch_to_a_closed_port_exits_1_with_one_line(
     assert db_rows(source, "SELECT id, sent FROM outbox_entries") == [("order-1", 0)]
 
 
+async def create_outbox(db: Path) -> None:
+    async with Outbox.open(str(db)):
+        pass
+
+
 def test_dispatch_of_an_empty_outbox_exits_0_without_connecting(
     tmp_path: Path, capsys: Capsys, closed_port: int
 ) -> None:
     url = f"http://127.0.0.1:{closed_port}/events"
+    empty = tmp_path / "empty.db"
+    asyncio.run(create_outbox(empty))
 
-    ran = dispatch(capsys, tmp_path / "empty.db", url)
+    ran = dispatch(capsys, empty, url)
 
     assert (ran.status, ran.out.strip(), ran.err) == (0, "delivered 0", "")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("dispatch", "--sink", "http://127.0.0.1:9/events"),
+        ("status",),
+        ("list", "--state", "pending"),
+        ("quarantine", "order-1", "--reason", "r", "--by", "alice"),
+        ("redrive", "order-1", "--by", "alice"),
+        ("trace", "order-1", "--sink", "http://127.0.0.1:9/events"),
+        ("prune", "--older-than", "1d"),
+    ],
+    ids=lambda command: command[0],
+)
+def test_a_command_on_an_outbox_refuses_a_file_that_is_not_there(
+    tmp_path: Path, capsys: Capsys, command: tuple[str, ...]
+) -> None:
+    """A mistyped --db is one line, not an empty outbox made at that path."""
+    missing = tmp_path / "typo.db"
+
+    ran = run_publisher(capsys, command[0], "--db", str(missing), *command[1:])
+
+    assert_one_line_error(ran)
+    assert ran.status == 2
+    assert "no such database file" in ran.err
+    assert not missing.exists()
 
 
 # ---------------------------------------------------------------- publisher serve

@@ -454,6 +454,26 @@ async def test_a_lease_not_renewed_in_time_is_not_sent_under_even_without_the_da
         assert await keeper.take(GLOBAL_LINE) == lease
 
 
+async def test_a_worker_restarted_under_its_id_is_up_since_its_restart(tmp_path: Path) -> None:
+    """Killed and started again under the same ID (as the docs advise, so it takes its
+    lines back at once), a worker's uptime starts again; a beat leaves it."""
+    async with Outbox.open(tmp_path / "source.db") as outbox:
+        await LeaseKeeper(outbox, WorkerSettings("w1", 10.0)).renew()  # then killed
+        with sqlite3.connect(tmp_path / "source.db") as conn:  # as if 100 s ago
+            conn.execute("UPDATE outbox_relay_workers SET started_at = started_at - 100")
+        [before] = await outbox.workers(10.0)
+        assert before.seen_at - before.started_at > 99
+
+        again = LeaseKeeper(outbox, WorkerSettings("w1", 10.0))
+        await again.renew()
+        [restarted] = await outbox.workers(10.0)
+        assert restarted.seen_at - restarted.started_at < 1
+        await again.renew()
+        [beaten] = await outbox.workers(10.0)
+        assert beaten.started_at == restarted.started_at
+        assert beaten.seen_at >= restarted.seen_at
+
+
 async def test_a_worker_that_starts_takes_only_its_share_before_its_first_renewal(
     tmp_path: Path,
 ) -> None:

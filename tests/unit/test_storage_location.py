@@ -21,6 +21,8 @@ from plumbing.storage import BadLocation, Location, parse_location
         ("sqlite:/var/lib/outbox/source.db", "/var/lib/outbox/source.db"),
         ("sqlite:///var/lib/outbox/source.db", "/var/lib/outbox/source.db"),
         ("sqlite:///source.db", "/source.db"),
+        ("what?.db", "what?.db"),  # a question mark, but no parameter
+        ("odd?a=b/source.db", "odd?a=b/source.db"),  # ... in a directory's name
     ],
 )
 def test_a_path_or_a_sqlite_url_names_a_sqlite_file(text: str, target: str) -> None:
@@ -70,6 +72,14 @@ def test_a_sqlite_url_with_a_host_or_without_a_file_and_an_empty_value_are_refus
     text: str, reason: str
 ) -> None:
     with pytest.raises(BadLocation, match=reason):
+        parse_location(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["source.db?schema=relay", "sqlite:source.db?mode=ro", "sqlite:///x/source.db?a=1&b=2"]
+)
+def test_parameters_after_a_sqlite_file_are_refused_not_made_part_of_its_name(text: str) -> None:
+    with pytest.raises(BadLocation, match="a SQLite file takes no parameters"):
         parse_location(text)
 
 
