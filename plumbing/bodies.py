@@ -190,7 +190,10 @@ async def read_json(request: web.Request, max_body_bytes: int) -> object:
     """The parsed JSON body, or BadRequest: 413 over `max_body_bytes`, 400 if not JSON
     (or a key repeated in an object), 408 if the body does not arrive in time."""
     body = await _read_body(request)
-    if body is None or len(body) > max_body_bytes:
+    if body is None:  # over the application's own cap (an app the inbox is mounted in)
+        limit = request.client_max_size
+        raise BadRequest(413, "too_large", f"body is over {limit} bytes, this application's cap")
+    if len(body) > max_body_bytes:
         raise BadRequest(413, "too_large", f"body is over {max_body_bytes} bytes")
     return parse_json(body)
 

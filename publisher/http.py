@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import datetime
 import functools
+import io
 import json
 import logging
 import math
@@ -69,6 +70,8 @@ UNREACHABLE: Final = (
 # A sink that answers a batch with one of these takes no batches (an endpoint of
 # another kind of consumer): its events go one per request from then on.
 BATCHES_REFUSED: Final = frozenset({404, 405, 415})
+TOO_LARGE: Final = 413  # a batch's body over the sink's cap: sent again in smaller ones
+STREAMED_BODY_BYTES: Final = 2**20
 DEFAULT_SOURCE: Final = "urn:outbox-relay:publisher"
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,15 @@ def _rfc3339(seconds: float) -> str:
 def _second(whole: int) -> str:
     moment = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(seconds=whole)
     return moment.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _names(reply: bytes, event_id: str) -> bool:
+    """Whether a reply is a JSON object whose `id` is `event_id`."""
+    try:
+        body = json.loads(reply)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(body, dict) and body.get("id") == event_id
 
 
 def _cuts(sizes: Sequence[int], most: int) -> list[int]:
@@ -316,13 +328,31 @@ class HttpSender:
             if start == 0 and status in BATCHES_REFUSED:
                 self._batches_refused(status)
                 return await self._deliver_each(events, after, lease)
-            digests = [digest for _, digest in wired[start:end]]
-            done = check_batch_reply(status, reply, part, lease, digests)
+            if status == TOO_LARGE and len(part) > 1:
+                # Its body was not read: send the part again in smaller batches.
+                self._batch_too_large(len(body))
+                done = await self.deliver_batch(part, after, lease)
+            else:
+                digests = [digest for _, digest in wired[start:end]]
+                done = check_batch_reply(status, reply, part, lease, digests)
             results.extend(done)
             if len(done) < len(part) or any(isinstance(r, DeliveryError) for r in done):
                 return results
             start, after = end, part[-1]["id"]
         return results
+
+    def _batch_too_large(self, size: int) -> None:
+        """The sink's body cap is under a batch of `size` bytes (a consumer whose
+        framework caps bodies lower than a sink does): batches of at most half that
+        from now on, halved again at each such answer, down to one event per request."""
+        self.max_batch_body_bytes = min(self.max_batch_body_bytes, max(1, size // 2))
+        log.warning(
+            "sink %s answered 413 to a batch of %d bytes: batches of at most %d bytes from now on",
+            self.url,
+            size,
+            self.max_batch_body_bytes,
+            extra={"sink": str(self.url), "status": TOO_LARGE, "batch_bytes": size},
+        )
 
     def _batches_refused(self, status: int) -> None:
         """The sink does not take batches: one event per request from now on."""
@@ -352,10 +382,18 @@ class HttpSender:
         return results
 
     async def lookup(self, event_id: str) -> dict[str, object] | None:
-        """The sink's inbox record for `event_id` (GET /events/{id}), None if it has none."""
+        """The sink's inbox record for `event_id` (GET /events/{id}), None if it has none:
+        a 404 whose JSON body names the event, as a sink's does. Any other 404 (a
+        consumer of one's own that serves no such route) proves nothing: NotAcknowledged."""
         status, reply = await self._request("GET", event_id, event_id, cap=LOOKUP_REPLY_BYTES)
         if status == 404:
-            return None
+            if _names(reply, event_id):
+                return None
+            raise NotAcknowledged(
+                f"{event_id}: inbox lookup answered 404 without naming the event"
+                " (does the sink serve GET .../events/ID?)",
+                status=status,
+            )
         if status != 200:
             raise NotAcknowledged(f"{event_id}: inbox lookup answered {status}", status=status)
         try:
@@ -428,9 +466,12 @@ class HttpSender:
         headers: dict[str, str],
     ) -> tuple[int, bytes]:
         answered = False
+        # A body over 1 MiB goes as a stream, which aiohttp writes in chunks with the
+        # loop free between them (as bytes it would write it at once, and warn).
+        data = io.BytesIO(body) if body is not None and len(body) > STREAMED_BODY_BYTES else body
         try:
             async with session.request(
-                method, url, data=body, headers=headers, allow_redirects=False
+                method, url, data=data, headers=headers, allow_redirects=False
             ) as response:
                 answered = True
                 return await self._read(response, event_id, cap)

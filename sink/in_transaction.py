@@ -113,7 +113,14 @@ class _Statements(NamedTuple):
 def receive_in(conn: Any, event: object, *, schema: str | None = None) -> Arrival:
     """Record the event in the inbox in `conn`'s current transaction (a psycopg or
     sqlite3 Connection, a SQLAlchemy Connection or Session), without committing it;
-    on PostgreSQL, in the inbox whose tables are in `schema` if one is named."""
+    on PostgreSQL, in the inbox whose tables are in `schema` if one is named.
+
+    Returns "new" (apply your effect) or "duplicate" (it is applied already). Raises
+    InvalidEvent for an event the sink would refuse, Conflict for its ID recorded
+    with another canonical form (nothing written; the transaction goes on),
+    NotInTransaction for a connection outside a transaction, StorageError for the
+    driver's errors (roll back), ValueError for `schema` on SQLite, TypeError for
+    another kind of connection. Answer with `ack_body` only once committed."""
     item = Incoming.checked(event)
     if is_one_of(conn, (("psycopg", "Connection"),)):
         return _receive_postgres(conn, conn, item, schema)
@@ -131,7 +138,8 @@ def receive_in(conn: Any, event: object, *, schema: str | None = None) -> Arriva
 async def receive_in_async(conn: Any, event: object, *, schema: str | None = None) -> Arrival:
     """Record the event in the inbox in `conn`'s current transaction (a psycopg
     AsyncConnection, a SQLAlchemy AsyncConnection or AsyncSession), without
-    committing it; in the inbox whose tables are in `schema` if one is named."""
+    committing it; in the inbox whose tables are in `schema` if one is named.
+    Returns and raises as `receive_in` does."""
     item = Incoming.checked(event)
     if is_one_of(conn, SQLALCHEMY_ASYNC):
         # The same path as the sync objects, on the sync Connection or Session the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import io
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -515,6 +516,58 @@ async def test_the_inbox_record_of_a_large_event_is_read_whole(
     assert record["event"] == {"id": "big-1", "type": "t.large", "data": {"text": text}}
     assert len(json.dumps(record)) > MAX_REPLY_BYTES
     assert len(json.dumps(record)) < LOOKUP_REPLY_BYTES
+
+
+async def test_only_a_404_naming_the_event_says_the_inbox_has_no_record(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """A sink's 404 names the event; a consumer of one's own without the route answers
+    a 404 that proves nothing, and `trace` must not read it as "no row"."""
+    sink = f"{await serve(create_app(tmp_path / 'sink.db'))}/events"
+    own = f"{await serve(web.Application())}/hooks/events"  # takes events, serves no GET
+
+    async with HttpSender(sink) as send:
+        assert await send.lookup("never-sent") is None
+    async with HttpSender(own) as send:
+        with pytest.raises(NotAcknowledged, match="404 without naming the event"):
+            await send.lookup("never-sent")
+
+
+async def test_a_batch_over_the_consumers_own_cap_is_sent_again_in_smaller_ones(
+    serve: Serve, tmp_path: Path, db_rows: Query, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The inbox mounted in an app of one's own takes that app's body cap (aiohttp's
+    1 MiB by default), under a sink's 2 MiB: a batch refused with 413 was read by none
+    of it, and goes again in batches half as large, until they pass."""
+    app = web.Application()  # client_max_size left at aiohttp's default
+    app.add_subapp("/outbox/", create_app(tmp_path / "sink.db"))
+    url = f"{await serve(app)}/outbox/events"
+    events = [
+        Event(id=f"big-{n:02}", type="t.large", data={"text": "x" * 100_000}) for n in range(16)
+    ]
+
+    async with HttpSender(url) as send:
+        results = await send.deliver_batch(events)
+        cap = send.max_batch_body_bytes
+
+    assert [r["ack"] for r in results if isinstance(r, dict)] == [e["id"] for e in events]
+    assert cap < 2**20
+    ids = db_rows(tmp_path / "sink.db", "SELECT id FROM inbox_events ORDER BY id")
+    assert ids == [(e["id"],) for e in events]
+    said = [r.getMessage() for r in caplog.records if "answered 413" in r.getMessage()]
+    assert len(said) == 1, said
+    # The refusal names the cap that refused it, the app's, not the inbox's own.
+    too_big = b'{"events": [' + b'"x", ' * 300_000 + b'"x"]}'  # 1.5 MB
+    async with (
+        aiohttp.ClientSession() as client,
+        client.post(
+            f"{url}/batch", data=io.BytesIO(too_big), headers={"Content-Type": "application/json"}
+        ) as reply,
+    ):
+        assert reply.status == 413
+        assert (await reply.json())["error"] == (
+            f"body is over {2**20} bytes, this application's cap"
+        )
 
 
 # ---------------------------------------------------------------- a sink under a prefix
