@@ -112,12 +112,13 @@ def loads_strict(body: bytes) -> object:
         else:
             try:
                 text = orjson.dumps(value)
-            except orjson.JSONEncodeError:  # nested too deep to write: judged below
-                text = b""
-            if text.count(b":") == body.count(b":") and (
-                b"+" not in text or _LONG_NUMBER not in body.translate(_DIGITS_AS_ZERO)
-            ):
-                return value
+            except orjson.JSONEncodeError:  # nested too deep to write: the checked parser
+                pass
+            else:
+                if text.count(b":") == body.count(b":") and (
+                    b"+" not in text or _LONG_NUMBER not in body.translate(_DIGITS_AS_ZERO)
+                ):
+                    return value
     decoded = _decoded(body)
     try:
         return _DECODER.decode(decoded)
@@ -190,10 +191,11 @@ async def read_json(request: web.Request, max_body_bytes: int) -> object:
     """The parsed JSON body, or BadRequest: 413 over `max_body_bytes`, 400 if not JSON
     (or a key repeated in an object), 408 if the body does not arrive in time."""
     body = await _read_body(request)
-    if body is None:  # over the application's own cap (an app the inbox is mounted in)
-        limit = request.client_max_size
-        raise BadRequest(413, "too_large", f"body is over {limit} bytes, this application's cap")
-    if len(body) > max_body_bytes:
+    if body is None and request.client_max_size < max_body_bytes:
+        # The cap of an app of one's own that the inbox is mounted in fired first.
+        cap = request.client_max_size
+        raise BadRequest(413, "too_large", f"body is over {cap} bytes, this application's cap")
+    if body is None or len(body) > max_body_bytes:
         raise BadRequest(413, "too_large", f"body is over {max_body_bytes} bytes")
     return parse_json(body)
 

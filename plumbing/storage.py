@@ -7,6 +7,7 @@ with `parse_location` and opens the backend it names; nothing else looks at it.
 
 from __future__ import annotations
 
+import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Generator
@@ -84,7 +85,7 @@ _PARAMETERS: Final = re.compile(r"\?[^/?]*=[^/]*$")
 
 
 def _parameterless(path: str) -> str:
-    if _PARAMETERS.search(path):
+    if _PARAMETERS.search(path) and not os.path.exists(path):  # a file so named is taken
         raise BadLocation(
             f"{path!r}: a SQLite file takes no parameters (those after ?): name the file"
             " alone, or give a postgresql:// URI"

@@ -302,7 +302,9 @@ class HttpSender:
         Returns one result per event for a verified prefix: the verified ACK, then at
         most one DeliveryError for the first event that has none. A request that fails
         as a whole raises DeliveryError (FencedBySink when the sink refused its lease:
-        nothing of it was applied). `after` and `lease` as for `deliver`.
+        nothing of it was applied), unless the batch was cut in several requests (its
+        size) and one before it was verified: then its failure ends the results.
+        `after` and `lease` as for `deliver`.
         """
         if not events:
             return []
@@ -315,26 +317,30 @@ class HttpSender:
         for end in _cuts([len(body) for body, _ in wired], self.max_batch_body_bytes):
             part = events[start:end]
             body = batched([body for body, _ in wired[start:end]]).encode()
-            status, reply = await self._request(
-                "POST",
-                "batch",
-                part[0]["id"],
-                body,
-                self._max_reply_bytes * len(part),
-                after=after,
-                lease=lease,
-                media=BATCHED,
-            )
-            if start == 0 and status in BATCHES_REFUSED:
-                self._batches_refused(status)
-                return await self._deliver_each(events, after, lease)
-            if status == TOO_LARGE and len(part) > 1:
-                # Its body was not read: send the part again in smaller batches.
-                self._batch_too_large(len(body))
-                done = await self.deliver_batch(part, after, lease)
-            else:
+            try:
+                status, reply = await self._request(
+                    "POST",
+                    "batch",
+                    part[0]["id"],
+                    body,
+                    self._max_reply_bytes * len(part),
+                    after=after,
+                    lease=lease,
+                    media=BATCHED,
+                )
+                if start == 0 and status in BATCHES_REFUSED:
+                    self._batches_refused(status)
+                    return await self._deliver_each(events, after, lease)
+                if status == TOO_LARGE and len(part) > 1:
+                    # Its body was not read: it and the rest go again, in smaller batches.
+                    self._batch_too_large(len(body))
+                    return [*results, *await self.deliver_batch(events[start:], after, lease)]
                 digests = [digest for _, digest in wired[start:end]]
                 done = check_batch_reply(status, reply, part, lease, digests)
+            except DeliveryError as exc:
+                if not results:
+                    raise
+                return [*results, exc]  # a later part failed whole: the parts before stand
             results.extend(done)
             if len(done) < len(part) or any(isinstance(r, DeliveryError) for r in done):
                 return results

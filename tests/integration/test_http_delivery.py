@@ -533,6 +533,28 @@ async def test_only_a_404_naming_the_event_says_the_inbox_has_no_record(
             await send.lookup("never-sent")
 
 
+async def test_an_event_alone_over_the_consumers_cap_ends_the_verified_prefix(
+    serve: Serve, tmp_path: Path, db_rows: Query
+) -> None:
+    """Cut down to one event still over the cap: that event is refused (413, for good)
+    and the ones before it, applied, keep their ACKs: the line stops at it, not at
+    its head."""
+    app = web.Application(client_max_size=200_000)
+    app.add_subapp("/outbox/", create_app(tmp_path / "sink.db"))
+    url = f"{await serve(app)}/outbox/events"
+    events = [Event(id=f"e-{n}", type="t.x", data={"text": "x" * 30_000}) for n in range(5)]
+    events += [Event(id="big", type="t.x", data={"text": "x" * 210_000}), events[0] | {"id": "e-5"}]
+
+    async with HttpSender(url) as send:
+        results = await send.deliver_batch(events)
+
+    assert [r["ack"] for r in results[:5] if isinstance(r, dict)] == [f"e-{n}" for n in range(5)]
+    assert len(results) == 6 and isinstance(results[5], Rejected)
+    assert "big" in str(results[5]) and "413" in str(results[5])
+    ids = db_rows(tmp_path / "sink.db", "SELECT id FROM inbox_events ORDER BY id")
+    assert ids == [(f"e-{n}",) for n in range(5)]
+
+
 async def test_a_batch_over_the_consumers_own_cap_is_sent_again_in_smaller_ones(
     serve: Serve, tmp_path: Path, db_rows: Query, caplog: pytest.LogCaptureFixture
 ) -> None:

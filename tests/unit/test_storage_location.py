@@ -1,8 +1,9 @@
-"""Which backend a --db value names: parse_location. Pure: nothing is opened."""
+"""Which backend a --db value names: parse_location. Nothing is opened."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,12 @@ def test_a_sqlite_url_with_a_host_or_without_a_file_and_an_empty_value_are_refus
 def test_parameters_after_a_sqlite_file_are_refused_not_made_part_of_its_name(text: str) -> None:
     with pytest.raises(BadLocation, match="a SQLite file takes no parameters"):
         parse_location(text)
+
+
+def test_a_file_whose_name_looks_like_parameters_is_taken_when_it_exists(tmp_path: Path) -> None:
+    named = tmp_path / "backup?v=2.db"
+    named.touch()
+    assert parse_location(str(named)) == Location("sqlite", str(named))
 
 
 def test_a_bad_location_is_a_value_error() -> None:

@@ -142,15 +142,21 @@ def test_json_that_is_not_utf8_is_refused(encoding: str) -> None:
 
 
 @pytest.mark.parametrize("depth", [255, 256, 300, 900])
-def test_nesting_orjson_reads_but_cannot_write_takes_the_checked_parser(depth: int) -> None:
+@pytest.mark.parametrize("member", [False, True])
+def test_nesting_orjson_reads_but_cannot_write_takes_the_checked_parser(
+    depth: int, member: bool
+) -> None:
     """orjson reads 1,024 levels and writes 255: between, the colon count cannot be
-    taken, and the checked parser reads the body instead."""
-    body = b"[" * depth + b"]" * depth
-    value = loads_strict(body)
-    for _ in range(depth - 1):
+    taken, and the checked parser reads the body instead. It is told by an integer
+    past 64 bits, which orjson would read as a float."""
+    big = 2**70
+    inner = b'{"n": %d}' % big if member else b"%d" % big
+    value = loads_strict(b"[" * depth + inner + b"]" * depth)
+    for _ in range(depth):
         assert isinstance(value, list) and len(value) == 1
         value = value[0]
-    assert value == []
+    assert value == ({"n": big} if member else big)
+    assert type(value["n"] if member else value) is int  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
