@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 import time
@@ -35,6 +36,8 @@ from .connect import BUSY_TIMEOUT_MS, THREAD_JOIN_TIMEOUT_S, connect, prepare
 from .transactions import is_busy, transaction
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 # The writability probe: one row of the side's probe table (Schema.probe_table),
 # updated in place by a committed transaction.
@@ -82,6 +85,15 @@ class Database:
             await join_worker(connection, THREAD_JOIN_TIMEOUT_S)
             raise
         db = cls(connection, str(path))
+        if db._file is not None and not _writable(db.path):
+            # SQLite opened it read-only, and the connection stays so once the file is
+            # fixed: said now, and by the probe (_probe) while it lasts.
+            log.warning(
+                "%s cannot be written: SQLite opened it read-only for as long as this"
+                " process runs; restart it once the file can be written",
+                db.path,
+                extra={"db": db.path},
+            )
         db._probe_write = PROBE_WRITE.format(table=schema.probe_table)
         try:
             await db.run(lambda conn: prepare(conn, schema))
@@ -174,8 +186,21 @@ class Database:
             probe.exception()  # retrieved: its callers may all have stopped waiting
 
     def _probe(self, conn: sqlite3.Connection) -> None:
-        """On the worker thread."""
+        """On the worker thread. A write refused as read-only although the file can be
+        written now says why: the connection was opened while it could not be."""
         self._check_file()
+        try:
+            self._probe_commit(conn)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_READONLY and _writable(self.path):
+                raise StorageError(
+                    f"{self.path} could not be written when this process opened it, so"
+                    " SQLite opened it read-only for as long as it runs: restart once"
+                    " it can be written"
+                ) from exc
+            raise
+
+    def _probe_commit(self, conn: sqlite3.Connection) -> None:
         with transaction(conn):
             if conn.execute(self._probe_write, (time.time(),)).rowcount != 1:
                 raise StorageError(f"{self.path}: the health row is missing")
@@ -198,6 +223,13 @@ class Database:
         StorageError, and never runs inline while the worker closes the connection."""
         self._closing = True
         await self._connection.close()
+
+
+def _writable(path: str) -> bool:
+    """Whether this process may write the file at `path` (mode bits, an immutable file,
+    a read-only file system), asked without opening it: closing a descriptor of a
+    file drops every lock this process holds on it, SQLite's connections' included."""
+    return os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -7,10 +7,14 @@ stands in. /healthz stays 200 throughout: it says the process is alive.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlite_faults import unwritable
 from support import get_json
@@ -19,6 +23,7 @@ from publisher.app import ServiceSettings
 from publisher.app import create_app as create_publisher
 from publisher.retry import RetryPolicy
 from publisher.settings import RelaySettings
+from sink import Inbox
 from sink import create_app as create_sink
 
 if TYPE_CHECKING:
@@ -74,3 +79,35 @@ async def test_publisher_readyz_follows_the_database(
     )
     base = await serve(create_publisher(settings))
     await check_readiness(client, base, db, "publisher_ready")
+
+
+async def test_a_file_read_only_when_the_service_starts_is_told_and_needs_a_restart(
+    serve: Serve, client: aiohttp.ClientSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite opens a file it cannot write read-only, and the connection stays so once
+    the file is fixed: the service says so at start and in /readyz, rather than look
+    like the fault that heals by itself."""
+    db = tmp_path / "sink.db"
+    async with Inbox.open(db):  # the sink's tables
+        pass
+    # A connection of another process's kind keeps the WAL's files (a service killed
+    # leaves them too), so SQLite can open the main file read-only.
+    with contextlib.closing(sqlite3.connect(db)) as keeper, unwritable(db, "read-only"):
+        keeper.execute("SELECT count(*) FROM inbox_events").fetchone()
+        try:
+            os.close(os.open(db, os.O_RDWR))
+        except OSError:
+            pass
+        else:
+            pytest.skip("no file here can be made one that cannot be opened for writing")
+        base = await serve(create_sink(db))
+        status, body = await get_json(client, f"{base}/readyz")
+        assert status == 503, body
+        assert "read-only" in body["reason"], body
+    said = [r.getMessage() for r in caplog.records if "opened it read-only" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "restart it once the file can be written" in said[0]
+    # Writable again, but not to this process's connection: it says so still.
+    status, body = await get_json(client, f"{base}/readyz")
+    assert status == 503, body
+    assert "restart once it can be written" in body["reason"], body
