@@ -136,3 +136,13 @@ def test_strict_fails_on_a_broken_link(stub_site: Path, fault: str, tmp_path: Pa
         assert result.returncode != 0, f"built in spite of {fault}"
         output = result.stdout + result.stderr
         assert re.search(r"^WARNING .*'index\.md'", output, re.MULTILINE), explain(result)
+
+
+def test_the_upgrade_page_shows_the_schema_version_this_program_writes() -> None:
+    """Its example output names the SQLite publisher schema's newest version twice."""
+    from publisher.backends.sqlite_sql import SCHEMA
+
+    page = (ROOT / "docs/how-to/upgrade.md").read_text(encoding="utf-8")
+    shown = re.findall(r"publisher\|(\d+)$|this program knows \((\d+)\)", page, re.M)
+    assert len(shown) == 2, shown
+    assert {int(a or b) for a, b in shown} == {SCHEMA.version}
