@@ -7,6 +7,7 @@ Each refusal is a BadRequest that says what was wrong: 400, 408 or 413.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 from collections.abc import Iterable
@@ -53,12 +54,18 @@ def _parse_int(text: str) -> int | BigInteger:
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     obj = dict(pairs)
     if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise DuplicateKey(key)
-            seen.add(key)
+        raise DuplicateKey(_first_repeated(pairs) or "")
     return obj
+
+
+def _first_repeated(pairs: list[tuple[str, object]]) -> str | None:
+    """The first key of an object's members that an earlier member named already."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    return None
 
 
 def _parse_float(text: str) -> float | NotFinite:
@@ -66,12 +73,12 @@ def _parse_float(text: str) -> float | NotFinite:
     return number if math.isfinite(number) else NotFinite(text)
 
 
-_DECODER: Final = json.JSONDecoder(
-    object_pairs_hook=_unique_keys,
-    parse_int=_parse_int,
-    parse_float=_parse_float,
-    parse_constant=NotFinite,  # NaN, Infinity, -Infinity: Python's parser takes them
+# A decoder that reads numbers as the checked parser does: NaN, Infinity and
+# -Infinity, which Python's parser takes, become markers as well.
+_numbers_checked: Final = functools.partial(
+    json.JSONDecoder, parse_int=_parse_int, parse_float=_parse_float, parse_constant=NotFinite
 )
+_DECODER: Final = _numbers_checked(object_pairs_hook=_unique_keys)
 # What sends a body to the checked parser: an escaped character between U+0030 and
 # U+003F (one is the colon, which the count below must see as it is), or a run of 19
 # digits (an integer that orjson would read as a float, past 64 bits), found as 19
@@ -144,20 +151,10 @@ class _Members(NamedTuple):
 
 
 def _note_repeats(pairs: list[tuple[str, object]]) -> _Members:
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            return _Members(pairs, key)
-        seen.add(key)
-    return _Members(pairs, None)
+    return _Members(pairs, _first_repeated(pairs))
 
 
-_PLACING: Final = json.JSONDecoder(
-    object_pairs_hook=_note_repeats,
-    parse_int=_parse_int,
-    parse_float=_parse_float,
-    parse_constant=NotFinite,
-)
+_PLACING: Final = _numbers_checked(object_pairs_hook=_note_repeats)
 
 
 def _repeated_at(text: str) -> str | None:

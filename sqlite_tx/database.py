@@ -190,7 +190,9 @@ class Database:
         written now says why: the connection was opened while it could not be."""
         self._check_file()
         try:
-            self._probe_commit(conn)
+            with transaction(conn):
+                if conn.execute(self._probe_write, (time.time(),)).rowcount != 1:
+                    raise StorageError(f"{self.path}: the health row is missing")
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_READONLY and _writable(self.path):
                 raise StorageError(
@@ -199,11 +201,6 @@ class Database:
                     " it can be written"
                 ) from exc
             raise
-
-    def _probe_commit(self, conn: sqlite3.Connection) -> None:
-        with transaction(conn):
-            if conn.execute(self._probe_write, (time.time(),)).rowcount != 1:
-                raise StorageError(f"{self.path}: the health row is missing")
 
     def _check_file(self) -> None:
         if self._file is None:
@@ -214,7 +211,7 @@ class Database:
         if now != self._file:
             raise StorageError(f"{self.path}: the database file was replaced")
         for path in (self.path, f"{self.path}-wal"):
-            if os.path.exists(path) and not os.access(path, os.W_OK):
+            if os.path.exists(path) and not _writable(path):
                 raise StorageError(f"{path}: the file is read-only")
 
     async def close(self) -> None:

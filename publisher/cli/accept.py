@@ -29,7 +29,6 @@ from publisher.cli.options import (
 from publisher.intake import event_check
 from publisher.orders_file import feed, numbered_lines
 from publisher.store import MAX_ACCEPT, EventCheck, Outbox
-from shared import checked_event
 from shared.schemas import SchemaError
 
 FIELDS: Final = ("id", "sku", "qty")
@@ -80,7 +79,7 @@ async def cmd_accept(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def accept_file(db: str, path: str, check: EventCheck = checked_event) -> int:
+async def accept_file(db: str, path: str, check: EventCheck) -> int:
     """Every line's order or event (publisher.orders_file; an event held to `check`);
     the counts on stdout, each failed line on stderr. Exit status 1 if a line failed,
     2 if the file cannot be read."""
