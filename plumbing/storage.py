@@ -24,6 +24,12 @@ _URL_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 Backend = Literal["sqlite", "postgres"]
 
 
+# What a readiness trial of a side's real writes (check_real_writes) writes and rolls
+# back: an ID no event can have (shared.event's rules: no spaces or parentheses).
+TRIAL_ID: Final = "(readiness trial)"
+TRIAL_TYPE: Final = "readiness.trial"
+
+
 class StorageError(Exception):
     """The database could not be opened or used. `reason`, when the storage layer
     knows one a client may be told (the message itself names the database's

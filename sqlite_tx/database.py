@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -180,6 +181,14 @@ class Database:
             self._probing.add_done_callback(self._probed)
         await asyncio.shield(self._probing)
 
+    async def rehearse(self, fn: Callable[[sqlite3.Connection], object]) -> None:
+        """`fn(connection)` in a transaction rolled back whatever it does, on the worker
+        thread: a side's real writes tried on its real tables (their triggers,
+        constraints and indexes), nothing kept; StorageError if they fail. It says
+        nothing of the disk, which a rolled back write never reaches: that is
+        check_writable's, which readiness asks first."""
+        await self.run(functools.partial(_rolled_back, fn))
+
     def _probed(self, probe: asyncio.Future[None]) -> None:
         self._probing = None
         if not probe.cancelled():
@@ -220,6 +229,15 @@ class Database:
         StorageError, and never runs inline while the worker closes the connection."""
         self._closing = True
         await self._connection.close()
+
+
+def _rolled_back(fn: Callable[[sqlite3.Connection], object], conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        fn(conn)
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
 
 
 def _writable(path: str) -> bool:

@@ -47,7 +47,7 @@ from pg_tx import (
     translated_sync,
 )
 from plumbing.cli import utc_text
-from plumbing.storage import StorageError
+from plumbing.storage import TRIAL_ID, TRIAL_TYPE, StorageError
 from publisher.backends import postgres_sql
 from publisher.backends.rows import (
     entry_of,
@@ -100,14 +100,13 @@ RELAY_LOCK_CHECK_S: Final = 0.5  # how often the relay lock's session is checked
 
 # What readiness tries once a real write failed (check_real_writes), in a transaction
 # rolled back: an entry and its order written as intake writes them, then the entry
-# marked sent as the relay marks it. The ID is one no event can have (shared.event's
-# rules: no spaces or parentheses). Here rather than in postgres_sql, whose statements
-# are the outbox's own; a schema is written in them as in those (qualify).
-TRIAL_ID: Final = "(readiness trial)"
+# marked sent as the relay marks it, under TRIAL_ID. Here rather than in postgres_sql,
+# whose statements are the outbox's own; a schema is written in them as in those
+# (qualify).
 TRIAL_INTAKE: Final = """
     WITH entry AS (
         INSERT INTO outbox_entries (id, type, payload, queued_at, lane)
-        VALUES (%(id)s, 'readiness.trial', '{}', %(now)s, NULL)
+        VALUES (%(id)s, %(type)s, '{}', %(now)s, NULL)
         RETURNING id
     )
     INSERT INTO outbox_orders (id, sku, qty, accepted_at)
@@ -177,7 +176,7 @@ class PostgresOutbox(Outbox):
         """Intake's and the relay's writes tried on the real tables (TRIAL_INTAKE,
         TRIAL_MARK), rolled back: a full disk, a revoked privilege or a trigger that
         raises fails this as it fails them."""
-        params = {"id": TRIAL_ID, "now": time.time()}
+        params = {"id": TRIAL_ID, "type": TRIAL_TYPE, "now": time.time()}
         intake, mark = self._db.qualify(TRIAL_INTAKE), self._db.qualify(TRIAL_MARK)
 
         async def trial(conn: Conn) -> None:

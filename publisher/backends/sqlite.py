@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple, Self
 
 from plumbing.group_commit import Arrivals, GroupCommit
-from plumbing.storage import StorageError
+from plumbing.storage import TRIAL_ID, TRIAL_TYPE, StorageError
 from publisher.backends import relay_lock
 from publisher.backends import sqlite_sql as sql
 from publisher.backends.rows import (
@@ -159,6 +159,19 @@ class SqliteOutbox(SqliteFile, Outbox):
         if self._inline.allowed or (len(calls) == 1 and self._arrivals.count <= 1):
             return await self._db.run_inline(self._inline.timed(commit))
         return await self._db.run(commit)
+
+    async def check_real_writes(self) -> None:
+        """Intake's and the relay's writes tried on the real tables under TRIAL_ID,
+        rolled back (Database.rehearse): a trigger that raises or a constraint of the
+        user's own fails this as it fails them."""
+        now = time.time()
+
+        def trial(conn: sqlite3.Connection) -> None:
+            conn.execute(sql.INSERT_ENTRY, (TRIAL_ID, TRIAL_TYPE, "{}", now, None))
+            conn.execute(sql.INSERT_ORDER, (TRIAL_ID, "readiness", 1, now))
+            conn.execute(sql.MARK_PENDING_SENT, {"id": TRIAL_ID, "now": now, "ack": "{}"})
+
+        await self._db.rehearse(trial)
 
     def relay_lock(self, owner: str) -> contextlib.AbstractAsyncContextManager[None]:
         """An exclusive flock on `<db>.relay-lock`, held until the block ends or the

@@ -62,7 +62,7 @@ from pg_tx import (
     storage_error,
 )
 from plumbing.group_commit import GroupCommit
-from plumbing.storage import StorageError
+from plumbing.storage import TRIAL_ID, TRIAL_TYPE, StorageError
 from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
 from sink.backends import postgres_sql
 from sink.backends.sharing import (
@@ -81,9 +81,7 @@ from sink.store import BatchReceipt, Inbox, InboxRecord, Incoming, Received
 T = TypeVar("T")
 # What readiness tries once a real write failed (check_real_writes), in a transaction
 # rolled back: an event recorded as new (INSERT_ONE, its tally included), then counted
-# as delivered again (COUNT_DUPLICATE). The ID is one no event can have (shared.event's
-# rules: no spaces or parentheses).
-TRIAL_ID: Final = "(readiness trial)"
+# as delivered again (COUNT_DUPLICATE), under TRIAL_ID.
 ATTEMPTS: Final = 3  # a transaction that PostgreSQL chose to abort (deadlock) is run again
 # Aborted whole, so running them again is safe (nothing of them committed).
 _RETRYABLE: Final = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -156,7 +154,7 @@ class PostgresInbox(Inbox):
         answered per event."""
         now = time.time()
         sql, slots = self._sql, postgres_sql.TALLY_SLOTS
-        params = {"id": TRIAL_ID, "type": "readiness.trial", "payload": "{}", "now": now}
+        params = {"id": TRIAL_ID, "type": TRIAL_TYPE, "payload": "{}", "now": now}
 
         async def write(conn: Conn) -> None:
             await conn.execute(sql.INSERT_ONE, {**params, "slots": slots})

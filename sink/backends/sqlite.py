@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from plumbing.storage import StorageError
+from plumbing.storage import TRIAL_ID, TRIAL_TYPE, StorageError
 from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
 from sink.backends import sqlite_sql as sql
 from sink.backends.sharing import (
@@ -73,6 +73,20 @@ class SqliteInbox(SqliteFile, Inbox):
 
     def arriving(self) -> Arrivals:
         return self._arrivals
+
+    async def check_real_writes(self) -> None:
+        """The inbox's own writes tried on its real tables under TRIAL_ID, rolled back
+        (Database.rehearse): an event recorded as new, then counted as delivered
+        again. A trigger that raises or a constraint of the user's own fails this as
+        it fails them; handlers' statements are not tried (their failure is theirs,
+        answered per event)."""
+        now = time.time()
+
+        def trial(conn: sqlite3.Connection) -> None:
+            conn.execute(sql.INSERT, (TRIAL_ID, TRIAL_TYPE, "{}", now, now))
+            conn.execute(sql.COUNT_DUPLICATE, (now, TRIAL_ID))
+
+        await self._db.rehearse(trial)
 
     async def receive_batch(
         self, items: Sequence[Incoming], *, after: str | None = None, lease: Lease | None = None

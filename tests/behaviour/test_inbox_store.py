@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from inbox_backends import BACKENDS, FAULTS, Backend, Fault, Row, SqliteBackend
+from inbox_backends import BACKENDS, FAULTS, Backend, Fault, Row, SqliteBackend, Write
 from support import in_progress, json_of_python
 
 import sink.store
@@ -823,3 +823,20 @@ async def test_check_writable_raises_while_the_database_cannot_be_written(
     assert await inbox.check_writable() is None
     assert await inbox.receive(event("b", qty=4)) is Receipt.APPLIED
     assert stock(backend) == {"snack": 7}
+
+
+@pytest.mark.parametrize("writes", [("INSERT",), ("UPDATE",)])
+async def test_a_trial_of_the_real_writes_fails_while_they_fail_and_keeps_nothing(
+    inbox: Inbox, backend: Backend, writes: tuple[Write, ...]
+) -> None:
+    # What readiness asks once a real write failed: the probe's own row passes while a
+    # trigger refuses every write to the inbox's table, this must not.
+    assert await inbox.receive(event("a", qty=3)) is Receipt.APPLIED
+    before = snapshot(backend)
+    await inbox.check_real_writes()
+    with backend.refusing("inbox_events", writes, "real writes refused"):
+        await inbox.check_writable()  # the probe's row is still writable
+        with pytest.raises(StorageError, match="real writes refused"):
+            await inbox.check_real_writes()
+    await inbox.check_real_writes()
+    assert snapshot(backend) == before

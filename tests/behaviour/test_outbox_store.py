@@ -2097,6 +2097,23 @@ async def test_check_writable_raises_while_the_database_cannot_be_written(
     assert unsent(backend) == ["a", "b"]
 
 
+@pytest.mark.parametrize("table", ["outbox_entries", "outbox_orders"])
+async def test_a_trial_of_the_real_writes_fails_while_they_fail_and_keeps_nothing(
+    outbox: Outbox, backend: Backend, table: str
+) -> None:
+    # What readiness asks once a real write failed: the probe's own row passes while a
+    # trigger refuses every insert into the real tables, this must not.
+    await accept(outbox, "a")
+    before = contents(backend)
+    await outbox.check_real_writes()
+    with backend.refusing_inserts(table, "real writes refused"):
+        await outbox.check_writable()  # the probe's row is still writable
+        with pytest.raises(StorageError, match="real writes refused"):
+            await outbox.check_real_writes()
+    await outbox.check_real_writes()
+    assert contents(backend) == before
+
+
 # ------------------------------------------------------------------ one relay per outbox
 
 # A relay in another process: takes the lock, says so, and holds it until killed.

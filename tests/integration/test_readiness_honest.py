@@ -1,4 +1,4 @@
-"""GET /readyz on PostgreSQL tells whether the real writes succeed, not only the probe.
+"""GET /readyz tells whether the real writes succeed, not only the probe, on both backends.
 
 The probe updates one row of a health table in place: that needs no new page, no
 privilege on the real tables and fires none of their triggers. So a trigger that
@@ -7,18 +7,22 @@ failed every write while /readyz said ready. Now a failed real write makes /read
 503 (with the reason) until a real write succeeds again or the side's writes, tried
 on the real tables and rolled back, pass; a request refused before it reached the
 database (an invalid order) does not count either way. Checked with connections of
-the test's own; the trial leaves nothing behind.
+the test's own; the trial leaves nothing behind. A revoked privilege is PostgreSQL's
+alone (SQLite has none).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
 from pg_faults import PgAccess
+from sqlite_faults import SqliteFileAccess
 from support import get_json, post_json
 
 from publisher.app import ServiceSettings
@@ -41,15 +45,45 @@ async def ready(client: aiohttp.ClientSession, base: str) -> tuple[int, str]:
     return status, "" if status == 200 else body["reason"]
 
 
-async def test_publisher_is_not_ready_while_intake_fails_and_ready_once_its_writes_pass(
-    pg_schemas: PgSchemas, serve: Serve, client: aiohttp.ClientSession
-) -> None:
-    source, sink_db = pg_schemas.first, pg_schemas.new()
-    sink = await serve(create_sink(sink_db))
-    publisher = await serve(
-        create_publisher(ServiceSettings(db=source, sink=f"{sink}/events", relay=FAST))
+@dataclass(frozen=True)
+class Side:
+    """A database of one side, as `--db` takes it, and the test's own access to it."""
+
+    db: str
+    access: SqliteFileAccess | PgAccess
+
+
+@dataclass(frozen=True)
+class Sides:
+    source: Side
+    sink: Side
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sides(request: pytest.FixtureRequest, tmp_path: Path) -> Sides:
+    """A source and a sink database on each backend in turn: two SQLite files, or two
+    schemas of the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        source, sink = tmp_path / "source.db", tmp_path / "sink.db"
+        return Sides(
+            Side(str(source), SqliteFileAccess(source)), Side(str(sink), SqliteFileAccess(sink))
+        )
+    schemas: PgSchemas = request.getfixturevalue("pg_schemas")
+    source, sink_db = schemas.first, schemas.new()
+    return Sides(
+        Side(source, PgAccess(source, "outbox_health")),
+        Side(sink_db, PgAccess(sink_db, "inbox_health")),
     )
-    access = PgAccess(source, "outbox_health")
+
+
+async def test_publisher_is_not_ready_while_intake_fails_and_ready_once_its_writes_pass(
+    sides: Sides, serve: Serve, client: aiohttp.ClientSession
+) -> None:
+    sink = await serve(create_sink(sides.sink.db))
+    publisher = await serve(
+        create_publisher(ServiceSettings(db=sides.source.db, sink=f"{sink}/events", relay=FAST))
+    )
+    access = sides.source.access
     orders = f"{publisher}/orders"
     assert await ready(client, publisher) == (200, "")
     with access.refusing("outbox_entries", ("INSERT",), REFUSAL):
@@ -70,10 +104,10 @@ async def test_publisher_is_not_ready_while_intake_fails_and_ready_once_its_writ
 
 
 async def test_sink_is_not_ready_while_events_fail_and_ready_once_its_writes_pass(
-    pg_database: str, serve: Serve, client: aiohttp.ClientSession
+    sides: Sides, serve: Serve, client: aiohttp.ClientSession
 ) -> None:
-    sink = await serve(create_sink(pg_database))
-    access = PgAccess(pg_database, "inbox_health")
+    sink = await serve(create_sink(sides.sink.db))
+    access = sides.sink.access
     event = {"id": "e1", "sku": "snack", "qty": 2}
     assert await ready(client, sink) == (200, "")
     with access.refusing("inbox_events", ("INSERT",), REFUSAL):
