@@ -129,11 +129,12 @@ netns-tools:
 	$(call debian-package,command -v ip >/dev/null 2>&1,iproute2,\
 		echo "iproute2 is missing: the partition test will be skipped" >&2)
 
-# SPEC's two checks as stories, with the evidence table before and after recovery.
+# The two failures that matter most (the publisher killed right after an ACK, an ACK
+# lost after the sink's commit) as stories, with the evidence table before and after.
 demo: runtime
 	$(BIN)/python -m chaos scenario crash-after-ack drop-after-commit
 
-# The same on PostgreSQL: SPEC's two checks, then a short chaos run (kills of either
+# The same on PostgreSQL: those two stories, then a short chaos run (kills of either
 # service and two restarts of the server), each on a throwaway server of its own
 # (initdb in a temp dir, loopback only, fsync on; removed at the end).
 demo-postgres: runtime postgres-binaries
