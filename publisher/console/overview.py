@@ -19,6 +19,11 @@ from publisher.store import Outbox
 
 RATE_INTERVAL_S: Final = 10.0
 RATE_INTERVALS: Final = 30  # the chart shows the last 5 minutes
+# A consumer that refuses a type can block a lane for each of thousands of keys: the
+# overview, sent to each open page every second, carries the first ones and the
+# counts (`outbox-publisher status` lists them all).
+SHOWN_LANES: Final = 20
+SHOWN_LINES: Final = 50
 
 
 async def read_overview(outbox: Outbox) -> dict[str, Any]:
@@ -27,11 +32,16 @@ async def read_overview(outbox: Outbox) -> dict[str, Any]:
     lines = await lines_view(outbox)
     rate = await outbox.sent_per_interval(RATE_INTERVAL_S, RATE_INTERVALS)
     held = [lease.to_dict() for lease in lines.leases if lease.owner is not None]
+    figures = snapshot.to_dict()
+    blocked = figures["blocked_lanes"]
     return {
-        **snapshot.to_dict(),
+        **figures,
+        "blocked_lanes": blocked[:SHOWN_LANES],
+        "blocked_lanes_count": len(blocked),
         "taken_at": snapshot.taken_at,
         "workers": lines.workers,
-        "lines": held,
+        "lines": held[:SHOWN_LINES],
+        "lines_held": len(held),
         "lines_free": len(lines.leases) - len(held),
         "rate": {"interval_seconds": RATE_INTERVAL_S, "sent": rate},
     }

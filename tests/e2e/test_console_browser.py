@@ -37,6 +37,8 @@ import pytest
 from support import LOOPBACK, http_request, post_order, serve_args, wait_until
 
 from publisher.console.app import SECURITY_HEADERS
+from publisher.console.sessions import MAX_SESSIONS
+from publisher.console.stream import MAX_STREAMS, OPERATOR_STREAMS
 
 if TYPE_CHECKING:
     from conftest import Databases, Query, StartPublisher, StartSink
@@ -491,4 +493,121 @@ def test_the_console_at_a_phones_width_follows_an_event_live(
     assert box.evaluate("b => b.scrollWidth > b.clientWidth")
     assert fits_the_width(page)
     screenshot(page, folders, "phone-entries")
+    page.close()
+
+
+# ---------------------------------------------------------------- what the page may not claim
+
+
+def sign_in_elsewhere(port: int) -> None:
+    """Another operator signs in, by HTTP alone (a session of its own)."""
+    status, body = http_request(port, "POST", "/console/api/sign-in", {"token": TOKEN})
+    assert status == 200, body
+
+
+def test_the_page_claims_nothing_it_could_not_read_and_shows_the_address_as_text(
+    browser: BrowserContext, tmp_path: Path, publisher_process: StartPublisher
+) -> None:
+    """An address with a broken %-escape still gives a live page; an event that could
+    not be read (unknown, or the database unavailable) shows its error and nothing of
+    the event shown before, and is not said to be pruned; the address's text in the
+    title is escaped and bounded, and a 128-character ID fits a phone; a refused
+    search shows no rows of an earlier one; a session the service ended shows the
+    sign-in form again."""
+    from playwright.sync_api import expect
+
+    token_file = tmp_path / "console-token"
+    token_file.write_text(TOKEN)
+    publisher = publisher_process(
+        *serve_args(tmp_path / "source.db", f"http://{LOOPBACK}:9/events"),
+        "--console-token-file",
+        str(token_file),
+        *FAST_SERVE,
+    )
+    long_id = "L" * 128
+    for event in [GENERIC[0], {**GENERIC[2], "id": long_id}]:
+        assert http_request(publisher.port, "POST", "/events", event)[0] == 201
+    base = f"http://{LOOPBACK}:{publisher.port}/console"
+    page = browser.new_page()
+    page.goto(f"{base}#event/pay-1%")  # a link cut after its % sign
+    expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    expect(page.locator("#pending")).to_have_text("2", timeout=WAIT_MS)
+    expect(page.locator("#event-error")).to_contain_text("bad event ID")
+
+    page.goto(f"{base}#event/pay-1")
+    expect(page.locator("#attempts")).to_contain_text("last error", timeout=WAIT_MS)
+    expect(page.locator("#event-lines")).to_contain_text("Line")
+    page.goto(f"{base}#event/no-such-event")
+    expect(page.locator("#event-error")).to_contain_text("no order or outbox entry")
+    for shown in ("#event-state", "#attempts", "#event-lines", "#waiting"):
+        expect(page.locator(shown)).to_have_text("")
+    expect(page.locator("#evidence tbody tr")).to_have_count(0)
+
+    unavailable = json.dumps({"error": "storage unavailable, try again"})
+    page.route(
+        re.compile(r"/console/api/events/"),
+        lambda route: route.fulfill(status=503, body=unavailable, content_type="application/json"),
+    )
+    page.goto(f"{base}#event/pay-1")
+    expect(page.locator("#event-error")).to_have_text("storage unavailable, try again")
+    expect(page.locator("#event-state")).to_have_text("")
+    page.unroute(re.compile(r"/console/api/events/"))
+
+    page.goto(f"{base}#event/%E2%80%AEexe.txt")
+    expect(page.locator("#event-title")).to_have_text("Event \\u202eexe.txt")
+    page.goto(f"{base}#event/{'A' * 5000}")
+    expect(page.locator("#event-title")).to_have_text(f"Event {'A' * 128}...")
+    page.set_viewport_size(PHONE)
+    page.goto(f"{base}#event/{long_id}")
+    expect(page.locator("#event-state")).to_contain_text("pending", timeout=WAIT_MS)
+    assert fits_the_width(page)
+    page.set_viewport_size({"width": 1200, "height": 820})
+
+    page.goto(f"{base}#entries")
+    rows = page.locator("#entry-table tbody tr")
+    expect(rows).to_have_count(2, timeout=WAIT_MS)
+    search(page, key="bad key!")
+    expect(page.locator("#entries-error")).to_contain_text("bad key")
+    expect(rows).to_have_count(0)
+
+    page.goto(f"{base}#event/pay-1")
+    page.get_by_label("Token").fill(TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#signed-in")).to_be_visible()
+    page.get_by_label("Reason").fill("looks \u202eright")
+    page.get_by_role("button", name="Quarantine").click()
+    expect(page.locator("#confirm-text")).to_contain_text('reason "looks \\u202eright"')
+    page.get_by_role("button", name="Cancel").click()
+    for _ in range(MAX_SESSIONS):  # newer sessions push this page's out
+        sign_in_elsewhere(publisher.port)
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.locator("#sign-in")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#signed-in")).to_be_hidden()
+    page.close()
+
+
+def test_a_page_refused_a_live_view_gets_one_once_there_is_room(
+    browser: BrowserContext, tmp_path: Path, publisher_process: StartPublisher
+) -> None:
+    """The stream answers 503 beyond its bound; the browser's EventSource never tries
+    again after an answer that is no stream, so the page must, or it stays dead."""
+    from playwright.sync_api import expect
+
+    publisher = publisher_process(
+        *serve_args(tmp_path / "source.db", f"http://{LOOPBACK}:9/events")
+    )
+    held = []
+    for _ in range(MAX_STREAMS - OPERATOR_STREAMS):  # every view kept for anonymous readers
+        conn = http.client.HTTPConnection(LOOPBACK, publisher.port, timeout=5.0)
+        conn.request("GET", "/console/api/stream")
+        reply = conn.getresponse()
+        assert reply.status == 200
+        held.append(conn)
+    page = browser.new_page()
+    page.goto(f"http://{LOOPBACK}:{publisher.port}/console")
+    expect(page.locator("#live")).to_contain_text("not live", timeout=WAIT_MS)
+    for conn in held:
+        conn.close()
+    expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS + 5_000)
+    expect(page.locator("#pending")).to_have_text("0")
     page.close()

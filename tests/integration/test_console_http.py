@@ -24,8 +24,10 @@ from publisher.app import ServiceSettings, create_app
 from publisher.console import ConsoleSettings
 from publisher.console.api import SINK_HIDDEN
 from publisher.console.app import SECURITY_HEADERS, STREAMS
+from publisher.console.overview import SHOWN_LANES, SHOWN_LINES
 from publisher.console.stream import MAX_STREAMS, OPERATOR_STREAMS
 from publisher.console.throttle import FREE_FAILURES
+from publisher.retry import RetryPolicy
 from publisher.settings import RelaySettings
 
 if TYPE_CHECKING:
@@ -213,6 +215,21 @@ async def test_signed_actions_are_the_stores_and_name_the_operator(
     assert db_rows(db, "SELECT released_by, released_as FROM outbox_quarantines") == [
         ("alice", "redriven")
     ]
+
+
+async def test_the_longest_reason_is_taken_however_its_json_is_written(
+    client: aiohttp.ClientSession, base: str, db: Path, db_rows: Query
+) -> None:
+    # 500 characters outside the BMP: a client that writes JSON in ASCII (Python's
+    # json.dumps, aiohttp's JsonPayload) sends each as two 6-byte escapes, 12 bytes.
+    reason = "\U0001f600" * 500
+    assert len(json.dumps({"reason": reason}).encode()) > 4096
+    await order(client, base, "o-1")
+    signed = await sign_in(client, base, "alice")
+    url = f"{base}{API}/events/o-1/quarantine"
+    status, reply, _ = await call(client, "POST", url, {"reason": reason}, signed)
+    assert status == 200, reply
+    assert db_rows(db, "SELECT reason FROM outbox_quarantines") == [(reason,)]
 
 
 async def test_a_nameless_sign_in_acts_as_console_and_sign_out_ends_the_session(
@@ -454,6 +471,41 @@ async def test_the_overview_counts_and_the_head(client: aiohttp.ClientSession, b
     assert overview["pending"] == 2 and overview["quarantined"] == 0
     assert overview["head"]["id"] == "o-1" and overview["head"]["last_error"]
     assert overview["rate"]["interval_seconds"] > 0 and len(overview["rate"]["sent"]) == 30
+
+
+async def test_the_overview_carries_the_first_blocked_lanes_and_their_count(
+    serve: Serve, client: aiohttp.ClientSession, db: Path
+) -> None:
+    # A sink that refuses a type blocks a lane per key: the overview, sent to every
+    # open page each second, stays bounded however many there are.
+    relay = RelaySettings(
+        poll_interval_s=0.05, ordering="key", retry=RetryPolicy(base_s=0.01, cap_s=0.05)
+    )
+    base = await serve(console_app(db, relay=relay))
+    keys = SHOWN_LANES + 10
+    for n in range(keys):
+        event = {"id": f"e-{n}", "type": "thing.done", "key": f"k-{n}", "data": {}}
+        assert (await call(client, "POST", f"{base}/events", event))[0] == 201
+    overview: dict[str, Any] = {}
+
+    async def read() -> None:
+        overview.update((await call(client, "GET", f"{base}{API}/overview"))[1])
+
+    async def all_blocked() -> bool:
+        await read()
+        return bool(overview["blocked_lanes_count"] == keys)
+
+    for _ in range(400):
+        if await all_blocked():
+            break
+        await asyncio.sleep(0.05)
+    assert overview["blocked_lanes_count"] == keys
+    assert len(overview["blocked_lanes"]) == SHOWN_LANES
+    assert [lane["lane"] for lane in overview["blocked_lanes"]] == [
+        f"k-{n}" for n in range(SHOWN_LANES)
+    ]
+    assert len(overview["lines"]) <= SHOWN_LINES
+    assert overview["lines_held"] >= len(overview["lines"])
 
 
 # ---------------------------------------------------------------- the live stream

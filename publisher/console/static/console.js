@@ -9,7 +9,7 @@ const state = {
   eventId: null,
   entry: null,
   eventAskedAt: 0,
-  page: { after: null },
+  page: { after: null, query: "" },
 };
 // Each view's latest request: a reply to an older one (the user chose again before it
 // came) is dropped, so the page never shows what was asked before.
@@ -83,6 +83,11 @@ function dataPreview(data) {
   return text.length <= PREVIEW_CHARS ? text : `${text.slice(0, PREVIEW_CHARS - 3)}...`;
 }
 
+// An ID from the address can be anything: at most 128 characters are shown.
+function bounded(text) {
+  return text.length <= 128 ? text : `${text.slice(0, 128)}...`;
+}
+
 function keyText(key) {
   return key === undefined || key === null ? "(none)" : key;
 }
@@ -151,6 +156,7 @@ async function signIn(event) {
   try {
     showSession(await call("POST", "/sign-in", { token: $("token").value, operator: $("operator").value }));
     $("token").value = "";
+    if (stream && stream.readyState === EventSource.CLOSED) live();
   } catch (error) {
     $("account-error").textContent = `Sign-in refused: ${visible(error.message)}`;
   }
@@ -161,6 +167,18 @@ async function signOut() {
     showSession(await call("POST", "/sign-out"));
   } catch (error) {
     $("account-error").textContent = visible(error.message);
+    await refreshSession();
+  }
+}
+
+// After a refusal: the service may have ended the session (a restart, its time up,
+// pushed out by newer ones); the page then shows the sign-in form again.
+async function refreshSession() {
+  try {
+    const session = await call("GET", "/session");
+    if (state.session && state.session.signed_in && !session.signed_in) showSession(session);
+  } catch (error) {
+    // the service cannot be reached: the page keeps what it shows
   }
 }
 
@@ -191,9 +209,15 @@ function showOverview(o) {
       el("li", `Lane ${lane.lane}: head ${lane.id} blocked since ${when(lane.blocked_since)}, last error: ${lane.last_error}`, "blocked"),
     ),
   );
+  const moreLanes = o.blocked_lanes_count - o.blocked_lanes.length;
+  if (moreLanes > 0) {
+    lanes.appendChild(el("li", `and ${moreLanes} more blocked lane(s): outbox-publisher status lists them all`, "blocked"));
+  }
   drawRate(o.rate, o.taken_at);
+  const moreLines = o.lines_held - o.lines.length;
   $("workers").textContent =
-    `${o.workers.length} worker(s) holding leases: ${o.workers.join(", ") || "none"}; ${o.lines_free} line(s) free`;
+    `${o.workers.length} worker(s) holding leases: ${o.workers.join(", ") || "none"}; ${o.lines_free} line(s) free` +
+    (moreLines > 0 ? `; ${o.lines_held} held, the first ${o.lines.length} listed` : "");
   $("lines").tBodies[0].replaceChildren(
     ...o.lines.map((l) => row([l.line, l.owner, l.epoch, `${l.expires_in_seconds.toFixed(1)} s`])),
   );
@@ -236,8 +260,16 @@ function drawRate(rate, takenAt) {
   $("rate-axis").replaceChildren(...ticks);
 }
 
+// A browser reconnects a stream that broke, but gives up for good on an answer that is
+// no stream (503: too many live views, or a proxy's error page): the page then opens
+// a new one after a while, and at once on sign-in (operators have views kept).
+const LIVE_RETRY_MS = 5000;
+let stream = null;
+
 function live() {
+  if (stream) stream.close();
   const source = new EventSource(`${API}/stream`);
+  stream = source;
   source.addEventListener("open", () => { $("live").textContent = "live"; });
   source.addEventListener("overview", (message) => {
     $("live").textContent = "live";
@@ -250,12 +282,19 @@ function live() {
   source.addEventListener("unavailable", (message) => {
     $("live").textContent = visible(JSON.parse(message.data).error);
   });
-  source.addEventListener("error", () => { $("live").textContent = "reconnecting"; });
+  source.addEventListener("error", () => {
+    if (source.readyState !== EventSource.CLOSED) {
+      $("live").textContent = "reconnecting";
+      return;
+    }
+    $("live").textContent = `not live: trying again in ${LIVE_RETRY_MS / 1000} s`;
+    setTimeout(() => { if (stream === source) live(); }, LIVE_RETRY_MS);
+  });
 }
 
 // ------------------------------------------------------------------ entries
 
-function entriesQuery(after) {
+function entriesQuery() {
   const query = new URLSearchParams({ state: $("state").value });
   const id = $("search-id").value.trim();
   const type = $("search-type").value.trim();
@@ -263,15 +302,18 @@ function entriesQuery(after) {
   if (id) query.set("id", id);
   if (type) query.set("type", type);
   if (key) query.set("key", key);
-  if (after !== null) query.set("after", String(after));
   return query;
 }
 
+// `after` null: the first page of the search in the form; else the next page of the
+// search shown (whatever the form holds now).
 async function loadEntries(after) {
   const mine = ++asked.entries;
   $("entries-error").textContent = "";
+  const query = after === null ? entriesQuery() : new URLSearchParams(state.page.query);
+  if (after !== null) query.set("after", String(after));
   try {
-    const page = await call("GET", `/entries?${entriesQuery(after)}`);
+    const page = await call("GET", `/entries?${query}`);
     if (mine !== asked.entries) return; // superseded: a later choice's reply shows
     $("entry-table").tBodies[0].replaceChildren(
       ...page.entries.map((e) =>
@@ -282,10 +324,14 @@ async function loadEntries(after) {
       ),
     );
     state.page.after = page.next_after;
+    if (after === null) state.page.query = query.toString();
     $("next-page").disabled = page.next_after === null;
     if (page.entries.length === 0) $("entries-error").textContent = "No entries match.";
   } catch (error) {
-    if (mine === asked.entries) $("entries-error").textContent = visible(error.message);
+    if (mine !== asked.entries) return;
+    $("entries-error").textContent = visible(error.message);
+    $("entry-table").tBodies[0].replaceChildren();
+    $("next-page").disabled = true;
   }
 }
 
@@ -297,7 +343,7 @@ async function loadEvent(id, again) {
   state.eventAskedAt = Date.now();
   if (!again) {
     state.eventId = id;
-    $("event-title").textContent = `Event ${id}`;
+    $("event-title").textContent = `Event ${visible(bounded(id))}`;
   }
   try {
     const data = await call("GET", `/events/${encodeURIComponent(id)}`);
@@ -309,10 +355,24 @@ async function loadEvent(id, again) {
     if (mine !== asked.event || id !== state.eventId) return;
     $("event-error").textContent = visible(error.message);
     if (again) return;
-    $("evidence").tBodies[0].replaceChildren();
-    $("records").tBodies[0].replaceChildren();
-    showEntry(null);
+    clearEvent();
   }
+}
+
+// Nothing shown of an event that could not be read (unknown, malformed, or the
+// service or its database unavailable): its error says why, and no line of the
+// event shown before stays.
+function clearEvent() {
+  state.entry = null;
+  showActions();
+  $("event-detail").hidden = true;
+  $("event-state").textContent = "";
+  $("event-updated").textContent = "";
+  $("evidence").tBodies[0].replaceChildren();
+  $("records").tBodies[0].replaceChildren();
+  $("attempts").textContent = "";
+  $("waiting").replaceChildren();
+  $("event-lines").replaceChildren();
 }
 
 function showEntry(entry) {
@@ -380,7 +440,7 @@ function ask(action) {
   }
   pending = { action, reason };
   $("confirm-text").textContent = action === "quarantine"
-    ? `Quarantine ${state.eventId} with reason "${reason}"?`
+    ? `Quarantine ${state.eventId} with reason "${visible(reason)}"?`
     : `Redrive ${state.eventId}: put it back in line at its own position?`;
   $("confirm").hidden = false;
 }
@@ -396,14 +456,24 @@ async function confirmed() {
     $("reason").value = "";
   } catch (error) {
     $("action-result").textContent = `Refused: ${visible(error.message)}`;
+    await refreshSession();
   }
-  await loadEvent(state.eventId);
+  await loadEvent(state.eventId, true);
 }
 
 // ------------------------------------------------------------------ views
 
+function decodedHash() {
+  const hash = location.hash.slice(1);
+  try {
+    return decodeURIComponent(hash);
+  } catch (error) {
+    return hash; // a broken %-escape: as written (the service refuses such an ID)
+  }
+}
+
 function route() {
-  const hash = decodeURIComponent(location.hash.slice(1));
+  const hash = decodedHash();
   const view = hash.startsWith("event/") ? "event" : hash === "entries" ? "entries" : "overview";
   state.view = view;
   for (const name of ["overview", "entries", "event"]) $(name).hidden = name !== view;
@@ -429,9 +499,9 @@ async function start() {
   $("confirm-yes").addEventListener("click", confirmed);
   $("confirm-no").addEventListener("click", () => { $("confirm").hidden = true; pending = null; });
   window.addEventListener("hashchange", route);
+  live();
   showSession(await call("GET", "/session"));
   route();
-  live();
 }
 
 document.addEventListener("DOMContentLoaded", start);
