@@ -190,6 +190,14 @@ def test_the_operator_unblocks_a_poison_head_from_the_page(
     expect(page.get_by_role("button", name="Quarantine")).to_be_enabled()
     expect(page.get_by_role("button", name="Redrive")).to_be_disabled()
     page.get_by_label("Reason").fill(REASON)
+    # By keyboard: Enter in the reason asks, the question takes the focus on its harmless
+    # answer, Escape withdraws it and gives the focus back; nothing is done meanwhile.
+    page.get_by_label("Reason").press("Enter")
+    expect(page.locator("#confirm")).to_be_visible()
+    expect(page.get_by_role("button", name="Cancel")).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(page.locator("#confirm")).to_be_hidden()
+    expect(page.get_by_role("button", name="Quarantine")).to_be_focused()
     page.get_by_role("button", name="Quarantine").click()
     expect(page.locator("#confirm")).to_contain_text(XSS)
     assert entry_state(db_rows, databases.source, "order-001") == (False, False)  # asked first
@@ -200,6 +208,7 @@ def test_the_operator_unblocks_a_poison_head_from_the_page(
     assert entry_state(db_rows, databases.source, "order-001") == (False, True)
     assert records(db_rows, databases.source) == [("order-001", REASON, "alice", None, None)]
     expect(page.get_by_role("button", name="Quarantine")).to_be_disabled()
+    expect(page.locator("#reason")).to_be_focused()  # its button is off now
     expect(page.get_by_role("button", name="Redrive")).to_be_enabled()
     for event in LATER:  # the line moves on past the quarantined head
         wait_until(lambda e=event: entry_state(db_rows, databases.source, e["id"])[0], 10.0)

@@ -438,16 +438,30 @@ function ask(action) {
     $("action-result").textContent = "Give a reason first.";
     return;
   }
-  pending = { action, reason };
+  pending = { action, reason, opener: $(action) };
   $("confirm-text").textContent = action === "quarantine"
     ? `Quarantine ${state.eventId} with reason "${visible(reason)}"?`
     : `Redrive ${state.eventId}: put it back in line at its own position?`;
   $("confirm").hidden = false;
+  $("confirm-no").focus(); // the keyboard lands in the question, on the harmless answer
+}
+
+// Focus back where the question came from, or on the reason once that button is off.
+function refocus(opener) {
+  (opener.disabled ? $("reason") : opener).focus();
+}
+
+function cancelled() {
+  if (!pending) return;
+  const { opener } = pending;
+  $("confirm").hidden = true;
+  pending = null;
+  refocus(opener);
 }
 
 async function confirmed() {
   $("confirm").hidden = true;
-  const { action, reason } = pending;
+  const { action, reason, opener } = pending;
   pending = null;
   const path = `/events/${encodeURIComponent(state.eventId)}/${action}`;
   try {
@@ -459,6 +473,7 @@ async function confirmed() {
     await refreshSession();
   }
   await loadEvent(state.eventId, true);
+  refocus(opener);
 }
 
 // ------------------------------------------------------------------ views
@@ -497,7 +512,13 @@ async function start() {
   $("quarantine").addEventListener("click", () => ask("quarantine"));
   $("redrive").addEventListener("click", () => ask("redrive"));
   $("confirm-yes").addEventListener("click", confirmed);
-  $("confirm-no").addEventListener("click", () => { $("confirm").hidden = true; pending = null; });
+  $("confirm-no").addEventListener("click", cancelled);
+  $("confirm").addEventListener("keydown", (event) => { if (event.key === "Escape") cancelled(); });
+  $("reason").addEventListener("keydown", (event) => {
+    if (event.key !== "Enter") return;
+    event.preventDefault();
+    if (!$("quarantine").disabled) ask("quarantine");
+  });
   window.addEventListener("hashchange", route);
   live();
   showSession(await call("GET", "/session"));
