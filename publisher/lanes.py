@@ -55,6 +55,10 @@ class LanesSupervisor:
         self._listed_at = -math.inf  # monotonic time of the query that listed them
         self._listed_all = False  # ... which found fewer lanes than it asked for
         self._heads_read_at = -math.inf  # ... and of the last look at blocked heads
+        # Lanes in flight when intake was signalled: the listing it caused left them
+        # out, and each may have read before the new entries committed. Such a lane
+        # reads once more before it ends drained.
+        self._signalled_in_flight: set[str] = set()
 
     @property
     def blocked(self) -> dict[str, Blocked]:
@@ -100,6 +104,8 @@ class LanesSupervisor:
             del self._lanes[key]  # its wait is over: nothing left to remember
         short = len(keys) < free and not self._listed_all
         news, self._signals.news = self._signals.news, False
+        if news:
+            self._signalled_in_flight.update(self._tasks)
         if short or news or resumed or now - self._listed_at >= self._poll_interval_s:
             asked = max(free, LANE_CANDIDATES)
             try:
@@ -192,8 +198,12 @@ class LanesSupervisor:
                 if step.delay_s > 0:
                     if step.backoff:  # back off without holding a slot
                         lane.not_before = time.monotonic() + step.delay_s
+                    elif lane.key in self._signalled_in_flight:
+                        self._signalled_in_flight.discard(lane.key)
+                        continue  # drained as of its read: read again
                     return  # drained, or backing off
         finally:
+            self._signalled_in_flight.discard(lane.key)
             del self._tasks[lane.key]
             waiting = lane.waiting(time.monotonic())
             if not lane.head.blocked and not waiting:

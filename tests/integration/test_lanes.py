@@ -515,6 +515,28 @@ async def test_intake_signalled_after_every_lane_was_listed_starts_its_lane_at_o
     assert len(calls) == 2, calls  # the first list, and the one after the signal
 
 
+async def test_intake_signalled_while_its_own_lane_is_in_flight_is_delivered_at_once(
+    serve: Serve, inbox: Inbox, outbox: Outbox, db: Path, db_rows: Query
+) -> None:
+    # The lane read its one entry and is sending it when a second entry of the same
+    # key commits. The signal's listing leaves the busy lane out, and the lane ends
+    # drained (its read was short): the entry must still go at once, not at the 30 s
+    # poll.
+    fake = LaneSink(inbox, delay_s=0.2)
+    url = f"{await serve(fake.app())}/events"
+    assert await outbox.accept({"id": "a-0", "sku": "a", "qty": 1}) == "accepted"
+
+    async with running_relay(
+        outbox, url, "single", ordering="sku", max_lanes=4, poll_interval_s=30.0
+    ) as relay:
+        await eventually(lambda: fake.in_flight >= 1, timeout_s=10.0)
+        assert await outbox.accept({"id": "a-1", "sku": "a", "qty": 1}) == "accepted"
+        relay.wake()
+        await eventually(lambda: all(sent_flags(db).values()), timeout_s=10.0)
+
+    assert fake.applications == ["a-0", "a-1"]
+
+
 async def test_a_lane_whose_backoff_ends_goes_before_younger_listed_lanes(
     serve: Serve, inbox: Inbox, outbox: Outbox, db: Path, db_rows: Query
 ) -> None:
