@@ -390,7 +390,8 @@ class HttpSender:
     async def lookup(self, event_id: str) -> dict[str, object] | None:
         """The sink's inbox record for `event_id` (GET /events/{id}), None if it has none:
         a 404 whose JSON body names the event, as a sink's does. Any other 404 (a
-        consumer of one's own that serves no such route) proves nothing: NotAcknowledged."""
+        consumer of one's own that serves no such route), or a record without the
+        digest of the event it holds (`sha256`), proves nothing: NotAcknowledged."""
         status, reply = await self._request("GET", event_id, event_id, cap=LOOKUP_REPLY_BYTES)
         if status == 404:
             if _names(reply, event_id):
@@ -408,6 +409,12 @@ class HttpSender:
             raise NotAcknowledged(f"{event_id}: inbox lookup reply is not JSON") from exc
         if not isinstance(record, dict) or record.get("id") != event_id:
             raise NotAcknowledged(f"{event_id}: inbox lookup names another event")
+        if not isinstance(record.get("sha256"), str):
+            # Not an inbox record as a sink answers it: what it holds is not said.
+            raise NotAcknowledged(
+                f"{event_id}: inbox lookup reply has no sha256 (the digest of the event"
+                " stored), so it proves nothing"
+            )
         return record
 
     async def _request(

@@ -533,6 +533,23 @@ async def test_only_a_404_naming_the_event_says_the_inbox_has_no_record(
             await send.lookup("never-sent")
 
 
+async def test_a_record_without_its_digest_proves_nothing(serve: Serve) -> None:
+    """A consumer of one's own that serves GET .../events/ID with a body of its own
+    (no `sha256`) says nothing about what it holds: `trace` must not read it as
+    another payload in the inbox."""
+
+    async def record(request: web.Request) -> web.Response:
+        return web.json_response({"id": request.match_info["id"], "deliveries": 1})
+
+    app = web.Application()
+    app.router.add_get("/hooks/events/{id}", record)
+    own = f"{await serve(app)}/hooks/events"
+
+    async with HttpSender(own) as send:
+        with pytest.raises(NotAcknowledged, match="no sha256"):
+            await send.lookup("p-1")
+
+
 async def test_an_event_alone_over_the_consumers_cap_ends_the_verified_prefix(
     serve: Serve, tmp_path: Path, db_rows: Query
 ) -> None:
