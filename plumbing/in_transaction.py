@@ -72,6 +72,16 @@ def check_sqlite_transaction(driver: Any) -> None:
         )
 
 
+def tables_missing(exc: BaseException | None) -> bool:
+    """Whether a driver's error (or SQLAlchemy's around it) says a table is not there:
+    PostgreSQL's undefined_table, SQLite's "no such table". The side's tables were
+    then never made in that database, or are in a schema not named."""
+    driver_error = getattr(exc, "orig", None) or exc
+    return getattr(driver_error, "sqlstate", None) == "42P01" or str(driver_error).startswith(
+        "no such table"
+    )
+
+
 def pg_where(conn: Any) -> str:
     """The database a psycopg connection is on, as error messages name it."""
     return f"PostgreSQL database {conn.info.dbname!r} on {conn.info.host}:{conn.info.port}"

@@ -45,9 +45,11 @@ a transaction is refused: NotInTransaction.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Final
 
 from plumbing.in_transaction import SQLALCHEMY_ASYNC as _SQLALCHEMY_ASYNC
 from plumbing.in_transaction import SQLALCHEMY_SYNC as _SQLALCHEMY_SYNC
@@ -62,9 +64,16 @@ from plumbing.in_transaction import check_psycopg_transaction as _check_psycopg_
 from plumbing.in_transaction import driver_errors as _driver_errors
 from plumbing.in_transaction import is_one_of as _is_one_of
 from plumbing.in_transaction import pg_where as _pg_where
+from plumbing.in_transaction import tables_missing as _tables_missing
 from plumbing.storage import StorageError
 from publisher.store import EventCheck, Intake, Publication
 from shared import checked_event, order_canonical, order_event, validate_order
+
+_NO_TABLES: Final = (
+    " (the outbox's tables are not there: open the outbox once beforehand, with"
+    " Outbox.open or any outbox-publisher command, to create them; tables in a schema"
+    ' of their own are named by schema="NAME")'
+)
 
 
 def publish_in(
@@ -101,7 +110,24 @@ def _order_publication(order: object) -> Publication:
     return Publication(order_event(valid), order_canonical(valid), valid)
 
 
+@contextlib.contextmanager
+def _hinted() -> Iterator[None]:
+    """A StorageError whose cause is a missing table (the outbox never opened on that
+    database, or in another schema) says what to do about it."""
+    try:
+        yield
+    except StorageError as exc:
+        if _tables_missing(exc.__cause__):
+            raise StorageError(f"{exc}{_NO_TABLES}", reason=exc.reason) from exc.__cause__
+        raise
+
+
 def _record_in(conn: Any, item: Publication, schema: str | None) -> Intake:
+    with _hinted():
+        return _record_in_any(conn, item, schema)
+
+
+def _record_in_any(conn: Any, item: Publication, schema: str | None) -> Intake:
     if _is_one_of(conn, (("psycopg", "Connection"),)):
         return _record_postgres(conn, conn, item, schema)
     if _is_one_of(conn, (("sqlite3", "Connection"),)):
@@ -116,6 +142,11 @@ def _record_in(conn: Any, item: Publication, schema: str | None) -> Intake:
 
 
 async def _record_in_async(conn: Any, item: Publication, schema: str | None) -> Intake:
+    with _hinted():
+        return await _record_in_async_any(conn, item, schema)
+
+
+async def _record_in_async_any(conn: Any, item: Publication, schema: str | None) -> Intake:
     if _is_one_of(conn, _SQLALCHEMY_ASYNC):
         # The same path as the sync objects, on the sync Connection or Session the
         # async one wraps: under run_sync its statements await the driver.

@@ -85,6 +85,7 @@ from plumbing.in_transaction import (
     pg_failed,
     sqlalchemy_backend,
     sqlalchemy_connection,
+    tables_missing,
 )
 from plumbing.storage import StorageError
 from shared import Conflict, Receipt, digest_of, make_ack
@@ -97,7 +98,8 @@ Arrival = Literal["new", "duplicate"]
 _RECEIPTS: Final[dict[str, Receipt]] = {"new": Receipt.APPLIED, "duplicate": Receipt.DUPLICATE}
 _NO_TABLES: Final = (
     " (the inbox's tables are not there: open the inbox once beforehand, with"
-    " Inbox.open or by starting the sink, to create them)"
+    " Inbox.open or by starting the sink, to create them; tables in a schema of their"
+    ' own are named by schema="NAME")'
 )
 
 
@@ -269,8 +271,7 @@ def _sqlite_failed(exc: BaseException) -> StorageError:
 
 def _hint(exc: BaseException) -> str:
     """What to do when the error is the inbox's tables missing: open it once."""
-    undefined_table = getattr(exc, "sqlstate", None) == "42P01"  # PostgreSQL's
-    return _NO_TABLES if undefined_table or str(exc).startswith("no such table") else ""
+    return _NO_TABLES if tables_missing(exc) else ""
 
 
 def _receive_sqlalchemy(conn: Any, item: Incoming, schema: str | None) -> Arrival:

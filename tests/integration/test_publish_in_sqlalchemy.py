@@ -293,7 +293,8 @@ async def test_the_sync_and_the_async_objects_are_not_mixed_up(callers: Callers)
 async def test_a_driver_error_is_a_storage_error(
     kind: str, databases: Databases, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    # No outbox was opened here: the driver finds no table (a SQLAlchemy DBAPIError).
+    # No outbox was opened here: the driver finds no table (a SQLAlchemy DBAPIError),
+    # and the error says what to do: open the outbox once, or name its schema.
     if isinstance(databases.source, Path):
         location: Path | str = tmp_path / "blank.db"
     else:
@@ -301,11 +302,12 @@ async def test_a_driver_error_is_a_storage_error(
     callers = Callers(kind, location)
     try:
         async with callers.open() as caller:
-            with pytest.raises(StorageError, match="outbox"):
+            with pytest.raises(StorageError, match=r"Outbox\.open") as failed:
                 await caller.publish(captured("p-1"))
             await caller.rollback()
     finally:
         await callers.close()
+    assert "outbox_entries" in str(failed.value) and "schema=" in str(failed.value)
 
 
 @pytest.mark.parametrize("databases", ["sqlite"], indirect=True)

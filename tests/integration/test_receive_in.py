@@ -321,7 +321,7 @@ async def test_a_database_without_the_inbox_tables_says_to_open_the_inbox_first(
             await caller.rollback()
     finally:
         await consumer.close()
-    assert "inbox_events" in str(failed.value)
+    assert "inbox_events" in str(failed.value) and "schema=" in str(failed.value)
 
 
 # ---------------------------------------------------------------- PostgreSQL
