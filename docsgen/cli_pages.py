@@ -62,7 +62,9 @@ that is there (`dispatch`, `status`, `list`, `quarantine`, `redrive`, `trace`,
 `prune`): they refuse a file that does not exist, in one line with status
 `{EXIT_USAGE}`, rather than show a mistyped path as an empty outbox; a
 `postgresql://` (or `postgres://`) URI is a PostgreSQL database, whose tables are
-created or brought up to date when it is opened. The password comes from
+created or brought up to date when it is opened (by those same commands only brought
+up to date: a database or schema without the outbox's tables is refused the same way,
+and nothing is created in it). The password comes from
 `PGPASSWORD` or a `.pgpass` file, never from the URI. A URI that libpq refuses,
 or another scheme, is one line on stderr and status `{EXIT_USAGE}`, with nothing
 created; a server that cannot be reached is one line and status `{EXIT_FAILED}`.

@@ -16,10 +16,10 @@ from typing import Any, Final, TypeVar
 import psycopg
 
 from plumbing.schema import VERSIONS_TABLE, Schema
-from plumbing.storage import StorageError
+from plumbing.storage import BadLocation, StorageError
 
 from .errors import first_line, translated
-from .migrations import LEGACY_VERSIONS_TABLE, migrate
+from .migrations import LEGACY_VERSIONS_TABLE, migrate, side_is_there
 from .names import Qualify, qualifier
 from .pool import Conn, Pool, close_quietly
 from .settings import Settings, connection_kwargs, parse
@@ -45,13 +45,15 @@ class PgDatabase:
         return self.settings.display
 
     @classmethod
-    async def open(cls, url: str, schema: Schema) -> PgDatabase:
+    async def open(cls, url: str, schema: Schema, *, create: bool = True) -> PgDatabase:
         """Connect, bring the side's tables to the newest `schema` (those still to
         apply together in one transaction, under an advisory lock so that processes
         starting together migrate once), and open the pool. With a schema named in
         the URI (`schema=NAME`), it is created if missing and every table of the side
         is named in it (`qualify`). StorageError if the server cannot be reached or
-        its schema is newer than this program knows."""
+        its schema is newer than this program knows. Without `create`, a database (or
+        schema) that holds none of the side's tables is BadLocation, and nothing is
+        created in it: for the commands that read or change what is there."""
         settings = parse(url)
         kwargs = connection_kwargs(settings, schema.side)
         qualify = qualifier(
@@ -63,6 +65,17 @@ class PgDatabase:
             raise StorageError(f"{settings.display}: cannot connect: {first_line(exc)}") from exc
         try:
             async with translated(settings.display):
+                if not create and not await side_is_there(first, schema, qualify):
+                    where = (
+                        "this database"
+                        if settings.schema is None
+                        else f"schema {settings.schema!r}"
+                    )
+                    raise BadLocation(
+                        f"{settings.display}: the {schema.side}'s tables are not in {where}"
+                        " (serve and accept make them): check the database and the schema"
+                    )
+                await first.rollback()  # the look ends its transaction: nothing was written
                 if settings.schema is not None:
                     await first.execute(f'CREATE SCHEMA IF NOT EXISTS "{settings.schema}"'.encode())
                     await first.commit()

@@ -56,6 +56,20 @@ async def migrate(conn: Conn, schema: Schema, qualify: Qualify) -> None:
             )
 
 
+async def side_is_there(conn: Conn, schema: Schema, qualify: Qualify) -> bool:
+    """Whether the side's tables are in the database (its row in VERSIONS_TABLE, or
+    an earlier release's version of it), asked without creating anything."""
+    versions = qualify(VERSIONS_TABLE)
+    found = await (await conn.execute(b"SELECT to_regclass(%s)", (versions,))).fetchone()
+    if found is not None and found[0] is not None:
+        row = await (
+            await conn.execute(f"SELECT 1 FROM {versions} WHERE side = %s".encode(), (schema.side,))
+        ).fetchone()
+        if row is not None:
+            return True
+    return await _legacy_version(conn, schema, qualify) is not None
+
+
 async def _legacy_version(conn: Conn, schema: Schema, qualify: Qualify) -> int | None:
     """The side's version as a release before VERSIONS_TABLE kept it, where that
     release's table of the side is there with its columns; else None."""

@@ -436,14 +436,15 @@ class Outbox(StoreBase):
     """
 
     @classmethod
-    def open(cls, location: str | Path) -> Opening[Outbox]:
+    def open(cls, location: str | Path, *, create: bool = True) -> Opening[Outbox]:
         """Open the outbox at `location` (the --db value) with the backend it names,
         creating and migrating its schema: `await Outbox.open(db)` or
         `async with Outbox.open(db) as outbox`. BadLocation for a location no
-        backend here can open."""
+        backend here can open; with `create=False`, also for one that holds no
+        outbox yet (a mistyped path or schema), where nothing is created."""
         from publisher.backends import open_outbox  # the backends import this module
 
-        return open_outbox(str(location))
+        return open_outbox(str(location), create=create)
 
     @abstractmethod
     def relay_lock(self, owner: str) -> contextlib.AbstractAsyncContextManager[None]:

@@ -143,9 +143,10 @@ class PostgresOutbox(Outbox):
         )
 
     @classmethod
-    async def connect(cls, url: str) -> PostgresOutbox:
-        """Connect and bring the schema up to date (StorageError if it cannot)."""
-        db = await PgDatabase.open(url, postgres_sql.SCHEMA)
+    async def connect(cls, url: str, *, create: bool = True) -> PostgresOutbox:
+        """Connect and bring the schema up to date (StorageError if it cannot); without
+        `create`, BadLocation where there is no outbox (PgDatabase.open)."""
+        db = await PgDatabase.open(url, postgres_sql.SCHEMA, create=create)
         try:
             [(oid,)] = await db.query(db.qualify(postgres_sql.ENTRIES_OID))
             [(source,)] = await db.query(db.qualify(postgres_sql.SOURCE))

@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Final
 
 from plumbing import event_loop
 from plumbing.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
 from plumbing.net import TokenError
-from plumbing.storage import BadLocation, StorageError, parse_location, with_schema
+from plumbing.storage import BadLocation, StorageError, with_schema
 from publisher.cli import accept, dispatch, operate, serve
 from publisher.cli.options import PROG, Check, Command, add_db_option
 from publisher.errors import DeliveryError, LeaseLost, OutboxError, TargetNotAllowed
@@ -29,12 +28,6 @@ from publisher.notes import BadNote
 from shared import Conflict, InvalidEvent
 
 GROUPS: Final = (accept, dispatch, serve, operate)  # in the order --help lists them
-# Commands that read or change an outbox that is there: a SQLite file they would
-# create (a mistyped --db) is refused, not shown as an empty outbox. `serve` and
-# `accept` create one.
-NEED_AN_OUTBOX: Final = frozenset(
-    {"dispatch", "status", "list", "quarantine", "redrive", "trace", "prune"}
-)
 COMMANDS: Final[dict[str, Command]] = {
     name: run for group in GROUPS for name, run in group.COMMANDS.items()
 }
@@ -62,8 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.db = with_schema(args.db, args.schema)  # --schema: the URI's schema=NAME
-        if args.command in NEED_AN_OUTBOX:
-            _must_exist(args.db)
     except BadLocation as exc:
         return fail(PROG, exc, EXIT_USAGE)
     check = CHECKS.get(args.command)
@@ -92,14 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, f"cannot listen: {exc.strerror or exc}")
     except KeyboardInterrupt:
         return fail(PROG, "interrupted", EXIT_FAILED)
-
-
-def _must_exist(db: str) -> None:
-    """BadLocation for a SQLite file that does not exist (a PostgreSQL database is
-    the server's to refuse)."""
-    location = parse_location(db)
-    if location.backend == "sqlite" and not Path(location.target).exists():
-        raise BadLocation(f"{location.target}: no such database file (serve and accept create one)")
 
 
 __all__ = ["COMMANDS", "build_parser", "main"]

@@ -67,7 +67,7 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     )
     async with (
         sender,
-        Outbox.open(args.db) as outbox,
+        Outbox.open(args.db, create=False) as outbox,
         outbox.relay_lock("outbox-publisher dispatch"),
     ):
         try:

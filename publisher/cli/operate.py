@@ -111,7 +111,7 @@ def add_by_option(parser: ArgumentParser) -> None:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    async with Outbox.open(args.db) as outbox:
+    async with Outbox.open(args.db, create=False) as outbox:
         snapshot = await outbox.snapshot()
         lines = await lines_view(outbox, args.lease_ttl)
     if args.json:
@@ -172,7 +172,7 @@ def _field(validate: Callable[[object], str], text: str) -> str:
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
-    async with Outbox.open(args.db) as outbox:
+    async with Outbox.open(args.db, create=False) as outbox:
         entries = await outbox.entries(State(args.state), args.limit, key=args.key, type=args.type)
         history = await outbox.quarantine_history([e.id for e in entries])
         lines = await lines_view(outbox)
@@ -234,14 +234,14 @@ def _entry_line(entry: Entry, records: list[QuarantineRecord], lines: LinesView)
 
 
 async def cmd_quarantine(args: argparse.Namespace) -> int:
-    async with Outbox.open(args.db) as outbox:
+    async with Outbox.open(args.db, create=False) as outbox:
         await outbox.quarantine(args.id, args.reason, args.by)
     say(f"quarantined {args.id}")
     return EXIT_OK
 
 
 async def cmd_redrive(args: argparse.Namespace) -> int:
-    async with Outbox.open(args.db) as outbox:
+    async with Outbox.open(args.db, create=False) as outbox:
         record = await outbox.redrive(args.id, args.by)
     passed = f": {' '.join(record.delivered_past)}" if record.delivered_past else ""
     say(f"redriven {args.id}; {record.delivered_past_count} delivered past it{passed}")
@@ -254,7 +254,7 @@ async def cmd_trace(args: argparse.Namespace) -> int:
         token = load_token(args.token_file)
         sender = HttpSender(args.sink, allowed_hosts=args.allow_host, token=token)
         log_egress(args.sink, args.allow_host)
-    async with Outbox.open(args.db) as outbox:
+    async with Outbox.open(args.db, create=False) as outbox:
         if sender is None:
             trace = await collect_trace(outbox, args.id, None)
         else:
@@ -270,7 +270,7 @@ async def cmd_trace(args: argparse.Namespace) -> int:
 
 
 async def cmd_prune(args: argparse.Namespace) -> int:
-    async with Outbox.open(args.db) as outbox:
+    async with Outbox.open(args.db, create=False) as outbox:
         deleted = await outbox.prune(args.older_than)
     say(f"pruned {deleted} sent entries")
     return EXIT_OK

@@ -28,7 +28,7 @@ from outbox_backends import BACKENDS, FAULTS, Backend, Fault, SqliteBackend
 from support import accept, event, json_of_python, pending_ids, placed
 
 import publisher.store
-from plumbing.storage import StorageError
+from plumbing.storage import BadLocation, StorageError
 from publisher import (
     MAX_BATCH,
     NotInTransaction,
@@ -131,6 +131,18 @@ async def test_reopening_keeps_the_data(backend: Backend) -> None:
         assert await outbox.pending() == [placed_event("b")]
         assert await outbox.accept(order("a")) == "duplicate"
     assert count(backend, "outbox_orders") == 2
+
+
+async def test_opened_not_to_create_it_refuses_where_there_is_no_outbox(backend: Backend) -> None:
+    # What the commands that read or change an outbox open it with: a mistyped path or
+    # schema is an error, not an empty outbox made there and reported as such.
+    with pytest.raises(BadLocation, match="serve and accept"):
+        async with Outbox.open(backend.location, create=False):
+            pass
+    async with Outbox.open(backend.location) as outbox:
+        await accept(outbox, "a")
+    async with Outbox.open(backend.location, create=False) as outbox:
+        assert [event["id"] for event in await outbox.pending()] == ["a"]
 
 
 async def test_the_seq_of_a_deleted_entry_is_never_given_again(

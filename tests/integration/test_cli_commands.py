@@ -22,7 +22,7 @@ from publisher.store import Outbox
 from shared import MAX_BODY_BYTES
 
 if TYPE_CHECKING:
-    from conftest import AcceptOrders, Query
+    from conftest import AcceptOrders, PgSchemas, Query
 
 ORDER: dict[str, Any] = {"id": "order-1", "sku": "snack", "qty": 7}
 SourceState = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
@@ -394,6 +394,50 @@ def test_a_command_on_an_outbox_refuses_a_file_that_is_not_there(
     assert ran.status == 2
     assert "no such database file" in ran.err
     assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("status",), ("list", "--state", "sent"), ("prune", "--older-than", "1d")],
+    ids=lambda command: command[0],
+)
+def test_a_command_on_an_outbox_refuses_a_postgres_schema_without_one(
+    pg_schemas: PgSchemas, capsys: Capsys, command: tuple[str, ...]
+) -> None:
+    """A mistyped --schema is one line, not a schema and an empty outbox made there;
+    a database where the outbox is (its schema named) is read as before."""
+    from pg_faults import PgAccess
+
+    url = pg_schemas.database_url
+
+    ran = run_publisher(capsys, command[0], "--db", url, "--schema", "relya", *command[1:])
+
+    assert_one_line_error(ran)
+    assert ran.status == 2
+    assert "the publisher's tables are not in schema 'relya'" in ran.err
+    access = PgAccess(url, "outbox_health")
+    assert access.query("SELECT to_regnamespace('relya')") == [(None,)]
+    assert (
+        run_publisher(
+            capsys,
+            "accept",
+            "--db",
+            url,
+            "--schema",
+            "relay",
+            "--id",
+            "o-1",
+            "--sku",
+            "a",
+            "--qty",
+            "1",
+        ).status
+        == 0
+    )
+    assert (
+        run_publisher(capsys, command[0], "--db", url, "--schema", "relay", *command[1:]).status
+        == 0
+    )
 
 
 # ---------------------------------------------------------------- publisher serve
