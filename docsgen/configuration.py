@@ -147,7 +147,7 @@ def _tokens() -> str:
     return (
         "## Tokens\n\nTokens are never flags (every user of a machine can read a process's"
         " arguments): each comes from a file named by a flag, or from its variable. A token"
-        " is at least 16 characters with no white space.\n\n"
+        " is at least 16 characters with no white space or control character.\n\n"
         + table(["Variable", "What it holds", "Named in the code as"], rows)
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import socket
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.conninfo
@@ -40,13 +40,19 @@ class Settings:
         self.display = redacted(url)
         try:
             parts = urlsplit(url)
-            params = parse_qsl(parts.query, keep_blank_values=True)
         except ValueError as exc:
             raise BadLocation(f"{self.display}: not a valid PostgreSQL URI ({exc})") from None
-        ours = {k: v for k, v in params if k in _OURS}
-        self.conninfo = urlunsplit(
-            parts._replace(query=urlencode([(k, v) for k, v in params if k not in ours]))
-        )
+        # Each parameter as written: libpq decodes %XX but not + (a space is %20), so
+        # its own are passed on untouched and only the project's are decoded here.
+        pairs = [part.partition("=") for part in parts.query.split("&") if part]
+        ours: dict[str, str] = {}
+        for key, _, value in pairs:
+            if unquote(key) in _OURS:
+                if unquote(key) in ours:
+                    raise BadLocation(f"{self.display}: {unquote(key)} is given twice")
+                ours[unquote(key)] = unquote(value)
+        theirs = "&".join(f"{k}={v}" for k, _, v in pairs if unquote(k) not in _OURS)
+        self.conninfo = urlunsplit(parts._replace(query=theirs))
         prepare = ours.get("prepare", "on")
         if prepare not in ("on", "off"):
             raise BadLocation(f"{self.display}: prepare must be on or off, not {prepare!r}")

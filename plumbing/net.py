@@ -45,9 +45,11 @@ def load_token(token_file: str | None, env: str = TOKEN_ENV) -> str | None:
         source = env
         if not token:
             return None
-    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+    # A control character cannot go in a header: every request would fail to be sent.
+    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() or not c.isprintable() for c in token):
         raise TokenError(
-            f"token from {source} must be at least {MIN_TOKEN_CHARS} characters, no spaces"
+            f"token from {source} must be at least {MIN_TOKEN_CHARS} characters,"
+            " no spaces or control characters"
         )
     return token
 

@@ -17,7 +17,7 @@ from typing import Any, Final, Protocol
 from plumbing.http_errors import BadRequest, invalid_event
 from publisher.store import MAX_ACCEPT, EventCheck, IntakeOutcome
 from shared import Conflict, Event, InvalidEvent, checked_event
-from shared.event import MAX_DATA_BYTES
+from shared.event import MAX_DATA_BYTES, MAX_DATA_BYTES_LIMIT
 
 ORDER_MAX_BODY_BYTES: Final = 16 * 1024  # one order (POST /orders)
 # The body of one batch of orders: MAX_ACCEPT orders of the longest kind (an ID of 128
@@ -51,7 +51,17 @@ def event_check(
     `Outbox.publish` and `Outbox.publish_many`, to hold events to the schemas that
     `outbox-publisher serve --schemas DIR` holds them to:
     `check = event_check(schemas=Schemas.load("schemas"))`, then
-    `publish_in(conn, event, check)`."""
+    `publish_in(conn, event, check)`. ValueError for a `max_data_bytes` that is not
+    an integer from 1 to MAX_DATA_BYTES_LIMIT: an event over that no sink takes."""
+    if (
+        not isinstance(max_data_bytes, int)
+        or isinstance(max_data_bytes, bool)
+        or not 1 <= max_data_bytes <= MAX_DATA_BYTES_LIMIT
+    ):
+        raise ValueError(
+            f"max_data_bytes must be an integer from 1 to {MAX_DATA_BYTES_LIMIT:,},"
+            f" not {max_data_bytes!r}"
+        )
 
     def check(obj: object) -> tuple[Event, str]:
         event, canonical = checked_event(obj, max_data_bytes=max_data_bytes, parsed=parsed)

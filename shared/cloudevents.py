@@ -34,6 +34,11 @@ _SOURCE_MAX_CHARS: Final = 1024
 _JSON_MEDIA: Final = re.compile(r"application/(?:[A-Za-z0-9.+-]+\+)?json", re.IGNORECASE)
 
 
+def is_source(source: object) -> bool:
+    """Whether `source` is a `source` attribute a sink takes (1 to 1024 characters)."""
+    return isinstance(source, str) and 1 <= len(source) <= _SOURCE_MAX_CHARS
+
+
 def structured(
     event_id: str, event_type: str, key: str | None, data_text: str, source: str, time: str
 ) -> str:
@@ -100,8 +105,7 @@ def _event_of(
             raise InvalidEvent(where(name), "is a required CloudEvents attribute")
     if attributes["specversion"] != SPECVERSION:
         raise InvalidEvent(where("specversion"), f"must be {SPECVERSION!r}")
-    source = attributes["source"]
-    if not isinstance(source, str) or not 1 <= len(source) <= _SOURCE_MAX_CHARS:
+    if not is_source(attributes["source"]):
         raise InvalidEvent(where("source"), f"must be 1 to {_SOURCE_MAX_CHARS} characters")
     if base64:
         raise InvalidEvent(where("data_base64"), "binary data is not taken: data must be JSON")

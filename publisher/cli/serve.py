@@ -53,6 +53,7 @@ from publisher.settings import (
     worker_id_for,
 )
 from shared import MAX_BATCH
+from shared.cloudevents import is_source
 from shared.schemas import SchemaError
 
 DEFAULT_PORT: Final = 8000
@@ -168,14 +169,23 @@ def _add_delivery_options(serve: ArgumentParser) -> None:
     )
 
 
+def source(text: str) -> str:
+    """argparse type for --source: a source the sink takes (shared.cloudevents)."""
+    if not is_source(text):
+        raise argparse.ArgumentTypeError(f"must be 1 to 1024 characters, got {len(text)}")
+    return text
+
+
 def _add_event_options(serve: ArgumentParser) -> None:
     """What intake takes as an event, and how the events are named on the wire."""
     add_event_rules(serve)
     add_option(
         serve,
         "--source",
+        type=source,
         default=DEFAULT_SOURCE,
-        help="the CloudEvents source attribute of the events sent (a URI reference)",
+        help="the CloudEvents source attribute of the events sent (a URI reference,"
+        " 1 to 1024 characters)",
     )
 
 

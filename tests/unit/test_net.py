@@ -134,6 +134,9 @@ def test_undecodable_file_is_a_token_error(tmp_path: Path) -> None:
         "abcdefgh ijklmnopq",
         "abcdefgh\tijklmnopq",
         "abcdefgh\nijklmnopq",
+        "abcdefgh\x1b[31mijklmnopq",
+        "abcdefgh\x7fijklmnopq",
+        "abcdefgh\u200bijklmnopq",
     ],
 )
 def test_unusable_token_in_file(tmp_path: Path, text: str) -> None:

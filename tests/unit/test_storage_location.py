@@ -129,3 +129,25 @@ def test_the_projects_uri_options_are_taken_out_before_libpq_sees_them() -> None
     assert (settings.prepare, settings.pool_max) == (False, 3)
     assert "prepare" not in settings.conninfo and "pool_max" not in settings.conninfo
     assert "options=-csearch_path%3Dpub" in settings.conninfo
+
+
+def test_libpq_parameters_reach_libpq_as_written() -> None:
+    import psycopg.conninfo
+
+    import pg_tx
+
+    settings = pg_tx.parse(
+        "postgresql://app@localhost/outbox?options=-c%20statement_timeout%3D5s"
+        "&application_name=a+b&schema=pub"
+    )
+    given = psycopg.conninfo.conninfo_to_dict(settings.conninfo)
+    assert given["options"] == "-c statement_timeout=5s"
+    assert given["application_name"] == "a+b"  # libpq keeps a + as it is
+    assert settings.schema == "pub" and "schema" not in given
+
+
+def test_a_parameter_of_the_projects_given_twice_is_refused() -> None:
+    import pg_tx
+
+    with pytest.raises(BadLocation, match="deadline is given twice"):
+        pg_tx.parse("postgresql://app@localhost/outbox?deadline=1&deadline=2")
