@@ -51,6 +51,8 @@ def check_psycopg_transaction(conn: Any) -> None:
     outside a transaction block."""
     from psycopg.pq import TransactionStatus
 
+    if conn.closed:  # its info would raise the driver's own OperationalError
+        raise StorageError("the PostgreSQL connection given is closed")
     if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
         raise NotInTransaction(
             "the connection is in autocommit mode outside a transaction:"
@@ -63,7 +65,13 @@ def check_sqlite_transaction(driver: Any) -> None:
     same attributes) that would commit each statement on its own: no transaction
     open, and none begun by its next write (isolation_level None, or Python 3.12's
     autocommit=True)."""
-    if not driver.in_transaction and (
+    import sqlite3
+
+    try:
+        in_transaction = driver.in_transaction
+    except sqlite3.ProgrammingError as exc:  # a closed connection
+        raise StorageError(f"the sqlite3 connection given cannot be used: {exc}") from exc
+    if not in_transaction and (
         driver.isolation_level is None or getattr(driver, "autocommit", None) is True
     ):
         raise NotInTransaction(

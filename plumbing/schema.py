@@ -48,7 +48,13 @@ class Schema:
 def scripts_to_run(schema: Schema, version: int) -> list[str]:
     """What brings a side at `version` (0: none of its tables) to the newest: the
     fresh schema, or the migrations after its version (none when it is there).
-    StorageError, in one line, for a version newer than this program knows."""
+    StorageError, in one line, for a version newer than this program knows, or for
+    one no release writes (a row changed by hand: text, a negative number)."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise StorageError(
+            f"the {schema.side} schema version is recorded as {version!r}, which no"
+            f" release writes: the {VERSIONS_TABLE} table was changed by hand"
+        )
     if version > schema.version:
         raise StorageError(
             f"the {schema.side} schema is version {version}, newer than this program"

@@ -61,6 +61,7 @@ from plumbing.in_transaction import (
     sqlalchemy_connection,
 )
 from plumbing.in_transaction import check_psycopg_transaction as _check_psycopg_transaction
+from plumbing.in_transaction import check_sqlite_transaction as _check_sqlite_transaction
 from plumbing.in_transaction import driver_errors as _driver_errors
 from plumbing.in_transaction import is_one_of as _is_one_of
 from plumbing.in_transaction import pg_where as _pg_where
@@ -212,14 +213,7 @@ def _record_sqlite(statements: Any, driver: Any, item: Publication, schema: str 
     from publisher.backends.sqlite import queue_event
 
     _refuse_schema_on_sqlite(schema)
-
-    if not driver.in_transaction and (
-        driver.isolation_level is None or getattr(driver, "autocommit", None) is True
-    ):
-        raise NotInTransaction(
-            "the sqlite3 connection is in autocommit mode outside a transaction:"
-            ' execute "BEGIN IMMEDIATE" first'
-        )
+    _check_sqlite_transaction(driver)
     try:
         return queue_event(statements, item, time.time())
     except sqlite3.Error as exc:

@@ -1047,6 +1047,18 @@ async def test_accept_in_and_publish_in_refuse_a_connection_outside_any_transact
     assert (count(backend, "outbox_orders"), count(backend, "outbox_entries")) == (0, 0)
 
 
+async def test_accept_in_and_publish_in_take_a_closed_connection_as_a_storage_error(
+    outbox: Outbox, backend: Backend
+) -> None:
+    with backend.user_connection() as conn:
+        conn.close()
+        with pytest.raises(StorageError, match="closed"):
+            accept_in(conn, order("a"))
+        with pytest.raises(StorageError, match="closed"):
+            publish_in(conn, PAYMENT)
+    assert (count(backend, "outbox_orders"), count(backend, "outbox_entries")) == (0, 0)
+
+
 # ---------------------------------------------------------------- no lock while sending
 
 

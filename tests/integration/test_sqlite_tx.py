@@ -206,6 +206,21 @@ async def test_a_newer_schema_version_is_a_storage_error(items_path: Path) -> No
     assert "items" not in tables(items_path)
 
 
+@pytest.mark.parametrize("recorded", ["'abc'", "-1", "1.5"])
+async def test_a_version_no_release_writes_is_a_storage_error(
+    items_path: Path, recorded: str
+) -> None:
+    write_by_hand(
+        items_path,
+        f"CREATE TABLE {VERSIONS_TABLE} (side TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+        f"INSERT INTO {VERSIONS_TABLE} (side, version) VALUES ('items', {recorded})",
+    )
+
+    message = str(await open_fails(items_path, ITEMS))
+    assert "no release writes" in message and "items" in message
+    assert "items" not in tables(items_path)
+
+
 async def test_another_sides_newer_version_is_not_this_sides(items_path: Path) -> None:
     write_by_hand(
         items_path,
