@@ -314,6 +314,28 @@ class JsonFormatter(logging.Formatter):
         return _JSON.encode(entry)
 
 
+class CommandFormatter(logging.Formatter):
+    """`PROG: level: message`, one line, escaped: what a one-shot command logs
+    (a warning of the storage, say) reads as its errors do."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__()
+        self.prog = prog
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{self.prog}: {record.levelname.lower()}: {escaped(record.getMessage())}"
+
+
+def setup_command_logging(prog: str) -> None:
+    """Warnings and errors of a one-shot command on stderr, as CommandFormatter
+    writes them (not Python's last-resort handler, which writes them as they are)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(CommandFormatter(prog))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+
+
 def setup_logging(log_format: str = "text", level: str = "INFO") -> None:
     """Logs on stderr (stdout is kept for results), as text or JSON lines.
 

@@ -86,10 +86,13 @@ def what_failed(exc: Exception) -> str:
     if isinstance(exc, BadRequest):
         cause = exc.__cause__
         if isinstance(cause, json.JSONDecodeError):  # its own "line 1" would mislead
-            return f"{exc}: {cause.msg} at column {cause.colno}"
+            # Some of its messages end in " at" themselves ("Invalid control character at").
+            return f"{exc}: {cause.msg.removesuffix(' at')} at column {cause.colno}"
         detail = exc.body.get("detail")
         return f"{exc}: {detail}" if detail else str(exc)
     if isinstance(exc, InvalidEvent):
+        if not exc.field:  # the line's value itself: neither an order nor an event
+            return f"not an order or an event: {exc.problem}"
         return f"invalid {'event' if exc.field.startswith('/') else 'order'}: {exc}"
     if isinstance(exc, Conflict):
         return f"conflict: {exc}"

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,25 +66,32 @@ class Chaos:
         return self.drop_after_commit > 0 or self.exit_after_commit > 0 or self.stall_s > 0
 
 
+_ASCII_INT: Final = re.compile(r"[0-9]+")
+_ASCII_DECIMAL: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
 def parse_chaos(text: str) -> Chaos:
     """argparse type for --chaos, e.g. 'drop-after-commit=1,stall=0.5'."""
     counts = {"drop-after-commit": 0, "exit-after-commit": 0}
     stall_s, skus, keys = 0.0, set(), set()
     for part in text.split(","):
         name, _, value = part.strip().partition("=")
-        if name in CHAOS_COUNTS and value.isdigit() and int(value) >= 1:
-            counts[name] = int(value)
-        elif name == "stall" and _seconds(value) is not None:
-            stall_s = float(value)
-        elif name == "reject-sku" and value:
-            skus.add(validate_sku(value))
-        elif name == "reject-key" and value:
-            keys.add(validate_key(value))
-        else:
+        try:
+            if name in CHAOS_COUNTS and _ASCII_INT.fullmatch(value) and int(value) >= 1:
+                counts[name] = int(value)
+            elif name == "stall" and _seconds(value) is not None:
+                stall_s = float(value)
+            elif name == "reject-sku" and value:
+                skus.add(validate_sku(value))
+            elif name == "reject-key" and value:
+                keys.add(validate_key(value))
+            else:
+                raise ValueError(part)
+        except ValueError:  # InvalidEvent of a SKU or a key is one too
             raise argparse.ArgumentTypeError(
                 f"{part.strip()!r}: expected drop-after-commit=N, exit-after-commit=N (N >= 1),"
                 " stall=SECONDS, reject-sku=SKU or reject-key=KEY"
-            )
+            ) from None
     return Chaos(
         counts["drop-after-commit"],
         counts["exit-after-commit"],
@@ -94,10 +102,9 @@ def parse_chaos(text: str) -> Chaos:
 
 
 def _seconds(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
+    if _ASCII_DECIMAL.fullmatch(text) is None:  # float() takes 1_0, " 5" and other digits
         return None
+    value = float(text)
     return value if 0 < value < 3600 else None
 
 

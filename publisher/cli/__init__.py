@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from typing import Final
 
 from plumbing import event_loop
-from plumbing.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
+from plumbing.cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ArgumentParser,
+    fail,
+    setup_command_logging,
+)
 from plumbing.net import TokenError
 from plumbing.storage import BadLocation, StorageError, with_schema
 from publisher.cli import accept, dispatch, operate, serve
@@ -63,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # `serve` takes --event-loop; the one-shot commands run on asyncio's own loop.
         loop = args.event_loop if args.command == "serve" else event_loop.ASYNCIO
+        if args.command != "serve":  # serve sets up its own logs (--log-format)
+            setup_command_logging(PROG)
         return event_loop.run(COMMANDS[args.command](args), loop)
     except event_loop.LoopUnavailable as exc:
         return fail(PROG, exc, EXIT_USAGE)
@@ -80,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except OSError as exc:
-        return fail(PROG, f"cannot listen: {exc.strerror or exc}")
+        if args.command == "serve":
+            return fail(PROG, f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+        return fail(PROG, f"{args.command}: {exc.strerror or exc}")  # its output, say
     except KeyboardInterrupt:
         return fail(PROG, "interrupted", EXIT_FAILED)
 

@@ -29,6 +29,7 @@ from publisher.cli.options import (
 from publisher.intake import event_check
 from publisher.orders_file import feed, numbered_lines
 from publisher.store import MAX_ACCEPT, EventCheck, Outbox
+from shared import validate_order
 from shared.schemas import SchemaError
 
 FIELDS: Final = ("id", "sku", "qty")
@@ -73,6 +74,7 @@ async def cmd_accept(args: argparse.Namespace) -> int:
         check = event_check(args.max_data_bytes, schemas, parsed=True)
         return await accept_file(args.db, args.file, check)
     event = {"id": args.id, "sku": args.sku, "qty": args.qty}
+    validate_order(event)  # InvalidEvent before the database is opened (or created)
     async with Outbox.open(args.db) as outbox:
         result = await outbox.accept(event)
     say(f"{result} {args.id}")

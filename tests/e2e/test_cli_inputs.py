@@ -115,6 +115,30 @@ def test_prune_with_a_unit_prunes(source: Path, run_cli: RunCli) -> None:
         assert (done.returncode, done.stdout.strip()) == (0, "pruned 0 sent entries"), done.stderr
 
 
+@pytest.mark.parametrize("given", ["", "s" * 1025])
+def test_serve_refuses_a_source_every_sink_would_refuse(
+    source: Path, run_cli: RunCli, given: str
+) -> None:
+    before = entry_state(source)
+    sink = "http://127.0.0.1:9/events"
+    done = run_cli(
+        "publisher", "serve", "--db", str(source), "--sink", sink, "--port", "0", "--source", given
+    )
+    assert_usage_error(done, "--source", "1 to 1024 characters")
+    assert entry_state(source) == before
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--qty", "0"), ("--id", "_x"), ("--sku", "a b")])
+def test_accept_refuses_an_order_before_creating_a_database(
+    tmp_path: Path, run_cli: RunCli, flag: str, value: str
+) -> None:
+    db = tmp_path / "new.db"
+    given = {"--id": "order-9", "--sku": "snack", "--qty": "1", flag: value}
+    done = run_cli("publisher", "accept", "--db", str(db), *given_args(given))
+    assert_usage_error(done, "invalid order")
+    assert list(tmp_path.glob("new.db*")) == []
+
+
 def test_list_says_when_nothing_matches(source: Path, run_cli: RunCli) -> None:
     db = str(source)
     sent = run_cli("publisher", "list", "--db", db, "--state", "sent")
@@ -156,3 +180,14 @@ def test_a_reader_that_went_away_ends_the_command_quietly(source: Path) -> None:
         stderr = running.stderr.read().decode()
         status = running.wait(timeout=60)
     assert (status, stderr) == (0, "")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_an_answer_that_cannot_be_written_is_one_line_that_says_so(source: Path) -> None:
+    # `outbox-publisher list > /dev/full`: the disk that takes its answer is full.
+    command = [sys.executable, "-m", "publisher", "list", "--db", str(source)]
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, timeout=60, check=False)
+    stderr = done.stderr.decode()
+    assert done.returncode == 1 and len(stderr.splitlines()) == 1, stderr
+    assert "list: No space left on device" in stderr and "listen" not in stderr

@@ -302,7 +302,7 @@ SERVE_ARGS = {
 }
 SAYS = {
     "sink": "outbox-sink: cannot listen on 127.0.0.1:0: ",
-    "publisher": "outbox-publisher: cannot listen: ",
+    "publisher": "outbox-publisher: cannot listen on 127.0.0.1:0: ",
 }
 
 

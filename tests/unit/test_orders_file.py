@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from publisher.orders_file import TooLong, numbered_lines, parsed, what_failed
+from shared import InvalidEvent, checked_event
 
 
 def lines(data: bytes, most: int = 8) -> list[tuple[int, bytes | str]]:
@@ -40,3 +43,19 @@ def test_what_failed_names_the_column_within_the_line() -> None:
     failure = parsed(b'{"id": }\n')
     assert isinstance(failure, Exception)
     assert what_failed(failure) == "line is not valid JSON: Expecting value at column 8"
+
+
+def test_what_failed_says_a_control_character_once() -> None:
+    failure = parsed(b'{"id": "a\x1bb"}\n')
+    assert isinstance(failure, Exception)
+    assert what_failed(failure) == "line is not valid JSON: Invalid control character at column 10"
+
+
+def test_what_failed_says_a_line_that_is_no_object_is_neither_kind() -> None:
+    failure = parsed(b"[1, 2]\n")
+    assert not isinstance(failure, Exception)
+    with pytest.raises(InvalidEvent) as raised:
+        checked_event(failure)
+    assert what_failed(raised.value) == (
+        "not an order or an event: an event must be a JSON object, not an array"
+    )

@@ -105,7 +105,19 @@ def test_chaos_refuses_orders_of_skus_and_events_of_keys() -> None:
     assert chaos.refuses and not chaos.faults
 
 
-@pytest.mark.parametrize("value", ["reject-key=", "reject-key=a b", "reject-key=" + "k" * 129])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "reject-key=",
+        "reject-key=a b",
+        "reject-key=" + "k" * 129,
+        "reject-sku=a b",
+        "exit-after-commit=\u00b2",
+        "drop-after-commit=\u0661",
+        "stall=\u0661",
+        "stall=1_0",
+    ],
+)
 def test_a_chaos_value_it_does_not_take_is_one_line_and_status_2(
     value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -113,4 +125,4 @@ def test_a_chaos_value_it_does_not_take_is_one_line_and_status_2(
         main(["--db", "sink.db", "--port", "0", "--chaos", value])
 
     assert exited.value.code == EXIT_USAGE
-    assert_one_line_refusal(capsys, tmp_path, "--chaos")
+    assert_one_line_refusal(capsys, tmp_path, "--chaos", "expected drop-after-commit=N")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from plumbing.cli import JsonFormatter, TextFormatter, escaped
+from plumbing.cli import CommandFormatter, JsonFormatter, TextFormatter, escaped
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # No lone surrogate here (the parametrized case has one): pytest-xdist cannot carry
@@ -89,3 +89,12 @@ def test_a_traceback_follows_indented_so_no_line_of_it_reads_as_a_record(
     assert all(line.startswith("  ") for line in trace), trace
     assert any(line == "  2026-01-01T00:00:00.000Z ERROR forged: next" for line in trace)
     assert not any(c in text.getvalue() for c in "\r\x1b\x07")
+
+
+def test_a_one_shot_commands_warning_is_one_escaped_line_that_names_the_program() -> None:
+    record = logging.LogRecord("sqlite_tx.database", logging.WARNING, "", 0, "%s", (REPLY,), None)
+
+    [line] = CommandFormatter("outbox-publisher").format(record).splitlines()
+
+    assert line.startswith("outbox-publisher: warning: down\\r\\n2026")
+    assert not any(c in line for c in "\r\x1b\x07\u202e")
