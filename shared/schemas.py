@@ -11,9 +11,12 @@ then validates an event's data without reading or building anything.
   on I-JSON data (what intake lets through), jsonschema-rs's verdict stands:
   - `pattern` is an ECMA-262 regular expression, as 2020-12 has it: `$` is the end of
     the text (Python's `re` also matches before a final newline), `\d` and `\w` are
-    ASCII. Data only Python's `re` accepts is refused at `/data` with no rule named,
-    as jsonschema finds no failure to name. A pattern that is not ECMA-262 (`\Z`,
-    `a{,3}`) is a SchemaError at load.
+    ASCII. jsonschema matches `pattern`, `patternProperties` and
+    `additionalProperties` with jsonschema-rs's engine too (linear time, where
+    Python's `re` backtracks: `^(a+)+$` took minutes on thirty characters), so such
+    data is refused at its place, by its rule (`unevaluatedProperties` still uses
+    Python's `re` on the names `patternProperties` covers). A
+    pattern that is not ECMA-262 (`\Z`, `a{,3}`) is a SchemaError at load.
   - `multipleOf` is decided on the numbers as decimals: 0.07 is a multiple of 0.01
     (jsonschema divides in binary floating point, gets 7.000000000000001, refuses it).
   A value jsonschema-rs cannot read (not JSON: a set, a key that is not a string, a
@@ -43,6 +46,7 @@ then validates an event's data without reading or building anything.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -312,18 +316,90 @@ def _falses_of_properties(value: Any, instance: Any) -> Iterator[str]:
 def _falses_of_pattern_properties(value: Any, instance: Any) -> Iterator[str]:
     for pattern, schema in value.items():
         if schema is False:
-            yield from (name for name in instance if re.search(pattern, name))
+            yield from (name for name in instance if _matches(pattern, name))
+
+
+# `pattern`, `patternProperties` and `additionalProperties` (beside
+# `patternProperties`) match with jsonschema-rs's regular expressions,
+# which take linear time: Python's `re` backtracks, so that a pattern such as
+# ^(a+)+$ held a refused event's check (and the service's loop) for minutes on a
+# string of thirty characters.
+
+
+@functools.lru_cache(maxsize=1024)
+def _pattern_validator(pattern: str) -> jsonschema_rs.Validator:
+    return jsonschema_rs.Draft202012Validator({"pattern": pattern})
+
+
+def _matches(pattern: str, text: str) -> bool:
+    """Whether `pattern` finds a match in `text`, as re.search would say."""
+    try:
+        return bool(_pattern_validator(pattern).is_valid(text))
+    except ValueError:  # a lone surrogate, which only Python's strings hold
+        return re.search(pattern, text) is not None
+
+
+def _pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    """jsonschema's `pattern`, matched by _matches."""
+    if validator.is_type(instance, "string") and not _matches(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(
+    validator: Any, value: Any, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    """jsonschema's `patternProperties`, matched by _matches."""
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in value.items():
+        for name, item in instance.items():
+            if _matches(pattern, name):
+                yield from validator.descend(item, subschema, path=name, schema_path=pattern)
 
 
 def _falses_of_prefix_items(value: Any, instance: Any) -> Iterator[int]:
     return (index for index, schema in enumerate(value[: len(instance)]) if schema is False)
 
 
+def _additional_properties(
+    validator: Any, value: Any, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    """jsonschema's `additionalProperties`, the names that `patternProperties` covers
+    matched by _matches."""
+    if not validator.is_type(instance, "object"):
+        return
+    properties, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+    extras = {
+        name
+        for name in instance
+        if name not in properties and not any(_matches(pattern, name) for pattern in patterns)
+    }
+    if validator.is_type(value, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], value, path=extra)
+    elif not value and extras:
+        joined = ", ".join(repr(each) for each in sorted(extras))
+        if patterns:
+            verb = "does" if len(extras) == 1 else "do"
+            listed = ", ".join(repr(each) for each in sorted(patterns))
+            yield ValidationError(f"{joined} {verb} not match any of the regexes: {listed}")
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            yield ValidationError(
+                f"Additional properties are not allowed ({joined} {verb} unexpected)"
+            )
+
+
 def _placing_false(
-    keyword: str, falses: Callable[[Any, Any], Iterator[str] | Iterator[int]], container: str
+    keyword: str,
+    falses: Callable[[Any, Any], Iterator[str] | Iterator[int]],
+    container: str,
+    own: _Keyword | None = None,
 ) -> _Keyword:
-    """jsonschema's `keyword`, with the failure of a `false` subschema at its place."""
-    own: _Keyword = Draft202012Validator.VALIDATORS[keyword]
+    """jsonschema's `keyword` (or `own`), with the failure of a `false` subschema at
+    its place."""
+    if own is None:
+        own = Draft202012Validator.VALIDATORS[keyword]
 
     def check(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
         if not any(item is False for item in _subschemas(value)):
@@ -358,8 +434,10 @@ _Validator: Final[type[Validator]] = validators.extend(  # type: ignore[no-untyp
     {
         "properties": _placing_false("properties", _falses_of_properties, "object"),
         "patternProperties": _placing_false(
-            "patternProperties", _falses_of_pattern_properties, "object"
+            "patternProperties", _falses_of_pattern_properties, "object", _pattern_properties
         ),
+        "pattern": _pattern,
+        "additionalProperties": _additional_properties,
         "prefixItems": _placing_false("prefixItems", _falses_of_prefix_items, "array"),
     },
 )

@@ -6,6 +6,7 @@ import http.server
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -629,24 +630,29 @@ def test_valid_data_never_reaches_the_precise_validator(
 
 
 @pytest.mark.parametrize(
-    ("schema", "data"),
+    ("schema", "data", "place"),
     [
         # Python's `$` also matches before a final newline; ECMA-262's only at the end.
-        (PAYMENT_SCHEMA, {**VALID, "currency": "EUR\n"}),
+        (PAYMENT_SCHEMA, {**VALID, "currency": "EUR\n"}, "/data/currency"),
         # Python's `\d` and `\w` are Unicode; ECMA-262's are ASCII.
-        ({"properties": {"n": {"pattern": "^\\d+$"}}}, {"n": "\u0663"}),  # ARABIC-INDIC 3
-        ({"properties": {"n": {"pattern": "^\\w+$"}}}, {"n": "caf\u00e9"}),
+        (
+            {"properties": {"n": {"pattern": "^\\d+$"}}},
+            {"n": "\u0663"},
+            "/data/n",
+        ),  # ARABIC-INDIC 3
+        ({"properties": {"n": {"pattern": "^\\w+$"}}}, {"n": "caf\u00e9"}, "/data/n"),
     ],
     ids=["dollar-before-newline", "unicode-digit", "unicode-word"],
 )
-def test_where_only_pythons_re_accepts_the_data_it_is_refused_without_a_rule(
-    tmp_path: Path, schema: dict[str, Any], data: object
+def test_where_only_pythons_re_accepts_the_data_the_pattern_is_named(
+    tmp_path: Path, schema: dict[str, Any], data: object, place: str
 ) -> None:
-    """The validators differ: jsonschema-rs refuses, jsonschema finds nothing to name."""
-    assert Draft202012Validator(schema).is_valid(data)
+    """Patterns are matched by jsonschema-rs's engine in both validators, so a string
+    only Python's re would take is refused at its place, by its rule."""
+    assert Draft202012Validator(schema).is_valid(data)  # jsonschema's own `pattern`
     write(tmp_path, f"{PAYMENT}.json", schema)
     error = refused(Schemas.load(tmp_path), data)
-    assert (error.field, error.problem) == ("/data", f"does not match the schema of {PAYMENT!r}")
+    assert error.field == place and "pattern" in error.problem
 
 
 def test_multiple_of_a_fraction_is_decided_as_decimals(tmp_path: Path) -> None:
@@ -752,3 +758,34 @@ def test_the_fast_and_the_precise_validator_agree(
         assert not valid, f"jsonschema-rs refused what jsonschema accepts: {error}"
     else:
         assert valid, "jsonschema-rs accepted what jsonschema refuses"
+
+
+# ---------------------------------------------------------------------- patterns
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("schema", "data", "place"),
+    [
+        ({"properties": {"s": {"pattern": "^(a+)+$"}}}, {"s": "a" * 40 + "!"}, "/data/s"),
+        (
+            {"patternProperties": {"^(a+)+$": {"type": "integer"}}},
+            {"a" * 40: "x", "a" * 40 + "!": "y"},
+            "/data/" + "a" * 40,
+        ),
+        (
+            {"patternProperties": {"^(a+)+$": {}}, "additionalProperties": False},
+            {"a" * 40 + "!": 1},
+            "/data",
+        ),
+    ],
+)
+def test_a_backtracking_pattern_refuses_in_linear_time(
+    tmp_path: Path, schema: object, data: object, place: str
+) -> None:
+    # Python's re takes about 2^40 steps on these: jsonschema-rs's engine, a few.
+    write(tmp_path, f"{PAYMENT}.json", schema)
+    started = time.monotonic()
+    error = refused(Schemas.load(tmp_path), data)
+    assert time.monotonic() - started < 5
+    assert error.field == place
