@@ -84,7 +84,10 @@ def from_binary(headers: Mapping[str, str], data: object) -> dict[str, Any]:
     for name, value in headers.items():
         lower = name.lower()
         if lower.startswith(HEADER_PREFIX):
-            attributes[lower.removeprefix(HEADER_PREFIX)] = value
+            attribute = lower.removeprefix(HEADER_PREFIX)
+            if attribute in attributes:  # which one is meant cannot be told
+                raise InvalidEvent(lower, "is given twice")
+            attributes[attribute] = value
     attributes["data"] = data
     return _event_of(attributes, "", False, header=True)
 

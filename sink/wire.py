@@ -35,6 +35,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
+from multidict import CIMultiDict
+
 from plumbing.bodies import parse_json
 from plumbing.http_errors import BadRequest
 from shared import MAX_BATCH, Event, InvalidEvent, checked_event, validate_order
@@ -253,7 +255,9 @@ def read_cloudevents(
     items before it): InvalidRequest, an InvalidEvent naming the place. The body's
     size is the framework's to cap, as the sink caps it (shared.MAX_BODY_BYTES for
     one event, shared.MAX_BATCH_BODY_BYTES for a batch)."""
-    lowered = {name.lower(): value for name, value in headers.items()}
+    # Names in any letter case, each kept (a header given twice is refused, not taken
+    # at its last value).
+    lowered = CIMultiDict(headers.items())
     try:
         media = media_of(content_type, CLOUDEVENTS_MEDIA)
     except BadRequest as exc:

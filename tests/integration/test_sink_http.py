@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 import yarl
+from multidict import CIMultiDict
 from support import padded, post_body, scrape, snapshot
 
 from plumbing.capped_labels import MAX_TYPE_LABELS, OTHER_TYPES
@@ -508,6 +509,17 @@ async def test_a_binary_event_refused_names_its_header_or_the_place_in_its_data(
             "/data/lines/1",
             "/lines/1",
         )
+    assert db_rows(sink_db, "SELECT * FROM inbox_events") == []
+
+
+async def test_a_binary_event_with_a_header_given_twice_is_refused_and_nothing_applied(
+    client: aiohttp.ClientSession, sink_base: str, sink_db: Path, db_rows: Query
+) -> None:
+    headers = CIMultiDict(binary_headers(PAYMENT))
+    headers.add("ce-id", "p-other")
+    async with client.post(f"{sink_base}/events", data=b"{}", headers=headers) as response:
+        reply = await response.json()
+    assert (response.status, reply["field"], reply["detail"]) == (400, "ce-id", "is given twice")
     assert db_rows(sink_db, "SELECT * FROM inbox_events") == []
 
 

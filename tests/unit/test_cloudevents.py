@@ -303,6 +303,14 @@ def test_headers_as_aiohttp_gives_them_are_read() -> None:
     assert from_binary(headers, {})["key"] == "k"
 
 
+@pytest.mark.parametrize("name", ["ce-id", "ce-partitionkey", "ce-type"])
+def test_an_attribute_in_two_headers_is_refused_not_taken_at_its_last_value(name: str) -> None:
+    headers = CIMultiDict({**HEADERS, "ce-partitionkey": "k1"})
+    headers.add(name.upper(), "other-2")
+    error = refused_binary(headers)
+    assert (error.field, error.problem) == (name, "is given twice")
+
+
 def test_the_body_is_the_data_not_a_header() -> None:
     assert from_binary({**HEADERS, "ce-data": "header"}, {"from": "body"})["data"] == {
         "from": "body"

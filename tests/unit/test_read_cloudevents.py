@@ -130,6 +130,14 @@ def test_a_binary_event_refused_for_a_header_names_the_header(
     assert error.body == refusal(read_event, JSON, headers, PAYMENT["data"])
 
 
+def test_a_header_given_twice_in_two_letter_cases_is_refused() -> None:
+    headers = {**binary(PAYMENT), "CE-ID": "p-2"}
+
+    error = refused(JSON, headers, body(PAYMENT["data"]))
+
+    assert (error.status, error.field, error.problem) == (400, "ce-id", "is given twice")
+
+
 def test_a_batch_with_an_invalid_item_is_refused_whole_pointing_under_its_index() -> None:
     bad = structured({**PAYMENT, "id": "p-2", "data": {"x": [0, 2**60]}})
     error = refused(BATCHED, NO_HEADERS, body([structured(PAYMENT), bad]))
