@@ -66,11 +66,11 @@ def check_args(parser: ArgumentParser, args: argparse.Namespace) -> None:
 
 
 async def cmd_accept(args: argparse.Namespace) -> int:
+    try:  # an order given by --id is held to the order's rules, yet no option goes unread
+        schemas = schemas_of(args)
+    except SchemaError as exc:
+        return fail(PROG, str(exc), EXIT_USAGE)
     if args.file is not None:
-        try:
-            schemas = schemas_of(args)
-        except SchemaError as exc:
-            return fail(PROG, str(exc), EXIT_USAGE)
         check = event_check(args.max_data_bytes, schemas, parsed=True)
         return await accept_file(args.db, args.file, check)
     event = {"id": args.id, "sku": args.sku, "qty": args.qty}

@@ -230,14 +230,20 @@ def test_accept_file_holds_events_to_the_schemas_as_serve_does(
         (("--schemas", "no-such-dir"), "cannot read the schema directory"),
     ],
 )
-def test_accept_file_with_schemas_it_cannot_use_is_one_line_and_writes_nothing(
-    tmp_path: Path, capsys: Capsys, args: tuple[str, ...], said: str
+@pytest.mark.parametrize("given", ["file", "order"])
+def test_accept_with_schemas_it_cannot_use_is_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: Capsys, args: tuple[str, ...], said: str, given: str
 ) -> None:
+    # An order given by --id is held to the order's own rules, not to schemas; a
+    # mistaken schema option is still an error rather than silently unused.
     events = tmp_path / "events.jsonl"
     events.write_text(payment("p-1", amount_cents=1, currency="EUR") + "\n")
     db = tmp_path / "source.db"
+    what = (
+        ("--file", str(events)) if given == "file" else ("--id", "o-1", "--sku", "a", "--qty", "1")
+    )
 
-    ran = accept(capsys, db, "--file", str(events), *args)
+    ran = accept(capsys, db, *what, *args)
 
     assert_one_line_error(ran)
     assert ran.status == 2
