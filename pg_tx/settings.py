@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import socket
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 import psycopg.conninfo
@@ -52,7 +52,10 @@ class Settings:
                     raise BadLocation(f"{self.display}: {unquote(key)} is given twice")
                 ours[unquote(key)] = unquote(value)
         theirs = "&".join(f"{k}={v}" for k, _, v in pairs if unquote(k) not in _OURS)
-        self.conninfo = urlunsplit(parts._replace(query=theirs))
+        # The URI as written up to its query (urlunsplit would drop the "//" of an empty
+        # host, postgresql:///db, which libpq reads as its local socket).
+        base = url.split("?", 1)[0]
+        self.conninfo = f"{base}?{theirs}" if theirs else base
         prepare = ours.get("prepare", "on")
         if prepare not in ("on", "off"):
             raise BadLocation(f"{self.display}: prepare must be on or off, not {prepare!r}")
@@ -68,11 +71,29 @@ class Settings:
         except BadLocation as exc:
             raise BadLocation(f"{self.display}: {exc}") from None
         try:
-            psycopg.conninfo.conninfo_to_dict(self.conninfo)
+            params = psycopg.conninfo.conninfo_to_dict(self.conninfo)
         except psycopg.ProgrammingError as exc:
             raise BadLocation(
                 f"{self.display}: not a valid PostgreSQL URI ({first_line(exc)})"
             ) from None
+        _check_libpq_values(self.display, params)
+
+
+# sslmode's values, as libpq takes them; it refuses any other only when it connects.
+_SSLMODES: Final = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
+def _check_libpq_values(display: str, params: dict[str, Any]) -> None:
+    """BadLocation for the values libpq parses but refuses only on connecting, so a
+    mistyped port or sslmode is a usage error, not a server that cannot be reached."""
+    for port in str(params.get("port") or "").split(","):
+        if port and (not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535):
+            raise BadLocation(f"{display}: the port must be from 1 to 65535, not {port!r}")
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in _SSLMODES:
+        raise BadLocation(
+            f"{display}: sslmode must be one of {', '.join(_SSLMODES)}, not {sslmode!r}"
+        )
 
 
 def _deadline(display: str, text: str | None) -> float:

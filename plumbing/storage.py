@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Generic, Literal, Protocol, Self, TypeVar
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 SQLITE_SCHEME: Final = "sqlite:"
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
@@ -114,8 +114,9 @@ def with_schema(text: str, schema: str | None) -> str:
         raise BadLocation(f"--schema {schema!r} and the URI's schema={named[0]!r} differ")
     if named:
         return text
-    query = f"{parts.query}&schema={schema}" if parts.query else f"schema={schema}"
-    return urlunsplit(parts._replace(query=query))
+    # Appended to the text as written: urlunsplit would drop the "//" of an empty host
+    # (postgresql:///db, libpq's local socket).
+    return f"{text}&schema={schema}" if parts.query else f"{text.split('?', 1)[0]}?schema={schema}"
 
 
 def redacted(url: str) -> str:

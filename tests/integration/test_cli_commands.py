@@ -402,6 +402,25 @@ def test_a_command_on_an_outbox_refuses_a_file_that_is_not_there(
     assert not missing.exists()
 
 
+def test_a_postgres_uri_with_an_empty_host_and_a_schema_opens_the_database(
+    pg_schemas: PgSchemas, capsys: Capsys
+) -> None:
+    """postgresql:///DB?host=...: the host given as a parameter, as libpq's local-socket
+    form is written; --schema added to it keeps the URI libpq reads."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(pg_schemas.database_url)
+    url = f"postgresql://{parts.path}?host={parts.hostname}&port={parts.port}&user={parts.username}"
+    order = ("--id", "o-1", "--sku", "a", "--qty", "1")
+    assert (
+        run_publisher(capsys, "accept", "--db", url, "--schema", "socket_form", *order).status == 0
+    )
+    ran = run_publisher(
+        capsys, "list", "--db", url, "--schema", "socket_form", "--state", "pending"
+    )
+    assert ran.status == 0 and "o-1" in ran.out, ran
+
+
 @pytest.mark.parametrize(
     "command",
     [("status",), ("list", "--state", "sent"), ("prune", "--older-than", "1d")],

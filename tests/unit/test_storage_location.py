@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plumbing.storage import BadLocation, Location, parse_location
+from plumbing.storage import BadLocation, Location, parse_location, with_schema
 
 
 @pytest.mark.parametrize(
@@ -108,6 +108,10 @@ def test_a_location_is_frozen() -> None:
         ("postgresql://app:secret@localhost/outbox?pool_max=0", "pool_max must be from 1"),
         ("postgresql://app:secret@localhost/outbox?no_such=1", "not a valid PostgreSQL URI"),
         ("postgresql://app:secret@[localhost/outbox", "not a valid PostgreSQL URI"),
+        ("postgresql://app:secret@localhost:99999/outbox", "port must be from 1 to 65535"),
+        ("postgresql://app:secret@localhost:abc/outbox", "port must be from 1 to 65535"),
+        ("postgresql://app:secret@h1:5432,h2:0/outbox", "port must be from 1 to 65535"),
+        ("postgresql://app:secret@localhost/outbox?sslmode=bogus", "sslmode must be one of"),
     ],
 )
 def test_a_bad_postgresql_uri_is_refused_without_connecting_or_echoing_the_password(
@@ -151,3 +155,19 @@ def test_a_parameter_of_the_projects_given_twice_is_refused() -> None:
 
     with pytest.raises(BadLocation, match="deadline is given twice"):
         pg_tx.parse("postgresql://app@localhost/outbox?deadline=1&deadline=2")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["postgresql:///outbox", "postgresql:///outbox?host=127.0.0.1&port=5433&deadline=2"],
+)
+def test_a_uri_with_an_empty_host_keeps_it_for_libpq(text: str) -> None:
+    # libpq reads postgresql:///db as its local socket; without the "//" it refuses it.
+    import psycopg.conninfo
+
+    import pg_tx
+
+    settings = pg_tx.parse(with_schema(text, "pub"))
+    assert settings.conninfo.startswith("postgresql:///outbox")
+    assert psycopg.conninfo.conninfo_to_dict(settings.conninfo)["dbname"] == "outbox"
+    assert settings.schema == "pub"
