@@ -97,6 +97,32 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {escaped(message)} (see --help)\n")
 
 
+def add_version(parser: argparse.ArgumentParser, side: str, modules: tuple[str, str]) -> None:
+    """`--version`: the installed release, and the schema version of `side` it writes
+    on SQLite and on PostgreSQL (`modules`: the two backends' SQL modules, imported
+    only when asked), which is what decides whether it opens a database."""
+
+    class Version(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+            import importlib
+            from importlib import metadata
+
+            sqlite, postgres = (importlib.import_module(name).SCHEMA.version for name in modules)
+            release = metadata.version("outbox-relay")
+            print(
+                f"{parser.prog} {release}: {side} schema version {sqlite} on SQLite,"
+                f" {postgres} on PostgreSQL"
+            )
+            parser.exit(EXIT_OK)
+
+    parser.add_argument(
+        "--version",
+        nargs=0,
+        action=Version,
+        help="show the release, and the schema version it writes, and exit",
+    )
+
+
 def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 

@@ -9,7 +9,15 @@ from typing import Final
 from aiohttp import web
 
 from plumbing import event_loop
-from plumbing.cli import EXIT_USAGE, ArgumentParser, add_option, fail, port, setup_logging
+from plumbing.cli import (
+    EXIT_USAGE,
+    ArgumentParser,
+    add_option,
+    add_version,
+    fail,
+    port,
+    setup_logging,
+)
 from plumbing.host_guard import HttpGuard
 from plumbing.http_options import add_http_options, http_guard_of, http_limits_of
 from plumbing.net import TOKEN_ENV, TokenError, is_loopback, load_token
@@ -30,6 +38,7 @@ def build_parser() -> ArgumentParser:
         description="Idempotent inbox sink over HTTP.",
         epilog=f"The bearer token comes from --token-file or the {TOKEN_ENV} variable.",
     )
+    add_version(parser, "sink", ("sink.backends.sqlite_sql", "sink.backends.postgres_sql"))
     add_option(
         parser,
         "--db",

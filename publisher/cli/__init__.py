@@ -23,6 +23,7 @@ from plumbing.cli import (
     EXIT_OK,
     EXIT_USAGE,
     ArgumentParser,
+    add_version,
     fail,
     setup_command_logging,
 )
@@ -45,6 +46,11 @@ CHECKS: Final[dict[str, Check]] = {
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description="Order intake with a transactional outbox.")
+    add_version(
+        parser,
+        "publisher",
+        ("publisher.backends.sqlite_sql", "publisher.backends.postgres_sql"),
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
     def command(name: str, help: str) -> ArgumentParser:

@@ -5,6 +5,8 @@ tests of their own in `make test`.)"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shutil
@@ -139,10 +141,16 @@ def test_strict_fails_on_a_broken_link(stub_site: Path, fault: str, tmp_path: Pa
 
 
 def test_the_upgrade_page_shows_the_schema_version_this_program_writes() -> None:
-    """Its example output names the SQLite publisher schema's newest version twice."""
+    """Its example output names the SQLite publisher schema's newest version twice, and
+    --version's line is what the program prints."""
     from publisher.backends.sqlite_sql import SCHEMA
+    from publisher.cli import main
 
     page = (ROOT / "docs/how-to/upgrade.md").read_text(encoding="utf-8")
     shown = re.findall(r"publisher\|(\d+)$|this program knows \((\d+)\)", page, re.M)
     assert len(shown) == 2, shown
     assert {int(a or b) for a, b in shown} == {SCHEMA.version}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), pytest.raises(SystemExit):
+        main(["--version"])
+    assert f"$ outbox-publisher --version\n{printed.getvalue()}```" in page

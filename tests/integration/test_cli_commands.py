@@ -586,3 +586,30 @@ def test_trace_of_a_generic_event_is_accepted_by_its_entry(source: Path, capsys:
 
     unknown = run_publisher(capsys, "trace", "--db", str(source), "nope-1")
     assert unknown.status == 1
+
+
+# ---------------------------------------------------------------- --version
+
+
+def test_version_names_the_release_and_the_schema_versions_each_program_writes(
+    capsys: Capsys,
+) -> None:
+    """What decides whether a program opens a database: the upgrade how-to asks for it."""
+    from importlib import metadata
+
+    from publisher.backends import postgres_sql as publisher_pg
+    from publisher.backends import sqlite_sql as publisher_sqlite
+    from sink.backends import postgres_sql as sink_pg
+    from sink.backends import sqlite_sql as sink_sqlite
+
+    release = metadata.version("outbox-relay")
+    for run, side, sqlite, postgres in [
+        (run_publisher, "publisher", publisher_sqlite, publisher_pg),
+        (run_sink, "sink", sink_sqlite, sink_pg),
+    ]:
+        ran = run(capsys, "--version")
+        assert (ran.status, ran.err) == (0, "")
+        assert ran.out.splitlines() == [
+            f"outbox-{side} {release}: {side} schema version {sqlite.SCHEMA.version} on SQLite,"
+            f" {postgres.SCHEMA.version} on PostgreSQL"
+        ]
