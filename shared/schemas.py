@@ -118,7 +118,10 @@ class Schemas:
     def load(cls, directory: str | Path, *, strict: bool = False) -> Schemas:
         """The schemas of `directory`: every file but hidden ones must be a `TYPE.json`
         with a usable 2020-12 schema, else SchemaError (so a typo such as
-        `payment.captured.jsn` is noticed instead of leaving the type unchecked)."""
+        `payment.captured.jsn` is noticed instead of leaving the type unchecked). An
+        empty name is a SchemaError too, not the current directory."""
+        if not str(directory):
+            raise SchemaError("the schema directory is named by an empty path")
         folder = Path(directory)
         try:
             paths = sorted(folder.iterdir())

@@ -133,6 +133,14 @@ def test_an_empty_directory_has_no_schemas(tmp_path: Path) -> None:
     assert Schemas.load(tmp_path).types == frozenset()
 
 
+def test_an_empty_name_is_no_directory_not_the_current_one(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(folder)  # schemas here, which an empty name must not find
+    with pytest.raises(SchemaError, match="empty path"):
+        Schemas.load("")
+
+
 @pytest.mark.parametrize(
     ("name", "content", "says"),
     [
