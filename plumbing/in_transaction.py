@@ -152,10 +152,17 @@ def sqlalchemy_backend(
 @contextlib.contextmanager
 def driver_errors(failed: Callable[[BaseException], StorageError]) -> Iterator[None]:
     """SQLAlchemy's wrapping of a driver error (DBAPIError) as the StorageError the
-    driver's own error becomes."""
+    driver's own error becomes; a connection outside any transaction told what to do
+    in SQLAlchemy's terms, not its driver's."""
     from sqlalchemy.exc import DBAPIError
 
     try:
         yield
     except DBAPIError as exc:
         raise failed(exc.orig or exc) from exc
+    except NotInTransaction as exc:
+        raise NotInTransaction(
+            "the SQLAlchemy connection commits each statement on its own (isolation_level"
+            ' "AUTOCOMMIT"): use one without it, in a transaction (with conn.begin(): ...'
+            " or a Session)"
+        ) from exc

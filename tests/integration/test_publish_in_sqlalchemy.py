@@ -272,9 +272,10 @@ async def test_autocommit_is_refused_and_writes_nothing(
     callers: Callers, databases: Databases, source_outbox: Outbox
 ) -> None:
     async with callers.open(autocommit=True) as caller:
-        with pytest.raises(NotInTransaction):
+        # Told in SQLAlchemy's terms, not its driver's (psycopg's conn.transaction()).
+        with pytest.raises(NotInTransaction, match=r'"AUTOCOMMIT".*conn\.begin\(\)'):
             await caller.publish(captured("p-1"))
-        with pytest.raises(NotInTransaction):
+        with pytest.raises(NotInTransaction, match="AUTOCOMMIT"):
             await caller.accept(placed("o-1"))
     assert rows(databases, "SELECT count(*) FROM outbox_entries") == [(0,)]
     assert rows(databases, "SELECT count(*) FROM outbox_orders") == [(0,)]
