@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import plumbing.group_commit
+from plumbing.storage import StorageTimeout
 
 from .database import PgDatabase
-from .pool import Conn
+from .pool import Conn, DeadlinePassed
 
 C_in = TypeVar("C_in")
 R_out = TypeVar("R_out")
@@ -36,4 +37,17 @@ class GroupCommit(plumbing.group_commit.GroupCommit[C_in, R_out]):
             async with db.connection() as conn:
                 return await commit(conn, calls)
 
-        super().__init__(run)
+        super().__init__(run, deadline=call_deadline(db))
+
+
+def call_deadline(db: PgDatabase) -> tuple[float, Callable[[], Exception]]:
+    """The deadline of one call of a group commit: the database's, counted from the
+    call's submission, so that a call queued behind a group that hangs fails within
+    it too (StorageTimeout, a 503 saying so), not after its own group's deadline."""
+    deadline_s = db.settings.deadline_s
+
+    def passed() -> Exception:
+        exc = DeadlinePassed(deadline_s)
+        return StorageTimeout(f"{db.location}: {exc}", reason=str(exc))
+
+    return deadline_s, passed

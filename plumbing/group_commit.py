@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 C = TypeVar("C")
 R = TypeVar("R")
@@ -30,11 +30,21 @@ Commit = Callable[[list[C]], Awaitable[list[R | Exception]]]
 class GroupCommit(Generic[C, R]):
     """`await group.submit(call)`: the call's outcome once its group has committed."""
 
-    def __init__(self, commit: Commit[C, R], *, gather_passes: int = 0) -> None:
+    def __init__(
+        self,
+        commit: Commit[C, R],
+        *,
+        gather_passes: int = 0,
+        deadline: tuple[float, Callable[[], Exception]] | None = None,
+    ) -> None:
+        """`deadline=(seconds, error)`: a call waits at most that long from its
+        submission, the groups before its own included, and then fails with
+        `error()`; what its group commits later stays committed."""
         if gather_passes < 0:
             raise ValueError(f"gather_passes must be 0 or more, not {gather_passes}")
         self._commit = commit
         self._gather_passes = gather_passes
+        self._deadline = deadline
         self._queue: list[tuple[C, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -48,7 +58,16 @@ class GroupCommit(Generic[C, R]):
         self._queue.append((call, done))
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
-        return await done
+        if self._deadline is None:
+            return await done
+        seconds, error = self._deadline
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), seconds)
+        except TimeoutError:
+            if done.done() and not done.cancelled():
+                return done.result()  # decided just as the wait ended
+            done.cancel()  # no outcome is set: the call may still be committed with its group
+            raise error() from None
 
     async def _run(self) -> None:
         group: list[tuple[C, asyncio.Future[R]]] = []
@@ -75,6 +94,26 @@ class GroupCommit(Generic[C, R]):
             for _, done in [*group, *self._queue]:
                 done.cancel()  # only when this task itself was cancelled
             self._queue = []
+
+
+async def within(deadline: tuple[float, Callable[[], Exception]] | None, work: Awaitable[R]) -> R:
+    """`await work`, for at most the deadline's seconds, then its `error()`; the
+    work itself goes on (what it commits stays committed) and its outcome is
+    dropped."""
+    if deadline is None:
+        return await work
+    seconds, error = deadline
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), seconds)
+    except TimeoutError:
+        task.add_done_callback(_dropped)
+        raise error() from None
+
+
+def _dropped(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: an abandoned call's failure is not logged again
 
 
 class Arrivals:

@@ -61,7 +61,8 @@ from pg_tx import (
     sent_together,
     storage_error,
 )
-from plumbing.group_commit import GroupCommit
+from pg_tx.group import call_deadline
+from plumbing.group_commit import GroupCommit, within
 from plumbing.storage import TRIAL_ID, TRIAL_TYPE, StorageError
 from shared import Conflict, Lease, PredecessorMissing, Receipt, StaleLease
 from sink.backends import postgres_sql
@@ -95,7 +96,10 @@ class PostgresInbox(Inbox):
         self._sql = qualified(postgres_sql, db.qualify)  # its statements, in its schema
         self.handlers = handlers
         self._arrivals = Arrivals()
-        self._groups: GroupCommit[Call, BatchReceipt] = GroupCommit(self._commit_group)
+        self._deadline = call_deadline(db)
+        self._groups: GroupCommit[Call, BatchReceipt] = GroupCommit(
+            self._commit_group, deadline=self._deadline
+        )
 
     @property
     def writes_in_progress(self) -> int:
@@ -174,7 +178,8 @@ class PostgresInbox(Inbox):
             return BatchReceipt([], None)
         call = Call(list(items), after, lease)
         if after is None and self._arrivals.count <= 1 and not self._groups.busy:
-            outcome = (await self._commit_group([call]))[0]  # a transaction of its own
+            # A transaction of its own, answered within the deadline.
+            outcome = (await within(self._deadline, self._commit_group([call])))[0]
             if isinstance(outcome, Exception):
                 raise outcome
             return outcome
