@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import plumbing.group_commit
+from plumbing.group_commit import Deadline
 from plumbing.storage import StorageTimeout
 
 from .database import PgDatabase
@@ -40,7 +41,7 @@ class GroupCommit(plumbing.group_commit.GroupCommit[C_in, R_out]):
         super().__init__(run, deadline=call_deadline(db))
 
 
-def call_deadline(db: PgDatabase) -> tuple[float, Callable[[], Exception]]:
+def call_deadline(db: PgDatabase) -> Deadline:
     """The deadline of one call of a group commit: the database's, counted from the
     call's submission, so that a call queued behind a group that hangs fails within
     it too (StorageTimeout, a 503 saying so), not after its own group's deadline."""

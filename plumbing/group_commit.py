@@ -23,6 +23,8 @@ from typing import Any, Generic, TypeVar
 
 C = TypeVar("C")
 R = TypeVar("R")
+# A call's deadline in seconds, and the error its caller gets once it has passed.
+Deadline = tuple[float, Callable[[], Exception]]
 
 Commit = Callable[[list[C]], Awaitable[list[R | Exception]]]
 
@@ -35,7 +37,7 @@ class GroupCommit(Generic[C, R]):
         commit: Commit[C, R],
         *,
         gather_passes: int = 0,
-        deadline: tuple[float, Callable[[], Exception]] | None = None,
+        deadline: Deadline | None = None,
     ) -> None:
         """`deadline=(seconds, error)`: a call waits at most that long from its
         submission, the groups before its own included, and then fails with
@@ -96,7 +98,7 @@ class GroupCommit(Generic[C, R]):
             self._queue = []
 
 
-async def within(deadline: tuple[float, Callable[[], Exception]] | None, work: Awaitable[R]) -> R:
+async def within(deadline: Deadline | None, work: Awaitable[R]) -> R:
     """`await work`, for at most the deadline's seconds, then its `error()`; the
     work itself goes on (what it commits stays committed) and its outcome is
     dropped."""

@@ -23,8 +23,9 @@ from typing import TypeVar
 
 import aiosqlite
 
+from plumbing.group_commit import Deadline, within
 from plumbing.schema import Schema
-from plumbing.storage import StorageError
+from plumbing.storage import StorageError, StorageTimeout
 
 from .aiosqlite_internals import (
     AiosqliteChanged,
@@ -43,6 +44,12 @@ log = logging.getLogger(__name__)
 # The writability probe: one row of the side's probe table (Schema.probe_table),
 # updated in place by a committed transaction.
 PROBE_WRITE = "UPDATE {table} SET at = ? WHERE id = 1"
+# How long a call may take, counted from when it is asked: the busy timeout a
+# statement waits for the write lock, and a second more. Calls run one at a time on
+# the database thread, so one queued behind a call that waits for the lock would wait
+# for both; it gives up at this deadline instead, on its caller's behalf (the call
+# still runs, and what it commits stays committed: a retry finds it).
+CALL_DEADLINE_S = BUSY_TIMEOUT_MS / 1000 + 1.0
 
 
 class Database:
@@ -97,25 +104,38 @@ class Database:
             )
         db._probe_write = PROBE_WRITE.format(table=schema.probe_table)
         try:
-            await db.run(lambda conn: prepare(conn, schema))
+            await db.run(lambda conn: prepare(conn, schema), bounded=False)
         except BaseException:
             await connection.close()
             raise
         return db
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def run(self, fn: Callable[[sqlite3.Connection], T], *, bounded: bool = True) -> T:
         """Run `fn(connection)` on the database thread and return its result;
-        StorageError once close() has begun."""
+        StorageError once close() has begun. `bounded`: StorageTimeout once
+        CALL_DEADLINE_S has passed since the call was asked (`deadline`); not for the
+        schema's migrations when the file is opened, which take what they take."""
         if self._closing:
             raise StorageError(f"{self.path}: the database is closed")
         self._submitted += 1
+        # aiosqlite's private queue (see aiosqlite_internals): the only way to run a
+        # whole transaction on its thread without a hop per statement.
+        work = run_on_worker(self._connection, self._call, fn)
         try:
-            # aiosqlite's private queue (see aiosqlite_internals): the only way to run
-            # a whole transaction on its thread without a hop per statement.
-            result = await run_on_worker(self._connection, self._call, fn)
+            result = await (within(self.deadline, work) if bounded else work)
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: {exc}") from exc
         return result
+
+    @property
+    def deadline(self) -> Deadline:
+        """A call's deadline, and the error its caller gets when it passes."""
+
+        def passed() -> Exception:
+            reason = f"the database did not answer within {CALL_DEADLINE_S:g} s"
+            return StorageTimeout(f"{self.path}: {reason}", reason=reason)
+
+        return CALL_DEADLINE_S, passed
 
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """On the worker thread."""

@@ -32,7 +32,7 @@ class GroupCommit(plumbing.group_commit.GroupCommit[C_in, R_out]):
         async def run(calls: list[C_in]) -> list[R_out | Exception]:
             return await db.run(functools.partial(_group, commit, calls))
 
-        super().__init__(run)
+        super().__init__(run, deadline=db.deadline)
 
 
 def _group(

@@ -112,7 +112,7 @@ class SqliteOutbox(SqliteFile, Outbox):
         super().__init__(db)
         self._source = ""
         self._writes: GroupCommit[_Write, _Written] = GroupCommit(
-            self._commit, gather_passes=GATHER_PASSES
+            self._commit, gather_passes=GATHER_PASSES, deadline=db.deadline
         )
         self._arrivals = Arrivals()
         self._inline = InlineWrites()

@@ -60,7 +60,7 @@ class SqliteInbox(SqliteFile, Inbox):
         the handlers' schema statements it has not run yet."""
         db = await Database.open(path, cls.SCHEMA)
         try:
-            await db.run(lambda conn: _apply_handler_schema(conn, handlers))
+            await db.run(lambda conn: _apply_handler_schema(conn, handlers), bounded=False)
         except BaseException:
             await db.close()
             raise
