@@ -21,7 +21,7 @@ from plumbing.storage import BadLocation, StorageError
 from .errors import first_line, translated
 from .migrations import LEGACY_VERSIONS_TABLE, migrate, side_is_there
 from .names import Qualify, qualifier
-from .pool import Conn, Pool, close_quietly
+from .pool import Conn, Pool, bound_statements, close_quietly
 from .settings import Settings, connection_kwargs, parse
 from .transactions import SNAPSHOT, durable
 
@@ -83,6 +83,12 @@ class PgDatabase:
         except BaseException:
             await close_quietly(first)
             raise
+        try:
+            async with translated(settings.display):
+                await bound_statements(first, settings.deadline_s)  # after the migrations
+        except BaseException:
+            await close_quietly(first)
+            raise
         pool = Pool(settings, kwargs)
         pool.adopt(first)  # the pool's first connection
         db = cls(pool, settings, schema.side)
@@ -118,6 +124,8 @@ class PgDatabase:
         result is fetched inside (which waits for the replies so far). `bounded`:
         as for `connection`."""
         async with self.connection(bounded=bounded) as conn, durable(conn, pipeline=pipeline):
+            if not bounded:  # the server's statement_timeout (bound_statements) too
+                await conn.execute(b"SET LOCAL statement_timeout = 0")
             yield conn
 
     async def dedicated(self, application_name: str) -> Conn:

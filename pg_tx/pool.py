@@ -77,7 +77,13 @@ class Pool:
         self._count += 1
 
     async def _connect(self) -> Conn:
-        return await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
+        conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
+        try:
+            await bound_statements(conn, self.deadline_s)
+        except BaseException:
+            await close_quietly(conn)
+            raise
+        return conn
 
     @contextlib.asynccontextmanager
     async def connection(self, *, bounded: bool = True) -> AsyncIterator[Conn]:
@@ -226,6 +232,17 @@ def _healthy(conn: Conn) -> bool:
         return not poller.poll(0)
     except (OSError, ValueError, psycopg.Error):
         return False
+
+
+async def bound_statements(conn: Conn, deadline_s: float) -> None:
+    """The server ends a statement of this session that runs past the deadline. The
+    pool cuts a connection whose call passed it, but a server does not notice a
+    closed socket while a statement runs: a handler's slow statement, or one waiting
+    for a lock of its own setting, would go on, hold its rows and commit what was
+    sent with it, long after the caller was answered 503. (A transaction that must
+    run longer, a registry's schema at start, sets it off for itself.)"""
+    await conn.execute(f"SET statement_timeout = {max(1, round(deadline_s * 1000))}".encode())
+    await conn.commit()
 
 
 async def close_quietly(conn: Conn) -> None:

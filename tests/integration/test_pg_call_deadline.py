@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -73,3 +74,50 @@ async def test_a_handler_blocked_on_a_row_lock_is_answered_within_the_deadline(
                     break
                 await asyncio.sleep(0.2)
     assert counts == (4, 4)  # each event recorded once, with its effect once
+
+
+async def test_a_handlers_statement_past_the_deadline_is_ended_by_the_server_not_committed_later(
+    pg_database: str,
+) -> None:
+    """The pool cuts a connection whose call passed its deadline, but the server does not
+    see a closed socket while a statement runs: a handler's slow statement went on and
+    committed the event, its effect and the COMMIT sent with it long after the 503 (and
+    held the event's row meanwhile, so that a fixed handler could not take it). The
+    server now ends the statement at the deadline, and the transaction with it."""
+    handlers = Handlers("slow")
+    handlers.schema("CREATE TABLE slow_effects (id TEXT PRIMARY KEY)")
+
+    @handlers.on("slow.one")
+    def slow(event: Any) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            ("SELECT pg_sleep(8)", {}),
+            ("INSERT INTO slow_effects (id) VALUES (%(id)s)", {"id": event.id}),
+        ]
+
+    url = f"{pg_database}&deadline=1" if "?" in pg_database else f"{pg_database}?deadline=1"
+    async with Inbox.open(url, handlers) as inbox:
+        started = time.monotonic()
+        with pytest.raises(StorageTimeout):
+            await inbox.receive({"id": "s-1", "type": "slow.one", "data": {}})
+        assert time.monotonic() - started < 1 + SLACK_S
+    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as check:
+        sleeping: object = None
+        for _ in range(50):  # the server ends it within a second or so of the deadline
+            row = await (
+                await check.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(8)%'"
+                    " AND pid <> pg_backend_pid() AND state = 'active'"
+                )
+            ).fetchone()
+            sleeping = None if row is None else row[0]
+            if sleeping == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert sleeping == 0
+        rows = await (
+            await check.execute(
+                "SELECT (SELECT count(*) FROM inbox_events WHERE id = 's-1'),"
+                " (SELECT count(*) FROM slow_effects)"
+            )
+        ).fetchone()
+    assert rows == (0, 0)  # rolled back: a retry applies it, with the handler it finds then
