@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import aiosqlite
 
-from plumbing.group_commit import Deadline, within
+from plumbing.group_commit import Deadline
 from plumbing.schema import Schema
 from plumbing.storage import StorageError, StorageTimeout
 
@@ -121,11 +121,24 @@ class Database:
         # aiosqlite's private queue (see aiosqlite_internals): the only way to run a
         # whole transaction on its thread without a hop per statement.
         work = run_on_worker(self._connection, self._call, fn)
+        if not bounded:
+            try:
+                return await work
+            except sqlite3.Error as exc:
+                raise StorageError(f"{self.path}: {exc}") from exc
+        # The wait is given up at the deadline (asyncio.timeout: a timer, no task); the
+        # worker still runs the call, and aiosqlite drops the outcome of an awaited
+        # future that was cancelled.
+        timeout = asyncio.timeout(CALL_DEADLINE_S)
         try:
-            result = await (within(self.deadline, work) if bounded else work)
+            async with timeout:
+                return await work
+        except TimeoutError:
+            if timeout.expired():
+                raise self.deadline[1]() from None
+            raise
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: {exc}") from exc
-        return result
 
     @property
     def deadline(self) -> Deadline:
