@@ -79,7 +79,12 @@ class GroupCommit(Generic[C, R]):
             while self._queue:
                 for _ in range(self._gather_passes):
                     await asyncio.sleep(0)  # one pass of the loop: ready sockets are read
-                group, self._queue = self._queue, []
+                # A call whose caller gave up (its deadline passed, or it stopped
+                # waiting) before its group was taken is not committed: its 503 holds.
+                group = [(call, done) for call, done in self._queue if not done.done()]
+                self._queue = []
+                if not group:
+                    continue
                 outcomes: list[R | Exception]
                 try:
                     outcomes = await self._commit([call for call, _ in group])

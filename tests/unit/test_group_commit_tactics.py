@@ -10,6 +10,7 @@ connection for it to write to.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -182,3 +183,70 @@ def test_a_write_handed_to_another_thread_is_not_timed(conn: sqlite3.Connection)
     assert results == [1] and inline.allowed
     write(conn)  # the same, run where it was wrapped
     assert not inline.allowed
+
+
+async def test_a_call_whose_deadline_passed_before_its_group_was_taken_is_not_committed() -> None:
+    """A call queued behind a group that hangs past its deadline fails with the
+    deadline's error, and is then left out of the next group: its caller was told it
+    failed, so it must not be committed after all."""
+    committed: list[list[str]] = []
+    release = asyncio.Event()
+
+    async def commit(calls: list[str]) -> list[str | Exception]:
+        if calls == ["hung"]:
+            await release.wait()
+        committed.append(list(calls))
+        return list(calls)
+
+    group = GroupCommit(commit, deadline=(0.05, lambda: TimeoutError("late")))
+    hung = asyncio.ensure_future(group.submit("hung"))
+    for _ in range(3):
+        await asyncio.sleep(0)  # "hung" is taken as a group of its own and waits
+    with pytest.raises(TimeoutError, match="late"):
+        await group.submit("queued")
+    release.set()
+    with pytest.raises(TimeoutError, match="late"):
+        await hung  # its own deadline passed too; its group commits regardless
+    later = await group.submit("later")
+    assert later == "later"
+    assert committed == [["hung"], ["later"]]
+
+
+async def test_a_caller_that_stops_waiting_leaves_no_unretrieved_failure_behind() -> None:
+    # Its call's group (or its lone work) then fails: that failure is nobody's to
+    # raise, and must not be logged as "exception was never retrieved".
+    from plumbing.group_commit import within
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+
+        async def commit(calls: list[int]) -> list[int | Exception]:
+            await asyncio.sleep(0.1)
+            return [RuntimeError("refused")] * len(calls)
+
+        async def work() -> int:
+            await asyncio.sleep(0.1)
+            raise RuntimeError("lone refused")
+
+        deadline = (5.0, lambda: TimeoutError("late"))
+        group: GroupCommit[int, int] = GroupCommit(commit, deadline=deadline)
+        callers = [
+            asyncio.ensure_future(group.submit(1)),
+            asyncio.ensure_future(within(deadline, work())),
+        ]
+        await asyncio.sleep(0.02)  # each waiting: its group taken, its work started
+        for caller in callers:
+            caller.cancel()
+        await asyncio.sleep(0.3)  # the group and the work have failed since
+        for caller in callers:
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+        del callers
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert reported == []
