@@ -84,8 +84,9 @@ class PgDatabase:
             await close_quietly(first)
             raise
         try:
-            async with translated(settings.display):
-                await bound_statements(first, settings.deadline_s)  # after the migrations
+            if settings.prepare:  # not behind a transaction-mode pooler (bound_statements)
+                async with translated(settings.display):
+                    await bound_statements(first, settings.deadline_s)  # after the migrations
         except BaseException:
             await close_quietly(first)
             raise

@@ -66,6 +66,9 @@ class Pool:
         self._kwargs = kwargs
         self._max = settings.pool_max
         self.deadline_s = settings.deadline_s
+        # Not behind a pooler in transaction mode (prepare=off): a session setting would
+        # stay on a server connection that the pooler then lends to other clients.
+        self._bound_statements = settings.prepare
         self._idle: collections.deque[Conn] = collections.deque()
         self._count = 0  # connections open or being opened
         self._freed = asyncio.Condition()
@@ -78,11 +81,12 @@ class Pool:
 
     async def _connect(self) -> Conn:
         conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
-        try:
-            await bound_statements(conn, self.deadline_s)
-        except BaseException:
-            await close_quietly(conn)
-            raise
+        if self._bound_statements:
+            try:
+                await bound_statements(conn, self.deadline_s)
+            except BaseException:
+                await close_quietly(conn)
+                raise
         return conn
 
     @contextlib.asynccontextmanager
@@ -240,7 +244,9 @@ async def bound_statements(conn: Conn, deadline_s: float) -> None:
     closed socket while a statement runs: a handler's slow statement, or one waiting
     for a lock of its own setting, would go on, hold its rows and commit what was
     sent with it, long after the caller was answered 503. (A transaction that must
-    run longer, a registry's schema at start, sets it off for itself.)"""
+    run longer, a registry's schema at start, sets it off for itself.) A session
+    setting: not made behind a pooler in transaction mode (`prepare=off`), whose
+    server connections other clients share."""
     await conn.execute(f"SET statement_timeout = {max(1, round(deadline_s * 1000))}".encode())
     await conn.commit()
 

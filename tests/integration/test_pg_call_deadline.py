@@ -121,3 +121,30 @@ async def test_a_handlers_statement_past_the_deadline_is_ended_by_the_server_not
             )
         ).fetchone()
     assert rows == (0, 0)  # rolled back: a retry applies it, with the handler it finds then
+
+
+@pytest.mark.parametrize(
+    ("params", "shown"), [("deadline=2", "2s"), ("deadline=2&prepare=off", "0")]
+)
+async def test_the_sessions_statement_timeout_is_the_deadline_except_behind_a_pooler(
+    pg_database: str, params: str, shown: str
+) -> None:
+    """With prepare=off (a pooler in transaction mode lends each server connection to
+    other clients in turn), no session setting is made: it would outlive the
+    transaction on a connection others use."""
+    from pg_tx import PgDatabase
+    from publisher.backends import postgres_sql
+
+    url = f"{pg_database}&{params}" if "?" in pg_database else f"{pg_database}?{params}"
+    db = await PgDatabase.open(url, postgres_sql.SCHEMA)
+    try:
+        seen = set()
+        async with db.connection() as first, db.connection() as second:  # adopted, then new
+            for conn in (first, second):
+                row = await (await conn.execute(b"SHOW statement_timeout")).fetchone()
+                assert row is not None
+                seen.add(row[0])
+                await conn.rollback()
+    finally:
+        await db.close()
+    assert seen == {shown}
