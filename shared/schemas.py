@@ -14,8 +14,10 @@ then validates an event's data without reading or building anything.
     ASCII. jsonschema matches `pattern`, `patternProperties` and
     `additionalProperties` with jsonschema-rs's engine too (linear time, where
     Python's `re` backtracks: `^(a+)+$` took minutes on thirty characters), so such
-    data is refused at its place, by its rule (`unevaluatedProperties` still uses
-    Python's `re` on the names `patternProperties` covers). A
+    data is refused at its place, by its rule. jsonschema's `unevaluatedProperties`
+    would still match the names `patternProperties` covers with Python's `re`: a
+    schema holding both is not given to jsonschema, and its failures are named at
+    `/data` without a rule. A
     pattern that is not ECMA-262 (`\Z`, `a{,3}`) is a SchemaError at load.
   - `multipleOf` is decided on the numbers as decimals: 0.07 is a multiple of 0.01
     (jsonschema divides in binary floating point, gets 7.000000000000001, refuses it).
@@ -90,10 +92,12 @@ class SchemaError(ValueError):
 
 class Compiled(NamedTuple):
     """The two validators of one schema (module docstring): `fast` gives the verdict,
-    `precise` the place and the rule of a failure."""
+    `precise` the place and the rule of a failure; None where jsonschema would match
+    names with Python's backtracking `re` (`unevaluatedProperties` beside
+    `patternProperties`), and a failure is then named at `/data`."""
 
     fast: jsonschema_rs.Validator
-    precise: Validator
+    precise: Validator | None
 
 
 class Schemas:
@@ -153,6 +157,10 @@ class Schemas:
             refused = True
         except ValueError:  # not JSON (a set, a lone surrogate): jsonschema decides
             refused = False
+        if compiled.precise is None:
+            if refused:
+                raise InvalidEvent("/data", f"does not match the schema of {event_type!r}")
+            raise InvalidEvent("/data", f"is not JSON the schema of {event_type!r} can check")
         # Any value may be checked: one that is not JSON fails a `type` like any other.
         error: ValidationError | None = best_match(compiled.precise.iter_errors(cast(Any, data)))
         if error is not None:
@@ -231,7 +239,28 @@ def _usable(path: Path) -> Compiled:
     for probe in _PROBES:
         for _ in validator.iter_errors(probe):
             pass
-    return Compiled(_fast(path, schema), validator)
+    precise = None if _matches_names_by_re(schema) else validator
+    return Compiled(_fast(path, schema), precise)
+
+
+def _matches_names_by_re(schema: Any) -> bool:
+    """Whether jsonschema would match property names with Python's `re`, which
+    backtracks (`^(a+)+$` takes minutes on thirty characters): `unevaluatedProperties`
+    finds the names `patternProperties` evaluated that way, beyond what the keywords
+    of this module take over. Found anywhere in the schema, conservatively."""
+    keywords: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            keywords.update(key for key in value if isinstance(key, str))
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(schema)
+    return {"unevaluatedProperties", "patternProperties"} <= keywords
 
 
 def _fast(path: Path, schema: Any) -> jsonschema_rs.Validator:

@@ -786,6 +786,19 @@ def test_the_fast_and_the_precise_validator_agree(
             {"a" * 40 + "!": 1},
             "/data",
         ),
+        (  # jsonschema would match the names with Python's re: placed at /data only
+            {"patternProperties": {"^(a+)+$": {}}, "unevaluatedProperties": False},
+            {"a" * 40 + "!": 1},
+            "/data",
+        ),
+        (
+            {
+                "properties": {"inner": {"patternProperties": {"^(a+)+$": {}}}},
+                "unevaluatedProperties": False,
+            },
+            {"inner": {"a" * 40 + "!": 1}, "extra": 1},
+            "/data",
+        ),
     ],
 )
 def test_a_backtracking_pattern_refuses_in_linear_time(
