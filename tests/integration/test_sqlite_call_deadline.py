@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from sqlite_faults import unwritable
@@ -34,25 +35,33 @@ def placed(n: int) -> Event:
     return order_event(validate_order(order(n)))
 
 
+async def writes_behind_a_held_lock(
+    path: Path, write: Callable[[int], Awaitable[object]], probe: Callable[[], Awaitable[None]]
+) -> list[object]:
+    """WRITES writes and the probe while another connection holds the write lock: the
+    first one waits for the lock, the probe and the others queue behind it on the
+    database thread. Their outcomes, once each was answered within the deadline."""
+    with unwritable(path, "locked"):
+        started = time.monotonic()
+        first = asyncio.ensure_future(write(0))
+        await asyncio.sleep(0.2)
+        rest = [write(n) for n in range(1, WRITES)]
+        outcomes = await asyncio.gather(first, *rest, probe(), return_exceptions=True)
+        elapsed = time.monotonic() - started
+    assert all(isinstance(outcome, StorageError) for outcome in outcomes), outcomes
+    assert any(isinstance(outcome, StorageTimeout) for outcome in outcomes), outcomes
+    assert elapsed < CALL_DEADLINE_S + SLACK_S, elapsed
+    return outcomes
+
+
 async def test_outbox_writes_and_its_probe_queued_behind_a_held_lock_fail_within_the_deadline(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "source.db"
     async with Outbox.open(path) as outbox:
-        with unwritable(path, "locked"):
-            started = time.monotonic()
-            # One group of intake waits for the lock; the probe and the next writes
-            # queue behind it on the database thread.
-            first = asyncio.ensure_future(outbox.accept(order(0)))
-            await asyncio.sleep(0.2)
-            rest = [outbox.accept(order(n)) for n in range(1, WRITES)]
-            outcomes = await asyncio.gather(
-                first, *rest, outbox.check_writable(), return_exceptions=True
-            )
-            elapsed = time.monotonic() - started
-        assert all(isinstance(outcome, StorageError) for outcome in outcomes), outcomes
-        assert any(isinstance(outcome, StorageTimeout) for outcome in outcomes), outcomes
-        assert elapsed < CALL_DEADLINE_S + SLACK_S, elapsed
+        await writes_behind_a_held_lock(
+            path, lambda n: outbox.accept(order(n)), outbox.check_writable
+        )
         # The lock let go: sent again, each is recorded once (some may have been by
         # their abandoned calls already).
         again = [await outbox.accept(order(n)) for n in range(WRITES)]
@@ -68,17 +77,9 @@ async def test_inbox_writes_queued_behind_a_held_lock_fail_within_the_deadline(
 ) -> None:
     path = tmp_path / "sink.db"
     async with Inbox.open(path) as inbox:
-        with unwritable(path, "locked"):
-            started = time.monotonic()
-            first = asyncio.ensure_future(inbox.receive(placed(0)))
-            await asyncio.sleep(0.2)
-            rest = [inbox.receive(placed(n)) for n in range(1, WRITES)]
-            outcomes = await asyncio.gather(
-                first, *rest, inbox.check_writable(), return_exceptions=True
-            )
-            elapsed = time.monotonic() - started
-        assert all(isinstance(outcome, StorageError) for outcome in outcomes), outcomes
-        assert elapsed < CALL_DEADLINE_S + SLACK_S, elapsed
+        await writes_behind_a_held_lock(
+            path, lambda n: inbox.receive(placed(n)), inbox.check_writable
+        )
         for n in range(WRITES):
             await inbox.receive(placed(n))
         assert await inbox.count() == WRITES
