@@ -79,9 +79,14 @@ class GroupCommit(Generic[C, R]):
             while self._queue:
                 for _ in range(self._gather_passes):
                     await asyncio.sleep(0)  # one pass of the loop: ready sockets are read
-                # A call whose caller gave up (its deadline passed, or it stopped
-                # waiting) before its group was taken is not committed: its 503 holds.
-                group = [(call, done) for call, done in self._queue if not done.done()]
+                # A call whose deadline passed before its group was taken is not
+                # committed: its 503 holds. One whose caller was cancelled still is (a
+                # relay stopping with its marks queued, a request cut off), as before.
+                group = [
+                    (call, done)
+                    for call, done in self._queue
+                    if not done.done() or done.cancelled()
+                ]
                 self._queue = []
                 if not group:
                     continue
