@@ -620,3 +620,52 @@ def test_a_page_refused_a_live_view_gets_one_once_there_is_room(
     expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS + 5_000)
     expect(page.locator("#pending")).to_have_text("0")
     page.close()
+
+
+def test_nothing_of_the_event_shown_before_stays_while_the_next_one_loads(
+    browser: BrowserContext, tmp_path: Path, publisher_process: StartPublisher
+) -> None:
+    """Going from an event to another, the first one's state and actions are gone
+    before the second one's answer comes (a database that is slow to answer takes up
+    to its deadline): the page never shows one event's lines under another's title,
+    nor offers to act on the second with the first one's state."""
+    from playwright.sync_api import expect
+
+    token_file = tmp_path / "console-token"
+    token_file.write_text(TOKEN)
+    publisher = publisher_process(
+        *serve_args(tmp_path / "source.db", f"http://{LOOPBACK}:9/events"),
+        "--console-token-file",
+        str(token_file),
+        *FAST_SERVE,
+    )
+    assert http_request(publisher.port, "POST", "/events", GENERIC[0])[0] == 201
+    base = f"http://{LOOPBACK}:{publisher.port}/console"
+    page = browser.new_page()
+    page.goto(f"{base}#event/pay-1")
+    page.get_by_label("Token").fill(TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#event-state")).to_contain_text("pending", timeout=WAIT_MS)
+    expect(page.get_by_role("button", name="Quarantine")).to_be_enabled()
+
+    held: list[Route] = []
+    page.route(re.compile(r"/console/api/events/"), lambda route: held.append(route))
+    page.goto(f"{base}#event/%E2%80%AE{'X' * 3000}")
+    expect(page.locator("#event-title")).to_have_text(f"Event \\u202e{'X' * 127}...")
+    for _ in range(100):  # its request is held: no answer comes
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held
+    expect(page.locator("#event-state")).to_have_text("")
+    expect(page.locator("#attempts")).to_have_text("")
+    expect(page.get_by_role("button", name="Quarantine")).to_be_disabled()
+    page.get_by_label("Reason").fill("stale")
+    page.get_by_label("Reason").press("Enter")
+    expect(page.locator("#confirm")).to_be_hidden()
+    unknown = json.dumps({"error": "no order or outbox entry with this ID"})
+    for route in held:
+        route.fulfill(status=404, body=unknown, content_type="application/json")
+    page.unroute(re.compile(r"/console/api/events/"))
+    expect(page.locator("#event-error")).to_contain_text("no order or outbox entry")
+    page.close()

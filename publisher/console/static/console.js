@@ -440,8 +440,8 @@ function ask(action) {
   }
   pending = { action, reason, opener: $(action) };
   $("confirm-text").textContent = action === "quarantine"
-    ? `Quarantine ${state.eventId} with reason "${visible(reason)}"?`
-    : `Redrive ${state.eventId}: put it back in line at its own position?`;
+    ? `Quarantine ${visible(bounded(state.eventId))} with reason "${visible(reason)}"?`
+    : `Redrive ${visible(bounded(state.eventId))}: put it back in line at its own position?`;
   $("confirm").hidden = false;
   $("confirm-no").focus(); // the keyboard lands in the question, on the harmless answer
 }
@@ -495,8 +495,10 @@ function route() {
   $("action-result").textContent = "";
   $("confirm").hidden = true;
   if (view === "event") {
-    state.entry = null;
-    $("event-updated").textContent = "";
+    // Nothing of the event shown before stays while the next one loads: its lines
+    // and its actions would be read as the next one's.
+    clearEvent();
+    $("event-error").textContent = "";
     loadEvent(hash.slice("event/".length));
   }
   if (view === "entries") loadEntries(null);
