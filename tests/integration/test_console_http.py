@@ -29,6 +29,7 @@ from publisher.console.stream import MAX_STREAMS, OPERATOR_STREAMS
 from publisher.console.throttle import FREE_FAILURES
 from publisher.retry import RetryPolicy
 from publisher.settings import RelaySettings
+from publisher.store import Outbox
 
 if TYPE_CHECKING:
     from conftest import Query, Serve, ServeSink
@@ -506,6 +507,22 @@ async def test_the_overview_carries_the_first_blocked_lanes_and_their_count(
     ]
     assert len(overview["lines"]) <= SHOWN_LINES
     assert overview["lines_held"] >= len(overview["lines"])
+
+
+async def test_the_overview_carries_the_first_lines_held_and_their_count(
+    serve: Serve, client: aiohttp.ClientSession, db: Path
+) -> None:
+    # Workers of other processes hold more lines than the overview carries.
+    held = SHOWN_LINES + 5
+    async with Outbox.open(str(db)) as outbox:
+        for n in range(held):
+            assert await outbox.take_lease(f"k-{n}", "other-worker", 60.0) is not None
+    base = await serve(console_app(db))
+    status, overview, _ = await call(client, "GET", f"{base}{API}/overview")
+    assert status == 200, overview
+    assert len(overview["lines"]) == SHOWN_LINES
+    assert overview["lines_held"] >= held
+    assert "other-worker" in overview["workers"]
 
 
 # ---------------------------------------------------------------- the live stream
