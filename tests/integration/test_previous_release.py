@@ -89,6 +89,18 @@ async def test_both_sides_open_and_every_row_is_there(written: Written) -> None:
         assert record is not None and record.deliveries == 1
 
 
+async def test_a_command_that_creates_nothing_finds_the_previous_outbox_and_upgrades_it(
+    written: Written,
+) -> None:
+    # status, list, trace and the others open with create=False: the previous release's
+    # outbox (its versions kept elsewhere, its tables of other names) is an outbox there,
+    # upgraded in place, not refused as a location without one.
+    async with Outbox.open(written.source, create=False) as outbox:
+        assert [e.id for e in await outbox.entries(State.PENDING)] == ["o-4", "o-5", "o-6"]
+        assert [e.id for e in await outbox.entries(State.SENT)] == ["o-2"]
+        assert [e.id for e in await outbox.entries(State.QUARANTINED)] == ["o-3"]
+
+
 async def test_its_entries_become_order_placed_events_in_their_canonical_form(
     written: Written,
 ) -> None:
