@@ -80,14 +80,23 @@ def check_sqlite_transaction(driver: Any) -> None:
         )
 
 
-def tables_missing(exc: BaseException | None) -> bool:
-    """Whether a driver's error (or SQLAlchemy's around it) says a table is not there:
-    PostgreSQL's undefined_table, SQLite's "no such table". The side's tables were
-    then never made in that database, or are in a schema not named."""
-    driver_error = getattr(exc, "orig", None) or exc
-    return getattr(driver_error, "sqlstate", None) == "42P01" or str(driver_error).startswith(
-        "no such table"
-    )
+@contextlib.contextmanager
+def tables_hinted(advice: str) -> Iterator[None]:
+    """A StorageError whose driver error (or SQLAlchemy's around it) says a table is
+    not there, PostgreSQL's undefined_table or SQLite's "no such table", raised again
+    with `advice` after its message: the side's tables were never made in that
+    database, or are in a schema not named."""
+    try:
+        yield
+    except StorageError as exc:
+        cause = exc.__cause__
+        driver_error = getattr(cause, "orig", None) or cause
+        missing = getattr(driver_error, "sqlstate", None) == "42P01" or str(
+            driver_error
+        ).startswith("no such table")
+        if missing:
+            raise StorageError(f"{exc}{advice}", reason=exc.reason) from cause
+        raise
 
 
 def pg_where(conn: Any) -> str:

@@ -45,10 +45,8 @@ a transaction is refused: NotInTransaction.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Iterator
 from typing import Any, Final
 
 from plumbing.in_transaction import SQLALCHEMY_ASYNC as _SQLALCHEMY_ASYNC
@@ -65,7 +63,7 @@ from plumbing.in_transaction import check_sqlite_transaction as _check_sqlite_tr
 from plumbing.in_transaction import driver_errors as _driver_errors
 from plumbing.in_transaction import is_one_of as _is_one_of
 from plumbing.in_transaction import pg_where as _pg_where
-from plumbing.in_transaction import tables_missing as _tables_missing
+from plumbing.in_transaction import tables_hinted as _tables_hinted
 from plumbing.storage import StorageError
 from publisher.store import EventCheck, Intake, Publication
 from shared import checked_event, order_canonical, order_event, validate_order
@@ -111,20 +109,8 @@ def _order_publication(order: object) -> Publication:
     return Publication(order_event(valid), order_canonical(valid), valid)
 
 
-@contextlib.contextmanager
-def _hinted() -> Iterator[None]:
-    """A StorageError whose cause is a missing table (the outbox never opened on that
-    database, or in another schema) says what to do about it."""
-    try:
-        yield
-    except StorageError as exc:
-        if _tables_missing(exc.__cause__):
-            raise StorageError(f"{exc}{_NO_TABLES}", reason=exc.reason) from exc.__cause__
-        raise
-
-
 def _record_in(conn: Any, item: Publication, schema: str | None) -> Intake:
-    with _hinted():
+    with _tables_hinted(_NO_TABLES):
         return _record_in_any(conn, item, schema)
 
 
@@ -143,7 +129,7 @@ def _record_in_any(conn: Any, item: Publication, schema: str | None) -> Intake:
 
 
 async def _record_in_async(conn: Any, item: Publication, schema: str | None) -> Intake:
-    with _hinted():
+    with _tables_hinted(_NO_TABLES):
         return await _record_in_async_any(conn, item, schema)
 
 

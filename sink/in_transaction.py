@@ -85,7 +85,7 @@ from plumbing.in_transaction import (
     pg_failed,
     sqlalchemy_backend,
     sqlalchemy_connection,
-    tables_missing,
+    tables_hinted,
 )
 from plumbing.storage import StorageError
 from shared import Conflict, Receipt, digest_of, make_ack
@@ -124,6 +124,11 @@ def receive_in(conn: Any, event: object, *, schema: str | None = None) -> Arriva
     driver's errors (roll back), ValueError for `schema` on SQLite, TypeError for
     another kind of connection. Answer with `ack_body` only once committed."""
     item = Incoming.checked(event)
+    with tables_hinted(_NO_TABLES):
+        return _receive_in_any(conn, item, schema)
+
+
+def _receive_in_any(conn: Any, item: Incoming, schema: str | None) -> Arrival:
     if is_one_of(conn, (("psycopg", "Connection"),)):
         return _receive_postgres(conn, conn, item, schema)
     if is_one_of(conn, (("sqlite3", "Connection"),)):
@@ -143,6 +148,11 @@ async def receive_in_async(conn: Any, event: object, *, schema: str | None = Non
     committing it; in the inbox whose tables are in `schema` if one is named.
     Returns and raises as `receive_in` does."""
     item = Incoming.checked(event)
+    with tables_hinted(_NO_TABLES):
+        return await _receive_in_async_any(conn, item, schema)
+
+
+async def _receive_in_async_any(conn: Any, item: Incoming, schema: str | None) -> Arrival:
     if is_one_of(conn, SQLALCHEMY_ASYNC):
         # The same path as the sync objects, on the sync Connection or Session the
         # async one wraps: under run_sync its statements await the driver.
@@ -164,7 +174,7 @@ async def receive_in_async(conn: Any, event: object, *, schema: str | None = Non
         _check_same(item, await (await conn.execute(sql.find, (event_id,))).fetchone())
         await conn.execute(sql.count_duplicate, (now, event_id))
     except psycopg.Error as exc:
-        raise _pg_failed(conn, exc) from exc
+        raise pg_failed(conn, exc) from exc
     return "duplicate"
 
 
@@ -211,7 +221,7 @@ def _receive_postgres(statements: Any, driver: Any, item: Incoming, schema: str 
     try:
         return _receive(statements.execute, sql, item)
     except psycopg.Error as exc:
-        raise _pg_failed(driver, exc) from exc
+        raise pg_failed(driver, exc) from exc
 
 
 @functools.cache
@@ -229,10 +239,6 @@ def _pg_statements(schema: str | None) -> _Statements:
         sql.COUNT_DUPLICATE.decode(),
         postgres.one_params,
     )
-
-
-def _pg_failed(driver: Any, exc: BaseException) -> StorageError:
-    return StorageError(f"{pg_failed(driver, exc)}{_hint(exc)}")
 
 
 def _receive_sqlite(statements: Any, driver: Any, item: Incoming, schema: str | None) -> Arrival:
@@ -266,12 +272,7 @@ def _refuse_schema_on_sqlite(schema: str | None) -> None:
 
 
 def _sqlite_failed(exc: BaseException) -> StorageError:
-    return StorageError(f"SQLite inbox: {exc}{_hint(exc)}")
-
-
-def _hint(exc: BaseException) -> str:
-    """What to do when the error is the inbox's tables missing: open it once."""
-    return _NO_TABLES if tables_missing(exc) else ""
+    return StorageError(f"SQLite inbox: {exc}")
 
 
 def _receive_sqlalchemy(conn: Any, item: Incoming, schema: str | None) -> Arrival:
@@ -280,7 +281,7 @@ def _receive_sqlalchemy(conn: Any, item: Incoming, schema: str | None) -> Arriva
     through `exec_driver_sql` so that SQLAlchemy's transaction is the one it joins."""
     connection, driver = sqlalchemy_connection(conn)
     receive, failed = sqlalchemy_backend(
-        connection.dialect, driver, _receive_sqlite, _receive_postgres, _sqlite_failed, _pg_failed
+        connection.dialect, driver, _receive_sqlite, _receive_postgres, _sqlite_failed
     )
     if receive is _receive_sqlite:
         _refuse_schema_on_sqlite(schema)  # before a Connection's transaction is begun
