@@ -21,7 +21,7 @@ from plumbing.storage import BadLocation, StorageError
 from .errors import first_line, translated
 from .migrations import LEGACY_VERSIONS_TABLE, migrate, side_is_there
 from .names import Qualify, qualifier
-from .pool import Conn, Pool, bound_statements, close_quietly
+from .pool import Conn, Pool, close_quietly
 from .settings import Settings, connection_kwargs, parse
 from .transactions import SNAPSHOT, durable
 
@@ -83,15 +83,9 @@ class PgDatabase:
         except BaseException:
             await close_quietly(first)
             raise
-        try:
-            if settings.prepare:  # not behind a transaction-mode pooler (bound_statements)
-                async with translated(settings.display):
-                    await bound_statements(first, settings.deadline_s)  # after the migrations
-        except BaseException:
-            await close_quietly(first)
-            raise
         pool = Pool(settings, kwargs)
-        pool.adopt(first)  # the pool's first connection
+        async with translated(settings.display):
+            await pool.adopt(first)  # the pool's first connection, after the migrations
         db = cls(pool, settings, schema.side)
         db.qualify = qualify
         db._probe_table = qualify(schema.probe_table)

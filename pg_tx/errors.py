@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import psycopg.errors
 
-from plumbing.storage import StorageError, StorageTimeout
+from plumbing.storage import StorageError, deadline_passed
 
 from .pool import POOL_WAIT_S, DeadlinePassed, PoolTimeout
 
@@ -26,7 +26,7 @@ async def translated(where: str) -> AsyncIterator[None]:
     try:
         yield
     except DeadlinePassed as exc:
-        raise StorageTimeout(f"{where}: {exc}", reason=str(exc)) from exc
+        raise deadline_passed(where, exc.deadline_s) from exc
     except PoolTimeout as exc:
         reason = f"no free database connection in {POOL_WAIT_S:g} s"
         raise StorageError(f"{where}: {reason}", reason=reason) from exc

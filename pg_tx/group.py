@@ -6,15 +6,16 @@ its round trips and one WAL flush for many calls instead of one each.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import plumbing.group_commit
 from plumbing.group_commit import Deadline
-from plumbing.storage import StorageTimeout
+from plumbing.storage import deadline_passed
 
 from .database import PgDatabase
-from .pool import Conn, DeadlinePassed
+from .pool import Conn
 
 C_in = TypeVar("C_in")
 R_out = TypeVar("R_out")
@@ -46,9 +47,4 @@ def call_deadline(db: PgDatabase) -> Deadline:
     call's submission, so that a call queued behind a group that hangs fails within
     it too (StorageTimeout, a 503 saying so), not after its own group's deadline."""
     deadline_s = db.settings.deadline_s
-
-    def passed() -> Exception:
-        exc = DeadlinePassed(deadline_s)
-        return StorageTimeout(f"{db.location}: {exc}", reason=str(exc))
-
-    return deadline_s, passed
+    return deadline_s, functools.partial(deadline_passed, db.location, deadline_s)

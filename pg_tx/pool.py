@@ -74,20 +74,27 @@ class Pool:
         self._freed = asyncio.Condition()
         self._closed = False
 
-    def adopt(self, conn: Conn) -> None:
-        """Keep `conn`, idle outside any transaction, as one of the pool's."""
+    async def adopt(self, conn: Conn) -> None:
+        """Keep `conn`, idle outside any transaction, as one of the pool's (closed if
+        it cannot be made so)."""
+        await self._bound(conn)
         self._idle.append(conn)
         self._count += 1
 
     async def _connect(self) -> Conn:
         conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
-        if self._bound_statements:
-            try:
-                await bound_statements(conn, self.deadline_s)
-            except BaseException:
-                await close_quietly(conn)
-                raise
+        await self._bound(conn)
         return conn
+
+    async def _bound(self, conn: Conn) -> None:
+        """Each connection of the pool as `_bound_statements` says (bound_statements)."""
+        if not self._bound_statements:
+            return
+        try:
+            await bound_statements(conn, self.deadline_s)
+        except BaseException:
+            await close_quietly(conn)
+            raise
 
     @contextlib.asynccontextmanager
     async def connection(self, *, bounded: bool = True) -> AsyncIterator[Conn]:

@@ -51,6 +51,12 @@ class StorageTimeout(StorageError):
         self.reason: str = reason
 
 
+def deadline_passed(location: str, seconds: float) -> StorageTimeout:
+    """What a caller gets once a database call's deadline of `seconds` has passed."""
+    reason = f"the database did not answer within {seconds:g} s"
+    return StorageTimeout(f"{location}: {reason}", reason=reason)
+
+
 class BadLocation(ValueError):
     """The database location is not one this program can open."""
 

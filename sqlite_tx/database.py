@@ -25,7 +25,7 @@ import aiosqlite
 
 from plumbing.group_commit import Deadline
 from plumbing.schema import Schema
-from plumbing.storage import StorageError, StorageTimeout
+from plumbing.storage import StorageError, deadline_passed
 
 from .aiosqlite_internals import (
     AiosqliteChanged,
@@ -135,7 +135,7 @@ class Database:
                 return await work
         except TimeoutError:
             if timeout.expired():
-                raise self.deadline[1]() from None
+                raise deadline_passed(self.path, CALL_DEADLINE_S) from None
             raise
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: {exc}") from exc
@@ -143,12 +143,7 @@ class Database:
     @property
     def deadline(self) -> Deadline:
         """A call's deadline, and the error its caller gets when it passes."""
-
-        def passed() -> Exception:
-            reason = f"the database did not answer within {CALL_DEADLINE_S:g} s"
-            return StorageTimeout(f"{self.path}: {reason}", reason=reason)
-
-        return CALL_DEADLINE_S, passed
+        return CALL_DEADLINE_S, functools.partial(deadline_passed, self.path, CALL_DEADLINE_S)
 
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """On the worker thread."""
