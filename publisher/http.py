@@ -39,7 +39,15 @@ from shared import (
     verify_ack,
 )
 from shared.ack import check_ack, digest_of, parse_reply
-from shared.cloudevents import BATCHED, JSON, STRUCTURED, batched, is_source, structured
+from shared.cloudevents import (
+    BATCHED,
+    JSON,
+    SOURCE_MAX_CHARS,
+    STRUCTURED,
+    batched,
+    is_source,
+    structured,
+)
 from shared.event import MAX_DATA_BYTES_LIMIT, canonical_parts, stored_data
 
 MAX_REPLY_BYTES: Final = 4096
@@ -184,7 +192,7 @@ class HttpSender:
         # It never changes an event it is given: the relay hands it events as read.
         self.reads_events_only = True
         if not is_source(source):  # every event sent with it would be refused
-            raise ValueError("source must be text of 1 to 1024 characters")
+            raise ValueError(f"source must be text of 1 to {SOURCE_MAX_CHARS} characters")
         self.source = source  # the CloudEvents `source` of every event sent
         self.max_batch_body_bytes = max_batch_body_bytes
         # Set once a sink answered 404, 405 or 415 to a batch: it takes none.

@@ -30,13 +30,14 @@ JSON: Final = "application/json"
 HEADER_PREFIX: Final = "ce-"
 # Attributes this system reads; any other extension attribute is allowed and ignored.
 _REQUIRED: Final = ("specversion", "id", "source", "type")
-_SOURCE_MAX_CHARS: Final = 1024
+SOURCE_MAX_CHARS: Final = 1024
 _JSON_MEDIA: Final = re.compile(r"application/(?:[A-Za-z0-9.+-]+\+)?json", re.IGNORECASE)
 
 
 def is_source(source: object) -> bool:
-    """Whether `source` is a `source` attribute a sink takes (1 to 1024 characters)."""
-    return isinstance(source, str) and 1 <= len(source) <= _SOURCE_MAX_CHARS
+    """Whether `source` is a `source` attribute a sink takes (1 to SOURCE_MAX_CHARS
+    characters)."""
+    return isinstance(source, str) and 1 <= len(source) <= SOURCE_MAX_CHARS
 
 
 def structured(
@@ -109,7 +110,7 @@ def _event_of(
     if attributes["specversion"] != SPECVERSION:
         raise InvalidEvent(where("specversion"), f"must be {SPECVERSION!r}")
     if not is_source(attributes["source"]):
-        raise InvalidEvent(where("source"), f"must be 1 to {_SOURCE_MAX_CHARS} characters")
+        raise InvalidEvent(where("source"), f"must be 1 to {SOURCE_MAX_CHARS} characters")
     if base64:
         raise InvalidEvent(where("data_base64"), "binary data is not taken: data must be JSON")
     content = attributes.get("datacontenttype")

@@ -53,7 +53,7 @@ from publisher.settings import (
     worker_id_for,
 )
 from shared import MAX_BATCH
-from shared.cloudevents import is_source
+from shared.cloudevents import SOURCE_MAX_CHARS, is_source
 from shared.schemas import SchemaError
 
 DEFAULT_PORT: Final = 8000
@@ -172,7 +172,9 @@ def _add_delivery_options(serve: ArgumentParser) -> None:
 def source(text: str) -> str:
     """argparse type for --source: a source the sink takes (shared.cloudevents)."""
     if not is_source(text):
-        raise argparse.ArgumentTypeError(f"must be 1 to 1024 characters, got {len(text)}")
+        raise argparse.ArgumentTypeError(
+            f"must be 1 to {SOURCE_MAX_CHARS} characters, got {len(text)}"
+        )
     return text
 
 
@@ -185,7 +187,7 @@ def _add_event_options(serve: ArgumentParser) -> None:
         type=source,
         default=DEFAULT_SOURCE,
         help="the CloudEvents source attribute of the events sent (a URI reference,"
-        " 1 to 1024 characters)",
+        f" 1 to {SOURCE_MAX_CHARS} characters)",
     )
 
 
